@@ -1,0 +1,162 @@
+"""A provider that answers from a script, deterministically, with simulated latency.
+
+Three ways to say what it answers (checked in this order):
+    - ``rules``: ``[(pattern, response), ...]``: the first regex that matches the request's
+      last user message (or, with ``match="all"``, the whole conversation) picks the
+      response;
+    - ``responses``: a list consumed in order, one per call;
+    - ``respond``: a function of the request (sync or async).
+A response is a string, a `ChatResponse`, an exception instance (raised: a failing
+call), or a function of the request (and, for rules, the match) returning one of those.
+
+Latency is ``trio.sleep``, so trio's ``MockClock`` makes a test of a slow run instant.
+The provider records every request, the number in flight, and the peak.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Union
+
+import trio
+
+from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
+from rlm_graph.errors import ConfigError, ProviderError
+
+__all__ = ["Rule", "ScriptExhausted", "ScriptedProvider"]
+
+Reply = Union[str, ChatResponse, BaseException, Callable[..., Any]]
+Rule = tuple[Union[str, "re.Pattern[str]"], Reply]
+
+
+class ScriptExhausted(ProviderError):
+    """Every scripted response has been used and nothing else matches."""
+
+
+def _tokens(text: str) -> int:
+    return max(1, (len(text) + 3) // 4)
+
+
+class ScriptedProvider:
+    """A deterministic `Provider`.
+
+    Args:
+        model_name: the model name it answers as (default ``"scripted"``).
+        responses: answers consumed one per call, in order.
+        rules: ``(regex, reply)`` pairs; the first match wins.
+        respond: ``respond(request) -> reply`` for anything rules and responses leave.
+        latency: seconds per call (a number or a function of the request), slept with
+            ``trio.sleep``.
+        max_concurrent: the provider's concurrency limit (the engine's shared limiter).
+        match: ``"last"`` (the last user message, default) or ``"all"`` (every message).
+        cost_per_call: a server-reported cost to attach to every answer, in USD.
+        requests_per_minute, tokens_per_minute: rate limits the engine applies.
+    """
+
+    name = "scripted"
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "scripted",
+        responses: Sequence[Reply] | None = None,
+        rules: Sequence[Rule] | None = None,
+        respond: Callable[[ChatRequest], Any] | None = None,
+        latency: float | Callable[[ChatRequest], float] = 0.0,
+        max_concurrent: int = 16,
+        match: str = "last",
+        cost_per_call: float | None = None,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+    ) -> None:
+        if match not in ("last", "all"):
+            raise ConfigError(f"scripted: match must be 'last' or 'all', not {match!r}")
+        if max_concurrent < 1:
+            raise ConfigError("scripted: max_concurrent must be at least 1")
+        if not callable(latency) and latency < 0:
+            raise ConfigError("scripted: latency must be >= 0 seconds")
+        self.model = model_name
+        self.max_concurrent = max_concurrent
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self._responses = list(responses or [])
+        self._rules = [(re.compile(p) if isinstance(p, str) else p, r) for p, r in rules or []]
+        self._respond = respond
+        self._latency = latency
+        self._match = match
+        self._cost = cost_per_call
+        self.requests: list[ChatRequest] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"ScriptedProvider(model_name={self.model!r}, calls={len(self.requests)})"
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        self.requests.append(request)
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            latency = self._latency(request) if callable(self._latency) else self._latency
+            if latency:
+                await trio.sleep(latency)
+            reply = await self._reply(request)
+        finally:
+            self.in_flight -= 1
+        return self._as_response(reply, request)
+
+    async def _reply(self, request: ChatRequest) -> Any:
+        text = (
+            request.prompt
+            if self._match == "last"
+            else "\n".join(m.content for m in request.messages)
+        )
+        for pattern, reply in self._rules:
+            found = pattern.search(text)
+            if found:
+                return await self._resolve(reply, request, found)
+        if self._responses:
+            return await self._resolve(self._responses.pop(0), request, None)
+        if self._respond is not None:
+            return await self._resolve(self._respond, request, None)
+        raise ScriptExhausted(
+            f"scripted provider {self.model!r} has no response left for call "
+            f"{len(self.requests)} (prompt starts {text[:60]!r}); add responses, rules or respond",
+            provider=self.name,
+        )
+
+    async def _resolve(self, reply: Any, request: ChatRequest, found: re.Match[str] | None) -> Any:
+        if callable(reply) and not isinstance(reply, BaseException):
+            params = len(inspect.signature(reply).parameters)
+            reply = reply(request, found) if params >= 2 else reply(request)
+            if isinstance(reply, Awaitable):
+                reply = await reply
+        if isinstance(reply, BaseException):
+            raise reply
+        return reply
+
+    def _as_response(self, reply: Any, request: ChatRequest) -> ChatResponse:
+        if isinstance(reply, ChatResponse):
+            return reply
+        if not isinstance(reply, str):
+            raise ProviderError(
+                f"scripted reply must be a string or ChatResponse, got {type(reply).__name__}",
+                provider=self.name,
+            )
+        usage = Usage(
+            input_tokens=sum(_tokens(m.content) for m in request.messages),
+            output_tokens=_tokens(reply),
+        )
+        return ChatResponse(
+            content=reply,
+            model=request.model,
+            usage=usage,
+            cost=self._cost,
+            finish_reason="stop",
+        )
+
+    async def aclose(self) -> None:
+        self.closed = True

@@ -1,0 +1,283 @@
+"""The seam between the engine and its plugins: protocols and the data that crosses them.
+
+Invariants:
+    - Everything that crosses a plugin boundary is a frozen pydantic model
+      (``extra="forbid"``), so a plugin cannot mutate the engine's records by accident
+      and a typo in a field name fails loudly.
+    - Providers are async (they do I/O); hook implementations that *return* providers
+      are sync and cheap.
+    - Nothing here imports trio, httpx or opentelemetry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ChatRequest",
+    "ChatResponse",
+    "CompactionContext",
+    "CompactionStrategy",
+    "Environment",
+    "EnvironmentFactory",
+    "ExecResult",
+    "Message",
+    "ModelInfo",
+    "Provider",
+    "ProviderFactory",
+    "SubcallBridge",
+    "Usage",
+]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+Role = Literal["system", "user", "assistant"]
+
+
+class Message(BaseModel):
+    """One chat message."""
+
+    model_config = _FROZEN
+
+    role: Role
+    content: str
+
+
+class Usage(BaseModel):
+    """Token usage of one call, or a sum of calls."""
+
+    model_config = _FROZEN
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+
+class ChatRequest(BaseModel):
+    """What the engine asks a provider for.
+
+    ``extra`` carries provider-specific arguments through untouched (for example
+    ``{"reasoning_effort": "low"}``); ``depth`` and ``node_id`` tell a provider where in the
+    recursion tree the call comes from (the scripted provider uses them in rules).
+    """
+
+    model_config = _FROZEN
+
+    messages: tuple[Message, ...]
+    model: str
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] = Field(default_factory=dict)
+    depth: int = 0
+    node_id: str = ""
+
+    @property
+    def prompt(self) -> str:
+        """The last user message: what a one-shot sub-call asked."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return message.content
+        return ""
+
+    @property
+    def system(self) -> str:
+        return "\n\n".join(m.content for m in self.messages if m.role == "system")
+
+
+class ChatResponse(BaseModel):
+    """What a provider answers.
+
+    ``cost`` is the USD cost the server reported, or ``None`` to let the engine price the
+    call from its price table.
+    """
+
+    model_config = _FROZEN
+
+    content: str
+    model: str = ""
+    usage: Usage = Field(default_factory=Usage)
+    cost: float | None = None
+    finish_reason: str | None = None
+
+
+class ModelInfo(BaseModel):
+    """What the engine knows of a model: its window and its price.
+
+    Prices are USD per million tokens. Plugins contribute entries through the
+    ``rlm_register_models`` hook; users extend or override them with ``models=`` on the
+    engine.
+    """
+
+    model_config = _FROZEN
+
+    context_window: int | None = None
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
+
+    def price(self, usage: Usage) -> float | None:
+        if self.input_usd_per_mtok is None and self.output_usd_per_mtok is None:
+            return None
+        return (
+            usage.input_tokens * (self.input_usd_per_mtok or 0.0)
+            + usage.output_tokens * (self.output_usd_per_mtok or 0.0)
+        ) / 1_000_000
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """An async client for one model API, created once per engine and shared by every run.
+
+    Attributes:
+        name: the provider's name in traces (``gen_ai.provider.name``), e.g. ``"openai"``.
+        model: the default model name when a request names none.
+        max_concurrent: how many requests may be in flight at once; the engine builds the
+            provider's shared ``trio.CapacityLimiter`` from it.
+    """
+
+    name: str
+    model: str
+    max_concurrent: int
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        """Send one request and return the answer; raise a ``ProviderError`` on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release connections. Called once, when the engine closes."""
+        ...
+
+
+ProviderFactory = Callable[..., Provider]
+"""``factory(**backend_kwargs) -> Provider``; raise ``ConfigError`` for bad keywords."""
+
+
+class ExecResult(BaseModel):
+    """The outcome of one REPL block, as the model will see it next turn.
+
+    ``final_answer`` is set when the block finished the task (``answer["ready"] = True``,
+    ``FINAL(...)`` or ``FINAL_VAR(...)``). ``error`` is the exception text when the block
+    raised; the traceback is already in ``stderr``.
+    """
+
+    model_config = _FROZEN
+
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    final_answer: str | None = None
+    timed_out: bool = False
+    restarted: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and not self.timed_out
+
+
+class SubcallBridge(Protocol):
+    """What REPL code reaches through ``llm_query`` and friends: the scheduler's side.
+
+    An environment calls these from the trio side (the local environment re-enters trio
+    from its worker thread; the subprocess environment serves them from its pipe reader).
+    Every method returns data, never raises for a failed call: a failure is an
+    ``"[ERROR] ..."`` string.
+    """
+
+    async def llm_query(self, prompt: str, model: str | None = None) -> str: ...
+
+    async def llm_query_batched(
+        self, prompts: Sequence[str], model: str | None = None
+    ) -> list[str]: ...
+
+    async def rlm_query(self, prompt: str, model: str | None = None) -> str: ...
+
+    async def rlm_query_batched(
+        self, prompts: Sequence[str], model: str | None = None
+    ) -> list[str]: ...
+
+    async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Run a custom tool that lives in the engine's process (subprocess guests use it)."""
+        ...
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """A REPL that runs model-written code blocks, one at a time, with state kept between.
+
+    Lifecycle: ``start()`` once, then ``add_context``/``execute``/``add_history`` any number
+    of times, then ``aclose()`` (always, also after cancellation).
+    """
+
+    async def start(self) -> None: ...
+
+    async def add_context(self, value: Any, index: int) -> None:
+        """Make ``value`` visible as ``context_{index}`` (and ``context`` when index is 0)."""
+        ...
+
+    async def add_history(self, messages: Sequence[Message], index: int) -> None:
+        """Store a finished completion's messages as ``history_{index}``."""
+        ...
+
+    async def set_variable(self, name: str, value: Any) -> None: ...
+
+    async def execute(self, code: str) -> ExecResult:
+        """Run one block. Code errors are data in the result; only a broken environment
+        raises (``EnvironmentCrashed``)."""
+        ...
+
+    async def reset_answer(self) -> None:
+        """Clear ``answer`` before a new completion in a persistent session."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+EnvironmentFactory = Callable[..., Environment]
+"""``factory(bridge=SubcallBridge, tools=dict, **environment_kwargs) -> Environment``."""
+
+
+class CompactionContext(Protocol):
+    """What a compaction strategy may use: the root model and its window."""
+
+    model: str
+    context_window: int
+
+    async def complete(self, messages: Sequence[Message]) -> ChatResponse:
+        """Call the root model; the call is recorded on the compaction node."""
+        ...
+
+
+@runtime_checkable
+class CompactionStrategy(Protocol):
+    """Rewrites a root history that grew too long for the root model's window."""
+
+    name: str
+
+    def should_compact(
+        self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
+    ) -> bool: ...
+
+    async def compact(
+        self, messages: Sequence[Message], ctx: CompactionContext
+    ) -> list[Message]: ...
+
+
+AsyncFn = Callable[..., Awaitable[Any]]

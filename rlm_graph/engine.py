@@ -1,0 +1,204 @@
+"""The facade: `Engine` runs a user's workflows; `RLM` runs Recursive Language Model
+completions on top of it.
+
+An engine owns what every run shares: the plugin host, the configured providers (one
+client each, reused by every run), the model table, and one set of limiters per trio loop
+(a provider's capacity limiter is shared by every depth of every run in that loop).
+The sync API (`Engine.run`, `RLM.completion`) calls ``trio.run`` and closes the providers'
+connections when it returns; the async API (`Engine.arun`, `RLM.acompletion`) runs in the
+caller's trio loop and leaves them open until `aclose`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import trio
+from opentelemetry.trace import TracerProvider
+
+from .contracts import ModelInfo, Provider
+from .errors import LIMIT_ERRORS, ConfigError, PluginError
+from .graph import Workflow
+from .hooks import PluginHost
+from .limits import Limits
+from .runtime.context import Run
+from .runtime.limiters import LoopLimiters
+from .runtime.providers import ProviderRouter
+from .runtime.workflow import WorkflowResult, run_workflow
+from .tracing import NodeTracer
+
+__all__ = ["Engine"]
+
+
+def _make_provider(host: PluginHost, backend: str, kwargs: Mapping[str, Any] | None) -> Provider:
+    factory = host.lookup("providers", backend)
+    try:
+        provider = factory(**dict(kwargs or {}))
+    except TypeError as exc:
+        raise ConfigError(
+            f"backend {backend!r} rejected its backend_kwargs: {exc}; see the provider's "
+            "documentation for the keywords it takes"
+        ) from None
+    for attr in ("complete", "aclose", "model", "max_concurrent"):
+        if not hasattr(provider, attr):
+            raise PluginError(
+                f"backend {backend!r} returned {type(provider).__name__}, which lacks {attr!r}; "
+                "a provider must follow rlm_graph.contracts.Provider"
+            )
+    return provider
+
+
+class Engine:
+    """Providers, plugins, limits and tracing, shared by every run.
+
+    Args:
+        backend: the main provider's registered name (``"openai"``, ``"scripted"``...).
+        backend_kwargs: keywords for that provider (``model_name``, ``base_url``...).
+        other_backends: more providers; the first serves sub-calls at depth >= 1, and
+            each serves requests for its own model name.
+        other_backend_kwargs: one dict per entry of ``other_backends``.
+        plugins: plugin objects or modules to register besides installed entry points.
+        observers: objects implementing ``rlm_node_*``/``rlm_run_*`` hooks.
+        models: context windows and prices by model name, over the plugins' table.
+        tracer_provider: the OpenTelemetry tracer provider for spans (default: global).
+        entry_points: load installed plugins of entry-point group ``rlm_graph``.
+        **limits: any field of `Limits` (``max_timeout``, ``max_tokens``...).
+
+    Raises:
+        ConfigError: an unknown keyword or limit, a bad value.
+        PluginError: an unknown backend name (the message lists the registered ones).
+    """
+
+    def __init__(
+        self,
+        backend: str = "scripted",
+        backend_kwargs: Mapping[str, Any] | None = None,
+        *,
+        other_backends: Sequence[str] | None = None,
+        other_backend_kwargs: Sequence[Mapping[str, Any]] | None = None,
+        plugins: Iterable[object] = (),
+        observers: Iterable[object] = (),
+        models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
+        tracer_provider: TracerProvider | None = None,
+        entry_points: bool = True,
+        **limits: Any,
+    ) -> None:
+        self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
+        self.limits = self._limits(limits)
+        self.tracer_provider = tracer_provider
+        providers = [(f"{backend}/0", _make_provider(self.host, backend, backend_kwargs))]
+        others = list(other_backends or [])
+        other_kwargs = list(other_backend_kwargs or [{} for _ in others])
+        if len(other_kwargs) != len(others):
+            raise ConfigError(
+                f"other_backends has {len(others)} entries but other_backend_kwargs has "
+                f"{len(other_kwargs)}; give one kwargs dict per backend"
+            )
+        for index, (name, kwargs) in enumerate(zip(others, other_kwargs, strict=True), start=1):
+            providers.append((f"{name}/{index}", _make_provider(self.host, name, kwargs)))
+        table = self.host.models
+        for name, info in (models or {}).items():
+            table[name] = info if isinstance(info, ModelInfo) else ModelInfo(**info)
+        self.router = ProviderRouter(providers, table)
+        self._loops: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, LoopLimiters] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    @staticmethod
+    def _limits(values: Mapping[str, Any]) -> Limits:
+        unknown = sorted(set(values) - set(Limits.model_fields))
+        if unknown:
+            raise ConfigError(
+                f"unknown keyword(s) {', '.join(map(repr, unknown))}; limits are "
+                f"{', '.join(sorted(Limits.model_fields))}"
+            )
+        return Limits.from_kwargs(**values)
+
+    @property
+    def provider(self) -> Provider:
+        """The main backend's provider."""
+        return self.router.providers[0][1]
+
+    @property
+    def providers(self) -> list[Provider]:
+        return [provider for _, provider in self.router.providers]
+
+    def limiters(self) -> LoopLimiters:
+        """This engine's limiters for the current trio loop (created on first use)."""
+        token = trio.lowlevel.current_trio_token()
+        found = self._loops.get(token)
+        if found is None:
+            found = self._loops[token] = LoopLimiters(self.limits.max_concurrent_subcalls)
+        return found
+
+    def new_run(self, limits: Limits | None = None) -> Run:
+        """A fresh run sharing this engine's providers and limiters (call inside trio)."""
+        return Run(
+            limits=limits or self.limits,
+            host=self.host,
+            router=self.router,
+            limiters=self.limiters(),
+            tracer=NodeTracer(self.tracer_provider),
+        )
+
+    def limits_with(self, overrides: Mapping[str, Any]) -> Limits:
+        if not overrides:
+            return self.limits
+        return self._limits({**self.limits.model_dump(), **overrides})
+
+    # -- workflows ----------------------------------------------------------------------
+
+    async def arun(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
+        """Run a `Workflow` in the caller's trio loop.
+
+        Args:
+            workflow: the DAG to run.
+            **limits: overrides of this engine's limits for this run.
+
+        Returns:
+            A `WorkflowResult`; index it with a node for its value.
+
+        Raises:
+            LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
+        """
+        if not isinstance(workflow, Workflow):
+            raise ConfigError(
+                f"run() takes a rlm_graph.Workflow, got {type(workflow).__name__}; "
+                "for a completion use RLM(...).completion()"
+            )
+        run = self.new_run(self.limits_with(limits))
+        if run.limits.max_timeout is not None:
+            run.scope.deadline = trio.current_time() + run.limits.max_timeout
+        with run.tracer.run_span("invoke_workflow", {"gen_ai.operation.name": "invoke_workflow"}):
+            result = await run_workflow(run, workflow)
+        if run.scope.cancelled_caught and run.stop_reason is None:
+            run.stop_reason = "max_timeout"
+            result.stop_reason = "max_timeout"
+        run.run_finished(result)
+        if result.stop_reason is not None and run.limits.on_limit == "raise":
+            error = LIMIT_ERRORS.get(result.stop_reason, LIMIT_ERRORS["max_timeout"])
+            raise error(f"workflow stopped by {result.stop_reason}", result=result)
+        return result
+
+    def run(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
+        """Run a `Workflow` from sync code (starts and ends its own trio loop)."""
+        return trio.run(self._sync, self.arun, workflow, limits)
+
+    async def _sync(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await fn(*args[:-1], **args[-1])
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every provider's connections (they reopen on the next call)."""
+        await self.router.aclose()
+
+    async def __aenter__(self) -> Engine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

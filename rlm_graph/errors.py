@@ -1,0 +1,179 @@
+"""The one error tree of rlm-graph.
+
+Every error the engine raises on purpose derives from `RLMGraphError`, and every message
+names what happened and what to do about it::
+
+    RLMGraphError
+    ├── ConfigError              bad configuration, found before anything runs
+    │   └── PluginError          unknown or broken plugin name, hook or entry point
+    ├── GraphError               a graph that cannot run: a cycle, a missing node
+    ├── ProviderError            a model call that failed
+    │   ├── ProviderTimeout
+    │   ├── RateLimited
+    │   ├── ProviderAuthError     401/403: check the key
+    │   ├── ProviderNotFound      404: check the model name and the base URL
+    │   └── BadResponse           the server answered something we cannot read
+    ├── LimitExceeded            a run stopped by one of its limits; carries the partial answer
+    │   ├── DeadlineExceeded      max_timeout
+    │   ├── TokenLimitExceeded    max_tokens
+    │   ├── BudgetExceeded        max_budget
+    │   ├── IterationLimitExceeded max_iterations
+    │   └── ErrorLimitExceeded    max_errors
+    ├── EnvironmentCrashed       a REPL environment died under a block
+    └── NodeFailed               a node of a user's graph failed and the run was asked to raise
+
+What the model should see is data, not an exception: a failed sub-call becomes an
+``"[ERROR] <type>: <message>"`` string in its slot, and these classes are only raised to
+the user.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadResponse",
+    "BudgetExceeded",
+    "ConfigError",
+    "DeadlineExceeded",
+    "EnvironmentCrashed",
+    "ErrorLimitExceeded",
+    "GraphError",
+    "IterationLimitExceeded",
+    "LimitExceeded",
+    "NodeFailed",
+    "PluginError",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderNotFound",
+    "ProviderTimeout",
+    "RLMGraphError",
+    "RateLimited",
+    "TokenLimitExceeded",
+    "error_slot",
+]
+
+
+class RLMGraphError(Exception):
+    """Root of every error rlm-graph raises on purpose."""
+
+
+class ConfigError(RLMGraphError, ValueError):
+    """Configuration that cannot work; raised before anything runs."""
+
+
+class PluginError(ConfigError):
+    """An unknown plugin name, or a plugin that failed to load or answered wrongly."""
+
+
+class GraphError(RLMGraphError):
+    """A graph that cannot be run as given (a cycle, an edge to a missing node)."""
+
+
+class ProviderError(RLMGraphError):
+    """A model call failed.
+
+    Attributes:
+        provider: the provider name (``"openai"``, ``"scripted"``...).
+        status_code: the HTTP status, where there was one.
+        retryable: whether trying again may succeed.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status_code: int | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status_code = status_code
+        self.retryable = retryable
+
+
+class ProviderTimeout(ProviderError):
+    """The request took longer than the provider's request timeout."""
+
+
+class RateLimited(ProviderError):
+    """The server said 429 (too many requests) and retries ran out."""
+
+
+class ProviderAuthError(ProviderError):
+    """401/403: the key is missing, wrong, or lacks access."""
+
+
+class ProviderNotFound(ProviderError):
+    """404: the model name or the base URL is wrong."""
+
+
+class BadResponse(ProviderError):
+    """The server's answer could not be read as the API's format."""
+
+
+class LimitExceeded(RLMGraphError):
+    """A run was stopped by one of its limits.
+
+    Attributes:
+        reason: which limit (``"max_timeout"``, ``"max_tokens"``...).
+        partial: the best partial answer the run had when it stopped (may be empty).
+        result: the full partial result (an ``RLMChatCompletion``) where there is one.
+    """
+
+    limit_name = "limit"
+
+    def __init__(self, message: str, *, partial: str = "", result: object = None) -> None:
+        super().__init__(message)
+        self.reason = self.limit_name
+        self.partial = partial
+        self.result = result
+
+
+class DeadlineExceeded(LimitExceeded):
+    limit_name = "max_timeout"
+
+
+class TokenLimitExceeded(LimitExceeded):
+    limit_name = "max_tokens"
+
+
+class BudgetExceeded(LimitExceeded):
+    limit_name = "max_budget"
+
+
+class IterationLimitExceeded(LimitExceeded):
+    limit_name = "max_iterations"
+
+
+class ErrorLimitExceeded(LimitExceeded):
+    limit_name = "max_errors"
+
+
+LIMIT_ERRORS: dict[str, type[LimitExceeded]] = {
+    cls.limit_name: cls
+    for cls in (
+        DeadlineExceeded,
+        TokenLimitExceeded,
+        BudgetExceeded,
+        IterationLimitExceeded,
+        ErrorLimitExceeded,
+    )
+}
+
+
+class EnvironmentCrashed(RLMGraphError):
+    """The REPL environment died while running a block (a killed or crashed process)."""
+
+
+class NodeFailed(RLMGraphError):
+    """A node of a user's graph failed and the run was asked to raise on failure."""
+
+    def __init__(self, message: str, *, node_id: str = "") -> None:
+        super().__init__(message)
+        self.node_id = node_id
+
+
+def error_slot(exc: BaseException) -> str:
+    """The string a failed slot carries: ``"[ERROR] <type>: <message>"``."""
+    message = str(exc).strip() or "(no message)"
+    return f"[ERROR] {type(exc).__name__}: {message}"

@@ -1,0 +1,147 @@
+"""Questions a finished (or running) graph answers about itself.
+
+All timing follows ``after`` edges only: a spawned node runs inside the node that issued
+it, so its time is already part of its parent's duration.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+from .model import Graph
+from .nodes import NodeKind, NodeRecord
+
+__all__ = [
+    "CriticalPath",
+    "ModelUsage",
+    "counts_by_kind",
+    "critical_path",
+    "makespan",
+    "parallel_efficiency",
+    "peak_concurrency",
+    "tokens_per_depth",
+    "usage_by_model",
+]
+
+
+class CriticalPath(BaseModel):
+    """The longest chain of dependent nodes, weighted by duration."""
+
+    model_config = ConfigDict(frozen=True)
+
+    nodes: tuple[str, ...]
+    length: float
+
+
+class ModelUsage(BaseModel):
+    """Calls, tokens and cost of one model over a run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+
+
+def critical_path(graph: Graph) -> CriticalPath:
+    """Longest path through ``after`` edges, a node weighing its duration.
+
+    Ties go to the earlier node in topological order, so the answer is deterministic.
+    """
+    best: dict[str, float] = {}
+    via: dict[str, str | None] = {}
+    for node_id in graph.topological_order():
+        weight = graph[node_id].duration
+        prev = None
+        prev_len = 0.0
+        for dep in graph.predecessors(node_id, kind="after"):
+            if best[dep] > prev_len or prev is None:
+                prev, prev_len = dep, best[dep]
+        best[node_id] = prev_len + weight
+        via[node_id] = prev
+    if not best:
+        return CriticalPath(nodes=(), length=0.0)
+    end = max(best, key=lambda n: best[n])
+    path: list[str] = []
+    node: str | None = end
+    while node is not None:
+        path.append(node)
+        node = via[node]
+    return CriticalPath(nodes=tuple(reversed(path)), length=best[end])
+
+
+def _timed(records: Iterable[NodeRecord]) -> list[NodeRecord]:
+    return [r for r in records if r.start is not None and r.end is not None]
+
+
+def makespan(graph: Graph) -> float:
+    """Seconds from the first node's submission to the last node's end."""
+    timed = _timed(graph.records())
+    if not timed:
+        return 0.0
+    first = min(r.submitted if r.submitted is not None else r.start for r in timed)  # type: ignore[type-var]
+    return max(r.end for r in timed if r.end is not None) - first  # type: ignore[operator]
+
+
+def parallel_efficiency(graph: Graph) -> float:
+    """Critical path / makespan: 1.0 means the run took no longer than its longest chain.
+
+    Returns 1.0 for a graph that took no time.
+    """
+    span = makespan(graph)
+    if span <= 0:
+        return 1.0
+    return critical_path(graph).length / span
+
+
+def peak_concurrency(graph: Graph, kind: NodeKind | str | None = None) -> int:
+    """The most nodes (of one kind, or all) that were running at the same instant."""
+    events: list[tuple[float, int]] = []
+    for record in _timed(graph.records(kind)):
+        assert record.start is not None and record.end is not None
+        events.append((record.start, 1))
+        events.append((record.end, -1))
+    # Ends sort before starts at the same instant: a slot handed over is not overlap.
+    events.sort(key=lambda e: (e[0], e[1]))
+    peak = current = 0
+    for _, delta in events:
+        current += delta
+        peak = max(peak, current)
+    return peak
+
+
+def counts_by_kind(graph: Graph) -> dict[str, int]:
+    return dict(Counter(str(r.kind) for r in graph.records()))
+
+
+def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
+    """Calls, tokens and cost per model, over every depth of the tree.
+
+    Counts the nodes that made a model call themselves (turns, sub-calls, compactions);
+    an ``rlm_call`` node's usage is the sum of its child's nodes and is not counted twice.
+    """
+    summary: dict[str, ModelUsage] = defaultdict(ModelUsage)
+    for record in graph.records():
+        if record.kind in (NodeKind.RLM_CALL, NodeKind.FUNCTION, NodeKind.REPL_BLOCK):
+            continue
+        if record.model is None or record.usage is None:
+            continue
+        entry = summary[record.model]
+        entry.calls += 1
+        entry.input_tokens += record.usage.input_tokens
+        entry.output_tokens += record.usage.output_tokens
+        entry.cost += record.cost or 0.0
+    return dict(summary)
+
+
+def tokens_per_depth(graph: Graph) -> dict[int, int]:
+    totals: dict[int, int] = defaultdict(int)
+    for record in graph.records():
+        if record.kind == NodeKind.RLM_CALL or record.usage is None:
+            continue
+        totals[record.depth] += record.usage.total_tokens
+    return dict(totals)

@@ -1,0 +1,140 @@
+"""The graph of a run: topology in a networkx DiGraph, one `NodeRecord` per node.
+
+Invariants:
+    - The graph only grows while a run goes: nodes and edges are added, never removed
+      or rewired, so anything computed from a prefix of the run stays true.
+    - It is acyclic. ``add_edge`` refuses an edge that would close a cycle and names it.
+    - Edges have a ``kind``: ``"after"`` (the target starts after the source finished:
+      data or sequence dependency) or ``"spawn"`` (the target was issued by, and runs
+      inside, the source: a REPL block's sub-calls, a child completion's turns). Timing
+      analysis follows ``after`` edges only, since a spawned node's time is already inside
+      its parent's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+import networkx as nx
+
+from ..errors import GraphError
+from .nodes import NodeKind, NodeRecord
+
+__all__ = ["EdgeKind", "Graph"]
+
+EdgeKind = Literal["after", "spawn"]
+
+
+class Graph:
+    """A run's DAG of node records.
+
+    Example:
+        >>> g = Graph()
+        >>> a = g.add(NodeRecord(id="a", kind=NodeKind.FUNCTION))
+        >>> b = g.add(NodeRecord(id="b", kind=NodeKind.FUNCTION), after=["a"])
+        >>> list(g.predecessors("b"))
+        ['a']
+    """
+
+    __slots__ = ("_g",)
+
+    def __init__(self) -> None:
+        self._g: nx.DiGraph = nx.DiGraph()
+
+    # -- building -----------------------------------------------------------------------
+
+    def add(
+        self,
+        record: NodeRecord,
+        *,
+        after: Iterable[str] = (),
+        parent: str | None = None,
+    ) -> NodeRecord:
+        """Add a node, with ``after`` edges from its dependencies and a ``spawn`` edge from
+        the node that issued it.
+
+        Raises:
+            GraphError: the id is taken, or a named dependency does not exist.
+        """
+        if record.id in self._g:
+            raise GraphError(f"node id {record.id!r} is already in the graph; ids must be unique")
+        sources = [(dep, "after") for dep in after]
+        if parent is not None:
+            sources.append((parent, "spawn"))
+        for dep, _ in sources:
+            if dep not in self._g:
+                raise GraphError(
+                    f"node {record.id!r} depends on {dep!r}, which is not in the graph; "
+                    "add dependencies before the nodes that use them"
+                )
+        self._g.add_node(record.id, record=record)
+        for dep, kind in sources:
+            self._g.add_edge(dep, record.id, kind=kind)
+        return record
+
+    def add_edge(self, source: str, target: str, kind: EdgeKind = "after") -> None:
+        """Add a dependency between two existing nodes.
+
+        Raises:
+            GraphError: a node is missing, or the edge would close a cycle (the message
+                names the cycle).
+        """
+        for node in (source, target):
+            if node not in self._g:
+                raise GraphError(f"no node {node!r} in the graph")
+        if source == target or nx.has_path(self._g, target, source):
+            path = [source] if source == target else nx.shortest_path(self._g, target, source)
+            cycle = " -> ".join([*path, target]) if source != target else f"{source} -> {source}"
+            raise GraphError(
+                f"edge {source!r} -> {target!r} would make a cycle ({cycle}); "
+                "a graph must be acyclic: drop one of these dependencies"
+            )
+        self._g.add_edge(source, target, kind=kind)
+
+    # -- reading ------------------------------------------------------------------------
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._g
+
+    def __len__(self) -> int:
+        return self._g.number_of_nodes()
+
+    def __iter__(self) -> Iterator[NodeRecord]:
+        return self.records()
+
+    def __getitem__(self, node_id: str) -> NodeRecord:
+        try:
+            record: NodeRecord = self._g.nodes[node_id]["record"]
+        except KeyError:
+            raise KeyError(f"no node {node_id!r} in the graph") from None
+        return record
+
+    def records(self, kind: NodeKind | str | None = None) -> Iterator[NodeRecord]:
+        """All records in insertion order, optionally of one kind."""
+        for _, data in self._g.nodes(data=True):
+            record: NodeRecord = data["record"]
+            if kind is None or record.kind == kind:
+                yield record
+
+    def predecessors(self, node_id: str, kind: EdgeKind | None = None) -> Iterator[str]:
+        for source in self._g.predecessors(node_id):
+            if kind is None or self._g.edges[source, node_id]["kind"] == kind:
+                yield source
+
+    def successors(self, node_id: str, kind: EdgeKind | None = None) -> Iterator[str]:
+        for target in self._g.successors(node_id):
+            if kind is None or self._g.edges[node_id, target]["kind"] == kind:
+                yield target
+
+    def edges(self) -> Iterator[tuple[str, str, EdgeKind]]:
+        for source, target, kind in self._g.edges(data="kind"):
+            yield source, target, kind
+
+    def topological_order(self) -> list[str]:
+        return list(nx.topological_sort(self._g))
+
+    @property
+    def nx(self) -> nx.DiGraph:
+        """The underlying networkx graph (read it; do not change it)."""
+        return self._g

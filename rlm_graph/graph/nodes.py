@@ -1,0 +1,103 @@
+"""Node records: what a node of a run is and how it went.
+
+A record is mutable state owned by the run that executes it: the executor moves it from
+``pending`` to ``running`` to one of ``ok``, ``error`` or ``cancelled`` and fills in times,
+usage and previews. Times are seconds on trio's clock (``start``/``end``, so tests under
+``MockClock`` see simulated time) plus wall-clock epoch seconds (``wall_start``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..contracts import Usage
+
+__all__ = ["NodeKind", "NodeRecord", "NodeStatus", "preview"]
+
+PREVIEW_CHARS = 200
+
+
+class NodeKind(str, enum.Enum):
+    ROOT_TURN = "root_turn"
+    REPL_BLOCK = "repl_block"
+    LLM_CALL = "llm_call"
+    RLM_CALL = "rlm_call"
+    COMPACTION = "compaction"
+    FUNCTION = "function"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class NodeStatus(str, enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def finished(self) -> bool:
+        return self in (NodeStatus.OK, NodeStatus.ERROR, NodeStatus.CANCELLED)
+
+
+def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
+    """A short, single-purpose preview of a value for records and displays."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return text[: limit - 1] + "…"
+
+
+class NodeRecord(BaseModel):
+    """Everything recorded about one node.
+
+    Attributes:
+        id: unique within the run (``"turn-3"``, ``"llm-17"``, or a user's own name).
+        kind: what runs.
+        depth: recursion depth of the completion the node belongs to (root: 0).
+        completion: id of the completion the node belongs to: ``"root"``, or the id of the
+            ``rlm_call`` node whose child completion it is.
+        iteration: the root-turn number the node belongs to (1-based), where it has one.
+        batch_index, batch_size: the node's slot in a batch, where it is one.
+        submitted: when the node was ready to run; ``start`` is when it got its slot
+            (a model call waits for its provider's limiter in between), so
+            ``start - submitted`` is its queueing time and ``duration`` its service time.
+    """
+
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+
+    id: str
+    kind: NodeKind
+    depth: int = 0
+    completion: str = "root"
+    model: str | None = None
+    provider: str | None = None
+    iteration: int | None = None
+    batch_index: int | None = None
+    batch_size: int | None = None
+    status: NodeStatus = NodeStatus.PENDING
+    submitted: float | None = None
+    start: float | None = None
+    end: float | None = None
+    wall_start: float | None = None
+    usage: Usage | None = None
+    cost: float | None = None
+    error: str | None = None
+    error_type: str | None = None
+    input_preview: str = ""
+    output_preview: str = ""
+    finish_reason: str | None = None
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end; 0 for a node that has not both started and ended."""
+        if self.start is None or self.end is None:
+            return 0.0
+        return max(0.0, self.end - self.start)

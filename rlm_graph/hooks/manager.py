@@ -1,0 +1,162 @@
+"""The plugin host: one pluggy manager per engine, fed by entry points and by code.
+
+Invariants:
+    - Entry points of group ``rlm_graph`` are imported once per process and registered in
+      every engine; plugins passed in code are registered after them and win on a name
+      clash.
+    - An unknown name fails when the engine is configured, never mid-run, with the list of
+      registered names.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from ..contracts import ModelInfo
+from ..errors import PluginError
+from .specs import PROJECT, HookSpecs
+
+__all__ = ["PluginHost", "Registration"]
+
+_SINGULAR = {
+    "providers": "backend",
+    "environments": "environment",
+    "compaction_strategies": "compaction strategy",
+}
+
+_ENTRY_POINT_CACHE: list[tuple[str, str, object]] | None = None
+
+
+def _entry_point_plugins() -> list[tuple[str, str, object]]:
+    """(entry point name, distribution, loaded module) for group ``rlm_graph``, cached."""
+    global _ENTRY_POINT_CACHE
+    if _ENTRY_POINT_CACHE is None:
+        loaded = []
+        for ep in importlib.metadata.entry_points(group=PROJECT):
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a third-party import can fail in any way
+                raise PluginError(
+                    f"the plugin entry point {ep.name!r} ({ep.value}) failed to load: "
+                    f"{type(exc).__name__}: {exc}; fix or uninstall the package that declares it"
+                ) from exc
+            dist = ep.dist.name if ep.dist is not None else "?"
+            loaded.append((ep.name, dist, plugin))
+        _ENTRY_POINT_CACHE = loaded
+    return _ENTRY_POINT_CACHE
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """One registered name: what it is, where it came from."""
+
+    category: str
+    name: str
+    origin: str
+    factory: Any
+
+
+class PluginHost:
+    """Collects what the plugins register and answers name look-ups.
+
+    Args:
+        plugins: extra plugin objects or modules (hook implementations), registered after
+            the entry points; observers are plugins too.
+        entry_points: load installed entry points of group ``rlm_graph`` (default on).
+    """
+
+    CATEGORIES = ("providers", "environments", "compaction_strategies")
+
+    def __init__(self, plugins: Iterable[object] = (), *, entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(HookSpecs)
+        self._origins: dict[int, str] = {}
+        if entry_points:
+            for name, dist, plugin in _entry_point_plugins():
+                self._register(plugin, f"entry point {name!r} of {dist}")
+        for plugin in plugins:
+            self._register(plugin, "registered in code")
+        self._registry = {c: self._collect(c) for c in self.CATEGORIES}
+        self._models = self._collect_models()
+
+    def _register(self, plugin: object, origin: str) -> None:
+        if self.pm.is_registered(plugin):
+            return
+        try:
+            self.pm.register(plugin)
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            raise PluginError(f"cannot register plugin {plugin!r} ({origin}): {exc}") from exc
+        self._origins[id(plugin)] = origin
+
+    def register(self, plugin: object) -> None:
+        """Register one more plugin (an observer, say) after construction."""
+        self._register(plugin, "registered in code")
+        self._registry = {c: self._collect(c) for c in self.CATEGORIES}
+        self._models = self._collect_models()
+
+    def _collect(self, category: str) -> dict[str, Registration]:
+        hook = getattr(self.pm.hook, f"rlm_register_{category}")
+        found: dict[str, Registration] = {}
+        # pluggy calls the last registered first; walk in registration order so that
+        # later registrations (code) override earlier ones (entry points).
+        for impl in hook.get_hookimpls():
+            result = impl.function()
+            if result is None:
+                continue
+            if not isinstance(result, Mapping):
+                raise PluginError(
+                    f"{impl.plugin_name}: rlm_register_{category} must return a dict of "
+                    f"name -> factory, got {type(result).__name__}"
+                )
+            origin = self._origins.get(id(impl.plugin), impl.plugin_name)
+            for name, factory in result.items():
+                if not callable(factory):
+                    raise PluginError(
+                        f"{origin}: {category} entry {name!r} is not callable; register a "
+                        "factory (a class or function)"
+                    )
+                found[name] = Registration(category, name, origin, factory)
+        return found
+
+    def _collect_models(self) -> dict[str, ModelInfo]:
+        models: dict[str, ModelInfo] = {}
+        for impl in self.pm.hook.rlm_register_models.get_hookimpls():
+            result = impl.function()
+            if result:
+                models.update(result)
+        return models
+
+    def names(self, category: str) -> list[str]:
+        return sorted(self._registry[category])
+
+    def lookup(self, category: str, name: str) -> Any:
+        """The factory registered under ``name``.
+
+        Raises:
+            PluginError: no such name; the message lists what is registered.
+        """
+        try:
+            return self._registry[category][name].factory
+        except KeyError:
+            singular = _SINGULAR[category]
+            known = ", ".join(self.names(category)) or "(none)"
+            raise PluginError(
+                f"unknown {singular} {name!r}; registered: {known}. Install or register the "
+                f"plugin that provides it, or pick one of those names"
+            ) from None
+
+    def registrations(self) -> list[Registration]:
+        return [reg for c in self.CATEGORIES for reg in self._registry[c].values()]
+
+    @property
+    def models(self) -> dict[str, ModelInfo]:
+        return dict(self._models)
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook

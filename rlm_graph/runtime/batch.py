@@ -1,0 +1,43 @@
+"""Batches: many independent slots at once, results in input order, failures in their slot."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import trio
+
+from ..errors import error_slot
+
+__all__ = ["run_batch"]
+
+X = TypeVar("X")
+
+
+async def run_batch(
+    items: Sequence[X],
+    one: Callable[[int, X], Awaitable[str]],
+    *,
+    limit: int,
+    name: str = "batch",
+) -> list[str]:
+    """Run ``one(i, item)`` for every item, at most ``limit`` at once.
+
+    Returns the results in input order. A slot that raises holds
+    ``"[ERROR] <type>: <message>"`` and never cancels its siblings; cancellation of the
+    caller still cancels every slot.
+    """
+    results: list[str] = [""] * len(items)
+    limiter = trio.CapacityLimiter(limit)
+
+    async def slot(index: int, item: X) -> None:
+        async with limiter:
+            try:
+                results[index] = await one(index, item)
+            except Exception as exc:  # a failed slot is data for the model, not a crash
+                results[index] = error_slot(exc)
+
+    async with trio.open_nursery() as nursery:
+        for index, item in enumerate(items):
+            nursery.start_soon(slot, index, item, name=f"{name}[{index}]")
+    return results

@@ -1,0 +1,140 @@
+"""The run: shared state of one top-level run and the one place nodes are executed.
+
+Invariants:
+    - Every node of a run goes through `Run.execute`: it is added to the graph, moves
+      ``pending -> running -> ok | error | cancelled``, gets its times from trio's clock,
+      is announced to observers (``rlm_node_started``/``rlm_node_finished``) and is one span
+      opened and closed in one ``with``.
+    - A run owns one cancel scope for its whole recursion tree. A limit anywhere in the
+      tree (tokens, budget, deadline) calls `Run.stop`, which records the first reason and
+      cancels that scope; every in-flight node then records itself ``cancelled``.
+    - When a run ends, no record is left ``pending`` or ``running``: `Run.finalize` marks
+      what never finished as ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from ..graph import Graph, NodeRecord, NodeStatus
+from ..limits import Budget, Limits
+
+if TYPE_CHECKING:
+    from ..hooks import PluginHost
+    from ..tracing import NodeTracer
+    from .limiters import LoopLimiters
+    from .providers import ProviderRouter
+
+__all__ = ["Run"]
+
+T = TypeVar("T")
+
+
+class Run:
+    """One top-level run (a completion with all its children, or a workflow)."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        host: PluginHost,
+        router: ProviderRouter,
+        limiters: LoopLimiters,
+        tracer: NodeTracer,
+        graph: Graph | None = None,
+    ) -> None:
+        self.limits = limits
+        self.host = host
+        self.router = router
+        self.limiters = limiters
+        self.tracer = tracer
+        self.graph = graph if graph is not None else Graph()
+        self.budget = Budget(limits)
+        self.scope = trio.CancelScope()
+        self.stop_reason: str | None = None
+        self._counters: Counter[str] = Counter()
+        self._hook = host.hook
+        self._observed = bool(
+            self._hook.rlm_node_started.get_hookimpls()
+            or self._hook.rlm_node_finished.get_hookimpls()
+        )
+
+    def new_id(self, prefix: str) -> str:
+        self._counters[prefix] += 1
+        return f"{prefix}-{self._counters[prefix]}"
+
+    def stop(self, reason: str) -> None:
+        """Stop the whole tree for ``reason`` (a limit name); the first reason wins."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.scope.cancel()
+
+    async def execute(
+        self,
+        record: NodeRecord,
+        body: Callable[[NodeRecord], Awaitable[T]],
+        *,
+        after: Iterable[str] = (),
+        parent: str | None = None,
+        span_parent: str | None = None,
+        added: bool = False,
+    ) -> T:
+        """Run ``body(record)`` as the node ``record``.
+
+        Args:
+            record: the node's record; ``body`` may fill in usage, model, previews.
+            body: the work.
+            after: nodes this one depends on (``after`` edges).
+            parent: the node that issued this one (a ``spawn`` edge).
+            span_parent: the node whose span is this span's parent (default: ``parent``;
+                ``None`` for both means the run's own span).
+            added: the record is already in the graph (planned workflows add every node
+                before running any).
+
+        Raises:
+            Whatever ``body`` raises, after recording it on the node.
+        """
+        if not added:
+            self.graph.add(record, after=after, parent=parent)
+        record.status = NodeStatus.RUNNING
+        record.submitted = record.start = trio.current_time()
+        record.wall_start = time.time()
+        if self._observed:
+            self._hook.rlm_node_started(record=record, graph=self.graph)
+        try:
+            with self.tracer.node_span(record, span_parent or parent):
+                try:
+                    result = await body(record)
+                except trio.Cancelled:
+                    record.status = NodeStatus.CANCELLED
+                    raise
+                except Exception as exc:
+                    record.status = NodeStatus.ERROR
+                    record.error = str(exc) or type(exc).__name__
+                    record.error_type = type(exc).__name__
+                    raise
+                else:
+                    record.status = NodeStatus.OK
+                    return result
+                finally:
+                    record.end = trio.current_time()
+        finally:
+            if self._observed:
+                self._hook.rlm_node_finished(record=record, graph=self.graph)
+
+    def finalize(self) -> None:
+        """Mark every node that never finished as ``cancelled``."""
+        now = trio.current_time()
+        for record in self.graph.records():
+            if not record.status.finished:
+                if record.status == NodeStatus.RUNNING and record.end is None:
+                    record.end = now
+                record.status = NodeStatus.CANCELLED
+
+    def run_finished(self, result: Any) -> None:
+        self._hook.rlm_run_finished(graph=self.graph, result=result)

@@ -1,0 +1,106 @@
+"""Capacity and rate limits, shared by a whole recursion tree and every run of an engine.
+
+Three levels of concurrency, each a named ``trio.CapacityLimiter``:
+    - per provider (``provider:<name>``): the real rate-limit boundary; every depth of
+      every run of one engine shares it, so no product of the other limits can exceed it;
+    - per batch (``batch:<node>``, ``batch_max_concurrent``): one per ``*_batched`` call;
+    - child completions in flight (``subcalls``, ``max_concurrent_subcalls``): tree-wide.
+
+Rates are token buckets on trio's clock (so ``MockClock`` tests are instant):
+requests per minute and tokens per minute per provider.
+"""
+
+from __future__ import annotations
+
+import math
+
+import trio
+
+__all__ = ["LoopLimiters", "RateLimiter"]
+
+
+class RateLimiter:
+    """Requests-per-minute and tokens-per-minute buckets for one provider.
+
+    A bucket holds at most one minute's allowance and refills continuously, so a burst
+    up to the per-minute limit passes at once and the steady rate never exceeds it.
+    """
+
+    def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
+        self.rpm = rpm
+        self.tpm = tpm
+        self._requests = float(rpm) if rpm else math.inf
+        self._tokens = float(tpm) if tpm else math.inf
+        self._stamp: float | None = None
+        self._lock = trio.Lock()
+
+    def _refill(self, now: float) -> None:
+        if self._stamp is not None:
+            elapsed = now - self._stamp
+            if self.rpm:
+                self._requests = min(float(self.rpm), self._requests + elapsed * self.rpm / 60)
+            if self.tpm:
+                self._tokens = min(float(self.tpm), self._tokens + elapsed * self.tpm / 60)
+        self._stamp = now
+
+    async def acquire(self, tokens: int = 0) -> None:
+        """Wait until one request of about ``tokens`` tokens may go out, then take it."""
+        if not self.rpm and not self.tpm:
+            return
+        tokens = min(tokens, int(self.tpm)) if self.tpm else 0
+        # The lock keeps waiters in arrival order: no request starves behind later ones.
+        async with self._lock:
+            while True:
+                self._refill(trio.current_time())
+                wait = 0.0
+                if self.rpm and self._requests < 1:
+                    wait = max(wait, (1 - self._requests) * 60 / self.rpm)
+                if self.tpm and self._tokens < tokens:
+                    wait = max(wait, (tokens - self._tokens) * 60 / self.tpm)
+                if wait <= 0:
+                    self._requests -= 1
+                    self._tokens -= tokens
+                    return
+                await trio.sleep(wait)
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token bucket once the real usage of a request is known."""
+        if self.tpm:
+            self._tokens -= actual - estimated
+
+
+class LoopLimiters:
+    """The limiters of one engine inside one trio loop.
+
+    trio primitives belong to the loop they were used in, so an engine keeps one
+    `LoopLimiters` per loop; every run inside that loop (and every depth of each) shares it.
+    """
+
+    def __init__(self, max_concurrent_subcalls: int) -> None:
+        self._providers: dict[str, trio.CapacityLimiter] = {}
+        self._rates: dict[str, RateLimiter] = {}
+        self.subcalls = trio.CapacityLimiter(max_concurrent_subcalls)
+        # REPL worker threads are unbounded on purpose (design trap 1): a block waiting on
+        # its children holds its thread while the children need threads of their own.
+        # Children in flight are bounded by `subcalls` instead.
+        self.repl_threads = trio.CapacityLimiter(math.inf)
+
+    def provider(self, key: str, capacity: int) -> trio.CapacityLimiter:
+        limiter = self._providers.get(key)
+        if limiter is None:
+            limiter = self._providers[key] = trio.CapacityLimiter(capacity)
+        return limiter
+
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter | None:
+        if not rpm and not tpm:
+            return None
+        limiter = self._rates.get(key)
+        if limiter is None:
+            limiter = self._rates[key] = RateLimiter(rpm, tpm)
+        return limiter
+
+    def statistics(self) -> dict[str, object]:
+        """Limiter statistics by name, for debugging a stuck or slow run."""
+        stats: dict[str, object] = {f"provider:{k}": v.statistics() for k, v in self._providers.items()}
+        stats["subcalls"] = self.subcalls.statistics()
+        return stats

@@ -1,0 +1,128 @@
+"""Model calls: which provider serves a model, and the one path every call takes.
+
+Every model call of a run (root turn, sub-call, compaction, workflow node) goes through
+`call_model`: route to a provider, wait for the provider's rate buckets, take a slot of
+the provider's shared capacity limiter, call, price, and charge the tree-wide budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..contracts import ChatRequest, ChatResponse, Message, ModelInfo, Provider, Usage
+from ..errors import ConfigError
+from ..graph import NodeRecord, preview
+
+if TYPE_CHECKING:
+    from .context import Run
+
+__all__ = ["ProviderRouter", "call_model", "estimate_tokens"]
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free estimate: about four characters per token (documented in
+    docs/limits.md); used for rate buckets and compaction where no usage is known yet."""
+    return max(1, (len(text) + 3) // 4)
+
+
+class ProviderRouter:
+    """Maps a request's model (or its depth) to a configured provider.
+
+    Rules, in order:
+        1. A model named in the call (``llm_query(p, model="m")``) goes to the provider
+           configured with that model name.
+        2. Otherwise the root (depth 0) uses the main backend, and sub-calls (depth >= 1)
+           use the first of ``other_backends`` when there is one, as in the reference.
+        3. A named model no backend was configured with goes to the main backend under
+           that name (OpenAI-compatible servers serve many models).
+    """
+
+    def __init__(
+        self,
+        providers: Sequence[tuple[str, Provider]],
+        models: Mapping[str, ModelInfo] | None = None,
+    ) -> None:
+        if not providers:
+            raise ConfigError("at least one backend is needed")
+        self.providers = list(providers)
+        self.models = dict(models or {})
+        self._by_model: dict[str, tuple[str, Provider]] = {}
+        for key, provider in reversed(self.providers):
+            self._by_model[provider.model] = (key, provider)
+
+    def route(self, model: str | None, depth: int) -> tuple[str, Provider, str]:
+        """(limiter key, provider, model name) for a call."""
+        if model:
+            found = self._by_model.get(model)
+            if found is not None:
+                return found[0], found[1], model
+            key, provider = self.providers[0]
+            return key, provider, model
+        key, provider = self.providers[1] if depth >= 1 and len(self.providers) > 1 else self.providers[0]
+        return key, provider, provider.model
+
+    def info(self, model: str) -> ModelInfo | None:
+        return self.models.get(model)
+
+    def price(self, model: str, usage: Usage) -> float | None:
+        info = self.models.get(model)
+        return info.price(usage) if info is not None else None
+
+    async def aclose(self) -> None:
+        for _, provider in self.providers:
+            await provider.aclose()
+
+
+async def call_model(
+    run: Run,
+    record: NodeRecord,
+    messages: Sequence[Message],
+    *,
+    model: str | None = None,
+    params: Mapping[str, Any] | None = None,
+) -> ChatResponse:
+    """Make one model call as the node ``record`` (call inside `Run.execute`).
+
+    Fills the record's model, provider, usage, cost and previews, and charges the run's
+    budget; a passed token or dollar limit stops the whole tree.
+    """
+    key, provider, model_name = run.router.route(model, record.depth)
+    record.model = model_name
+    record.provider = provider.name
+    if not record.input_preview and messages:
+        record.input_preview = preview(messages[-1].content)
+    request = ChatRequest(
+        messages=tuple(messages),
+        model=model_name,
+        depth=record.depth,
+        node_id=record.id,
+        **dict(params or {}),
+    )
+    rate = run.limiters.rate(
+        key,
+        getattr(provider, "requests_per_minute", None),
+        getattr(provider, "tokens_per_minute", None),
+    )
+    estimate = 0
+    if rate is not None:
+        estimate = sum(estimate_tokens(m.content) for m in messages)
+        await rate.acquire(estimate)
+    async with run.limiters.provider(key, provider.max_concurrent):
+        record.start = trio.current_time()
+        record.wall_start = time.time()
+        response = await provider.complete(request)
+    if rate is not None:
+        rate.settle(estimate, response.usage.total_tokens)
+    cost = response.cost if response.cost is not None else run.router.price(model_name, response.usage)
+    record.usage = response.usage
+    record.cost = cost
+    record.finish_reason = response.finish_reason
+    record.output_preview = preview(response.content)
+    exceeded = run.budget.charge(response.usage, cost)
+    if exceeded is not None:
+        run.stop(exceeded)
+    return response

@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import json
+
+import networkx as nx
+import pytest
+
+from rlm_graph.contracts import Usage
+from rlm_graph.errors import GraphError
+from rlm_graph.graph import (
+    Graph,
+    NodeKind,
+    NodeRecord,
+    NodeStatus,
+    critical_path,
+    from_json,
+    makespan,
+    parallel_efficiency,
+    peak_concurrency,
+    to_dot,
+    to_graphml,
+    to_json,
+    usage_by_model,
+)
+
+
+def node(node_id: str, start: float, end: float, kind: NodeKind = NodeKind.FUNCTION) -> NodeRecord:
+    return NodeRecord(id=node_id, kind=kind, start=start, end=end, status=NodeStatus.OK)
+
+
+def diamond() -> Graph:
+    # a(0-1) -> b(1-4), a -> c(1-2); b, c -> d(4-5): critical path a-b-d = 1+3+1 = 5
+    g = Graph()
+    g.add(node("a", 0, 1))
+    g.add(node("b", 1, 4), after=["a"])
+    g.add(node("c", 1, 2), after=["a"])
+    g.add(node("d", 4, 5), after=["b", "c"])
+    return g
+
+
+def test_critical_path_and_efficiency_on_a_hand_built_graph() -> None:
+    g = diamond()
+    path = critical_path(g)
+    assert path.nodes == ("a", "b", "d")
+    assert path.length == pytest.approx(5.0)
+    assert makespan(g) == pytest.approx(5.0)
+    assert parallel_efficiency(g) == pytest.approx(1.0)
+    assert peak_concurrency(g) == 2
+
+
+def test_efficiency_drops_when_the_run_waited_longer_than_its_longest_chain() -> None:
+    g = Graph()
+    g.add(node("a", 0, 1))
+    g.add(node("b", 3, 4), after=["a"])  # started two seconds after it could have
+    assert critical_path(g).length == pytest.approx(2.0)
+    assert makespan(g) == pytest.approx(4.0)
+    assert parallel_efficiency(g) == pytest.approx(0.5)
+
+
+def test_spawned_children_do_not_lengthen_the_critical_path() -> None:
+    g = Graph()
+    g.add(node("turn", 0, 1, NodeKind.ROOT_TURN))
+    g.add(node("block", 1, 3, NodeKind.REPL_BLOCK), after=["turn"])
+    g.add(node("call", 1.5, 2.5, NodeKind.LLM_CALL), parent="block")
+    assert critical_path(g).nodes == ("turn", "block")
+    assert parallel_efficiency(g) == pytest.approx(1.0)
+
+
+def test_a_cycle_is_refused_with_the_cycle_named() -> None:
+    g = diamond()
+    with pytest.raises(GraphError, match=r"cycle \(a -> b -> d -> a\)"):
+        g.add_edge("d", "a")
+    with pytest.raises(GraphError, match="cycle"):
+        g.add_edge("a", "a")
+    assert nx.is_directed_acyclic_graph(g.nx)
+
+
+def test_unknown_dependency_and_duplicate_id_are_refused() -> None:
+    g = diamond()
+    with pytest.raises(GraphError, match="'nope', which is not in the graph"):
+        g.add(node("e", 0, 1), after=["nope"])
+    with pytest.raises(GraphError, match="already in the graph"):
+        g.add(node("a", 0, 1))
+
+
+def test_json_round_trips_every_field_and_edge() -> None:
+    g = diamond()
+    g["b"].usage = Usage(input_tokens=10, output_tokens=3)
+    g["b"].model = "m"
+    g["b"].cost = 0.25
+    g.add(NodeRecord(id="x", kind=NodeKind.LLM_CALL, error="boom", status=NodeStatus.ERROR), parent="b")
+    text = to_json(g)
+    back = from_json(text)
+    assert [r.model_dump() for r in back.records()] == [r.model_dump() for r in g.records()]
+    assert sorted(back.edges()) == sorted(g.edges())
+    assert to_json(back) == text
+    assert json.loads(text)["format"] == "rlm-graph/1"
+
+
+def test_from_json_rejects_something_else() -> None:
+    with pytest.raises(GraphError, match="not an rlm-graph export"):
+        from_json('{"nodes": []}')
+
+
+def test_graphml_and_dot_exports_carry_nodes_and_edges() -> None:
+    g = diamond()
+    g["b"].usage = Usage(input_tokens=7, output_tokens=2)
+    graphml = to_graphml(g)
+    import io
+
+    back = nx.read_graphml(io.StringIO(graphml))
+    assert set(back.nodes) == {"a", "b", "c", "d"}
+    assert back.nodes["b"]["input_tokens"] == 7
+    assert back.edges["a", "b"]["kind"] == "after"
+    dot = to_dot(g)
+    assert dot.startswith("digraph")
+    assert '"a" -> "b";' in dot
+
+
+def test_usage_by_model_counts_calls_tokens_and_cost() -> None:
+    g = Graph()
+    for i, model in enumerate(["big", "small", "small"]):
+        g.add(
+            NodeRecord(
+                id=f"n{i}",
+                kind=NodeKind.LLM_CALL,
+                model=model,
+                usage=Usage(input_tokens=10, output_tokens=5),
+                cost=0.5,
+            )
+        )
+    summary = usage_by_model(g)
+    assert summary["small"].calls == 2
+    assert summary["small"].input_tokens == 20
+    assert summary["big"].cost == pytest.approx(0.5)
