@@ -116,9 +116,13 @@ class NodeTracer:
     Args:
         tracer_provider: where spans go; ``None`` uses OpenTelemetry's global provider
             (a no-op until someone configures one).
+        capture_content: put prompt, code and output text (truncated) on spans.
     """
 
-    def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
+    def __init__(
+        self, tracer_provider: TracerProvider | None = None, *, capture_content: bool = False
+    ) -> None:
+        self.capture_content = capture_content
         provider = tracer_provider or trace.get_tracer_provider()
         self._tracer = provider.get_tracer(INSTRUMENTATION_NAME)
         self._contexts: dict[str, otel_context.Context] = {}
