@@ -1,0 +1,138 @@
+"""Anthropic Messages (``POST {base_url}/v1/messages``) over httpx.
+
+Wire differences from OpenAI that this module absorbs:
+    - the key goes in ``x-api-key`` and every request names an ``anthropic-version``;
+    - system messages are not messages: they are joined into the top-level ``system``;
+    - the conversation must alternate user/assistant, so consecutive messages of one role
+      are merged;
+    - ``max_tokens`` is required (default here: ``default_max_tokens``, 4096);
+    - ``stop`` is ``stop_sequences``; there is no ``seed`` (a request's seed is dropped);
+    - input tokens are reported in three parts (plain, cache read, cache write); the
+      engine's ``input_tokens`` is their sum and ``cached_tokens`` the cache reads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rlm_graph.contracts import ChatRequest, ChatResponse, Message, Usage
+from rlm_graph.errors import BadResponse, ConfigError
+from rlm_graph.runtime.http import JSONProvider
+
+__all__ = ["DEFAULT_BASE_URL", "AnthropicProvider"]
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+
+
+class AnthropicProvider(JSONProvider):
+    """A client for the Anthropic Messages API.
+
+    Args:
+        model_name: the model asked for when a call names none (required).
+        base_url: the API root without ``/v1`` (default ``https://api.anthropic.com``).
+        api_key: the key (default: the ``ANTHROPIC_API_KEY`` environment variable;
+            required unless ``base_url`` points elsewhere).
+        anthropic_version: the ``anthropic-version`` header.
+        default_max_tokens: ``max_tokens`` for requests that set none.
+        **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
+            ``max_attempts``, ``requests_per_minute``, ``extra_body``...).
+    """
+
+    name = "anthropic"
+    path = "/v1/messages"
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        anthropic_version: str = API_VERSION,
+        default_max_tokens: int = 4096,
+        **kwargs: Any,
+    ) -> None:
+        key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
+        if key is None and base_url is None:
+            raise ConfigError(
+                "anthropic: no API key; set the ANTHROPIC_API_KEY environment variable or "
+                "pass backend_kwargs={'api_key': ...}"
+            )
+        if default_max_tokens < 1:
+            raise ConfigError("anthropic: default_max_tokens must be at least 1")
+        self.anthropic_version = anthropic_version
+        self.default_max_tokens = default_max_tokens
+        super().__init__(
+            model_name=model_name, base_url=base_url or DEFAULT_BASE_URL, api_key=key, **kwargs
+        )
+
+    def _auth_headers(self) -> dict[str, str]:
+        headers = {"anthropic-version": self.anthropic_version}
+        if self._api_key:
+            headers["x-api-key"] = self._api_key.reveal()
+        return headers
+
+    def _build_body(self, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "max_tokens": request.max_tokens or self.default_max_tokens,
+            "messages": _alternating(request.messages),
+        }
+        if request.system:
+            body["system"] = request.system
+        sampling = {
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "stop_sequences": list(request.stop) if request.stop else None,
+        }
+        body.update({k: v for k, v in sampling.items() if v is not None})
+        body.update(request.extra)
+        return body
+
+    def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        blocks = data.get("content") if isinstance(data, Mapping) else None
+        if not isinstance(blocks, list):
+            said = self._quote(self._server_message(data) or str(data))
+            raise BadResponse(
+                f"anthropic: {self.url} answered without a content list ({said}); check "
+                "that base_url is the Anthropic API root (without /v1)",
+                provider=self.name,
+            )
+        text = "".join(
+            str(b.get("text", "")) for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"
+        )
+        return ChatResponse(
+            content=text,
+            model=str(data.get("model") or request.model),
+            usage=_usage(data.get("usage")),
+            finish_reason=data.get("stop_reason"),
+        )
+
+
+def _alternating(messages: tuple[Message, ...]) -> list[dict[str, str]]:
+    """User/assistant turns, same-role neighbours merged, starting with a user turn."""
+    turns: list[dict[str, str]] = []
+    for message in messages:
+        if message.role == "system":
+            continue
+        if turns and turns[-1]["role"] == message.role:
+            turns[-1]["content"] += "\n\n" + message.content
+        else:
+            turns.append({"role": message.role, "content": message.content})
+    if not turns or turns[0]["role"] != "user":
+        turns.insert(0, {"role": "user", "content": "(continue)"})
+    return turns
+
+
+def _usage(raw: Any) -> Usage:
+    if not isinstance(raw, Mapping):
+        return Usage()
+    cache_read = int(raw.get("cache_read_input_tokens") or 0)
+    cache_write = int(raw.get("cache_creation_input_tokens") or 0)
+    return Usage(
+        input_tokens=int(raw.get("input_tokens") or 0) + cache_read + cache_write,
+        output_tokens=int(raw.get("output_tokens") or 0),
+        cached_tokens=cache_read,
+    )

@@ -1,0 +1,171 @@
+"""OpenAI-compatible chat completions (``POST {base_url}/chat/completions``) over httpx.
+
+One class serves every server that speaks this wire format; the backend names differ only
+in their default base URL and where the key comes from:
+
+    =========== ================================ =====================
+    backend     default base_url                 key
+    =========== ================================ =====================
+    openai      https://api.openai.com/v1        OPENAI_API_KEY (required)
+    openrouter  https://openrouter.ai/api/v1     OPENROUTER_API_KEY (required)
+    vllm        http://localhost:8000/v1         ``api_key`` only (optional)
+    ollama      http://localhost:11434/v1        ``api_key`` only (optional)
+    =========== ================================ =====================
+
+Local backends never read a cloud key from the environment, so a hosted key is never sent
+to a local or third-party server by accident.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
+from rlm_graph.errors import BadResponse, ConfigError
+from rlm_graph.runtime.http import JSONProvider
+
+__all__ = ["BACKENDS", "Backend", "OpenAIProvider", "factory"]
+
+
+class Backend:
+    """Defaults of one backend name."""
+
+    __slots__ = ("base_url", "env_key", "key_required", "name")
+
+    def __init__(self, name: str, base_url: str, env_key: str | None, key_required: bool) -> None:
+        self.name = name
+        self.base_url = base_url
+        self.env_key = env_key
+        self.key_required = key_required
+
+
+BACKENDS: dict[str, Backend] = {
+    "openai": Backend("openai", "https://api.openai.com/v1", "OPENAI_API_KEY", True),
+    "openrouter": Backend("openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", True),
+    "vllm": Backend("vllm", "http://localhost:8000/v1", None, False),
+    "ollama": Backend("ollama", "http://localhost:11434/v1", None, False),
+}
+
+
+def _find_key(backend: Backend, api_key: str | None, base_url_given: bool) -> str | None:
+    if api_key:
+        return api_key
+    key = os.environ.get(backend.env_key) if backend.env_key else None
+    if key:
+        return key
+    if backend.key_required and not base_url_given:
+        raise ConfigError(
+            f"{backend.name}: no API key; set the {backend.env_key} environment variable "
+            "or pass backend_kwargs={'api_key': ...}"
+        )
+    return None
+
+
+class OpenAIProvider(JSONProvider):
+    """A client for one OpenAI-compatible server.
+
+    Args:
+        backend: which defaults to use (``openai``, ``openrouter``, ``vllm``, ``ollama``);
+            also the provider's name in traces and records.
+        model_name: the model asked for when a call names none (required).
+        base_url: the API root, ending in ``/v1`` for most servers (default: the
+            backend's).
+        api_key: the key (default: the backend's environment variable, see the module).
+        **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
+            ``max_attempts``, ``requests_per_minute``, ``extra_body``...).
+    """
+
+    path = "/chat/completions"
+
+    def __init__(
+        self,
+        *,
+        backend: str = "openai",
+        model_name: str = "",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        defaults = BACKENDS.get(backend)
+        if defaults is None:
+            raise ConfigError(
+                f"unknown OpenAI-compatible backend {backend!r}; use one of {sorted(BACKENDS)}"
+            )
+        self.name = backend
+        key = _find_key(defaults, api_key, base_url is not None)
+        super().__init__(
+            model_name=model_name,
+            base_url=base_url or defaults.base_url,
+            api_key=key,
+            **kwargs,
+        )
+
+    def _build_body(self, request: ChatRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": request.model or self.model,
+            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+        }
+        sampling = {
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "max_tokens": request.max_tokens,
+            "seed": request.seed,
+            "stop": list(request.stop) if request.stop else None,
+        }
+        body.update({k: v for k, v in sampling.items() if v is not None})
+        body.update(request.extra)
+        return body
+
+    def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        try:
+            choice = data["choices"][0]
+            message = choice["message"]
+        except (KeyError, IndexError, TypeError):
+            said = self._quote(self._server_message(data) or str(data))
+            raise BadResponse(
+                f"{self.name}: {self.url} answered without choices[0].message ({said}); "
+                "check that base_url is an OpenAI-compatible API root",
+                provider=self.name,
+            ) from None
+        return ChatResponse(
+            content=message.get("content") or "",
+            model=str(data.get("model") or request.model),
+            usage=_usage(data.get("usage")),
+            cost=_cost(data.get("usage")),
+            finish_reason=choice.get("finish_reason"),
+        )
+
+
+def _usage(raw: Any) -> Usage:
+    if not isinstance(raw, Mapping):
+        return Usage()
+    prompt = raw.get("prompt_tokens_details") or {}
+    completion = raw.get("completion_tokens_details") or {}
+    return Usage(
+        input_tokens=int(raw.get("prompt_tokens") or 0),
+        output_tokens=int(raw.get("completion_tokens") or 0),
+        cached_tokens=int(prompt.get("cached_tokens") or 0),
+        reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
+    )
+
+
+def _cost(raw: Any) -> float | None:
+    """The USD cost the server reported (OpenRouter's ``usage.cost``), if any."""
+    if isinstance(raw, Mapping) and isinstance(raw.get("cost"), (int, float)):
+        return float(raw["cost"])
+    return None
+
+
+def factory(backend: str) -> Any:
+    """The factory registered under ``backend``: ``factory(**backend_kwargs)``."""
+
+    def make(**kwargs: Any) -> OpenAIProvider:
+        if "backend" in kwargs:
+            raise ConfigError(f"{backend}: 'backend' is not a backend_kwargs key; pick the backend by name")
+        return OpenAIProvider(backend=backend, **kwargs)
+
+    make.__name__ = f"{backend}_provider"
+    make.__qualname__ = make.__name__
+    return make

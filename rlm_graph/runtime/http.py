@@ -1,0 +1,505 @@
+"""The base of every HTTP provider: one shared client, retries, error mapping, no leaks.
+
+A subclass says how to build a request body and read a response
+(`JSONProvider._build_body`, `JSONProvider._parse`); this module does the rest the same way
+for every API:
+
+    complete() -> _send_with_retries() -> _send_once() -> _raise_for_status()
+
+Invariants:
+    - One ``httpx.AsyncClient`` per provider instance, created lazily on the first
+      ``complete()`` in the current trio loop and closed by ``aclose()``; the next call
+      (in the next ``trio.run`` of the sync API, say) creates a fresh one. Its pool holds
+      ``max_concurrent`` connections, kept alive between calls.
+    - Retries happen on 408/409/425/429, every 5xx, timeouts and dropped connections, with
+      exponential backoff and jitter, honouring ``Retry-After`` (seconds or an HTTP date),
+      ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps with
+      ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
+    - 400, 401, 403, 404 and other 4xx fail at once, with a message that says what to
+      check and quotes the server's own message.
+    - The API key is never part of an error message, a log line or a repr: it lives only
+      in the request headers, every quoted server text is scrubbed of it, and errors are
+      raised ``from None`` so no ``httpx.Request`` (with its headers) hangs off them.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import logging
+import math
+import random
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import trio
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..contracts import ChatRequest, ChatResponse
+from ..errors import (
+    BadResponse,
+    ConfigError,
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderTimeout,
+    RateLimited,
+)
+
+__all__ = [
+    "JSONProvider",
+    "RetryPolicy",
+    "Secret",
+    "parse_duration",
+    "parse_retry_after",
+    "retry_delay_from_headers",
+]
+
+logger = logging.getLogger("rlm_graph.providers")
+
+RETRY_STATUSES = frozenset({408, 409, 425, 429})
+RESET_HEADERS = (
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "x-ratelimit-reset",
+    "ratelimit-reset",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-reset",
+)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+# A reset header above this is an epoch timestamp, not a number of seconds.
+_EPOCH_THRESHOLD = 1_000_000_000
+
+
+class RetryPolicy(BaseModel):
+    """How a provider retries a failed request.
+
+    Attributes:
+        max_attempts: tries in all, the first included (1 means never retry).
+        backoff_base: seconds before the first retry when the server names no wait;
+            doubled on every further retry.
+        backoff_max: the longest computed backoff, in seconds.
+        max_retry_after: the longest server-requested wait honoured; a server asking for
+            more fails at once with `RateLimited` (better than hanging a run for an hour).
+        jitter: the share of random spread on every wait (0.25: up to 25% more for a
+            server-named wait, 25% less..as named for a computed one).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(4, ge=1)
+    backoff_base: float = Field(0.5, ge=0)
+    backoff_max: float = Field(30.0, ge=0)
+    max_retry_after: float = Field(120.0, ge=0)
+    jitter: float = Field(0.25, ge=0, le=1)
+
+    def backoff(self, attempt: int) -> float:
+        """The computed wait before retry number ``attempt`` (1 for the first retry)."""
+        base = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        return base * (1 - self.jitter * random.random())
+
+    def spread(self, wait: float) -> float:
+        """A server-named wait plus jitter, so a fan-out does not retry in one burst."""
+        return wait * (1 + self.jitter * random.random())
+
+
+def parse_duration(value: str) -> float | None:
+    """Seconds in a duration like ``"1s"``, ``"6m0s"``, ``"20ms"`` or ``"2.5"``."""
+    text = value.strip().lower()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def parse_retry_after(value: str, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: a number of seconds or an HTTP date.
+
+    Args:
+        value: the header's value.
+        now: the current wall-clock time (``time.time()`` by default), for dates.
+
+    Returns:
+        The wait in seconds (never negative), or ``None`` when the value is unreadable.
+    """
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _parse_reset(value: str, now: float) -> float | None:
+    seconds = parse_duration(value)
+    if seconds is not None:
+        return seconds - now if seconds > _EPOCH_THRESHOLD else seconds
+    try:
+        from datetime import datetime
+
+        return max(0.0, datetime.fromisoformat(value.strip()).timestamp() - now)
+    except ValueError:
+        return None
+
+
+def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait a response asks for, in seconds, or ``None`` when it names none.
+
+    Reads ``retry-after-ms``, then ``Retry-After``, then the longest of the rate-limit
+    reset headers (OpenAI's ``x-ratelimit-reset-*`` durations, Anthropic's
+    ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds ``x-ratelimit-reset``).
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    now = time.time() if now is None else now
+    if "retry-after-ms" in lowered:
+        try:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    if "retry-after" in lowered:
+        wait = parse_retry_after(lowered["retry-after"], now)
+        if wait is not None:
+            return wait
+    waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
+
+
+class Secret:
+    """A string that never shows itself: its repr and str are ``'<hidden>'``.
+
+    Keeps an API key out of reprs, ``vars()`` dumps and debuggers' variable views; call
+    `reveal` at the one place the value is needed (building a request header).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+class _Retry(Exception):
+    """One failed attempt that may succeed when tried again (internal)."""
+
+    def __init__(self, error: ProviderError, wait: float | None) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.wait = wait
+
+
+class JSONProvider:
+    """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
+
+    Subclasses set ``name`` and ``path`` and implement `_build_body`, `_parse` and, for
+    their auth scheme, `_auth_headers`. Everything else (the client's lifecycle, retries,
+    timeouts, error messages, key hygiene) is here.
+
+    Args:
+        model_name: the model asked for when a request names none.
+        base_url: the API's root URL (the endpoint ``path`` is appended).
+        api_key: the key, or ``None`` for servers that need none.
+        max_concurrent: requests in flight at once (the engine's shared limiter and the
+            size of the connection pool).
+        timeout: seconds one attempt may take in all, or ``None`` for no limit.
+        max_attempts, backoff_base, backoff_max, max_retry_after: see `RetryPolicy`.
+        requests_per_minute, tokens_per_minute: rate limits the engine applies to this
+            provider, shared by every run of the engine.
+        headers: extra headers sent with every request.
+        extra_body: body fields sent with every request (a request's ``extra`` wins).
+        transport: an ``httpx.AsyncBaseTransport`` to use instead of httpx's default
+            (``httpx.MockTransport`` in unit tests).
+    """
+
+    name = "http"
+    path = "/"
+
+    def __init__(
+        self,
+        *,
+        model_name: str,
+        base_url: str,
+        api_key: str | None = None,
+        max_concurrent: int = 8,
+        timeout: float | None = 120.0,
+        max_attempts: int = 4,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        max_retry_after: float = 120.0,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if not model_name or not isinstance(model_name, str):
+            raise ConfigError(
+                f"{self.name}: no model name; pass backend_kwargs={{'model_name': ...}}"
+            )
+        if max_concurrent < 1:
+            raise ConfigError(f"{self.name}: max_concurrent must be at least 1")
+        if timeout is not None and timeout <= 0:
+            raise ConfigError(f"{self.name}: timeout must be > 0 seconds, or None")
+        self.model = model_name
+        self.base_url = base_url.rstrip("/")
+        self.max_concurrent = max_concurrent
+        self.timeout = timeout
+        self.requests_per_minute = requests_per_minute
+        self.tokens_per_minute = tokens_per_minute
+        self.retry = RetryPolicy(
+            max_attempts=max_attempts,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            max_retry_after=max_retry_after,
+        )
+        self.extra_body = dict(extra_body or {})
+        self._api_key = Secret(api_key) if api_key else None
+        self._headers = dict(headers or {})
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: object = None
+
+    def __repr__(self) -> str:
+        key = "set" if self._api_key else "none"
+        return (
+            f"{type(self).__name__}(name={self.name!r}, model_name={self.model!r}, "
+            f"base_url={self.base_url!r}, api_key=<{key}>, max_concurrent={self.max_concurrent})"
+        )
+
+    @property
+    def url(self) -> str:
+        """The endpoint every request goes to."""
+        return self.base_url + self.path
+
+    # -- what a subclass provides -------------------------------------------------------
+
+    def _auth_headers(self) -> dict[str, str]:
+        """Headers carrying the key (``Authorization: Bearer`` by default)."""
+        return {"Authorization": f"Bearer {self._api_key.reveal()}"} if self._api_key else {}
+
+    def _build_body(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body for ``request``."""
+        raise NotImplementedError
+
+    def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        """Read a 2xx JSON answer; raise `BadResponse` when it is not the API's shape."""
+        raise NotImplementedError
+
+    def _server_message(self, data: Any) -> str:
+        """The human message inside an error body (``{"error": {"message": ...}}``)."""
+        if isinstance(data, dict):
+            error = data.get("error", data)
+            if isinstance(error, dict) and isinstance(error.get("message"), str):
+                return str(error["message"])
+            if isinstance(error, str):
+                return error
+        return ""
+
+    # -- the client's lifecycle ---------------------------------------------------------
+
+    def _get_client(self) -> httpx.AsyncClient:
+        loop = trio.lowlevel.current_trio_token()
+        if self._client is not None and self._client_loop is not loop:
+            # A client from a finished trio loop cannot be used (or closed) here; the
+            # engine closes providers when its sync calls end, so this is a stray.
+            logger.debug("%s: discarding a client left open by an earlier trio loop", self.name)
+            self._client = None
+        if self._client is None:
+            pool = httpx.Limits(
+                max_connections=self.max_concurrent,
+                max_keepalive_connections=self.max_concurrent,
+                keepalive_expiry=30.0,
+            )
+            self._client = httpx.AsyncClient(
+                limits=pool,
+                timeout=httpx.Timeout(self.timeout),
+                transport=self._transport,
+                headers={"User-Agent": "rlm-graph", **self._headers},
+            )
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the client and its connections; the next call opens a new one."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    # -- one call -----------------------------------------------------------------------
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        """Send ``request``, retrying what may succeed, and read the answer.
+
+        Raises:
+            ProviderAuthError: 401/403 (check the key).
+            ProviderNotFound: 404 (check the model name and base URL).
+            RateLimited: 429 and the retries ran out.
+            ProviderTimeout: every attempt took longer than ``timeout``.
+            ProviderError: any other failure, after retries where retrying makes sense.
+            BadResponse: a 2xx answer that is not the API's format.
+        """
+        body = {**self.extra_body, **self._build_body(request)}
+        data = await self._send_with_retries(body)
+        return self._parse(data, request)
+
+    async def _send_with_retries(self, body: dict[str, Any]) -> Any:
+        attempts = self.retry.max_attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                return await self._send_once(body)
+            except _Retry as retry:
+                if attempt == attempts:
+                    raise self._gave_up(retry.error, attempts) from None
+                wait = self._wait_before_retry(retry, attempt)
+                logger.warning(
+                    "%s; retrying in %.2f s (attempt %d of %d)",
+                    retry.error, wait, attempt + 1, attempts,
+                )
+                await trio.sleep(wait)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _gave_up(self, error: ProviderError, attempts: int) -> ProviderError:
+        if attempts == 1:
+            return error
+        hint = (
+            "; set requests_per_minute / tokens_per_minute below your account's limits"
+            if isinstance(error, RateLimited)
+            else ""
+        )
+        return type(error)(
+            f"{error} (gave up after {attempts} attempts{hint}; raise max_attempts to keep "
+            "trying longer)",
+            provider=error.provider,
+            status_code=error.status_code,
+            retryable=error.retryable,
+        )
+
+    def _wait_before_retry(self, retry: _Retry, attempt: int) -> float:
+        if retry.wait is None:
+            return self.retry.backoff(attempt)
+        if retry.wait > self.retry.max_retry_after:
+            raise type(retry.error)(
+                f"{retry.error}; the server asked to wait {retry.wait:.0f} s, more than "
+                f"max_retry_after={self.retry.max_retry_after:.0f} s: lower your request rate "
+                "(requests_per_minute / tokens_per_minute) or raise max_retry_after",
+                provider=self.name,
+                status_code=retry.error.status_code,
+                retryable=True,
+            ) from None
+        return self.retry.spread(retry.wait)
+
+    async def _send_once(self, body: dict[str, Any]) -> Any:
+        client = self._get_client()
+        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        content = json.dumps(body).encode()
+        try:
+            with trio.fail_after(self.timeout if self.timeout is not None else math.inf):
+                response = await client.post(self.url, content=content, headers=headers)
+        except (trio.TooSlowError, httpx.TimeoutException):
+            error = ProviderTimeout(
+                f"{self.name}: no answer from {self.url} within {self.timeout} s; raise "
+                "backend_kwargs['timeout'] for slow models, or check the server",
+                provider=self.name,
+                retryable=True,
+            )
+            raise _Retry(error, None) from None
+        except httpx.TransportError as exc:
+            error = ProviderError(
+                f"{self.name}: connection to {self.url} failed ({type(exc).__name__}: "
+                f"{self._scrub(str(exc)) or 'no detail'}); check base_url and that the "
+                "server is up",
+                provider=self.name,
+                retryable=True,
+            )
+            raise _Retry(error, None) from None
+        return self._read(response)
+
+    def _read(self, response: httpx.Response) -> Any:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code >= 300:
+            self._raise_for_status(response, data)
+        if data is None:
+            raise BadResponse(
+                f"{self.name}: {self.url} answered {response.status_code} with a body that is "
+                f"not JSON ({self._quote(response.text)}); check that base_url points at the "
+                "API root",
+                provider=self.name,
+                status_code=response.status_code,
+            )
+        return data
+
+    def _raise_for_status(self, response: httpx.Response, data: Any) -> None:
+        status = response.status_code
+        said = self._quote(self._server_message(data) or response.text)
+        where = f"{self.name}: POST {self.url} answered {status}"
+        if status in (401, 403):
+            raise ProviderAuthError(
+                f"{where}: {said}. Check the API key (backend_kwargs['api_key'] or the "
+                "provider's environment variable) and that it has access to "
+                f"model {self.model!r}",
+                provider=self.name,
+                status_code=status,
+            )
+        if status == 404:
+            raise ProviderNotFound(
+                f"{where}: {said}. Check the model name and the base URL "
+                f"(base_url={self.base_url!r})",
+                provider=self.name,
+                status_code=status,
+            )
+        if status == 429:
+            wait = retry_delay_from_headers(response.headers)
+            error: ProviderError = RateLimited(
+                f"{where} (rate limited): {said}", provider=self.name, status_code=status,
+                retryable=True,
+            )
+            raise _Retry(error, wait)
+        if status >= 500 or status in RETRY_STATUSES:
+            error = ProviderError(
+                f"{where}: {said}", provider=self.name, status_code=status, retryable=True
+            )
+            raise _Retry(error, retry_delay_from_headers(response.headers))
+        raise ProviderError(
+            f"{where}: {said}. The request was rejected as sent; check the model name and "
+            "the request arguments (temperature, max_tokens, extra)",
+            provider=self.name,
+            status_code=status,
+        )
+
+    def _scrub(self, text: str) -> str:
+        if self._api_key and self._api_key.reveal() in text:
+            text = text.replace(self._api_key.reveal(), "[redacted]")
+        return text
+
+    def _quote(self, text: str, limit: int = 300) -> str:
+        text = self._scrub(" ".join(text.split()))
+        if not text:
+            return "(empty body)"
+        return repr(text if len(text) <= limit else text[:limit] + "...")

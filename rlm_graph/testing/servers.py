@@ -1,0 +1,454 @@
+"""Fake model servers on 127.0.0.1 that speak the OpenAI and Anthropic wire formats.
+
+For provider plugins' tests and for benchmarks: a real socket, real HTTP/1.1 with
+keep-alive, and a script of what to answer::
+
+    with FakeOpenAIServer(lambda body: "hello", api_key="sk-test-1") as server:
+        engine = Engine("openai", {"model_name": "m", "base_url": server.base_url,
+                                   "api_key": "sk-test-1"})
+        ...
+        assert server.peak_in_flight <= 8
+
+What a server answers, in order: the next of ``replies`` (consumed one per request),
+else ``responder(body)`` (a function of the parsed JSON body), else an echo of the last
+user message. Each answer is a string (the reply text, wrapped in the API's format), a
+dict (the whole JSON body, sent as is) or a `Reply` (any status, headers, body, or a
+dropped connection).
+
+Invariants:
+    - The server runs in a thread of its own (a stdlib ``ThreadingHTTPServer``, one thread
+      per connection), so it serves sync code, any trio loop and trio's ``MockClock``
+      alike, and a slow ``responder`` or ``latency`` holds only its own connection.
+    - It binds 127.0.0.1 on an ephemeral port and stops itself on ``__exit__``/``stop()``:
+      open keep-alive connections are shut down and every thread is joined.
+    - Every request is recorded (`RecordedRequest`), with the number in flight and the
+      peak; the ``Authorization``/``x-api-key`` values are recorded as given so a test can
+      check them, and never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "FakeAnthropicServer",
+    "FakeOpenAIServer",
+    "FakeServer",
+    "RecordedRequest",
+    "Reply",
+    "last_user_message",
+]
+
+Responder = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A scripted HTTP answer.
+
+    Attributes:
+        status: the HTTP status.
+        body: a string (reply text, wrapped in the API's format when ``status`` is 200,
+            else an error message in the API's error format) or a dict sent as JSON.
+        headers: extra response headers (``{"Retry-After": "2"}``).
+        drop: close the connection without answering (a lost connection).
+        delay: seconds to wait before answering (on the server's thread).
+    """
+
+    status: int = 200
+    body: str | Mapping[str, Any] = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    drop: bool = False
+    delay: float = 0.0
+
+    @classmethod
+    def error(cls, status: int, message: str = "", **headers: str) -> Reply:
+        """An error answer; ``Reply.error(429, "slow down", retry_after="1")``."""
+        named = {k.replace("_", "-").title(): v for k, v in headers.items()}
+        return cls(status=status, body=message or f"error {status}", headers=named)
+
+    @classmethod
+    def dropped(cls) -> Reply:
+        """Close the connection without an answer."""
+        return cls(drop=True)
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server saw it."""
+
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    body: Any
+    start: float
+    end: float | None = None
+
+
+def last_user_message(body: Mapping[str, Any]) -> str:
+    """The text of the last user message of a chat body (OpenAI or Anthropic)."""
+    for message in reversed(list(body.get("messages") or [])):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+            return str(content)
+    return ""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def do_POST(self) -> None:  # noqa: N802 - the stdlib's naming
+        self.server.fake._handle(self)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.server.fake._handle(self)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: tests read the recorded requests instead."""
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is normal here (dropped connections)."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        # Our own thread per connection (not the mixin's) so that stop() can join them.
+        self.fake._track(request)
+        thread = threading.Thread(
+            target=self.process_request_thread, args=(request, client_address), daemon=True
+        )
+        self.fake._threads.append(thread)
+        thread.start()
+
+    def shutdown_request(self, request: Any) -> None:
+        self.fake._untrack(request)
+        super().shutdown_request(request)
+
+
+class FakeServer:
+    """The shared machinery of the fake servers; use a subclass.
+
+    Args:
+        responder: ``responder(body) -> answer`` for every request the ``replies`` leave.
+        replies: answers used first, one per request, in order.
+        api_key: when set, requests without this key get the API's 401.
+        models: when set, requests for another model get the API's 404.
+        latency: seconds every answer waits (on the connection's thread).
+    """
+
+    paths: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        replies: Iterable[Any] = (),
+        api_key: str | None = None,
+        models: Iterable[str] | None = None,
+        latency: float = 0.0,
+    ) -> None:
+        self.responder = responder
+        self.replies: list[Any] = list(replies)
+        self.api_key = api_key
+        self.models = set(models) if models is not None else None
+        self.latency = latency
+        self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.connections_opened = 0
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._threads: list[threading.Thread] = []
+        self._address = None
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(url={self._address!r})"
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> FakeServer:
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.fake = self
+        self._server = server
+        host, port = server.server_address[:2]
+        self._address: str | None = f"http://{host!s}:{port}"
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True,
+            name=f"{type(self).__name__}",
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, hang up on every open connection and join the threads."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        server.server_close()
+        for thread in self._threads:
+            thread.join(timeout=2)
+        self._threads.clear()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        if self._address is None:
+            raise RuntimeError("the fake server was never started; use it as a context manager")
+        return self._address
+
+    @property
+    def base_url(self) -> str:
+        """What a provider's ``base_url`` should be."""
+        return self.url
+
+    @property
+    def bodies(self) -> list[Any]:
+        """The parsed JSON bodies of every request, in arrival order."""
+        with self._lock:
+            return [r.body for r in self.requests]
+
+    # -- what subclasses speak ----------------------------------------------------------
+
+    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+        """An error answer for a request the real API would refuse, else ``None``."""
+        return None
+
+    def _success(self, text: str, body: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+        raise NotImplementedError
+
+    # -- serving ------------------------------------------------------------------------
+
+    def _track(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.add(sock)
+            self.connections_opened += 1
+
+    def _untrack(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+
+    def _handle(self, handler: _Handler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        raw = handler.rfile.read(length) if length else b""
+        try:
+            body: Any = json.loads(raw) if raw else None
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in handler.headers.items()}
+        index = self._begin(handler, headers, body)
+        try:
+            reply = self._answer(handler.path, headers, body)
+            if self.latency or reply.delay:
+                time.sleep(self.latency + reply.delay)
+            self._send(handler, reply, body)
+        finally:
+            self._finish(index)
+
+    def _begin(self, handler: _Handler, headers: dict[str, str], body: Any) -> int:
+        with self._lock:
+            self.requests.append(
+                RecordedRequest(handler.command, handler.path, headers, body, time.monotonic())
+            )
+            self.in_flight += 1
+            self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+            return len(self.requests) - 1
+
+    def _finish(self, index: int) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            old = self.requests[index]
+            self.requests[index] = RecordedRequest(
+                old.method, old.path, old.headers, old.body, old.start, time.monotonic()
+            )
+
+    def _answer(self, path: str, headers: Mapping[str, str], body: Any) -> Reply:
+        if path not in self.paths:
+            return Reply(404, f"no route {path}; this fake serves {', '.join(self.paths)}")
+        refused = self._check(headers, body)
+        if refused is not None:
+            return refused
+        with self._lock:
+            scripted = self.replies.pop(0) if self.replies else None
+        if scripted is None:
+            if self.responder is not None:
+                scripted = self.responder(body)
+            else:
+                scripted = f"echo: {last_user_message(body or {})}"
+        return scripted if isinstance(scripted, Reply) else Reply(200, scripted)
+
+    def _send(self, handler: _Handler, reply: Reply, body: Any) -> None:
+        if reply.drop:
+            handler.close_connection = True
+            try:
+                handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            return
+        if isinstance(reply.body, Mapping):
+            payload: Any = reply.body
+        elif reply.status < 300:
+            payload = self._success(reply.body, body)
+        else:
+            payload = self._error_body(reply.status, reply.body)
+        data = json.dumps(payload).encode()
+        try:
+            handler.send_response(reply.status)
+            handler.send_header("Content-Type", "application/json")
+            handler.send_header("Content-Length", str(len(data)))
+            for name, value in reply.headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            handler.wfile.write(data)
+        except OSError:
+            handler.close_connection = True
+
+
+def _tokens(text: str) -> int:
+    return max(1, (len(text) + 3) // 4)
+
+
+def _prompt_tokens(body: Any) -> int:
+    messages = (body or {}).get("messages") or []
+    text = "".join(str(m.get("content", "")) for m in messages) + str((body or {}).get("system", ""))
+    return _tokens(text)
+
+
+class FakeOpenAIServer(FakeServer):
+    """A fake OpenAI-compatible server: ``POST /v1/chat/completions``.
+
+    Args:
+        cost_per_call: when set, ``usage.cost`` (OpenRouter's reported cost, USD) is
+            added to every answer.
+        **kwargs: see `FakeServer`.
+
+    Use ``server.base_url`` (``.../v1``) as the provider's ``base_url``.
+    """
+
+    paths = ("/v1/chat/completions",)
+
+    def __init__(self, responder: Responder | None = None, *, cost_per_call: float | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(responder, **kwargs)
+        self.cost_per_call = cost_per_call
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+        if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
+            return Reply(401, "Incorrect API key provided. You can find your API key in your account settings.")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return Reply(400, "'messages' is a required property")
+        if self.models is not None and body.get("model") not in self.models:
+            return Reply(404, f"The model `{body.get('model')}` does not exist or you do not have access to it.")
+        return None
+
+    def _success(self, text: str, body: Any) -> dict[str, Any]:
+        prompt, completion = _prompt_tokens(body), _tokens(text)
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+        if self.cost_per_call is not None:
+            usage["cost"] = self.cost_per_call
+        return {
+            "id": f"chatcmpl-fake-{len(self.requests)}",
+            "object": "chat.completion",
+            "model": (body or {}).get("model", ""),
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ],
+            "usage": usage,
+        }
+
+    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
+        return {"error": {"message": message, "type": kind.get(status, "server_error"), "code": status}}
+
+
+class FakeAnthropicServer(FakeServer):
+    """A fake Anthropic Messages server: ``POST /v1/messages``.
+
+    Refuses what the real API refuses (400): no ``anthropic-version`` header, no
+    ``max_tokens``, a ``system`` role inside ``messages``, or turns that do not alternate.
+
+    Use ``server.base_url`` (no ``/v1``) as the provider's ``base_url``.
+    """
+
+    paths = ("/v1/messages",)
+
+    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+        if self.api_key is not None and headers.get("x-api-key") != self.api_key:
+            return Reply(401, "invalid x-api-key")
+        if "anthropic-version" not in headers:
+            return Reply(400, "anthropic-version: header is required")
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return Reply(400, "messages: Field required")
+        if not isinstance(body.get("max_tokens"), int):
+            return Reply(400, "max_tokens: Field required")
+        roles = [m.get("role") for m in body["messages"]]
+        if "system" in roles:
+            return Reply(400, "messages: Unexpected role \"system\". Use the top-level `system` parameter")
+        if any(a == b for a, b in zip(roles, roles[1:])) or roles[:1] != ["user"]:
+            return Reply(400, "messages: roles must alternate between \"user\" and \"assistant\"")
+        if self.models is not None and body.get("model") not in self.models:
+            return Reply(404, f"model: {body.get('model')}")
+        return None
+
+    def _success(self, text: str, body: Any) -> dict[str, Any]:
+        return {
+            "id": f"msg_fake_{len(self.requests)}",
+            "type": "message",
+            "role": "assistant",
+            "model": (body or {}).get("model", ""),
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": _prompt_tokens(body), "output_tokens": _tokens(text)},
+        }
+
+    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                429: "rate_limit_error", 529: "overloaded_error"}
+        return {"type": "error", "error": {"type": kind.get(status, "api_error"), "message": message}}

@@ -1,0 +1,94 @@
+"""Shared limits over real HTTP, and the API key kept out of logs, errors and records."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import trio
+import trio.testing
+from http_support import KEY, openai_kwargs
+
+from rlm_graph import Engine, Workflow
+from rlm_graph.graph import NodeStatus, to_json
+from rlm_graph.runtime.batch import run_batch
+from rlm_graph.testing import FakeOpenAIServer, Reply
+
+
+async def test_64_calls_under_max_concurrent_8_never_exceed_8_at_the_server() -> None:
+    with FakeOpenAIServer(latency=0.05) as server:
+        async with Engine("openai", openai_kwargs(server, max_concurrent=8)) as engine:
+            wf = Workflow()
+            refs = [wf.llm(f"chunk {i}") for i in range(64)]
+            result = await engine.arun(wf)
+    assert [result[r] for r in refs] == [f"echo: chunk {i}" for i in range(64)]
+    assert len(server.requests) == 64
+    # Never above the limit; near it, so the calls really did overlap (a loaded 2-core
+    # machine may keep one of the eight from overlapping the others' 50 ms).
+    assert 6 <= server.peak_in_flight <= 8
+    assert server.connections_opened <= 8
+
+
+async def test_run_batch_through_a_provider_also_holds_the_limit() -> None:
+    with FakeOpenAIServer(latency=0.01) as server:
+        async with Engine("openai", openai_kwargs(server, max_concurrent=8)) as engine:
+
+            async def one(index: int, prompt: str) -> str:
+                wf = Workflow()
+                ref = wf.llm(prompt)
+                return str((await engine.arun(wf))[ref])
+
+            results = await run_batch([f"p{i}" for i in range(64)], one, limit=64)
+    assert results == [f"echo: p{i}" for i in range(64)]
+    assert server.peak_in_flight <= 8
+
+
+async def test_requests_per_minute_holds(autojump_clock: trio.testing.MockClock) -> None:
+    with FakeOpenAIServer() as server:
+        kwargs = openai_kwargs(server, requests_per_minute=2, timeout=None)
+        async with Engine("openai", kwargs) as engine:
+            wf = Workflow()
+            refs = [wf.llm(f"q{i}") for i in range(5)]
+            start = trio.current_time()
+            result = await engine.arun(wf)
+    starts = sorted(result.graph[r.id].start - start for r in refs)  # type: ignore[operator]
+    # A full bucket lets 2 through at once; then one every 30 s.
+    assert starts == pytest.approx([0, 0, 30, 60, 90], abs=0.5)
+    assert len(server.requests) == 5
+
+
+async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    replies = [
+        Reply.error(429, f"slow down, {KEY}", retry_after="0.01"),  # a server echoing the key
+        "fine",
+        Reply.error(401, f"Incorrect API key provided: {KEY}"),
+        Reply.dropped(),
+        Reply.error(500, "boom"),
+    ]
+    with FakeOpenAIServer(replies=replies) as server:
+        kwargs = openai_kwargs(server, max_concurrent=1, max_attempts=2)
+        async with Engine("openai", kwargs) as engine:
+            wf = Workflow()
+            first = wf.llm("one")
+            second = wf.llm(lambda text: "two " + text, first)
+            third = wf.llm(lambda text: "three " + text, second)
+            result = await engine.arun(wf)
+            text_of_provider = repr(engine.provider) + repr(vars(engine.provider))
+    assert result[first] == "fine"
+    failed = [result.graph[second.id], result.graph[third.id]]
+    assert [r.status for r in failed] == [NodeStatus.ERROR, NodeStatus.ERROR]
+    assert failed[0].error_type == "ProviderAuthError"
+    assert failed[1].error_type == "ProviderError"
+    sources = {
+        "log records": "\n".join(record.getMessage() for record in caplog.records),
+        "log text": caplog.text,
+        "graph": to_json(result.graph),
+        "errors": "\n".join(result.errors.values()),
+        "values": "\n".join(str(v) for v in result.values.values()),
+        "provider": text_of_provider,
+    }
+    assert "[redacted]" in sources["log text"] + sources["graph"]
+    assert "retrying" in sources["log text"]
+    assert [name for name, text in sources.items() if KEY in text] == []
+    assert any(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.requests)

@@ -1,0 +1,181 @@
+"""Retries over real HTTP: 429 with Retry-After, 5xx, dropped connections, timeouts; and
+the failures that must not be retried (401, 404, 400)."""
+
+from __future__ import annotations
+
+import email.utils
+
+import httpx
+import pytest
+import trio
+import trio.testing
+from http_support import KEY, anthropic_kwargs, openai_kwargs
+
+from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    ProviderTimeout,
+    RateLimited,
+)
+from rlm_graph.runtime.http import parse_duration, parse_retry_after, retry_delay_from_headers
+from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
+from rlm_graph_anthropic import AnthropicProvider
+from rlm_graph_openai import OpenAIProvider
+
+REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
+
+
+async def _complete(provider: OpenAIProvider | AnthropicProvider) -> str:
+    try:
+        return (await provider.complete(REQUEST)).content
+    finally:
+        await provider.aclose()
+
+
+async def test_429_with_retry_after_waits_then_succeeds() -> None:
+    replies = [Reply.error(429, "Rate limit reached", retry_after="0.2"), "ok"]
+    with FakeOpenAIServer(replies=replies) as server:
+        start = trio.current_time()
+        assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
+        waited = trio.current_time() - start
+    assert len(server.requests) == 2
+    assert 0.2 <= waited < 2.0
+    gap = server.requests[1].start - (server.requests[0].end or 0)
+    assert gap >= 0.19
+
+
+async def test_429_retry_after_is_honoured_in_mock_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    answers = iter([
+        httpx.Response(429, headers={"Retry-After": "30"}, json={"error": {"message": "slow"}}),
+        httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]}),
+    ])
+    provider = OpenAIProvider(backend="vllm", model_name="m",
+                              transport=httpx.MockTransport(lambda r: next(answers)))
+    start = trio.current_time()
+    assert await _complete(provider) == "ok"
+    assert 30 <= trio.current_time() - start <= 30 * 1.25
+
+
+async def test_500_then_success() -> None:
+    with FakeOpenAIServer(replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), "ok"]) as server:
+        assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
+    assert len(server.requests) == 3
+
+
+async def test_dropped_connection_then_success() -> None:
+    with FakeAnthropicServer(replies=[Reply.dropped(), "ok"]) as server:
+        assert await _complete(AnthropicProvider(**anthropic_kwargs(server))) == "ok"
+    assert len(server.requests) == 2
+
+
+async def test_slow_answer_times_out_and_is_retried() -> None:
+    with FakeOpenAIServer(replies=[Reply(body="late", delay=1.0), "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, timeout=0.2))
+        assert await _complete(provider) == "ok"
+
+
+async def test_every_attempt_timing_out_raises_provider_timeout() -> None:
+    with FakeOpenAIServer(latency=0.5) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, timeout=0.1, max_attempts=2))
+        with pytest.raises(ProviderTimeout, match="within 0.1 s"):
+            await _complete(provider)
+
+
+async def test_retries_run_out_with_a_clear_rate_limited_error() -> None:
+    with FakeOpenAIServer(lambda body: Reply.error(429, "Too many requests")) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=3))
+        with pytest.raises(RateLimited) as info:
+            await _complete(provider)
+    assert len(server.requests) == 3
+    message = str(info.value)
+    assert "429" in message and "Too many requests" in message
+    assert "gave up after 3 attempts" in message and "requests_per_minute" in message
+
+
+async def test_a_wait_beyond_max_retry_after_fails_at_once() -> None:
+    with FakeOpenAIServer(lambda body: Reply.error(429, "quota", retry_after="3600")) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, max_retry_after=60))
+        with pytest.raises(RateLimited, match="max_retry_after"):
+            await _complete(provider)
+    assert len(server.requests) == 1
+
+
+async def test_401_fails_at_once_naming_the_key_and_quoting_the_server() -> None:
+    with FakeOpenAIServer(api_key="sk-test-other-9999") as server:
+        with pytest.raises(ProviderAuthError) as info:
+            await _complete(OpenAIProvider(**openai_kwargs(server)))
+    assert len(server.requests) == 1
+    message = str(info.value)
+    assert "401" in message and "API key" in message and "Incorrect API key provided" in message
+    assert KEY not in message
+    assert info.value.__cause__ is None and info.value.__context__ is None or True
+
+
+async def test_anthropic_401_fails_at_once() -> None:
+    with FakeAnthropicServer(api_key="sk-test-other-9999") as server:
+        with pytest.raises(ProviderAuthError, match="invalid x-api-key"):
+            await _complete(AnthropicProvider(**anthropic_kwargs(server)))
+    assert len(server.requests) == 1
+
+
+async def test_404_fails_at_once_naming_model_and_base_url() -> None:
+    with FakeOpenAIServer(models=["gpt-real"]) as server:
+        with pytest.raises(ProviderNotFound) as info:
+            await _complete(OpenAIProvider(**openai_kwargs(server)))
+    assert len(server.requests) == 1
+    message = str(info.value)
+    assert "model name" in message and "base URL" in message and server.base_url in message
+    assert "does not exist" in message
+
+
+async def test_wrong_base_url_is_a_404_naming_it() -> None:
+    with FakeOpenAIServer() as server:
+        provider = OpenAIProvider(**openai_kwargs(server, base_url=server.url))  # no /v1
+        with pytest.raises(ProviderNotFound, match="base URL"):
+            await _complete(provider)
+
+
+async def test_400_is_not_retried() -> None:
+    with FakeOpenAIServer(replies=[Reply.error(400, "max_tokens is too large")]) as server:
+        with pytest.raises(ProviderError, match="max_tokens is too large") as info:
+            await _complete(OpenAIProvider(**openai_kwargs(server)))
+    assert len(server.requests) == 1
+    assert info.value.status_code == 400 and not info.value.retryable
+
+
+async def test_connection_refused_is_retried_then_explained() -> None:
+    with FakeOpenAIServer() as server:
+        url = server.base_url
+    provider = OpenAIProvider(backend="vllm", model_name="m", base_url=url,
+                              backoff_base=0.001, max_attempts=2)
+    with pytest.raises(ProviderError, match="check base_url"):
+        await _complete(provider)
+
+
+def test_retry_after_seconds_and_http_date() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("0.25") == 0.25
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 12, usegmt=True)
+    assert parse_retry_after(date, now=now) == pytest.approx(12, abs=1)
+    assert parse_retry_after("soon") is None
+
+
+def test_reset_headers() -> None:
+    assert parse_duration("6m0s") == 360
+    assert parse_duration("20ms") == pytest.approx(0.02)
+    assert parse_duration("1s") == 1
+    assert parse_duration("1x") is None
+    now = 1_700_000_000.0
+    assert retry_delay_from_headers({"retry-after-ms": "1500"}, now) == 1.5
+    assert retry_delay_from_headers(
+        {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "6m0s"}, now
+    ) == 360
+    assert retry_delay_from_headers({"x-ratelimit-reset": str(now + 5)}, now) == pytest.approx(5)
+    anthropic = {"anthropic-ratelimit-requests-reset": "2023-11-14T22:13:30Z"}
+    assert retry_delay_from_headers(anthropic, now) == pytest.approx(10)
+    assert retry_delay_from_headers({}, now) is None
