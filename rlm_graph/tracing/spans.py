@@ -1,30 +1,62 @@
 """OpenTelemetry spans for runs and nodes.
 
-One span per node, opened and closed in one ``with`` by `Run.execute`; its parent is
-passed explicitly from the graph (never taken from the ambient context), so spans nest
-as the graph does even when the call came from a REPL worker thread.
+Invariants:
+    - One span per node, opened and closed in one ``with`` by `Run.execute` through
+      `NodeTracer.node_span`. Its parent is passed explicitly from the graph (the node that
+      issued it, or the run's own span), never taken from the ambient context, so spans
+      nest as the graph does even when the call came from a REPL worker thread or from a
+      subprocess REPL over its pipe.
+    - A node's ``after`` dependencies become span links (Jaeger shows them as
+      ``FOLLOWS_FROM``) when the tracer was given the run's graph.
+    - Span times come from the record's trio-clock times (``submitted`` and ``end``),
+      anchored once per tracer to the wall clock, so a span covers queueing plus service
+      time exactly as the graph records it, also under trio's ``MockClock``.
+    - With no SDK tracer provider (the global no-op one, or ``NoOpTracerProvider``) the
+      tracer is disabled: `node_span` returns a shared no-op context manager and does no
+      span work at all.
+    - Text (prompts, code, outputs, error messages) passes a `Scrubber` before it is put
+      on a span; content is captured only when ``capture_content=True``, truncated.
 
-Span names and attributes follow the OpenTelemetry GenAI semantic conventions (see
-docs/tracing.md for the version followed and the full table).
+Span names and attributes follow the OpenTelemetry GenAI semantic conventions, version
+`SEMCONV_VERSION`; docs/tracing.md has the table, and a test keeps the two in step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+import json
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from types import TracebackType
 from typing import Any
+from urllib.parse import urlsplit
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, TracerProvider
+from opentelemetry.trace import (
+    INVALID_SPAN,
+    Link,
+    NonRecordingSpan,
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TracerProvider,
+)
 
-from .graph import NodeKind, NodeRecord, NodeStatus
+from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
+from .scrub import Scrubber
 
-__all__ = ["NodeTracer", "SPAN_ATTRIBUTES"]
+__all__ = ["CONTENT_LIMIT", "NodeTracer", "SEMCONV_VERSION", "SPAN_ATTRIBUTES", "SPAN_NAMES"]
 
 INSTRUMENTATION_NAME = "rlm_graph"
+SEMCONV_VERSION = "1.41.0"
+SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
+CONTENT_LIMIT = 2000
 
-# Attribute names used on spans; docs/tracing.md documents each (a test checks).
+# Attribute names used on spans; docs/tracing.md documents each (a test checks both ways).
 SPAN_ATTRIBUTES = (
     "gen_ai.operation.name",
     "gen_ai.provider.name",
@@ -35,36 +67,288 @@ SPAN_ATTRIBUTES = (
     "gen_ai.response.finish_reasons",
     "gen_ai.agent.name",
     "gen_ai.tool.name",
+    "gen_ai.tool.type",
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+    "server.address",
+    "server.port",
     "error.type",
     "rlm.node.id",
     "rlm.node.kind",
     "rlm.node.status",
+    "rlm.completion.id",
     "rlm.depth",
     "rlm.iteration",
     "rlm.batch.index",
     "rlm.batch.size",
     "rlm.cost_usd",
+    "rlm.queue_seconds",
+    "rlm.stop_reason",
 )
 
-_OPERATION = {
-    NodeKind.ROOT_TURN: "chat",
-    NodeKind.LLM_CALL: "chat",
-    NodeKind.COMPACTION: "chat",
-    NodeKind.REPL_BLOCK: "execute_tool",
-    NodeKind.RLM_CALL: "invoke_agent",
-    NodeKind.FUNCTION: "execute_tool",
+# Span name of each node kind ("{model}" and "{id}" are filled in from the record).
+SPAN_NAMES = {
+    NodeKind.ROOT_TURN: "chat {model}",
+    NodeKind.LLM_CALL: "chat {model}",
+    NodeKind.COMPACTION: "chat {model}",
+    NodeKind.REPL_BLOCK: "execute_tool repl",
+    NodeKind.RLM_CALL: "invoke_agent rlm",
+    NodeKind.FUNCTION: "execute_tool {id}",
 }
+
+_OPERATION = {kind: name.split(" ", 1)[0] for kind, name in SPAN_NAMES.items()}
+_KIND = {
+    kind: SpanKind.CLIENT if op == "chat" else SpanKind.INTERNAL for kind, op in _OPERATION.items()
+}
+_NO_SPAN = nullcontext(INVALID_SPAN)
+
+
+def _is_disabled(provider: TracerProvider) -> bool:
+    # The global provider before anyone sets one is a proxy that hands out no-op tracers.
+    return isinstance(provider, (NoOpTracerProvider, ProxyTracerProvider))
 
 
 def _span_name(record: NodeRecord) -> str:
-    operation = _OPERATION[record.kind]
-    if operation == "chat":
+    if _OPERATION[record.kind] == "chat":
         return f"chat {record.model}" if record.model else "chat"
-    if record.kind == NodeKind.REPL_BLOCK:
-        return "execute_tool repl"
-    if record.kind == NodeKind.RLM_CALL:
-        return "invoke_agent rlm"
-    return f"execute_tool {record.id}"
+    return SPAN_NAMES[record.kind].format(id=record.id)
+
+
+def _server_table(providers: Iterable[object]) -> dict[Any, tuple[str, int | None]]:
+    """(provider name, model) and provider name -> (server.address, server.port)."""
+    table: dict[Any, tuple[str, int | None]] = {}
+    for provider in providers:
+        address = getattr(provider, "server_address", None)
+        port = getattr(provider, "server_port", None)
+        base_url = getattr(provider, "base_url", None)
+        if not address and base_url:
+            parts = urlsplit(str(base_url))
+            address = parts.hostname
+            port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
+        if address:
+            name = getattr(provider, "name", None)
+            table.setdefault((name, getattr(provider, "model", None)), (address, port))
+            table.setdefault(name, (address, port))
+    return table
+
+
+def _truncate(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class NodeTracer:
+    """Opens the spans of one run (a completion with all its children, or a workflow).
+
+    The engine makes one per run; `Run.execute` calls `node_span` around every node, and
+    the facade wraps the whole run in `run_span`.
+
+    Args:
+        tracer_provider: where spans go; ``None`` uses OpenTelemetry's global provider
+            (tracing stays disabled, at no cost, until someone sets an SDK provider).
+        capture_content: put prompt, code and output text (truncated, scrubbed) on spans.
+        content_limit: the most characters of captured text per attribute.
+        providers: the engine's providers; their ``server_address``/``server_port`` (or
+            ``base_url``) give ``server.address``/``server.port`` on model-call spans.
+        secrets: literal values to keep out of spans (API keys from ``backend_kwargs``);
+            secret-named environment variables are always redacted.
+        graph: the run's graph; when given, ``after`` dependencies become span links.
+    """
+
+    def __init__(
+        self,
+        tracer_provider: TracerProvider | None = None,
+        *,
+        capture_content: bool = False,
+        content_limit: int = CONTENT_LIMIT,
+        providers: Iterable[object] = (),
+        secrets: Iterable[str] = (),
+        graph: Graph | None = None,
+    ) -> None:
+        provider = tracer_provider if tracer_provider is not None else trace.get_tracer_provider()
+        self.enabled = not _is_disabled(provider)
+        self.capture_content = capture_content
+        self.content_limit = content_limit
+        self.graph = graph
+        self._contexts: dict[str, SpanContext] = {}
+        self._root: Any = None
+        self._anchor: tuple[float, int] | None = None
+        self._last_end_ns = 0
+        if self.enabled:
+            self._tracer = provider.get_tracer(INSTRUMENTATION_NAME, schema_url=SCHEMA_URL)
+            self._servers = _server_table(providers)
+            self.scrubber = Scrubber(secrets)
+
+    # -- the run ------------------------------------------------------------------------
+
+    def run_span(self, name: str, attributes: Mapping[str, Any]) -> Any:
+        """The span of a whole run, parent of every node span without a node parent.
+
+        Args:
+            name: ``"invoke_agent rlm"`` for a completion, ``"invoke_workflow"`` for a
+                user's graph; the first word becomes ``gen_ai.operation.name``.
+            attributes: more attributes (strings are scrubbed). Set ``rlm.stop_reason``
+                on the yielded span when a limit stopped the run.
+
+        Returns:
+            A context manager yielding the span (a non-recording one when disabled).
+        """
+        if not self.enabled:
+            return _NO_SPAN
+        return self._run_span(name, attributes)
+
+    @contextmanager
+    def _run_span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
+        operation, _, agent = name.partition(" ")
+        attrs: dict[str, Any] = {"gen_ai.operation.name": operation}
+        if operation == "invoke_agent" and agent:
+            attrs["gen_ai.agent.name"] = agent
+        for key, value in attributes.items():
+            attrs[key] = self.scrubber.scrub(value) if isinstance(value, str) else value
+        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        outer, self._root = self._root, trace.set_span_in_context(span)
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_status(Status(StatusCode.ERROR, self._describe(str(exc))))
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            self._root = outer
+            span.end(end_time=max(time.time_ns(), self._last_end_ns))
+
+    # -- nodes --------------------------------------------------------------------------
+
+    def node_span(self, record: NodeRecord, parent_id: str | None) -> Any:
+        """The span of one node; its attributes are completed from the record at exit.
+
+        Args:
+            record: the node; ``submitted`` should be set on entry and ``end`` on exit
+                (`Run.execute` does both), else the wall clock is used.
+            parent_id: the node whose span is the parent; ``None`` (or an id without a
+                span) means the run's span.
+
+        Returns:
+            A context manager yielding the span (a non-recording one when disabled).
+        """
+        if not self.enabled:
+            return _NO_SPAN
+        return _NodeSpan(self, record, parent_id)
+
+    def _ns(self, clock: float | None) -> int:
+        """Epoch nanoseconds for a time on the run's clock (trio's)."""
+        now = time.time_ns()
+        if clock is None:
+            return now
+        if self._anchor is None:
+            self._anchor = (clock, now)
+        return self._anchor[1] + int((clock - self._anchor[0]) * 1e9)
+
+    def _start(self, record: NodeRecord, parent_id: str | None) -> Span:
+        parent = self._contexts.get(parent_id) if parent_id else None
+        context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent else self._root
+        span = self._tracer.start_span(
+            _span_name(record),
+            context=context,
+            kind=_KIND[record.kind],
+            attributes=_start_attributes(record),
+            links=self._links(record),
+            start_time=self._ns(record.submitted),
+        )
+        self._contexts[record.id] = span.get_span_context()
+        return span
+
+    def _links(self, record: NodeRecord) -> list[Link] | None:
+        if self.graph is None or record.id not in self.graph:
+            return None
+        contexts = self._contexts
+        return [
+            Link(contexts[dep])
+            for dep in self.graph.predecessors(record.id, "after")
+            if dep in contexts
+        ] or None
+
+    def _finish(self, span: Span, record: NodeRecord, failed: type[BaseException] | None) -> None:
+        if span.is_recording():
+            name = _span_name(record)
+            span.update_name(name)
+            span.set_attributes(self._end_attributes(record))
+            if record.status == NodeStatus.ERROR:
+                span.set_status(Status(StatusCode.ERROR, self._describe(record.error or "")))
+            elif failed is not None and not record.status.finished:
+                # Run.execute records Exception and trio.Cancelled; this is anything else.
+                span.set_attribute("error.type", failed.__name__)
+                span.set_status(Status(StatusCode.ERROR, failed.__name__))
+        end = self._ns(record.end)
+        self._last_end_ns = max(self._last_end_ns, end)
+        span.end(end_time=end)
+
+    def _describe(self, text: str) -> str:
+        return _truncate(self.scrubber.scrub(text), 500)
+
+    def _end_attributes(self, record: NodeRecord) -> dict[str, Any]:
+        attrs: dict[str, Any] = {"rlm.node.status": record.status.value}
+        if record.model:
+            attrs["gen_ai.request.model"] = record.model
+        if record.provider:
+            attrs["gen_ai.provider.name"] = record.provider
+        if _OPERATION[record.kind] == "chat":
+            _chat_attributes(record, attrs, self._servers)
+        if record.cost is not None:
+            attrs["rlm.cost_usd"] = record.cost
+        if record.start is not None and record.submitted is not None:
+            attrs["rlm.queue_seconds"] = max(0.0, record.start - record.submitted)
+        if record.status == NodeStatus.ERROR:
+            attrs["error.type"] = record.error_type or "_OTHER"
+        elif record.status == NodeStatus.CANCELLED:
+            attrs["error.type"] = "cancelled"
+        if self.capture_content:
+            attrs.update(self._content(record))
+        return attrs
+
+    def _content(self, record: NodeRecord) -> dict[str, str]:
+        """Captured text, on the attributes the GenAI conventions name for it."""
+        given, got = self._text(record.input_preview), self._text(record.output_preview)
+        if _OPERATION[record.kind] == "chat":
+            attrs = {}
+            if given:
+                attrs["gen_ai.input.messages"] = _messages("user", given)
+            if got:
+                attrs["gen_ai.output.messages"] = _messages("assistant", got, record.finish_reason)
+            return attrs
+        attrs = {}
+        if given:
+            attrs["gen_ai.tool.call.arguments"] = given
+        if got:
+            attrs["gen_ai.tool.call.result"] = got
+        return attrs
+
+    def _text(self, text: str) -> str:
+        return _truncate(self.scrubber.scrub(text), self.content_limit) if text else ""
+
+
+class _NodeSpan:
+    """The context manager `NodeTracer.node_span` returns (a class: this is a hot path)."""
+
+    __slots__ = ("_parent_id", "_record", "_span", "_tracer")
+
+    def __init__(self, tracer: NodeTracer, record: NodeRecord, parent_id: str | None) -> None:
+        self._tracer = tracer
+        self._record = record
+        self._parent_id = parent_id
+
+    def __enter__(self) -> Span:
+        self._span = self._tracer._start(self._record, self._parent_id)
+        return self._span
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._tracer._finish(self._span, self._record, exc_type)
 
 
 def _start_attributes(record: NodeRecord) -> dict[str, Any]:
@@ -73,11 +357,14 @@ def _start_attributes(record: NodeRecord) -> dict[str, Any]:
         "rlm.node.id": record.id,
         "rlm.node.kind": record.kind.value,
         "rlm.depth": record.depth,
+        "rlm.completion.id": record.completion,
     }
     if record.kind == NodeKind.REPL_BLOCK:
         attrs["gen_ai.tool.name"] = "repl"
+        attrs["gen_ai.tool.type"] = "extension"
     elif record.kind == NodeKind.FUNCTION:
         attrs["gen_ai.tool.name"] = record.id
+        attrs["gen_ai.tool.type"] = "function"
     elif record.kind == NodeKind.RLM_CALL:
         attrs["gen_ai.agent.name"] = "rlm"
     if record.iteration is not None:
@@ -88,78 +375,28 @@ def _start_attributes(record: NodeRecord) -> dict[str, Any]:
     return attrs
 
 
-def _end_attributes(record: NodeRecord) -> dict[str, Any]:
-    attrs: dict[str, Any] = {"rlm.node.status": record.status.value}
-    if record.provider:
-        attrs["gen_ai.provider.name"] = record.provider
-    if record.model:
-        attrs["gen_ai.request.model"] = record.model
-        if _OPERATION[record.kind] == "chat":
-            attrs["gen_ai.response.model"] = record.model
+def _chat_attributes(
+    record: NodeRecord, attrs: dict[str, Any], servers: Mapping[Any, tuple[str, int | None]]
+) -> None:
+    response_model = getattr(record, "response_model", None) or record.model
+    if response_model and record.status == NodeStatus.OK:
+        attrs["gen_ai.response.model"] = response_model
     if record.usage is not None:
         attrs["gen_ai.usage.input_tokens"] = record.usage.input_tokens
         attrs["gen_ai.usage.output_tokens"] = record.usage.output_tokens
     if record.finish_reason:
         attrs["gen_ai.response.finish_reasons"] = (record.finish_reason,)
-    if record.cost is not None:
-        attrs["rlm.cost_usd"] = record.cost
-    if record.status == NodeStatus.ERROR:
-        attrs["error.type"] = record.error_type or "Exception"
-    elif record.status == NodeStatus.CANCELLED:
-        attrs["error.type"] = "cancelled"
-    return attrs
+    server = getattr(record, "server_address", None)
+    found = (server, None) if server else servers.get((record.provider, record.model))
+    found = found or servers.get(record.provider)
+    if found:
+        attrs["server.address"] = found[0]
+        if found[1] is not None:
+            attrs["server.port"] = found[1]
 
 
-class NodeTracer:
-    """Opens the spans of one run.
-
-    Args:
-        tracer_provider: where spans go; ``None`` uses OpenTelemetry's global provider
-            (a no-op until someone configures one).
-        capture_content: put prompt, code and output text (truncated) on spans.
-    """
-
-    def __init__(
-        self, tracer_provider: TracerProvider | None = None, *, capture_content: bool = False
-    ) -> None:
-        self.capture_content = capture_content
-        provider = tracer_provider or trace.get_tracer_provider()
-        self._tracer = provider.get_tracer(INSTRUMENTATION_NAME)
-        self._contexts: dict[str, otel_context.Context] = {}
-        self._root: otel_context.Context | None = None
-        self.enabled = True
-
-    @contextmanager
-    def run_span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
-        """The span of a whole run (``invoke_agent`` or ``invoke_workflow``)."""
-        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=dict(attributes))
-        self._root = trace.set_span_in_context(span)
-        try:
-            yield span
-        except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            span.set_attribute("error.type", type(exc).__name__)
-            raise
-        finally:
-            span.end()
-
-    @contextmanager
-    def node_span(self, record: NodeRecord, parent_id: str | None) -> Iterator[Span]:
-        """The span of one node; its attributes are completed from the record at exit."""
-        parent = self._contexts.get(parent_id) if parent_id else None
-        kind = SpanKind.CLIENT if _OPERATION[record.kind] == "chat" else SpanKind.INTERNAL
-        span = self._tracer.start_span(
-            _span_name(record),
-            context=parent or self._root,
-            kind=kind,
-            attributes=_start_attributes(record),
-        )
-        self._contexts[record.id] = trace.set_span_in_context(span)
-        try:
-            yield span
-        finally:
-            span.update_name(_span_name(record))
-            span.set_attributes(_end_attributes(record))
-            if record.status == NodeStatus.ERROR:
-                span.set_status(Status(StatusCode.ERROR, record.error or ""))
-            span.end()
+def _messages(role: str, text: str, finish_reason: str | None = None) -> str:
+    message: dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": text}]}
+    if role == "assistant":
+        message["finish_reason"] = finish_reason or "stop"
+    return json.dumps([message], ensure_ascii=False)

@@ -1,0 +1,146 @@
+"""``rlm-graph trace show|export``, and the ``--trace`` option of ``run`` and ``demo``.
+
+``trace show FILE`` prints a trace file's span tree with a timeline; ``trace export FILE
+--format dot|graphml`` rebuilds the run's graph from it. Both read either trace format
+(OTLP JSON Lines or Jaeger JSON).
+
+Other subcommands take tracing options with `add_trace_argument` and turn them into a
+tracer provider with `tracer_provider_for`; `finish_tracing` flushes it and says where
+trace files went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from opentelemetry.trace import TracerProvider
+
+from ..graph import to_dot, to_graphml
+from ..tracing import (
+    TraceFileError,
+    configure_tracing,
+    flush_tracing,
+    load_trace,
+    render_traces,
+    to_graph,
+    trace_files,
+    tracer_provider_from_env,
+)
+from ..tracing.config import TRACE_MODES
+
+__all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def add_trace_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--trace``, ``--trace-dir`` and ``--trace-content`` to a subcommand's parser."""
+    group = parser.add_argument_group("tracing")
+    group.add_argument(
+        "--trace",
+        choices=TRACE_MODES,
+        default=None,
+        help="where spans go: otlp (OTEL_EXPORTER_OTLP_* variables, default "
+        "http://localhost:4318), file (trace files, see --trace-dir), console, or none; "
+        "default: what the OTEL_* variables say, else none",
+    )
+    group.add_argument(
+        "--trace-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder for --trace file (default $RLM_GRAPH_TRACE_DIR or traces/)",
+    )
+    group.add_argument(
+        "--trace-content",
+        action="store_true",
+        help="put prompts, code and outputs (truncated, secrets redacted) on spans",
+    )
+
+
+def tracer_provider_for(args: argparse.Namespace) -> TracerProvider | None:
+    """The tracer provider the ``--trace`` options ask for.
+
+    Returns:
+        A provider to pass as ``tracer_provider=`` (with ``capture_content`` from
+        ``args.trace_content``), or ``None`` when neither ``--trace`` nor the ``OTEL_*``
+        variables ask for tracing.
+
+    Raises:
+        ConfigError: bad ``OTEL_*`` settings (the message says which).
+    """
+    mode = getattr(args, "trace", None)
+    if mode is None:
+        return tracer_provider_from_env()
+    return configure_tracing(mode, directory=getattr(args, "trace_dir", None))
+
+
+def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None) -> None:
+    """Flush ``provider``; for trace files, say on ``stream`` (stderr) where they are."""
+    flush_tracing(provider)
+    out = stream or sys.stderr
+    for path in trace_files(provider):
+        print(f"trace written to {path}", file=out)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "trace", help="show a trace file, or export the graph it recorded"
+    )
+    commands = parser.add_subparsers(dest="trace_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: _usage(parser))
+
+    show = commands.add_parser(
+        "show", help="the span tree with durations, models, tokens, status and a timeline"
+    )
+    show.add_argument("file", type=Path, help="a trace file (.otlp.jsonl or .jaeger.json)")
+    show.add_argument("--width", type=int, default=None, help="line width (default: terminal)")
+    show.add_argument("--no-timeline", action="store_true", help="leave out the timeline bars")
+    show.add_argument("--ascii", action="store_true", help="ASCII characters only")
+    show.set_defaults(func=run_show)
+
+    export = commands.add_parser("export", help="rebuild the run's graph as DOT or GraphML")
+    export.add_argument("file", type=Path, help="a trace file (.otlp.jsonl or .jaeger.json)")
+    export.add_argument("--format", choices=("dot", "graphml"), default="dot")
+    export.add_argument("--trace-id", default=None, help="which trace, if the file has several")
+    export.add_argument(
+        "-o", "--output", type=Path, default=None, help="write here instead of stdout"
+    )
+    export.set_defaults(func=run_export)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def run_show(args: argparse.Namespace) -> int:
+    try:
+        spans = load_trace(args.file)
+    except TraceFileError as exc:
+        print(f"rlm-graph trace show: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    width = args.width or shutil.get_terminal_size((120, 24)).columns
+    sys.stdout.write(
+        render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
+    )
+    return EXIT_OK
+
+
+def run_export(args: argparse.Namespace) -> int:
+    try:
+        graph = to_graph(load_trace(args.file), args.trace_id)
+    except TraceFileError as exc:
+        print(f"rlm-graph trace export: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    text = to_dot(graph) if args.format == "dot" else to_graphml(graph)
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        args.output.write_text(text, encoding="utf-8")
+    return EXIT_OK

@@ -1,0 +1,218 @@
+"""Where spans go: OTLP/HTTP, trace files, the console, or nowhere.
+
+Invariants:
+    - Every provider built here exports through a ``BatchSpanProcessor``: ending a span
+      only appends it to a queue, and a worker thread does the I/O, so tracing never
+      blocks the trio loop. `flush_tracing` drains the queue; the engine calls it before
+      ``completion()`` returns.
+    - `tracer_provider_from_env` honours the standard ``OTEL_*`` variables and builds at
+      most one provider per distinct configuration per process (one worker thread, not
+      one per engine).
+    - ``"none"`` gives a ``NoOpTracerProvider``: the engine's tracer is then disabled at
+      no cost, even when ``OTEL_*`` variables are set.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal, get_args
+
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.trace import NoOpTracerProvider, TracerProvider
+
+from ..errors import ConfigError
+from .files import DEFAULT_FORMATS, TraceFileExporter, TraceFormat
+
+__all__ = [
+    "TRACE_DIR_ENV",
+    "TraceMode",
+    "configure_tracing",
+    "flush_tracing",
+    "trace_files",
+    "trace_mode_from_env",
+    "tracer_provider_from_env",
+]
+
+TraceMode = Literal["otlp", "file", "console", "none"]
+TRACE_MODES: tuple[str, ...] = get_args(TraceMode)
+TRACE_DIR_ENV = "RLM_GRAPH_TRACE_DIR"
+DEFAULT_TRACE_DIR = "traces"
+DEFAULT_SERVICE_NAME = "rlm-graph"
+
+_ENV_KEYS = (
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    TRACE_DIR_ENV,
+)
+_from_env: dict[tuple[str | None, ...], TracerProvider] = {}
+_from_env_lock = threading.Lock()
+_file_exporters: weakref.WeakKeyDictionary[TracerProvider, TraceFileExporter] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def configure_tracing(
+    mode: TraceMode,
+    *,
+    directory: str | os.PathLike[str] | None = None,
+    formats: Sequence[TraceFormat] = DEFAULT_FORMATS,
+    service_name: str | None = None,
+    exporter: SpanExporter | None = None,
+) -> TracerProvider:
+    """A tracer provider that sends every span to one place.
+
+    Args:
+        mode: ``"otlp"`` (OTLP/HTTP protobuf; endpoint, headers and timeout from the
+            standard ``OTEL_EXPORTER_OTLP_*`` variables, default ``http://localhost:4318``),
+            ``"file"`` (trace files, see `TraceFileExporter`), ``"console"`` (JSON spans
+            on stdout) or ``"none"``.
+        directory: for ``"file"``: where trace files go (default ``$RLM_GRAPH_TRACE_DIR``
+            or ``traces/``).
+        formats: for ``"file"``: ``"jaeger"`` and/or ``"otlp"``.
+        service_name: ``service.name`` of the resource, unless ``OTEL_SERVICE_NAME`` or
+            ``OTEL_RESOURCE_ATTRIBUTES`` sets one (default ``"rlm-graph"``).
+        exporter: use this exporter instead of the one ``mode`` names (tests, custom sinks).
+
+    Returns:
+        An SDK ``TracerProvider`` with a batch processor, or a ``NoOpTracerProvider`` for
+        ``"none"``. Pass it as ``tracer_provider=`` and call `flush_tracing` when done.
+
+    Raises:
+        ConfigError: an unknown mode, or an OTLP protocol other than ``http/protobuf``.
+    """
+    if mode not in TRACE_MODES:
+        raise ConfigError(
+            f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}"
+        )
+    if mode == "none":
+        return NoOpTracerProvider()
+    provider = SDKTracerProvider(resource=_resource(service_name))
+    exporter = exporter or _exporter(mode, directory, formats)
+    if isinstance(exporter, TraceFileExporter):
+        _file_exporters[provider] = exporter
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _exporter(
+    mode: TraceMode, directory: str | os.PathLike[str] | None, formats: Sequence[TraceFormat]
+) -> SpanExporter:
+    if mode == "otlp":
+        _check_protocol(os.environ)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if mode == "file":
+        folder = directory or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR
+        return TraceFileExporter(Path(folder), formats=formats)
+    return ConsoleSpanExporter()
+
+
+def _check_protocol(environ: Mapping[str, str]) -> None:
+    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
+    if protocol.strip() != "http/protobuf":
+        raise ConfigError(
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: rlm-graph exports "
+            "OTLP over HTTP (protobuf); set it to 'http/protobuf' and use port 4318"
+        )
+
+
+def _resource(service_name: str | None) -> Resource:
+    detected = Resource.create({})
+    if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        detected = detected.merge(Resource({SERVICE_NAME: service_name or DEFAULT_SERVICE_NAME}))
+    from .. import __version__
+
+    return detected.merge(Resource({SERVICE_VERSION: __version__}))
+
+
+def trace_mode_from_env(environ: Mapping[str, str] | None = None) -> TraceMode | None:
+    """The trace mode the standard ``OTEL_*`` variables ask for, or ``None``.
+
+    ``OTEL_SDK_DISABLED=true`` and ``OTEL_TRACES_EXPORTER=none`` give ``"none"``;
+    ``OTEL_TRACES_EXPORTER`` of ``otlp`` or ``console`` gives that mode; otherwise a set
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` gives
+    ``"otlp"``.
+
+    Raises:
+        ConfigError: ``OTEL_TRACES_EXPORTER`` names an exporter rlm-graph does not have.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "none"
+    exporters = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+    if exporters:
+        unknown = [e for e in exporters if e not in ("otlp", "console", "none")]
+        if unknown:
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={','.join(exporters)!r}: rlm-graph supports "
+                "'otlp', 'console' and 'none'"
+            )
+        if len(exporters) > 1:
+            raise ConfigError(
+                f"OTEL_TRACES_EXPORTER={','.join(exporters)!r}: rlm-graph exports to one "
+                "place; name one exporter"
+            )
+        return exporters[0]  # type: ignore[return-value]
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        return "otlp"
+    return None
+
+
+def tracer_provider_from_env(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
+    """The tracer provider the ``OTEL_*`` variables configure, or ``None`` if they don't.
+
+    The engine's default: with ``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` set,
+    every run goes to Jaeger (or any OTLP collector) with no code change. The same
+    configuration gives the same provider for the whole process.
+
+    Raises:
+        ConfigError: see `trace_mode_from_env` and `configure_tracing`.
+    """
+    env = os.environ if environ is None else environ
+    mode = trace_mode_from_env(env)
+    if mode is None:
+        return None
+    key = tuple(env.get(name) for name in _ENV_KEYS)
+    with _from_env_lock:
+        found = _from_env.get(key)
+        if found is None:
+            if mode == "otlp":
+                _check_protocol(env)
+            found = _from_env[key] = configure_tracing(mode)
+        return found
+
+
+def flush_tracing(provider: TracerProvider | None, timeout_millis: int = 10_000) -> bool:
+    """Export every span ended so far; blocks the calling thread until done.
+
+    Call it where blocking is fine: after ``trio.run`` returns, or from trio through
+    ``await trio.to_thread.run_sync(flush_tracing, provider)``.
+
+    Returns:
+        ``True`` when everything was exported (or there was nothing to do).
+    """
+    force_flush = getattr(provider, "force_flush", None)
+    if force_flush is None:
+        return True
+    return bool(force_flush(timeout_millis))
+
+
+def trace_files(provider: TracerProvider | None) -> list[Path]:
+    """The trace files a ``"file"`` provider has written so far (flush first)."""
+    exporter = _file_exporters.get(provider) if provider is not None else None
+    return exporter.paths if exporter is not None else []

@@ -1,0 +1,342 @@
+"""Reading trace files back: spans from either format, and the graph they describe.
+
+`load_trace` reads an OTLP JSON Lines file (ours or any OTLP/JSON producer's, hex or
+base64 ids) or a Jaeger JSON file into `TraceSpan` records; `to_graph` rebuilds the run's
+graph from the ``rlm.node.*`` attributes: a node's parent span gives its ``spawn`` edge,
+and its span links (Jaeger ``FOLLOWS_FROM``) its ``after`` edges.
+
+Invariants:
+    - Times are integer microseconds since the epoch; a graph rebuilt from a trace has
+      its times in seconds from the trace's first span.
+    - Spans appear once each, in start order, whatever order the file holds them in.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..contracts import Usage
+from ..errors import GraphError, RLMGraphError
+from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
+
+__all__ = ["TraceFileError", "TraceSpan", "load_trace", "parse_trace", "split_traces", "to_graph"]
+
+_KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
+_STATUS = {0: "unset", 1: "ok", 2: "error"}
+_JAEGER_SPECIAL = frozenset(
+    {"span.kind", "otel.status_code", "otel.status_description", "error", "otel.scope.name",
+     "otel.scope.version"}
+)
+
+
+class TraceFileError(RLMGraphError, ValueError):
+    """A file that is not a trace rlm-graph can read."""
+
+
+class TraceSpan(BaseModel):
+    """One span read from a trace file.
+
+    Attributes:
+        start_us, duration_us: epoch microseconds and length in microseconds.
+        links: span ids this span follows from (its node's ``after`` dependencies).
+        service: ``service.name`` of the process that emitted it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace_id: str
+    span_id: str
+    parent_id: str | None = None
+    name: str
+    kind: str = "internal"
+    start_us: int
+    duration_us: int
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    status: Literal["unset", "ok", "error"] = "unset"
+    status_message: str = ""
+    links: tuple[str, ...] = ()
+    service: str = ""
+
+    @property
+    def end_us(self) -> int:
+        return self.start_us + self.duration_us
+
+    @property
+    def node_id(self) -> str | None:
+        value = self.attributes.get("rlm.node.id")
+        return str(value) if value is not None else None
+
+
+def load_trace(path: str | os.PathLike[str]) -> list[TraceSpan]:
+    """Every span of a trace file, in start order.
+
+    Raises:
+        TraceFileError: the file is missing, or neither OTLP JSON (Lines) nor Jaeger JSON.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TraceFileError(f"cannot read trace file {os.fspath(path)!r}: {exc.strerror}") from None
+    try:
+        return parse_trace(text)
+    except TraceFileError as exc:
+        raise TraceFileError(f"{os.fspath(path)}: {exc}") from None
+
+
+def parse_trace(text: str) -> list[TraceSpan]:
+    """`load_trace` for text already read."""
+    try:
+        documents = _documents(text)
+        spans = list(_spans(documents))
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        if isinstance(exc, TraceFileError):
+            raise
+        raise TraceFileError(
+            f"malformed trace ({type(exc).__name__}: {exc}); expected OTLP JSON Lines or "
+            "Jaeger JSON as written by rlm-graph --trace file"
+        ) from None
+    unique = {(span.trace_id, span.span_id): span for span in spans}
+    return sorted(unique.values(), key=lambda span: (span.start_us, -span.duration_us))
+
+
+def _documents(text: str) -> list[Any]:
+    stripped = text.strip()
+    if not stripped:
+        raise TraceFileError("the file is empty")
+    try:
+        return [json.loads(stripped)]
+    except json.JSONDecodeError:
+        return [json.loads(line) for line in stripped.splitlines() if line.strip()]
+
+
+def _spans(documents: Iterable[Any]) -> Iterator[TraceSpan]:
+    for document in documents:
+        if isinstance(document, dict) and "data" in document:
+            yield from _jaeger(document)
+        elif isinstance(document, dict) and "resourceSpans" in document:
+            yield from _otlp(document)
+        else:
+            raise TraceFileError(
+                "not a trace: expected Jaeger JSON ({\"data\": [...]}) or OTLP JSON "
+                "({\"resourceSpans\": [...]}) on every line"
+            )
+
+
+# -- OTLP JSON ---------------------------------------------------------------------------
+
+
+def _hex_id(value: str, length: int) -> str:
+    if len(value) == length and all(c in "0123456789abcdefABCDEF" for c in value):
+        return value.lower()
+    return base64.b64decode(value).hex()
+
+
+def _any_value(value: Mapping[str, Any]) -> Any:
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "arrayValue" in value:
+        return [_any_value(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return _attributes(value["kvlistValue"].get("values", []))
+    return None
+
+
+def _attributes(items: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    return {item["key"]: _any_value(item.get("value", {})) for item in items}
+
+
+def _enum(value: Any, names: Mapping[int, str], prefix: str) -> str:
+    if isinstance(value, str) and not value.isdigit():
+        return value.removeprefix(prefix).lower()
+    return names.get(int(value or 0), names[0])
+
+
+def _otlp(document: Mapping[str, Any]) -> Iterator[TraceSpan]:
+    for resource_spans in document["resourceSpans"]:
+        resource = _attributes(resource_spans.get("resource", {}).get("attributes", []))
+        service = str(resource.get("service.name", ""))
+        scopes = resource_spans.get("scopeSpans") or resource_spans.get(
+            "instrumentationLibrarySpans", []
+        )
+        for scope_spans in scopes:
+            for span in scope_spans.get("spans", []):
+                yield _otlp_span(span, service)
+
+
+def _otlp_span(span: Mapping[str, Any], service: str) -> TraceSpan:
+    start = int(span["startTimeUnixNano"])
+    end = int(span.get("endTimeUnixNano") or start)
+    status = span.get("status", {})
+    parent = span.get("parentSpanId") or None
+    return TraceSpan(
+        trace_id=_hex_id(span["traceId"], 32),
+        span_id=_hex_id(span["spanId"], 16),
+        parent_id=_hex_id(parent, 16) if parent else None,
+        name=span["name"],
+        kind=_enum(span.get("kind", 0), _KINDS, "SPAN_KIND_"),
+        start_us=start // 1000,
+        duration_us=max(0, end - start) // 1000,
+        attributes=_attributes(span.get("attributes", [])),
+        status=_enum(status.get("code", 0), _STATUS, "STATUS_CODE_"),  # type: ignore[arg-type]
+        status_message=status.get("message", ""),
+        links=tuple(_hex_id(link["spanId"], 16) for link in span.get("links", [])),
+        service=service,
+    )
+
+
+# -- Jaeger JSON -------------------------------------------------------------------------
+
+
+def _tag_value(tag: Mapping[str, Any]) -> Any:
+    value, kind = tag.get("value"), tag.get("type", "string")
+    if kind == "int64":
+        return int(value)  # type: ignore[arg-type]
+    if kind == "float64":
+        return float(value)  # type: ignore[arg-type]
+    if kind == "bool":
+        return value if isinstance(value, bool) else str(value).lower() == "true"
+    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        return decoded if isinstance(decoded, list) else value
+    return value
+
+
+def _jaeger(document: Mapping[str, Any]) -> Iterator[TraceSpan]:
+    for trace in document["data"]:
+        processes = trace.get("processes") or {}
+        for span in trace["spans"]:
+            yield _jaeger_span(span, processes)
+
+
+def _jaeger_span(span: Mapping[str, Any], processes: Mapping[str, Any]) -> TraceSpan:
+    tags = {tag["key"]: _tag_value(tag) for tag in span.get("tags") or []}
+    references = span.get("references") or []
+    parents = [r["spanID"] for r in references if r.get("refType") == "CHILD_OF"]
+    if not parents and span.get("parentSpanID"):
+        parents = [span["parentSpanID"]]
+    status = str(tags.get("otel.status_code", "unset")).lower()
+    if tags.get("error") is True:
+        status = "error"
+    process = processes.get(span.get("processID", ""), {})
+    return TraceSpan(
+        trace_id=span["traceID"].lower().rjust(32, "0"),
+        span_id=span["spanID"].lower().rjust(16, "0"),
+        parent_id=parents[0].lower().rjust(16, "0") if parents else None,
+        name=span["operationName"],
+        kind=str(tags.get("span.kind", "internal")),
+        start_us=int(span["startTime"]),
+        duration_us=int(span.get("duration", 0)),
+        attributes={k: v for k, v in tags.items() if k not in _JAEGER_SPECIAL},
+        status=status if status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
+        status_message=str(tags.get("otel.status_description", "")),
+        links=tuple(
+            r["spanID"].lower().rjust(16, "0")
+            for r in references
+            if r.get("refType") == "FOLLOWS_FROM"
+        ),
+        service=str(process.get("serviceName", "")),
+    )
+
+
+# -- the graph ---------------------------------------------------------------------------
+
+
+def split_traces(spans: Sequence[TraceSpan]) -> dict[str, list[TraceSpan]]:
+    """Spans by trace id, traces in order of their first span."""
+    traces: dict[str, list[TraceSpan]] = {}
+    for span in spans:
+        traces.setdefault(span.trace_id, []).append(span)
+    return traces
+
+
+def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
+    """The graph of the run a trace recorded.
+
+    Args:
+        spans: spans of a trace file (`load_trace`).
+        trace_id: which trace, when the file holds several.
+
+    Raises:
+        TraceFileError: several traces and no ``trace_id``, an unknown ``trace_id``, or no
+            span with ``rlm.node.*`` attributes.
+    """
+    traces = split_traces(spans)
+    if trace_id is None and len(traces) > 1:
+        raise TraceFileError(
+            f"the file holds {len(traces)} traces ({', '.join(traces)}); choose one with "
+            "--trace-id"
+        )
+    chosen = traces.get(trace_id) if trace_id else next(iter(traces.values()), [])
+    if chosen is None:
+        raise TraceFileError(f"no trace {trace_id!r} in the file; it holds {', '.join(traces)}")
+    nodes = [span for span in chosen if span.node_id is not None]
+    if not nodes:
+        raise TraceFileError("no span of this trace has rlm.node.* attributes: not an rlm-graph run")
+    origin = min(span.start_us for span in chosen)
+    node_of = {span.span_id: span.node_id for span in nodes}
+    graph = Graph()
+    for span in nodes:
+        graph.add(_record(span, origin))
+    try:
+        for span in nodes:
+            parent = node_of.get(span.parent_id or "")
+            if parent is not None:
+                graph.add_edge(parent, str(span.node_id), "spawn")
+            for link in span.links:
+                if link in node_of:
+                    graph.add_edge(node_of[link], str(span.node_id), "after")
+    except GraphError as exc:
+        raise TraceFileError(f"the trace does not describe a graph: {exc}") from None
+    return graph
+
+
+def _record(span: TraceSpan, origin_us: int) -> NodeRecord:
+    attrs = span.attributes
+    submitted = (span.start_us - origin_us) / 1e6
+    queued = float(attrs.get("rlm.queue_seconds", 0.0))
+    status = attrs.get("rlm.node.status") or ("error" if span.status == "error" else "ok")
+    usage = None
+    if "gen_ai.usage.input_tokens" in attrs or "gen_ai.usage.output_tokens" in attrs:
+        usage = Usage(
+            input_tokens=int(attrs.get("gen_ai.usage.input_tokens", 0)),
+            output_tokens=int(attrs.get("gen_ai.usage.output_tokens", 0)),
+        )
+    reasons = attrs.get("gen_ai.response.finish_reasons") or []
+    return NodeRecord(
+        id=str(attrs["rlm.node.id"]),
+        kind=NodeKind(attrs.get("rlm.node.kind", "function")),
+        depth=int(attrs.get("rlm.depth", 0)),
+        completion=str(attrs.get("rlm.completion.id", "root")),
+        model=attrs.get("gen_ai.request.model"),
+        provider=attrs.get("gen_ai.provider.name"),
+        iteration=attrs.get("rlm.iteration"),
+        batch_index=attrs.get("rlm.batch.index"),
+        batch_size=attrs.get("rlm.batch.size"),
+        status=NodeStatus(status),
+        submitted=submitted,
+        start=submitted + queued,
+        end=(span.end_us - origin_us) / 1e6,
+        wall_start=span.start_us / 1e6 + queued,
+        usage=usage,
+        cost=attrs.get("rlm.cost_usd"),
+        error=span.status_message or None if status == "error" else None,
+        error_type=attrs.get("error.type") if status == "error" else None,
+        finish_reason=str(reasons[0]) if isinstance(reasons, list) and reasons else None,
+    )
