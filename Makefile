@@ -5,10 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml examples/rlm-graph-echo-provider/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test]' -e examples/rlm-graph-echo-provider
 	touch $(STAMP)
 
 .PHONY: demo test install

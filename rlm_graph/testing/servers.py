@@ -244,16 +244,23 @@ class FakeServer:
         with self._lock:
             return [r.body for r in self.requests]
 
-    # -- what subclasses speak ----------------------------------------------------------
+    # -- what a subclass speaks (a fake for a new API overrides these and ``paths``) ------
 
-    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
-        """An error answer for a request the real API would refuse, else ``None``."""
+    def check_request(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+        """An error answer for a request the real API would refuse, else ``None``.
+
+        Args:
+            headers: the request's headers, names lower-cased.
+            body: the parsed JSON body (``None`` when it was not JSON).
+        """
         return None
 
-    def _success(self, text: str, body: Any) -> dict[str, Any]:
+    def success_body(self, text: str, body: Any) -> dict[str, Any]:
+        """The API's JSON answer carrying the reply ``text`` to the request ``body``."""
         raise NotImplementedError
 
-    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
+        """The API's JSON error body for ``status`` with the human ``message``."""
         raise NotImplementedError
 
     # -- serving ------------------------------------------------------------------------
@@ -304,7 +311,7 @@ class FakeServer:
     def _answer(self, path: str, headers: Mapping[str, str], body: Any) -> Reply:
         if path not in self.paths:
             return Reply(404, f"no route {path}; this fake serves {', '.join(self.paths)}")
-        refused = self._check(headers, body)
+        refused = self.check_request(headers, body)
         if refused is not None:
             return refused
         with self._lock:
@@ -327,9 +334,9 @@ class FakeServer:
         if isinstance(reply.body, Mapping):
             payload: Any = reply.body
         elif reply.status < 300:
-            payload = self._success(reply.body, body)
+            payload = self.success_body(reply.body, body)
         else:
-            payload = self._error_body(reply.status, reply.body)
+            payload = self.error_body(reply.status, reply.body)
         data = json.dumps(payload).encode()
         try:
             handler.send_response(reply.status)
@@ -375,7 +382,7 @@ class FakeOpenAIServer(FakeServer):
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+    def check_request(self, headers: Mapping[str, str], body: Any) -> Reply | None:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
             return Reply(401, "Incorrect API key provided. You can find your API key in your account settings.")
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
@@ -384,7 +391,7 @@ class FakeOpenAIServer(FakeServer):
             return Reply(404, f"The model `{body.get('model')}` does not exist or you do not have access to it.")
         return None
 
-    def _success(self, text: str, body: Any) -> dict[str, Any]:
+    def success_body(self, text: str, body: Any) -> dict[str, Any]:
         prompt, completion = _prompt_tokens(body), _tokens(text)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt,
@@ -403,7 +410,7 @@ class FakeOpenAIServer(FakeServer):
             "usage": usage,
         }
 
-    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
         return {"error": {"message": message, "type": kind.get(status, "server_error"), "code": status}}
 
@@ -419,7 +426,7 @@ class FakeAnthropicServer(FakeServer):
 
     paths = ("/v1/messages",)
 
-    def _check(self, headers: Mapping[str, str], body: Any) -> Reply | None:
+    def check_request(self, headers: Mapping[str, str], body: Any) -> Reply | None:
         if self.api_key is not None and headers.get("x-api-key") != self.api_key:
             return Reply(401, "invalid x-api-key")
         if "anthropic-version" not in headers:
@@ -437,7 +444,7 @@ class FakeAnthropicServer(FakeServer):
             return Reply(404, f"model: {body.get('model')}")
         return None
 
-    def _success(self, text: str, body: Any) -> dict[str, Any]:
+    def success_body(self, text: str, body: Any) -> dict[str, Any]:
         return {
             "id": f"msg_fake_{len(self.requests)}",
             "type": "message",
@@ -448,7 +455,7 @@ class FakeAnthropicServer(FakeServer):
             "usage": {"input_tokens": _prompt_tokens(body), "output_tokens": _tokens(text)},
         }
 
-    def _error_body(self, status: int, message: str) -> dict[str, Any]:
+    def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
                 429: "rate_limit_error", 529: "overloaded_error"}
         return {"type": "error", "error": {"type": kind.get(status, "api_error"), "message": message}}

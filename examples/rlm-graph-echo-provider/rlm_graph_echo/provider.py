@@ -1,0 +1,77 @@
+"""The ``echo`` provider: `JSONProvider` does the HTTP, retries and key hygiene; this
+module only says how the Echo API's requests and answers look.
+
+The Echo API::
+
+    POST {base_url}/echo          header  X-Echo-Key: <key>
+    {"model": "echo-1", "system": "...", "prompt": "...", "shout": false}
+    -> 200 {"text": "...", "tokens_in": 12, "tokens_out": 3, "done": "complete"}
+    -> 4xx/5xx {"detail": "what went wrong"}
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
+from rlm_graph.errors import BadResponse
+from rlm_graph.runtime.http import JSONProvider
+
+__all__ = ["EchoProvider"]
+
+
+class EchoProvider(JSONProvider):
+    """A client of the Echo API.
+
+    Args:
+        model_name: the model asked for when a call names none (default ``echo-1``).
+        base_url: the API root (default ``http://localhost:8765``).
+        api_key: the key (default: the ``ECHO_API_KEY`` environment variable; optional).
+        shout: ask the API to answer in capitals.
+        **kwargs: what `JSONProvider` takes: ``max_concurrent``, ``timeout``,
+            ``max_attempts``, ``requests_per_minute``...
+    """
+
+    name = "echo"
+    path = "/echo"
+
+    def __init__(
+        self,
+        *,
+        model_name: str = "echo-1",
+        base_url: str = "http://localhost:8765",
+        api_key: str | None = None,
+        shout: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.shout = shout
+        key = api_key or os.environ.get("ECHO_API_KEY")
+        super().__init__(model_name=model_name, base_url=base_url, api_key=key, **kwargs)
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"X-Echo-Key": self._api_key.reveal()} if self._api_key else {}
+
+    def _build_body(self, request: ChatRequest) -> dict[str, Any]:
+        return {
+            "model": request.model or self.model,
+            "system": request.system,
+            "prompt": request.prompt,
+            "shout": self.shout,
+        }
+
+    def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+        if not isinstance(data, dict) or not isinstance(data.get("text"), str):
+            raise BadResponse(
+                f"echo: {self.url} answered without a 'text' field; check base_url",
+                provider=self.name,
+            )
+        return ChatResponse(
+            content=data["text"],
+            model=request.model,
+            usage=Usage(input_tokens=data.get("tokens_in", 0), output_tokens=data.get("tokens_out", 0)),
+            finish_reason=data.get("done"),
+        )
+
+    def _server_message(self, data: Any) -> str:
+        return str(data.get("detail", "")) if isinstance(data, dict) else ""
