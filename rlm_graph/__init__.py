@@ -33,6 +33,12 @@ from .graph import (
 )
 from .hooks import hookimpl as hookimpl
 from .limits import Limits as Limits
+from .rlm import (
+    RLM as RLM,
+    ModelUsageSummary as ModelUsageSummary,
+    RLMChatCompletion as RLMChatCompletion,
+    UsageSummary as UsageSummary,
+)
 from .runtime.workflow import WorkflowResult as WorkflowResult
 
 __version__ = "0.1.0"
@@ -48,14 +54,18 @@ __all__ = [
     "Limits",
     "Message",
     "ModelInfo",
+    "ModelUsageSummary",
     "NodeKind",
     "NodeRecord",
     "NodeRef",
     "NodeStatus",
     "PluginError",
     "ProviderError",
+    "RLM",
+    "RLMChatCompletion",
     "RLMGraphError",
     "Usage",
+    "UsageSummary",
     "Workflow",
     "WorkflowResult",
     "hookimpl",

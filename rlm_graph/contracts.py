@@ -174,7 +174,8 @@ class ExecResult(BaseModel):
     """The outcome of one REPL block, as the model will see it next turn.
 
     ``final_answer`` is set when the block finished the task (``answer["ready"] = True``,
-    ``FINAL(...)`` or ``FINAL_VAR(...)``). ``error`` is the exception text when the block
+    ``FINAL(...)`` or ``FINAL_VAR(...)``); ``answer_content`` is ``answer["content"]`` as
+    the block left it, the best partial answer if the run is stopped. ``error`` is the exception text when the block
     raised; the traceback is already in ``stderr``.
     """
 
@@ -184,6 +185,7 @@ class ExecResult(BaseModel):
     stderr: str = ""
     error: str | None = None
     final_answer: str | None = None
+    answer_content: str = ""
     timed_out: bool = False
     restarted: bool = False
 

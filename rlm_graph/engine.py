@@ -63,6 +63,7 @@ class Engine:
         observers: objects implementing ``rlm_node_*``/``rlm_run_*`` hooks.
         models: context windows and prices by model name, over the plugins' table.
         tracer_provider: the OpenTelemetry tracer provider for spans (default: global).
+        trace_content: put prompt, code and output text (truncated) on spans.
         entry_points: load installed plugins of entry-point group ``rlm_graph``.
         **limits: any field of `Limits` (``max_timeout``, ``max_tokens``...).
 
@@ -82,12 +83,14 @@ class Engine:
         observers: Iterable[object] = (),
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
         tracer_provider: TracerProvider | None = None,
+        trace_content: bool = False,
         entry_points: bool = True,
         **limits: Any,
     ) -> None:
         self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
         self.limits = self._limits(limits)
         self.tracer_provider = tracer_provider
+        self.trace_content = trace_content
         providers = [(f"{backend}/0", _make_provider(self.host, backend, backend_kwargs))]
         others = list(other_backends or [])
         other_kwargs = list(other_backend_kwargs or [{} for _ in others])
@@ -140,7 +143,7 @@ class Engine:
             host=self.host,
             router=self.router,
             limiters=self.limiters(),
-            tracer=NodeTracer(self.tracer_provider),
+            tracer=NodeTracer(self.tracer_provider, capture_content=self.trace_content),
         )
 
     def limits_with(self, overrides: Mapping[str, Any]) -> Limits:

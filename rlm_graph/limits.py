@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .contracts import Usage
 from .errors import ConfigError
 
-__all__ = ["Budget", "Limits", "OnLimit"]
+__all__ = ["Budget", "Limits", "OnLimit", "Tally"]
 
 OnLimit = Literal["return", "raise"]
 
@@ -95,3 +95,25 @@ class Budget:
         if limits.max_budget is not None and self.cost > limits.max_budget:
             return "max_budget"
         return None
+
+
+class Tally:
+    """Usage and cost of one completion including its children's.
+
+    A child completion's tally points at its parent's, so one call adds to every
+    completion above it: a parent's totals always include its children's.
+    """
+
+    __slots__ = ("cost", "parent", "usage")
+
+    def __init__(self, parent: Tally | None = None) -> None:
+        self.parent = parent
+        self.usage = Usage()
+        self.cost = 0.0
+
+    def add(self, usage: Usage, cost: float | None) -> None:
+        node: Tally | None = self
+        while node is not None:
+            node.usage = node.usage + usage
+            node.cost += cost or 0.0
+            node = node.parent

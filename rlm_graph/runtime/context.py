@@ -119,7 +119,10 @@ class Run:
                     record.error_type = type(exc).__name__
                     raise
                 else:
-                    record.status = NodeStatus.OK
+                    # A body may mark its own node failed and still return data (a REPL
+                    # block whose code raised returns the traceback to the model).
+                    if record.status == NodeStatus.RUNNING:
+                        record.status = NodeStatus.OK
                     return result
                 finally:
                     record.end = trio.current_time()

@@ -4,7 +4,8 @@ Three levels of concurrency, each a named ``trio.CapacityLimiter``:
     - per provider (``provider:<name>``): the real rate-limit boundary; every depth of
       every run of one engine shares it, so no product of the other limits can exceed it;
     - per batch (``batch:<node>``, ``batch_max_concurrent``): one per ``*_batched`` call;
-    - child completions in flight (``subcalls``, ``max_concurrent_subcalls``): tree-wide.
+    - child completions in flight (``subcalls:depth-N``, ``max_concurrent_subcalls``):
+      tree-wide, one limiter per depth (see `LoopLimiters.subcalls`).
 
 Rates are token buckets on trio's clock (so ``MockClock`` tests are instant):
 requests per minute and tokens per minute per provider.
@@ -79,11 +80,21 @@ class LoopLimiters:
     def __init__(self, max_concurrent_subcalls: int) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
         self._rates: dict[str, RateLimiter] = {}
-        self.subcalls = trio.CapacityLimiter(max_concurrent_subcalls)
-        # REPL worker threads are unbounded on purpose (design trap 1): a block waiting on
-        # its children holds its thread while the children need threads of their own.
-        # Children in flight are bounded by `subcalls` instead.
-        self.repl_threads = trio.CapacityLimiter(math.inf)
+        self._subcalls: dict[int, trio.CapacityLimiter] = {}
+        self._max_subcalls = max_concurrent_subcalls
+
+    def subcalls(self, depth: int) -> trio.CapacityLimiter:
+        """The limiter of child completions at ``depth``, shared by the whole tree.
+
+        One limiter per depth rather than one for all: a child holding a slot while it
+        waits for its own children would otherwise starve them of slots, and a tree whose
+        every slot-holder waits on a grandchild deadlocks. Per depth, the children in
+        flight at any level are bounded, and the provider limiter bounds the total.
+        """
+        limiter = self._subcalls.get(depth)
+        if limiter is None:
+            limiter = self._subcalls[depth] = trio.CapacityLimiter(self._max_subcalls)
+        return limiter
 
     def provider(self, key: str, capacity: int) -> trio.CapacityLimiter:
         limiter = self._providers.get(key)
@@ -102,5 +113,6 @@ class LoopLimiters:
     def statistics(self) -> dict[str, object]:
         """Limiter statistics by name, for debugging a stuck or slow run."""
         stats: dict[str, object] = {f"provider:{k}": v.statistics() for k, v in self._providers.items()}
-        stats["subcalls"] = self.subcalls.statistics()
+        for depth, limiter in self._subcalls.items():
+            stats[f"subcalls:depth-{depth}"] = limiter.statistics()
         return stats

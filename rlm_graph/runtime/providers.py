@@ -16,6 +16,7 @@ import trio
 from ..contracts import ChatRequest, ChatResponse, Message, ModelInfo, Provider, Usage
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
+from ..limits import Tally
 
 if TYPE_CHECKING:
     from .context import Run
@@ -84,11 +85,13 @@ async def call_model(
     *,
     model: str | None = None,
     params: Mapping[str, Any] | None = None,
+    tally: Tally | None = None,
 ) -> ChatResponse:
     """Make one model call as the node ``record`` (call inside `Run.execute`).
 
-    Fills the record's model, provider, usage, cost and previews, and charges the run's
-    budget; a passed token or dollar limit stops the whole tree.
+    Fills the record's model, provider, usage, cost and previews, adds the usage to
+    ``tally`` (the calling completion's, which passes it up to its parents) and charges
+    the run's budget; a passed token or dollar limit stops the whole tree.
     """
     key, provider, model_name = run.router.route(model, record.depth)
     record.model = model_name
@@ -122,6 +125,8 @@ async def call_model(
     record.cost = cost
     record.finish_reason = response.finish_reason
     record.output_preview = preview(response.content)
+    if tally is not None:
+        tally.add(response.usage, cost)
     exceeded = run.budget.charge(response.usage, cost)
     if exceeded is not None:
         run.stop(exceeded)

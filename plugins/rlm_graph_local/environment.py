@@ -1,0 +1,210 @@
+"""The in-process REPL: each block runs in a worker thread; sub-calls re-enter trio.
+
+The three traps of the design, and how this module avoids them:
+    1. Deadlock under recursion: blocks run on threads from an *unbounded* limiter, so a
+       block waiting on its children never holds a slot the children need; children in
+       flight are bounded by the scheduler's per-depth limiter instead.
+    2. Mixed output: printed output is captured per thread (`rlm_graph.repl.capture`),
+       never by swapping ``sys.stdout`` under a lock.
+    3. Process-wide state: no ``chdir``; each environment has its own scratch folder,
+       and relative paths given to ``open`` land in it.
+
+Stopping a block (timeout, cancellation): trio stops waiting at once, every sub-call
+the block has in flight is cancelled and later ones fail, and the thread gets a
+`BlockInterrupted` exception at its next Python instruction. A thread blocked inside C
+code (a long ``time.sleep``) ends only when that call returns: use the ``subprocess``
+environment where that matters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import trio
+
+from rlm_graph.contracts import ExecResult, Message, SubcallBridge
+from rlm_graph.errors import ConfigError
+from rlm_graph.repl import BlockInterrupted, ReplSession
+
+__all__ = ["LocalEnvironment"]
+
+T = TypeVar("T")
+
+
+class _BlockControl:
+    """The link between one running block's thread and the trio side."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.thread_id: int | None = None
+        self.running = False
+        self.interrupted = False
+        self.scopes: set[trio.CancelScope] = set()
+
+    def interrupt(self) -> None:
+        """Cancel the block's sub-calls and raise `BlockInterrupted` in its thread."""
+        with self.lock:
+            self.interrupted = True
+            for scope in self.scopes:
+                scope.cancel()
+            if self.running and self.thread_id is not None:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self.thread_id), ctypes.py_object(BlockInterrupted)
+                )
+
+
+class _ThreadCaller:
+    """`SubcallCaller` for code on a worker thread: each call re-enters trio."""
+
+    def __init__(self, env: LocalEnvironment) -> None:
+        self.env = env
+
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        control = self.env._control
+        token = self.env._token
+        if control is None or token is None or control.interrupted:
+            raise BlockInterrupted("the block was stopped")
+        return trio.from_thread.run(self._guarded, control, fn, *args, trio_token=token)
+
+    @staticmethod
+    async def _guarded(control: _BlockControl, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        with trio.CancelScope() as scope:
+            with control.lock:
+                if control.interrupted:
+                    scope.cancel()
+                control.scopes.add(scope)
+            try:
+                return await fn(*args)
+            finally:
+                with control.lock:
+                    control.scopes.discard(scope)
+        raise BlockInterrupted("the block was stopped")
+
+    def llm_query(self, prompt: str, model: str | None) -> str:
+        return self._call(self.env.bridge.llm_query, prompt, model)
+
+    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
+        return self._call(self.env.bridge.llm_query_batched, prompts, model)
+
+    def rlm_query(self, prompt: str, model: str | None) -> str:
+        return self._call(self.env.bridge.rlm_query, prompt, model)
+
+    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
+        return self._call(self.env.bridge.rlm_query_batched, prompts, model)
+
+
+class LocalEnvironment:
+    """A REPL in the engine's process.
+
+    Args:
+        bridge: the scheduler's side of the sub-calls.
+        tools: custom tools and data, ``{name: (value, description)}``.
+        depth: the depth of the completion it serves.
+        timeout: seconds a block may run before it is stopped and the model told so
+            (default: no per-block limit; the run's ``max_timeout`` still applies).
+        scratch_dir: a folder to use as the scratch folder instead of a fresh temporary
+            one (it is then not deleted at close).
+        output_cap: the most characters of printed output kept per block.
+    """
+
+    def __init__(
+        self,
+        *,
+        bridge: SubcallBridge,
+        tools: Mapping[str, tuple[Any, str | None]] | None = None,
+        depth: int = 0,
+        timeout: float | None = None,
+        scratch_dir: str | None = None,
+        output_cap: int = 1_000_000,
+    ) -> None:
+        if timeout is not None and timeout <= 0:
+            raise ConfigError("local environment: timeout must be a positive number of seconds")
+        self.bridge = bridge
+        self.depth = depth
+        self.timeout = timeout
+        self._own_dir = scratch_dir is None
+        self.scratch_dir = scratch_dir or tempfile.mkdtemp(prefix="rlm-graph-")
+        self.session = ReplSession(
+            _ThreadCaller(self), scratch_dir=self.scratch_dir, tools=tools, output_cap=output_cap
+        )
+        self._control: _BlockControl | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._threads: trio.CapacityLimiter | None = None
+
+    async def start(self) -> None:
+        self._token = trio.lowlevel.current_trio_token()
+
+    async def add_context(self, value: Any, index: int) -> None:
+        self.session.add_context(value, index)
+
+    async def add_history(self, messages: Sequence[Message], index: int) -> None:
+        self.session.add_history([m.model_dump() for m in messages], index)
+
+    async def set_variable(self, name: str, value: Any) -> None:
+        self.session.set_variable(name, value)
+
+    async def reset_answer(self) -> None:
+        self.session.reset_answer()
+
+    async def execute(self, code: str) -> ExecResult:
+        # A persistent session outlives its trio loop: take this loop's token each time.
+        self._token = trio.lowlevel.current_trio_token()
+        # Unbounded on purpose (trap 1); a fresh limiter per loop, as trio requires.
+        self._threads = trio.CapacityLimiter(math.inf)
+        control = self._control = _BlockControl()
+        try:
+            if self.timeout is None:
+                return await self._in_thread(code, control)
+            with trio.move_on_after(self.timeout):
+                return await self._in_thread(code, control)
+            control.interrupt()
+            return ExecResult(
+                stderr=f"TimeoutError: the block ran longer than {self.timeout:g} s and was stopped\n",
+                error=f"TimeoutError: block exceeded {self.timeout:g} s",
+                timed_out=True,
+                answer_content=self.session.answer_content(),
+            )
+        except BaseException:
+            control.interrupt()
+            raise
+        finally:
+            self._control = None
+
+    async def _in_thread(self, code: str, control: _BlockControl) -> ExecResult:
+        result = await trio.to_thread.run_sync(
+            self._thread_main, code, control, limiter=self._threads, abandon_on_cancel=True
+        )
+        if result is None:  # interrupted inside the thread: the caller is being cancelled
+            await trio.lowlevel.checkpoint()
+            raise BlockInterrupted("the block was stopped")
+        return result
+
+    def _thread_main(self, code: str, control: _BlockControl) -> ExecResult | None:
+        try:
+            with control.lock:
+                control.thread_id = threading.get_ident()
+                control.running = True
+            try:
+                return self.session.execute(code)
+            finally:
+                with control.lock:
+                    control.running = False
+                    # Clear an interrupt that arrived too late to matter, so it cannot
+                    # fire in whatever this pooled thread runs next.
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                        ctypes.c_ulong(threading.get_ident()), None
+                    )
+        except BlockInterrupted:
+            return None
+
+    async def aclose(self) -> None:
+        if self._control is not None:
+            self._control.interrupt()
+        if self._own_dir:
+            shutil.rmtree(self.scratch_dir, ignore_errors=True)

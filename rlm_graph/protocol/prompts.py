@@ -1,0 +1,179 @@
+"""The messages rlm-graph sends the root model, in its own words.
+
+The protocol (names, fences, the ``answer`` dict) matches the reference library so that
+models and prompts written for it work; the text is rlm-graph's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..contracts import ExecResult
+from .truncate import truncate_output
+
+__all__ = [
+    "SYSTEM_PROMPT",
+    "context_summary",
+    "final_answer_prompt",
+    "first_user_message",
+    "format_repl_output",
+    "no_code_message",
+    "system_prompt",
+    "tools_section",
+]
+
+SYSTEM_PROMPT = """\
+You are a Recursive Language Model. You answer a question about a context that may be far \
+too long to read at once. The context is not in this conversation: it is the variable \
+`context` in a persistent Python REPL, and you work on it by writing code.
+
+Write code in fenced blocks that start with ```repl and end with ```. Every block of a reply \
+runs, in order, in the same namespace; variables persist between turns. After each reply \
+you see what your code printed (only printed output and the value of a final bare \
+expression are shown; output longer than {output_chars} characters is cut, so print \
+summaries and slices, not whole documents).
+
+In the REPL you have:
+- `context`: the data ({context_hint}).
+- `llm_query(prompt, model=None) -> str`: ask a sub-model one question. It sees only the \
+prompt you give it, and it can read a large chunk (hundreds of thousands of characters).
+- `llm_query_batched(prompts, model=None) -> list[str]`: ask many independent questions \
+at once; they run concurrently and the answers come back in the order of the prompts. A \
+failed question gives a string starting with "[ERROR]" in its place.
+- `rlm_query(prompt, model=None) -> str` and `rlm_query_batched(prompts, model=None)`: \
+hand a sub-task to a child Recursive Language Model with its own REPL, for work that \
+needs several steps; {recursion_note}
+- `SHOW_VARS()`: the variables you have created, with their types.
+- `answer`: a dict. Put your final answer in `answer["content"]`, then set \
+`answer["ready"] = True` to finish. `FINAL(value)` and `FINAL_VAR("variable_name")` \
+do the same in one call.
+{tools}
+How to work:
+1. Look before you answer: print the type, the length and a few slices of `context`.
+2. Split the work: chunk the context, and send the chunks to `llm_query_batched` \
+(prefer a few large chunks to many tiny ones); sub-models are fast in parallel.
+3. Combine the answers in code, check what you have (print it), and ask follow-up \
+questions where the answers disagree or are missing.
+4. Finish only when your answer is supported by what you printed; do not set \
+`answer["ready"]` in the same block that first looks at the data.
+"""
+
+_RECURSION_ON = "each child is slower than `llm_query`, so use it only when a sub-task needs code."
+_RECURSION_OFF = "in this run they fall back to a plain `llm_query` (recursion depth is used up)."
+
+
+def tools_section(tools: Mapping[str, tuple[Any, str | None]]) -> str:
+    """A bullet per custom tool: ``- `name`: description``."""
+    if not tools:
+        return ""
+    lines = ["", "Custom tools and data in the REPL:"]
+    for name, (value, description) in tools.items():
+        if description:
+            text = description
+        elif callable(value):
+            text = "a custom function"
+        else:
+            text = f"a {type(value).__name__} value"
+        lines.append(f"- `{name}`: {text}")
+    return "\n".join(lines) + "\n"
+
+
+def system_prompt(
+    *,
+    custom: str | None = None,
+    tools: Mapping[str, tuple[Any, str | None]] | None = None,
+    can_recurse: bool = True,
+    output_chars: int = 20_000,
+    context_hint: str = "a str, list or dict",
+) -> str:
+    """The root model's system prompt.
+
+    A ``custom`` prompt replaces the built-in one; a ``{custom_tools_section}`` in it is
+    replaced by the tools list (the reference library's placeholder).
+    """
+    section = tools_section(tools or {})
+    if custom is not None:
+        return custom.replace("{custom_tools_section}", section)
+    return (
+        SYSTEM_PROMPT.replace("{output_chars}", f"{output_chars:,}")
+        .replace("{context_hint}", context_hint)
+        .replace("{recursion_note}", _RECURSION_ON if can_recurse else _RECURSION_OFF)
+        .replace("{tools}", section)
+    )
+
+
+def context_summary(context: Any) -> str:
+    """A one-line description of a context value: its type and size."""
+    if isinstance(context, str):
+        return f"a str of {len(context):,} characters"
+    if isinstance(context, list):
+        sizes = [len(item) if isinstance(item, str | list | dict) else 1 for item in context]
+        shown = ", ".join(f"{s:,}" for s in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
+        return f"a list of {len(context):,} items (sizes: {shown}; {sum(sizes):,} in all)"
+    if isinstance(context, dict):
+        keys = list(context)[:20]
+        return f"a dict with {len(context):,} keys ({', '.join(map(repr, keys))}{', ...' if len(context) > 20 else ''})"
+    return f"a {type(context).__name__}"
+
+
+def first_user_message(
+    context: Any,
+    root_prompt: str | None,
+    *,
+    index: int = 0,
+    histories: int = 0,
+    max_iterations: int,
+) -> str:
+    """The task: what the context is, the question, and the turn budget."""
+    name = "context" if index == 0 else f"context_{index}"
+    lines = [f"Your context (`{name}`) is {context_summary(context)}."]
+    if index > 0:
+        lines.append(
+            f"This is a persistent session: earlier contexts are `context_0` .. "
+            f"`context_{index - 1}` and earlier conversations `history_0` .. "
+            f"`history_{histories - 1}`."
+            if histories
+            else f"Earlier contexts are `context_0` .. `context_{index - 1}`."
+        )
+    if root_prompt:
+        lines.append(f"Question: {root_prompt}")
+    else:
+        lines.append("There is no separate question: the task is stated in the context itself.")
+    lines.append(
+        f"You have {max_iterations} turns. Start by looking at the context in a ```repl block."
+    )
+    return "\n".join(lines)
+
+
+def format_repl_output(
+    results: Sequence[ExecResult], *, limit: int, turn: int, max_iterations: int
+) -> str:
+    """The user message after a turn: each block's output, cut to ``limit`` characters."""
+    parts = []
+    for index, result in enumerate(results, start=1):
+        header = "REPL output:" if len(results) == 1 else f"REPL output (block {index}):"
+        body = "\n".join(p for p in (result.stdout.rstrip("\n"), result.stderr.rstrip("\n")) if p)
+        if result.timed_out:
+            body += (
+                "\n[the block timed out and was stopped"
+                + ("; the REPL was restarted and its variables are lost]" if result.restarted else "]")
+            )
+        parts.append(f"{header}\n{truncate_output(body, limit) if body else '(no output)'}")
+    left = max_iterations - turn
+    parts.append(f"[turn {turn} of {max_iterations} done; {left} left]")
+    return "\n\n".join(parts)
+
+
+def no_code_message(turn: int, max_iterations: int) -> str:
+    return (
+        "Your reply had no ```repl block, so nothing ran. Work in the REPL, and finish by "
+        f'setting answer["content"] and answer["ready"] = True. [turn {turn} of {max_iterations}]'
+    )
+
+
+def final_answer_prompt(max_iterations: int) -> str:
+    return (
+        f"You have used all {max_iterations} turns. Reply now with your best final answer to "
+        "the question, as plain text, based on what you have found. Do not write code."
+    )

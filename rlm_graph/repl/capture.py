@@ -1,0 +1,110 @@
+"""Per-thread capture of printed output, without swapping ``sys.stdout`` per block.
+
+``sys.stdout`` and ``sys.stderr`` belong to the whole process. Concurrent REPLs that swap
+them get each other's prints, and a lock around the swap serialises them (design trap 2).
+Instead, a dispatcher is installed once as ``sys.stdout``/``sys.stderr``: a write goes to
+the buffer the *current thread* registered, or to the original stream when the thread
+registered none. Each REPL block registers its buffers on its own worker thread.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TextIO
+
+__all__ = ["CappedBuffer", "capture_output"]
+
+_local = threading.local()
+_install_lock = threading.Lock()
+
+
+class CappedBuffer(io.TextIOBase):
+    """A text buffer that keeps at most ``cap`` characters and counts the rest.
+
+    A block that prints 10 MB must not hold 10 MB per block in memory; the head is kept
+    (the truncation shows the head and a tail of what was kept) and the overflow counted.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self._parts: list[str] = []
+        self._size = 0
+        self.cap = cap
+        self.dropped = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        room = self.cap - self._size
+        if room >= len(text):
+            self._parts.append(text)
+            self._size += len(text)
+        else:
+            if room > 0:
+                self._parts.append(text[:room])
+                self._size += room
+            self.dropped += len(text) - max(room, 0)
+        return len(text)
+
+    def getvalue(self) -> str:
+        return "".join(self._parts)
+
+
+class _Dispatch(io.TextIOBase):
+    """Stands in for ``sys.stdout``/``sys.stderr``; routes writes by thread."""
+
+    def __init__(self, name: str, fallback: TextIO) -> None:
+        self._name = name
+        self.fallback = fallback
+
+    def _target(self) -> TextIO:
+        target: TextIO | None = getattr(_local, self._name, None)
+        return target if target is not None else self.fallback
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return self._target().write(text)
+
+    def flush(self) -> None:
+        self._target().flush()
+
+    def isatty(self) -> bool:
+        return False if getattr(_local, self._name, None) is not None else self.fallback.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.fallback, "encoding", "utf-8") or "utf-8"
+
+    def fileno(self) -> int:
+        return self.fallback.fileno()
+
+
+def _ensure_installed() -> None:
+    # Something else (a test runner, a notebook) may replace sys.stdout later; wrap
+    # whatever is there now, once.
+    with _install_lock:
+        if not isinstance(sys.stdout, _Dispatch):
+            sys.stdout = _Dispatch("stdout", sys.stdout)
+        if not isinstance(sys.stderr, _Dispatch):
+            sys.stderr = _Dispatch("stderr", sys.stderr)
+
+
+@contextmanager
+def capture_output(cap: int) -> Iterator[tuple[CappedBuffer, CappedBuffer]]:
+    """Capture what the current thread prints, for the duration of the block."""
+    _ensure_installed()
+    out, err = CappedBuffer(cap), CappedBuffer(cap)
+    saved = getattr(_local, "stdout", None), getattr(_local, "stderr", None)
+    _local.stdout, _local.stderr = out, err
+    try:
+        yield out, err
+    finally:
+        _local.stdout, _local.stderr = saved

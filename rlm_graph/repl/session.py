@@ -1,0 +1,300 @@
+"""The REPL's namespace and block execution: the guest side of the protocol.
+
+Pure Python (no trio): the local environment runs it in worker threads of the engine's
+process, and the subprocess environment runs it in a child process. Both hand it a
+`SubcallCaller`, the blocking door back to the scheduler.
+
+Invariants:
+    - Model code never changes process-wide state on the engine's behalf: no ``chdir``,
+      no ``sys.stdout`` swap per block (see `capture`), no environment variables. Each
+      session has a scratch folder, and the namespace's ``open`` resolves relative paths
+      against it.
+    - The protocol's names (``llm_query``..., ``answer``, ``context``) are restored after
+      every block, so a model that overwrites one cannot break the next block.
+    - Errors in model code are data: the traceback goes to the block's stderr and the
+      block's ``error``; only `BlockInterrupted` (cancellation) propagates.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import os
+import traceback
+import types
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from ..contracts import ExecResult
+from .capture import capture_output
+
+__all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES"]
+
+RESERVED_NAMES = (
+    "llm_query",
+    "llm_query_batched",
+    "rlm_query",
+    "rlm_query_batched",
+    "SHOW_VARS",
+    "FINAL",
+    "FINAL_VAR",
+    "answer",
+    "context",
+    "SCRATCH_DIR",
+)
+
+_FILENAME = "<repl>"
+
+
+class BlockInterrupted(BaseException):
+    """Raised inside a block's thread to stop it (timeout or cancellation).
+
+    A ``BaseException``, so that model code's ``except Exception`` cannot swallow it.
+    """
+
+
+class SubcallCaller(Protocol):
+    """Blocking calls back into the engine; each returns text, never raises for a failed
+    model call (a failure is an ``"[ERROR] ..."`` string)."""
+
+    def llm_query(self, prompt: str, model: str | None) -> str: ...
+
+    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]: ...
+
+    def rlm_query(self, prompt: str, model: str | None) -> str: ...
+
+    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]: ...
+
+
+class _Answer(dict[str, Any]):
+    """The ``answer`` dict: ``answer["content"]`` and ``answer["ready"]``."""
+
+    def __init__(self) -> None:
+        super().__init__(content="", ready=False)
+
+    def __repr__(self) -> str:
+        return f"answer(content={self.get('content')!r}, ready={self.get('ready')!r})"
+
+
+def _check_prompt(name: str, prompt: object) -> str:
+    if not isinstance(prompt, str):
+        raise TypeError(f"{name}() takes the prompt as a str, got {type(prompt).__name__}")
+    return prompt
+
+
+def _check_prompts(name: str, prompts: object) -> list[str]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"{name}() takes a list of str prompts, got {type(prompts).__name__}")
+    for i, prompt in enumerate(prompts):
+        if not isinstance(prompt, str):
+            raise TypeError(f"{name}(): prompt {i} is a {type(prompt).__name__}, not a str")
+    return list(prompts)
+
+
+class ReplSession:
+    """One REPL namespace and the protocol functions in it.
+
+    Args:
+        caller: the door to the scheduler for sub-calls.
+        scratch_dir: this session's own folder; relative paths given to ``open`` land here.
+        tools: custom tools and data, ``{name: (value, description)}``.
+        output_cap: most characters of printed output kept per block.
+    """
+
+    def __init__(
+        self,
+        caller: SubcallCaller,
+        *,
+        scratch_dir: str,
+        tools: Mapping[str, tuple[Any, str | None]] | None = None,
+        output_cap: int = 1_000_000,
+    ) -> None:
+        self.caller = caller
+        self.scratch_dir = scratch_dir
+        self.output_cap = output_cap
+        self.tools = dict(tools or {})
+        self._final: str | None = None
+        self._contexts: list[str] = []
+        self.answer = _Answer()
+        self.ns: dict[str, Any] = {"__name__": "__repl__", "__builtins__": self._builtins()}
+        self._protocol = self._protocol_names()
+        self.ns.update(self._protocol)
+        for name, (value, _) in self.tools.items():
+            self.ns[name] = value
+
+    # -- the namespace ------------------------------------------------------------------
+
+    def _builtins(self) -> dict[str, Any]:
+        table = dict(vars(builtins))
+        real_open = builtins.open
+        scratch = self.scratch_dir
+
+        def open(file: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: A001
+            if isinstance(file, str | os.PathLike) and not os.path.isabs(file):
+                file = os.path.join(scratch, os.fspath(file))
+            return real_open(file, *args, **kwargs)
+
+        table["open"] = open
+        return table
+
+    def _protocol_names(self) -> dict[str, Any]:
+        caller = self.caller
+
+        def llm_query(prompt: str, model: str | None = None) -> str:
+            return caller.llm_query(_check_prompt("llm_query", prompt), model)
+
+        def llm_query_batched(prompts: Sequence[str], model: str | None = None) -> list[str]:
+            return caller.llm_query_batched(_check_prompts("llm_query_batched", prompts), model)
+
+        def rlm_query(prompt: str, model: str | None = None) -> str:
+            return caller.rlm_query(_check_prompt("rlm_query", prompt), model)
+
+        def rlm_query_batched(prompts: Sequence[str], model: str | None = None) -> list[str]:
+            return caller.rlm_query_batched(_check_prompts("rlm_query_batched", prompts), model)
+
+        return {
+            "llm_query": llm_query,
+            "llm_query_batched": llm_query_batched,
+            "rlm_query": rlm_query,
+            "rlm_query_batched": rlm_query_batched,
+            "SHOW_VARS": self.show_vars,
+            "FINAL": self.final,
+            "FINAL_VAR": self.final_var,
+            "answer": self.answer,
+            "SCRATCH_DIR": self.scratch_dir,
+        }
+
+    def show_vars(self) -> str:
+        """``SHOW_VARS()``: the variables the model made, with their types."""
+        hidden = set(self._protocol) | set(self.tools)
+        found = {
+            name: type(value).__name__
+            for name, value in self.ns.items()
+            if not name.startswith("_")
+            and name not in hidden
+            and not isinstance(value, types.ModuleType)
+        }
+        if not found:
+            return "No variables yet. Create some in a ```repl block."
+        return "Variables: " + ", ".join(f"{name}: {kind}" for name, kind in found.items())
+
+    def final(self, value: Any) -> str:
+        """``FINAL(value)``: finish with ``str(value)``."""
+        self._final = str(value)
+        return self._final
+
+    def final_var(self, name: Any) -> str:
+        """``FINAL_VAR("name")``: finish with the value of a variable (or with a value)."""
+        if not isinstance(name, str):
+            return self.final(name)
+        key = name.strip().strip("\"'")
+        if key not in self.ns:
+            known = ", ".join(k for k in self.ns if not k.startswith("_") and k not in self._protocol)
+            return (
+                f"FINAL_VAR: there is no variable {key!r} (variables: {known or 'none'}); "
+                "create it first, or call FINAL(value)"
+            )
+        return self.final(self.ns[key])
+
+    # -- data in ------------------------------------------------------------------------
+
+    def set_variable(self, name: str, value: Any) -> None:
+        self.ns[name] = value
+
+    def add_context(self, value: Any, index: int) -> None:
+        self.ns[f"context_{index}"] = value
+        if index == 0:
+            self.ns["context"] = value
+
+    def add_history(self, messages: list[dict[str, str]], index: int) -> None:
+        self.ns[f"history_{index}"] = messages
+        if index == 0 and "history" not in self.tools:
+            self.ns.setdefault("history", messages)
+
+    def reset_answer(self) -> None:
+        self.answer.clear()
+        self.answer.update(content="", ready=False)
+        self._final = None
+
+    # -- running a block ----------------------------------------------------------------
+
+    def execute(self, code: str) -> ExecResult:
+        """Run one block and report what it printed, raised and answered."""
+        self._final = None
+        error: str | None = None
+        with capture_output(self.output_cap) as (out, err):
+            try:
+                self._run(code, out)
+            except (Exception, SystemExit) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                err.write(self._traceback(exc))
+            notes = self._restore_names()
+            if notes:
+                err.write(notes)
+        stdout = out.getvalue()
+        if out.dropped:
+            stdout += f"\n... [{out.dropped:,} more characters were printed and not kept]\n"
+        return ExecResult(
+            stdout=stdout,
+            stderr=err.getvalue(),
+            error=error,
+            final_answer=self._final_answer(),
+            answer_content=self.answer_content(),
+        )
+
+    def _run(self, code: str, out: Any) -> None:
+        tree = ast.parse(code, _FILENAME, "exec")
+        last: ast.expr | None = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = tree.body.pop().value  # type: ignore[attr-defined]
+        exec(compile(tree, _FILENAME, "exec"), self.ns)
+        if last is not None:
+            value = eval(compile(ast.Expression(last), _FILENAME, "eval"), self.ns)
+            if value is not None:
+                out.write(repr(value) if not isinstance(value, str) else value)
+                out.write("\n")
+
+    @staticmethod
+    def _traceback(exc: BaseException) -> str:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == _FILENAME]
+        lines = ["Traceback (most recent call last):\n"] if frames else []
+        lines += traceback.format_list(frames)
+        lines += traceback.format_exception_only(type(exc), exc)
+        return "".join(lines)
+
+    def _restore_names(self) -> str:
+        restored = []
+        for name, value in self._protocol.items():
+            current = self.ns.get(name)
+            if name == "answer" and isinstance(current, dict) and current is not self.answer:
+                # A model that rebinds `answer` to a dict means its content.
+                self.answer.clear()
+                self.answer.update(current)
+            elif current is not value:
+                restored.append(name)
+            self.ns[name] = value
+        if "context_0" in self.ns and self.ns.get("context") is not self.ns["context_0"]:
+            self.ns["context"] = self.ns["context_0"]
+            restored.append("context")
+        if not restored:
+            return ""
+        return (
+            f"[note: {', '.join(restored)} {'is' if len(restored) == 1 else 'are'} part of the "
+            "REPL protocol and was restored; use other names for your variables]\n"
+        )
+
+    def _final_answer(self) -> str | None:
+        if self._final is not None:
+            return self._final
+        if self.answer.get("ready"):
+            return str(self.answer.get("content", ""))
+        return None
+
+    def answer_content(self) -> str:
+        """The current ``answer["content"]``, for a partial answer when a run is cut."""
+        return str(self.answer.get("content") or "")
+
+
+ToolSpec = tuple[Any, str | None]
+ToolTable = Mapping[str, ToolSpec]
+Factory = Callable[..., ReplSession]

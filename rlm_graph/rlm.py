@@ -1,0 +1,458 @@
+"""`RLM`: the drop-in Recursive Language Model facade.
+
+Same constructor keywords and ``completion(prompt, root_prompt=None)`` as the reference
+library, so switching is an import change; plus ``await acompletion(...)`` for trio code,
+and the finished graph on every result.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import trio
+from opentelemetry.trace import TracerProvider
+from pydantic import BaseModel, ConfigDict, Field
+
+from .contracts import Environment, ModelInfo
+from .errors import LIMIT_ERRORS, ConfigError
+from .graph import (
+    CriticalPath,
+    Graph,
+    NodeKind,
+    NodeRecord,
+    critical_path,
+    parallel_efficiency,
+    usage_by_model,
+)
+from .hooks import hookimpl
+from .limits import Tally
+from .protocol.truncate import DEFAULT_OUTPUT_CHARS
+from .repl import RESERVED_NAMES
+from .runtime.bridge import BridgeProxy
+from .runtime.loop import CompletionState, LoopSettings, RLMRunner
+
+__all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
+
+
+class ModelUsageSummary(BaseModel):
+    """One model's share of a completion, over every depth of the tree."""
+
+    model_config = ConfigDict(frozen=True)
+
+    total_calls: int = 0
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    total_cost: float | None = None
+
+
+class UsageSummary(BaseModel):
+    """Usage per model (the reference library's shape), children included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_usage_summaries: dict[str, ModelUsageSummary] = Field(default_factory=dict)
+
+    @property
+    def total_input_tokens(self) -> int:
+        return sum(m.total_input_tokens for m in self.model_usage_summaries.values())
+
+    @property
+    def total_output_tokens(self) -> int:
+        return sum(m.total_output_tokens for m in self.model_usage_summaries.values())
+
+    @property
+    def total_calls(self) -> int:
+        return sum(m.total_calls for m in self.model_usage_summaries.values())
+
+    @property
+    def total_cost(self) -> float | None:
+        costs = [m.total_cost for m in self.model_usage_summaries.values() if m.total_cost is not None]
+        return sum(costs) if costs else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "model_usage_summaries": {
+                name: m.model_dump(exclude_none=True) for name, m in self.model_usage_summaries.items()
+            }
+        }
+        if self.total_cost is not None:
+            out["total_cost"] = self.total_cost
+        return out
+
+    @classmethod
+    def from_graph(cls, graph: Graph) -> UsageSummary:
+        return cls(
+            model_usage_summaries={
+                name: ModelUsageSummary(
+                    total_calls=u.calls,
+                    total_input_tokens=u.input_tokens,
+                    total_output_tokens=u.output_tokens,
+                    total_cost=u.cost if u.cost else None,
+                )
+                for name, u in usage_by_model(graph).items()
+            }
+        )
+
+
+class RLMChatCompletion(BaseModel):
+    """The result of `RLM.completion`.
+
+    Attributes:
+        response: the answer (or, when a limit stopped the run, the best partial answer).
+        stop_reason: ``None`` when the model finished; else the limit that stopped it
+            (``"max_iterations"``, ``"max_timeout"``, ``"max_tokens"``, ``"max_budget"``,
+            ``"max_errors"``).
+        usage_summary: calls, tokens and cost per model, children included.
+        execution_time: wall-clock seconds.
+        graph: every node of the run, with its record.
+        critical_path, parallel_efficiency: from the graph (see rlm_graph.graph).
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    root_model: str
+    prompt: Any
+    response: str
+    usage_summary: UsageSummary
+    execution_time: float
+    stop_reason: str | None = None
+    iterations: int = 0
+    graph: Graph
+    critical_path: CriticalPath
+    parallel_efficiency: float
+    metadata: dict[str, Any] | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "root_model": self.root_model,
+            "prompt": self.prompt,
+            "response": self.response,
+            "usage_summary": self.usage_summary.to_dict(),
+            "execution_time": self.execution_time,
+            "stop_reason": self.stop_reason,
+            "iterations": self.iterations,
+            "nodes": len(self.graph),
+            "critical_path": list(self.critical_path.nodes),
+            "critical_path_seconds": self.critical_path.length,
+            "parallel_efficiency": self.parallel_efficiency,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
+    table: dict[str, tuple[Any, str | None]] = {}
+    for name, entry in (tools or {}).items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{keyword}: tool name {name!r} is not a Python identifier")
+        if name in RESERVED_NAMES or name.startswith(("context_", "history_")):
+            raise ConfigError(
+                f"{keyword}: {name!r} is a reserved REPL name ({', '.join(RESERVED_NAMES)}, "
+                "context_N, history_N); rename the tool"
+            )
+        if isinstance(entry, Mapping) and "tool" in entry:
+            unknown = set(entry) - {"tool", "description"}
+            if unknown:
+                raise ConfigError(f"{keyword}[{name!r}]: unknown keys {sorted(unknown)}; use 'tool' and 'description'")
+            table[name] = (entry["tool"], entry.get("description"))
+        else:
+            table[name] = (entry, None)
+    return table
+
+
+class _Callbacks:
+    """Observer for the reference's ``on_subcall_start``/``on_subcall_complete`` and
+    ``verbose`` progress lines."""
+
+    def __init__(
+        self,
+        on_start: Callable[..., Any] | None,
+        on_complete: Callable[..., Any] | None,
+        verbose: bool,
+    ) -> None:
+        self.on_start = on_start
+        self.on_complete = on_complete
+        self.verbose = verbose
+
+    @hookimpl
+    def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
+        if record.kind == NodeKind.RLM_CALL and self.on_start is not None:
+            self.on_start(record.depth, record.model, record.input_preview[:80])
+
+    @hookimpl
+    def rlm_node_finished(self, record: NodeRecord, graph: Graph) -> None:
+        if record.kind == NodeKind.RLM_CALL and self.on_complete is not None:
+            self.on_complete(record.depth, record.model, record.duration, record.error)
+        if self.verbose:
+            print(
+                f"[rlm-graph] {record.id:<10} {record.kind.value:<10} depth={record.depth} "
+                f"{record.status.value:<9} {record.duration:7.3f}s {record.output_preview[:60]!r}",
+                file=sys.stderr,
+            )
+
+
+class RLM:
+    """A Recursive Language Model engine.
+
+    Args:
+        backend: the root model's provider (``"openai"``, ``"anthropic"``, ``"vllm"``,
+            ``"openrouter"``, ``"ollama"``, ``"scripted"``, or a plugin's).
+        backend_kwargs: the provider's keywords, e.g. ``{"model_name": ..., "base_url": ...}``.
+        environment: the REPL (``"local"``, ``"subprocess"``, or a plugin's).
+        environment_kwargs: the environment's keywords (e.g. ``{"timeout": 5}``).
+        max_depth: completions nest up to this depth; ``rlm_query`` from a completion at
+            depth ``max_depth - 1`` is a plain model call (default 1: no children, as in
+            the reference).
+        max_iterations, max_timeout, max_tokens, max_budget, max_errors: limits for the
+            whole tree (see docs/limits.md).
+        on_limit: ``"return"`` the partial answer with ``stop_reason`` set, or ``"raise"``
+            a `LimitExceeded` carrying it.
+        persistent: keep the REPL across ``completion()`` calls (``context_N``,
+            ``history_N``).
+        custom_tools, custom_sub_tools: functions or data for the root's REPL and for
+            children's (``{name: value}`` or ``{name: {"tool": value, "description": ...}}``);
+            children get ``custom_tools`` when ``custom_sub_tools`` is None.
+        other_backends, other_backend_kwargs: more providers; the first serves sub-calls.
+        max_concurrent_subcalls: child completions in flight per depth (default 4).
+        batch_max_concurrent: slots of one batch in flight (default 16).
+        compaction, compaction_threshold_pct: history compaction (a strategy name, or
+            True for ``"summarize"``).
+        custom_system_prompt: replaces the built-in system prompt.
+        accept_text_final: also accept ``FINAL(...)`` written as text outside code.
+        output_chars: REPL output kept per turn (default 20,000 characters).
+        verbose: print a line per finished node to stderr.
+        on_subcall_start, on_subcall_complete: called when a child completion starts
+            (depth, model, prompt preview) and ends (depth, model, seconds, error).
+        plugins, observers, models, tracer_provider, trace_content: as for `Engine`.
+
+    Raises:
+        ConfigError: an unknown keyword, a bad limit, a reserved tool name.
+        PluginError: an unknown backend, environment or compaction strategy.
+    """
+
+    def __init__(
+        self,
+        backend: str = "openai",
+        backend_kwargs: Mapping[str, Any] | None = None,
+        environment: str = "local",
+        environment_kwargs: Mapping[str, Any] | None = None,
+        *,
+        max_depth: int = 1,
+        max_iterations: int = 30,
+        max_timeout: float | None = None,
+        max_tokens: int | None = None,
+        max_budget: float | None = None,
+        max_errors: int | None = None,
+        on_limit: str = "return",
+        persistent: bool = False,
+        custom_tools: Mapping[str, Any] | None = None,
+        custom_sub_tools: Mapping[str, Any] | None = None,
+        other_backends: Sequence[str] | None = None,
+        other_backend_kwargs: Sequence[Mapping[str, Any]] | None = None,
+        max_concurrent_subcalls: int = 4,
+        batch_max_concurrent: int = 16,
+        compaction: bool | str = False,
+        compaction_threshold_pct: float = 0.85,
+        custom_system_prompt: str | None = None,
+        accept_text_final: bool = False,
+        output_chars: int = DEFAULT_OUTPUT_CHARS,
+        verbose: bool = False,
+        on_subcall_start: Callable[..., Any] | None = None,
+        on_subcall_complete: Callable[..., Any] | None = None,
+        plugins: Iterable[object] = (),
+        observers: Iterable[object] = (),
+        models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
+        tracer_provider: TracerProvider | None = None,
+        trace_content: bool = False,
+        logger: None = None,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            raise ConfigError(
+                f"RLM() got unknown keyword(s) {', '.join(map(repr, sorted(unknown)))}; "
+                "see help(rlm_graph.RLM) for the keywords it takes"
+            )
+        if logger is not None:
+            raise ConfigError(
+                "logger= is not supported: every result carries its graph "
+                "(result.graph, exportable to JSON) and runs can be traced (docs/tracing.md)"
+            )
+        if not 0 < compaction_threshold_pct <= 1:
+            raise ConfigError("compaction_threshold_pct must be in (0, 1], e.g. 0.85")
+        if output_chars < 100:
+            raise ConfigError("output_chars must be at least 100 characters")
+        from .engine import Engine
+
+        callbacks = _Callbacks(on_subcall_start, on_subcall_complete, verbose)
+        self.engine = Engine(
+            backend,
+            backend_kwargs,
+            other_backends=other_backends,
+            other_backend_kwargs=other_backend_kwargs,
+            plugins=plugins,
+            observers=[*observers, callbacks],
+            models=models,
+            tracer_provider=tracer_provider,
+            trace_content=trace_content,
+            max_depth=max_depth,
+            max_iterations=max_iterations,
+            max_timeout=max_timeout,
+            max_tokens=max_tokens,
+            max_budget=max_budget,
+            max_errors=max_errors,
+            max_concurrent_subcalls=max_concurrent_subcalls,
+            batch_max_concurrent=batch_max_concurrent,
+            on_limit=on_limit,
+        )
+        self.backend = backend
+        self.environment = environment
+        self.env_factory = self.engine.host.lookup("environments", environment)
+        tools = _normalise_tools(custom_tools, "custom_tools")
+        sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
+        self.compaction = None
+        if compaction:
+            name = "summarize" if compaction is True else str(compaction)
+            self.compaction = self.engine.host.lookup("compaction_strategies", name)
+        self.compaction_threshold_pct = compaction_threshold_pct
+        self.settings = LoopSettings(
+            environment=environment,
+            environment_kwargs=dict(environment_kwargs or {}),
+            tools=tools,
+            sub_tools=sub_tools,
+            custom_system_prompt=custom_system_prompt,
+            accept_text_final=accept_text_final,
+            output_chars=output_chars,
+        )
+        self.persistent = persistent
+        self._env: Environment | None = None
+        self._proxy: BridgeProxy | None = None
+        self._completions = 0
+
+    @property
+    def limits(self) -> Any:
+        return self.engine.limits
+
+    # -- running ------------------------------------------------------------------------
+
+    def completion(self, prompt: Any, root_prompt: str | None = None) -> RLMChatCompletion:
+        """Answer ``root_prompt`` over the context ``prompt`` (str, list or dict).
+
+        Runs its own trio loop; from trio code use `acompletion`.
+
+        Raises:
+            LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
+            ProviderError: the root model could not be called.
+        """
+        return trio.run(self._sync_completion, prompt, root_prompt)
+
+    async def _sync_completion(self, prompt: Any, root_prompt: str | None) -> RLMChatCompletion:
+        try:
+            return await self.acompletion(prompt, root_prompt)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.engine.aclose()
+
+    async def acompletion(self, prompt: Any, root_prompt: str | None = None) -> RLMChatCompletion:
+        """`completion` for trio callers: runs in the caller's loop."""
+        if not isinstance(prompt, str | list | dict):
+            raise ConfigError(
+                f"the context (prompt) must be a str, list or dict, not {type(prompt).__name__}"
+            )
+        if root_prompt is not None and not isinstance(root_prompt, str):
+            raise ConfigError(f"root_prompt must be a str, not {type(root_prompt).__name__}")
+        started = time.perf_counter()
+        run = self.engine.new_run()
+        runner = RLMRunner(run, self.settings, self.env_factory)
+        state = CompletionState()
+        tally = Tally()
+        outcome = None
+        if run.limits.max_timeout is not None:
+            run.scope.deadline = trio.current_time() + run.limits.max_timeout
+        attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0}
+        try:
+            with run.tracer.run_span("invoke_agent rlm", attributes):
+                with run.scope:
+                    outcome = await self._root(runner, prompt, root_prompt, state, tally)
+        finally:
+            run.finalize()
+        stop_reason = outcome.stop_reason if outcome is not None else None
+        if run.scope.cancelled_caught:
+            stop_reason = run.stop_reason or "max_timeout"
+        response = outcome.answer if outcome is not None and not run.scope.cancelled_caught else state.partial()
+        result = self._result(run.graph, prompt, response, stop_reason, state, started)
+        run.run_finished(result)
+        if stop_reason is not None and run.limits.on_limit == "raise":
+            raise LIMIT_ERRORS[stop_reason](
+                f"the run was stopped by {stop_reason}; the partial answer is on .partial",
+                partial=response,
+                result=result,
+            )
+        return result
+
+    async def _root(
+        self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally
+    ) -> Any:
+        if not self.persistent:
+            return await runner.root(prompt, root_prompt, state, tally)
+        if self._env is None:
+            self._proxy = BridgeProxy()
+            env = self.env_factory(
+                bridge=self._proxy, tools=dict(self.settings.tools), depth=0,
+                **dict(self.settings.environment_kwargs),
+            )
+            await env.start()
+            self._env = env
+        index = self._completions
+        await self._env.reset_answer()
+        await self._env.add_context(prompt, index)
+        outcome = await runner.root(
+            prompt, root_prompt, state, tally, env=self._env, proxy=self._proxy,
+            index=index, histories=index,
+        )
+        await self._env.add_history(state.messages, index)
+        self._completions += 1
+        return outcome
+
+    def _result(
+        self, graph: Graph, prompt: Any, response: str, stop_reason: str | None,
+        state: CompletionState, started: float,
+    ) -> RLMChatCompletion:
+        return RLMChatCompletion(
+            root_model=self.engine.provider.model,
+            prompt=prompt,
+            response=response,
+            usage_summary=UsageSummary.from_graph(graph),
+            execution_time=time.perf_counter() - started,
+            stop_reason=stop_reason,
+            iterations=state.iterations,
+            graph=graph,
+            critical_path=critical_path(graph),
+            parallel_efficiency=parallel_efficiency(graph),
+        )
+
+    # -- closing ------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Close the persistent REPL (if any) and the providers' connections."""
+        if self._env is not None:
+            env, self._env = self._env, None
+            await env.aclose()
+        await self.engine.aclose()
+
+    def close(self) -> None:
+        trio.run(self.aclose)
+
+    def __enter__(self) -> RLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RLM:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

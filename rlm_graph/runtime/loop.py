@@ -1,0 +1,334 @@
+"""The RLM loop: one completion compiled turn by turn into the graph.
+
+    completion -> root_turn -> repl_block -> repl_block -> root_turn -> ...
+                                   └─ llm_call / rlm_call (-> child completion ...)
+
+Invariants:
+    - Turns are serial, and the blocks of a turn run in order; each is a node with an
+      ``after`` edge from the node before it. A child completion's turns also carry a
+      ``spawn`` edge from its ``rlm_call`` node.
+    - A completion ends when a block sets the answer (``answer["ready"]``, ``FINAL``,
+      ``FINAL_VAR``), or, with ``accept_text_final``, when a reply ends in a text
+      ``FINAL(...)``; after ``max_iterations`` turns the model is asked once for a final
+      answer, and that is the answer (``stop_reason="max_iterations"``).
+    - ``max_errors`` consecutive turns whose code failed stop the completion with its
+      best partial answer. Tree-wide limits (tokens, budget, deadline) cancel the run's
+      scope instead; `CompletionState` keeps what the root had, for the partial answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..contracts import Environment, ExecResult, Message
+from ..graph import NodeKind, NodeRecord, NodeStatus, preview
+from ..limits import Tally
+from ..protocol import find_code_blocks, find_text_final
+from ..protocol.prompts import (
+    final_answer_prompt,
+    first_user_message,
+    format_repl_output,
+    no_code_message,
+    system_prompt,
+)
+from .bridge import BridgeProxy, CompletionBridge
+from .context import Run
+from .providers import call_model
+
+__all__ = ["CompletionOutcome", "CompletionState", "LoopSettings", "RLMRunner"]
+
+ToolTable = Mapping[str, tuple[Any, "str | None"]]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopSettings:
+    """What every completion of one RLM call needs, root and children alike."""
+
+    environment: str
+    environment_kwargs: Mapping[str, Any]
+    tools: ToolTable
+    sub_tools: ToolTable
+    custom_system_prompt: str | None = None
+    accept_text_final: bool = False
+    output_chars: int = 20_000
+
+
+@dataclass(slots=True)
+class CompletionState:
+    """What one completion has so far; read after a cut for the partial answer."""
+
+    messages: list[Message] = field(default_factory=list)
+    last_reply: str = ""
+    answer_content: str = ""
+    iterations: int = 0
+    consecutive_errors: int = 0
+
+    def partial(self) -> str:
+        """The best partial answer: ``answer["content"]`` if set, else the last reply."""
+        return self.answer_content or self.last_reply
+
+
+@dataclass(slots=True)
+class CompletionOutcome:
+    answer: str
+    stop_reason: str | None
+    state: CompletionState
+
+
+@dataclass(slots=True)
+class _Completion:
+    """One completion's fixed facts."""
+
+    depth: int
+    completion: str  # "root" or the id of the rlm_call node
+    parent: str | None  # the rlm_call node, for children
+    model: str | None
+    tally: Tally
+    bridge: CompletionBridge
+    env: Environment
+
+
+class RLMRunner:
+    """Runs the root completion of one call, and every child it spawns, in ``run``."""
+
+    def __init__(self, run: Run, settings: LoopSettings, env_factory: Any) -> None:
+        self.run = run
+        self.settings = settings
+        self.env_factory = env_factory
+
+    # -- entry points -------------------------------------------------------------------
+
+    async def root(
+        self,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
+        tally: Tally,
+        *,
+        env: Environment | None = None,
+        proxy: BridgeProxy | None = None,
+        index: int = 0,
+        histories: int = 0,
+    ) -> CompletionOutcome:
+        """The top-level completion; a persistent session passes its ``env`` and ``proxy``."""
+        bridge = self._bridge(0, "root", tally, self.settings.tools)
+        if env is None:
+            async with self._environment(bridge, self.settings.tools, 0, context) as fresh:
+                return await self._complete(
+                    _Completion(0, "root", None, None, tally, bridge, fresh),
+                    context, root_prompt, state, index=0, histories=0,
+                )
+        assert proxy is not None
+        proxy.target = bridge
+        try:
+            return await self._complete(
+                _Completion(0, "root", None, None, tally, bridge, env),
+                context, root_prompt, state, index=index, histories=histories,
+            )
+        finally:
+            proxy.target = None
+
+    async def child(self, prompt: str, model: str | None, record: NodeRecord, tally: Tally) -> str:
+        """A child completion, run as the ``rlm_call`` node ``record`` (a `ChildRunner`)."""
+        tools = self.settings.sub_tools
+        bridge = self._bridge(record.depth, record.id, tally, tools)
+        async with self._environment(bridge, tools, record.depth, prompt) as env:
+            done = _Completion(record.depth, record.id, record.id, model, tally, bridge, env)
+            outcome = await self._complete(done, prompt, None, CompletionState())
+        if outcome.stop_reason == "max_errors":
+            return f"[INCOMPLETE: the child stopped after repeated code errors] {outcome.answer}"
+        return outcome.answer
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def _bridge(self, depth: int, completion: str, tally: Tally, tools: ToolTable) -> CompletionBridge:
+        return CompletionBridge(
+            self.run,
+            depth=depth,
+            completion=completion,
+            tally=tally,
+            run_child=self.child,
+            tools={name: value for name, (value, _) in tools.items() if callable(value)},
+        )
+
+    def _environment(self, bridge: CompletionBridge, tools: ToolTable, depth: int, context: Any) -> Any:
+        return _EnvironmentScope(self.env_factory, bridge, tools, depth, context, self.settings)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def _complete(
+        self,
+        c: _Completion,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
+        *,
+        index: int = 0,
+        histories: int = 0,
+    ) -> CompletionOutcome:
+        limits = self.run.limits
+        tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
+        state.messages = [
+            Message(
+                role="system",
+                content=system_prompt(
+                    custom=self.settings.custom_system_prompt,
+                    tools=tools,
+                    can_recurse=c.bridge.can_recurse,
+                    output_chars=self.settings.output_chars,
+                ),
+            ),
+            Message(
+                role="user",
+                content=first_user_message(
+                    context, root_prompt, index=index, histories=histories,
+                    max_iterations=limits.max_iterations,
+                ),
+            ),
+        ]
+        previous: str | None = None
+        for iteration in range(1, limits.max_iterations + 1):
+            state.iterations = iteration
+            reply, previous = await self._turn(c, state, iteration, previous)
+            final, previous = await self._run_blocks(c, state, iteration, reply, previous)
+            if final is not None:
+                return CompletionOutcome(final, None, state)
+            if limits.max_errors is not None and state.consecutive_errors >= limits.max_errors:
+                return CompletionOutcome(state.partial(), "max_errors", state)
+        state.messages.append(Message(role="user", content=final_answer_prompt(limits.max_iterations)))
+        reply, _ = await self._turn(c, state, limits.max_iterations + 1, previous)
+        return CompletionOutcome(reply, "max_iterations", state)
+
+    async def _turn(
+        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
+    ) -> tuple[str, str]:
+        record = NodeRecord(
+            id=self.run.new_id("turn"),
+            kind=NodeKind.ROOT_TURN,
+            depth=c.depth,
+            completion=c.completion,
+            iteration=iteration,
+        )
+        messages = list(state.messages)
+
+        async def body(rec: NodeRecord) -> str:
+            response = await call_model(self.run, rec, messages, model=c.model, tally=c.tally)
+            return response.content
+
+        reply = await self.run.execute(
+            record, body, after=[previous] if previous else [], parent=c.parent
+        )
+        state.last_reply = reply
+        state.messages.append(Message(role="assistant", content=reply))
+        return reply, record.id
+
+    async def _run_blocks(
+        self, c: _Completion, state: CompletionState, iteration: int, reply: str, previous: str
+    ) -> tuple[str | None, str]:
+        limits = self.run.limits
+        codes = find_code_blocks(reply)
+        text_final = find_text_final(reply) if self.settings.accept_text_final else None
+        if not codes and text_final is None:
+            state.messages.append(Message(role="user", content=no_code_message(iteration, limits.max_iterations)))
+            return None, previous
+        turn_id = previous
+        results: list[ExecResult] = []
+        final: str | None = None
+        for code in codes:
+            result, previous = await self._block(c, iteration, code, previous, turn_id)
+            results.append(result)
+            state.answer_content = result.answer_content or state.answer_content
+            if result.final_answer is not None:
+                final = result.final_answer
+                break
+        if final is None and text_final is not None:
+            final, previous = await self._text_final(c, iteration, text_final, previous, turn_id)
+        failed = any(not r.ok for r in results)
+        state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
+        if results:
+            state.messages.append(
+                Message(
+                    role="user",
+                    content=format_repl_output(
+                        results, limit=self.settings.output_chars, turn=iteration,
+                        max_iterations=limits.max_iterations,
+                    ),
+                )
+            )
+        return final, previous
+
+    async def _block(
+        self, c: _Completion, iteration: int, code: str, previous: str, turn_id: str
+    ) -> tuple[ExecResult, str]:
+        record = NodeRecord(
+            id=self.run.new_id("block"),
+            kind=NodeKind.REPL_BLOCK,
+            depth=c.depth,
+            completion=c.completion,
+            iteration=iteration,
+            input_preview=preview(code),
+        )
+
+        async def body(rec: NodeRecord) -> ExecResult:
+            c.bridge.begin_block(rec.id)
+            result = await c.env.execute(code)
+            rec.output_preview = preview(result.stdout or result.stderr)
+            if not result.ok:
+                rec.status = NodeStatus.ERROR
+                rec.error = result.error or "the block timed out"
+                rec.error_type = (result.error or "Timeout").split(":", 1)[0]
+            return result
+
+        result = await self.run.execute(
+            record, body, after=[previous], span_parent=turn_id
+        )
+        return result, record.id
+
+    async def _text_final(
+        self, c: _Completion, iteration: int, found: Any, previous: str, turn_id: str
+    ) -> tuple[str | None, str]:
+        if found.kind == "FINAL":
+            return found.value, previous
+        result, previous = await self._block(
+            c, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id
+        )
+        return result.final_answer, previous
+
+
+class _EnvironmentScope:
+    """``async with``: make, start, load and always close a completion's environment."""
+
+    def __init__(
+        self, factory: Any, bridge: CompletionBridge, tools: ToolTable, depth: int,
+        context: Any, settings: LoopSettings,
+    ) -> None:
+        self.factory = factory
+        self.bridge = bridge
+        self.tools = tools
+        self.depth = depth
+        self.context = context
+        self.settings = settings
+        self.env: Environment | None = None
+
+    async def __aenter__(self) -> Environment:
+        self.env = self.factory(
+            bridge=self.bridge, tools=dict(self.tools), depth=self.depth,
+            **dict(self.settings.environment_kwargs),
+        )
+        try:
+            await self.env.start()
+            await self.env.add_context(self.context, 0)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.env.aclose()
+            raise
+        return self.env
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.env is not None:
+            with trio.CancelScope(shield=True):
+                await self.env.aclose()

@@ -1,0 +1,218 @@
+"""End-to-end RLM completions with the scripted provider and the local environment."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from rlm_graph import RLM, NodeKind, NodeStatus
+from rlm_graph.errors import ConfigError, IterationLimitExceeded, PluginError
+from rlm_graph.graph import peak_concurrency
+
+from .scripts import repl, root_and_sub
+
+L = 1.0
+
+
+def rlm(root: object, sub: object = None, **kwargs: object) -> RLM:
+    respond = root_and_sub(root) if sub is None else root_and_sub(root, sub)  # type: ignore[arg-type]
+    backend_kwargs = {"respond": respond, **kwargs.pop("backend_kwargs", {})}  # type: ignore[dict-item]
+    return RLM("scripted", backend_kwargs, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_answer_by_the_answer_dict() -> None:
+    engine = rlm([
+        repl("print(len(context))"),
+        repl('answer["content"] = context.upper()\nanswer["ready"] = True'),
+    ])
+    result = await engine.acompletion("hello world", root_prompt="shout it")
+    assert result.response == "HELLO WORLD"
+    assert result.stop_reason is None
+    assert result.iterations == 2
+    kinds = [r.kind for r in result.graph.records()]
+    assert kinds == [NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK, NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK]
+    # The model saw what its first block printed.
+    second_turn = engine.engine.provider.requests[1]  # type: ignore[attr-defined]
+    assert "REPL output:\n11" in second_turn.messages[-1].content
+    assert "Question: shout it" in second_turn.messages[1].content
+
+
+async def test_answer_by_final_var_and_final() -> None:
+    by_var = rlm([repl('total = 6 * 7\nFINAL_VAR("total")')])
+    assert (await by_var.acompletion("ctx")).response == "42"
+    by_final = rlm([repl("FINAL(len(context))")])
+    assert (await by_final.acompletion("abcd")).response == "4"
+
+
+async def test_final_var_of_a_missing_variable_tells_the_model_and_goes_on() -> None:
+    engine = rlm([repl('print(FINAL_VAR("nope"))'), repl("FINAL('done')")])
+    result = await engine.acompletion("ctx")
+    assert result.response == "done"
+    second = engine.engine.provider.requests[1]  # type: ignore[attr-defined]
+    assert "there is no variable 'nope'" in second.messages[-1].content
+
+
+async def test_text_final_counts_only_when_opted_in() -> None:
+    reply = "I know it.\nFINAL(the answer (with parentheses))"
+    strict = rlm([reply, repl("FINAL('from code')")])
+    assert (await strict.acompletion("ctx")).response == "from code"
+    lenient = rlm([reply], accept_text_final=True)
+    assert (await lenient.acompletion("ctx")).response == "the answer (with parentheses)"
+
+
+async def test_llm_query_batched_fans_out_in_parallel_and_keeps_order(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    code = (
+        "chunks = [context[i:i+10] for i in range(0, len(context), 10)]\n"
+        "answers = llm_query_batched(chunks)\n"
+        'answer["content"] = "|".join(answers)\n'
+        'answer["ready"] = True'
+    )
+    engine = rlm([repl(code)], backend_kwargs={"latency": L, "max_concurrent": 16})
+    context = "".join(f"{i:010d}" for i in range(64))
+    start = trio.current_time()
+    result = await engine.acompletion(context)
+    makespan = trio.current_time() - start
+    assert result.response == "|".join(f"sub:{i:010d}" for i in range(64))
+    # One root turn (L), 64 calls 16 at a time (4 L): 5 L, and that is the critical path.
+    assert makespan == pytest.approx(5 * L)
+    assert result.critical_path.length == pytest.approx(5 * L)
+    assert result.parallel_efficiency == pytest.approx(1.0)
+    assert peak_concurrency(result.graph, NodeKind.LLM_CALL) == 16
+    calls = list(result.graph.records(NodeKind.LLM_CALL))
+    assert sorted(c.batch_index for c in calls) == list(range(64))  # type: ignore[type-var]
+    assert all(c.depth == 1 for c in calls)
+    block = next(result.graph.records(NodeKind.REPL_BLOCK))
+    assert all(list(result.graph.predecessors(c.id)) == [block.id] for c in calls)
+
+
+async def test_a_failed_slot_is_an_error_string_and_the_batch_goes_on() -> None:
+    def sub(request: object) -> str:
+        if request.prompt == "bad":  # type: ignore[attr-defined]
+            raise RuntimeError("sub-model fell over")
+        return "fine"
+
+    engine = rlm([repl('r = llm_query_batched(["a", "bad", "c"])\nFINAL(repr(r))')], sub)
+    result = await engine.acompletion("ctx")
+    assert result.response == repr(["fine", "[ERROR] RuntimeError: sub-model fell over", "fine"])
+    statuses = [r.status for r in result.graph.records(NodeKind.LLM_CALL)]
+    assert statuses.count(NodeStatus.ERROR) == 1 and statuses.count(NodeStatus.OK) == 2
+
+
+async def test_sequential_calls_in_a_block_depend_on_each_other() -> None:
+    engine = rlm([repl('a = llm_query("one")\nb = llm_query("two " + a)\nFINAL(b)')])
+    result = await engine.acompletion("ctx")
+    assert result.response == "sub:two sub:one"
+    first, second = result.graph.records(NodeKind.LLM_CALL)
+    assert first.id in set(result.graph.predecessors(second.id, kind="after"))
+
+
+async def test_code_that_raises_is_shown_to_the_model() -> None:
+    engine = rlm([repl("1 / 0"), repl("FINAL('recovered')")])
+    result = await engine.acompletion("ctx")
+    assert result.response == "recovered"
+    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    assert "ZeroDivisionError: division by zero" in feedback
+    block = next(result.graph.records(NodeKind.REPL_BLOCK))
+    assert block.status == NodeStatus.ERROR and block.error_type == "ZeroDivisionError"
+
+
+async def test_printing_10_mb_is_truncated_for_the_next_turn() -> None:
+    engine = rlm([repl("print('x' * 10_000_000)"), repl("FINAL('ok')")], output_chars=5_000)
+    result = await engine.acompletion("ctx")
+    assert result.response == "ok"
+    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    assert len(feedback) < 6_000
+    assert "characters truncated" in feedback
+
+
+async def test_no_answer_after_max_iterations_asks_once_for_a_final_answer() -> None:
+    def root(request: object) -> str:
+        last = request.messages[-1].content  # type: ignore[attr-defined]
+        if "used all" in last:
+            return "my best guess"
+        return repl("print('still looking')")
+
+    engine = rlm(root, max_iterations=3)
+    result = await engine.acompletion("ctx")
+    assert result.response == "my best guess"
+    assert result.stop_reason == "max_iterations"
+    assert len(list(result.graph.records(NodeKind.ROOT_TURN))) == 4
+    raising = rlm(root, max_iterations=2, on_limit="raise")
+    with pytest.raises(IterationLimitExceeded) as info:
+        await raising.acompletion("ctx")
+    assert info.value.partial == "my best guess"
+
+
+async def test_a_reply_without_code_is_told_so() -> None:
+    engine = rlm(["I think the answer is 4.", repl("FINAL(4)")])
+    result = await engine.acompletion("ctx")
+    assert result.response == "4"
+    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    assert "no ```repl block" in feedback
+
+
+async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
+    engine = rlm([
+        repl("llm_query = lambda p: 'hijacked'\ncontext = 'gone'"),
+        repl("FINAL(llm_query('q') + ' ' + context)"),
+    ])
+    result = await engine.acompletion("original")
+    assert result.response == "sub:q original"
+    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    assert "llm_query, context are part of the REPL protocol and was restored" in feedback
+
+
+async def test_show_vars_and_custom_tools() -> None:
+    engine = rlm(
+        [repl("x = 3\nprint(SHOW_VARS())\nFINAL(double(x) + len(LOOKUP))")],
+        custom_tools={
+            "double": {"tool": lambda v: 2 * v, "description": "doubles a number"},
+            "LOOKUP": {"a": 1, "b": 2},
+        },
+    )
+    result = await engine.acompletion("ctx")
+    assert result.response == "8"
+    system = engine.engine.provider.requests[0].messages[0].content  # type: ignore[attr-defined]
+    assert "- `double`: doubles a number" in system
+    assert "- `LOOKUP`: a dict value" in system
+
+
+def test_sync_completion_returns_the_reference_result_shape() -> None:
+    engine = rlm([repl("FINAL(context[::-1])")], backend_kwargs={"model_name": "root-model"})
+    result = engine.completion("abc", root_prompt="reverse")
+    assert result.response == "cba"
+    assert result.root_model == "root-model"
+    assert result.execution_time > 0
+    usage = result.usage_summary.model_usage_summaries["root-model"]
+    assert usage.total_calls == 1 and usage.total_input_tokens > 0
+    assert result.to_dict()["usage_summary"]["model_usage_summaries"]["root-model"]["total_calls"] == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_iteratons": 3}, "unknown keyword.*'max_iteratons'"),
+        ({"max_timeout": -1}, "max_timeout"),
+        ({"max_depth": -1}, "max_depth"),
+        ({"custom_tools": {"llm_query": len}}, "reserved REPL name"),
+    ],
+)
+def test_bad_configuration_fails_at_construction(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RLM("scripted", {"responses": []}, **kwargs)  # type: ignore[arg-type]
+
+
+def test_unknown_backend_and_environment_list_what_is_registered() -> None:
+    with pytest.raises(PluginError, match=r"unknown backend 'nope'; registered: .*scripted"):
+        RLM("nope")
+    with pytest.raises(PluginError, match=r"unknown environment 'docker'; registered: .*local"):
+        RLM("scripted", {"responses": []}, environment="docker")
+
+
+async def test_a_context_of_the_wrong_type_is_refused() -> None:
+    engine = rlm([repl("FINAL(1)")])
+    with pytest.raises(ConfigError, match="must be a str, list or dict"):
+        await engine.acompletion(42)  # type: ignore[arg-type]
