@@ -1,0 +1,251 @@
+"""Node spans of workflow runs: one per node, nested as the graph, GenAI attributes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.testing
+from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
+
+from rlm_graph import Engine, Workflow
+from rlm_graph.errors import ProviderError
+from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
+from rlm_graph.runtime.workflow import run_workflow
+from rlm_graph.tracing import NodeTracer
+
+from .conftest import KeyedPlugin, Memory, assert_nesting, parent_id, reply, span_id
+
+L = 1.0
+
+
+def map_reduce(n: int = 5) -> Workflow:
+    wf = Workflow()
+    maps = [wf.llm(f"chunk {i}") for i in range(n)]
+    reduced = wf.function(lambda *parts: "|".join(parts), *maps, id="reduce")
+    wf.llm(lambda text: f"summarise {text}", reduced, id="final")
+    return wf
+
+
+def echo_engine(memory: Memory, **kwargs: object) -> Engine:
+    backend = {"respond": lambda r: reply(f"echo:{r.prompt}", r), "latency": L}
+    backend.update(kwargs.pop("backend_kwargs", {}))  # type: ignore[arg-type]
+    return Engine("scripted", backend, tracer_provider=memory.provider, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_one_span_per_node_all_under_the_workflow_span(
+    memory: Memory, autojump_clock: trio.testing.MockClock
+) -> None:
+    result = await echo_engine(memory).arun(map_reduce())
+    spans = memory.by_node()
+    (run,) = memory.run_spans()
+    assert run.name == "invoke_workflow"
+    assert run.attributes["gen_ai.operation.name"] == "invoke_workflow"  # type: ignore[index]
+    assert sorted(spans) == sorted(r.id for r in result.graph.records())
+    assert len(memory.spans) == len(result.graph) + 1
+    assert_nesting(result.graph, spans, run)
+    assert all(parent_id(s) == span_id(run) for s in spans.values())
+
+
+async def test_chat_span_attributes(memory: Memory, autojump_clock: trio.testing.MockClock) -> None:
+    result = await echo_engine(memory, models={"scripted": {"input_usd_per_mtok": 1.0}}).arun(
+        map_reduce(2)
+    )
+    span = memory.by_node()["final"]
+    record = result.graph["final"]
+    assert span.name == "chat scripted"
+    assert span.kind == SpanKind.CLIENT
+    assert span.status.status_code == StatusCode.UNSET
+    attrs = dict(span.attributes or {})
+    assert attrs == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "scripted",
+        "gen_ai.request.model": "scripted",
+        "gen_ai.response.model": "scripted",
+        "gen_ai.usage.input_tokens": 7,
+        "gen_ai.usage.output_tokens": 3,
+        "gen_ai.response.finish_reasons": ("stop",),
+        "rlm.node.id": "final",
+        "rlm.node.kind": "llm_call",
+        "rlm.node.status": "ok",
+        "rlm.completion.id": "root",
+        "rlm.depth": 0,
+        "rlm.cost_usd": pytest.approx(7e-6),
+        "rlm.queue_seconds": 0.0,
+    }
+    assert record.cost == pytest.approx(7e-6)
+
+
+async def test_function_span_attributes(memory: Memory) -> None:
+    await echo_engine(memory, backend_kwargs={"latency": 0}).arun(map_reduce(2))
+    span = memory.by_node()["reduce"]
+    assert span.name == "execute_tool reduce"
+    assert span.kind == SpanKind.INTERNAL
+    assert span.attributes["gen_ai.operation.name"] == "execute_tool"  # type: ignore[index]
+    assert span.attributes["gen_ai.tool.name"] == "reduce"  # type: ignore[index]
+    assert span.attributes["gen_ai.tool.type"] == "function"  # type: ignore[index]
+    assert span.attributes["rlm.node.kind"] == "function"  # type: ignore[index]
+
+
+async def test_a_failed_call_is_an_error_span_and_the_others_are_not(memory: Memory) -> None:
+    def respond(request: object) -> object:
+        if request.prompt == "chunk 2":  # type: ignore[attr-defined]
+            raise ProviderError("upstream exploded", provider="scripted")
+        return reply("ok", request)  # type: ignore[arg-type]
+
+    engine = Engine("scripted", {"respond": respond}, tracer_provider=memory.provider)
+    wf = Workflow()
+    refs = [wf.llm(f"chunk {i}") for i in range(4)]
+    await engine.arun(wf)
+    spans = memory.by_node()
+    failed = spans[refs[2].id]
+    assert failed.status.status_code == StatusCode.ERROR
+    assert failed.status.description == "upstream exploded"
+    assert failed.attributes["error.type"] == "ProviderError"  # type: ignore[index]
+    assert failed.attributes["rlm.node.status"] == "error"  # type: ignore[index]
+    assert "gen_ai.response.model" not in failed.attributes  # type: ignore[operator]
+    others = [spans[r.id] for r in refs if r is not refs[2]]
+    assert all(s.status.status_code == StatusCode.UNSET for s in others)
+    assert all("error.type" not in (s.attributes or {}) for s in others)
+
+
+async def test_cancelled_nodes_say_so(memory: Memory, autojump_clock: trio.testing.MockClock) -> None:
+    engine = echo_engine(memory, backend_kwargs={"max_concurrent": 1}, max_timeout=1.5 * L)
+    wf = Workflow()
+    for i in range(3):
+        wf.llm(f"c{i}")
+    result = await engine.arun(wf)
+    assert result.stop_reason == "max_timeout"
+    statuses = sorted(s.attributes["rlm.node.status"] for s in memory.by_node().values())  # type: ignore[index]
+    # One finished; one was cut off mid-call, one while waiting for the provider's slot.
+    assert statuses == ["cancelled", "cancelled", "ok"]
+    cancelled = next(
+        s for s in memory.by_node().values() if s.attributes["rlm.node.status"] == "cancelled"  # type: ignore[index]
+    )
+    assert cancelled.attributes["error.type"] == "cancelled"  # type: ignore[index]
+
+
+async def test_span_times_are_the_run_clock_queueing_included(
+    memory: Memory, autojump_clock: trio.testing.MockClock
+) -> None:
+    engine = echo_engine(memory, backend_kwargs={"max_concurrent": 2})
+    wf = Workflow()
+    refs = [wf.llm(f"c{i}") for i in range(4)]
+    await engine.arun(wf)
+    spans = memory.by_node()
+    durations = sorted(
+        round((spans[r.id].end_time - spans[r.id].start_time) / 1e9, 6) for r in refs  # type: ignore[operator]
+    )
+    queued = sorted(spans[r.id].attributes["rlm.queue_seconds"] for r in refs)  # type: ignore[index]
+    # Two at a time: two calls ran at once for 1 L, two waited 1 L then ran for 1 L.
+    assert durations == [L, L, 2 * L, 2 * L]
+    assert queued == [0.0, 0.0, L, L]
+    (run,) = memory.run_spans()
+    assert run.start_time <= min(s.start_time for s in spans.values())  # type: ignore[operator,type-var]
+    assert run.end_time >= max(s.end_time for s in spans.values())  # type: ignore[operator,type-var]
+
+
+async def test_after_edges_become_span_links_when_the_tracer_has_the_graph(memory: Memory) -> None:
+    engine = echo_engine(memory, backend_kwargs={"latency": 0})
+    run = engine.new_run()
+    run.tracer = NodeTracer(memory.provider, graph=run.graph)
+    with run.tracer.run_span("invoke_workflow", {}):
+        await run_workflow(run, map_reduce(3))
+    spans = memory.by_node()
+    linked = {span_id(spans[n]) for n in run.graph.predecessors("reduce", "after")}
+    assert {link.context.span_id for link in spans["reduce"].links} == linked
+    assert [link.context.span_id for link in spans["final"].links] == [span_id(spans["reduce"])]
+    assert not spans["llm-1"].links
+
+
+def test_no_sdk_provider_means_no_span_work() -> None:
+    record = NodeRecord(id="a", kind=NodeKind.LLM_CALL)
+    for tracer in (NodeTracer(), NodeTracer(NoOpTracerProvider())):
+        assert not tracer.enabled
+        first, second = tracer.node_span(record, None), tracer.node_span(record, "x")
+        assert first is second  # one shared no-op context manager: nothing allocated
+        with tracer.run_span("invoke_agent rlm", {}) as span, first as inner:
+            assert not span.is_recording() and not inner.is_recording()
+
+
+def test_content_is_captured_only_on_request_truncated_and_scrubbed(
+    memory: Memory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RLMG_TEST_DB_PASSWORD", "correct-horse-battery")
+    secret = "sk-live-0123456789abcdef"
+    record = NodeRecord(
+        id="llm-1", kind=NodeKind.LLM_CALL, model="m", provider="keyed",
+        input_preview=f"use {secret} and correct-horse-battery and literal-key-42 " + "x" * 500,
+        output_preview="Authorization: Bearer abcdefghijklmnop", status=NodeStatus.OK,
+    )
+    plain = NodeTracer(memory.provider)
+    with plain.node_span(record, None):
+        pass
+    captured = NodeTracer(
+        memory.provider, capture_content=True, content_limit=100, secrets=["literal-key-42"]
+    )
+    with captured.node_span(record, None):
+        pass
+    without, with_ = memory.spans
+    assert not any(k.startswith("gen_ai.input") for k in without.attributes or {})
+    messages = json.loads(with_.attributes["gen_ai.input.messages"])  # type: ignore[arg-type,index]
+    text = messages[0]["parts"][0]["content"]
+    assert messages[0]["role"] == "user"
+    assert len(text) == 100 and text.endswith("…")
+    assert text.startswith("use [REDACTED] and [REDACTED] and [REDACTED] ")
+    output = with_.attributes["gen_ai.output.messages"]  # type: ignore[index]
+    assert "abcdefghijklmnop" not in output  # type: ignore[operator]
+
+
+def test_error_descriptions_are_scrubbed(memory: Memory) -> None:
+    record = NodeRecord(
+        id="llm-1", kind=NodeKind.LLM_CALL, status=NodeStatus.ERROR, error_type="ProviderAuthError",
+        error="401 for key sk-proj-ABCDEFGHIJKLMNOP at https://x?api_key=hunter2hunter2",
+    )
+    with NodeTracer(memory.provider).node_span(record, None):
+        pass
+    (span,) = memory.spans
+    assert span.status.description == "401 for key [REDACTED] at https://x?api_key=[REDACTED]"
+
+
+def test_server_address_and_port_come_from_the_provider(memory: Memory) -> None:
+    engine = Engine(
+        "keyed", {"api_key": "sk-test-000000000000", "respond": lambda r: "hi"},
+        plugins=[KeyedPlugin()], entry_points=False,
+    )
+    tracer = NodeTracer(memory.provider, providers=engine.providers)
+    record = NodeRecord(
+        id="turn-1", kind=NodeKind.ROOT_TURN, model="scripted", provider="keyed",
+        status=NodeStatus.OK, iteration=1,
+    )
+    with tracer.node_span(record, None):
+        pass
+    (span,) = memory.spans
+    assert span.attributes["server.address"] == "api.example.com"  # type: ignore[index]
+    assert span.attributes["server.port"] == 8443  # type: ignore[index]
+    assert span.attributes["rlm.iteration"] == 1  # type: ignore[index]
+    assert span.name == "chat scripted"
+
+
+def test_a_non_exception_escape_still_ends_the_span_as_an_error(memory: Memory) -> None:
+    record = NodeRecord(id="b", kind=NodeKind.REPL_BLOCK, status=NodeStatus.RUNNING)
+    with pytest.raises(KeyboardInterrupt), NodeTracer(memory.provider).node_span(record, None):
+        raise KeyboardInterrupt
+    (span,) = memory.spans
+    assert span.status.status_code == StatusCode.ERROR
+    assert span.attributes["error.type"] == "KeyboardInterrupt"  # type: ignore[index]
+    assert span.name == "execute_tool repl"
+
+
+async def test_run_span_names_the_agent_and_records_a_failure(memory: Memory) -> None:
+    tracer = NodeTracer(memory.provider)
+    with pytest.raises(RuntimeError), tracer.run_span("invoke_agent rlm", {"rlm.depth": 0}):
+        raise RuntimeError("boom with sk-abcdefghijklmnopqrst")
+    (span,) = memory.spans
+    assert span.name == "invoke_agent rlm"
+    assert span.attributes["gen_ai.operation.name"] == "invoke_agent"  # type: ignore[index]
+    assert span.attributes["gen_ai.agent.name"] == "rlm"  # type: ignore[index]
+    assert span.attributes["error.type"] == "RuntimeError"  # type: ignore[index]
+    assert span.status.description == "boom with [REDACTED]"
+
