@@ -249,6 +249,11 @@ class Environment(Protocol):
         """Clear ``answer`` before a new completion in a persistent session."""
         ...
 
+    async def answer_content(self) -> str:
+        """The current ``answer["content"]`` (``""`` if unknown): read when a block is cut
+        by a limit, for the partial answer. Must answer quickly, even mid-block."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

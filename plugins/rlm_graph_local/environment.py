@@ -26,6 +26,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import outcome
 import trio
 
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge
@@ -38,21 +39,25 @@ T = TypeVar("T")
 
 
 class _BlockControl:
-    """The link between one running block's thread and the trio side."""
+    """The link between one running block's thread and the trio side.
 
-    def __init__(self) -> None:
+    Sub-calls from the block's thread run as tasks of the nursery that `execute` holds
+    open for the block, so cutting the block cancels them and waits for them: nothing the
+    block started outlives it.
+    """
+
+    def __init__(self, nursery: trio.Nursery) -> None:
+        self.nursery = nursery
         self.lock = threading.Lock()
         self.thread_id: int | None = None
         self.running = False
         self.interrupted = False
-        self.scopes: set[trio.CancelScope] = set()
 
     def interrupt(self) -> None:
         """Cancel the block's sub-calls and raise `BlockInterrupted` in its thread."""
         with self.lock:
             self.interrupted = True
-            for scope in self.scopes:
-                scope.cancel()
+            self.nursery.cancel_scope.cancel()
             if self.running and self.thread_id is not None:
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(
                     ctypes.c_ulong(self.thread_id), ctypes.py_object(BlockInterrupted)
@@ -70,21 +75,13 @@ class _ThreadCaller:
         token = self.env._token
         if control is None or token is None or control.interrupted:
             raise BlockInterrupted("the block was stopped")
-        return trio.from_thread.run(self._guarded, control, fn, *args, trio_token=token)
-
-    @staticmethod
-    async def _guarded(control: _BlockControl, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-        with trio.CancelScope() as scope:
-            with control.lock:
-                if control.interrupted:
-                    scope.cancel()
-                control.scopes.add(scope)
-            try:
-                return await fn(*args)
-            finally:
-                with control.lock:
-                    control.scopes.discard(scope)
-        raise BlockInterrupted("the block was stopped")
+        try:
+            result: outcome.Outcome[T] = trio.from_thread.run(
+                _in_block_nursery, control, fn, *args, trio_token=token
+            )
+        except (trio.RunFinishedError, RuntimeError) as exc:  # the run or the block ended
+            raise BlockInterrupted("the block was stopped") from exc
+        return result.unwrap()
 
     def llm_query(self, prompt: str, model: str | None) -> str:
         return self._call(self.env.bridge.llm_query, prompt, model)
@@ -97,6 +94,29 @@ class _ThreadCaller:
 
     def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
         return self._call(self.env.bridge.rlm_query_batched, prompts, model)
+
+
+async def _in_block_nursery(
+    control: _BlockControl, fn: Callable[..., Awaitable[T]], *args: Any
+) -> outcome.Outcome[T]:
+    """Run ``fn(*args)`` as a task of the block's nursery and wait for its outcome."""
+    done = trio.Event()
+    box: list[outcome.Outcome[T]] = []
+
+    async def task() -> None:
+        try:
+            box.append(await outcome.acapture(fn, *args))
+        finally:
+            done.set()
+
+    control.nursery.start_soon(task)
+    await done.wait()
+    if not box:
+        return outcome.Error(BlockInterrupted("the block was stopped"))
+    found = box[0]
+    if isinstance(found, outcome.Error) and isinstance(found.error, trio.Cancelled):
+        return outcome.Error(BlockInterrupted("the block was stopped"))
+    return found
 
 
 class LocalEnvironment:
@@ -152,29 +172,29 @@ class LocalEnvironment:
     async def reset_answer(self) -> None:
         self.session.reset_answer()
 
+    async def answer_content(self) -> str:
+        return self.session.answer_content()
+
     async def execute(self, code: str) -> ExecResult:
         # A persistent session outlives its trio loop: take this loop's token each time.
         self._token = trio.lowlevel.current_trio_token()
         # Unbounded on purpose (trap 1); a fresh limiter per loop, as trio requires.
         self._threads = trio.CapacityLimiter(math.inf)
-        control = self._control = _BlockControl()
-        try:
-            if self.timeout is None:
-                return await self._in_thread(code, control)
-            with trio.move_on_after(self.timeout):
-                return await self._in_thread(code, control)
-            control.interrupt()
-            return ExecResult(
-                stderr=f"TimeoutError: the block ran longer than {self.timeout:g} s and was stopped\n",
-                error=f"TimeoutError: block exceeded {self.timeout:g} s",
-                timed_out=True,
-                answer_content=self.session.answer_content(),
-            )
-        except BaseException:
-            control.interrupt()
-            raise
-        finally:
-            self._control = None
+        async with trio.open_nursery() as nursery:
+            control = self._control = _BlockControl(nursery)
+            try:
+                with trio.move_on_after(self.timeout if self.timeout is not None else math.inf):
+                    return await self._in_thread(code, control)
+                return ExecResult(
+                    stderr=f"TimeoutError: the block ran longer than {self.timeout:g} s and was stopped\n",
+                    error=f"TimeoutError: block exceeded {self.timeout:g} s",
+                    timed_out=True,
+                    answer_content=self.session.answer_content(),
+                )
+            finally:
+                control.interrupt()
+                self._control = None
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def _in_thread(self, code: str, control: _BlockControl) -> ExecResult:
         result = await trio.to_thread.run_sync(

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import trio
+
 from ..contracts import Message
 from ..errors import RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
@@ -153,6 +155,7 @@ class CompletionBridge:
 
         async def body(rec: NodeRecord) -> str:
             async with self.run.limiters.subcalls(rec.depth):
+                rec.start = trio.current_time()  # queueing for a slot is not running
                 try:
                     answer = await self.run_child(prompt, model, rec, child_tally)
                 finally:

@@ -35,6 +35,15 @@ __all__ = ["Run"]
 T = TypeVar("T")
 
 
+def _is_cancellation(exc: BaseException) -> bool:
+    """A ``trio.Cancelled``, or a group (from a nursery) holding nothing else."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_cancellation(inner) for inner in exc.exceptions)
+    return False
+
+
 class Run:
     """One top-level run (a completion with all its children, or a workflow)."""
 
@@ -110,13 +119,13 @@ class Run:
             with self.tracer.node_span(record, span_parent or parent):
                 try:
                     result = await body(record)
-                except trio.Cancelled:
-                    record.status = NodeStatus.CANCELLED
-                    raise
-                except Exception as exc:
-                    record.status = NodeStatus.ERROR
-                    record.error = str(exc) or type(exc).__name__
-                    record.error_type = type(exc).__name__
+                except BaseException as exc:
+                    if _is_cancellation(exc):
+                        record.status = NodeStatus.CANCELLED
+                    elif isinstance(exc, Exception):
+                        record.status = NodeStatus.ERROR
+                        record.error = str(exc) or type(exc).__name__
+                        record.error_type = type(exc).__name__
                     raise
                 else:
                     # A body may mark its own node failed and still return data (a REPL

@@ -239,14 +239,16 @@ class RLMRunner:
         results: list[ExecResult] = []
         final: str | None = None
         for code in codes:
-            result, previous = await self._block(c, iteration, code, previous, turn_id)
+            result, previous = await self._block(c, state, iteration, code, previous, turn_id)
             results.append(result)
             state.answer_content = result.answer_content or state.answer_content
             if result.final_answer is not None:
                 final = result.final_answer
                 break
         if final is None and text_final is not None:
-            final, previous = await self._text_final(c, iteration, text_final, previous, turn_id)
+            final, previous = await self._text_final(
+                c, state, iteration, text_final, previous, turn_id
+            )
         failed = any(not r.ok for r in results)
         state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
         if results:
@@ -262,7 +264,13 @@ class RLMRunner:
         return final, previous
 
     async def _block(
-        self, c: _Completion, iteration: int, code: str, previous: str, turn_id: str
+        self,
+        c: _Completion,
+        state: CompletionState,
+        iteration: int,
+        code: str,
+        previous: str,
+        turn_id: str,
     ) -> tuple[ExecResult, str]:
         record = NodeRecord(
             id=self.run.new_id("block"),
@@ -283,20 +291,37 @@ class RLMRunner:
                 rec.error_type = (result.error or "Timeout").split(":", 1)[0]
             return result
 
-        result = await self.run.execute(
-            record, body, after=[previous], span_parent=turn_id
-        )
+        try:
+            result = await self.run.execute(record, body, after=[previous], span_parent=turn_id)
+        except BaseException:  # cut by a limit or a cancel (possibly inside a group)
+            await _salvage_answer(c.env, state)
+            raise
         return result, record.id
 
     async def _text_final(
-        self, c: _Completion, iteration: int, found: Any, previous: str, turn_id: str
+        self,
+        c: _Completion,
+        state: CompletionState,
+        iteration: int,
+        found: Any,
+        previous: str,
+        turn_id: str,
     ) -> tuple[str | None, str]:
         if found.kind == "FINAL":
             return found.value, previous
         result, previous = await self._block(
-            c, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id
+            c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id
         )
         return result.final_answer, previous
+
+
+async def _salvage_answer(env: Environment, state: CompletionState) -> None:
+    """Keep ``answer["content"]`` of a block that is being cut, for the partial answer."""
+    with trio.move_on_after(1) as scope:
+        scope.shield = True
+        content = await env.answer_content()
+        if content:
+            state.answer_content = content
 
 
 class _EnvironmentScope:

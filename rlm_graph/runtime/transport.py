@@ -1,0 +1,311 @@
+"""A lean HTTP/1.1 transport for httpx over trio streams and h11.
+
+httpx stays the API (requests, responses, timeouts, errors); this replaces only the
+connection pool under it, which on a 2-core machine is most of a sub-call's engine cost
+(docs/benchmarks.md has the measurement and the command).
+
+What it does:
+    - HTTP/1.1 with keep-alive: a connection goes back to its origin's idle list once a
+      response was read to the end, and is reused (newest first);
+    - request bodies of known length or streamed (h11 picks ``Content-Length`` or chunked);
+      response bodies of any framing h11 reads (``Content-Length``, chunked, until close);
+    - connection loss: an idle connection the server closed is dropped before use, and a
+      request whose reused connection dies before any byte of the answer is sent once
+      more on a fresh connection (a stale keep-alive is not a failure);
+    - TLS for ``https`` (``trio.SSLStream``, certificate checks on by default);
+    - httpx timeouts (``connect``, ``read``, ``write``, ``pool``), as httpx exceptions.
+
+What it does not do: proxies (callers fall back to httpx's own transport when one is
+configured; see `proxy_configured`), HTTP/2, ``Expect: 100-continue``, upgrades.
+
+Invariants:
+    - At most ``max_connections`` connections exist at once; a request waits for one
+      (up to the ``pool`` timeout).
+    - Every connection is closed exactly once: on error, on a response not read to the
+      end, on expiry, or by `aclose`. A response must be closed (httpx does it).
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import h11
+import httpx
+import trio
+
+__all__ = ["LeanTransport", "proxy_configured"]
+
+Origin = tuple[str, str, int]
+_READ_SIZE = 64 * 1024
+_CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def proxy_configured() -> bool:
+    """Whether the environment names an HTTP(S) proxy (``HTTPS_PROXY``, ``ALL_PROXY``...)."""
+    proxies = urllib.request.getproxies()
+    return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
+
+
+class _Connection:
+    """One socket (or TLS stream) and its h11 state machine."""
+
+    __slots__ = ("h11", "idle_since", "origin", "stream")
+
+    def __init__(self, stream: trio.abc.Stream, origin: Origin) -> None:
+        self.stream = stream
+        self.origin = origin
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+
+    def looks_alive(self) -> bool:
+        """An idle connection with something to read has been closed by the server."""
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        sock = getattr(stream, "socket", None)
+        return sock is not None and not sock.is_readable()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self.stream.aclose()
+
+
+class _ResponseStream(httpx.AsyncByteStream):
+    """The body of one response; hands its connection back when read to the end."""
+
+    def __init__(self, transport: LeanTransport, conn: _Connection, read_timeout: float) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._timeout = read_timeout
+        self._closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            event = await self._transport._next_event(self._conn, self._timeout)
+            if isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                return
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._transport._release(self._conn)
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """An ``httpx.AsyncBaseTransport`` with its own small keep-alive pool.
+
+    Args:
+        max_connections: connections open at once, over all origins.
+        keepalive_expiry: seconds an idle connection is kept.
+        ssl_context: for ``https``; default: httpx's (certifi roots, verification on).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 16,
+        keepalive_expiry: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self._max_connections = max_connections
+        self._slots = trio.Semaphore(max_connections)
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._keepalive_expiry = keepalive_expiry
+        self._ssl_context = ssl_context
+        self._closed = False
+
+    # -- the pool -----------------------------------------------------------------------
+    #
+    # ``_slots`` counts requests in flight (each holds one connection); idle connections
+    # hold no slot. Before a new connection is opened, idle ones are closed until
+    # in-flight + idle stays within ``max_connections``.
+
+    async def _checkout(
+        self, origin: Origin, timeouts: dict[str, float | None]
+    ) -> tuple[_Connection, bool]:
+        """A slot, then a live idle connection to ``origin`` (reused=True) or a new one."""
+        with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
+            await self._slots.acquire()
+        try:
+            conn = await self._reuse(origin)
+            if conn is not None:
+                return conn, True
+            await self._make_room()
+            return await self._connect(origin, timeouts.get("connect")), False
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _reuse(self, origin: Origin) -> _Connection | None:
+        idle = self._idle.get(origin, [])
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if now - conn.idle_since < self._keepalive_expiry and conn.looks_alive():
+                return conn
+            await conn.aclose()
+        return None
+
+    async def _make_room(self) -> None:
+        in_flight = self._max_connections - self._slots.value
+        idle = [c for conns in self._idle.values() for c in conns]
+        idle.sort(key=lambda c: c.idle_since)
+        for conn in idle[: max(0, in_flight + len(idle) - self._max_connections)]:
+            self._idle[conn.origin].remove(conn)
+            await conn.aclose()
+
+    async def _connect(self, origin: Origin, timeout: float | None) -> _Connection:
+        scheme, host, port = origin
+        with _timeout(timeout, httpx.ConnectTimeout, f"connecting to {host}:{port}"):
+            try:
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                raise httpx.ConnectError(str(exc) or type(exc).__name__) from exc
+            if scheme == "https":
+                stream = await self._start_tls(stream, host)
+        return _Connection(stream, origin)
+
+    async def _start_tls(self, stream: trio.abc.Stream, host: str) -> trio.SSLStream[Any]:
+        context = self._ssl_context or httpx.create_ssl_context()
+        tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
+        try:
+            await tls.do_handshake()
+        except (trio.BrokenResourceError, ssl.SSLError) as exc:
+            await stream.aclose()
+            raise httpx.ConnectError(f"TLS handshake with {host} failed: {exc}") from exc
+        return tls
+
+    async def _release(self, conn: _Connection) -> None:
+        """Back to the idle list when reusable, else closed; frees the request's slot."""
+        try:
+            h = conn.h11
+            if h.our_state is h11.DONE and h.their_state is h11.DONE and not self._closed:
+                h.start_next_cycle()
+                conn.idle_since = time.monotonic()
+                self._idle.setdefault(conn.origin, []).append(conn)
+            else:
+                await conn.aclose()
+        finally:
+            self._slots.release()
+
+    # -- one request --------------------------------------------------------------------
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        url = request.url
+        scheme = url.scheme
+        if scheme not in ("http", "https"):
+            raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
+        origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
+        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
+        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
+        for _ in range(2):
+            conn, reused = await self._checkout(origin, timeouts)
+            try:
+                return await self._exchange(conn, request, body, timeouts)
+            except _StaleConnection:
+                await conn.aclose()
+                self._slots.release()
+                if not reused:
+                    raise httpx.RemoteProtocolError(
+                        "Server disconnected without sending a response."
+                    ) from None
+            except BaseException:
+                await conn.aclose()
+                self._slots.release()
+                raise
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    async def _exchange(
+        self, conn: _Connection, request: httpx.Request, body: bytes,
+        timeouts: dict[str, float | None],
+    ) -> httpx.Response:
+        headers = [(k, v) for k, v in request.headers.raw]
+        if body and not any(k.lower() == b"content-length" for k, _ in headers):
+            headers.append((b"Content-Length", str(len(body)).encode()))
+        target = request.url.raw_path
+        out = conn.h11.send(h11.Request(method=request.method, target=target, headers=headers))
+        if body:
+            out += conn.h11.send(h11.Data(data=body))
+        out += conn.h11.send(h11.EndOfMessage())
+        with _timeout(timeouts.get("write"), httpx.WriteTimeout, "sending the request"):
+            try:
+                await conn.stream.send_all(out)
+            except _CONNECTION_ERRORS:
+                raise _StaleConnection() from None
+        event = await self._next_event(conn, timeouts.get("read"), first=True)
+        while isinstance(event, h11.InformationalResponse):
+            event = await self._next_event(conn, timeouts.get("read"))
+        assert isinstance(event, h11.Response)
+        read_timeout = timeouts.get("read")
+        return httpx.Response(
+            status_code=event.status_code,
+            headers=list(event.headers),
+            stream=_ResponseStream(self, conn, math.inf if read_timeout is None else read_timeout),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(event.reason)},
+        )
+
+    async def _next_event(
+        self, conn: _Connection, timeout: float | None, *, first: bool = False
+    ) -> Any:
+        while True:
+            try:
+                event = conn.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            if event is not h11.NEED_DATA:
+                return event
+            with _timeout(timeout, httpx.ReadTimeout, "waiting for the response"):
+                try:
+                    data = await conn.stream.receive_some(_READ_SIZE)
+                except _CONNECTION_ERRORS as exc:
+                    if first and conn.h11.their_state is h11.IDLE:
+                        raise _StaleConnection() from None
+                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+            if not data and first and conn.h11.their_state is h11.IDLE:
+                raise _StaleConnection()
+            conn.h11.receive_data(data)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                await conn.aclose()
+        self._idle.clear()
+
+
+class _StaleConnection(Exception):
+    """The connection died before any byte of the answer: the request may be re-sent."""
+
+
+class _timeout:
+    """``trio.fail_after`` raising an httpx timeout exception (``None``: no limit)."""
+
+    __slots__ = ("_error", "_scope", "_what", "_seconds")
+
+    def __init__(self, seconds: float | None, error: type[httpx.TimeoutException], what: str) -> None:
+        self._seconds = seconds
+        self._error = error
+        self._what = what
+        self._scope = trio.CancelScope()
+
+    def __enter__(self) -> None:
+        if self._seconds is not None:
+            self._scope.deadline = trio.current_time() + self._seconds
+        self._scope.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool:
+        suppressed = self._scope.__exit__(*exc)
+        if self._scope.cancelled_caught:
+            raise self._error(f"timed out {self._what} after {self._seconds} s")
+        return bool(suppressed)

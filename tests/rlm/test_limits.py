@@ -1,0 +1,157 @@
+"""Limits stop the whole tree as the run goes, and leave the best partial answer."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import trio
+import trio.testing
+
+from rlm_graph import RLM, NodeKind, NodeStatus
+from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
+from rlm_graph.contracts import ChatRequest
+
+from .scripts import is_root_turn, repl, root_and_sub, turn_number
+
+
+@pytest.fixture
+def patient_clock() -> trio.testing.MockClock:
+    """Mock time that jumps only after 0.2 s of real idleness: a worker thread gets to
+    run model code before the deadline arrives."""
+    return trio.testing.MockClock(autojump_threshold=0.2)
+
+
+async def test_max_timeout_stops_a_block_that_never_ends(
+    patient_clock: trio.testing.MockClock,
+) -> None:
+    spins = [0]
+    engine = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl('answer["content"] = "partial: 41"\nwhile True:\n    SPINS[0] += 1')])},
+        max_timeout=30,
+        custom_tools={"SPINS": spins},
+    )
+    start = trio.current_time()
+    result = await engine.acompletion("ctx")
+    assert trio.current_time() - start == pytest.approx(30)
+    assert result.stop_reason == "max_timeout"
+    assert result.response == "partial: 41"
+    block = next(result.graph.records(NodeKind.REPL_BLOCK))
+    assert block.status == NodeStatus.CANCELLED
+    # The spinning worker thread was interrupted, not left behind spinning.
+    await trio.to_thread.run_sync(time.sleep, 0.05)
+    before = spins[0]
+    await trio.to_thread.run_sync(time.sleep, 0.1)
+    assert before > 0
+    assert spins[0] == before
+
+
+async def test_max_timeout_cancels_sub_calls_in_flight(
+    patient_clock: trio.testing.MockClock,
+) -> None:
+    engine = RLM(
+        "scripted",
+        {
+            "respond": root_and_sub([repl("r = llm_query_batched(['a'] * 20)\nFINAL('never')")]),
+            "latency": lambda request: 0 if is_root_turn(request) else 100,
+        },
+        max_timeout=10,
+    )
+    result = await engine.acompletion("ctx")
+    assert result.stop_reason == "max_timeout"
+    calls = list(result.graph.records(NodeKind.LLM_CALL))
+    assert calls and all(c.status == NodeStatus.CANCELLED for c in calls)
+    assert engine.engine.provider.in_flight == 0  # type: ignore[attr-defined]
+
+
+async def test_max_tokens_stops_the_tree_mid_block() -> None:
+    code = (
+        'answer["content"] = "so far: 3 chunks"\n'
+        "for i in range(100):\n"
+        "    llm_query('x' * 400)\n"
+        "FINAL('finished all')"
+    )
+    engine = RLM("scripted", {"respond": root_and_sub([repl(code)])}, max_tokens=2_000)
+    result = await engine.acompletion("ctx")
+    assert result.stop_reason == "max_tokens"
+    assert result.response == "so far: 3 chunks"
+    calls = list(result.graph.records(NodeKind.LLM_CALL))
+    assert 3 <= len(calls) < 100  # stopped during the block, not after it
+    spent = sum(r.usage.total_tokens for r in result.graph.records() if r.usage and r.kind != NodeKind.RLM_CALL)
+    assert spent > 2_000
+    assert spent < 2_000 + 200  # at most the call that crossed the line
+
+
+async def test_max_budget_counts_children_and_can_raise() -> None:
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return "leaf"
+        if request.depth == 0:
+            return repl("r = rlm_query_batched(['a', 'b', 'c', 'd'])\nFINAL('all done')")
+        return repl("for i in range(10):\n    llm_query('more')\nFINAL('child done')")
+
+    engine = RLM(
+        "scripted",
+        {"respond": respond, "cost_per_call": 0.01},
+        max_depth=2,
+        max_budget=0.1,
+        on_limit="raise",
+        max_concurrent_subcalls=1,
+    )
+    with pytest.raises(BudgetExceeded) as info:
+        await engine.acompletion("ctx")
+    result = info.value.result
+    assert result.stop_reason == "max_budget"  # type: ignore[attr-defined]
+    assert result.usage_summary.total_cost == pytest.approx(0.11)  # type: ignore[attr-defined]
+
+
+async def test_max_errors_stops_after_consecutive_failing_turns() -> None:
+    def root(request: ChatRequest) -> str:
+        n = turn_number(request)
+        if n == 1:
+            return repl('answer["content"] = "half an answer"')
+        return repl("undefined_name + 1")
+
+    engine = RLM("scripted", {"respond": root_and_sub(root)}, max_errors=3)
+    result = await engine.acompletion("ctx")
+    assert result.stop_reason == "max_errors"
+    assert result.response == "half an answer"
+    assert result.iterations == 4
+
+
+async def test_on_limit_raise_carries_the_partial_answer() -> None:
+    engine = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl('answer["content"] = "p"\nllm_query("x" * 4000)\nFINAL("no")')])},
+        max_tokens=1_500,
+        on_limit="raise",
+    )
+    with pytest.raises(TokenLimitExceeded) as info:
+        await engine.acompletion("ctx")
+    assert info.value.partial == "p"
+    assert info.value.reason == "max_tokens"
+
+
+async def test_cancelling_a_completion_cancels_every_unfinished_node(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    graphs = []
+
+    class Capture:
+        from rlm_graph.hooks import hookimpl
+
+        @hookimpl
+        def rlm_node_started(self, record: object, graph: object) -> None:
+            graphs.append(graph)
+
+    engine = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl("r = llm_query_batched(['q'] * 8)\nFINAL('x')")]), "latency": 5},
+        observers=[Capture()],
+    )
+    with trio.move_on_after(7):
+        await engine.acompletion("ctx")
+    records = list(graphs[0].records())
+    assert all(r.status.finished for r in records)
+    assert {r.status for r in records if r.kind != NodeKind.ROOT_TURN} == {NodeStatus.CANCELLED}
