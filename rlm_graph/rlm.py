@@ -312,11 +312,10 @@ class RLM:
         self.env_factory = self.engine.host.lookup("environments", environment)
         tools = _normalise_tools(custom_tools, "custom_tools")
         sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
-        self.compaction = None
+        strategy = None
         if compaction:
             name = "summarize" if compaction is True else str(compaction)
-            self.compaction = self.engine.host.lookup("compaction_strategies", name)
-        self.compaction_threshold_pct = compaction_threshold_pct
+            strategy = self.engine.host.lookup("compaction_strategies", name)()
         self.settings = LoopSettings(
             environment=environment,
             environment_kwargs=dict(environment_kwargs or {}),
@@ -325,6 +324,8 @@ class RLM:
             custom_system_prompt=custom_system_prompt,
             accept_text_final=accept_text_final,
             output_chars=output_chars,
+            compaction=strategy,
+            compaction_threshold_pct=compaction_threshold_pct,
         )
         self.persistent = persistent
         self._env: Environment | None = None

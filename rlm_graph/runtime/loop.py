@@ -55,6 +55,8 @@ class LoopSettings:
     custom_system_prompt: str | None = None
     accept_text_final: bool = False
     output_chars: int = 20_000
+    compaction: Any = None  # a CompactionStrategy, or None
+    compaction_threshold_pct: float = 0.85
 
 
 @dataclass(slots=True)

@@ -120,6 +120,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # The stdlib's backlog of 5 resets connections when a test fans out 64 at once.
+    request_queue_size = 256
     fake: FakeServer
 
     def handle_error(self, request: Any, client_address: Any) -> None:
