@@ -31,6 +31,9 @@ __all__ = ["TraceFileError", "TraceSpan", "load_trace", "parse_trace", "split_tr
 
 _KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
+# Jaeger has no array tags: arrays travel as JSON text, which a reader cannot tell from a
+# string attribute holding JSON (gen_ai.input.messages); decode only the known arrays.
+_ARRAY_ATTRIBUTES = frozenset({"gen_ai.response.finish_reasons"})
 _JAEGER_SPECIAL = frozenset(
     {"span.kind", "otel.status_code", "otel.status_description", "error", "otel.scope.name",
      "otel.scope.version"}
@@ -203,13 +206,14 @@ def _otlp_span(span: Mapping[str, Any], service: str) -> TraceSpan:
 
 def _tag_value(tag: Mapping[str, Any]) -> Any:
     value, kind = tag.get("value"), tag.get("type", "string")
+    key = tag.get("key")
     if kind == "int64":
         return int(value)  # type: ignore[arg-type]
     if kind == "float64":
         return float(value)  # type: ignore[arg-type]
     if kind == "bool":
         return value if isinstance(value, bool) else str(value).lower() == "true"
-    if isinstance(value, str) and value.startswith("[") and value.endswith("]"):
+    if key in _ARRAY_ATTRIBUTES and isinstance(value, str) and value.startswith("["):
         try:
             decoded = json.loads(value)
         except json.JSONDecodeError:
@@ -290,21 +294,36 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
     if not nodes:
         raise TraceFileError("no span of this trace has rlm.node.* attributes: not an rlm-graph run")
     origin = min(span.start_us for span in chosen)
-    node_of = {span.span_id: span.node_id for span in nodes}
+    node_of = {span.span_id: str(span.node_id) for span in nodes}
     graph = Graph()
     for span in nodes:
         graph.add(_record(span, origin))
     try:
         for span in nodes:
-            parent = node_of.get(span.parent_id or "")
-            if parent is not None:
-                graph.add_edge(parent, str(span.node_id), "spawn")
-            for link in span.links:
-                if link in node_of:
-                    graph.add_edge(node_of[link], str(span.node_id), "after")
+            for source, kind in _edges(span, node_of, graph):
+                graph.add_edge(source, str(span.node_id), kind)
     except GraphError as exc:
         raise TraceFileError(f"the trace does not describe a graph: {exc}") from None
     return graph
+
+
+def _edges(
+    span: TraceSpan, node_of: Mapping[str, str], graph: Graph
+) -> Iterator[tuple[str, Literal["after", "spawn"]]]:
+    """A node's edges: its links are ``after`` edges; its parent span is the node that
+    spawned it, except for a REPL block, whose span sits in its turn's but runs after it."""
+    for link in span.links:
+        if link in node_of:
+            yield node_of[link], "after"
+    parent = node_of.get(span.parent_id or "")
+    if parent is None:
+        return
+    block_in_turn = (
+        span.attributes.get("rlm.node.kind") == NodeKind.REPL_BLOCK.value
+        and graph[parent].kind == NodeKind.ROOT_TURN
+    )
+    if not (block_in_turn and parent in {node_of.get(link) for link in span.links}):
+        yield parent, "after" if block_in_turn else "spawn"
 
 
 def _record(span: TraceSpan, origin_us: int) -> NodeRecord:
