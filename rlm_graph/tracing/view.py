@@ -166,7 +166,7 @@ def _bar(span: TraceSpan, origin: int, total: int, width: int, glyphs: _Glyphs) 
     if total <= 0:
         begin, end = 0, width
     else:
-        begin = min(width - 1, int((span.start_us - origin) * width / total))
+        begin = min(width - 1, round((span.start_us - origin) * width / total))
         end = max(begin + 1, round((span.end_us - origin) * width / total))
     fill = glyphs.fail if span.status == "error" else glyphs.fill
     return " " * begin + fill * (min(end, width) - begin)

@@ -1,0 +1,142 @@
+"""``rlm-graph trace show|export`` and the reusable ``--trace`` options."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from opentelemetry.trace import NoOpTracerProvider
+
+from rlm_graph import Engine, Workflow
+from rlm_graph.cli import main
+from rlm_graph.cli.trace import add_trace_argument, finish_tracing, tracer_provider_for
+from rlm_graph.tracing import TraceSpan, render_trace
+
+US = 1_000_000
+
+
+def span(sid: str, name: str, start: float, end: float, parent: str | None = None,
+         **attrs: object) -> dict[str, object]:
+    """A Jaeger JSON span (times in seconds from 1000 s after the epoch)."""
+    tags = [{"key": k, "type": "int64" if isinstance(v, int) else "string", "value": v}
+            for k, v in attrs.items()]
+    if attrs.get("error.type"):
+        tags.append({"key": "error", "type": "bool", "value": True})
+    return {
+        "traceID": "ab" * 16, "spanID": sid * 16 if len(sid) == 1 else sid,
+        "operationName": name,
+        "references": [{"refType": "CHILD_OF", "traceID": "ab" * 16, "spanID": parent * 16}]
+        if parent else [],
+        "startTime": int((1000 + start) * US), "duration": int((end - start) * US),
+        "tags": tags, "logs": [], "processID": "p1",
+    }
+
+
+@pytest.fixture
+def trace_file(tmp_path: Path) -> Path:
+    spans = [
+        span("a", "invoke_agent rlm", 0, 2),
+        span("b", "chat m1", 0, 0.5, "a", **{"rlm.node.id": "turn-1", "rlm.node.kind": "root_turn",
+             "gen_ai.request.model": "m1", "gen_ai.usage.input_tokens": 100,
+             "gen_ai.usage.output_tokens": 20}),
+        span("c", "execute_tool repl", 0.5, 1.5, "b", **{"rlm.node.id": "block-1",
+             "rlm.node.kind": "repl_block"}),
+        span("d", "chat m2", 0.5, 1.5, "c", **{"rlm.node.id": "llm-1", "rlm.node.kind": "llm_call",
+             "gen_ai.request.model": "m2", "gen_ai.usage.input_tokens": 10,
+             "gen_ai.usage.output_tokens": 5}),
+        span("e", "chat m2", 0.5, 1.0, "c", **{"rlm.node.id": "llm-2", "rlm.node.kind": "llm_call",
+             "gen_ai.request.model": "m2", "error.type": "ProviderError",
+             "rlm.node.status": "error"}),
+    ]
+    path = tmp_path / "t.jaeger.json"
+    path.write_text(json.dumps({"data": [{"traceID": "ab" * 16, "spans": spans,
+                                          "processes": {"p1": {"serviceName": "rlm-graph"}}}]}))
+    return path
+
+
+def test_show_draws_the_tree_and_a_shared_timeline(
+    trace_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["trace", "show", str(trace_file), "--width", "100"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"trace {'ab' * 16} · 5 spans · 2.000 s · 135 tokens · 1 error"
+    labels = [
+        "invoke_agent rlm", "└─ chat m1 [turn-1]", "   └─ execute_tool repl [block-1]",
+        "      ├─ chat m2 [llm-1]", "      └─ chat m2 [llm-2]",
+    ]
+    assert [line[: len(label)] for line, label in zip(out[2:], labels, strict=True)] == labels
+    rows = dict(zip(["run", "turn-1", "block-1", "llm-1", "llm-2"], out[2:], strict=True))
+    start = out[1].index("0 s ")  # the timeline's first column
+    bars = {name: line[start:] for name, line in rows.items()}
+    assert bars["run"] == "█" * len(bars["run"])
+    # The two sub-calls start together: their bars begin in the same column, after the turn.
+    one, two = bars["llm-1"], bars["llm-2"]
+    assert one.index("█") == two.index("▒") == bars["block-1"].index("█") > 0
+    assert abs(len(one.strip()) - 2 * len(two.strip())) <= 1  # twice as long, give or take a cell
+    assert "1.000s" in rows["llm-1"] and "10/5" in rows["llm-1"]
+    assert "error (ProviderError)" in rows["llm-2"]
+
+
+def test_show_ascii_without_timeline(trace_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["trace", "show", str(trace_file), "--ascii", "--no-timeline"]) == 0
+    out = capsys.readouterr().out
+    assert "`- chat m1 [turn-1]" in out and "█" not in out and "─" not in out
+
+
+def test_export_rebuilds_the_graph(
+    trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["trace", "export", str(trace_file)]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith("digraph rlm_graph {")
+    assert '"block-1" -> "llm-1" [style=dashed];' in dot
+    assert '"turn-1" -> "block-1";' in dot
+    out = tmp_path / "g.graphml"
+    assert main(["trace", "export", str(trace_file), "--format", "graphml", "-o", str(out)]) == 0
+    graph = nx.read_graphml(out)
+    assert sorted(graph.nodes) == ["block-1", "llm-1", "llm-2", "turn-1"]
+    assert graph.nodes["llm-2"]["status"] == "error"
+    assert graph.nodes["turn-1"]["input_tokens"] == 100
+
+
+@pytest.mark.parametrize("content", ["", "not json", '{"hello": 1}'])
+def test_a_bad_file_is_a_clear_error(
+    tmp_path: Path, content: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    assert main(["trace", "show", str(path)]) == 2
+    assert "bad.json" in capsys.readouterr().err
+    assert main(["trace", "export", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read trace file" in capsys.readouterr().err
+
+
+def test_trace_options_give_a_provider_and_finish_says_where_files_went(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    add_trace_argument(parser)
+    args = parser.parse_args(["--trace", "file", "--trace-dir", str(tmp_path), "--trace-content"])
+    assert args.trace_content
+    provider = tracer_provider_for(args)
+    wf = Workflow()
+    wf.llm("hi")
+    Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=provider).run(wf)
+    out = io.StringIO()
+    finish_tracing(provider, out)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"trace written to {tmp_path}") for line in lines)
+    assert main(["trace", "show", lines[0].removeprefix("trace written to ")]) == 0
+    provider.shutdown()  # type: ignore[union-attr]
+    none = tracer_provider_for(parser.parse_args(["--trace", "none"]))
+    assert isinstance(none, NoOpTracerProvider)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--trace", "jaeger"])
+
+
+def test_render_of_an_empty_and_a_zero_length_trace() -> None:
+    assert render_trace([]) == "(no spans)\n"
+    one = TraceSpan(trace_id="1" * 32, span_id="2" * 16, name="x", start_us=5, duration_us=0)
+    assert "x" in render_trace([one], width=60)
