@@ -1,0 +1,66 @@
+"""Structure the code promises: the public API, the layering, documented hooks."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import rlm_graph
+from rlm_graph.hooks import HookSpecs
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "rlm_graph"
+PURE = ["graph", "protocol", "repl", "limits.py", "contracts.py", "errors.py"]
+FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
+
+
+def test_public_api_is_sorted_and_importable() -> None:
+    assert rlm_graph.__all__ == sorted(rlm_graph.__all__)
+    for name in rlm_graph.__all__:
+        assert getattr(rlm_graph, name) is not None
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+            elif node.module:
+                found.add("." * node.level + node.module)
+    return found
+
+
+def test_the_pure_layer_imports_no_runtime() -> None:
+    offenders = []
+    for entry in PURE:
+        paths = [PACKAGE / entry] if entry.endswith(".py") else sorted((PACKAGE / entry).rglob("*.py"))
+        for path in paths:
+            imported = _imports(path)
+            bad = (imported & FORBIDDEN) | {
+                m for m in imported if m.lstrip(".").split(".")[0] in ("runtime", "engine", "rlm", "tracing", "cli")
+            }
+            if bad:
+                offenders.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
+    assert not offenders, offenders
+
+
+def test_only_the_runtime_and_facade_import_trio() -> None:
+    allowed = ("runtime", "engine.py", "rlm.py", "cli", "testing", "tracing")
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if "trio" in _imports(path) and not relative.startswith(allowed):
+            offenders.append(relative)
+    assert not offenders, offenders
+
+
+def test_every_hook_is_documented() -> None:
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    hooks = [name for name in vars(HookSpecs) if name.startswith("rlm_")]
+    assert hooks
+    missing = [name for name in hooks if f"`{name}`" not in doc]
+    assert not missing, missing
