@@ -39,6 +39,7 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contracts import ChatRequest, ChatResponse
+from .transport import LeanTransport, proxy_configured
 from ..errors import (
     BadResponse,
     ConfigError,
@@ -231,8 +232,11 @@ class JSONProvider:
             provider, shared by every run of the engine.
         headers: extra headers sent with every request.
         extra_body: body fields sent with every request (a request's ``extra`` wins).
-        transport: an ``httpx.AsyncBaseTransport`` to use instead of httpx's default
-            (``httpx.MockTransport`` in unit tests).
+        http_transport: ``"httpx"`` (httpx's own pool, the default) or ``"lean"``
+            (`rlm_graph.runtime.transport.LeanTransport`: less CPU per call, no proxy
+            support, so httpx's pool is used anyway when a proxy is configured).
+        transport: an ``httpx.AsyncBaseTransport`` to use instead (``httpx.MockTransport``
+            in unit tests); wins over ``http_transport``.
     """
 
     name = "http"
@@ -254,6 +258,7 @@ class JSONProvider:
         tokens_per_minute: float | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        http_transport: str = "httpx",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not model_name or not isinstance(model_name, str):
@@ -262,6 +267,10 @@ class JSONProvider:
             )
         if max_concurrent < 1:
             raise ConfigError(f"{self.name}: max_concurrent must be at least 1")
+        if http_transport not in ("httpx", "lean"):
+            raise ConfigError(
+                f"{self.name}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"
+            )
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"{self.name}: timeout must be > 0 seconds, or None")
         self.model = model_name
@@ -280,6 +289,7 @@ class JSONProvider:
         self._api_key = Secret(api_key) if api_key else None
         self._headers = dict(headers or {})
         self._transport = transport
+        self.http_transport = http_transport
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object = None
 
@@ -337,11 +347,18 @@ class JSONProvider:
             self._client = httpx.AsyncClient(
                 limits=pool,
                 timeout=httpx.Timeout(self.timeout),
-                transport=self._transport,
+                transport=self._make_transport(),
                 headers={"User-Agent": "rlm-graph", **self._headers},
             )
             self._client_loop = loop
         return self._client
+
+    def _make_transport(self) -> httpx.AsyncBaseTransport | None:
+        if self._transport is not None:
+            return self._transport
+        if self.http_transport == "lean" and not proxy_configured():
+            return LeanTransport(max_connections=self.max_concurrent, keepalive_expiry=30.0)
+        return None  # httpx's own pool (and its proxy support)
 
     async def aclose(self) -> None:
         """Close the client and its connections; the next call opens a new one."""

@@ -54,13 +54,14 @@ def proxy_configured() -> bool:
 class _Connection:
     """One socket (or TLS stream) and its h11 state machine."""
 
-    __slots__ = ("h11", "idle_since", "origin", "stream")
+    __slots__ = ("answered", "h11", "idle_since", "origin", "stream")
 
     def __init__(self, stream: trio.abc.Stream, origin: Origin) -> None:
         self.stream = stream
         self.origin = origin
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
+        self.answered = False  # a byte of the current answer has arrived
 
     def looks_alive(self) -> bool:
         """An idle connection with something to read has been closed by the server."""
@@ -234,6 +235,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if body and not any(k.lower() == b"content-length" for k, _ in headers):
             headers.append((b"Content-Length", str(len(body)).encode()))
         target = request.url.raw_path
+        conn.answered = False
         out = conn.h11.send(h11.Request(method=request.method, target=target, headers=headers))
         if body:
             out += conn.h11.send(h11.Data(data=body))
@@ -269,11 +271,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 try:
                     data = await conn.stream.receive_some(_READ_SIZE)
                 except _CONNECTION_ERRORS as exc:
-                    if first and conn.h11.their_state is h11.IDLE:
+                    if first and not conn.answered:
                         raise _StaleConnection() from None
                     raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-            if not data and first and conn.h11.their_state is h11.IDLE:
+            if not data and first and not conn.answered:
                 raise _StaleConnection()
+            conn.answered = conn.answered or bool(data)
             conn.h11.receive_data(data)
 
     async def aclose(self) -> None:

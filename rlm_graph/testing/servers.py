@@ -22,7 +22,7 @@ Invariants:
     - It binds 127.0.0.1 on an ephemeral port and stops itself on ``__exit__``/``stop()``:
       open keep-alive connections are shut down and every thread is joined.
     - Every request is recorded (`RecordedRequest`), with the number in flight and the
-      peak; the ``Authorization``/``x-api-key`` values are recorded as given so a test can
+      peak, and every answer sent as ``(status, JSON payload)`` in ``responses``; the ``Authorization``/``x-api-key`` values are recorded as given so a test can
       check them, and never printed.
 """
 
@@ -169,6 +169,7 @@ class FakeServer:
         self.models = set(models) if models is not None else None
         self.latency = latency
         self.requests: list[RecordedRequest] = []
+        self.responses: list[tuple[int, Any]] = []
         self.in_flight = 0
         self.peak_in_flight = 0
         self.connections_opened = 0
@@ -339,6 +340,8 @@ class FakeServer:
             payload = self.success_body(reply.body, body)
         else:
             payload = self.error_body(reply.status, reply.body)
+        with self._lock:
+            self.responses.append((reply.status, payload))
         data = json.dumps(payload).encode()
         try:
             handler.send_response(reply.status)

@@ -1,0 +1,248 @@
+"""The lean httpx transport over trio streams and h11: keep-alive, chunked bodies,
+connection loss and reuse, the connection limit, TLS, and the proxy fallback."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from rlm_graph.runtime.transport import LeanTransport, _Connection, proxy_configured
+from rlm_graph.testing import FakeOpenAIServer
+from rlm_graph_openai import OpenAIProvider
+
+Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]
+"""``handler(stream, index) -> keep_open``: answer one request read from ``stream``."""
+
+
+async def _read_request(stream: trio.abc.Stream) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    while len(body) < length:
+        body += await stream.receive_some(65536)
+    return head
+
+
+@asynccontextmanager
+async def raw_server(
+    handler: Handler, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[int, dict[str, int]]]:
+    """A hand-written HTTP/1.1 server on 127.0.0.1 speaking exactly what ``handler`` says."""
+    stats = {"connections": 0, "requests": 0, "in_flight": 0, "peak": 0}
+
+    async def serve(stream: trio.abc.Stream) -> None:
+        stats["connections"] += 1
+        if tls is not None:
+            stream = trio.SSLStream(stream, tls, server_side=True)
+        try:
+            while await _read_request(stream):
+                stats["requests"] += 1
+                stats["in_flight"] += 1
+                stats["peak"] = max(stats["peak"], stats["in_flight"])
+                try:
+                    keep = await handler(stream, stats["requests"])
+                finally:
+                    stats["in_flight"] -= 1
+                if not keep:
+                    break
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        yield port, stats
+        nursery.cancel_scope.cancel()
+
+
+def _response(body: bytes, *, chunked: bool = False, close: bool = False) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
+    if close:
+        head += b"Connection: close\r\n"
+    if not chunked:
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    parts = [body[i : i + 3] for i in range(0, len(body), 3)]
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+async def test_keep_alive_reuses_one_connection() -> None:
+    with FakeOpenAIServer() as server:
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            for i in range(5):
+                body = {"model": "m", "messages": [{"role": "user", "content": f"n{i}"}]}
+                response = await client.post(server.base_url + "/chat/completions", json=body)
+                assert response.json()["choices"][0]["message"]["content"] == f"echo: n{i}"
+    assert server.connections_opened == 1
+
+
+async def test_chunked_response_body_and_reuse_after_it() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"hello chunked world %d" % index, chunked=True))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            first = await client.get(f"http://127.0.0.1:{port}/a")
+            second = await client.get(f"http://127.0.0.1:{port}/b")
+    assert first.text == "hello chunked world 1"
+    assert second.text == "hello chunked world 2"
+    assert stats["connections"] == 1
+
+
+async def test_a_connection_the_server_closed_is_replaced() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"once"))  # no "Connection: close", yet it closes
+        return False
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            for _ in range(3):
+                assert (await client.post(f"http://127.0.0.1:{port}/", content=b"x")).text == "once"
+                await trio.sleep(0.01)
+    assert stats["connections"] == 3
+
+
+async def test_a_stale_connection_is_retried_once_on_a_fresh_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    transport = LeanTransport()
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"ok"))
+        return False
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=transport) as client:
+            await client.get(f"http://127.0.0.1:{port}/")
+            await trio.sleep(0.01)
+            # Make the stale connection look alive so the request really goes out on it.
+            monkeypatch.setattr(_Connection, "looks_alive", lambda self: True)
+            assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
+    assert stats["connections"] == 2
+
+
+async def test_a_drop_mid_body_is_a_read_error_and_leaks_nothing() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+        return False
+
+    async with raw_server(handler) as (port, _):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises((httpx.ReadError, httpx.RemoteProtocolError)):
+                await client.get(f"http://127.0.0.1:{port}/")
+
+
+async def test_no_answer_at_all_on_a_fresh_connection_is_a_protocol_error() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        return False
+
+    async with raw_server(handler) as (port, _):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await client.get(f"http://127.0.0.1:{port}/")
+
+
+async def test_read_timeout() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await trio.sleep(1)
+        return False
+
+    async with raw_server(handler) as (port, _):
+        async with httpx.AsyncClient(transport=LeanTransport(), timeout=0.05) as client:
+            with pytest.raises(httpx.ReadTimeout):
+                await client.get(f"http://127.0.0.1:{port}/")
+
+
+async def test_never_more_connections_than_the_limit() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await trio.sleep(0.01)
+        await stream.send_all(_response(b"ok"))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport(max_connections=4)) as client:
+            async with trio.open_nursery() as nursery:
+                for _ in range(20):
+                    nursery.start_soon(client.get, f"http://127.0.0.1:{port}/")
+    assert stats["requests"] == 20
+    assert stats["peak"] <= 4 and stats["connections"] <= 4
+
+
+@pytest.fixture
+def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a throw-away certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    client = ssl.create_default_context(cafile=str(cert))
+    return server, client
+
+
+async def test_https_over_tls(tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    server_ctx, client_ctx = tls_pair
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"secure %d" % index))
+        return True
+
+    async with raw_server(handler, tls=server_ctx) as (port, stats):
+        transport = LeanTransport(ssl_context=client_ctx)
+        async with httpx.AsyncClient(transport=transport) as client:
+            assert (await client.get(f"https://127.0.0.1:{port}/")).text == "secure 1"
+            assert (await client.get(f"https://127.0.0.1:{port}/")).text == "secure 2"
+        # Certificate checks are on: the default roots do not trust a self-signed cert.
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises(httpx.ConnectError, match="TLS handshake"):
+                await client.get(f"https://127.0.0.1:{port}/")
+    assert stats["connections"] == 2
+
+
+async def test_provider_over_the_lean_transport() -> None:
+    with FakeOpenAIServer(latency=0.01) as server:
+        provider = OpenAIProvider(backend="vllm", model_name="m", base_url=server.base_url,
+                                  http_transport="lean", max_concurrent=4)
+        from rlm_graph.contracts import ChatRequest, Message
+
+        request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
+        try:
+            async with trio.open_nursery() as nursery:
+                for _ in range(12):
+                    nursery.start_soon(provider.complete, request)
+            assert isinstance(provider._client._transport, LeanTransport)  # type: ignore[union-attr]
+        finally:
+            await provider.aclose()
+    assert server.peak_in_flight <= 4 and server.connections_opened <= 4
+
+
+def test_a_configured_proxy_falls_back_to_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert proxy_configured()
+    provider = OpenAIProvider(backend="vllm", model_name="m", http_transport="lean")
+    assert provider._make_transport() is None
