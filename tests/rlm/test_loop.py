@@ -167,7 +167,7 @@ async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
 
 async def test_show_vars_and_custom_tools() -> None:
     engine = rlm(
-        [repl("x = 3\nprint(SHOW_VARS())\nFINAL(double(x) + len(LOOKUP))")],
+        [repl("x = 3\nprint(SHOW_VARS())"), repl("FINAL(double(x) + len(LOOKUP))")],
         custom_tools={
             "double": {"tool": lambda v: 2 * v, "description": "doubles a number"},
             "LOOKUP": {"a": 1, "b": 2},
@@ -178,6 +178,8 @@ async def test_show_vars_and_custom_tools() -> None:
     system = engine.engine.provider.requests[0].messages[0].content  # type: ignore[attr-defined]
     assert "- `double`: doubles a number" in system
     assert "- `LOOKUP`: a dict value" in system
+    shown = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    assert "Variables: context_0: str, context: str, x: int" in shown
 
 
 def test_sync_completion_returns_the_reference_result_shape() -> None:

@@ -1,0 +1,85 @@
+"""The plugin host: entry points, plugins in code, unknown names, observers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlm_graph import ChatResponse, Engine, Workflow, hookimpl
+from rlm_graph.cli import main
+from rlm_graph.errors import ConfigError, PluginError
+from rlm_graph.hooks import PluginHost
+
+
+class ConstantProvider:
+    name = "constant"
+    max_concurrent = 2
+
+    def __init__(self, *, model_name: str = "constant", text: str = "hi") -> None:
+        self.model = model_name
+        self.text = text
+
+    async def complete(self, request: object) -> ChatResponse:
+        return ChatResponse(content=self.text)
+
+    async def aclose(self) -> None:
+        pass
+
+
+class ConstantPlugin:
+    @hookimpl
+    def rlm_register_providers(self) -> dict[str, object]:
+        return {"constant": ConstantProvider}
+
+
+def test_first_party_plugins_come_from_entry_points() -> None:
+    host = PluginHost()
+    assert {"scripted", "openai", "anthropic"} <= set(host.names("providers"))
+    assert "local" in host.names("environments")
+    origins = {r.name: r.origin for r in host.registrations()}
+    assert origins["scripted"] == "entry point 'scripted' of rlm-graph"
+
+
+def test_a_provider_registered_in_code_is_used_by_name() -> None:
+    engine = Engine("constant", {"text": "from a plugin"}, plugins=[ConstantPlugin()])
+    wf = Workflow()
+    node = wf.llm("q")
+    assert engine.run(wf)[node] == "from a plugin"
+
+
+def test_unknown_names_list_what_is_registered() -> None:
+    with pytest.raises(PluginError) as info:
+        Engine("nonexistent")
+    message = str(info.value)
+    assert "unknown backend 'nonexistent'" in message
+    assert "scripted" in message and "openai" in message
+    host = PluginHost()
+    with pytest.raises(PluginError, match="unknown compaction strategy 'zip'; registered:"):
+        host.lookup("compaction_strategies", "zip")
+
+
+def test_bad_backend_kwargs_and_limits_fail_at_configuration() -> None:
+    with pytest.raises(ConfigError, match="rejected its backend_kwargs"):
+        Engine("scripted", {"no_such_option": 1})
+    with pytest.raises(ConfigError, match="unknown keyword"):
+        Engine("scripted", {}, max_tokenz=5)
+    with pytest.raises(ConfigError, match="max_tokens"):
+        Engine("scripted", {}, max_tokens=0)
+
+
+def test_a_plugin_that_returns_garbage_is_named() -> None:
+    class Broken:
+        @hookimpl
+        def rlm_register_providers(self) -> list[str]:
+            return ["not", "a", "dict"]
+
+    with pytest.raises(PluginError, match="must return a dict"):
+        PluginHost([Broken()])
+
+
+def test_plugins_command_lists_names_and_origins(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plugins", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    names = {(r["category"], r["name"]) for r in rows}
+    assert ("providers", "scripted") in names and ("environments", "local") in names
