@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("demo", "plugins", "trace")
+SUBCOMMANDS = ("demo", "plugins", "run", "trace")
 
 EXIT_OK = 0
 EXIT_USAGE = 2

@@ -1,0 +1,104 @@
+"""``rlm-graph run`` against a fake OpenAI-compatible server: answers, limits, provider
+errors and bad usage map to exit codes 0, 3, 4 and 2; keys come from the environment."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+from http_support import KEY
+
+from rlm_graph.cli import main
+from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
+
+
+def respond(body: dict[str, object]) -> str:
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    if any(m.get("role") == "system" for m in messages):
+        code = 'answer["content"] = llm_query("sub") + " over " + str(len(context)); answer["ready"] = True'
+        return f"```repl\n{code}\n```"
+    return "ANSWER:" + last_user_message(body)
+
+
+@pytest.fixture
+def context_file(tmp_path: Path) -> Path:
+    path = tmp_path / "context.txt"
+    path.write_text("x" * 1234, encoding="utf-8")
+    return path
+
+
+def _args(server: FakeOpenAIServer, context: Path | str, *extra: str) -> list[str]:
+    return ["run", "--context", str(context), "--query", "what?", "--model", "gpt-test",
+            "--base-url", server.base_url, *extra]
+
+
+def test_answers_and_exits_0(
+    context_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with FakeOpenAIServer(respond, api_key=KEY) as server:
+        code = main(_args(server, context_file))
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out.strip() == "ANSWER:sub over 1234"
+    assert "calls" in err and KEY not in out + err
+
+
+def test_json_output_and_stdin_context_and_sub_model(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr("sys.stdin", io.StringIO("y" * 10))
+    with FakeOpenAIServer(respond) as server:
+        code = main(_args(server, "-", "--sub-model", "gpt-small", "--max-depth", "1", "--json"))
+        models = [b["model"] for b in server.bodies]
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert payload["answer"] == "ANSWER:sub over 10" and payload["stop_reason"] is None
+    assert models == ["gpt-test", "gpt-small"]
+
+
+def test_a_limit_exits_3_with_the_partial_answer(
+    context_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeOpenAIServer(respond) as server:
+        code = main(_args(server, context_file, "--max-tokens", "5"))
+    _, err = capsys.readouterr()
+    assert code == 3
+    assert "stopped by max_tokens" in err
+
+
+def test_a_provider_error_exits_4_naming_the_key(
+    context_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with FakeOpenAIServer(replies=[Reply.error(401, "Incorrect API key provided")]) as server:
+        code = main(_args(server, context_file))
+    _, err = capsys.readouterr()
+    assert code == 4
+    assert "API key" in err and KEY not in err
+
+
+@pytest.mark.parametrize(
+    "extra", [["--backend", "no-such-backend"], ["--max-depth", "-1"]]
+)
+def test_bad_configuration_exits_2(
+    context_file: Path, extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeOpenAIServer() as server:
+        assert main(_args(server, context_file, *extra)) == 2
+    assert "rlm-graph run:" in capsys.readouterr().err
+
+
+def test_a_missing_context_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeOpenAIServer() as server:
+        assert main(_args(server, tmp_path / "missing.txt")) == 2
+    assert "cannot read --context" in capsys.readouterr().err
+
+
+def test_there_is_no_key_flag() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--context", "-", "--query", "q", "--model", "m", "--api-key", KEY])
+    assert info.value.code == 2
