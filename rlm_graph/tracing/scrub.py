@@ -42,10 +42,11 @@ _SHAPES = re.compile(
     )
 )
 
-# ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name, drop the value.
+# ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name, drop the value
+# (but not a number: ``max_tokens=2000`` is a setting, not a secret).
 _PAIR = re.compile(
     r"(?i)(\b[\w\-]*(?:api[_\-]?key|token|secret|password|passwd|authorization)[\w\-]*"
-    r"[\"']?\s*[:=]\s*[\"']?)(?!\[REDACTED\])([^\s\"'&,;}]{4,})"
+    r"[\"']?\s*[:=]\s*[\"']?)(?!\[REDACTED\])(?![\d.]+\b)([^\s\"'&,;}]{4,})"
 )
 
 

@@ -103,6 +103,10 @@ _KIND = {
     kind: SpanKind.CLIENT if op == "chat" else SpanKind.INTERNAL for kind, op in _OPERATION.items()
 }
 _NO_SPAN = nullcontext(INVALID_SPAN)
+# Fields a newer NodeRecord may carry; looked up once, since pydantic's __getattr__ for a
+# missing field costs more than the rest of a span's attributes together.
+_HAS_RESPONSE_MODEL = "response_model" in NodeRecord.model_fields
+_HAS_SERVER_ADDRESS = "server_address" in NodeRecord.model_fields
 
 
 def _is_disabled(provider: TracerProvider) -> bool:
@@ -245,11 +249,11 @@ class NodeTracer:
             self._anchor = (clock, now)
         return self._anchor[1] + int((clock - self._anchor[0]) * 1e9)
 
-    def _start(self, record: NodeRecord, parent_id: str | None) -> Span:
+    def _start(self, record: NodeRecord, parent_id: str | None, name: str) -> Span:
         parent = self._contexts.get(parent_id) if parent_id else None
         context = trace.set_span_in_context(NonRecordingSpan(parent)) if parent else self._root
         span = self._tracer.start_span(
-            _span_name(record),
+            name,
             context=context,
             kind=_KIND[record.kind],
             attributes=_start_attributes(record),
@@ -269,10 +273,17 @@ class NodeTracer:
             if dep in contexts
         ] or None
 
-    def _finish(self, span: Span, record: NodeRecord, failed: type[BaseException] | None) -> None:
+    def _finish(
+        self,
+        span: Span,
+        started_as: str,
+        record: NodeRecord,
+        failed: type[BaseException] | None,
+    ) -> None:
         if span.is_recording():
             name = _span_name(record)
-            span.update_name(name)
+            if name != started_as:
+                span.update_name(name)
             span.set_attributes(self._end_attributes(record))
             if record.status == NodeStatus.ERROR:
                 span.set_status(Status(StatusCode.ERROR, self._describe(record.error or "")))
@@ -298,7 +309,9 @@ class NodeTracer:
         if record.cost is not None:
             attrs["rlm.cost_usd"] = record.cost
         if record.start is not None and record.submitted is not None:
-            attrs["rlm.queue_seconds"] = max(0.0, record.start - record.submitted)
+            queued = record.start - record.submitted
+            if queued > 0:
+                attrs["rlm.queue_seconds"] = queued
         if record.status == NodeStatus.ERROR:
             attrs["error.type"] = record.error_type or "_OTHER"
         elif record.status == NodeStatus.CANCELLED:
@@ -331,7 +344,7 @@ class NodeTracer:
 class _NodeSpan:
     """The context manager `NodeTracer.node_span` returns (a class: this is a hot path)."""
 
-    __slots__ = ("_parent_id", "_record", "_span", "_tracer")
+    __slots__ = ("_name", "_parent_id", "_record", "_span", "_tracer")
 
     def __init__(self, tracer: NodeTracer, record: NodeRecord, parent_id: str | None) -> None:
         self._tracer = tracer
@@ -339,7 +352,8 @@ class _NodeSpan:
         self._parent_id = parent_id
 
     def __enter__(self) -> Span:
-        self._span = self._tracer._start(self._record, self._parent_id)
+        self._name = _span_name(self._record)
+        self._span = self._tracer._start(self._record, self._parent_id, self._name)
         return self._span
 
     def __exit__(
@@ -348,7 +362,7 @@ class _NodeSpan:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._tracer._finish(self._span, self._record, exc_type)
+        self._tracer._finish(self._span, self._name, self._record, exc_type)
 
 
 def _start_attributes(record: NodeRecord) -> dict[str, Any]:
@@ -378,15 +392,15 @@ def _start_attributes(record: NodeRecord) -> dict[str, Any]:
 def _chat_attributes(
     record: NodeRecord, attrs: dict[str, Any], servers: Mapping[Any, tuple[str, int | None]]
 ) -> None:
-    response_model = getattr(record, "response_model", None) or record.model
-    if response_model and record.status == NodeStatus.OK:
+    response_model = getattr(record, "response_model", None) if _HAS_RESPONSE_MODEL else None
+    if response_model:
         attrs["gen_ai.response.model"] = response_model
     if record.usage is not None:
         attrs["gen_ai.usage.input_tokens"] = record.usage.input_tokens
         attrs["gen_ai.usage.output_tokens"] = record.usage.output_tokens
     if record.finish_reason:
         attrs["gen_ai.response.finish_reasons"] = (record.finish_reason,)
-    server = getattr(record, "server_address", None)
+    server = getattr(record, "server_address", None) if _HAS_SERVER_ADDRESS else None
     found = (server, None) if server else servers.get((record.provider, record.model))
     found = found or servers.get(record.provider)
     if found:
