@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import trio
 from opentelemetry.trace import TracerProvider
@@ -47,7 +47,7 @@ def _make_provider(host: PluginHost, backend: str, kwargs: Mapping[str, Any] | N
                 f"backend {backend!r} returned {type(provider).__name__}, which lacks {attr!r}; "
                 "a provider must follow rlm_graph.contracts.Provider"
             )
-    return provider
+    return cast(Provider, provider)
 
 
 class Engine:
@@ -187,7 +187,8 @@ class Engine:
 
     def run(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
         """Run a `Workflow` from sync code (starts and ends its own trio loop)."""
-        return trio.run(self._sync, self.arun, workflow, limits)
+        result: WorkflowResult = trio.run(self._sync, self.arun, workflow, limits)
+        return result
 
     async def _sync(self, fn: Any, *args: Any) -> Any:
         try:

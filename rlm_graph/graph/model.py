@@ -98,7 +98,8 @@ class Graph:
         return node_id in self._g
 
     def __len__(self) -> int:
-        return self._g.number_of_nodes()
+        count: int = self._g.number_of_nodes()
+        return count
 
     def __iter__(self) -> Iterator[NodeRecord]:
         return self.records()

@@ -127,7 +127,7 @@ class PluginHost:
         models: dict[str, ModelInfo] = {}
         for impl in self.pm.hook.rlm_register_models.get_hookimpls():
             result = impl.function()
-            if result:
+            if isinstance(result, Mapping):
                 models.update(result)
         return models
 

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Hook specifications: what a plugin can contribute to, or observe in, the engine.
 
 Families (see docs/plugins.md):
