@@ -93,9 +93,7 @@ def configure_tracing(
         ConfigError: an unknown mode, or an OTLP protocol other than ``http/protobuf``.
     """
     if mode not in TRACE_MODES:
-        raise ConfigError(
-            f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}"
-        )
+        raise ConfigError(f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}")
     if mode == "none":
         return NoOpTracerProvider()
     provider = SDKTracerProvider(resource=_resource(service_name))

@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from google.protobuf.json_format import MessageToDict
+from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -287,7 +287,9 @@ class TraceFileExporter(SpanExporter):
             path = self._path(trace_id, group, "jaeger")
             found = self._open.get(trace_id)
             if found is None:
-                found = _JaegerTrace.load(path, trace_id) if path.exists() else _JaegerTrace(trace_id)
+                found = (
+                    _JaegerTrace.load(path, trace_id) if path.exists() else _JaegerTrace(trace_id)
+                )
                 self._open[trace_id] = found
             for span in group:
                 found.add(span, self._scrub)

@@ -35,8 +35,14 @@ _STATUS = {0: "unset", 1: "ok", 2: "error"}
 # string attribute holding JSON (gen_ai.input.messages); decode only the known arrays.
 _ARRAY_ATTRIBUTES = frozenset({"gen_ai.response.finish_reasons"})
 _JAEGER_SPECIAL = frozenset(
-    {"span.kind", "otel.status_code", "otel.status_description", "error", "otel.scope.name",
-     "otel.scope.version"}
+    {
+        "span.kind",
+        "otel.status_code",
+        "otel.status_description",
+        "error",
+        "otel.scope.name",
+        "otel.scope.version",
+    }
 )
 
 
@@ -87,7 +93,9 @@ def load_trace(path: str | os.PathLike[str]) -> list[TraceSpan]:
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise TraceFileError(f"cannot read trace file {os.fspath(path)!r}: {exc.strerror}") from None
+        raise TraceFileError(
+            f"cannot read trace file {os.fspath(path)!r}: {exc.strerror}"
+        ) from None
     try:
         return parse_trace(text)
     except TraceFileError as exc:
@@ -128,8 +136,8 @@ def _spans(documents: Iterable[Any]) -> Iterator[TraceSpan]:
             yield from _otlp(document)
         else:
             raise TraceFileError(
-                "not a trace: expected Jaeger JSON ({\"data\": [...]}) or OTLP JSON "
-                "({\"resourceSpans\": [...]}) on every line"
+                'not a trace: expected Jaeger JSON ({"data": [...]}) or OTLP JSON '
+                '({"resourceSpans": [...]}) on every line'
             )
 
 
@@ -284,15 +292,16 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
     traces = split_traces(spans)
     if trace_id is None and len(traces) > 1:
         raise TraceFileError(
-            f"the file holds {len(traces)} traces ({', '.join(traces)}); choose one with "
-            "--trace-id"
+            f"the file holds {len(traces)} traces ({', '.join(traces)}); choose one with --trace-id"
         )
     chosen = traces.get(trace_id) if trace_id else next(iter(traces.values()), [])
     if chosen is None:
         raise TraceFileError(f"no trace {trace_id!r} in the file; it holds {', '.join(traces)}")
     nodes = [span for span in chosen if span.node_id is not None]
     if not nodes:
-        raise TraceFileError("no span of this trace has rlm.node.* attributes: not an rlm-graph run")
+        raise TraceFileError(
+            "no span of this trace has rlm.node.* attributes: not an rlm-graph run"
+        )
     origin = min(span.start_us for span in chosen)
     node_of = {span.span_id: str(span.node_id) for span in nodes}
     graph = Graph()

@@ -25,22 +25,19 @@ REDACTED = "[REDACTED]"
 # and replacing them everywhere would shred ordinary text.
 MIN_SECRET_CHARS = 6
 
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
-_SHAPES = re.compile(
-    "|".join(
-        (
-            r"\bsk-[A-Za-z0-9_\-]{8,}",  # OpenAI, Anthropic (sk-ant-...), OpenRouter (sk-or-...)
-            r"\b(?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{16,}",  # GitHub
-            r"\bhf_[A-Za-z0-9]{16,}",  # Hugging Face
-            r"\bAIza[0-9A-Za-z_\-]{20,}",  # Google
-            r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
-            r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key id
-            r"(?i:\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}",
-            r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",  # JWT
-        )
-    )
+_SHAPE_PATTERNS = (
+    r"\bsk-[A-Za-z0-9_\-]{8,}",  # OpenAI, Anthropic (sk-ant-...), OpenRouter (sk-or-...)
+    r"\b(?:gh[pousr]_|github_pat_)[A-Za-z0-9_]{16,}",  # GitHub
+    r"\bhf_[A-Za-z0-9]{16,}",  # Hugging Face
+    r"\bAIza[0-9A-Za-z_\-]{20,}",  # Google
+    r"\bxox[abprs]-[A-Za-z0-9\-]{10,}",  # Slack
+    r"\bAKIA[0-9A-Z]{16}\b",  # AWS access key id
+    r"(?i:\bbearer\s+)[A-Za-z0-9._~+/=\-]{8,}",
+    r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",  # JWT
 )
+_SHAPES = re.compile("|".join(_SHAPE_PATTERNS))
 
 # ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name, drop the value
 # (but not a number: ``max_tokens=2000`` is a setting, not a secret).

@@ -49,7 +49,7 @@ from opentelemetry.trace import (
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 from .scrub import Scrubber
 
-__all__ = ["CONTENT_LIMIT", "NodeTracer", "SEMCONV_VERSION", "SPAN_ATTRIBUTES", "SPAN_NAMES"]
+__all__ = ["CONTENT_LIMIT", "SEMCONV_VERSION", "SPAN_ATTRIBUTES", "SPAN_NAMES", "NodeTracer"]
 
 INSTRUMENTATION_NAME = "rlm_graph"
 SEMCONV_VERSION = "1.41.0"

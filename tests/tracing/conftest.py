@@ -8,11 +8,11 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rlm_graph_scripted import ScriptedProvider
 
 from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
 from rlm_graph.graph import Graph
 from rlm_graph.hooks import hookimpl
-from rlm_graph_scripted import ScriptedProvider
 
 
 class Memory:
@@ -88,8 +88,9 @@ class KeyedProvider(ScriptedProvider):
 
     name = "keyed"
 
-    def __init__(self, *, api_key: str, base_url: str = "https://api.example.com:8443/v1",
-                 **kwargs: object) -> None:
+    def __init__(
+        self, *, api_key: str, base_url: str = "https://api.example.com:8443/v1", **kwargs: object
+    ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.api_key = api_key
         self.base_url = base_url
@@ -103,7 +104,9 @@ class KeyedPlugin:
 
 def reply(text: str, request: ChatRequest, reason: str = "stop") -> ChatResponse:
     return ChatResponse(
-        content=text, model=request.model, usage=Usage(input_tokens=7, output_tokens=3),
+        content=text,
+        model=request.model,
+        usage=Usage(input_tokens=7, output_tokens=3),
         finish_reason=reason,
     )
 

@@ -19,20 +19,28 @@ from rlm_graph.tracing import TraceSpan, render_trace
 US = 1_000_000
 
 
-def span(sid: str, name: str, start: float, end: float, parent: str | None = None,
-         **attrs: object) -> dict[str, object]:
+def span(
+    sid: str, name: str, start: float, end: float, parent: str | None = None, **attrs: object
+) -> dict[str, object]:
     """A Jaeger JSON span (times in seconds from 1000 s after the epoch)."""
-    tags = [{"key": k, "type": "int64" if isinstance(v, int) else "string", "value": v}
-            for k, v in attrs.items()]
+    tags = [
+        {"key": k, "type": "int64" if isinstance(v, int) else "string", "value": v}
+        for k, v in attrs.items()
+    ]
     if attrs.get("error.type"):
         tags.append({"key": "error", "type": "bool", "value": True})
     return {
-        "traceID": "ab" * 16, "spanID": sid * 16 if len(sid) == 1 else sid,
+        "traceID": "ab" * 16,
+        "spanID": sid * 16 if len(sid) == 1 else sid,
         "operationName": name,
         "references": [{"refType": "CHILD_OF", "traceID": "ab" * 16, "spanID": parent * 16}]
-        if parent else [],
-        "startTime": int((1000 + start) * US), "duration": int((end - start) * US),
-        "tags": tags, "logs": [], "processID": "p1",
+        if parent
+        else [],
+        "startTime": int((1000 + start) * US),
+        "duration": int((end - start) * US),
+        "tags": tags,
+        "logs": [],
+        "processID": "p1",
     }
 
 
@@ -40,21 +48,71 @@ def span(sid: str, name: str, start: float, end: float, parent: str | None = Non
 def trace_file(tmp_path: Path) -> Path:
     spans = [
         span("a", "invoke_agent rlm", 0, 2),
-        span("b", "chat m1", 0, 0.5, "a", **{"rlm.node.id": "turn-1", "rlm.node.kind": "root_turn",
-             "gen_ai.request.model": "m1", "gen_ai.usage.input_tokens": 100,
-             "gen_ai.usage.output_tokens": 20}),
-        span("c", "execute_tool repl", 0.5, 1.5, "b", **{"rlm.node.id": "block-1",
-             "rlm.node.kind": "repl_block"}),
-        span("d", "chat m2", 0.5, 1.5, "c", **{"rlm.node.id": "llm-1", "rlm.node.kind": "llm_call",
-             "gen_ai.request.model": "m2", "gen_ai.usage.input_tokens": 10,
-             "gen_ai.usage.output_tokens": 5}),
-        span("e", "chat m2", 0.5, 1.0, "c", **{"rlm.node.id": "llm-2", "rlm.node.kind": "llm_call",
-             "gen_ai.request.model": "m2", "error.type": "ProviderError",
-             "rlm.node.status": "error"}),
+        span(
+            "b",
+            "chat m1",
+            0,
+            0.5,
+            "a",
+            **{
+                "rlm.node.id": "turn-1",
+                "rlm.node.kind": "root_turn",
+                "gen_ai.request.model": "m1",
+                "gen_ai.usage.input_tokens": 100,
+                "gen_ai.usage.output_tokens": 20,
+            },
+        ),
+        span(
+            "c",
+            "execute_tool repl",
+            0.5,
+            1.5,
+            "b",
+            **{"rlm.node.id": "block-1", "rlm.node.kind": "repl_block"},
+        ),
+        span(
+            "d",
+            "chat m2",
+            0.5,
+            1.5,
+            "c",
+            **{
+                "rlm.node.id": "llm-1",
+                "rlm.node.kind": "llm_call",
+                "gen_ai.request.model": "m2",
+                "gen_ai.usage.input_tokens": 10,
+                "gen_ai.usage.output_tokens": 5,
+            },
+        ),
+        span(
+            "e",
+            "chat m2",
+            0.5,
+            1.0,
+            "c",
+            **{
+                "rlm.node.id": "llm-2",
+                "rlm.node.kind": "llm_call",
+                "gen_ai.request.model": "m2",
+                "error.type": "ProviderError",
+                "rlm.node.status": "error",
+            },
+        ),
     ]
     path = tmp_path / "t.jaeger.json"
-    path.write_text(json.dumps({"data": [{"traceID": "ab" * 16, "spans": spans,
-                                          "processes": {"p1": {"serviceName": "rlm-graph"}}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "data": [
+                    {
+                        "traceID": "ab" * 16,
+                        "spans": spans,
+                        "processes": {"p1": {"serviceName": "rlm-graph"}},
+                    }
+                ]
+            }
+        )
+    )
     return path
 
 
@@ -65,8 +123,11 @@ def test_show_draws_the_tree_and_a_shared_timeline(
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"trace {'ab' * 16} · 5 spans · 2.000 s · 135 tokens · 1 error"
     labels = [
-        "invoke_agent rlm", "└─ chat m1 [turn-1]", "   └─ execute_tool repl [block-1]",
-        "      ├─ chat m2 [llm-1]", "      └─ chat m2 [llm-2]",
+        "invoke_agent rlm",
+        "└─ chat m1 [turn-1]",
+        "   └─ execute_tool repl [block-1]",
+        "      ├─ chat m2 [llm-1]",
+        "      └─ chat m2 [llm-2]",
     ]
     assert [line[: len(label)] for line, label in zip(out[2:], labels, strict=True)] == labels
     rows = dict(zip(["run", "turn-1", "block-1", "llm-1", "llm-2"], out[2:], strict=True))
@@ -127,7 +188,9 @@ def test_trace_options_give_a_provider_and_finish_says_where_files_went(tmp_path
     out = io.StringIO()
     finish_tracing(provider, out)
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and all(line.startswith(f"trace written to {tmp_path}") for line in lines)
+    assert len(lines) == 2 and all(
+        line.startswith(f"trace written to {tmp_path}") for line in lines
+    )
     assert main(["trace", "show", lines[0].removeprefix("trace written to ")]) == 0
     provider.shutdown()  # type: ignore[union-attr]
     none = tracer_provider_for(parser.parse_args(["--trace", "none"]))

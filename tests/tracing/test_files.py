@@ -40,12 +40,17 @@ async def traced_workflow(memory: Memory, directory: Path) -> tuple[Graph, Trace
     exporter = TraceFileExporter(directory)
     memory.provider.add_span_processor(BatchSpanProcessor(exporter))
     engine = Engine(
-        "keyed", {"api_key": API_KEY, "respond": keyed_respond}, plugins=[KeyedPlugin()],
+        "keyed",
+        {"api_key": API_KEY, "respond": keyed_respond},
+        plugins=[KeyedPlugin()],
         entry_points=False,
     )
     run = engine.new_run()
     run.tracer = NodeTracer(
-        memory.provider, capture_content=True, graph=run.graph, secrets=[LITERAL, API_KEY],
+        memory.provider,
+        capture_content=True,
+        graph=run.graph,
+        secrets=[LITERAL, API_KEY],
         providers=engine.providers,
     )
     wf = Workflow()
@@ -93,7 +98,11 @@ async def test_jaeger_json_carries_every_span_with_ids_times_and_references(
         assert child_of == want
         follows = {r["spanID"] for r in span["references"] if r["refType"] == "FOLLOWS_FROM"}
         assert follows == {f"{link.context.span_id:016x}" for link in source.links}
-    bad = next(s for s in spans.values() if {"key": "rlm.node.id", "type": "string", "value": "bad"} in s["tags"])
+    bad = next(
+        s
+        for s in spans.values()
+        if {"key": "rlm.node.id", "type": "string", "value": "bad"} in s["tags"]
+    )
     tags = {t["key"]: t["value"] for t in bad["tags"]}
     assert tags["error"] is True and tags["otel.status_code"] == "ERROR"
     assert tags["error.type"] == "ProviderAuthError" and tags["span.kind"] == "client"
@@ -117,7 +126,9 @@ async def test_otlp_json_lines_carry_every_span_with_hex_ids(
     for sid, span in found.items():
         source = expected[sid]
         assert HEX32.match(span["traceId"]) and HEX16.match(sid)
-        assert span.get("parentSpanId", "") == (f"{parent_id(source):016x}" if parent_id(source) else "")
+        assert span.get("parentSpanId", "") == (
+            f"{parent_id(source):016x}" if parent_id(source) else ""
+        )
         assert int(span["startTimeUnixNano"]) == source.start_time
         assert int(span["endTimeUnixNano"]) == source.end_time
         assert isinstance(span["kind"], int)
@@ -133,7 +144,7 @@ async def test_both_formats_read_back_to_the_same_spans_and_graph(
     jaeger, otlp = files(exporter)
     from_jaeger, from_otlp = load_trace(jaeger), load_trace(otlp)
     assert len(from_jaeger) == len(memory.spans)
-    key = lambda s: (s.span_id, s.parent_id, s.name, s.start_us, s.duration_us, s.links, s.status)  # noqa: E731
+    key = lambda s: (s.span_id, s.parent_id, s.name, s.start_us, s.duration_us, s.links, s.status)
     assert sorted(map(key, from_jaeger)) == sorted(map(key, from_otlp))
     for a, b in zip(from_jaeger, from_otlp, strict=True):
         assert a.attributes == b.attributes, {
@@ -147,7 +158,10 @@ async def test_both_formats_read_back_to_the_same_spans_and_graph(
         for record in graph.records():
             again = rebuilt[record.id]
             assert (again.kind, again.status, again.model, again.usage) == (
-                record.kind, record.status, record.model, record.usage,
+                record.kind,
+                record.status,
+                record.model,
+                record.usage,
             )
 
 
@@ -175,8 +189,12 @@ async def test_an_rlm_run_with_a_keyed_backend_leaks_no_key(
         return keyed_respond(request)
 
     rlm = RLM(
-        "keyed", {"api_key": API_KEY, "respond": respond}, environment="local",
-        plugins=[KeyedPlugin()], tracer_provider=memory.provider, trace_content=True,
+        "keyed",
+        {"api_key": API_KEY, "respond": respond},
+        environment="local",
+        plugins=[KeyedPlugin()],
+        tracer_provider=memory.provider,
+        trace_content=True,
     )
     result = await rlm.acompletion(f"my key is {API_KEY}", root_prompt=f"use {API_KEY}")
     memory.provider.force_flush()

@@ -63,14 +63,16 @@ class Receiver:
                     for span in scope_spans.spans:
                         attrs = {a.key: a.value for a in span.attributes}
                         node = attrs.get("rlm.node.id")
-                        self.spans.append({
-                            "span_id": span.span_id.hex(),
-                            "parent_id": span.parent_span_id.hex(),
-                            "trace_id": span.trace_id.hex(),
-                            "name": span.name,
-                            "node": node.string_value if node is not None else None,
-                            "service": service,
-                        })
+                        self.spans.append(
+                            {
+                                "span_id": span.span_id.hex(),
+                                "parent_id": span.parent_span_id.hex(),
+                                "trace_id": span.trace_id.hex(),
+                                "name": span.name,
+                                "node": node.string_value if node is not None else None,
+                                "service": service,
+                            }
+                        )
 
 
 @pytest.fixture

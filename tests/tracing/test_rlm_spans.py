@@ -33,7 +33,10 @@ def respond(request: ChatRequest) -> str:
 
 def traced_rlm(memory: Memory) -> RLM:
     return RLM(
-        "scripted", {"respond": respond, "latency": 1.0}, environment="local", max_depth=2,
+        "scripted",
+        {"respond": respond, "latency": 1.0},
+        environment="local",
+        max_depth=2,
         tracer_provider=memory.provider,
     )
 
@@ -59,8 +62,13 @@ async def test_nesting_follows_the_graph_across_repl_threads_and_children(
     while parent_id(current) in by_span:
         chain.append(kinds[by_span[parent_id(current)]])  # type: ignore[index]
         current = spans[by_span[parent_id(current)]]  # type: ignore[index]
-    assert chain == [NodeKind.REPL_BLOCK, NodeKind.ROOT_TURN, NodeKind.RLM_CALL,
-                     NodeKind.REPL_BLOCK, NodeKind.ROOT_TURN]
+    assert chain == [
+        NodeKind.REPL_BLOCK,
+        NodeKind.ROOT_TURN,
+        NodeKind.RLM_CALL,
+        NodeKind.REPL_BLOCK,
+        NodeKind.ROOT_TURN,
+    ]
     assert parent_id(current) == span_id(run)
 
 

@@ -111,7 +111,9 @@ async def test_a_failed_call_is_an_error_span_and_the_others_are_not(memory: Mem
     assert all("error.type" not in (s.attributes or {}) for s in others)
 
 
-async def test_cancelled_nodes_say_so(memory: Memory, autojump_clock: trio.testing.MockClock) -> None:
+async def test_cancelled_nodes_say_so(
+    memory: Memory, autojump_clock: trio.testing.MockClock
+) -> None:
     engine = echo_engine(memory, backend_kwargs={"max_concurrent": 1}, max_timeout=1.5 * L)
     wf = Workflow()
     for i in range(3):
@@ -122,7 +124,9 @@ async def test_cancelled_nodes_say_so(memory: Memory, autojump_clock: trio.testi
     # One finished; one was cut off mid-call, one while waiting for the provider's slot.
     assert statuses == ["cancelled", "cancelled", "ok"]
     cancelled = next(
-        s for s in memory.by_node().values() if s.attributes["rlm.node.status"] == "cancelled"  # type: ignore[index]
+        s
+        for s in memory.by_node().values()
+        if s.attributes["rlm.node.status"] == "cancelled"  # type: ignore[index]
     )
     assert cancelled.attributes["error.type"] == "cancelled"  # type: ignore[index]
 
@@ -136,7 +140,8 @@ async def test_span_times_are_the_run_clock_queueing_included(
     await engine.arun(wf)
     spans = memory.by_node()
     durations = sorted(
-        round((spans[r.id].end_time - spans[r.id].start_time) / 1e9, 6) for r in refs  # type: ignore[operator]
+        round((spans[r.id].end_time - spans[r.id].start_time) / 1e9, 6)
+        for r in refs  # type: ignore[operator]
     )
     queued = sorted(spans[r.id].attributes.get("rlm.queue_seconds", 0.0) for r in refs)  # type: ignore[union-attr]
     # Two at a time: two calls ran at once for 1 L, two waited 1 L then ran for 1 L.
@@ -176,9 +181,13 @@ def test_content_is_captured_only_on_request_truncated_and_scrubbed(
     monkeypatch.setenv("RLMG_TEST_DB_PASSWORD", "correct-horse-battery")
     secret = "sk-live-0123456789abcdef"
     record = NodeRecord(
-        id="llm-1", kind=NodeKind.LLM_CALL, model="m", provider="keyed",
+        id="llm-1",
+        kind=NodeKind.LLM_CALL,
+        model="m",
+        provider="keyed",
         input_preview=f"use {secret} and correct-horse-battery and literal-key-42 " + "x" * 500,
-        output_preview="Authorization: Bearer abcdefghijklmnop", status=NodeStatus.OK,
+        output_preview="Authorization: Bearer abcdefghijklmnop",
+        status=NodeStatus.OK,
     )
     plain = NodeTracer(memory.provider)
     with plain.node_span(record, None):
@@ -201,7 +210,10 @@ def test_content_is_captured_only_on_request_truncated_and_scrubbed(
 
 def test_error_descriptions_are_scrubbed(memory: Memory) -> None:
     record = NodeRecord(
-        id="llm-1", kind=NodeKind.LLM_CALL, status=NodeStatus.ERROR, error_type="ProviderAuthError",
+        id="llm-1",
+        kind=NodeKind.LLM_CALL,
+        status=NodeStatus.ERROR,
+        error_type="ProviderAuthError",
         error="401 for key sk-proj-ABCDEFGHIJKLMNOP at https://x?api_key=hunter2hunter2",
     )
     with NodeTracer(memory.provider).node_span(record, None):
@@ -212,13 +224,19 @@ def test_error_descriptions_are_scrubbed(memory: Memory) -> None:
 
 def test_server_address_and_port_come_from_the_provider(memory: Memory) -> None:
     engine = Engine(
-        "keyed", {"api_key": "sk-test-000000000000", "respond": lambda r: "hi"},
-        plugins=[KeyedPlugin()], entry_points=False,
+        "keyed",
+        {"api_key": "sk-test-000000000000", "respond": lambda r: "hi"},
+        plugins=[KeyedPlugin()],
+        entry_points=False,
     )
     tracer = NodeTracer(memory.provider, providers=engine.providers)
     record = NodeRecord(
-        id="turn-1", kind=NodeKind.ROOT_TURN, model="scripted", provider="keyed",
-        status=NodeStatus.OK, iteration=1,
+        id="turn-1",
+        kind=NodeKind.ROOT_TURN,
+        model="scripted",
+        provider="keyed",
+        status=NodeStatus.OK,
+        iteration=1,
     )
     with tracer.node_span(record, None):
         pass
@@ -249,4 +267,3 @@ async def test_run_span_names_the_agent_and_records_a_failure(memory: Memory) ->
     assert span.attributes["gen_ai.agent.name"] == "rlm"  # type: ignore[index]
     assert span.attributes["error.type"] == "RuntimeError"  # type: ignore[index]
     assert span.status.description == "boom with [REDACTED]"
-
