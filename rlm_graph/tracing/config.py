@@ -15,12 +15,14 @@ Invariants:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal, get_args
 
+from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
@@ -77,7 +79,7 @@ def configure_tracing(
         mode: ``"otlp"`` (OTLP/HTTP protobuf; endpoint, headers and timeout from the
             standard ``OTEL_EXPORTER_OTLP_*`` variables, default ``http://localhost:4318``),
             ``"file"`` (trace files, see `TraceFileExporter`), ``"console"`` (JSON spans
-            on stdout) or ``"none"``.
+            on stderr) or ``"none"``.
         directory: for ``"file"``: where trace files go (default ``$RLM_GRAPH_TRACE_DIR``
             or ``traces/``).
         formats: for ``"file"``: ``"jaeger"`` and/or ``"otlp"``.
@@ -115,7 +117,8 @@ def _exporter(
     if mode == "file":
         folder = directory or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR
         return TraceFileExporter(Path(folder), formats=formats)
-    return ConsoleSpanExporter()
+    # stderr: on stdout the spans would mix with the answer `rlm-graph run` prints.
+    return ConsoleSpanExporter(out=sys.stderr)
 
 
 def _check_protocol(environ: Mapping[str, str]) -> None:
@@ -195,19 +198,36 @@ def tracer_provider_from_env(environ: Mapping[str, str] | None = None) -> Tracer
         return found
 
 
-def flush_tracing(provider: TracerProvider | None, timeout_millis: int = 10_000) -> bool:
-    """Export every span ended so far; blocks the calling thread until done.
+def flush_tracing(provider: TracerProvider | None, timeout_millis: int = 5_000) -> bool:
+    """Export every span ended so far, waiting at most ``timeout_millis``.
+
+    The wait is bounded even when the collector is down (the SDK's own flush is not):
+    the flush runs in a helper thread, and whatever it has not sent by the deadline
+    stays queued for the batch processor's next export or for shutdown.
 
     Call it where blocking is fine: after ``trio.run`` returns, or from trio through
     ``await trio.to_thread.run_sync(flush_tracing, provider)``.
 
+    Args:
+        provider: the provider spans went to; ``None`` means OpenTelemetry's global one.
+        timeout_millis: the longest wait.
+
     Returns:
-        ``True`` when everything was exported (or there was nothing to do).
+        ``True`` when everything was exported (or there was nothing to flush).
     """
-    force_flush = getattr(provider, "force_flush", None)
+    target = provider if provider is not None else trace.get_tracer_provider()
+    force_flush = getattr(target, "force_flush", None)
     if force_flush is None:
         return True
-    return bool(force_flush(timeout_millis))
+    outcome: list[bool] = []
+
+    def flush() -> None:
+        outcome.append(bool(force_flush(timeout_millis)))
+
+    worker = threading.Thread(target=flush, name="rlm-graph-trace-flush", daemon=True)
+    worker.start()
+    worker.join(timeout_millis / 1000)
+    return bool(outcome and outcome[0])
 
 
 def trace_files(provider: TracerProvider | None) -> list[Path]:

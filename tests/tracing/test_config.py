@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import NoOpTracerProvider
 
 from rlm_graph.errors import ConfigError
@@ -106,3 +110,21 @@ def test_credential_shapes_are_redacted(text: str) -> None:
 def test_ordinary_text_is_left_alone() -> None:
     text = "the skeleton key: 42 tokens, sk-8 was fine; max_tokens=2000, token: 1.5"
     assert Scrubber(environ={}).scrub(text) == text
+
+
+def test_flush_waits_no_longer_than_its_timeout_when_the_collector_hangs() -> None:
+    release = threading.Event()
+
+    class Hanging(SpanExporter):
+        def export(self, spans: object) -> SpanExportResult:
+            release.wait(10)
+            return SpanExportResult.SUCCESS
+
+    provider = configure_tracing("console", exporter=Hanging())
+    provider.get_tracer("t").start_span("s").end()
+    started = time.perf_counter()
+    assert flush_tracing(provider, timeout_millis=100) is False
+    assert time.perf_counter() - started < 1.0
+    release.set()
+    assert flush_tracing(provider)
+    provider.shutdown()  # type: ignore[attr-defined]
