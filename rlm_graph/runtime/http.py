@@ -39,7 +39,6 @@ import trio
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contracts import ChatRequest, ChatResponse
-from .transport import LeanTransport, proxy_configured
 from ..errors import (
     BadResponse,
     ConfigError,
@@ -49,6 +48,7 @@ from ..errors import (
     ProviderTimeout,
     RateLimited,
 )
+from .transport import LeanTransport, proxy_configured
 
 __all__ = [
     "JSONProvider",
@@ -102,7 +102,7 @@ class RetryPolicy(BaseModel):
 
     def backoff(self, attempt: int) -> float:
         """The computed wait before retry number ``attempt`` (1 for the first retry)."""
-        base = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+        base = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
         return base * (1 - self.jitter * random.random())
 
     def spread(self, wait: float) -> float:
@@ -284,6 +284,7 @@ class JSONProvider:
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             max_retry_after=max_retry_after,
+            jitter=0.25,
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
@@ -437,7 +438,7 @@ class JSONProvider:
             with trio.fail_after(self.timeout if self.timeout is not None else math.inf):
                 response = await client.post(self.url, content=content, headers=headers)
         except (trio.TooSlowError, httpx.TimeoutException):
-            error = ProviderTimeout(
+            error: ProviderError = ProviderTimeout(
                 f"{self.name}: no answer from {self.url} within {self.timeout} s; raise "
                 "backend_kwargs['timeout'] for slow models, or check the server",
                 provider=self.name,

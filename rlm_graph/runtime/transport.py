@@ -277,7 +277,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             if not data and first and not conn.answered:
                 raise _StaleConnection()
             conn.answered = conn.answered or bool(data)
-            conn.h11.receive_data(data)
+            conn.h11.receive_data(bytes(data))
 
     async def aclose(self) -> None:
         self._closed = True
@@ -294,7 +294,7 @@ class _StaleConnection(Exception):
 class _timeout:
     """``trio.fail_after`` raising an httpx timeout exception (``None``: no limit)."""
 
-    __slots__ = ("_error", "_scope", "_what", "_seconds")
+    __slots__ = ("_error", "_scope", "_seconds", "_what")
 
     def __init__(self, seconds: float | None, error: type[httpx.TimeoutException], what: str) -> None:
         self._seconds = seconds
@@ -307,7 +307,7 @@ class _timeout:
             self._scope.deadline = trio.current_time() + self._seconds
         self._scope.__enter__()
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: object) -> bool:
         suppressed = self._scope.__exit__(*exc)
         if self._scope.cancelled_caught:
             raise self._error(f"timed out {self._what} after {self._seconds} s")

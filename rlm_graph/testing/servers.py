@@ -108,10 +108,10 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def do_POST(self) -> None:  # noqa: N802 - the stdlib's naming
+    def do_POST(self) -> None:
         self.server.fake._handle(self)
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         self.server.fake._handle(self)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -176,7 +176,7 @@ class FakeServer:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
-        self._address = None
+        self._address: str | None = None
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -190,7 +190,7 @@ class FakeServer:
         server.fake = self
         self._server = server
         host, port = server.server_address[:2]
-        self._address: str | None = f"http://{host!s}:{port}"
+        self._address = f"http://{host!s}:{port}"
         self._thread = threading.Thread(
             target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True,
             name=f"{type(self).__name__}",

@@ -14,10 +14,10 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph.runtime.transport import LeanTransport, _Connection, proxy_configured
 from rlm_graph.testing import FakeOpenAIServer
-from rlm_graph_openai import OpenAIProvider
 
 Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]
 """``handler(stream, index) -> keep_open``: answer one request read from ``stream``."""
