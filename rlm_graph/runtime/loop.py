@@ -14,17 +14,25 @@ Invariants:
     - ``max_errors`` consecutive turns whose code failed stop the completion with its
       best partial answer. Tree-wide limits (tokens, budget, deadline) cancel the run's
       scope instead; `CompletionState` keeps what the root had, for the partial answer.
+    - With a compaction strategy, a ``compaction`` node may run before a root turn (an
+      ``after`` edge from the node before it; the turn follows it). It rewrites
+      ``state.messages`` only: ``state.trajectory`` keeps every message of the
+      completion, and is put in the REPL variable ``history`` at each compaction. The
+      history's size is the last turn's reported usage (input + output tokens) plus the
+      chars/4 estimate of what came after it, or the estimate alone where no usage is
+      known; a model absent from the model table has `DEFAULT_CONTEXT_WINDOW` tokens.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import trio
 
-from ..contracts import Environment, ExecResult, Message
+from ..contracts import ChatResponse, Environment, ExecResult, Message
+from ..errors import ProviderError
 from ..graph import NodeKind, NodeRecord, NodeStatus, preview
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
@@ -37,9 +45,18 @@ from ..protocol.prompts import (
 )
 from .bridge import BridgeProxy, CompletionBridge
 from .context import Run
-from .providers import call_model
+from .providers import call_model, estimate_tokens
 
-__all__ = ["CompletionOutcome", "CompletionState", "LoopSettings", "RLMRunner"]
+__all__ = [
+    "DEFAULT_CONTEXT_WINDOW",
+    "CompletionOutcome",
+    "CompletionState",
+    "LoopSettings",
+    "RLMRunner",
+]
+
+DEFAULT_CONTEXT_WINDOW = 128_000
+"""The window assumed for a model the model table does not know (see docs/compaction.md)."""
 
 ToolTable = Mapping[str, tuple[Any, "str | None"]]
 
@@ -68,10 +85,25 @@ class CompletionState:
     answer_content: str = ""
     iterations: int = 0
     consecutive_errors: int = 0
+    trajectory: list[Message] = field(default_factory=list)
+    counted_tokens: int | None = None  # reported by the last turn, for its messages
+    counted_messages: int = 0
 
     def partial(self) -> str:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
         return self.answer_content or self.last_reply
+
+    def add(self, message: Message) -> None:
+        """Append to the history the model sees, and to the full trajectory."""
+        self.messages.append(message)
+        self.trajectory.append(message)
+
+    def history_tokens(self) -> int:
+        """The size of ``messages``: reported usage where known, the estimate after it."""
+        if self.counted_tokens is None:
+            return sum(estimate_tokens(m.content) for m in self.messages)
+        later = self.messages[self.counted_messages :]
+        return self.counted_tokens + sum(estimate_tokens(m.content) for m in later)
 
 
 @dataclass(slots=True)
@@ -174,7 +206,8 @@ class RLMRunner:
     ) -> CompletionOutcome:
         limits = self.run.limits
         tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
-        state.messages = [
+        state.messages = []
+        for message in (
             Message(
                 role="system",
                 content=system_prompt(
@@ -191,17 +224,20 @@ class RLMRunner:
                     max_iterations=limits.max_iterations,
                 ),
             ),
-        ]
+        ):
+            state.add(message)
         previous: str | None = None
         for iteration in range(1, limits.max_iterations + 1):
             state.iterations = iteration
+            previous = await self._compact(c, state, iteration, previous)
             reply, previous = await self._turn(c, state, iteration, previous)
             final, previous = await self._run_blocks(c, state, iteration, reply, previous)
             if final is not None:
                 return CompletionOutcome(final, None, state)
             if limits.max_errors is not None and state.consecutive_errors >= limits.max_errors:
                 return CompletionOutcome(state.partial(), "max_errors", state)
-        state.messages.append(Message(role="user", content=final_answer_prompt(limits.max_iterations)))
+        previous = await self._compact(c, state, limits.max_iterations + 1, previous)
+        state.add(Message(role="user", content=final_answer_prompt(limits.max_iterations)))
         reply, _ = await self._turn(c, state, limits.max_iterations + 1, previous)
         return CompletionOutcome(reply, "max_iterations", state)
 
@@ -225,8 +261,56 @@ class RLMRunner:
             record, body, after=[previous] if previous else [], parent=c.parent
         )
         state.last_reply = reply
-        state.messages.append(Message(role="assistant", content=reply))
+        state.add(Message(role="assistant", content=reply))
+        if record.usage is not None and record.usage.total_tokens:
+            state.counted_tokens = record.usage.total_tokens
+            state.counted_messages = len(state.messages)
         return reply, record.id
+
+    async def _compact(
+        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
+    ) -> str | None:
+        """Run the compaction strategy as a ``compaction`` node if it asks to; returns the
+        node the next turn follows."""
+        strategy = self.settings.compaction
+        if strategy is None:
+            return previous
+        model = self.run.router.route(c.model, c.depth)[2]
+        info = self.run.router.info(model)
+        window = info.context_window if info and info.context_window else DEFAULT_CONTEXT_WINDOW
+        tokens = state.history_tokens()
+        messages = list(state.messages)
+        if not strategy.should_compact(
+            messages, tokens=tokens, context_window=window,
+            threshold_pct=self.settings.compaction_threshold_pct,
+        ):
+            return previous
+        record = NodeRecord(
+            id=self.run.new_id("compaction"),
+            kind=NodeKind.COMPACTION,
+            depth=c.depth,
+            completion=c.completion,
+            iteration=iteration,
+            input_preview=f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
+        )
+
+        async def body(rec: NodeRecord) -> list[Message]:
+            call = _CompactionCall(self.run, rec, c, model, window)
+            rewritten = list(await strategy.compact(messages, call))
+            rec.output_preview = f"{len(messages)} -> {len(rewritten)} messages"
+            tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
+            if "history" not in tools:  # a user's tool of that name wins
+                await c.env.set_variable("history", [m.model_dump() for m in state.trajectory])
+            return rewritten
+
+        try:
+            state.messages = await self.run.execute(
+                record, body, after=[previous] if previous else [], parent=c.parent
+            )
+        except ProviderError:  # recorded on the node; the turn goes on uncompacted
+            return record.id
+        state.counted_tokens = None
+        return record.id
 
     async def _run_blocks(
         self, c: _Completion, state: CompletionState, iteration: int, reply: str, previous: str
@@ -235,7 +319,7 @@ class RLMRunner:
         codes = find_code_blocks(reply)
         text_final = find_text_final(reply) if self.settings.accept_text_final else None
         if not codes and text_final is None:
-            state.messages.append(Message(role="user", content=no_code_message(iteration, limits.max_iterations)))
+            state.add(Message(role="user", content=no_code_message(iteration, limits.max_iterations)))
             return None, previous
         turn_id = previous
         results: list[ExecResult] = []
@@ -254,7 +338,7 @@ class RLMRunner:
         failed = any(not r.ok for r in results)
         state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
         if results:
-            state.messages.append(
+            state.add(
                 Message(
                     role="user",
                     content=format_repl_output(
@@ -315,6 +399,29 @@ class RLMRunner:
             c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id
         )
         return result.final_answer, previous
+
+
+class _CompactionCall:
+    """The `CompactionContext` a strategy gets: root-model calls on the compaction node."""
+
+    def __init__(self, run: Run, record: NodeRecord, c: _Completion, model: str, window: int) -> None:
+        self.run = run
+        self.record = record
+        self.completion = c
+        self.model = model
+        self.context_window = window
+
+    async def complete(self, messages: Sequence[Message]) -> ChatResponse:
+        before, cost = self.record.usage, self.record.cost
+        response = await call_model(
+            self.run, self.record, messages, model=self.completion.model,
+            tally=self.completion.tally,
+        )
+        if before is not None and self.record.usage is not None:  # a second call adds up
+            self.record.usage = before + self.record.usage
+            if cost is not None:
+                self.record.cost = cost + (self.record.cost or 0.0)
+        return response
 
 
 async def _salvage_answer(env: Environment, state: CompletionState) -> None:

@@ -1,0 +1,522 @@
+"""The guest program of the ``subprocess`` environment, and the wire it speaks.
+
+The engine starts this file as ``python -P guest.py '<limits as JSON>'`` in a child
+process (one per environment, reused across blocks) and talks to it in line-delimited
+JSON: one message per line, each a frozen pydantic model of this module.
+
+    engine -> guest (stdin):   init, execute, load_context, add_history, set_variable,
+                               reset_answer, answer_content, reply
+    guest -> engine (stdout):  ready, done, ok, failed, answer, subcall, tool_call
+
+Invariants:
+    - The guest's stdout carries the protocol and nothing else: file descriptor 1 is moved
+      aside at start and pointed at stderr, so a stray ``print`` from a model's thread, a
+      C library or a grandchild process can never corrupt a message. Model prints are
+      captured per block by `ReplSession`.
+    - Every request of the engine gets exactly one answer, in order, except ``reply``
+      (which answers the guest's own ``subcall``/``tool_call``) and ``execute``, whose
+      answer (``done``) may come after any number of ``subcall``/``tool_call`` messages.
+      Those carry ids, so several threads of one block may wait on the engine at once.
+    - Blocks run on the main thread (so a ``SIGXCPU`` handler can stop them); a reader
+      thread handles every other request, so the engine can ask for ``answer_content``
+      and deliver replies while a block runs.
+    - End of input means the engine is gone: the guest exits at once, whatever runs.
+    - Resource limits are applied before anything else is imported, and the hard limits
+      equal the soft ones (model code cannot raise them), except the CPU limit, which is
+      a per-block soft limit (the engine's wall-clock timeout is the hard stop).
+
+Only the pure layer of rlm-graph is imported here (`rlm_graph.repl`, `rlm_graph.contracts`):
+no trio, no httpx, no opentelemetry.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import queue
+import resource
+import signal
+import sys
+import threading
+from collections.abc import Mapping
+from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+if TYPE_CHECKING:
+    from rlm_graph.repl import ReplSession
+
+__all__ = [
+    "AddHistory",
+    "Answer",
+    "AnswerContent",
+    "Done",
+    "Execute",
+    "Failed",
+    "GuestMessage",
+    "HostMessage",
+    "Init",
+    "LoadContext",
+    "Ok",
+    "Ready",
+    "Reply",
+    "ResetAnswer",
+    "SetVariable",
+    "Subcall",
+    "ToolCall",
+    "apply_limits",
+    "main",
+]
+
+_WIRE = ConfigDict(frozen=True, extra="forbid")
+
+# -- engine -> guest ------------------------------------------------------------------
+
+
+class Init(BaseModel):
+    """The first message: build the REPL session.
+
+    ``data_tools`` are values (JSON), ``code_tools`` Python source exec'd in the guest
+    (each must define its own name), ``proxy_tools`` names of callables that stay in the
+    engine's process and are reached through ``tool_call``.
+    """
+
+    model_config = _WIRE
+    op: Literal["init"] = "init"
+    scratch_dir: str
+    output_cap: int = 1_000_000
+    cpu_seconds: float | None = None
+    data_tools: dict[str, Any] = Field(default_factory=dict)
+    code_tools: dict[str, str] = Field(default_factory=dict)
+    proxy_tools: dict[str, str | None] = Field(default_factory=dict)
+
+
+class Execute(BaseModel):
+    model_config = _WIRE
+    op: Literal["execute"] = "execute"
+    code: str
+
+
+class LoadContext(BaseModel):
+    """Load ``context_{index}`` from a file the engine wrote: raw text, or JSON."""
+
+    model_config = _WIRE
+    op: Literal["load_context"] = "load_context"
+    index: int
+    path: str
+    format: Literal["text", "json"]
+
+
+class AddHistory(BaseModel):
+    model_config = _WIRE
+    op: Literal["add_history"] = "add_history"
+    index: int
+    messages: list[dict[str, str]]
+
+
+class SetVariable(BaseModel):
+    model_config = _WIRE
+    op: Literal["set_variable"] = "set_variable"
+    name: str
+    value: Any
+
+
+class ResetAnswer(BaseModel):
+    model_config = _WIRE
+    op: Literal["reset_answer"] = "reset_answer"
+
+
+class AnswerContent(BaseModel):
+    model_config = _WIRE
+    op: Literal["answer_content"] = "answer_content"
+
+
+class Reply(BaseModel):
+    """The engine's answer to a ``subcall`` or ``tool_call``: a value, or an error text."""
+
+    model_config = _WIRE
+    op: Literal["reply"] = "reply"
+    id: int
+    value: Any = None
+    error: str | None = None
+
+
+HostMessage = Annotated[
+    Init | Execute | LoadContext | AddHistory | SetVariable | ResetAnswer | AnswerContent | Reply,
+    Field(discriminator="op"),
+]
+
+# -- guest -> engine ------------------------------------------------------------------
+
+
+class Ready(BaseModel):
+    model_config = _WIRE
+    type: Literal["ready"] = "ready"
+    pid: int
+    cwd: str
+
+
+class Done(BaseModel):
+    """A block finished; ``result`` holds the fields of an `ExecResult`."""
+
+    model_config = _WIRE
+    type: Literal["done"] = "done"
+    result: dict[str, Any]
+
+
+class Ok(BaseModel):
+    model_config = _WIRE
+    type: Literal["ok"] = "ok"
+
+
+class Failed(BaseModel):
+    model_config = _WIRE
+    type: Literal["failed"] = "failed"
+    error: str
+
+
+class Answer(BaseModel):
+    model_config = _WIRE
+    type: Literal["answer"] = "answer"
+    content: str
+
+
+class Subcall(BaseModel):
+    """``llm_query`` and friends, to be served by the engine's scheduler."""
+
+    model_config = _WIRE
+    type: Literal["subcall"] = "subcall"
+    id: int
+    fn: Literal["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
+    prompt: str | None = None
+    prompts: list[str] | None = None
+    model: str | None = None
+
+
+class ToolCall(BaseModel):
+    """A call of a custom tool that lives in the engine's process."""
+
+    model_config = _WIRE
+    type: Literal["tool_call"] = "tool_call"
+    id: int
+    name: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+GuestMessage = Annotated[
+    Ready | Done | Ok | Failed | Answer | Subcall | ToolCall, Field(discriminator="type")
+]
+
+_HOST = TypeAdapter(HostMessage)
+
+# -- limits ---------------------------------------------------------------------------
+
+_MB = 1024 * 1024
+
+
+def apply_limits(limits: Mapping[str, Any]) -> None:
+    """Set this process's resource limits (soft = hard, so code cannot raise them).
+
+    Args:
+        limits: ``memory_limit_mb`` (address space), ``max_open_files``,
+            ``max_file_size_mb``; a missing or ``None`` entry leaves that limit alone.
+            Core dumps are always off.
+    """
+    table = (
+        ("memory_limit_mb", resource.RLIMIT_AS, _MB),
+        ("max_open_files", resource.RLIMIT_NOFILE, 1),
+        ("max_file_size_mb", resource.RLIMIT_FSIZE, _MB),
+    )
+    for key, which, unit in table:
+        value = limits.get(key)
+        if value is not None:
+            amount = int(value * unit)
+            resource.setrlimit(which, (amount, amount))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    # A write past the file-size limit should fail with an OSError the model can read,
+    # not kill the REPL.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+class CPULimitExceeded(Exception):
+    """Raised in a block that used more CPU seconds than ``cpu_seconds``."""
+
+
+_in_block = threading.Event()
+
+
+def _on_sigxcpu(signum: int, frame: object) -> None:
+    if _in_block.is_set():
+        raise CPULimitExceeded("the block used more CPU time than its limit (cpu_seconds)")
+
+
+def _arm_cpu_limit(seconds: float | None) -> None:
+    """Allow the coming block ``seconds`` of CPU time from now (a soft limit)."""
+    if seconds is None:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+    _in_block.set()
+
+
+def _disarm_cpu_limit() -> None:
+    """Between blocks the process may use CPU (loading a context) without limit."""
+    _in_block.clear()
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+
+
+# -- the guest ------------------------------------------------------------------------
+
+
+class _Waiter:
+    """One sub-call in flight: the block's thread waits on ``event``."""
+
+    __slots__ = ("error", "event", "value")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.value: Any = None
+        self.error: str | None = None
+
+
+class _Protocol:
+    """The guest's end of the pipe: writes messages, matches replies to waiters."""
+
+    def __init__(self, out: IO[bytes]) -> None:
+        self._out = out
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, _Waiter] = {}
+        self.block_running = False
+
+    def send(self, message: BaseModel) -> None:
+        line = message.model_dump_json().encode() + b"\n"
+        with self._lock:
+            self._out.write(line)
+            self._out.flush()
+
+    def call(self, make: Any) -> Any:
+        """Send ``make(id)`` (a ``subcall``/``tool_call``) and wait for its reply."""
+        if not self.block_running:
+            raise RuntimeError("llm_query and custom tools can only be called while a block runs")
+        waiter = _Waiter()
+        with self._lock:
+            call_id = next(self._ids)
+            self._waiters[call_id] = waiter
+        self.send(make(call_id))
+        waiter.event.wait()
+        if waiter.error is not None:
+            raise RuntimeError(waiter.error)
+        return waiter.value
+
+    def deliver(self, reply: Reply) -> None:
+        with self._lock:
+            waiter = self._waiters.pop(reply.id, None)
+        if waiter is not None:  # a reply for a call whose block already ended
+            waiter.value, waiter.error = reply.value, reply.error
+            waiter.event.set()
+
+    def fail_waiting(self, reason: str) -> None:
+        """Release threads a finished block left waiting on the engine."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, {}
+        for waiter in waiters.values():
+            waiter.error = reason
+            waiter.event.set()
+
+
+_SingleFn = Literal["llm_query", "rlm_query"]
+_BatchFn = Literal["llm_query_batched", "rlm_query_batched"]
+
+
+class _PipeCaller:
+    """`SubcallCaller` that sends each call up the pipe and blocks for the reply."""
+
+    def __init__(self, protocol: _Protocol) -> None:
+        self.protocol = protocol
+
+    def llm_query(self, prompt: str, model: str | None) -> str:
+        return str(self._one("llm_query", prompt, model))
+
+    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
+        return list(self._many("llm_query_batched", prompts, model))
+
+    def rlm_query(self, prompt: str, model: str | None) -> str:
+        return str(self._one("rlm_query", prompt, model))
+
+    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
+        return list(self._many("rlm_query_batched", prompts, model))
+
+    def call_tool(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+        return self.protocol.call(
+            lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs)
+        )
+
+    def _one(self, fn: _SingleFn, prompt: str, model: str | None) -> Any:
+        return self.protocol.call(lambda i: Subcall(id=i, fn=fn, prompt=prompt, model=model))
+
+    def _many(self, fn: _BatchFn, prompts: list[str], model: str | None) -> Any:
+        return self.protocol.call(lambda i: Subcall(id=i, fn=fn, prompts=prompts, model=model))
+
+
+def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:
+    def tool(*args: Any, **kwargs: Any) -> Any:
+        return caller.call_tool(name, list(args), kwargs)
+
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = description or f"The custom tool {name!r} (runs in the engine's process)."
+    return tool
+
+
+def _import_repl_alone() -> None:
+    """Make ``import rlm_graph.repl`` load the pure layer only.
+
+    ``rlm_graph/__init__.py`` re-exports the whole engine (trio, httpx, opentelemetry):
+    half a second and 40 MB per guest for nothing the guest uses. An unexecuted package
+    module with the right ``__path__`` lets the submodules import on their own.
+    """
+    if "rlm_graph" in sys.modules:
+        return
+    spec = importlib.util.find_spec("rlm_graph")
+    if spec is None or spec.submodule_search_locations is None:
+        raise ImportError("rlm_graph is not importable in the guest; check PYTHONPATH")
+    sys.modules["rlm_graph"] = importlib.util.module_from_spec(spec)
+
+
+class Guest:
+    """The REPL session and the loop that serves the engine's requests."""
+
+    def __init__(self, protocol: _Protocol) -> None:
+        self.protocol = protocol
+        self.session: ReplSession | None = None
+        self.cpu_seconds: float | None = None
+        self.blocks: queue.Queue[Execute] = queue.Queue()
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def read(self, stdin: IO[bytes]) -> None:
+        """Serve requests until the engine closes the pipe, then exit the process."""
+        try:
+            for line in stdin:
+                self.handle(_HOST.validate_json(line))
+        finally:
+            os._exit(0)
+
+    def handle(self, message: Any) -> None:
+        if isinstance(message, Execute):
+            self.blocks.put(message)
+        elif isinstance(message, Reply):
+            self.protocol.deliver(message)
+        elif isinstance(message, AnswerContent):
+            content = self.session.answer_content() if self.session is not None else ""
+            self.protocol.send(Answer(content=content))
+        else:
+            self.protocol.send(self._apply(message))
+
+    def _apply(self, message: Any) -> BaseModel:
+        try:
+            if isinstance(message, Init):
+                self._init(message)
+                return Ready(pid=os.getpid(), cwd=os.getcwd())
+            session = self._session()
+            if isinstance(message, LoadContext):
+                session.add_context(_load(message), message.index)
+            elif isinstance(message, AddHistory):
+                session.add_history(message.messages, message.index)
+            elif isinstance(message, SetVariable):
+                session.set_variable(message.name, message.value)
+            elif isinstance(message, ResetAnswer):
+                session.reset_answer()
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported to the engine
+            return Failed(error=f"{type(exc).__name__}: {exc}")
+        return Ok()
+
+    def _session(self) -> ReplSession:
+        if self.session is None:
+            raise RuntimeError("the guest got a request before init")
+        return self.session
+
+    def _init(self, init: Init) -> None:
+        from rlm_graph.repl import ReplSession
+
+        caller = _PipeCaller(self.protocol)
+        tools: dict[str, tuple[Any, str | None]] = {
+            name: (value, None) for name, value in init.data_tools.items()
+        }
+        for name, description in init.proxy_tools.items():
+            tools[name] = (_proxy(caller, name, description), description)
+        session = ReplSession(
+            caller, scratch_dir=init.scratch_dir, tools=tools, output_cap=init.output_cap
+        )
+        for name, code in init.code_tools.items():
+            # Each tool's code runs in its own copy of the namespace, so its helpers and
+            # imports do not show up among the model's variables.
+            scope = dict(session.ns)
+            exec(compile(code, f"<tool {name}>", "exec"), scope)  # noqa: S102 - the user's tool
+            session.tools[name] = (scope[name], None)
+            session.ns[name] = scope[name]
+        self.cpu_seconds = init.cpu_seconds
+        self.session = session
+
+    # -- the main thread -----------------------------------------------------------------
+
+    def run_blocks(self) -> None:
+        """Run blocks on the main thread, one at a time, as the reader queues them."""
+        while True:
+            block = self.blocks.get()
+            session = self._session()
+            self.protocol.block_running = True
+            try:
+                _arm_cpu_limit(self.cpu_seconds)
+                result = session.execute(block.code)
+            finally:
+                _disarm_cpu_limit()
+                self.protocol.block_running = False
+                self.protocol.fail_waiting("the block ended before this call returned")
+            try:
+                self.protocol.send(Done(result=result.model_dump()))
+            except MemoryError:
+                sys.stderr.write("guest: out of memory while reporting a block; exiting\n")
+                os._exit(3)
+
+
+def _load(message: LoadContext) -> Any:
+    with open(message.path, encoding="utf-8") as handle:
+        if message.format == "json":
+            return json.load(handle)
+        return handle.read()
+
+
+def _take_stdout() -> IO[bytes]:
+    """The protocol's own copy of stdout; fd 1 then points at stderr for everyone else."""
+    sys.stdout.flush()
+    protocol_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(protocol_fd, "wb", buffering=1024 * 1024)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the guest: limits first, then serve the engine on stdin/stdout."""
+    args = sys.argv[1:] if argv is None else argv
+    apply_limits(json.loads(args[0]) if args else {})
+    signal.signal(signal.SIGXCPU, _on_sigxcpu)
+    out = _take_stdout()
+    _import_repl_alone()
+    guest = Guest(_Protocol(out))
+    reader = threading.Thread(target=guest.read, args=(sys.stdin.buffer,), daemon=True)
+    reader.start()
+    guest.run_blocks()
+    return 0  # pragma: no cover - run_blocks only ends with the process
+
+
+if __name__ == "__main__":
+    sys.exit(main())

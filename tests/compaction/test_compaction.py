@@ -1,0 +1,176 @@
+"""Compaction: long scripted runs that cross the window's threshold several times."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from rlm_graph_compaction import SUMMARY_PROMPT
+
+from rlm_graph import RLM, NodeKind, NodeStatus
+from rlm_graph.contracts import ChatRequest, CompactionContext, Message
+from rlm_graph.errors import PluginError, ProviderError
+from rlm_graph.hooks import hookimpl
+from rlm_graph.runtime.providers import estimate_tokens
+
+from ..rlm.scripts import is_root_turn, repl
+
+WINDOW = 2_000
+THRESHOLD = 0.85
+STEPS = 10
+
+# Each turn adds a step to `parts` and prints ~400 tokens: the history crosses 85% of a
+# 2,000-token window every two or three turns. The last step answers from the REPL's
+# state (which compaction must not touch) and from `history`.
+STEP = f"""\
+try:
+    parts
+except NameError:
+    parts = []
+parts.append(len(parts))
+print(f"step-{{len(parts)}} " + "x" * 1600)
+if len(parts) == {STEPS}:
+    full = globals().get("history", [])
+    early = any(m["content"].startswith("REPL output:\\nstep-1 ") for m in full)
+    FINAL(f"{{sum(parts)}}|{{early}}|{{full[0]['role'] if full else 'none'}}")"""
+
+
+def respond(request: ChatRequest) -> str:
+    if request.messages[-1].content == SUMMARY_PROMPT:
+        return "Summary: `parts` holds one entry per step so far. Next: the next step."
+    assert is_root_turn(request)
+    return repl(STEP)
+
+
+def tokens_of(request: ChatRequest) -> int:
+    return sum(estimate_tokens(m.content) for m in request.messages)
+
+
+def long_run(compaction: Any, **kwargs: Any) -> RLM:
+    return RLM(
+        "scripted",
+        {"respond": kwargs.pop("respond", respond)},
+        models={"scripted": {"context_window": WINDOW}},
+        compaction=compaction,
+        compaction_threshold_pct=THRESHOLD,
+        **kwargs,
+    )
+
+
+def root_turns(rlm: RLM) -> list[ChatRequest]:
+    requests = rlm.engine.provider.requests  # type: ignore[attr-defined]
+    return [r for r in requests if r.messages[-1].content != SUMMARY_PROMPT]
+
+
+def check_compactions(rlm: RLM, result: Any) -> list[Any]:
+    """Every root turn fits under the threshold; each compaction is one node between
+    the turn before it and the turn after it."""
+    compactions = list(result.graph.records(NodeKind.COMPACTION))
+    turns = root_turns(rlm)
+    assert len(turns) == STEPS
+    # Without compaction the history would pass the threshold at once, and grow by a
+    # full step per turn; with it, no root turn is sent above the threshold.
+    assert tokens_of(turns[-1]) < THRESHOLD * WINDOW
+    assert all(tokens_of(t) < THRESHOLD * WINDOW for t in turns)
+    assert len(compactions) >= 3
+    for node in compactions:
+        assert node.status == NodeStatus.OK
+        (before,) = result.graph.predecessors(node.id, kind="after")
+        (after,) = result.graph.successors(node.id, kind="after")
+        assert result.graph[after].kind == NodeKind.ROOT_TURN
+        assert result.graph[before].kind == NodeKind.REPL_BLOCK
+    return compactions
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+async def test_summarize_compacts_each_time_the_threshold_is_crossed(environment: str) -> None:
+    rlm = long_run(True, environment=environment, max_iterations=20)
+    result = await rlm.acompletion("ctx", root_prompt="count the steps")
+    assert result.response == f"{sum(range(STEPS))}|True|system"
+    compactions = check_compactions(rlm, result)
+    summaries = [
+        r for r in rlm.engine.provider.requests  # type: ignore[attr-defined]
+        if r.messages[-1].content == SUMMARY_PROMPT
+    ]
+    assert len(summaries) == len(compactions)  # one model call per compaction node
+    assert all(node.usage is not None and node.usage.input_tokens > 0 for node in compactions)
+    assert all(node.model == "scripted" for node in compactions)
+    # The turn after a compaction starts from system, task, summary and a note.
+    after_first = next(
+        t for t in root_turns(rlm) if t.messages[-1].content.startswith("[Your conversation was compacted")
+    )
+    roles = [m.role for m in after_first.messages]
+    assert roles == ["system", "user", "assistant", "user"]
+    assert "Question: count the steps" in after_first.messages[1].content
+    assert after_first.messages[2].content.startswith("Summary:")
+    assert "`history`" in after_first.messages[3].content
+
+
+async def test_truncate_drops_the_oldest_turns_and_keeps_system_and_task() -> None:
+    rlm = long_run("truncate", max_iterations=20)
+    result = await rlm.acompletion("ctx", root_prompt="count the steps")
+    assert result.response == f"{sum(range(STEPS))}|True|system"
+    compactions = check_compactions(rlm, result)
+    assert all(node.usage is None for node in compactions)  # no model call
+    last = root_turns(rlm)[-1]
+    assert last.messages[0].role == "system"
+    assert "Question: count the steps" in last.messages[1].content
+    assert "Earlier turns were dropped" in last.messages[1].content
+    assert not any(m.content.startswith("REPL output:\nstep-1 ") for m in last.messages)
+    assert [m.role for m in last.messages[2:]] == ["assistant", "user"] * ((len(last.messages) - 2) // 2)
+
+
+async def test_an_unknown_model_gets_the_default_window_and_is_not_compacted() -> None:
+    rlm = RLM("scripted", {"respond": respond}, compaction=True, max_iterations=20)
+    result = await rlm.acompletion("ctx")
+    assert result.response == f"{sum(range(STEPS))}|False|none"
+    assert not list(result.graph.records(NodeKind.COMPACTION))
+
+
+async def test_a_failed_summary_is_recorded_and_the_run_goes_on() -> None:
+    def flaky(request: ChatRequest) -> Any:
+        if request.messages[-1].content == SUMMARY_PROMPT:
+            return ProviderError("the summary call failed", provider="scripted")
+        return repl(STEP)
+
+    rlm = long_run(True, respond=flaky, max_iterations=20)
+    result = await rlm.acompletion("ctx")
+    assert result.response == f"{sum(range(STEPS))}|False|none"
+    failed = list(result.graph.records(NodeKind.COMPACTION))
+    assert failed and all(node.status == NodeStatus.ERROR for node in failed)
+
+
+class KeepLastTurn:
+    """A test strategy: keep system, task and the last turn pair, past 1,000 tokens."""
+
+    name = "keep_last_turn"
+
+    def should_compact(
+        self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
+    ) -> bool:
+        return tokens > 1_000 and len(messages) > 4
+
+    async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
+        assert ctx.context_window == WINDOW and ctx.model == "scripted"
+        return [*messages[:2], *messages[-2:]]
+
+
+class StrategyPlugin:
+    @hookimpl
+    def rlm_register_compaction_strategies(self) -> dict[str, Any]:
+        return {"keep_last_turn": KeepLastTurn}
+
+
+async def test_a_strategy_registered_by_a_plugin_is_used_by_name() -> None:
+    rlm = long_run("keep_last_turn", plugins=[StrategyPlugin()], max_iterations=20)
+    result = await rlm.acompletion("ctx")
+    assert result.response == f"{sum(range(STEPS))}|True|system"
+    compactions = list(result.graph.records(NodeKind.COMPACTION))
+    assert len(compactions) >= 3
+    assert all(len(t.messages) <= 6 for t in root_turns(rlm))
+
+
+def test_an_unknown_strategy_fails_at_configuration() -> None:
+    with pytest.raises(PluginError, match="unknown compaction strategy 'zip'; registered: .*summarize"):
+        RLM("scripted", {"responses": []}, compaction="zip")
