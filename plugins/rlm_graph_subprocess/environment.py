@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import trio
+from pydantic import ValidationError
 
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
@@ -314,8 +315,8 @@ class SubprocessEnvironment:
                     return ExecResult(**message.result)
                 else:
                     return None  # a guest out of step with the protocol is as good as dead
-        except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
-            return None
+        except (GuestDied, ValidationError, trio.BrokenResourceError, trio.ClosedResourceError):
+            return None  # a garbled message is as bad as a dead guest
 
     async def _serve(self, guest: GuestProcess, call: Subcall | ToolCall) -> None:
         try:
