@@ -96,6 +96,10 @@ class _ThreadCaller:
         return self._call(self.env.bridge.rlm_query_batched, prompts, model)
 
 
+def _deliver_pending() -> None:
+    """A Python-level call: the interpreter checks for pending async exceptions here."""
+
+
 async def _in_block_nursery(
     control: _BlockControl, fn: Callable[..., Awaitable[T]], *args: Any
 ) -> outcome.Outcome[T]:
@@ -215,11 +219,13 @@ class LocalEnvironment:
             finally:
                 with control.lock:
                     control.running = False
-                    # Clear an interrupt that arrived too late to matter, so it cannot
-                    # fire in whatever this pooled thread runs next.
-                    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                        ctypes.c_ulong(threading.get_ident()), None
-                    )
+                # An interrupt sent just before `running` went false is still pending:
+                # a Python call makes the interpreter deliver it here, inside this try,
+                # and not later in whatever this pooled thread runs next. (Clearing it
+                # with PyThreadState_SetAsyncExc(id, NULL) instead hangs the process
+                # when a tracer or profiler is active.)
+                _deliver_pending()
+                _deliver_pending()
         except BlockInterrupted:
             return None
 

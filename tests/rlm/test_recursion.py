@@ -191,3 +191,29 @@ def test_children_get_custom_sub_tools_not_the_roots(depth: int) -> None:
         custom_sub_tools={"child_tool": lambda: "C"},
     )
     assert engine.completion("ctx").response == "False C R"
+
+
+def test_a_run_under_a_tracer_or_profiler_finishes() -> None:
+    # Coverage tools, debuggers and profilers install a trace function; the local
+    # environment's thread interrupts must not hang the process under one.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        from rlm_graph import RLM
+        def respond(request):
+            if any(m.role == "system" for m in request.messages):
+                return "```repl\\nr = llm_query_batched(['a', 'b'])\\nFINAL(','.join(r))\\n```"
+            return request.prompt.upper()
+        sys.settrace(lambda *args: None)
+        print(RLM("scripted", {"respond": respond}, environment_kwargs={"timeout": 5}).completion("x").response)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "A,B"
