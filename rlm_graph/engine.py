@@ -27,7 +27,8 @@ from .runtime.context import Run
 from .runtime.limiters import LoopLimiters
 from .runtime.providers import ProviderRouter
 from .runtime.workflow import WorkflowResult, run_workflow
-from .tracing import NodeTracer
+from .graph import Graph
+from .tracing import NodeTracer, flush_tracing, secret_values, tracer_provider_from_env
 
 __all__ = ["Engine"]
 
@@ -62,7 +63,8 @@ class Engine:
         plugins: plugin objects or modules to register besides installed entry points.
         observers: objects implementing ``rlm_node_*``/``rlm_run_*`` hooks.
         models: context windows and prices by model name, over the plugins' table.
-        tracer_provider: the OpenTelemetry tracer provider for spans (default: global).
+        tracer_provider: the OpenTelemetry tracer provider for spans (default: the one
+            the standard ``OTEL_*`` variables configure, else OpenTelemetry's global one).
         trace_content: put prompt, code and output text (truncated) on spans.
         entry_points: load installed plugins of entry-point group ``rlm_graph``.
         **limits: any field of `Limits` (``max_timeout``, ``max_tokens``...).
@@ -89,8 +91,16 @@ class Engine:
     ) -> None:
         self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
         self.limits = self._limits(limits)
-        self.tracer_provider = tracer_provider
+        # Default: what the standard OTEL_* variables say (None when they say nothing).
+        self.tracer_provider = (
+            tracer_provider if tracer_provider is not None else tracer_provider_from_env()
+        )
         self.trace_content = trace_content
+        self._secrets = [
+            value
+            for kwargs in [backend_kwargs, *(other_backend_kwargs or [])]
+            for value in secret_values(kwargs, environ={})
+        ]
         providers = [(f"{backend}/0", _make_provider(self.host, backend, backend_kwargs))]
         others = list(other_backends or [])
         other_kwargs = list(other_backend_kwargs or [{} for _ in others])
@@ -138,13 +148,27 @@ class Engine:
 
     def new_run(self, limits: Limits | None = None) -> Run:
         """A fresh run sharing this engine's providers and limiters (call inside trio)."""
+        graph = Graph()
+        tracer = NodeTracer(
+            self.tracer_provider,
+            capture_content=self.trace_content,
+            providers=self.providers,
+            secrets=self._secrets,
+            graph=graph,
+        )
         return Run(
             limits=limits or self.limits,
             host=self.host,
             router=self.router,
             limiters=self.limiters(),
-            tracer=NodeTracer(self.tracer_provider, capture_content=self.trace_content),
+            tracer=tracer,
+            graph=graph,
         )
+
+    async def flush_spans(self) -> None:
+        """Export the spans of finished runs (bounded wait, off the trio thread)."""
+        if self.tracer_provider is not None:
+            await trio.to_thread.run_sync(flush_tracing, self.tracer_provider)
 
     def limits_with(self, overrides: Mapping[str, Any]) -> Limits:
         if not overrides:
@@ -180,6 +204,7 @@ class Engine:
             run.stop_reason = "max_timeout"
             result.stop_reason = "max_timeout"
         run.run_finished(result)
+        await self.flush_spans()
         if result.stop_reason is not None and run.limits.on_limit == "raise":
             error = LIMIT_ERRORS.get(result.stop_reason, LIMIT_ERRORS["max_timeout"])
             raise error(f"workflow stopped by {result.stop_reason}", result=result)

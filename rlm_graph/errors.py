@@ -20,7 +20,8 @@ names what happened and what to do about it::
     │   ├── IterationLimitExceeded max_iterations
     │   └── ErrorLimitExceeded    max_errors
     ├── EnvironmentCrashed       a REPL environment died under a block
-    └── NodeFailed               a node of a user's graph failed and the run was asked to raise
+    ├── NodeFailed               a node of a user's graph failed and the run was asked to raise
+    └── TraceFileError           a trace file that cannot be read (rlm_graph.tracing.reader)
 
 What the model should see is data, not an exception: a failed sub-call becomes an
 ``"[ERROR] <type>: <message>"`` string in its slot, and these classes are only raised to

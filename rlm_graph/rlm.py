@@ -218,8 +218,9 @@ class RLM:
         other_backends, other_backend_kwargs: more providers; the first serves sub-calls.
         max_concurrent_subcalls: child completions in flight per depth (default 4).
         batch_max_concurrent: slots of one batch in flight (default 16).
-        compaction, compaction_threshold_pct: history compaction (a strategy name, or
-            True for ``"summarize"``).
+        compaction, compaction_threshold_pct, compaction_kwargs: history compaction: True
+            for ``"summarize"``, a registered strategy name (built with
+            ``compaction_kwargs``), or a `CompactionStrategy` object.
         custom_system_prompt: replaces the built-in system prompt.
         accept_text_final: also accept ``FINAL(...)`` written as text outside code.
         output_chars: REPL output kept per turn (default 20,000 characters).
@@ -254,8 +255,9 @@ class RLM:
         other_backend_kwargs: Sequence[Mapping[str, Any]] | None = None,
         max_concurrent_subcalls: int = 4,
         batch_max_concurrent: int = 16,
-        compaction: bool | str = False,
+        compaction: bool | str | Any = False,
         compaction_threshold_pct: float = 0.85,
+        compaction_kwargs: Mapping[str, Any] | None = None,
         custom_system_prompt: str | None = None,
         accept_text_final: bool = False,
         output_chars: int = DEFAULT_OUTPUT_CHARS,
@@ -286,14 +288,16 @@ class RLM:
             raise ConfigError("output_chars must be at least 100 characters")
         from .engine import Engine
 
-        callbacks = _Callbacks(on_subcall_start, on_subcall_complete, verbose)
+        callbacks = []
+        if on_subcall_start or on_subcall_complete or verbose:
+            callbacks.append(_Callbacks(on_subcall_start, on_subcall_complete, verbose))
         self.engine = Engine(
             backend,
             backend_kwargs,
             other_backends=other_backends,
             other_backend_kwargs=other_backend_kwargs,
             plugins=plugins,
-            observers=[*observers, callbacks],
+            observers=[*observers, *callbacks],
             models=models,
             tracer_provider=tracer_provider,
             trace_content=trace_content,
@@ -313,9 +317,22 @@ class RLM:
         tools = _normalise_tools(custom_tools, "custom_tools")
         sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
         strategy = None
-        if compaction:
-            name = "summarize" if compaction is True else str(compaction)
-            strategy = self.engine.host.lookup("compaction_strategies", name)()
+        if isinstance(compaction, bool | str):
+            if compaction:
+                name = "summarize" if compaction is True else compaction
+                factory = self.engine.host.lookup("compaction_strategies", name)
+                try:
+                    strategy = factory(**dict(compaction_kwargs or {}))
+                except TypeError as exc:
+                    raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
+        elif compaction is not None:
+            for method in ("should_compact", "compact"):
+                if not callable(getattr(compaction, method, None)):
+                    raise ConfigError(
+                        f"compaction must be True, a strategy name or a CompactionStrategy; "
+                        f"{type(compaction).__name__} has no {method}()"
+                    )
+            strategy = compaction
         self.settings = LoopSettings(
             environment=environment,
             environment_kwargs=dict(environment_kwargs or {}),
@@ -374,17 +391,21 @@ class RLM:
             run.scope.deadline = trio.current_time() + run.limits.max_timeout
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0}
         try:
-            with run.tracer.run_span("invoke_agent rlm", attributes):
+            with run.tracer.run_span("invoke_agent rlm", attributes) as span:
                 with run.scope:
                     outcome = await self._root(runner, prompt, root_prompt, state, tally)
+                stop_reason = outcome.stop_reason if outcome is not None else None
+                if run.scope.cancelled_caught:
+                    stop_reason = run.stop_reason or "max_timeout"
+                if stop_reason is not None:
+                    span.set_attribute("rlm.stop_reason", stop_reason)
         finally:
             run.finalize()
-        stop_reason = outcome.stop_reason if outcome is not None else None
-        if run.scope.cancelled_caught:
-            stop_reason = run.stop_reason or "max_timeout"
-        response = outcome.answer if outcome is not None and not run.scope.cancelled_caught else state.partial()
+        cut = outcome is None or run.scope.cancelled_caught
+        response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
         result = self._result(run.graph, prompt, response, stop_reason, state, started)
         run.run_finished(result)
+        await self.engine.flush_spans()
         if stop_reason is not None and run.limits.on_limit == "raise":
             raise LIMIT_ERRORS[stop_reason](
                 f"the run was stopped by {stop_reason}; the partial answer is on .partial",
@@ -413,7 +434,7 @@ class RLM:
             prompt, root_prompt, state, tally, env=self._env, proxy=self._proxy,
             index=index, histories=index,
         )
-        await self._env.add_history(state.messages, index)
+        await self._env.add_history(state.trajectory, index)
         self._completions += 1
         return outcome
 

@@ -15,6 +15,7 @@ The provider records every request, the number in flight, and the peak.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,11 @@ Rule = tuple[Union[str, "re.Pattern[str]"], Reply]
 
 class ScriptExhausted(ProviderError):
     """Every scripted response has been used and nothing else matches."""
+
+
+@functools.lru_cache(maxsize=256)
+def _arity(fn: Callable[..., Any]) -> int:
+    return len(inspect.signature(fn).parameters)
 
 
 def _tokens(text: str) -> int:
@@ -130,8 +136,7 @@ class ScriptedProvider:
 
     async def _resolve(self, reply: Any, request: ChatRequest, found: re.Match[str] | None) -> Any:
         if callable(reply) and not isinstance(reply, BaseException):
-            params = len(inspect.signature(reply).parameters)
-            reply = reply(request, found) if params >= 2 else reply(request)
+            reply = reply(request, found) if _arity(reply) >= 2 else reply(request)
             if isinstance(reply, Awaitable):
                 reply = await reply
         if isinstance(reply, BaseException):

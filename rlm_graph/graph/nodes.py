@@ -78,6 +78,7 @@ class NodeRecord(BaseModel):
     depth: int = 0
     completion: str = "root"
     model: str | None = None
+    response_model: str | None = None
     provider: str | None = None
     iteration: int | None = None
     batch_index: int | None = None

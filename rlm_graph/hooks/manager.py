@@ -127,8 +127,15 @@ class PluginHost:
         models: dict[str, ModelInfo] = {}
         for impl in self.pm.hook.rlm_register_models.get_hookimpls():
             result = impl.function()
-            if isinstance(result, Mapping):
-                models.update(result)
+            if not isinstance(result, Mapping):
+                continue
+            for name, info in result.items():
+                # Merge field by field: one plugin may know a model's window and another
+                # its price; neither should wipe the other's.
+                known = models.get(name)
+                if known is not None:
+                    info = known.model_copy(update=info.model_dump(exclude_none=True))
+                models[name] = info
         return models
 
     def names(self, category: str) -> list[str]:

@@ -24,6 +24,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import functools
+import inspect
+
 import trio
 
 from ..contracts import Message
@@ -95,7 +98,10 @@ class CompletionBridge:
             tool = self.tools[name]
         except KeyError:
             raise RLMGraphError(f"no custom tool {name!r}") from None
-        return tool(*args, **kwargs)
+        if inspect.iscoroutinefunction(tool):
+            return await tool(*args, **kwargs)
+        # A slow synchronous tool must not stall the scheduler.
+        return await trio.to_thread.run_sync(functools.partial(tool, *args, **kwargs))
 
     # -- plumbing -----------------------------------------------------------------------
 

@@ -122,6 +122,7 @@ async def call_model(
         rate.settle(estimate, response.usage.total_tokens)
     cost = response.cost if response.cost is not None else run.router.price(model_name, response.usage)
     record.usage = response.usage
+    record.response_model = response.model or None
     record.cost = cost
     record.finish_reason = response.finish_reason
     record.output_preview = preview(response.content)

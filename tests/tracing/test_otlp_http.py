@@ -136,3 +136,26 @@ def test_the_otel_endpoint_variable_alone_turns_otlp_on(
     assert flush_tracing(provider)
     assert len(receiver.spans) == 5
     provider.shutdown()  # type: ignore[attr-defined]
+
+
+def test_by_default_an_rlm_completion_follows_the_otel_variables_and_is_flushed(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.removesuffix("/v1/traces"))
+    from rlm_graph import RLM
+
+    def respond(request: object) -> str:
+        if any(m.role == "system" for m in request.messages):  # type: ignore[attr-defined]
+            return "```repl\nFINAL(','.join(llm_query_batched(['a', 'b'])))\n```"
+        return "x"
+
+    result = RLM("scripted", {"respond": respond}).completion("ctx")
+    # No tracer_provider given, no flush called: completion() flushed before returning.
+    assert len(receiver.spans) == len(result.graph) + 1
+    names = sorted(str(s["name"]) for s in receiver.spans)
+    assert names.count("invoke_agent rlm") == 1 and names.count("execute_tool repl") == 1
+    provider = tracer_provider_from_env()
+    assert provider is not None
+    provider.shutdown()  # type: ignore[attr-defined]
