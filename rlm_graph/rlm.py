@@ -24,7 +24,7 @@ from .graph import (
     NodeKind,
     NodeRecord,
     critical_path,
-    parallel_efficiency,
+    makespan,
     usage_by_model,
 )
 from .hooks import hookimpl
@@ -442,6 +442,8 @@ class RLM:
         self, graph: Graph, prompt: Any, response: str, stop_reason: str | None,
         state: CompletionState, started: float,
     ) -> RLMChatCompletion:
+        path = critical_path(graph)
+        span = makespan(graph)
         return RLMChatCompletion(
             root_model=self.engine.provider.model,
             prompt=prompt,
@@ -451,8 +453,8 @@ class RLM:
             stop_reason=stop_reason,
             iterations=state.iterations,
             graph=graph,
-            critical_path=critical_path(graph),
-            parallel_efficiency=parallel_efficiency(graph),
+            critical_path=path,
+            parallel_efficiency=path.length / span if span > 0 else 1.0,
         )
 
     # -- closing ------------------------------------------------------------------------

@@ -8,10 +8,13 @@ usage and previews. Times are seconds on trio's clock (``start``/``end``, so tes
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict, TypeAdapter
+from pydantic.dataclasses import dataclass
 
 from ..contracts import Usage
 
@@ -55,8 +58,13 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     return text[: limit - 1] + "…"
 
 
-class NodeRecord(BaseModel):
+@dataclass(slots=True, config=ConfigDict(extra="forbid"))
+class NodeRecord:
     """Everything recorded about one node.
+
+    A pydantic dataclass with slots: validated when built, cheap to update while the
+    node runs (a run updates every record several times, and holds one per node), and
+    dumped or validated like a pydantic model (``model_dump``, ``model_validate``).
 
     Attributes:
         id: unique within the run (``"turn-3"``, ``"llm-17"``, or a user's own name).
@@ -70,8 +78,6 @@ class NodeRecord(BaseModel):
             (a model call waits for its provider's limiter in between), so
             ``start - submitted`` is its queueing time and ``duration`` its service time.
     """
-
-    model_config = ConfigDict(extra="forbid", use_enum_values=False)
 
     id: str
     kind: NodeKind
@@ -96,9 +102,26 @@ class NodeRecord(BaseModel):
     output_preview: str = ""
     finish_reason: str | None = None
 
+    model_fields: ClassVar[Mapping[str, object]]
+
     @property
     def duration(self) -> float:
         """Seconds from start to end; 0 for a node that has not both started and ended."""
         if self.start is None or self.end is None:
             return 0.0
         return max(0.0, self.end - self.start)
+
+    def model_dump(self, *, mode: str = "python", exclude_none: bool = False) -> dict[str, Any]:
+        """The record as a dict (``mode="json"``: JSON-ready values), as pydantic models do."""
+        dumped: dict[str, Any] = _ADAPTER.dump_python(self, mode=mode, exclude_none=exclude_none)
+        return dumped
+
+    @classmethod
+    def model_validate(cls, data: Mapping[str, Any]) -> NodeRecord:
+        """A record from a dict, validated (the inverse of ``model_dump``)."""
+        record: NodeRecord = _ADAPTER.validate_python(data)
+        return record
+
+
+_ADAPTER: TypeAdapter[NodeRecord] = TypeAdapter(NodeRecord)
+NodeRecord.model_fields = {field.name: field for field in dataclasses.fields(NodeRecord)}

@@ -25,11 +25,13 @@ Invariants:
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import math
 import random
 import re
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -213,6 +215,13 @@ class _Retry(Exception):
         self.wait = wait
 
 
+@functools.lru_cache(maxsize=1)
+def _shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context per process: building one (loading the CA bundle) costs ~20 ms,
+    and every sync ``completion()`` opens a new client. Honours SSL_CERT_FILE/DIR."""
+    return httpx.create_ssl_context()
+
+
 class JSONProvider:
     """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
 
@@ -346,6 +355,7 @@ class JSONProvider:
                 keepalive_expiry=30.0,
             )
             self._client = httpx.AsyncClient(
+                verify=_shared_ssl_context(),
                 limits=pool,
                 timeout=httpx.Timeout(self.timeout),
                 transport=self._make_transport(),
