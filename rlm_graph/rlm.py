@@ -163,6 +163,26 @@ def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str,
     return table
 
 
+def _compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
+    """The strategy ``RLM(compaction=...)`` asks for: None, a registered one, or an object."""
+    if compaction is None or compaction is False:
+        return None
+    if compaction is True or isinstance(compaction, str):
+        name = "summarize" if compaction is True else compaction
+        factory = host.lookup("compaction_strategies", name)
+        try:
+            return factory(**dict(kwargs or {}))
+        except TypeError as exc:
+            raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
+    for method in ("should_compact", "compact"):
+        if not callable(getattr(compaction, method, None)):
+            raise ConfigError(
+                "compaction must be True, a strategy name or a CompactionStrategy; "
+                f"{type(compaction).__name__} has no {method}()"
+            )
+    return compaction
+
+
 class _Callbacks:
     """Observer for the reference's ``on_subcall_start``/``on_subcall_complete`` and
     ``verbose`` progress lines."""
@@ -316,23 +336,7 @@ class RLM:
         self.env_factory = self.engine.host.lookup("environments", environment)
         tools = _normalise_tools(custom_tools, "custom_tools")
         sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
-        strategy = None
-        if isinstance(compaction, bool | str):
-            if compaction:
-                name = "summarize" if compaction is True else compaction
-                factory = self.engine.host.lookup("compaction_strategies", name)
-                try:
-                    strategy = factory(**dict(compaction_kwargs or {}))
-                except TypeError as exc:
-                    raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-        elif compaction is not None:
-            for method in ("should_compact", "compact"):
-                if not callable(getattr(compaction, method, None)):
-                    raise ConfigError(
-                        f"compaction must be True, a strategy name or a CompactionStrategy; "
-                        f"{type(compaction).__name__} has no {method}()"
-                    )
-            strategy = compaction
+        strategy = _compaction_strategy(self.engine.host, compaction, compaction_kwargs)
         self.settings = LoopSettings(
             environment=environment,
             environment_kwargs=dict(environment_kwargs or {}),

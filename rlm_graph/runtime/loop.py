@@ -241,16 +241,23 @@ class RLMRunner:
         reply, _ = await self._turn(c, state, limits.max_iterations + 1, previous)
         return CompletionOutcome(reply, "max_iterations", state)
 
-    async def _turn(
-        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
-    ) -> tuple[str, str]:
-        record = NodeRecord(
-            id=self.run.new_id("turn"),
-            kind=NodeKind.ROOT_TURN,
+    def _record(
+        self, c: _Completion, kind: NodeKind, prefix: str, iteration: int, preview_: str = ""
+    ) -> NodeRecord:
+        """A new node of completion ``c`` (not yet in the graph: `Run.execute` adds it)."""
+        return NodeRecord(
+            id=self.run.new_id(prefix),
+            kind=kind,
             depth=c.depth,
             completion=c.completion,
             iteration=iteration,
+            input_preview=preview_,
         )
+
+    async def _turn(
+        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
+    ) -> tuple[str, str]:
+        record = self._record(c, NodeKind.ROOT_TURN, "turn", iteration)
         messages = list(state.messages)
 
         async def body(rec: NodeRecord) -> str:
@@ -285,13 +292,9 @@ class RLMRunner:
             threshold_pct=self.settings.compaction_threshold_pct,
         ):
             return previous
-        record = NodeRecord(
-            id=self.run.new_id("compaction"),
-            kind=NodeKind.COMPACTION,
-            depth=c.depth,
-            completion=c.completion,
-            iteration=iteration,
-            input_preview=f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
+        record = self._record(
+            c, NodeKind.COMPACTION, "compaction", iteration,
+            f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
         )
 
         async def body(rec: NodeRecord) -> list[Message]:
@@ -358,14 +361,7 @@ class RLMRunner:
         previous: str,
         turn_id: str,
     ) -> tuple[ExecResult, str]:
-        record = NodeRecord(
-            id=self.run.new_id("block"),
-            kind=NodeKind.REPL_BLOCK,
-            depth=c.depth,
-            completion=c.completion,
-            iteration=iteration,
-            input_preview=preview(code),
-        )
+        record = self._record(c, NodeKind.REPL_BLOCK, "block", iteration, preview(code))
 
         async def body(rec: NodeRecord) -> ExecResult:
             c.bridge.begin_block(rec.id)
