@@ -23,21 +23,24 @@ async def run_batch(
 ) -> list[str]:
     """Run ``one(i, item)`` for every item, at most ``limit`` at once.
 
+    ``min(limit, len(items))`` workers take the items in input order, so slots start
+    first-come first-served and no task waits on a limiter just to exist.
+
     Returns the results in input order. A slot that raises holds
     ``"[ERROR] <type>: <message>"`` and never cancels its siblings; cancellation of the
     caller still cancels every slot.
     """
     results: list[str] = [""] * len(items)
-    limiter = trio.CapacityLimiter(limit)
+    queue = iter(enumerate(items))
 
-    async def slot(index: int, item: X) -> None:
-        async with limiter:
+    async def worker() -> None:
+        for index, item in queue:
             try:
                 results[index] = await one(index, item)
             except Exception as exc:  # a failed slot is data for the model, not a crash
                 results[index] = error_slot(exc)
 
     async with trio.open_nursery() as nursery:
-        for index, item in enumerate(items):
-            nursery.start_soon(slot, index, item, name=f"{name}[{index}]")
+        for number in range(min(limit, len(items))):
+            nursery.start_soon(worker, name=f"{name}-worker-{number}")
     return results

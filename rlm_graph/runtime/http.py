@@ -301,6 +301,8 @@ class JSONProvider:
         self._transport = transport
         self.http_transport = http_transport
         self._client: httpx.AsyncClient | None = None
+        # Built now (configuration time), not on the first request of the first run.
+        self._ssl_context = _shared_ssl_context()
         self._client_loop: object = None
 
     def __repr__(self) -> str:
@@ -355,7 +357,7 @@ class JSONProvider:
                 keepalive_expiry=30.0,
             )
             self._client = httpx.AsyncClient(
-                verify=_shared_ssl_context(),
+                verify=self._ssl_context,
                 limits=pool,
                 timeout=httpx.Timeout(self.timeout),
                 transport=self._make_transport(),
