@@ -241,9 +241,12 @@ class JSONProvider:
             provider, shared by every run of the engine.
         headers: extra headers sent with every request.
         extra_body: body fields sent with every request (a request's ``extra`` wins).
-        http_transport: ``"httpx"`` (httpx's own pool, the default) or ``"lean"``
-            (`rlm_graph.runtime.transport.LeanTransport`: less CPU per call, no proxy
-            support, so httpx's pool is used anyway when a proxy is configured).
+        http_transport: ``"lean"`` (the default: `rlm_graph.runtime.transport.LeanTransport`,
+            trio streams and h11; about half the CPU per call of httpx's pool and no
+            slowdown with many connections, see docs/benchmarks.md) or ``"httpx"``
+            (httpx's own pool). Either way httpx is the client API; with a proxy
+            configured, httpx's pool is used, since the lean transport has no proxy
+            support.
         transport: an ``httpx.AsyncBaseTransport`` to use instead (``httpx.MockTransport``
             in unit tests); wins over ``http_transport``.
     """
@@ -267,7 +270,7 @@ class JSONProvider:
         tokens_per_minute: float | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
-        http_transport: str = "httpx",
+        http_transport: str = "lean",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         if not model_name or not isinstance(model_name, str):
@@ -370,7 +373,11 @@ class JSONProvider:
         if self._transport is not None:
             return self._transport
         if self.http_transport == "lean" and not proxy_configured():
-            return LeanTransport(max_connections=self.max_concurrent, keepalive_expiry=30.0)
+            return LeanTransport(
+                max_connections=self.max_concurrent,
+                keepalive_expiry=30.0,
+                ssl_context=self._ssl_context,
+            )
         return None  # httpx's own pool (and its proxy support)
 
     async def aclose(self) -> None:

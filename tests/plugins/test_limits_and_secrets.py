@@ -65,6 +65,9 @@ async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixt
         Reply.error(401, f"Incorrect API key provided: {KEY}"),
         Reply.dropped(),
         Reply.error(500, "boom"),
+        # The lean transport re-sends a request whose reused connection dropped before
+        # any answer, without spending an attempt: one more 500 for that case.
+        Reply.error(500, "boom"),
     ]
     with FakeOpenAIServer(replies=replies) as server:
         kwargs = openai_kwargs(server, max_concurrent=1, max_attempts=2)
