@@ -26,6 +26,7 @@ from .limits import Limits
 from .runtime.context import Run
 from .runtime.limiters import LoopLimiters
 from .runtime.providers import ProviderRouter
+from .runtime.sync import run_sync
 from .runtime.workflow import WorkflowResult, run_workflow
 from .graph import Graph
 from .tracing import NodeTracer, flush_tracing, secret_values, tracer_provider_from_env
@@ -34,6 +35,13 @@ __all__ = ["Engine"]
 
 
 def _make_provider(host: PluginHost, backend: str, kwargs: Mapping[str, Any] | None) -> Provider:
+    if not isinstance(backend, str):
+        raise ConfigError(f"a backend is named by a str, not {type(backend).__name__}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigError(
+            f"the kwargs of backend {backend!r} must be a dict (e.g. {{'model_name': ...}}), "
+            f"not {type(kwargs).__name__}"
+        )
     factory = host.lookup("providers", backend)
     try:
         provider = factory(**dict(kwargs or {}))
@@ -96,12 +104,11 @@ class Engine:
             tracer_provider if tracer_provider is not None else tracer_provider_from_env()
         )
         self.trace_content = trace_content
-        self._secrets = [
-            value
-            for kwargs in [backend_kwargs, *(other_backend_kwargs or [])]
-            for value in secret_values(kwargs, environ={})
-        ]
         providers = [(f"{backend}/0", _make_provider(self.host, backend, backend_kwargs))]
+        if isinstance(other_backends, str) or not isinstance(other_backends, Sequence | None):
+            raise ConfigError(
+                f"other_backends must be a list of backend names, e.g. [{other_backends!r}]"
+            )
         others = list(other_backends or [])
         other_kwargs = list(other_backend_kwargs or [{} for _ in others])
         if len(other_kwargs) != len(others):
@@ -115,6 +122,11 @@ class Engine:
         for name, info in (models or {}).items():
             table[name] = info if isinstance(info, ModelInfo) else ModelInfo(**info)
         self.router = ProviderRouter(providers, table)
+        self._secrets = [
+            value
+            for kwargs in [backend_kwargs, *other_kwargs]
+            for value in secret_values(kwargs, environ={})
+        ]
         self._loops: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, LoopLimiters] = (
             weakref.WeakKeyDictionary()
         )
@@ -212,7 +224,9 @@ class Engine:
 
     def run(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
         """Run a `Workflow` from sync code (starts and ends its own trio loop)."""
-        result: WorkflowResult = trio.run(self._sync, self.arun, workflow, limits)
+        result: WorkflowResult = run_sync(
+            self._sync, self.arun, workflow, limits, sync_name="Engine.run", async_name="engine.arun"
+        )
         return result
 
     async def _sync(self, fn: Any, *args: Any) -> Any:

@@ -38,7 +38,8 @@ class Limits(BaseModel):
             `LimitExceeded` that carries it.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: max_depth="2" or max_timeout=True is a mistake to report, not to coerce.
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     max_depth: int = Field(1, ge=0)
     max_iterations: int = Field(30, ge=1)

@@ -7,6 +7,7 @@ and the finished graph on every result.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,6 +34,7 @@ from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .runtime.bridge import BridgeProxy
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner
+from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
 
@@ -145,6 +147,10 @@ class RLMChatCompletion(BaseModel):
 
 def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
     table: dict[str, tuple[Any, str | None]] = {}
+    if tools is not None and not isinstance(tools, Mapping):
+        raise ConfigError(
+            f"{keyword} must be a dict of name -> function or value, not {type(tools).__name__}"
+        )
     for name, entry in (tools or {}).items():
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(f"{keyword}: tool name {name!r} is not a Python identifier")
@@ -161,6 +167,33 @@ def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str,
         else:
             table[name] = (entry, None)
     return table
+
+
+def _check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] | None) -> None:
+    """Fail at configuration, not at the first block, on bad ``environment_kwargs``."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"environment_kwargs must be a dict, not {type(kwargs).__name__}")
+    check = getattr(factory, "check_kwargs", None)
+    try:
+        if callable(check):
+            check(**kwargs)
+        else:
+            inspect.signature(factory).bind(bridge=None, tools={}, depth=0, **kwargs)
+    except TypeError:
+        target = check if callable(check) else factory
+        known = [
+            p.name
+            for p in inspect.signature(target).parameters.values()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+        known = [k for k in known if k not in ("bridge", "tools", "depth")]
+        raise ConfigError(
+            f"environment {name!r} does not take environment_kwargs "
+            f"{sorted(set(kwargs) - set(known))}; it takes {', '.join(known) or 'none'} "
+            "(see docs/environments.md)"
+        ) from None
 
 
 def _compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
@@ -334,6 +367,7 @@ class RLM:
         self.backend = backend
         self.environment = environment
         self.env_factory = self.engine.host.lookup("environments", environment)
+        _check_environment_kwargs(self.env_factory, environment, environment_kwargs)
         tools = _normalise_tools(custom_tools, "custom_tools")
         sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
         strategy = _compaction_strategy(self.engine.host, compaction, compaction_kwargs)
@@ -368,7 +402,10 @@ class RLM:
             LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
             ProviderError: the root model could not be called.
         """
-        return trio.run(self._sync_completion, prompt, root_prompt)
+        return run_sync(
+            self._sync_completion, prompt, root_prompt,
+            sync_name="RLM.completion", async_name="rlm.acompletion",
+        )
 
     async def _sync_completion(self, prompt: Any, root_prompt: str | None) -> RLMChatCompletion:
         try:
@@ -403,6 +440,11 @@ class RLM:
                     stop_reason = run.stop_reason or "max_timeout"
                 if stop_reason is not None:
                     span.set_attribute("rlm.stop_reason", stop_reason)
+        except BaseExceptionGroup as group:
+            single = unwrap(group)
+            if single is None:
+                raise
+            raise single.with_traceback(single.__traceback__) from None
         finally:
             run.finalize()
         cut = outcome is None or run.scope.cancelled_caught
@@ -471,7 +513,7 @@ class RLM:
         await self.engine.aclose()
 
     def close(self) -> None:
-        trio.run(self.aclose)
+        run_sync(self.aclose, sync_name="RLM.close", async_name="rlm.aclose")
 
     def __enter__(self) -> RLM:
         return self

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -147,8 +148,7 @@ class LocalEnvironment:
         scratch_dir: str | None = None,
         output_cap: int = 1_000_000,
     ) -> None:
-        if timeout is not None and timeout <= 0:
-            raise ConfigError("local environment: timeout must be a positive number of seconds")
+        self.check_kwargs(timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap)
         self.bridge = bridge
         self.depth = depth
         self.timeout = timeout
@@ -160,6 +160,30 @@ class LocalEnvironment:
         self._control: _BlockControl | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._threads: trio.CapacityLimiter | None = None
+
+    @classmethod
+    def check_kwargs(
+        cls,
+        *,
+        timeout: float | None = None,
+        scratch_dir: str | None = None,
+        output_cap: int = 1_000_000,
+    ) -> None:
+        """Validate ``environment_kwargs`` without making anything (called when an `RLM`
+        is configured).
+
+        Raises:
+            ConfigError: a bad value (an unknown keyword is a ``TypeError`` here, which
+                the engine reports as a `ConfigError` naming the keywords).
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise ConfigError("local environment: timeout must be a positive number of seconds")
+        if scratch_dir is not None and not os.path.isdir(scratch_dir):
+            raise ConfigError(f"local environment: scratch_dir {scratch_dir!r} is not a folder")
+        if isinstance(output_cap, bool) or not isinstance(output_cap, int) or output_cap < 1:
+            raise ConfigError("local environment: output_cap must be a positive int")
 
     async def start(self) -> None:
         self._token = trio.lowlevel.current_trio_token()

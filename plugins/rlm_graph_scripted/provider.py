@@ -88,7 +88,7 @@ class ScriptedProvider:
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
         self._responses = list(responses or [])
-        self._rules = [(re.compile(p) if isinstance(p, str) else p, r) for p, r in rules or []]
+        self._rules = self._compile(rules)
         self._respond = respond
         self._latency = latency
         self._match = match
@@ -97,6 +97,26 @@ class ScriptedProvider:
         self.in_flight = 0
         self.peak_in_flight = 0
         self.closed = False
+
+    @staticmethod
+    def _compile(rules: Sequence[Rule] | None) -> list[tuple[re.Pattern[str], Reply]]:
+        if rules is None:
+            return []
+        if isinstance(rules, str | bytes) or not isinstance(rules, Sequence):
+            raise ConfigError(
+                "scripted: rules must be a list of (pattern, reply) pairs, "
+                f"not {type(rules).__name__}"
+            )
+        compiled = []
+        for index, rule in enumerate(rules):
+            if not isinstance(rule, tuple | list) or len(rule) != 2:
+                raise ConfigError(f"scripted: rule {index} must be a (pattern, reply) pair")
+            pattern, reply = rule
+            try:
+                compiled.append((re.compile(pattern) if isinstance(pattern, str) else pattern, reply))
+            except re.error as exc:
+                raise ConfigError(f"scripted: rule {index} has a bad regex {pattern!r}: {exc}") from None
+        return compiled
 
     def __repr__(self) -> str:
         return f"ScriptedProvider(model_name={self.model!r}, calls={len(self.requests)})"

@@ -121,6 +121,18 @@ class SubprocessEnvironment:
         self._lost_state = False
         self._closed = False
 
+    @classmethod
+    def check_kwargs(cls, output_cap: int = 1_000_000, **limits: Any) -> None:
+        """Validate ``environment_kwargs`` without starting anything (called when an
+        `RLM` is configured).
+
+        Raises:
+            ConfigError: an unknown keyword or a bad value.
+        """
+        if not isinstance(output_cap, int) or output_cap < 1:
+            raise ConfigError("subprocess environment: output_cap must be a positive int")
+        GuestLimits.from_kwargs(limits)
+
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:

@@ -48,3 +48,49 @@ def test_model_tables_from_two_plugins_merge_field_by_field() -> None:
 
     info = PluginHost([Windows(), Prices()], entry_points=False).models["m"]
     assert info == ModelInfo(context_window=1000, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"backend_kwargs": [1, 2]}, "must be a dict"),
+        ({"custom_tools": [1]}, "custom_tools must be a dict"),
+        ({"other_backends": "scripted"}, "other_backends must be a list"),
+        ({"max_depth": "2"}, "max_depth"),
+        ({"max_iterations": True}, "max_iterations"),
+        ({"environment_kwargs": {"bogus": 1}}, "does not take environment_kwargs \\['bogus'\\]"),
+        ({"environment_kwargs": {"timeout": -1}}, "timeout must be a positive"),
+        ({"environment": "subprocess", "environment_kwargs": {"memory_limit_mb": "lots"}}, "memory_limit_mb"),
+        ({"backend_kwargs": {"rules": {"x": "y"}}}, "rules must be a list"),
+    ],
+)
+def test_bad_input_is_refused_when_the_rlm_is_built(kwargs: dict[str, object], message: str) -> None:
+    backend_kwargs = kwargs.pop("backend_kwargs", {"responses": []})
+    with pytest.raises(ConfigError, match=message):
+        RLM("scripted", backend_kwargs, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_the_sync_api_inside_trio_points_to_the_async_one() -> None:
+    engine = RLM("scripted", {"responses": []})
+    with pytest.raises(ConfigError, match="use `await rlm.acompletion"):
+        engine.completion("x")
+
+
+def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, signal, threading
+        from rlm_graph import RLM
+        threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        try:
+            RLM("scripted", {"respond": lambda r: "```repl\\nwhile True:\\n    pass\\n```"}).completion("x")
+        except KeyboardInterrupt:
+            print("KeyboardInterrupt")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "KeyboardInterrupt", done.stderr

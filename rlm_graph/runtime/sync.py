@@ -1,0 +1,53 @@
+"""The sync doorway: run a trio function from plain code, with plain exceptions out.
+
+trio nurseries wrap what escapes them in exception groups; a user who pressed Ctrl-C or
+whose provider failed expects ``KeyboardInterrupt`` or ``ProviderError``, not a group
+that also lists the cancellations it caused. `unwrap` gives back the one real error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from ..errors import ConfigError
+
+__all__ = ["run_sync", "unwrap"]
+
+T = TypeVar("T")
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def unwrap(exc: BaseExceptionGroup[Any]) -> BaseException | None:
+    """The single error in a group once cancellations are set aside, else None."""
+    real = [leaf for leaf in _leaves(exc) if not isinstance(leaf, trio.Cancelled)]
+    if len(real) == 1:
+        return real[0]
+    return None
+
+
+def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, sync_name: str, async_name: str) -> T:
+    """``trio.run(fn, *args)``, refusing to nest inside a running trio loop."""
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        pass  # not inside trio: the normal case
+    else:
+        raise ConfigError(
+            f"{sync_name}() runs its own trio loop and cannot be called from trio code; "
+            f"use `await {async_name}(...)` there"
+        )
+    try:
+        return trio.run(fn, *args)
+    except BaseExceptionGroup as group:
+        single = unwrap(group)
+        if single is None:
+            raise
+        raise single.with_traceback(single.__traceback__) from None
