@@ -19,7 +19,8 @@ from typing import Any, TextIO
 
 from opentelemetry.trace import TracerProvider
 
-from ..graph import to_dot, to_graphml
+from ..errors import GraphError
+from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
     TraceFileError,
     configure_tracing,
@@ -98,14 +99,21 @@ def register(subparsers: Any) -> None:
     show = commands.add_parser(
         "show", help="the span tree with durations, models, tokens, status and a timeline"
     )
-    show.add_argument("file", type=Path, help="a trace file (.otlp.jsonl or .jaeger.json)")
+    show.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE",
+        help="trace files (.otlp.jsonl or .jaeger.json); each is shown in turn",
+    )
     show.add_argument("--width", type=int, default=None, help="line width (default: terminal)")
     show.add_argument("--no-timeline", action="store_true", help="leave out the timeline bars")
     show.add_argument("--ascii", action="store_true", help="ASCII characters only")
     show.set_defaults(func=run_show)
 
     export = commands.add_parser("export", help="rebuild the run's graph as DOT or GraphML")
-    export.add_argument("file", type=Path, help="a trace file (.otlp.jsonl or .jaeger.json)")
+    export.add_argument(
+        "files", type=Path, nargs="+", metavar="FILE",
+        help="a trace file (.otlp.jsonl or .jaeger.json) or a graph JSON (rlm-graph demo "
+        "--out); given several (a shell glob), the newest is used",
+    )
     export.add_argument("--format", choices=("dot", "graphml"), default="dot")
     export.add_argument("--trace-id", default=None, help="which trace, if the file has several")
     export.add_argument(
@@ -120,21 +128,48 @@ def _usage(parser: argparse.ArgumentParser) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    try:
-        spans = load_trace(args.file)
-    except TraceFileError as exc:
-        print(f"rlm-graph trace show: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     width = args.width or shutil.get_terminal_size((120, 24)).columns
-    sys.stdout.write(
-        render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
-    )
+    for number, path in enumerate(args.files):
+        try:
+            spans = load_trace(path)
+        except TraceFileError as exc:
+            print(f"rlm-graph trace show: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        if len(args.files) > 1:
+            sys.stdout.write(("\n" if number else "") + f"== {path}\n")
+        sys.stdout.write(
+            render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
+        )
     return EXIT_OK
+
+
+def _newest(paths: list[Path]) -> Path:
+    existing = [p for p in paths if p.exists()]
+    if len(paths) > 1 and existing:
+        newest = max(existing, key=lambda p: p.stat().st_mtime)
+        print(f"rlm-graph trace export: {len(paths)} files given; using the newest, {newest}", file=sys.stderr)
+        return newest
+    return paths[0]
+
+
+def _load_graph(path: Path, trace_id: str | None) -> Graph:
+    """A graph from a trace file, or from a graph JSON export (``rlm-graph demo --out``)."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            head = handle.read(200)
+    except OSError as exc:
+        raise TraceFileError(f"cannot read trace file {path}: {exc.strerror}") from None
+    if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
+        try:
+            return from_json(path.read_text(encoding="utf-8"))
+        except (ValueError, GraphError) as exc:
+            raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
+    return to_graph(load_trace(path), trace_id)
 
 
 def run_export(args: argparse.Namespace) -> int:
     try:
-        graph = to_graph(load_trace(args.file), args.trace_id)
+        graph = _load_graph(_newest(args.files), args.trace_id)
     except TraceFileError as exc:
         print(f"rlm-graph trace export: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -203,3 +203,28 @@ def test_render_of_an_empty_and_a_zero_length_trace() -> None:
     assert render_trace([]) == "(no spans)\n"
     one = TraceSpan(trace_id="1" * 32, span_id="2" * 16, name="x", start_us=5, duration_us=0)
     assert "x" in render_trace([one], width=60)
+
+
+def test_show_takes_several_files_and_export_the_newest_or_a_graph_json(
+    trace_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    second = tmp_path / "second.jaeger.json"
+    second.write_text(trace_file.read_text())
+    os.utime(trace_file, (1, 1))  # make `second` the newest
+    assert main(["trace", "show", str(trace_file), str(second), "--no-timeline"]) == 0
+    shown = capsys.readouterr().out
+    assert f"== {trace_file}" in shown and f"== {second}" in shown
+    assert main(["trace", "export", str(trace_file), str(second), "--format", "dot"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("digraph") and "using the newest" in captured.err
+
+    from rlm_graph.graph import Graph, NodeKind, NodeRecord, to_json
+
+    graph = Graph()
+    graph.add(NodeRecord(id="a", kind=NodeKind.FUNCTION))
+    graph_file = tmp_path / "graph.json"
+    graph_file.write_text(to_json(graph, indent=1))
+    assert main(["trace", "export", str(graph_file), "--format", "dot"]) == 0
+    assert '"a" [label=' in capsys.readouterr().out
