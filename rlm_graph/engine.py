@@ -29,7 +29,13 @@ from .runtime.providers import ProviderRouter
 from .runtime.sync import run_sync
 from .runtime.workflow import WorkflowResult, run_workflow
 from .graph import Graph
-from .tracing import NodeTracer, flush_tracing, secret_values, tracer_provider_from_env
+from .tracing import (
+    NodeTracer,
+    Scrubber,
+    flush_tracing,
+    secret_values,
+    tracer_provider_from_env,
+)
 
 __all__ = ["Engine"]
 
@@ -127,6 +133,10 @@ class Engine:
             for kwargs in [backend_kwargs, *other_kwargs]
             for value in secret_values(kwargs, environ={})
         ]
+        # Known secrets (keys given here, and secret-named environment variables) are
+        # redacted from every record; the check is one regex, cheap enough per node.
+        scrubber = Scrubber(self._secrets)
+        self._redact = scrubber.scrub_literals if scrubber.has_literals else None
         self._loops: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, LoopLimiters] = (
             weakref.WeakKeyDictionary()
         )
@@ -175,6 +185,7 @@ class Engine:
             limiters=self.limiters(),
             tracer=tracer,
             graph=graph,
+            redact=self._redact,
         )
 
     async def flush_spans(self) -> None:

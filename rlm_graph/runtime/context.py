@@ -10,6 +10,8 @@ Invariants:
       cancels that scope; every in-flight node then records itself ``cancelled``.
     - When a run ends, no record is left ``pending`` or ``running``: `Run.finalize` marks
       what never finished as ``cancelled``.
+    - A finished record holds no known secret: its previews and error are redacted
+      before observers see it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class Run:
         limiters: LoopLimiters,
         tracer: NodeTracer,
         graph: Graph | None = None,
+        redact: Callable[[str], str] | None = None,
     ) -> None:
         self.limits = limits
         self.host = host
@@ -64,6 +67,7 @@ class Run:
         self.tracer = tracer
         self.graph = graph if graph is not None else Graph()
         self.budget = Budget(limits)
+        self._redact = redact
         self.scope = trio.CancelScope()
         self.stop_reason: str | None = None
         self._counters: Counter[str] = Counter()
@@ -136,8 +140,19 @@ class Run:
                 finally:
                     record.end = trio.current_time()
         finally:
+            if self._redact is not None:
+                self._scrub(record)
             if self._observed:
                 self._hook.rlm_node_finished(record=record, graph=self.graph)
+
+    def _scrub(self, record: NodeRecord) -> None:
+        """Known secrets (API keys) never stay in a record, even when a model echoes one."""
+        redact = self._redact
+        assert redact is not None
+        record.input_preview = redact(record.input_preview)
+        record.output_preview = redact(record.output_preview)
+        if record.error:
+            record.error = redact(record.error)
 
     def finalize(self) -> None:
         """Mark every node that never finished as ``cancelled``."""

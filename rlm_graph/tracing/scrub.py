@@ -106,3 +106,13 @@ class Scrubber:
 
     def __call__(self, text: str) -> str:
         return self.scrub(text)
+
+    @property
+    def has_literals(self) -> bool:
+        return self._literals is not None
+
+    def scrub_literals(self, text: str) -> str:
+        """Only the known secret values (no shape matching): cheap enough for every node."""
+        if self._literals is None:
+            return text
+        return self._literals.sub(REDACTED, text)
