@@ -504,15 +504,27 @@ def _take_stdout() -> IO[bytes]:
     return os.fdopen(protocol_fd, "wb", buffering=1024 * 1024)
 
 
+def _take_stdin() -> IO[bytes]:
+    """The protocol's own copy of stdin; fd 0 then reads nothing, so model code that
+    reads stdin gets end-of-file instead of the engine's messages."""
+    protocol_fd = os.dup(0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    sys.stdin = open(os.devnull, encoding="utf-8")  # noqa: SIM115 - lives as long as the process
+    return os.fdopen(protocol_fd, "rb")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the guest: limits first, then serve the engine on stdin/stdout."""
     args = sys.argv[1:] if argv is None else argv
     apply_limits(json.loads(args[0]) if args else {})
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     out = _take_stdout()
+    protocol_in = _take_stdin()
     _import_repl_alone()
     guest = Guest(_Protocol(out))
-    reader = threading.Thread(target=guest.read, args=(sys.stdin.buffer,), daemon=True)
+    reader = threading.Thread(target=guest.read, args=(protocol_in,), daemon=True)
     reader.start()
     guest.run_blocks()
     return 0  # pragma: no cover - run_blocks only ends with the process

@@ -5,6 +5,8 @@ them get each other's prints, and a lock around the swap serialises them (design
 Instead, a dispatcher is installed once as ``sys.stdout``/``sys.stderr``: a write goes to
 the buffer the *current thread* registered, or to the original stream when the thread
 registered none. Each REPL block registers its buffers on its own worker thread.
+``sys.stdin`` gets the same treatment: a block reads an empty stream, so model code that
+reads stdin gets end-of-file instead of waiting for a terminal.
 """
 
 from __future__ import annotations
@@ -87,6 +89,22 @@ class _Dispatch(io.TextIOBase):
         return self.fallback.fileno()
 
 
+class _StdinDispatch:
+    """Stands in for ``sys.stdin``: a REPL thread reads an empty stream (nobody is there
+    to type), every other thread the real one."""
+
+    def __init__(self, fallback: TextIO) -> None:
+        self.fallback = fallback
+
+    def __getattr__(self, name: str) -> object:
+        empty = getattr(_local, "stdin", None)
+        return getattr(empty if empty is not None else self.fallback, name)
+
+    def __iter__(self) -> object:
+        empty = getattr(_local, "stdin", None)
+        return iter(empty if empty is not None else self.fallback)
+
+
 def _ensure_installed() -> None:
     # Something else (a test runner, a notebook) may replace sys.stdout later; wrap
     # whatever is there now, once.
@@ -95,6 +113,8 @@ def _ensure_installed() -> None:
             sys.stdout = _Dispatch("stdout", sys.stdout)
         if not isinstance(sys.stderr, _Dispatch):
             sys.stderr = _Dispatch("stderr", sys.stderr)
+        if sys.stdin is not None and not isinstance(sys.stdin, _StdinDispatch):
+            sys.stdin = _StdinDispatch(sys.stdin)  # type: ignore[assignment]
 
 
 @contextmanager
@@ -102,9 +122,13 @@ def capture_output(cap: int) -> Iterator[tuple[CappedBuffer, CappedBuffer]]:
     """Capture what the current thread prints, for the duration of the block."""
     _ensure_installed()
     out, err = CappedBuffer(cap), CappedBuffer(cap)
-    saved = getattr(_local, "stdout", None), getattr(_local, "stderr", None)
-    _local.stdout, _local.stderr = out, err
+    saved = (
+        getattr(_local, "stdout", None),
+        getattr(_local, "stderr", None),
+        getattr(_local, "stdin", None),
+    )
+    _local.stdout, _local.stderr, _local.stdin = out, err, io.StringIO("")
     try:
         yield out, err
     finally:
-        _local.stdout, _local.stderr = saved
+        _local.stdout, _local.stderr, _local.stdin = saved

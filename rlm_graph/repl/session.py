@@ -134,7 +134,14 @@ class ReplSession:
                 file = os.path.join(scratch, os.fspath(file))
             return real_open(file, *args, **kwargs)
 
+        def input(prompt: object = "") -> str:  # noqa: A001
+            raise EOFError(
+                "input() is not available in the REPL: nobody is there to answer; "
+                "use the context, llm_query() or the variables you have"
+            )
+
         table["open"] = open
+        table["input"] = input
         return table
 
     def _protocol_names(self) -> dict[str, Any]:
