@@ -191,7 +191,9 @@ class Engine:
     async def flush_spans(self) -> None:
         """Export the spans of finished runs (bounded wait, off the trio thread)."""
         if self.tracer_provider is not None:
-            await trio.to_thread.run_sync(flush_tracing, self.tracer_provider)
+            # A short bound: with the collector down, a completion must not wait on it;
+            # spans not sent yet stay queued for the batch processor's next export.
+            await trio.to_thread.run_sync(flush_tracing, self.tracer_provider, 1_000)
 
     def limits_with(self, overrides: Mapping[str, Any]) -> Limits:
         if not overrides:

@@ -83,3 +83,26 @@ def test_plugins_command_lists_names_and_origins(capsys: pytest.CaptureFixture[s
     rows = json.loads(capsys.readouterr().out)
     names = {(r["category"], r["name"]) for r in rows}
     assert ("providers", "scripted") in names and ("environments", "local") in names
+
+
+def test_a_misspelled_hook_is_refused_with_the_real_names() -> None:
+    class Typo:
+        @hookimpl
+        def rlm_node_finishd(self, record: object, graph: object) -> None:
+            pass
+
+    with pytest.raises(PluginError, match="rlm_node_finishd.*rlm-graph hooks are: .*rlm_node_finished"):
+        Engine("scripted", {"responses": []}, observers=[Typo()])
+
+
+def test_a_failing_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    class Broken:
+        @hookimpl
+        def rlm_node_finished(self, record: object, graph: object) -> None:
+            raise RuntimeError("observer bug")
+
+    engine = Engine("scripted", {"respond": lambda r: "ok"}, observers=[Broken()])
+    wf = Workflow()
+    node = wf.llm("q")
+    assert engine.run(wf)[node] == "ok"
+    assert "observer failed on node" in caplog.text and "observer bug" in caplog.text

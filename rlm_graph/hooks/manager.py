@@ -81,6 +81,7 @@ class PluginHost:
                 self._register(plugin, f"entry point {name!r} of {dist}")
         for plugin in plugins:
             self._register(plugin, "registered in code")
+        self._check_pending()
         self._registry = {c: self._collect(c) for c in self.CATEGORIES}
         self._models = self._collect_models()
 
@@ -96,8 +97,17 @@ class PluginHost:
     def register(self, plugin: object) -> None:
         """Register one more plugin (an observer, say) after construction."""
         self._register(plugin, "registered in code")
+        self._check_pending()
         self._registry = {c: self._collect(c) for c in self.CATEGORIES}
         self._models = self._collect_models()
+
+    def _check_pending(self) -> None:
+        """A hook implementation whose name is no hook (a typo) fails loudly, not never."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            hooks = ", ".join(name for name in vars(HookSpecs) if name.startswith("rlm_"))
+            raise PluginError(f"{exc}; the rlm-graph hooks are: {hooks}") from None
 
     def _collect(self, category: str) -> dict[str, Registration]:
         hook = getattr(self.pm.hook, f"rlm_register_{category}")

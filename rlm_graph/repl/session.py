@@ -280,6 +280,10 @@ class ReplSession:
             elif current is not value:
                 restored.append(name)
             self.ns[name] = value
+        for name, (value, _) in self.tools.items():
+            if self.ns.get(name) is not value:
+                self.ns[name] = value
+                restored.append(name)
         if "context_0" in self.ns and self.ns.get("context") is not self.ns["context_0"]:
             self.ns["context"] = self.ns["context_0"]
             restored.append("context")
@@ -287,7 +291,7 @@ class ReplSession:
             return ""
         return (
             f"[note: {', '.join(restored)} {'is' if len(restored) == 1 else 'are'} part of the "
-            "REPL protocol and was restored; use other names for your variables]\n"
+            "REPL protocol or your tools and was restored; use other names for your variables]\n"
         )
 
     def _final_answer(self) -> str | None:

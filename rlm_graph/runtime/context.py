@@ -16,6 +16,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
     from .providers import ProviderRouter
 
 __all__ = ["Run"]
+
+logger = logging.getLogger("rlm_graph")
 
 T = TypeVar("T")
 
@@ -118,7 +121,7 @@ class Run:
         record.submitted = record.start = trio.current_time()
         record.wall_start = time.time()
         if self._observed:
-            self._hook.rlm_node_started(record=record, graph=self.graph)
+            self._notify(self._hook.rlm_node_started, record)
         try:
             with self.tracer.node_span(record, span_parent or parent):
                 try:
@@ -143,7 +146,14 @@ class Run:
             if self._redact is not None:
                 self._scrub(record)
             if self._observed:
-                self._hook.rlm_node_finished(record=record, graph=self.graph)
+                self._notify(self._hook.rlm_node_finished, record)
+
+    def _notify(self, hook: Any, record: NodeRecord) -> None:
+        """Tell the observers; a failing observer is logged, and the run goes on."""
+        try:
+            hook(record=record, graph=self.graph)
+        except Exception:  # an observer's bug must not fail the user's run
+            logger.exception("an rlm-graph observer failed on node %s", record.id)
 
     def _scrub(self, record: NodeRecord) -> None:
         """Known secrets (API keys) never stay in a record, even when a model echoes one."""
@@ -164,4 +174,7 @@ class Run:
                 record.status = NodeStatus.CANCELLED
 
     def run_finished(self, result: Any) -> None:
-        self._hook.rlm_run_finished(graph=self.graph, result=result)
+        try:
+            self._hook.rlm_run_finished(graph=self.graph, result=result)
+        except Exception:  # as in _notify
+            logger.exception("an rlm-graph observer failed at the end of the run")

@@ -162,7 +162,16 @@ async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
     result = await engine.acompletion("original")
     assert result.response == "sub:q original"
     feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
-    assert "llm_query, context are part of the REPL protocol and was restored" in feedback
+    assert "llm_query, context are part of the REPL protocol or your tools and was restored" in feedback
+
+
+async def test_a_custom_tool_overwritten_by_model_code_is_restored() -> None:
+    engine = rlm(
+        [repl("double = 3"), repl("FINAL(double(21))")],
+        custom_tools={"double": lambda v: 2 * v},
+    )
+    result = await engine.acompletion("ctx")
+    assert result.response == "42"
 
 
 async def test_show_vars_and_custom_tools() -> None:
