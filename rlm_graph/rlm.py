@@ -15,9 +15,9 @@ from typing import Any
 
 import trio
 from opentelemetry.trace import TracerProvider
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .contracts import Environment, ModelInfo
+from .contracts import ChatRequest, Environment, ModelInfo
 from .errors import LIMIT_ERRORS, ConfigError
 from .graph import (
     CriticalPath,
@@ -169,6 +169,36 @@ def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str,
     return table
 
 
+_REQUEST_FIELDS = ("temperature", "top_p", "max_tokens", "seed", "stop")
+
+
+def _sampling_params(args: Mapping[str, Any] | None, keyword: str) -> dict[str, Any] | None:
+    """``sampling_args`` as request parameters: known fields as such (the reference's
+    ``max_completion_tokens`` as ``max_tokens``), anything else passed through in ``extra``."""
+    if args is None:
+        return None
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{keyword} must be a dict (e.g. {{'temperature': 0}})")
+    params: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in args.items():
+        name = "max_tokens" if key == "max_completion_tokens" else key
+        if name in _REQUEST_FIELDS:
+            params[name] = tuple(value) if name == "stop" and isinstance(value, list) else value
+        elif key == "extra_body" and isinstance(value, Mapping):
+            extra.update(value)
+        else:
+            extra[key] = value
+    if extra:
+        params["extra"] = extra
+    try:
+        ChatRequest(messages=(), model="check", **params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{keyword}: {problems}") from None
+    return params
+
+
 def _check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] | None) -> None:
     """Fail at configuration, not at the first block, on bad ``environment_kwargs``."""
     if kwargs is None:
@@ -217,28 +247,37 @@ def _compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] |
 
 
 class _Callbacks:
-    """Observer for the reference's ``on_subcall_start``/``on_subcall_complete`` and
-    ``verbose`` progress lines."""
+    """Observer for the reference's ``on_subcall_*`` and ``on_iteration_*`` callbacks
+    and the ``verbose`` progress lines."""
 
     def __init__(
         self,
         on_start: Callable[..., Any] | None,
         on_complete: Callable[..., Any] | None,
+        on_iteration_start: Callable[..., Any] | None,
+        on_iteration_complete: Callable[..., Any] | None,
+        *,
         verbose: bool,
     ) -> None:
         self.on_start = on_start
         self.on_complete = on_complete
+        self.on_iteration_start = on_iteration_start
+        self.on_iteration_complete = on_iteration_complete
         self.verbose = verbose
 
     @hookimpl
     def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
         if record.kind == NodeKind.RLM_CALL and self.on_start is not None:
             self.on_start(record.depth, record.model, record.input_preview[:80])
+        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_start is not None:
+            self.on_iteration_start(record.depth, record.iteration)
 
     @hookimpl
     def rlm_node_finished(self, record: NodeRecord, graph: Graph) -> None:
         if record.kind == NodeKind.RLM_CALL and self.on_complete is not None:
             self.on_complete(record.depth, record.model, record.duration, record.error)
+        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_complete is not None:
+            self.on_iteration_complete(record.depth, record.iteration, record.duration)
         if self.verbose:
             print(
                 f"[rlm-graph] {record.id:<10} {record.kind.value:<10} depth={record.depth} "
@@ -258,7 +297,8 @@ class RLM:
         environment_kwargs: the environment's keywords (e.g. ``{"timeout": 5}``).
         max_depth: completions nest up to this depth; ``rlm_query`` from a completion at
             depth ``max_depth - 1`` is a plain model call (default 1: no children, as in
-            the reference).
+            the reference). ``max_depth=0`` skips the REPL: one plain call of the root
+            model with the question and the context.
         max_iterations, max_timeout, max_tokens, max_budget, max_errors: limits for the
             whole tree (see docs/limits.md).
         on_limit: ``"return"`` the partial answer with ``stop_reason`` set, or ``"raise"``
@@ -280,6 +320,13 @@ class RLM:
         verbose: print a line per finished node to stderr.
         on_subcall_start, on_subcall_complete: called when a child completion starts
             (depth, model, prompt preview) and ends (depth, model, seconds, error).
+        on_iteration_start, on_iteration_complete: called when a root turn starts
+            (depth, iteration) and ends (depth, iteration, seconds), at every depth.
+        sampling_args, sub_sampling_args: request parameters (``temperature``,
+            ``top_p``, ``max_tokens``/``max_completion_tokens``, ``seed``, ``stop``; other
+            keys pass through to the provider) for the root's turns, and for sub-calls and
+            children's turns (default: ``sampling_args``).
+        depth: accepted for compatibility; must be 0.
         plugins, observers, models, tracer_provider, trace_content: as for `Engine`.
 
     Raises:
@@ -317,6 +364,11 @@ class RLM:
         verbose: bool = False,
         on_subcall_start: Callable[..., Any] | None = None,
         on_subcall_complete: Callable[..., Any] | None = None,
+        on_iteration_start: Callable[..., Any] | None = None,
+        on_iteration_complete: Callable[..., Any] | None = None,
+        sampling_args: Mapping[str, Any] | None = None,
+        sub_sampling_args: Mapping[str, Any] | None = None,
+        depth: int = 0,
         plugins: Iterable[object] = (),
         observers: Iterable[object] = (),
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
@@ -330,6 +382,11 @@ class RLM:
                 f"RLM() got unknown keyword(s) {', '.join(map(repr, sorted(unknown)))}; "
                 "see help(rlm_graph.RLM) for the keywords it takes"
             )
+        if depth != 0:
+            raise ConfigError(
+                "depth= is the reference library's internal counter for child RLMs; "
+                "rlm-graph tracks depth itself: leave it at 0 and set max_depth"
+            )
         if logger is not None:
             raise ConfigError(
                 "logger= is not supported: every result carries its graph "
@@ -342,8 +399,9 @@ class RLM:
         from .engine import Engine
 
         callbacks = []
-        if on_subcall_start or on_subcall_complete or verbose:
-            callbacks.append(_Callbacks(on_subcall_start, on_subcall_complete, verbose))
+        hooks = (on_subcall_start, on_subcall_complete, on_iteration_start, on_iteration_complete)
+        if verbose or any(hooks):
+            callbacks.append(_Callbacks(*hooks, verbose=verbose))
         self.engine = Engine(
             backend,
             backend_kwargs,
@@ -381,6 +439,11 @@ class RLM:
             output_chars=output_chars,
             compaction=strategy,
             compaction_threshold_pct=compaction_threshold_pct,
+            root_params=_sampling_params(sampling_args, "sampling_args"),
+            sub_params=_sampling_params(
+                sub_sampling_args if sub_sampling_args is not None else sampling_args,
+                "sub_sampling_args",
+            ),
         )
         self.persistent = persistent
         self._env: Environment | None = None
@@ -463,6 +526,8 @@ class RLM:
     async def _root(
         self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally
     ) -> Any:
+        if self.engine.limits.max_depth == 0:
+            return await runner.plain(prompt, root_prompt, state, tally)
         if not self.persistent:
             return await runner.root(prompt, root_prompt, state, tally)
         if self._env is None:

@@ -56,8 +56,10 @@ class CompletionBridge:
         tally: Tally,
         run_child: ChildRunner,
         tools: Mapping[str, Any] | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> None:
         self.run = run
+        self.params = params
         self.depth = depth
         self.completion = completion
         self.tally = tally
@@ -143,7 +145,9 @@ class CompletionBridge:
         messages = [Message(role="user", content=prompt)]
 
         async def body(rec: NodeRecord) -> str:
-            response = await call_model(self.run, rec, messages, model=model, tally=self.tally)
+            response = await call_model(
+                self.run, rec, messages, model=model, params=self.params, tally=self.tally
+            )
             return response.content
 
         try:

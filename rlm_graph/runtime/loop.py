@@ -25,6 +25,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -74,6 +75,8 @@ class LoopSettings:
     output_chars: int = 20_000
     compaction: Any = None  # a CompactionStrategy, or None
     compaction_threshold_pct: float = 0.85
+    root_params: Mapping[str, Any] | None = None  # request parameters of depth-0 turns
+    sub_params: Mapping[str, Any] | None = None  # of sub-calls and children's turns
 
 
 @dataclass(slots=True)
@@ -166,6 +169,27 @@ class RLMRunner:
         finally:
             proxy.target = None
 
+    async def plain(
+        self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally
+    ) -> CompletionOutcome:
+        """``max_depth=0``: no REPL at all, one call of the root model (as the reference)."""
+        text = context if isinstance(context, str) else json.dumps(context, default=str)
+        content = f"{root_prompt}\n\n{text}" if root_prompt else text
+        state.add(Message(role="user", content=content))
+        record = NodeRecord(
+            id=self.run.new_id("llm"), kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content)
+        )
+
+        async def body(rec: NodeRecord) -> str:
+            response = await call_model(
+                self.run, rec, state.messages, params=self.settings.root_params, tally=tally
+            )
+            return response.content
+
+        answer = await self.run.execute(record, body)
+        state.last_reply = answer
+        return CompletionOutcome(answer, None, state)
+
     async def child(self, prompt: str, model: str | None, record: NodeRecord, tally: Tally) -> str:
         """A child completion, run as the ``rlm_call`` node ``record`` (a `ChildRunner`)."""
         tools = self.settings.sub_tools
@@ -187,6 +211,7 @@ class RLMRunner:
             tally=tally,
             run_child=self.child,
             tools={name: value for name, (value, _) in tools.items() if callable(value)},
+            params=self.settings.sub_params,
         )
 
     def _environment(self, bridge: CompletionBridge, tools: ToolTable, depth: int, context: Any) -> Any:
@@ -261,7 +286,10 @@ class RLMRunner:
         messages = list(state.messages)
 
         async def body(rec: NodeRecord) -> str:
-            response = await call_model(self.run, rec, messages, model=c.model, tally=c.tally)
+            params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
+            response = await call_model(
+                self.run, rec, messages, model=c.model, params=params, tally=c.tally
+            )
             return response.content
 
         reply = await self.run.execute(

@@ -94,3 +94,43 @@ def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "KeyboardInterrupt", done.stderr
+
+
+def test_reference_keywords_sampling_args_and_iteration_callbacks() -> None:
+    from rlm_graph.contracts import ChatRequest
+
+    from .scripts import is_root_turn, repl
+
+    seen: list[ChatRequest] = []
+    turns: list[tuple[str, int, int]] = []
+
+    def respond(request: ChatRequest) -> str:
+        seen.append(request)
+        return repl("FINAL(llm_query('q'))") if is_root_turn(request) else "sub"
+
+    engine = RLM(
+        "scripted",
+        {"respond": respond},
+        sampling_args={"temperature": 0.2, "max_completion_tokens": 50, "reasoning_effort": "low"},
+        sub_sampling_args={"temperature": 0.9},
+        on_iteration_start=lambda depth, it: turns.append(("start", depth, it)),
+        on_iteration_complete=lambda depth, it, seconds: turns.append(("end", depth, it)),
+    )
+    assert engine.completion("ctx").response == "sub"
+    root, sub = seen
+    assert (root.temperature, root.max_tokens, dict(root.extra)) == (0.2, 50, {"reasoning_effort": "low"})
+    assert sub.temperature == 0.9 and sub.max_tokens is None
+    assert turns == [("start", 0, 1), ("end", 0, 1)]
+    with pytest.raises(ConfigError, match="sampling_args: temperature"):
+        RLM("scripted", {"responses": []}, sampling_args={"temperature": "hot"})
+    with pytest.raises(ConfigError, match="depth= is the reference"):
+        RLM("scripted", {"responses": []}, depth=1)
+
+
+def test_max_depth_zero_is_one_plain_call_without_a_repl() -> None:
+    from rlm_graph import NodeKind
+
+    engine = RLM("scripted", {"respond": lambda r: f"plain:{r.prompt[:12]}"}, max_depth=0)
+    result = engine.completion("the context", root_prompt="Q?")
+    assert result.response == "plain:Q?\n\nthe cont"
+    assert [r.kind for r in result.graph.records()] == [NodeKind.LLM_CALL]
