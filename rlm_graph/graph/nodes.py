@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, TypeAdapter
 from pydantic.dataclasses import dataclass
@@ -111,7 +111,9 @@ class NodeRecord:
             return 0.0
         return max(0.0, self.end - self.start)
 
-    def model_dump(self, *, mode: str = "python", exclude_none: bool = False) -> dict[str, Any]:
+    def model_dump(
+        self, *, mode: Literal["json", "python"] = "python", exclude_none: bool = False
+    ) -> dict[str, Any]:
         """The record as a dict (``mode="json"``: JSON-ready values), as pydantic models do."""
         dumped: dict[str, Any] = _ADAPTER.dump_python(self, mode=mode, exclude_none=exclude_none)
         return dumped

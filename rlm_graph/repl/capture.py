@@ -16,7 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO
+from typing import TextIO, cast
 
 __all__ = ["CappedBuffer", "capture_output"]
 
@@ -100,8 +100,8 @@ class _StdinDispatch:
         empty = getattr(_local, "stdin", None)
         return getattr(empty if empty is not None else self.fallback, name)
 
-    def __iter__(self) -> object:
-        empty = getattr(_local, "stdin", None)
+    def __iter__(self) -> Iterator[str]:
+        empty: TextIO | None = getattr(_local, "stdin", None)
         return iter(empty if empty is not None else self.fallback)
 
 
@@ -114,7 +114,7 @@ def _ensure_installed() -> None:
         if not isinstance(sys.stderr, _Dispatch):
             sys.stderr = _Dispatch("stderr", sys.stderr)
         if sys.stdin is not None and not isinstance(sys.stdin, _StdinDispatch):
-            sys.stdin = _StdinDispatch(sys.stdin)  # type: ignore[assignment]
+            sys.stdin = cast(TextIO, _StdinDispatch(sys.stdin))
 
 
 @contextmanager

@@ -32,6 +32,7 @@ import ssl
 import time
 import urllib.request
 from collections.abc import AsyncIterator
+from types import TracebackType
 from typing import Any
 
 import h11
@@ -314,8 +315,13 @@ class _timeout:
             self._scope.deadline = trio.current_time() + self._seconds
         self._scope.__enter__()
 
-    def __exit__(self, *exc: object) -> bool:
-        suppressed = self._scope.__exit__(*exc)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        suppressed = self._scope.__exit__(exc_type, exc, tb)
         if self._scope.cancelled_caught:
             raise self._error(f"timed out {self._what} after {self._seconds} s")
         return bool(suppressed)
