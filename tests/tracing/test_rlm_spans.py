@@ -131,3 +131,22 @@ async def test_concurrent_children_overlap_in_time(
     assert len(children) == 2
     first, second = children
     assert first.start_time < second.end_time and second.start_time < first.end_time  # type: ignore[operator]
+
+
+def test_nesting_holds_for_sub_calls_from_a_subprocess_guest(memory: Memory) -> None:
+    engine = RLM(
+        "scripted",
+        {"respond": respond},
+        environment="subprocess",
+        max_depth=2,
+        tracer_provider=memory.provider,
+    )
+    result = engine.completion("ctx", root_prompt="go")
+    spans = memory.by_node()
+    (run,) = memory.run_spans()
+    assert sorted(spans) == sorted(r.id for r in result.graph.records())
+    assert_nesting(result.graph, spans, run)
+    # A sub-call the guest process asked for is a child span of the block that asked.
+    call = next(r for r in result.graph.records(NodeKind.LLM_CALL) if r.depth == 1)
+    (block,) = result.graph.predecessors(call.id, kind="spawn")
+    assert parent_id(spans[call.id]) == span_id(spans[block])
