@@ -78,24 +78,6 @@ class ProviderRouter:
             await provider.aclose()
 
 
-def _request(
-    messages: Sequence[Message],
-    model: str,
-    record: NodeRecord,
-    params: Mapping[str, Any] | None,
-) -> ChatRequest:
-    if params:
-        # The caller's parameters (temperature, stop...) are validated.
-        return ChatRequest(
-            messages=tuple(messages), model=model, depth=record.depth, node_id=record.id, **params
-        )
-    # Messages are already validated models and the rest is ours: skip re-validating them
-    # on the hot path (one request per node).
-    return ChatRequest.model_construct(
-        messages=tuple(messages), model=model, depth=record.depth, node_id=record.id
-    )
-
-
 async def call_model(
     run: Run,
     record: NodeRecord,
@@ -116,7 +98,13 @@ async def call_model(
     record.provider = provider.name
     if not record.input_preview and messages:
         record.input_preview = preview(messages[-1].content)
-    request = _request(messages, model_name, record, params)
+    request = ChatRequest(
+        messages=tuple(messages),
+        model=model_name,
+        depth=record.depth,
+        node_id=record.id,
+        **dict(params or {}),
+    )
     rate = run.limiters.rate(
         key,
         getattr(provider, "requests_per_minute", None),
