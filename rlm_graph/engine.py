@@ -24,7 +24,7 @@ from .graph import Workflow
 from .hooks import PluginHost
 from .limits import Limits
 from .runtime.context import Run
-from .runtime.limiters import LoopLimiters
+from .runtime.limiters import LoopLimiters, SharedGate
 from .runtime.providers import ProviderRouter
 from .runtime.sync import run_sync
 from .runtime.workflow import WorkflowResult, run_workflow
@@ -140,6 +140,8 @@ class Engine:
         self._loops: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, LoopLimiters] = (
             weakref.WeakKeyDictionary()
         )
+        # Provider limits across loops: parallel sync calls from threads share them too.
+        self._gates: dict[str, SharedGate] = {}
 
     @staticmethod
     def _limits(values: Mapping[str, Any]) -> Limits:
@@ -165,7 +167,9 @@ class Engine:
         token = trio.lowlevel.current_trio_token()
         found = self._loops.get(token)
         if found is None:
-            found = self._loops[token] = LoopLimiters(self.limits.max_concurrent_subcalls)
+            found = self._loops[token] = LoopLimiters(
+                self.limits.max_concurrent_subcalls, self._gates
+            )
         return found
 
     def new_run(self, limits: Limits | None = None) -> Run:

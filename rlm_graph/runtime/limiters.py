@@ -14,10 +14,12 @@ requests per minute and tokens per minute per provider.
 from __future__ import annotations
 
 import math
+import threading
+from collections import deque
 
 import trio
 
-__all__ = ["LoopLimiters", "RateLimiter"]
+__all__ = ["LoopLimiters", "RateLimiter", "SharedGate"]
 
 
 class RateLimiter:
@@ -70,6 +72,68 @@ class RateLimiter:
             self._tokens -= actual - estimated
 
 
+class _Waiter:
+    __slots__ = ("event", "granted", "token")
+
+    def __init__(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.event = trio.Event()
+        self.granted = False
+
+
+class SharedGate:
+    """A provider's concurrency limit across trio loops (threads).
+
+    trio's `CapacityLimiter` belongs to one loop; sync ``completion()`` calls made at the
+    same time from several threads each run their own loop. The gate counts every
+    request of the engine, whatever its loop, so the provider's ``max_concurrent`` holds
+    for them all. Inside one loop the loop's `CapacityLimiter` queues requests first
+    (fairly, in order), so the gate only ever makes a request wait for other loops'.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        self._lock = threading.Lock()
+        self._free = capacity
+        self.capacity = capacity
+        self._waiters: deque[_Waiter] = deque()
+
+    @property
+    def in_use(self) -> int:
+        return self.capacity - self._free
+
+    async def __aenter__(self) -> None:
+        with self._lock:
+            if self._free > 0:
+                self._free -= 1
+                return
+            waiter = _Waiter()
+            self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            with self._lock:
+                if waiter.granted:  # handed a slot while being cancelled: pass it on
+                    self._release_locked()
+                else:
+                    self._waiters.remove(waiter)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        with self._lock:
+            self._release_locked()
+
+    def _release_locked(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            waiter.granted = True
+            try:
+                waiter.token.run_sync_soon(waiter.event.set)
+            except trio.RunFinishedError:  # that loop has ended: try the next waiter
+                continue
+            return
+        self._free += 1
+
+
 class LoopLimiters:
     """The limiters of one engine inside one trio loop.
 
@@ -77,8 +141,11 @@ class LoopLimiters:
     `LoopLimiters` per loop; every run inside that loop (and every depth of each) shares it.
     """
 
-    def __init__(self, max_concurrent_subcalls: int) -> None:
+    def __init__(
+        self, max_concurrent_subcalls: int, gates: dict[str, SharedGate] | None = None
+    ) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
+        self._gates = gates if gates is not None else {}
         self._rates: dict[str, RateLimiter] = {}
         self._subcalls: dict[int, trio.CapacityLimiter] = {}
         self._max_subcalls = max_concurrent_subcalls
@@ -101,6 +168,13 @@ class LoopLimiters:
         if limiter is None:
             limiter = self._providers[key] = trio.CapacityLimiter(capacity)
         return limiter
+
+    def gate(self, key: str, capacity: int) -> SharedGate:
+        """The engine-wide gate of a provider (shared with the engine's other loops)."""
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates.setdefault(key, SharedGate(capacity))
+        return gate
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter | None:
         if not rpm and not tpm:

@@ -114,7 +114,10 @@ async def call_model(
     if rate is not None:
         estimate = sum(estimate_tokens(m.content) for m in messages)
         await rate.acquire(estimate)
-    async with run.limiters.provider(key, provider.max_concurrent):
+    async with (
+        run.limiters.provider(key, provider.max_concurrent),
+        run.limiters.gate(key, provider.max_concurrent),
+    ):
         record.start = trio.current_time()
         record.wall_start = time.time()
         response = await provider.complete(request)

@@ -172,3 +172,28 @@ def test_sync_run_from_plain_code() -> None:
     b = wf.function(lambda s: s + "!", a)
     assert engine.run(wf)[b] == "HELLO!"
     assert engine.provider.closed  # type: ignore[attr-defined]
+
+
+def test_parallel_sync_runs_from_threads_share_the_provider_limit() -> None:
+    import threading
+
+    engine = Engine(
+        "scripted",
+        {"respond": lambda r: f"echo:{r.prompt}", "latency": 0.02, "max_concurrent": 4},
+    )
+    outputs: list[list[str]] = []
+
+    def one_run(name: str) -> None:
+        wf = Workflow()
+        refs = [wf.llm(f"{name}{i}") for i in range(12)]
+        result = engine.run(wf)
+        outputs.append([result[r] for r in refs])
+
+    threads = [threading.Thread(target=one_run, args=(f"t{n}-",)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(outputs) == 3 and all(len(o) == 12 for o in outputs)
+    # Three loops, each allowing 4, yet the provider never saw more than 4 at once.
+    assert engine.provider.peak_in_flight == 4  # type: ignore[attr-defined]
