@@ -99,9 +99,10 @@ async def bench_client(base_url: str, n: int, c: int, lean: bool) -> None:
 
 
 async def bench_provider(base_url: str, n: int, c: int, lean: bool) -> None:
-    transport = LeanTransport(max_connections=c) if lean else None
+    # The provider's own choice of transport: "lean" (the default, sent straight to the
+    # transport) or httpx's pool through the client.
     provider = OpenAIProvider(backend="vllm", model_name="m", base_url=base_url,
-                              max_concurrent=c, transport=transport)
+                              max_concurrent=c, http_transport="lean" if lean else "httpx")
     request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
 
     async def one(i: int) -> None:

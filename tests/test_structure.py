@@ -62,5 +62,5 @@ def test_every_hook_is_documented() -> None:
     doc = (ROOT / "docs" / "plugins.md").read_text()
     hooks = [name for name in vars(HookSpecs) if name.startswith("rlm_")]
     assert hooks
-    missing = [name for name in hooks if f"`{name}`" not in doc]
+    missing = [name for name in hooks if f"`{name}`" not in doc and f"`{name}(" not in doc]
     assert not missing, missing

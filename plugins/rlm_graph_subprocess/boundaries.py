@@ -119,7 +119,7 @@ class GuestLimits(BaseModel):
             )
             raise ConfigError(
                 f"subprocess environment: {problems}. Known keywords: "
-                f"{', '.join(cls.model_fields)}"
+                f"{', '.join(cls.model_fields)}, output_cap"
             ) from None
 
     def rlimits(self) -> dict[str, Any]:
