@@ -70,51 +70,78 @@ class Limits(BaseModel):
             raise ConfigError(f"bad limit: {problems}") from None
 
 
-class Budget:
+class _Counts:
+    """Running token counts as plain ints: one call adds to several of these, and a frozen
+    `Usage` per addition would cost a validation each (see docs/benchmarks.md)."""
+
+    __slots__ = ("cached_tokens", "cost", "input_tokens", "output_tokens", "reasoning_tokens")
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.cached_tokens = 0
+        self.reasoning_tokens = 0
+        self.cost = 0.0
+
+    def _add(self, usage: Usage, cost: float | None) -> None:
+        self.input_tokens += usage.input_tokens
+        self.output_tokens += usage.output_tokens
+        self.cached_tokens += usage.cached_tokens
+        self.reasoning_tokens += usage.reasoning_tokens
+        self.cost += cost or 0.0
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens,
+            output_tokens=self.output_tokens,
+            cached_tokens=self.cached_tokens,
+            reasoning_tokens=self.reasoning_tokens,
+        )
+
+
+class Budget(_Counts):
     """Tokens and dollars spent by a whole recursion tree, against its limits."""
 
-    __slots__ = ("cost", "exceeded", "limits", "usage")
+    __slots__ = ("exceeded", "limits")
 
     def __init__(self, limits: Limits) -> None:
+        super().__init__()
         self.limits = limits
-        self.usage = Usage()
-        self.cost = 0.0
         self.exceeded: str | None = None
 
     def charge(self, usage: Usage, cost: float | None) -> str | None:
         """Add one call's usage; return the name of the first limit now passed, if any."""
-        self.usage = self.usage + usage
-        self.cost += cost or 0.0
+        self._add(usage, cost)
         if self.exceeded is None:
             self.exceeded = self.check()
         return self.exceeded
 
     def check(self) -> str | None:
         limits = self.limits
-        if limits.max_tokens is not None and self.usage.total_tokens > limits.max_tokens:
+        spent = self.input_tokens + self.output_tokens
+        if limits.max_tokens is not None and spent > limits.max_tokens:
             return "max_tokens"
         if limits.max_budget is not None and self.cost > limits.max_budget:
             return "max_budget"
         return None
 
 
-class Tally:
+class Tally(_Counts):
     """Usage and cost of one completion including its children's.
 
     A child completion's tally points at its parent's, so one call adds to every
     completion above it: a parent's totals always include its children's.
     """
 
-    __slots__ = ("cost", "parent", "usage")
+    __slots__ = ("parent",)
 
     def __init__(self, parent: Tally | None = None) -> None:
+        super().__init__()
         self.parent = parent
-        self.usage = Usage()
-        self.cost = 0.0
 
     def add(self, usage: Usage, cost: float | None) -> None:
         node: Tally | None = self
         while node is not None:
-            node.usage = node.usage + usage
-            node.cost += cost or 0.0
+            node._add(usage, cost)
             node = node.parent
