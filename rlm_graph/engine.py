@@ -40,9 +40,17 @@ from .tracing import (
 __all__ = ["Engine"]
 
 
-def _make_provider(host: PluginHost, backend: str, kwargs: Mapping[str, Any] | None) -> Provider:
+def _make_provider(
+    host: PluginHost, backend: str | Provider, kwargs: Mapping[str, Any] | None
+) -> Provider:
     if not isinstance(backend, str):
-        raise ConfigError(f"a backend is named by a str, not {type(backend).__name__}")
+        # A ready provider object (e.g. a ScriptedProvider a test keeps a handle on).
+        if callable(getattr(backend, "complete", None)) and not kwargs:
+            return _checked(backend, type(backend).__name__)
+        raise ConfigError(
+            "a backend is a registered name (a str) or a provider object with complete(); "
+            f"got {type(backend).__name__}" + (" with backend_kwargs" if kwargs else "")
+        )
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ConfigError(
             f"the kwargs of backend {backend!r} must be a dict (e.g. {{'model_name': ...}}), "
@@ -56,10 +64,14 @@ def _make_provider(host: PluginHost, backend: str, kwargs: Mapping[str, Any] | N
             f"backend {backend!r} rejected its backend_kwargs: {exc}; see the provider's "
             "documentation for the keywords it takes"
         ) from None
-    for attr in ("complete", "aclose", "model", "max_concurrent"):
+    return _checked(provider, repr(backend))
+
+
+def _checked(provider: object, backend: str) -> Provider:
+    for attr in ("complete", "aclose", "model", "max_concurrent", "name"):
         if not hasattr(provider, attr):
             raise PluginError(
-                f"backend {backend!r} returned {type(provider).__name__}, which lacks {attr!r}; "
+                f"backend {backend} gave {type(provider).__name__}, which lacks {attr!r}; "
                 "a provider must follow rlm_graph.contracts.Provider"
             )
     return cast(Provider, provider)
@@ -69,7 +81,8 @@ class Engine:
     """Providers, plugins, limits and tracing, shared by every run.
 
     Args:
-        backend: the main provider's registered name (``"openai"``, ``"scripted"``...).
+        backend: the main provider's registered name (``"openai"``, ``"scripted"``...), or
+            a provider object (then without ``backend_kwargs``).
         backend_kwargs: keywords for that provider (``model_name``, ``base_url``...).
         other_backends: more providers; the first serves sub-calls at depth >= 1, and
             each serves requests for its own model name.
@@ -90,7 +103,7 @@ class Engine:
 
     def __init__(
         self,
-        backend: str = "scripted",
+        backend: str | Provider = "scripted",
         backend_kwargs: Mapping[str, Any] | None = None,
         *,
         other_backends: Sequence[str] | None = None,
@@ -110,7 +123,8 @@ class Engine:
             tracer_provider if tracer_provider is not None else tracer_provider_from_env()
         )
         self.trace_content = trace_content
-        providers = [(f"{backend}/0", _make_provider(self.host, backend, backend_kwargs))]
+        main = _make_provider(self.host, backend, backend_kwargs)
+        providers = [(f"{backend if isinstance(backend, str) else main.name}/0", main)]
         if isinstance(other_backends, str) or not isinstance(other_backends, Sequence | None):
             raise ConfigError(
                 f"other_backends must be a list of backend names, e.g. [{other_backends!r}]"
@@ -123,7 +137,9 @@ class Engine:
                 f"{len(other_kwargs)}; give one kwargs dict per backend"
             )
         for index, (name, kwargs) in enumerate(zip(others, other_kwargs, strict=True), start=1):
-            providers.append((f"{name}/{index}", _make_provider(self.host, name, kwargs)))
+            other = _make_provider(self.host, name, kwargs)
+            label = name if isinstance(name, str) else other.name
+            providers.append((f"{label}/{index}", other))
         table = self.host.models
         for name, info in (models or {}).items():
             table[name] = info if isinstance(info, ModelInfo) else ModelInfo(**info)

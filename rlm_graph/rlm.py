@@ -336,7 +336,7 @@ class RLM:
 
     def __init__(
         self,
-        backend: str = "openai",
+        backend: str | Any = "openai",
         backend_kwargs: Mapping[str, Any] | None = None,
         environment: str = "local",
         environment_kwargs: Mapping[str, Any] | None = None,

@@ -106,3 +106,17 @@ def test_a_failing_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCapt
     node = wf.llm("q")
     assert engine.run(wf)[node] == "ok"
     assert "observer failed on node" in caplog.text and "observer bug" in caplog.text
+
+
+def test_a_provider_object_can_be_the_backend() -> None:
+    from rlm_graph_scripted import ScriptedProvider
+
+    from rlm_graph import RLM
+
+    main = ScriptedProvider(respond=lambda r: "```repl\nFINAL(llm_query('x'))\n```")
+    sub = ScriptedProvider(model_name="sub", respond=lambda r: "from sub")
+    result = RLM(main, other_backends=[sub]).completion("ctx")
+    assert result.response == "from sub"
+    assert len(main.requests) == 1 and len(sub.requests) == 1
+    with pytest.raises(ConfigError, match="provider object with complete"):
+        Engine(main, {"model_name": "x"})
