@@ -15,18 +15,16 @@ from typing import Any
 
 import trio
 from opentelemetry.trace import TracerProvider
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from .contracts import ChatRequest, Environment, ModelInfo
 from .errors import LIMIT_ERRORS, ConfigError
 from .graph import (
-    CriticalPath,
     Graph,
     NodeKind,
     NodeRecord,
     critical_path,
     makespan,
-    usage_by_model,
 )
 from .hooks import hookimpl
 from .limits import Tally
@@ -34,115 +32,10 @@ from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .runtime.bridge import BridgeProxy
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner
+from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
-
-
-class ModelUsageSummary(BaseModel):
-    """One model's share of a completion, over every depth of the tree."""
-
-    model_config = ConfigDict(frozen=True)
-
-    total_calls: int = 0
-    total_input_tokens: int = 0
-    total_output_tokens: int = 0
-    total_cost: float | None = None
-
-
-class UsageSummary(BaseModel):
-    """Usage per model (the reference library's shape), children included."""
-
-    model_config = ConfigDict(frozen=True)
-
-    model_usage_summaries: dict[str, ModelUsageSummary] = Field(default_factory=dict)
-
-    @property
-    def total_input_tokens(self) -> int:
-        return sum(m.total_input_tokens for m in self.model_usage_summaries.values())
-
-    @property
-    def total_output_tokens(self) -> int:
-        return sum(m.total_output_tokens for m in self.model_usage_summaries.values())
-
-    @property
-    def total_calls(self) -> int:
-        return sum(m.total_calls for m in self.model_usage_summaries.values())
-
-    @property
-    def total_cost(self) -> float | None:
-        costs = [m.total_cost for m in self.model_usage_summaries.values() if m.total_cost is not None]
-        return sum(costs) if costs else None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "model_usage_summaries": {
-                name: m.model_dump(exclude_none=True) for name, m in self.model_usage_summaries.items()
-            }
-        }
-        if self.total_cost is not None:
-            out["total_cost"] = self.total_cost
-        return out
-
-    @classmethod
-    def from_graph(cls, graph: Graph) -> UsageSummary:
-        return cls(
-            model_usage_summaries={
-                name: ModelUsageSummary(
-                    total_calls=u.calls,
-                    total_input_tokens=u.input_tokens,
-                    total_output_tokens=u.output_tokens,
-                    total_cost=u.cost if u.cost else None,
-                )
-                for name, u in usage_by_model(graph).items()
-            }
-        )
-
-
-class RLMChatCompletion(BaseModel):
-    """The result of `RLM.completion`.
-
-    Attributes:
-        response: the answer (or, when a limit stopped the run, the best partial answer).
-        stop_reason: ``None`` when the model finished; else the limit that stopped it
-            (``"max_iterations"``, ``"max_timeout"``, ``"max_tokens"``, ``"max_budget"``,
-            ``"max_errors"``).
-        usage_summary: calls, tokens and cost per model, children included.
-        execution_time: wall-clock seconds.
-        graph: every node of the run, with its record.
-        critical_path, parallel_efficiency: from the graph (see rlm_graph.graph).
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    root_model: str
-    prompt: Any
-    response: str
-    usage_summary: UsageSummary
-    execution_time: float
-    stop_reason: str | None = None
-    iterations: int = 0
-    graph: Graph
-    critical_path: CriticalPath
-    parallel_efficiency: float
-    metadata: dict[str, Any] | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "root_model": self.root_model,
-            "prompt": self.prompt,
-            "response": self.response,
-            "usage_summary": self.usage_summary.to_dict(),
-            "execution_time": self.execution_time,
-            "stop_reason": self.stop_reason,
-            "iterations": self.iterations,
-            "nodes": len(self.graph),
-            "critical_path": list(self.critical_path.nodes),
-            "critical_path_seconds": self.critical_path.length,
-            "parallel_efficiency": self.parallel_efficiency,
-        }
-        return {k: v for k, v in out.items() if v is not None}
 
 
 def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
