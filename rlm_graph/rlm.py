@@ -30,9 +30,9 @@ from .hooks import hookimpl
 from .limits import Tally
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
+from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.bridge import BridgeProxy
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner
-from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
