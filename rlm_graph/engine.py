@@ -37,7 +37,7 @@ from .tracing import (
     tracer_provider_from_env,
 )
 
-__all__ = ["Engine"]
+__all__ = ["RLM", "Engine"]
 
 
 def _make_provider(
@@ -278,3 +278,8 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+# The RLM facade lives in rlm.py (it builds an Engine); importable from here too, where the
+# design's map puts it.
+from .rlm import RLM as RLM  # noqa: E402
