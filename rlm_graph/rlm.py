@@ -32,7 +32,7 @@ from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.bridge import BridgeProxy
-from .runtime.loop import CompletionState, LoopSettings, RLMRunner
+from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
@@ -425,9 +425,8 @@ class RLM:
             return await runner.root(prompt, root_prompt, state, tally)
         if self._env is None:
             self._proxy = BridgeProxy()
-            env = self.env_factory(
-                bridge=self._proxy, tools=dict(self.settings.tools), depth=0,
-                **dict(self.settings.environment_kwargs),
+            env = make_environment(
+                self.env_factory, self.settings, self._proxy, self.settings.tools, 0
             )
             await env.start()
             self._env = env

@@ -54,6 +54,7 @@ __all__ = [
     "CompletionState",
     "LoopSettings",
     "RLMRunner",
+    "make_environment",
 ]
 
 DEFAULT_CONTEXT_WINDOW = 128_000
@@ -457,6 +458,16 @@ async def _salvage_answer(env: Environment, state: CompletionState) -> None:
             state.answer_content = content
 
 
+def make_environment(
+    factory: Any, settings: LoopSettings, bridge: Any, tools: ToolTable, depth: int
+) -> Environment:
+    """An environment for one completion (or a persistent session), not yet started."""
+    env: Environment = factory(
+        bridge=bridge, tools=dict(tools), depth=depth, **dict(settings.environment_kwargs)
+    )
+    return env
+
+
 class _EnvironmentScope:
     """``async with``: make, start, load and always close a completion's environment."""
 
@@ -473,9 +484,8 @@ class _EnvironmentScope:
         self.env: Environment | None = None
 
     async def __aenter__(self) -> Environment:
-        self.env = self.factory(
-            bridge=self.bridge, tools=dict(self.tools), depth=self.depth,
-            **dict(self.settings.environment_kwargs),
+        self.env = make_environment(
+            self.factory, self.settings, self.bridge, self.tools, self.depth
         )
         try:
             await self.env.start()
