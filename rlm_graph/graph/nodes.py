@@ -67,7 +67,9 @@ class NodeRecord:
     dumped or validated like a pydantic model (``model_dump``, ``model_validate``).
 
     Attributes:
-        id: unique within the run (``"turn-3"``, ``"llm-17"``, or a user's own name).
+        id: unique within the run and structural: the node's place, never its finishing
+            order (``"turn-3"``, ``"turn-1/block-2/llm-1.17"``, or a user's own name;
+            see docs/architecture.md).
         kind: what runs.
         depth: recursion depth of the completion the node belongs to (root: 0).
         completion: id of the completion the node belongs to: ``"root"``, or the id of the

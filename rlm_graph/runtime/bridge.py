@@ -26,6 +26,7 @@ from typing import Any
 
 import functools
 import inspect
+from dataclasses import dataclass
 
 import trio
 
@@ -37,11 +38,26 @@ from .batch import run_batch
 from .context import Run
 from .providers import call_model
 
-__all__ = ["BridgeProxy", "ChildRunner", "CompletionBridge"]
+__all__ = ["BridgeProxy", "ChildRunner", "CompletionBridge", "node_path"]
+
+
+def node_path(completion: str, name: str) -> str:
+    """The structural id of node ``name`` of a completion: the root completion's nodes
+    are ``turn-1``, ``turn-1/block-2``...; a child's are prefixed by its ``rlm_call`` id."""
+    return name if completion == "root" else f"{completion}/{name}"
 
 ChildRunner = Callable[[str, "str | None", NodeRecord, Tally], Awaitable[str]]
 """``runner(prompt, model, rlm_call_record, child_tally) -> answer``: runs a child
 completion as the given node."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Place:
+    """Where a call sits in its block: the call's ordinal, and its slot in a batch."""
+
+    ordinal: int
+    index: int | None
+    size: int | None
 
 
 class CompletionBridge:
@@ -67,10 +83,17 @@ class CompletionBridge:
         self.tools = dict(tools or {})
         self.block: str | None = None
         self._finished: list[str] = []
+        self._calls = 0
 
     def begin_block(self, block_id: str) -> None:
         self.block = block_id
         self._finished = []
+        self._calls = 0
+
+    def _ordinal(self) -> int:
+        """The next call's ordinal within the current block (a batch takes one)."""
+        self._calls += 1
+        return self._calls
 
     def _take_finished(self) -> list[str]:
         after, self._finished = self._finished, []
@@ -107,41 +130,43 @@ class CompletionBridge:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    Slot = Callable[[str, "str | None", list[str], "int | None", "int | None"], Awaitable[str]]
+    Slot = Callable[[str, "str | None", list[str], "_Place"], Awaitable[str]]
 
     async def _one(self, slot: Slot, prompt: str, model: str | None, after: list[str]) -> str:
         try:
-            return await slot(prompt, model, after, None, None)
+            return await slot(prompt, model, after, _Place(self._ordinal(), None, None))
         except Exception as exc:  # the model sees the failure as data
             return error_slot(exc)
 
     async def _batch(self, slot: Slot, prompts: Sequence[str], model: str | None) -> list[str]:
         after = self._take_finished()
         size = len(prompts)
+        ordinal = self._ordinal()
 
         async def one(index: int, prompt: str) -> str:
-            return await slot(prompt, model, after, index, size)
+            return await slot(prompt, model, after, _Place(ordinal, index, size))
 
         return await run_batch(
             list(prompts), one, limit=self.run.limits.batch_max_concurrent, name="batch"
         )
 
-    def _record(self, kind: NodeKind, prompt: str, index: int | None, size: int | None) -> NodeRecord:
+    def _record(self, kind: NodeKind, prompt: str, place: _Place) -> NodeRecord:
         prefix = "llm" if kind == NodeKind.LLM_CALL else "rlm"
+        name = f"{prefix}-{place.ordinal}"
+        if place.index is not None:
+            name += f".{place.index}"
         return NodeRecord(
-            id=self.run.new_id(prefix),
+            id=f"{self.block}/{name}" if self.block else node_path(self.completion, name),
             kind=kind,
             depth=self.depth + 1,
             completion=self.completion,
-            batch_index=index,
-            batch_size=size,
+            batch_index=place.index,
+            batch_size=place.size,
             input_preview=preview(prompt),
         )
 
-    async def _llm(
-        self, prompt: str, model: str | None, after: list[str], index: int | None, size: int | None
-    ) -> str:
-        record = self._record(NodeKind.LLM_CALL, prompt, index, size)
+    async def _llm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
+        record = self._record(NodeKind.LLM_CALL, prompt, place)
         messages = [Message(role="user", content=prompt)]
 
         async def body(rec: NodeRecord) -> str:
@@ -155,12 +180,10 @@ class CompletionBridge:
         finally:
             self._finished.append(record.id)
 
-    async def _rlm(
-        self, prompt: str, model: str | None, after: list[str], index: int | None, size: int | None
-    ) -> str:
+    async def _rlm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
         if not self.can_recurse:
-            return await self._llm(prompt, model, after, index, size)
-        record = self._record(NodeKind.RLM_CALL, prompt, index, size)
+            return await self._llm(prompt, model, after, place)
+        record = self._record(NodeKind.RLM_CALL, prompt, place)
         child_tally = Tally(parent=self.tally)
 
         async def body(rec: NodeRecord) -> str:

@@ -44,7 +44,7 @@ from ..protocol.prompts import (
     no_code_message,
     system_prompt,
 )
-from .bridge import BridgeProxy, CompletionBridge
+from .bridge import BridgeProxy, CompletionBridge, node_path
 from .context import Run
 from .providers import call_model, estimate_tokens
 
@@ -178,7 +178,7 @@ class RLMRunner:
         content = f"{root_prompt}\n\n{text}" if root_prompt else text
         state.add(Message(role="user", content=content))
         record = NodeRecord(
-            id=self.run.new_id("llm"), kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content)
+            id="llm-1", kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content)
         )
 
         async def body(rec: NodeRecord) -> str:
@@ -268,11 +268,16 @@ class RLMRunner:
         return CompletionOutcome(reply, "max_iterations", state)
 
     def _record(
-        self, c: _Completion, kind: NodeKind, prefix: str, iteration: int, preview_: str = ""
+        self, c: _Completion, kind: NodeKind, name: str, iteration: int, preview_: str = ""
     ) -> NodeRecord:
-        """A new node of completion ``c`` (not yet in the graph: `Run.execute` adds it)."""
+        """A new node of completion ``c`` (not yet in the graph: `Run.execute` adds it).
+
+        Its id is structural (see docs/architecture.md): the completion's path, then
+        ``name`` (``turn-3``, ``turn-3/block-2``, ``compaction-3``), so the same work has
+        the same id in a re-run, whatever finished first.
+        """
         return NodeRecord(
-            id=self.run.new_id(prefix),
+            id=node_path(c.completion, name),
             kind=kind,
             depth=c.depth,
             completion=c.completion,
@@ -283,7 +288,7 @@ class RLMRunner:
     async def _turn(
         self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
     ) -> tuple[str, str]:
-        record = self._record(c, NodeKind.ROOT_TURN, "turn", iteration)
+        record = self._record(c, NodeKind.ROOT_TURN, f"turn-{iteration}", iteration)
         messages = list(state.messages)
 
         async def body(rec: NodeRecord) -> str:
@@ -322,7 +327,7 @@ class RLMRunner:
         ):
             return previous
         record = self._record(
-            c, NodeKind.COMPACTION, "compaction", iteration,
+            c, NodeKind.COMPACTION, f"compaction-{iteration}", iteration,
             f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
         )
 
@@ -356,8 +361,10 @@ class RLMRunner:
         turn_id = previous
         results: list[ExecResult] = []
         final: str | None = None
-        for code in codes:
-            result, previous = await self._block(c, state, iteration, code, previous, turn_id)
+        for number, code in enumerate(codes, start=1):
+            result, previous = await self._block(
+                c, state, iteration, code, previous, turn_id, number
+            )
             results.append(result)
             state.answer_content = result.answer_content or state.answer_content
             if result.final_answer is not None:
@@ -365,7 +372,7 @@ class RLMRunner:
                 break
         if final is None and text_final is not None:
             final, previous = await self._text_final(
-                c, state, iteration, text_final, previous, turn_id
+                c, state, iteration, text_final, previous, turn_id, len(results) + 1
             )
         failed = any(not r.ok for r in results)
         state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
@@ -389,8 +396,11 @@ class RLMRunner:
         code: str,
         previous: str,
         turn_id: str,
+        number: int,
     ) -> tuple[ExecResult, str]:
-        record = self._record(c, NodeKind.REPL_BLOCK, "block", iteration, preview(code))
+        record = self._record(
+            c, NodeKind.REPL_BLOCK, f"turn-{iteration}/block-{number}", iteration, preview(code)
+        )
 
         async def body(rec: NodeRecord) -> ExecResult:
             c.bridge.begin_block(rec.id)
@@ -417,11 +427,12 @@ class RLMRunner:
         found: Any,
         previous: str,
         turn_id: str,
+        number: int,
     ) -> tuple[str | None, str]:
         if found.kind == "FINAL":
             return found.value, previous
         result, previous = await self._block(
-            c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id
+            c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id, number
         )
         return result.final_answer, previous
 
