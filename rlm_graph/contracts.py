@@ -174,7 +174,8 @@ class ExecResult(BaseModel):
     """The outcome of one REPL block, as the model will see it next turn.
 
     ``final_answer`` is set when the block finished the task (``answer["ready"] = True``,
-    ``FINAL(...)`` or ``FINAL_VAR(...)``); ``answer_content`` is ``answer["content"]`` as
+    ``FINAL(...)`` or ``FINAL_VAR(...)``), as text; ``final_json`` is that value as JSON
+    when it was not a str (what a typed completion validates); ``answer_content`` is ``answer["content"]`` as
     the block left it, the best partial answer if the run is stopped. ``error`` is the exception text when the block
     raised; the traceback is already in ``stderr``.
     """
@@ -185,6 +186,7 @@ class ExecResult(BaseModel):
     stderr: str = ""
     error: str | None = None
     final_answer: str | None = None
+    final_json: str | None = None
     answer_content: str = ""
     timed_out: bool = False
     restarted: bool = False

@@ -20,6 +20,7 @@ names what happened and what to do about it::
     │   ├── IterationLimitExceeded max_iterations
     │   └── ErrorLimitExceeded    max_errors
     ├── EnvironmentCrashed       a REPL environment died under a block
+    ├── SchemaMismatch           an answer that does not have the shape asked for (schema=)
     ├── NodeFailed               a node of a user's graph failed and the run was asked to raise
     └── TraceFileError           a trace file that cannot be read (rlm_graph.tracing.reader)
 
@@ -48,6 +49,7 @@ __all__ = [
     "ProviderTimeout",
     "RLMGraphError",
     "RateLimited",
+    "SchemaMismatch",
     "TokenLimitExceeded",
     "error_slot",
 ]
@@ -164,6 +166,11 @@ LIMIT_ERRORS: dict[str, type[LimitExceeded]] = {
 
 class EnvironmentCrashed(RLMGraphError):
     """The REPL environment died while running a block (a killed or crashed process)."""
+
+
+class SchemaMismatch(RLMGraphError, ValueError):
+    """An answer (``FINAL``, ``answer["content"]``, a typed ``llm_query``) that does not
+    match the schema asked for; the message lists what is wrong, field by field."""
 
 
 class NodeFailed(RLMGraphError):

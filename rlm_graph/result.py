@@ -79,7 +79,11 @@ class RLMChatCompletion(BaseModel):
     """The result of `RLM.completion`.
 
     Attributes:
-        response: the answer (or, when a limit stopped the run, the best partial answer).
+        response: the answer (or, when a limit stopped the run, the best partial answer);
+            with ``schema=``, the JSON of ``parsed``.
+        parsed: with ``schema=``, the validated answer (an instance of the type given, or
+            JSON data for a JSON Schema dict); ``None`` when no answer matched.
+        error: with ``schema=``, why the last answer was refused when none matched.
         stop_reason: ``None`` when the model finished; else the limit that stopped it
             (``"max_iterations"``, ``"max_timeout"``, ``"max_tokens"``, ``"max_budget"``,
             ``"max_errors"``).
@@ -94,6 +98,7 @@ class RLMChatCompletion(BaseModel):
     root_model: str
     prompt: Any
     response: str
+    parsed: Any = None
     usage_summary: UsageSummary
     execution_time: float
     stop_reason: str | None = None
@@ -109,6 +114,7 @@ class RLMChatCompletion(BaseModel):
             "root_model": self.root_model,
             "prompt": self.prompt,
             "response": self.response,
+            "error": self.error,
             "usage_summary": self.usage_summary.to_dict(),
             "execution_time": self.execution_time,
             "stop_reason": self.stop_reason,

@@ -7,6 +7,7 @@ and the finished graph on every result.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import time
@@ -28,6 +29,7 @@ from .graph import (
 )
 from .hooks import hookimpl
 from .limits import Tally
+from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
@@ -349,28 +351,43 @@ class RLM:
 
     # -- running ------------------------------------------------------------------------
 
-    def completion(self, prompt: Any, root_prompt: str | None = None) -> RLMChatCompletion:
+    def completion(
+        self, prompt: Any, root_prompt: str | None = None, *, schema: Any = None
+    ) -> RLMChatCompletion:
         """Answer ``root_prompt`` over the context ``prompt`` (str, list or dict).
 
         Runs its own trio loop; from trio code use `acompletion`.
 
+        Args:
+            prompt: the context, put in the REPL as ``context``.
+            root_prompt: the question (None: the task is stated in the context).
+            schema: the answer's shape (a pydantic model, a dataclass, a type such as
+                ``list[str]``, or a JSON Schema dict): the root model is told it, its
+                answer is validated (a mismatch goes back to it as the block's error),
+                ``result.parsed`` is the typed value and ``result.response`` its JSON.
+
         Raises:
+            ConfigError: a context, question or schema that cannot work.
             LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
             ProviderError: the root model could not be called.
         """
         return run_sync(
-            self._sync_completion, prompt, root_prompt,
+            self._sync_completion, prompt, root_prompt, schema,
             sync_name="RLM.completion", async_name="rlm.acompletion",
         )
 
-    async def _sync_completion(self, prompt: Any, root_prompt: str | None) -> RLMChatCompletion:
+    async def _sync_completion(
+        self, prompt: Any, root_prompt: str | None, schema: Any
+    ) -> RLMChatCompletion:
         try:
-            return await self.acompletion(prompt, root_prompt)
+            return await self.acompletion(prompt, root_prompt, schema=schema)
         finally:
             with trio.CancelScope(shield=True):
                 await self.engine.aclose()
 
-    async def acompletion(self, prompt: Any, root_prompt: str | None = None) -> RLMChatCompletion:
+    async def acompletion(
+        self, prompt: Any, root_prompt: str | None = None, *, schema: Any = None
+    ) -> RLMChatCompletion:
         """`completion` for trio callers: runs in the caller's loop."""
         if not isinstance(prompt, str | list | dict):
             raise ConfigError(
@@ -378,9 +395,12 @@ class RLM:
             )
         if root_prompt is not None and not isinstance(root_prompt, str):
             raise ConfigError(f"root_prompt must be a str, not {type(root_prompt).__name__}")
+        settings = self.settings
+        if schema is not None:
+            settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
         started = time.perf_counter()
         run = self.engine.new_run()
-        runner = RLMRunner(run, self.settings, self.env_factory)
+        runner = RLMRunner(run, settings, self.env_factory)
         state = CompletionState()
         tally = Tally()
         outcome = None
@@ -405,7 +425,7 @@ class RLM:
             run.finalize()
         cut = outcome is None or run.scope.cancelled_caught
         response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
-        result = self._result(run.graph, prompt, response, stop_reason, state, started)
+        result = self._result(run.graph, prompt, response, stop_reason, state, started, cut)
         run.run_finished(result)
         await self.engine.flush_spans()
         if stop_reason is not None and run.limits.on_limit == "raise":
@@ -443,11 +463,14 @@ class RLM:
 
     def _result(
         self, graph: Graph, prompt: Any, response: str, stop_reason: str | None,
-        state: CompletionState, started: float,
+        state: CompletionState, started: float, cut: bool,
     ) -> RLMChatCompletion:
         path = critical_path(graph)
         span = makespan(graph)
+        parsed = None if cut else state.parsed
         return RLMChatCompletion(
+            parsed=parsed,
+            error=state.schema_error if parsed is None else None,
             root_model=self.engine.provider.model,
             prompt=prompt,
             response=response,

@@ -19,6 +19,8 @@ __all__ = [
     "first_user_message",
     "format_repl_output",
     "no_code_message",
+    "schema_instructions",
+    "schema_rejected_note",
     "system_prompt",
     "tools_section",
 ]
@@ -124,8 +126,10 @@ def first_user_message(
     index: int = 0,
     histories: int = 0,
     max_iterations: int,
+    schema: str | None = None,
 ) -> str:
-    """The task: what the context is, the question, and the turn budget."""
+    """The task: what the context is, the question, the answer's shape (``schema``: a
+    JSON Schema as text) and the turn budget."""
     name = "context" if index == 0 else f"context_{index}"
     lines = [f"Your context (`{name}`) is {context_summary(context)}."]
     if index > 0:
@@ -140,6 +144,8 @@ def first_user_message(
         lines.append(f"Question: {root_prompt}")
     else:
         lines.append("There is no separate question: the task is stated in the context itself.")
+    if schema is not None:
+        lines.append(schema_instructions(schema))
     lines.append(
         f"You have {max_iterations} turns. Start by looking at the context in a ```repl block."
     )
@@ -172,8 +178,40 @@ def no_code_message(turn: int, max_iterations: int) -> str:
     )
 
 
-def final_answer_prompt(max_iterations: int) -> str:
+def final_answer_prompt(max_iterations: int, *, typed: bool = False) -> str:
+    if typed:
+        return (
+            f"You have used all {max_iterations} turns. Reply now with your best final answer "
+            "as a JSON value matching the answer schema you were given, and nothing else. "
+            "Do not write code."
+        )
     return (
         f"You have used all {max_iterations} turns. Reply now with your best final answer to "
         "the question, as plain text, based on what you have found. Do not write code."
+    )
+
+
+def schema_instructions(schema: str, *, repl: bool = True) -> str:
+    """What a typed completion tells the model about its answer's shape (``repl=False``:
+    a one-call answer, without a REPL)."""
+    if not repl:
+        return (
+            "Answer with a JSON value matching this JSON Schema, and nothing else:\n"
+            f"```json\n{schema}\n```"
+        )
+    return (
+        "Answer format: your final answer must be a JSON value matching this JSON Schema:\n"
+        f"```json\n{schema}\n```\n"
+        'Put the value itself in answer["content"] (a dict, a list, a number... or its JSON '
+        'text) and set answer["ready"] = True, or call FINAL(value). An answer that does not '
+        "match is refused, and you are told what is wrong."
+    )
+
+
+def schema_rejected_note(problem: str) -> str:
+    """Appended to a block's output when its answer did not match the schema."""
+    return (
+        f"SchemaMismatch: your answer was not accepted: {problem}\n"
+        '[answer was reset; fix the value and finish again with answer["content"] and '
+        'answer["ready"] = True, or FINAL(value)]\n'
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import json
 import os
 import traceback
 import types
@@ -26,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..contracts import ExecResult
+from ..protocol.schema import to_jsonable
 from .capture import capture_output
 
 __all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES"]
@@ -114,6 +116,7 @@ class ReplSession:
         self.output_cap = output_cap
         self.tools = dict(tools or {})
         self._final: str | None = None
+        self._final_value: Any = None
         self._contexts: list[str] = []
         self.answer = _Answer()
         self.ns: dict[str, Any] = {"__name__": "__repl__", "__builtins__": self._builtins()}
@@ -186,8 +189,10 @@ class ReplSession:
         return "Variables: " + ", ".join(f"{name}: {kind}" for name, kind in found.items())
 
     def final(self, value: Any) -> str:
-        """``FINAL(value)``: finish with ``str(value)``."""
+        """``FINAL(value)``: finish with ``str(value)`` (and the value itself, as JSON, for a
+        typed completion)."""
         self._final = str(value)
+        self._final_value = value
         return self._final
 
     def final_var(self, name: Any) -> str:
@@ -222,12 +227,14 @@ class ReplSession:
         self.answer.clear()
         self.answer.update(content="", ready=False)
         self._final = None
+        self._final_value = None
 
     # -- running a block ----------------------------------------------------------------
 
     def execute(self, code: str) -> ExecResult:
         """Run one block and report what it printed, raised and answered."""
         self._final = None
+        self._final_value = None
         error: str | None = None
         with capture_output(self.output_cap) as (out, err):
             try:
@@ -241,11 +248,13 @@ class ReplSession:
         stdout = out.getvalue()
         if out.dropped:
             stdout += f"\n... [{out.dropped:,} more characters were printed and not kept]\n"
+        final = self._final_answer()
         return ExecResult(
             stdout=stdout,
             stderr=err.getvalue(),
             error=error,
-            final_answer=self._final_answer(),
+            final_answer=final,
+            final_json=self._final_json() if final is not None else None,
             answer_content=self.answer_content(),
         )
 
@@ -300,6 +309,17 @@ class ReplSession:
         if self.answer.get("ready"):
             return str(self.answer.get("content", ""))
         return None
+
+    def _final_json(self) -> str | None:
+        """The final value as JSON when it is not a str (a dict, a list, a number, a
+        pydantic model...), for a typed completion to validate; None if it has no JSON."""
+        value = self._final_value if self._final is not None else self.answer.get("content")
+        if isinstance(value, str):
+            return None
+        try:
+            return json.dumps(value, default=to_jsonable, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return None
 
     def answer_content(self) -> str:
         """The current ``answer["content"]``, for a partial answer when a run is cut."""

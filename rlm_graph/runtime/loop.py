@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from ..contracts import ChatResponse, Environment, ExecResult, Message
-from ..errors import ProviderError
+from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, NodeStatus, preview
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
@@ -42,8 +42,11 @@ from ..protocol.prompts import (
     first_user_message,
     format_repl_output,
     no_code_message,
+    schema_instructions,
+    schema_rejected_note,
     system_prompt,
 )
+from ..protocol.schema import AnswerSchema
 from .bridge import BridgeProxy, CompletionBridge, node_path
 from .context import Run
 from .providers import call_model, estimate_tokens
@@ -78,6 +81,7 @@ class LoopSettings:
     compaction_threshold_pct: float = 0.85
     root_params: Mapping[str, Any] | None = None  # request parameters of depth-0 turns
     sub_params: Mapping[str, Any] | None = None  # of sub-calls and children's turns
+    schema: AnswerSchema | None = None  # the root's answer shape (completion(schema=...))
 
 
 @dataclass(slots=True)
@@ -92,6 +96,8 @@ class CompletionState:
     trajectory: list[Message] = field(default_factory=list)
     counted_tokens: int | None = None  # reported by the last turn, for its messages
     counted_messages: int = 0
+    parsed: Any = None  # the typed answer, when the root has a schema and it matched
+    schema_error: str | None = None  # why the last answer was refused, if it was
 
     def partial(self) -> str:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
@@ -176,6 +182,9 @@ class RLMRunner:
         """``max_depth=0``: no REPL at all, one call of the root model (as the reference)."""
         text = context if isinstance(context, str) else json.dumps(context, default=str)
         content = f"{root_prompt}\n\n{text}" if root_prompt else text
+        schema = self.settings.schema
+        if schema is not None:
+            content += "\n\n" + schema_instructions(schema.describe(), repl=False)
         state.add(Message(role="user", content=content))
         record = NodeRecord(
             id="llm-1", kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content)
@@ -189,6 +198,11 @@ class RLMRunner:
 
         answer = await self.run.execute(record, body)
         state.last_reply = answer
+        if schema is not None:
+            try:
+                answer = self._accept(schema, state, answer)
+            except SchemaMismatch as exc:
+                state.schema_error = f"SchemaMismatch: {exc}"
         return CompletionOutcome(answer, None, state)
 
     async def child(self, prompt: str, model: str | None, record: NodeRecord, tally: Tally) -> str:
@@ -232,6 +246,7 @@ class RLMRunner:
     ) -> CompletionOutcome:
         limits = self.run.limits
         tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
+        schema = self._schema(c)
         state.messages = []
         for message in (
             Message(
@@ -248,6 +263,7 @@ class RLMRunner:
                 content=first_user_message(
                     context, root_prompt, index=index, histories=histories,
                     max_iterations=limits.max_iterations,
+                    schema=schema.describe() if schema is not None else None,
                 ),
             ),
         ):
@@ -263,9 +279,57 @@ class RLMRunner:
             if limits.max_errors is not None and state.consecutive_errors >= limits.max_errors:
                 return CompletionOutcome(state.partial(), "max_errors", state)
         previous = await self._compact(c, state, limits.max_iterations + 1, previous)
-        state.add(Message(role="user", content=final_answer_prompt(limits.max_iterations)))
+        state.add(
+            Message(
+                role="user",
+                content=final_answer_prompt(limits.max_iterations, typed=schema is not None),
+            )
+        )
         reply, _ = await self._turn(c, state, limits.max_iterations + 1, previous)
+        if schema is not None:
+            try:
+                return CompletionOutcome(self._accept(schema, state, reply), "max_iterations", state)
+            except SchemaMismatch as exc:
+                state.schema_error = f"SchemaMismatch: {exc}"
         return CompletionOutcome(reply, "max_iterations", state)
+
+    def _schema(self, c: _Completion) -> AnswerSchema | None:
+        """The answer schema of completion ``c``: the root's only (children answer text)."""
+        return self.settings.schema if c.depth == 0 else None
+
+    @staticmethod
+    def _accept(schema: AnswerSchema, state: CompletionState, text: str) -> str:
+        """Validate a typed answer; keep the value on ``state`` and return its JSON.
+
+        Raises:
+            SchemaMismatch: the answer does not match.
+        """
+        state.parsed = schema.parse_text(text)
+        state.schema_error = None
+        return schema.dump_json(state.parsed)
+
+    async def _check_final(
+        self, c: _Completion, state: CompletionState, result: ExecResult
+    ) -> ExecResult:
+        """A block's final answer, checked against the schema: a mismatch is the block's
+        error (shown to the model next turn), and ``answer`` is reset in the REPL."""
+        schema = self._schema(c)
+        if schema is None or result.final_answer is None:
+            return result
+        try:
+            text = self._accept(schema, state, result.final_json or result.final_answer)
+        except SchemaMismatch as exc:
+            state.schema_error = f"SchemaMismatch: {exc}"
+            await c.env.reset_answer()
+            return result.model_copy(
+                update={
+                    "final_answer": None,
+                    "final_json": None,
+                    "error": state.schema_error,
+                    "stderr": result.stderr + schema_rejected_note(str(exc)),
+                }
+            )
+        return result.model_copy(update={"final_answer": text})
 
     def _record(
         self, c: _Completion, kind: NodeKind, name: str, iteration: int, preview_: str = ""
@@ -404,7 +468,7 @@ class RLMRunner:
 
         async def body(rec: NodeRecord) -> ExecResult:
             c.bridge.begin_block(rec.id)
-            result = await c.env.execute(code)
+            result = await self._check_final(c, state, await c.env.execute(code))
             rec.output_preview = preview(result.stdout or result.stderr)
             if not result.ok:
                 rec.status = NodeStatus.ERROR
@@ -430,7 +494,15 @@ class RLMRunner:
         number: int,
     ) -> tuple[str | None, str]:
         if found.kind == "FINAL":
-            return found.value, previous
+            schema = self._schema(c)
+            if schema is None:
+                return found.value, previous
+            try:
+                return self._accept(schema, state, found.value), previous
+            except SchemaMismatch as exc:
+                state.schema_error = f"SchemaMismatch: {exc}"
+                state.add(Message(role="user", content=schema_rejected_note(str(exc))))
+                return None, previous
         result, previous = await self._block(
             c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id, number
         )

@@ -1,0 +1,243 @@
+"""Typed answers: the shape a user asked for (``schema=``), as a JSON Schema and a validator.
+
+`AnswerSchema` wraps what a user may pass as ``schema=``: a pydantic model, a dataclass, a
+plain type (``int``, ``list[str]``, ``dict[str, float]``, anything pydantic's
+``TypeAdapter`` takes), or a JSON Schema dict. It gives:
+
+    json_schema         what the model is told, and what a provider's structured-output
+                        mode is sent
+    validate(value)     the typed value of a JSON-like value, or `SchemaMismatch`
+    parse_text(text)    the same for a model's text reply (JSON, possibly in a fence)
+    dump_json(value)    the typed value as JSON text (``result.response``)
+
+Invariants:
+    - A Python type is validated by pydantic (its own validators run) and gives instances
+      of that type; a JSON Schema dict is validated by ``jsonschema`` (the dialect the
+      schema names, Draft 2020-12 by default) and its values stay plain JSON data.
+    - A `SchemaMismatch` message lists at most `MAX_PROBLEMS` problems, each with the
+      path of the offending field: it is shown to a model that must fix its answer.
+    - ``jsonschema`` is imported only when a dict schema is validated, so the subprocess
+      guest, which only turns classes into JSON Schemas, never loads it.
+    - Pure: no trio, httpx or opentelemetry.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
+
+from ..errors import ConfigError, SchemaMismatch
+
+__all__ = ["MAX_PROBLEMS", "AnswerSchema", "to_jsonable"]
+
+MAX_PROBLEMS = 8
+
+_NAME = re.compile(r"[^A-Za-z0-9_-]+")
+_FENCED = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\Z", re.DOTALL)
+
+
+class AnswerSchema:
+    """The shape of an answer: a JSON Schema, and a validator that gives typed values.
+
+    Build one with `AnswerSchema.of` (which also checks a JSON Schema dict against its
+    meta-schema); ``AnswerSchema(source, check=False)`` skips that check, for the REPL
+    side, which only needs the JSON Schema of a class.
+
+    Attributes:
+        source: what the user passed.
+        json_schema: the JSON Schema (a dict).
+        name: a short identifier for providers that name schemas (``[A-Za-z0-9_-]``).
+        typed: whether values come back as instances of a Python type (else JSON data).
+    """
+
+    __slots__ = ("_adapter", "_validator", "json_schema", "name", "source", "typed")
+
+    def __init__(self, source: Any, *, check: bool = True) -> None:
+        self.source = source
+        self._adapter: TypeAdapter[Any] | None = None
+        self._validator: Any = None
+        if isinstance(source, Mapping):
+            self.json_schema = _json_copy(source)
+            self.typed = False
+            if check:
+                self._validator = _dict_validator(self.json_schema)
+            title = self.json_schema.get("title")
+            self.name = _identifier(title if isinstance(title, str) else "") or "answer"
+        else:
+            self._adapter, self.json_schema = _adapter_of(source)
+            self.typed = True
+            self.name = _identifier(getattr(source, "__name__", "") or "") or "answer"
+
+    @classmethod
+    def of(cls, schema: Any) -> AnswerSchema:
+        """An `AnswerSchema` for ``schema=`` as a user gives it (or one already built).
+
+        Raises:
+            ConfigError: not a type pydantic can describe, nor a valid JSON Schema dict.
+        """
+        if isinstance(schema, AnswerSchema):
+            return schema
+        return cls(schema)
+
+    def __repr__(self) -> str:
+        return f"AnswerSchema({self.name!r})"
+
+    # -- checking values ----------------------------------------------------------------
+
+    def validate(self, value: Any) -> Any:
+        """The typed value of ``value`` (JSON data, or an instance of the type).
+
+        Raises:
+            SchemaMismatch: the value does not match; the message says where and how.
+        """
+        if self._adapter is not None:
+            try:
+                return self._adapter.validate_python(value)
+            except ValidationError as exc:
+                raise SchemaMismatch(_pydantic_problems(exc)) from None
+        if self._validator is None:
+            self._validator = _dict_validator(self.json_schema)
+        errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        if errors:
+            raise SchemaMismatch(_jsonschema_problems(errors))
+        return value
+
+    def parse_text(self, text: str) -> Any:
+        """The typed value of a text answer: JSON (a fenced ```json block is unwrapped),
+        or, for a schema that takes strings, the text itself.
+
+        Raises:
+            SchemaMismatch: neither reading matches.
+        """
+        body = text.strip()
+        fenced = _FENCED.match(body)
+        if fenced:
+            body = fenced.group(1).strip()
+        mismatch: SchemaMismatch | None = None
+        try:
+            data = json.loads(body)
+        except ValueError as exc:
+            not_json = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(
+                exc, json.JSONDecodeError
+            ) else str(exc)
+        else:
+            try:
+                return self.validate(data)
+            except SchemaMismatch as exc:
+                mismatch = exc
+        try:
+            return self.validate(text)  # a schema that takes strings takes the text as is
+        except SchemaMismatch:
+            pass
+        if mismatch is not None:
+            raise mismatch
+        raise SchemaMismatch(
+            f"the answer is not JSON ({not_json}); give the value itself as JSON matching "
+            "the schema, with nothing around it"
+        )
+
+    def dump_json(self, value: Any) -> str:
+        """``value`` (as `validate` returned it) as JSON text."""
+        if self._adapter is not None:
+            return self._adapter.dump_json(value).decode()
+        return json.dumps(value, ensure_ascii=False)
+
+    def describe(self) -> str:
+        """The JSON Schema as compact text, for a prompt."""
+        return json.dumps(self.json_schema, ensure_ascii=False, separators=(",", ":"))
+
+
+def to_jsonable(value: Any) -> Any:
+    """``json.dumps``'s ``default``: pydantic models, dataclasses, sets and tuples as JSON
+    data (what a model's code may put in ``answer["content"]``)."""
+    import dataclasses
+
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# -- building -------------------------------------------------------------------------
+
+
+def _identifier(text: str) -> str:
+    return _NAME.sub("_", text).strip("_")[:64]
+
+
+def _json_copy(schema: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        copied: dict[str, Any] = json.loads(json.dumps(schema))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a JSON Schema dict must hold JSON data only ({exc})") from None
+    return copied
+
+
+def _adapter_of(source: Any) -> tuple[TypeAdapter[Any], dict[str, Any]]:
+    if source is None or isinstance(source, str | bytes | int | float | bool | list | tuple):
+        raise ConfigError(
+            f"schema={source!r} is a value, not a shape; pass a pydantic model, a "
+            "dataclass, a type such as list[str], or a JSON Schema dict"
+        )
+    try:
+        adapter: TypeAdapter[Any] = TypeAdapter(source)
+        json_schema = adapter.json_schema()
+    except (PydanticUserError, PydanticUndefinedAnnotation, TypeError, NameError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"schema={source!r} is not a shape pydantic can describe ({first}); pass a "
+            "pydantic model, a dataclass, a type such as list[str], or a JSON Schema dict"
+        ) from None
+    return adapter, json_schema
+
+
+def _dict_validator(schema: dict[str, Any]) -> Any:
+    import jsonschema
+
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(map(str, exc.absolute_path)) or "the top level"
+        raise ConfigError(f"schema is not a valid JSON Schema: {exc.message} (at {where})") from None
+    return cls(schema)
+
+
+# -- reporting ------------------------------------------------------------------------
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _pydantic_problems(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False)
+    lines = []
+    for error in errors[:MAX_PROBLEMS]:
+        where = ".".join(str(part) for part in error["loc"]) or "the answer"
+        lines.append(f"{where}: {error['msg']} (got {_shown(error.get('input'))})")
+    return _summary(lines, len(errors))
+
+
+def _jsonschema_problems(errors: list[Any]) -> str:
+    lines = []
+    for error in errors[:MAX_PROBLEMS]:
+        where = ".".join(str(part) for part in error.absolute_path) or "the answer"
+        lines.append(f"{where}: {error.message}")
+    return _summary(lines, len(errors))
+
+
+def _summary(lines: list[str], total: int) -> str:
+    more = f"; and {total - len(lines)} more" if total > len(lines) else ""
+    count = "1 problem" if total == 1 else f"{total} problems"
+    return f"the answer does not match the schema ({count}): " + "; ".join(lines) + more
