@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
 import trio
@@ -20,12 +21,14 @@ from opentelemetry.trace import TracerProvider
 
 from .contracts import ModelInfo, Provider
 from .errors import LIMIT_ERRORS, ConfigError, PluginError
+from .events import DEFAULT_CAPACITY, Listener
 from .graph import Workflow
 from .hooks import PluginHost
 from .limits import Limits
 from .runtime.context import Run
 from .runtime.limiters import LoopLimiters, SharedGate
 from .runtime.providers import ProviderRouter
+from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
 from .runtime.sync import run_sync
 from .runtime.workflow import WorkflowResult, run_workflow
 from .graph import Graph
@@ -89,6 +92,8 @@ class Engine:
         other_backend_kwargs: one dict per entry of ``other_backends``.
         plugins: plugin objects or modules to register besides installed entry points.
         observers: objects implementing ``rlm_node_*``/``rlm_run_*`` hooks.
+        listeners: callables given every event of every run (see docs/observing.md);
+            quick and non-blocking, like observers.
         models: context windows and prices by model name, over the plugins' table.
         tracer_provider: the OpenTelemetry tracer provider for spans (default: the one
             the standard ``OTEL_*`` variables configure, else OpenTelemetry's global one).
@@ -114,9 +119,16 @@ class Engine:
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
         entry_points: bool = True,
+        listeners: Iterable[Listener] = (),
         **limits: Any,
     ) -> None:
         self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
+        self.listeners: list[Listener] = list(listeners)
+        for listener in self.listeners:
+            if not callable(listener):
+                raise ConfigError(
+                    f"a listener is a callable taking an event, not {type(listener).__name__}"
+                )
         self.limits = self._limits(limits)
         # Default: what the standard OTEL_* variables say (None when they say nothing).
         self.tracer_provider = (
@@ -188,8 +200,10 @@ class Engine:
             )
         return found
 
-    def new_run(self, limits: Limits | None = None) -> Run:
-        """A fresh run sharing this engine's providers and limiters (call inside trio)."""
+    def new_run(self, limits: Limits | None = None, listeners: Iterable[Listener] = ()) -> Run:
+        """A fresh run sharing this engine's providers and limiters (call inside trio).
+
+        ``listeners`` get this run's events, after the engine's own listeners."""
         graph = Graph()
         tracer = NodeTracer(
             self.tracer_provider,
@@ -206,6 +220,7 @@ class Engine:
             tracer=tracer,
             graph=graph,
             redact=self._redact,
+            listeners=[*self.listeners, *listeners],
         )
 
     async def flush_spans(self) -> None:
@@ -235,16 +250,26 @@ class Engine:
         Raises:
             LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
         """
+        return await self._arun(workflow, limits, ())
+
+    async def _arun(
+        self, workflow: Workflow, limits: Mapping[str, Any], listeners: Iterable[Listener]
+    ) -> WorkflowResult:
         if not isinstance(workflow, Workflow):
             raise ConfigError(
                 f"run() takes a rlm_graph.Workflow, got {type(workflow).__name__}; "
                 "for a completion use RLM(...).completion()"
             )
-        run = self.new_run(self.limits_with(limits))
+        run = self.new_run(self.limits_with(limits), listeners)
         if run.limits.max_timeout is not None:
             run.scope.deadline = trio.current_time() + run.limits.max_timeout
-        with run.tracer.run_span("invoke_workflow", {"gen_ai.operation.name": "invoke_workflow"}):
-            result = await run_workflow(run, workflow)
+        run.run_started("workflow")
+        try:
+            with run.tracer.run_span("invoke_workflow", {"gen_ai.operation.name": "invoke_workflow"}):
+                result = await run_workflow(run, workflow)
+        except BaseException as exc:
+            run.run_finished(error=exc)
+            raise
         if run.scope.cancelled_caught and run.stop_reason is None:
             run.stop_reason = "max_timeout"
             result.stop_reason = "max_timeout"
@@ -254,6 +279,27 @@ class Engine:
             error = LIMIT_ERRORS.get(result.stop_reason, LIMIT_ERRORS["max_timeout"])
             raise error(f"workflow stopped by {result.stop_reason}", result=result)
         return result
+
+    def stream(self, workflow: Workflow, *, capacity: int = DEFAULT_CAPACITY, **limits: Any) -> EventStream[WorkflowResult]:
+        """Run a `Workflow` in the background and iterate over its events (sync code).
+
+        ``for event in engine.stream(wf): ...``; the last event is ``run_finished``
+        (``event.result`` is the `WorkflowResult`, also on ``stream.result``). Closing the
+        stream (leaving a ``with`` block, or ``break`` then ``stream.close()``) cancels a
+        run still going. Memory holds at most ``capacity`` events; the rest wait on disk.
+        """
+        return EventStream(
+            lambda listener: self._sync(self._arun, workflow, limits, [listener], {}),
+            capacity=capacity, sync_name="Engine.stream", async_name="engine.astream",
+        )
+
+    def astream(
+        self, workflow: Workflow, *, capacity: int = DEFAULT_CAPACITY, **limits: Any
+    ) -> AbstractAsyncContextManager[AsyncEventStream[WorkflowResult]]:
+        """`stream` for trio code: ``async with engine.astream(wf) as events:``."""
+        return open_event_stream(
+            lambda listener: self._arun(workflow, limits, [listener]), capacity=capacity
+        )
 
     def run(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
         """Run a `Workflow` from sync code (starts and ends its own trio loop)."""

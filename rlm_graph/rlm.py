@@ -12,6 +12,7 @@ import inspect
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import trio
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from .contracts import ChatRequest, Environment, ModelInfo
 from .errors import LIMIT_ERRORS, ConfigError
+from .events import DEFAULT_CAPACITY, Listener
 from .graph import (
     Graph,
     NodeKind,
@@ -34,7 +36,9 @@ from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.bridge import BridgeProxy
+from .runtime.context import Run
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
+from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
@@ -222,7 +226,8 @@ class RLM:
             keys pass through to the provider) for the root's turns, and for sub-calls and
             children's turns (default: ``sampling_args``).
         depth: accepted for compatibility; must be 0.
-        plugins, observers, models, tracer_provider, trace_content: as for `Engine`.
+        plugins, observers, listeners, models, tracer_provider, trace_content: as for
+            `Engine`.
 
     Raises:
         ConfigError: an unknown keyword, a bad limit, a reserved tool name.
@@ -266,6 +271,7 @@ class RLM:
         depth: int = 0,
         plugins: Iterable[object] = (),
         observers: Iterable[object] = (),
+        listeners: Iterable[Listener] = (),
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
@@ -304,6 +310,7 @@ class RLM:
             other_backend_kwargs=other_backend_kwargs,
             plugins=plugins,
             observers=[*observers, *callbacks],
+            listeners=listeners,
             models=models,
             tracer_provider=tracer_provider,
             trace_content=trace_content,
@@ -376,11 +383,51 @@ class RLM:
             sync_name="RLM.completion", async_name="rlm.acompletion",
         )
 
+    def stream(
+        self,
+        prompt: Any,
+        root_prompt: str | None = None,
+        *,
+        schema: Any = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> EventStream[RLMChatCompletion]:
+        """Run a completion in the background and iterate over its events (sync code).
+
+        ``for event in rlm.stream(context, root_prompt=q): ...``. Events come while the
+        run goes on; the last is ``run_finished``, whose ``result`` is the
+        `RLMChatCompletion` (also on ``stream.result`` afterwards). If the run raises,
+        iteration raises the same error after ``run_finished``. Closing the stream early
+        (the end of a ``with`` block, or ``stream.close()``) cancels the run. The run never
+        waits for the consumer: at most ``capacity`` events wait in memory, the rest on
+        disk (see docs/observing.md). ``schema`` as for `completion`.
+        """
+        return EventStream(
+            lambda listener: self._sync_completion(prompt, root_prompt, schema, (listener,)),
+            capacity=capacity, sync_name="RLM.stream", async_name="rlm.astream",
+        )
+
+    def astream(
+        self,
+        prompt: Any,
+        root_prompt: str | None = None,
+        *,
+        schema: Any = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> AbstractAsyncContextManager[AsyncEventStream[RLMChatCompletion]]:
+        """`stream` for trio code: ``async with rlm.astream(ctx) as events: async for e in events``.
+
+        The run is a task of the block: leaving it early cancels the run.
+        """
+        return open_event_stream(
+            lambda listener: self._acompletion(prompt, root_prompt, schema, (listener,)),
+            capacity=capacity,
+        )
+
     async def _sync_completion(
-        self, prompt: Any, root_prompt: str | None, schema: Any
+        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener] = ()
     ) -> RLMChatCompletion:
         try:
-            return await self.acompletion(prompt, root_prompt, schema=schema)
+            return await self._acompletion(prompt, root_prompt, schema, listeners)
         finally:
             with trio.CancelScope(shield=True):
                 await self.engine.aclose()
@@ -389,6 +436,11 @@ class RLM:
         self, prompt: Any, root_prompt: str | None = None, *, schema: Any = None
     ) -> RLMChatCompletion:
         """`completion` for trio callers: runs in the caller's loop."""
+        return await self._acompletion(prompt, root_prompt, schema, ())
+
+    async def _acompletion(
+        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener]
+    ) -> RLMChatCompletion:
         if not isinstance(prompt, str | list | dict):
             raise ConfigError(
                 f"the context (prompt) must be a str, list or dict, not {type(prompt).__name__}"
@@ -399,7 +451,27 @@ class RLM:
         if schema is not None:
             settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
         started = time.perf_counter()
-        run = self.engine.new_run()
+        run = self.engine.new_run(listeners=listeners)
+        run.run_started("completion")
+        try:
+            result = await self._execute(run, settings, prompt, root_prompt, started)
+        except BaseException as exc:
+            run.run_finished(error=exc)
+            raise
+        run.run_finished(result)
+        await self.engine.flush_spans()
+        if result.stop_reason is not None and run.limits.on_limit == "raise":
+            raise LIMIT_ERRORS[result.stop_reason](
+                f"the run was stopped by {result.stop_reason}; the partial answer is on .partial",
+                partial=result.response,
+                result=result,
+            )
+        return result
+
+    async def _execute(
+        self, run: Run, settings: LoopSettings, prompt: Any, root_prompt: str | None,
+        started: float,
+    ) -> RLMChatCompletion:
         runner = RLMRunner(run, settings, self.env_factory)
         state = CompletionState()
         tally = Tally()
@@ -425,16 +497,7 @@ class RLM:
             run.finalize()
         cut = outcome is None or run.scope.cancelled_caught
         response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
-        result = self._result(run.graph, prompt, response, stop_reason, state, started, cut)
-        run.run_finished(result)
-        await self.engine.flush_spans()
-        if stop_reason is not None and run.limits.on_limit == "raise":
-            raise LIMIT_ERRORS[stop_reason](
-                f"the run was stopped by {stop_reason}; the partial answer is on .partial",
-                partial=response,
-                result=result,
-            )
-        return result
+        return self._result(run.graph, prompt, response, stop_reason, state, started, cut)
 
     async def _root(
         self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally

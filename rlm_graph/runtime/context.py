@@ -3,8 +3,9 @@
 Invariants:
     - Every node of a run goes through `Run.execute`: it is added to the graph, moves
       ``pending -> running -> ok | error | cancelled``, gets its times from trio's clock,
-      is announced to observers (``rlm_node_started``/``rlm_node_finished``) and is one span
-      opened and closed in one ``with``.
+      is announced to the run's listeners (``node_started``/``node_finished`` events, see
+      `rlm_graph.events`; the pluggy observers are one listener) and is one span opened
+      and closed in one ``with``.
     - A run owns one cancel scope for its whole recursion tree. A limit anywhere in the
       tree (tokens, budget, deadline) calls `Run.stop`, which records the first reason and
       cancels that scope; every in-flight node then records itself ``cancelled``.
@@ -16,15 +17,17 @@ Invariants:
 
 from __future__ import annotations
 
-import logging
 import time
+import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import trio
 
+from ..events import EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
+from ..hooks.listener import HookListener, has_observers
 from ..limits import Budget, Limits
 
 if TYPE_CHECKING:
@@ -34,8 +37,6 @@ if TYPE_CHECKING:
     from .providers import ProviderRouter
 
 __all__ = ["Run"]
-
-logger = logging.getLogger("rlm_graph")
 
 T = TypeVar("T")
 
@@ -62,6 +63,7 @@ class Run:
         tracer: NodeTracer,
         graph: Graph | None = None,
         redact: Callable[[str], str] | None = None,
+        listeners: Iterable[Listener] = (),
     ) -> None:
         self.limits = limits
         self.host = host
@@ -74,11 +76,14 @@ class Run:
         self.scope = trio.CancelScope()
         self.stop_reason: str | None = None
         self._counters: Counter[str] = Counter()
-        self._hook = host.hook
-        self._observed = bool(
-            self._hook.rlm_node_started.get_hookimpls()
-            or self._hook.rlm_node_finished.get_hookimpls()
+        fan_out = list(listeners)
+        if has_observers(host.hook):
+            fan_out.append(HookListener(host.hook, self.graph))
+        self.run_id = uuid.uuid4().hex
+        self.events = EventEmitter(
+            fan_out, run_id=self.run_id, limits=limits, budget=self.budget, clock=trio.current_time
         )
+        self._observed = self.events.active
 
     def new_id(self, prefix: str) -> str:
         self._counters[prefix] += 1
@@ -120,8 +125,9 @@ class Run:
         record.status = NodeStatus.RUNNING
         record.submitted = record.start = trio.current_time()
         record.wall_start = time.time()
+        parent_id = span_parent or parent
         if self._observed:
-            self._notify(self._hook.rlm_node_started, record)
+            self.events.node_started(record, parent_id)
         try:
             with self.tracer.node_span(record, span_parent or parent):
                 try:
@@ -146,14 +152,7 @@ class Run:
             if self._redact is not None:
                 self._scrub(record)
             if self._observed:
-                self._notify(self._hook.rlm_node_finished, record)
-
-    def _notify(self, hook: Any, record: NodeRecord) -> None:
-        """Tell the observers; a failing observer is logged, and the run goes on."""
-        try:
-            hook(record=record, graph=self.graph)
-        except Exception:  # an observer's bug must not fail the user's run
-            logger.exception("an rlm-graph observer failed on node %s", record.id)
+                self.events.node_finished(record, parent_id)
 
     def _scrub(self, record: NodeRecord) -> None:
         """Known secrets (API keys) never stay in a record, even when a model echoes one."""
@@ -173,8 +172,15 @@ class Run:
                     record.end = now
                 record.status = NodeStatus.CANCELLED
 
-    def run_finished(self, result: Any) -> None:
-        try:
-            self._hook.rlm_run_finished(graph=self.graph, result=result)
-        except Exception:  # as in _notify
-            logger.exception("an rlm-graph observer failed at the end of the run")
+    def run_started(self, operation: Literal["completion", "workflow"]) -> None:
+        """Announce the run (call once, before its first node)."""
+        self.events.run_started(operation)
+
+    def run_finished(self, result: Any = None, *, error: BaseException | None = None) -> None:
+        """Announce the end of the run: its ``result``, or the ``error`` it raised."""
+        self.events.run_finished(
+            nodes=len(self.graph),
+            result=result,
+            stop_reason=getattr(result, "stop_reason", None),
+            error=error,
+        )

@@ -1,0 +1,173 @@
+"""The fan-out: one emitter per run turns node records into events and hands each event
+to every listener. Pure: the run passes its clock in.
+
+Invariants:
+    - ``seq`` rises by one per event; every listener gets every event, in that order.
+    - A listener that raises is logged and skipped for that event; the run goes on and
+      the other listeners still get it.
+    - A limit warning is sent once per limit, the first time 80% of it is used (checked
+      at each node event: tokens and dollars after each model call, time at each node).
+    - With no listener, nothing is built (a run nobody watches pays one attribute test
+      per node).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from ..graph import NodeRecord
+from ..limits import Budget, Limits
+from .models import (
+    EventBase,
+    LimitWarning,
+    Listener,
+    NodeFinished,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+)
+
+__all__ = ["WARN_AT", "EventEmitter"]
+
+logger = logging.getLogger("rlm_graph")
+
+WARN_AT = 0.8
+"""The share of a limit at which a ``limit_warning`` is sent."""
+
+
+class EventEmitter:
+    """Builds a run's events and fans them out to its listeners.
+
+    Args:
+        listeners: called with each event, in order.
+        run_id: the run's id, on every event.
+        limits: the run's limits (for warnings).
+        budget: the run's tree-wide spend (read for warnings and the final totals).
+        clock: the run's clock in seconds (trio's, in the runtime).
+    """
+
+    __slots__ = ("_budget", "_clock", "_limits", "_listeners", "_seq", "_start", "_warned", "run_id")
+
+    def __init__(
+        self,
+        listeners: Sequence[Listener],
+        *,
+        run_id: str,
+        limits: Limits,
+        budget: Budget,
+        clock: Callable[[], float],
+    ) -> None:
+        self._listeners = tuple(listeners)
+        self.run_id = run_id
+        self._limits = limits
+        self._budget = budget
+        self._clock = clock
+        self._start = clock()
+        self._seq = 0
+        self._warned: set[str] = set()
+
+    @property
+    def active(self) -> bool:
+        """Someone listens (else the run skips building events)."""
+        return bool(self._listeners)
+
+    def run_started(self, operation: Literal["completion", "workflow"]) -> None:
+        self._start = self._clock()
+        limits = self._limits
+        self._send(
+            RunStarted,
+            operation=operation,
+            max_timeout=limits.max_timeout,
+            max_tokens=limits.max_tokens,
+            max_budget=limits.max_budget,
+        )
+
+    def node_started(self, record: NodeRecord, parent_id: str | None) -> None:
+        self._send(
+            NodeStarted,
+            node_id=record.id,
+            parent_id=parent_id,
+            kind=record.kind,
+            depth=record.depth,
+            completion=record.completion,
+            iteration=record.iteration,
+            model=record.model,
+            batch_index=record.batch_index,
+            input_preview=record.input_preview,
+        )
+        self._check_limits()
+
+    def node_finished(self, record: NodeRecord, parent_id: str | None) -> None:
+        self._send(
+            NodeFinished,
+            node_id=record.id,
+            parent_id=parent_id,
+            kind=record.kind,
+            depth=record.depth,
+            completion=record.completion,
+            iteration=record.iteration,
+            status=record.status,
+            duration=record.duration,
+            model=record.model,
+            usage=record.usage,
+            cost=record.cost,
+            preview=record.output_preview,
+            error=record.error,
+            error_type=record.error_type,
+        )
+        self._check_limits()
+
+    def run_finished(
+        self,
+        *,
+        nodes: int,
+        result: Any = None,
+        stop_reason: str | None = None,
+        error: BaseException | None = None,
+    ) -> None:
+        self._send(
+            RunFinished,
+            nodes=nodes,
+            stop_reason=stop_reason,
+            error=f"{type(error).__name__}: {error}" if error is not None else None,
+            usage=self._budget.usage,
+            cost=self._budget.cost,
+            result=result,
+        )
+
+    def _check_limits(self) -> None:
+        limits, budget = self._limits, self._budget
+        if limits.max_tokens is not None:
+            self._warn("max_tokens", budget.input_tokens + budget.output_tokens, limits.max_tokens)
+        if limits.max_budget is not None:
+            self._warn("max_budget", budget.cost, limits.max_budget)
+        if limits.max_timeout is not None:
+            self._warn("max_timeout", self._clock() - self._start, limits.max_timeout)
+
+    def _warn(self, limit: Literal["max_timeout", "max_tokens", "max_budget"], used: float, maximum: float) -> None:
+        if used >= WARN_AT * maximum and limit not in self._warned:
+            self._warned.add(limit)
+            self._send(LimitWarning, limit=limit, used=used, maximum=maximum)
+
+    def _send(self, cls: type[EventBase], **fields: Any) -> None:
+        if not self._listeners:
+            return
+        self._seq += 1
+        event = cls(
+            seq=self._seq,
+            run_id=self.run_id,
+            time=time.time(),
+            elapsed=self._clock() - self._start,
+            **fields,
+        )
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's bug must not fail the user's run
+                logger.exception(
+                    "an rlm-graph observer failed on node %s (event %s: %s)",
+                    event.node_id or "-", event.seq, getattr(event, "type", "?"),
+                )
