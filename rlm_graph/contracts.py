@@ -30,11 +30,18 @@ __all__ = [
     "ProviderFactory",
     "SubcallBridge",
     "Usage",
+    "estimate_tokens",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 Role = Literal["system", "user", "assistant"]
+
+
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free estimate: about four characters per token (documented in
+    docs/limits.md); used for rate buckets and compaction where no usage is known yet."""
+    return max(1, (len(text) + 3) // 4)
 
 
 class Message(BaseModel):

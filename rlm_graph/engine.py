@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import trio
 from opentelemetry.trace import TracerProvider
+from pydantic import ValidationError
 
 from .contracts import ModelInfo, Provider
 from .errors import LIMIT_ERRORS, ConfigError, PluginError
@@ -78,6 +79,27 @@ def _checked(provider: object, backend: str) -> Provider:
                 "a provider must follow rlm_graph.contracts.Provider"
             )
     return cast(Provider, provider)
+
+
+def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
+    """A ``models=`` entry; a dict updates what the plugins know of that model (so giving a
+    ``context_window`` keeps its prices)."""
+    if isinstance(info, ModelInfo):
+        return info
+    if not isinstance(info, Mapping):
+        raise ConfigError(
+            f"models[{name!r}] must be a dict like {{'context_window': 8192}} or a ModelInfo"
+        )
+    try:
+        base = known.model_dump(exclude_unset=True) if known is not None else {}
+        return ModelInfo(**{**base, **info})
+    except (TypeError, ValidationError) as exc:
+        problems = (
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            if isinstance(exc, ValidationError)
+            else str(exc)
+        )
+        raise ConfigError(f"models[{name!r}]: {problems}") from None
 
 
 class Engine:
@@ -142,7 +164,17 @@ class Engine:
                 f"other_backends must be a list of backend names, e.g. [{other_backends!r}]"
             )
         others = list(other_backends or [])
-        other_kwargs = list(other_backend_kwargs or [{} for _ in others])
+        if other_backend_kwargs is not None and (
+            isinstance(other_backend_kwargs, Mapping | str)
+            or not isinstance(other_backend_kwargs, Sequence)
+        ):
+            raise ConfigError(
+                "other_backend_kwargs must be a list with one kwargs dict per entry of "
+                f"other_backends, e.g. [{{'model_name': ...}}], not {type(other_backend_kwargs).__name__}"
+            )
+        other_kwargs = (
+            [{} for _ in others] if other_backend_kwargs is None else list(other_backend_kwargs)
+        )
         if len(other_kwargs) != len(others):
             raise ConfigError(
                 f"other_backends has {len(others)} entries but other_backend_kwargs has "
@@ -154,7 +186,7 @@ class Engine:
             providers.append((f"{label}/{index}", other))
         table = self.host.models
         for name, info in (models or {}).items():
-            table[name] = info if isinstance(info, ModelInfo) else ModelInfo(**info)
+            table[name] = _model_info(name, info, table.get(name))
         self.router = ProviderRouter(providers, table)
         self._secrets = [
             value

@@ -12,6 +12,7 @@ names what happened and what to do about it::
     │   ├── RateLimited
     │   ├── ProviderAuthError     401/403: check the key
     │   ├── ProviderNotFound      404: check the model name and the base URL
+    │   ├── ContextLengthExceeded the request does not fit the model's context window
     │   └── BadResponse           the server answered something we cannot read
     ├── LimitExceeded            a run stopped by one of its limits; carries the partial answer
     │   ├── DeadlineExceeded      max_timeout
@@ -31,10 +32,13 @@ the user.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "BadResponse",
     "BudgetExceeded",
     "ConfigError",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
     "EnvironmentCrashed",
     "ErrorLimitExceeded",
@@ -52,6 +56,7 @@ __all__ = [
     "SchemaMismatch",
     "TokenLimitExceeded",
     "error_slot",
+    "is_context_length_error",
 ]
 
 
@@ -78,7 +83,14 @@ class ProviderError(RLMGraphError):
         provider: the provider name (``"openai"``, ``"scripted"``...).
         status_code: the HTTP status, where there was one.
         retryable: whether trying again may succeed.
+        partial: set by ``RLM.completion`` when the root model failed after some turns:
+            the best partial answer the run had (may be empty).
+        result: likewise, the partial result (an ``RLMChatCompletion`` with the usage
+            so far), or ``None`` when the error came before any run.
     """
+
+    partial: str = ""
+    result: object = None
 
     def __init__(
         self,
@@ -96,6 +108,28 @@ class ProviderError(RLMGraphError):
 
 class ProviderTimeout(ProviderError):
     """The request took longer than the provider's request timeout."""
+
+
+class ContextLengthExceeded(ProviderError):
+    """The server refused the request as longer than the model's context window.
+
+    Retrying the same request cannot help: compact the history, ask for fewer output
+    tokens, or give the server a larger window.
+
+    Attributes:
+        server_message: what the server said, scrubbed of the key and shortened.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        provider: str = "",
+        status_code: int | None = None,
+        server_message: str = "",
+    ) -> None:
+        super().__init__(message, provider=provider, status_code=status_code, retryable=False)
+        self.server_message = server_message
 
 
 class RateLimited(ProviderError):
@@ -179,6 +213,32 @@ class NodeFailed(RLMGraphError):
     def __init__(self, message: str, *, node_id: str = "") -> None:
         super().__init__(message)
         self.node_id = node_id
+
+
+# The wordings of "your prompt is longer than my window" of the servers we speak to:
+# OpenAI ("maximum context length is N tokens", code context_length_exceeded), Anthropic
+# ("prompt is too long: N tokens > M maximum", "input length and `max_tokens` exceed
+# context limit"), vLLM ("maximum context length", "longer than the maximum model length"),
+# llama.cpp ("the request exceeds the available context size", exceed_context_size_error,
+# "input is too large to process") and Ollama ("exceeded max context length",
+# "input length exceeds the context length").
+_CONTEXT_LENGTH = re.compile(
+    r"context[_ ]length[_ ]exceeded|maximum context length|max(?:imum)? context length"
+    r"|exceeds? (?:the )?(?:available |maximum )?context|exceed_context_size"
+    r"|exceeds? (?:the )?context (?:size|length|window|limit)|context (?:size|window) (?:has been |is )?exceeded"
+    r"|prompt is too long|prompt too long|longer than the maximum model length"
+    r"|input is too large to process|exceeds? the model'?s? context",
+    re.IGNORECASE,
+)
+
+
+def is_context_length_error(text: str) -> bool:
+    """Whether a server's error text says the request is longer than the model's window.
+
+    Args:
+        text: the error body or message as the server sent it.
+    """
+    return bool(_CONTEXT_LENGTH.search(text))
 
 
 def error_slot(exc: BaseException) -> str:

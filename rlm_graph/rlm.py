@@ -13,14 +13,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .contracts import ChatRequest, Environment, ModelInfo
-from .errors import LIMIT_ERRORS, ConfigError
+from .errors import LIMIT_ERRORS, ConfigError, ProviderError
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import (
     Graph,
@@ -476,6 +476,7 @@ class RLM:
         state = CompletionState()
         tally = Tally()
         outcome = None
+        failure: BaseException | None = None
         if run.limits.max_timeout is not None:
             run.scope.deadline = trio.current_time() + run.limits.max_timeout
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0}
@@ -489,15 +490,33 @@ class RLM:
                 if stop_reason is not None:
                     span.set_attribute("rlm.stop_reason", stop_reason)
         except BaseExceptionGroup as group:
-            single = unwrap(group)
-            if single is None:
+            failure = unwrap(group)
+            if failure is None:
                 raise
-            raise single.with_traceback(single.__traceback__) from None
+        except ProviderError as exc:
+            failure = exc
         finally:
             run.finalize()
+        if failure is not None:
+            await self._failed(failure, run, prompt, state, started)
         cut = outcome is None or run.scope.cancelled_caught
         response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
         return self._result(run.graph, prompt, response, stop_reason, state, started, cut)
+
+    async def _failed(
+        self, failure: BaseException, run: Any, prompt: Any, state: CompletionState, started: float
+    ) -> NoReturn:
+        """Re-raise ``failure``; a `ProviderError` first gets the partial answer and the
+        usage so far (``.partial``, ``.result``): a run stopped by its provider after some
+        turns has spent tokens and may have most of an answer."""
+        if isinstance(failure, ProviderError):
+            failure.partial = state.partial()
+            failure.result = self._result(
+                run.graph, prompt, failure.partial, "provider_error", state, started, True
+            )
+            with trio.CancelScope(shield=True):
+                await self.engine.flush_spans()
+        raise failure.with_traceback(failure.__traceback__) from None
 
     async def _root(
         self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally

@@ -64,3 +64,29 @@ def test_every_hook_is_documented() -> None:
     assert hooks
     missing = [name for name in hooks if f"`{name}`" not in doc and f"`{name}(" not in doc]
     assert not missing, missing
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, by full dotted name (absolute imports only)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_plugins_and_examples_use_only_the_public_api() -> None:
+    """First-party plugins and the example third-party plugin import what any stranger's
+    plugin may: never ``rlm_graph.runtime`` (private; `rlm_graph.http` is the door)."""
+    files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
+    assert len(files) > 10
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in files
+        for name in sorted(_imported_modules(path))
+        if name == "rlm_graph.runtime" or name.startswith("rlm_graph.runtime.")
+    ]
+    assert not offenders, offenders

@@ -17,9 +17,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rlm_graph.contracts import ChatRequest, ChatResponse, Message, Usage
-from rlm_graph.errors import BadResponse, ConfigError
-from rlm_graph.runtime.http import JSONProvider
+from rlm_graph.http import (
+    BadResponse,
+    ChatRequest,
+    ChatResponse,
+    ConfigError,
+    JSONProvider,
+    Message,
+    Usage,
+    token_count,
+)
 
 __all__ = ["DEFAULT_BASE_URL", "AnthropicProvider"]
 
@@ -129,10 +136,10 @@ def _alternating(messages: tuple[Message, ...]) -> list[dict[str, str]]:
 def _usage(raw: Any) -> Usage:
     if not isinstance(raw, Mapping):
         return Usage()
-    cache_read = int(raw.get("cache_read_input_tokens") or 0)
-    cache_write = int(raw.get("cache_creation_input_tokens") or 0)
+    cache_read = token_count(raw.get("cache_read_input_tokens"))
+    cache_write = token_count(raw.get("cache_creation_input_tokens"))
     return Usage(
-        input_tokens=int(raw.get("input_tokens") or 0) + cache_read + cache_write,
-        output_tokens=int(raw.get("output_tokens") or 0),
+        input_tokens=token_count(raw.get("input_tokens")) + cache_read + cache_write,
+        output_tokens=token_count(raw.get("output_tokens")),
         cached_tokens=cache_read,
     )

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rlm_graph.contracts import CompactionContext, Message
+from rlm_graph.contracts import CompactionContext, Message, estimate_tokens
 from rlm_graph.errors import ConfigError
-from rlm_graph.runtime.providers import estimate_tokens
 
 __all__ = ["MIN_TURN_PAIRS", "SUMMARY_PROMPT", "SummarizeStrategy", "TruncateStrategy"]
 

@@ -22,9 +22,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
-from rlm_graph.errors import BadResponse, ConfigError
-from rlm_graph.runtime.http import JSONProvider
+from rlm_graph.http import (
+    BadResponse,
+    ChatRequest,
+    ChatResponse,
+    ConfigError,
+    JSONProvider,
+    Usage,
+    content_text,
+    token_count,
+)
 
 __all__ = ["BACKENDS", "Backend", "OpenAIProvider", "factory"]
 
@@ -129,8 +136,15 @@ class OpenAIProvider(JSONProvider):
                 "check that base_url is an OpenAI-compatible API root",
                 provider=self.name,
             ) from None
+        if not isinstance(message, Mapping):
+            raise BadResponse(
+                f"{self.name}: {self.url} answered with choices[0].message of type "
+                f"{type(message).__name__}, not an object; check that base_url is an "
+                "OpenAI-compatible API root",
+                provider=self.name,
+            )
         return ChatResponse(
-            content=message.get("content") or "",
+            content=content_text(message.get("content")) or "",
             model=str(data.get("model") or request.model),
             usage=_usage(data.get("usage")),
             cost=_cost(data.get("usage")),
@@ -143,17 +157,25 @@ def _usage(raw: Any) -> Usage:
         return Usage()
     prompt = raw.get("prompt_tokens_details") or {}
     completion = raw.get("completion_tokens_details") or {}
+    if not isinstance(prompt, Mapping):
+        prompt = {}
+    if not isinstance(completion, Mapping):
+        completion = {}
     return Usage(
-        input_tokens=int(raw.get("prompt_tokens") or 0),
-        output_tokens=int(raw.get("completion_tokens") or 0),
-        cached_tokens=int(prompt.get("cached_tokens") or 0),
-        reasoning_tokens=int(completion.get("reasoning_tokens") or 0),
+        input_tokens=token_count(raw.get("prompt_tokens")),
+        output_tokens=token_count(raw.get("completion_tokens")),
+        cached_tokens=token_count(prompt.get("cached_tokens")),
+        reasoning_tokens=token_count(completion.get("reasoning_tokens")),
     )
 
 
 def _cost(raw: Any) -> float | None:
     """The USD cost the server reported (OpenRouter's ``usage.cost``), if any."""
-    if isinstance(raw, Mapping) and isinstance(raw.get("cost"), (int, float)):
+    if (
+        isinstance(raw, Mapping)
+        and isinstance(raw.get("cost"), (int, float))
+        and not isinstance(raw.get("cost"), bool)
+    ):
         return float(raw["cost"])
     return None
 

@@ -3,19 +3,30 @@
 API keys come only from the environment (``OPENAI_API_KEY``, ``OPENROUTER_API_KEY``,
 ``ANTHROPIC_API_KEY``...): a flag would land in the shell's history.
 
-Exit codes (see `rlm_graph.cli`): 0 answered, 2 bad usage or configuration, 3 a limit
-stopped the run (the partial answer is printed), 4 a provider failed.
+Exit codes (see `rlm_graph.cli`): 0 answered, 1 the run failed otherwise, 2 bad usage or
+configuration (an unreadable or binary context file too), 3 a limit stopped the run (the
+partial answer is printed), 4 a provider failed (the partial answer and the usage so far
+are printed), 130 Ctrl-C. With ``--json`` every one of them prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import codecs
 import sys
 from typing import Any
 
-from ..errors import ConfigError, LimitExceeded, ProviderError
-from . import EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE
+from ..errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    LimitExceeded,
+    ProviderError,
+    ProviderTimeout,
+    RateLimited,
+    RLMGraphError,
+)
+from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE
+from .output import Output
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 __all__ = ["register", "run"]
@@ -38,45 +49,109 @@ def register(subparsers: Any) -> None:
         help="answer a query over a context file or stdin",
         description="Answer --query over the context in FILE (or stdin with '-'). API keys "
         "are read from the environment only (OPENAI_API_KEY, OPENROUTER_API_KEY, "
-        "ANTHROPIC_API_KEY). Exit codes: 0 answered, 2 bad usage, 3 limit reached "
-        "(partial answer printed), 4 provider error.",
+        "ANTHROPIC_API_KEY). Exit codes: 0 answered, 1 failed, 2 bad usage, 3 limit reached "
+        "(partial answer printed), 4 provider error (partial answer printed), 130 Ctrl-C.",
     )
     parser.add_argument("--context", required=True, metavar="FILE|-", help="the context; '-' reads stdin")
+    parser.add_argument(
+        "--encoding", default="utf-8", help="the context file's text encoding (default utf-8)"
+    )
     parser.add_argument("--query", required=True, help="the question to answer over the context")
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
     parser.add_argument("--environment", default="local", help="the REPL environment (default local)")
-    parser.add_argument("--max-concurrent", type=int, help="requests in flight to the provider")
-    parser.add_argument("--requests-per-minute", type=float, help="the provider's request rate limit")
+    _add_provider_arguments(parser)
+    _add_window_arguments(parser)
     limits = parser.add_argument_group("limits")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
     add_trace_argument(parser)
     parser.set_defaults(func=run)
 
 
+def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("provider")
+    group.add_argument("--max-concurrent", type=int, help="requests in flight to the provider")
+    group.add_argument("--requests-per-minute", type=float, help="the provider's request rate limit")
+    group.add_argument(
+        "--max-attempts", type=int, metavar="N",
+        help="tries per request, the first included (retries on 429, 5xx, timeouts)",
+    )
+    group.add_argument(
+        "--timeout", type=float, metavar="S", help="seconds one request attempt may take"
+    )
+
+
+def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("context window")
+    group.add_argument(
+        "--context-window", type=int, metavar="TOKENS",
+        help="the model's context window in tokens (e.g. 2048 for a default llama.cpp "
+        "server); the history is compacted before it fills up",
+    )
+    group.add_argument(
+        "--compaction", choices=("summarize", "truncate", "none"), default=None,
+        help="how the history is kept under the window: summarize (an LM summary), "
+        "truncate (drop the oldest turns) or none; default summarize with "
+        "--context-window, else none",
+    )
+    group.add_argument(
+        "--max-output-tokens", type=int, metavar="TOKENS",
+        help="the most tokens one model answer may have (max_tokens)",
+    )
+
+
 def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"model_name": model}
-    if args.base_url:
-        kwargs["base_url"] = args.base_url
-    if args.max_concurrent is not None:
-        kwargs["max_concurrent"] = args.max_concurrent
-    if args.requests_per_minute is not None:
-        kwargs["requests_per_minute"] = args.requests_per_minute
+    for flag in ("base_url", "max_concurrent", "requests_per_minute", "max_attempts", "timeout"):
+        value = getattr(args, flag)
+        if value is not None:
+            kwargs[flag] = value
     return kwargs
 
 
-def _read_context(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+def _read_context(path: str, encoding: str) -> str:
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ConfigError(f"unknown --encoding {encoding!r}; e.g. utf-8, latin-1, utf-16") from None
+    name = "stdin" if path == "-" else repr(path)
+    try:
+        if path == "-":
+            stream = getattr(sys.stdin, "buffer", None)
+            if stream is None:  # a text stream stood in for stdin (an embedding program)
+                return str(sys.stdin.read())
+            data = stream.read()
+        else:
+            with open(path, "rb") as handle:
+                data = handle.read()
     except OSError as exc:
         raise ConfigError(f"cannot read --context {path!r}: {exc.strerror or exc}") from None
+    if b"\0" in data[:65536] and not encoding.lower().replace("_", "-").startswith("utf-16"):
+        raise ConfigError(
+            f"--context {name} looks like a binary file (it has NUL bytes), not text; "
+            "extract its text first (e.g. pdftotext), or name its --encoding if it is text"
+        )
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"--context {name} is not {encoding} text (byte 0x{data[exc.start]:02x} at "
+            f"offset {exc.start}); pass --encoding (e.g. --encoding latin-1) if it is text "
+            "in another encoding"
+        ) from None
+
+
+def _models(args: argparse.Namespace) -> dict[str, dict[str, Any]] | None:
+    if args.context_window is None:
+        return None
+    if args.context_window < 256:
+        raise ConfigError("--context-window must be at least 256 tokens")
+    names = [args.model] + ([args.sub_model] if args.sub_model else [])
+    return {name: {"context_window": args.context_window} for name in names}
 
 
 def _rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -93,54 +168,77 @@ def _rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, name)
         if value is not None:
             kwargs[name] = value
+    models = _models(args)
+    if models is not None:
+        kwargs["models"] = models
+    compaction = args.compaction or ("summarize" if models is not None else "none")
+    if compaction != "none":
+        kwargs["compaction"] = compaction
+    if args.max_output_tokens is not None:
+        if args.max_output_tokens < 1:
+            raise ConfigError("--max-output-tokens must be at least 1")
+        kwargs["sampling_args"] = {"max_tokens": args.max_output_tokens}
     return kwargs
 
 
 def run(args: argparse.Namespace) -> int:
     from ..rlm import RLM
 
+    out = Output("run", as_json=args.json)
+    provider = None
     try:
-        context = _read_context(args.context)
+        context = _read_context(args.context, args.encoding)
         provider = tracer_provider_for(args)
         rlm = RLM(**_rlm_kwargs(args), tracer_provider=provider,
                   trace_content=getattr(args, "trace_content", False))
     except ConfigError as exc:
-        print(f"rlm-graph run: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        finish_tracing(provider)
+        return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
     try:
-        result = rlm.completion(context, root_prompt=args.query)
-    except ProviderError as exc:
-        print(f"rlm-graph run: provider error: {exc}", file=sys.stderr)
-        return EXIT_PROVIDER
-    except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
-        _print(args, exc.partial, exc.reason, None)
-        return EXIT_LIMIT
+        return _complete(out, rlm, context, args.query)
     finally:
         finish_tracing(provider)
-    _print(args, result.response, result.stop_reason, result)
-    return EXIT_OK if result.stop_reason is None else EXIT_LIMIT
 
 
-def _print(args: argparse.Namespace, answer: str, stop_reason: str | None, result: Any) -> None:
-    summary = result.usage_summary if result is not None else None
-    if args.json:
-        payload = {
-            "answer": answer,
-            "stop_reason": stop_reason,
-            "usage": summary.to_dict() if summary is not None else None,
-            "execution_time": result.execution_time if result is not None else None,
-        }
-        print(json.dumps(payload, indent=2))
-        return
-    if stop_reason is not None:
-        print(f"[stopped by {stop_reason}; partial answer]", file=sys.stderr)
-    print(answer)
-    if summary is not None:
-        cost = summary.total_cost
-        print(
-            f"[{summary.total_calls} calls, {summary.total_input_tokens:,} input and "
-            f"{summary.total_output_tokens:,} output tokens"
-            + (f", ${cost:.4f}" if cost is not None else "")
-            + f", {result.execution_time:.1f} s]",
-            file=sys.stderr,
+def _complete(out: Output, rlm: Any, context: str, query: str) -> int:
+    try:
+        result = rlm.completion(context, root_prompt=query)
+    except ProviderError as exc:
+        return out.result(
+            EXIT_PROVIDER,
+            answer=exc.partial if exc.result is not None else None,
+            stop_reason="provider_error" if exc.result is not None else None,
+            result=exc.result,
+            error=exc,
+            message=_provider_message(exc),
         )
+    except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
+        return out.result(EXIT_LIMIT, answer=exc.partial, stop_reason=exc.reason,
+                          result=exc.result)
+    except ConfigError as exc:  # found at the first use (a plugin's late check)
+        return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
+    except RLMGraphError as exc:  # a crashed environment, a broken graph
+        return out.error(EXIT_FAILED, str(exc), kind=type(exc).__name__, error=exc)
+    code = EXIT_OK if result.stop_reason is None else EXIT_LIMIT
+    return out.result(code, answer=result.response, stop_reason=result.stop_reason, result=result)
+
+
+def _provider_message(exc: ProviderError) -> str:
+    """The error line: the provider's message, plus what to do in this command's flags."""
+    if isinstance(exc, ContextLengthExceeded):
+        said = exc.server_message or str(exc)
+        return (
+            f"the request is longer than the model's context window (the server said: {said}). "
+            "Give the window with --context-window TOKENS so that the history is compacted "
+            "before it fills up (--compaction summarize or truncate), lower "
+            "--max-output-tokens, or start the server with a larger window (llama.cpp: "
+            "-c 16384; Ollama: num_ctx)"
+        )
+    text = f"provider error: {exc}"
+    if isinstance(exc, ProviderTimeout):
+        return text + " [flags: --timeout S for slower models, --max-attempts N]"
+    if isinstance(exc, RateLimited):
+        return text + " [flags: --requests-per-minute, --max-concurrent, --max-attempts N]"
+    if exc.retryable:
+        return text + " [flag: --max-attempts N to keep trying longer]"
+    return text

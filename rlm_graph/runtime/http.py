@@ -38,17 +38,19 @@ from typing import Any
 
 import httpx
 import trio
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..contracts import ChatRequest, ChatResponse
 from ..errors import (
     BadResponse,
     ConfigError,
+    ContextLengthExceeded,
     ProviderAuthError,
     ProviderError,
     ProviderNotFound,
     ProviderTimeout,
     RateLimited,
+    is_context_length_error,
 )
 from .transport import LeanTransport, proxy_configured
 
@@ -222,6 +224,34 @@ def _shared_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
+def _checked_base_url(provider: str, base_url: object) -> str:
+    """``base_url`` without its trailing slash, or a `ConfigError` saying what is wrong."""
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ConfigError(f"{provider}: base_url must be a URL like 'http://localhost:8000/v1'")
+    try:
+        url = httpx.URL(base_url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise ConfigError(f"{provider}: base_url {base_url!r} is not a valid URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(
+            f"{provider}: base_url {base_url!r} must be an http:// or https:// URL with a host, "
+            "e.g. 'http://localhost:8000/v1'"
+        )
+    return base_url.strip().rstrip("/")
+
+
+def _checked_policy(provider: str, **settings: Any) -> RetryPolicy:
+    """A `RetryPolicy`, with a one-line `ConfigError` for a bad value (not pydantic's)."""
+    try:
+        return RetryPolicy(jitter=0.25, **settings)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))} {e['msg'].lower()} (got {e.get('input')!r})"
+            for e in exc.errors()
+        )
+        raise ConfigError(f"{provider}: {problems}") from None
+
+
 class JSONProvider:
     """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
 
@@ -286,17 +316,17 @@ class JSONProvider:
         if timeout is not None and timeout <= 0:
             raise ConfigError(f"{self.name}: timeout must be > 0 seconds, or None")
         self.model = model_name
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _checked_base_url(self.name, base_url)
         self.max_concurrent = max_concurrent
         self.timeout = timeout
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
-        self.retry = RetryPolicy(
+        self.retry = _checked_policy(
+            self.name,
             max_attempts=max_attempts,
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             max_retry_after=max_retry_after,
-            jitter=0.25,
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
@@ -529,6 +559,17 @@ class JSONProvider:
         status = response.status_code
         said = self._quote(self._server_message(data) or response.text)
         where = f"{self.name}: POST {self.url} answered {status}"
+        if status != 429 and is_context_length_error(response.text):
+            raise ContextLengthExceeded(
+                f"{where}: {said}. The request does not fit model {self.model!r}'s context "
+                "window: turn on compaction with the server's window (RLM(compaction=True, "
+                f"models={{{self.model!r}: {{'context_window': N}}}})), ask for fewer output "
+                "tokens (sampling_args={'max_tokens': ...}), or give the server a larger "
+                "window (llama.cpp: --ctx-size; Ollama: num_ctx)",
+                provider=self.name,
+                status_code=status,
+                server_message=said,
+            )
         if status in (401, 403):
             raise ProviderAuthError(
                 f"{where}: {said}. Check the API key (backend_kwargs['api_key'] or the "

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..contracts import ChatRequest, ChatResponse, Message, ModelInfo, Provider, Usage
+from ..contracts import (
+    ChatRequest,
+    ChatResponse,
+    Message,
+    ModelInfo,
+    Provider,
+    Usage,
+    estimate_tokens,
+)
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..limits import Tally
@@ -22,12 +30,6 @@ if TYPE_CHECKING:
     from .context import Run
 
 __all__ = ["ProviderRouter", "call_model", "estimate_tokens"]
-
-
-def estimate_tokens(text: str) -> int:
-    """A tokenizer-free estimate: about four characters per token (documented in
-    docs/limits.md); used for rate buckets and compaction where no usage is known yet."""
-    return max(1, (len(text) + 3) // 4)
 
 
 class ProviderRouter:

@@ -12,7 +12,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest, CompactionContext, Message
 from rlm_graph.errors import PluginError, ProviderError
 from rlm_graph.hooks import hookimpl
-from rlm_graph.runtime.providers import estimate_tokens
+from rlm_graph.contracts import estimate_tokens
 
 from ..rlm.scripts import is_root_turn, repl
 

@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
-from rlm_graph.errors import BadResponse
-from rlm_graph.runtime.http import JSONProvider
+from rlm_graph.http import BadResponse, ChatRequest, ChatResponse, JSONProvider, Usage
 
 __all__ = ["EchoProvider"]
 

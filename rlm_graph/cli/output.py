@@ -1,0 +1,135 @@
+"""What the CLI prints: answers and errors, as text or as one JSON object.
+
+Invariants:
+    - With ``--json``, every exit path prints exactly one JSON object on stdout (answers,
+      limits, provider errors, bad usage, Ctrl-C), with the same keys each time:
+      ``answer``, ``stop_reason``, ``usage``, ``execution_time``, ``exit_code`` and
+      ``error`` (``null``, or ``{"type", "message", "exit_code"}``).
+    - Without ``--json``, an error is one line on stderr, ``rlm-graph <command>: ...``.
+    - Text from a model or a server is untrusted: printed to a terminal, its control
+      sequences (ANSI CSI, OSC window titles and hyperlinks, other escapes and C0/C1
+      control characters but newline and tab) are removed, so an answer cannot clear the
+      screen, retitle the window or forge a prompt. Printed to a pipe or a file it is
+      left as is (the bytes the model wrote).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any, TextIO
+
+__all__ = ["Output", "strip_control"]
+
+# ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
+# in BEL or ESC \), and two-byte escapes; then the 8-bit forms (CSI 0x9b, OSC 0x9d...);
+# then any other C0/C1 control character except tab and newline.
+_CONTROL = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?"
+    r"|\x1b[ -/]*[0-~]?"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+    r"|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c|\x1b\\)?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+)
+
+
+def strip_control(text: str) -> str:
+    """``text`` without terminal control sequences (newlines and tabs kept; a carriage
+    return is dropped, since it lets a line overwrite what the terminal showed)."""
+    return _CONTROL.sub("", text)
+
+
+def _for(stream: TextIO, text: str) -> str:
+    isatty = getattr(stream, "isatty", None)
+    return strip_control(text) if callable(isatty) and isatty() else text
+
+
+class Output:
+    """Prints one command's outcome, as text or as one JSON object.
+
+    Args:
+        command: the subcommand's name, for error lines (``rlm-graph run: ...``).
+        as_json: print one JSON object on stdout instead of text.
+    """
+
+    def __init__(self, command: str, *, as_json: bool) -> None:
+        self.command = command
+        self.as_json = as_json
+
+    def line(self, text: str, *, stream: TextIO | None = None) -> None:
+        """A line of text, stripped of control sequences on a terminal."""
+        out = stream or sys.stdout
+        print(_for(out, text), file=out)
+
+    def note(self, text: str) -> None:
+        """A line on stderr (text mode only: JSON mode keeps stderr for real trouble)."""
+        if not self.as_json:
+            self.line(text, stream=sys.stderr)
+
+    def result(
+        self,
+        code: int,
+        *,
+        answer: str | None,
+        stop_reason: str | None = None,
+        result: Any = None,
+        error: BaseException | None = None,
+        message: str | None = None,
+        kind: str | None = None,
+    ) -> int:
+        """Print the outcome and return ``code``, the exit code.
+
+        Args:
+            code: the exit code.
+            answer: the answer (or the partial answer), if there is one.
+            stop_reason: what stopped the run early (a limit, ``"provider_error"``).
+            result: the ``RLMChatCompletion`` (full or partial), for usage and time.
+            error: the error that ended the command, if any.
+            message: the error line to print (default ``str(error)``).
+            kind: the error's type name in JSON (default the exception's class name).
+        """
+        summary = getattr(result, "usage_summary", None)
+        elapsed = getattr(result, "execution_time", None)
+        text = message if message is not None else (str(error) if error is not None else None)
+        if self.as_json:
+            payload = {
+                "answer": answer,
+                "stop_reason": stop_reason,
+                "usage": summary.to_dict() if summary is not None else None,
+                "execution_time": elapsed,
+                "exit_code": code,
+                "error": None
+                if text is None
+                else {
+                    "type": kind or (type(error).__name__ if error is not None else "Error"),
+                    "message": text,
+                    "exit_code": code,
+                },
+            }
+            print(json.dumps(payload, indent=2))
+            return code
+        if stop_reason is not None and answer is not None:
+            self.line(f"[stopped by {stop_reason}; partial answer]", stream=sys.stderr)
+        if answer:
+            self.line(answer)
+        if summary is not None and elapsed is not None:
+            self.line(_usage_line(summary, elapsed), stream=sys.stderr)
+        if text is not None:
+            self.line(f"rlm-graph {self.command}: {text}", stream=sys.stderr)
+        return code
+
+    def error(self, code: int, text: str, *, kind: str, error: BaseException | None = None) -> int:
+        """An error before or instead of any answer: one line (or one JSON object)."""
+        return self.result(code, answer=None, error=error, message=text, kind=kind)
+
+
+def _usage_line(summary: Any, elapsed: float) -> str:
+    cost = summary.total_cost
+    return (
+        f"[{summary.total_calls} calls, {summary.total_input_tokens:,} input and "
+        f"{summary.total_output_tokens:,} output tokens"
+        + (f", ${cost:.4f}" if cost is not None else "")
+        + f", {elapsed:.1f} s]"
+    )

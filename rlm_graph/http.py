@@ -1,0 +1,139 @@
+"""The public toolkit for HTTP provider plugins.
+
+A provider for a new JSON API subclasses `JSONProvider` and implements three methods;
+everything else (one pooled client per trio loop, retries with backoff and
+``Retry-After``, timeouts, error messages that say what to do, keys kept out of logs) is
+inherited::
+
+    from rlm_graph.http import BadResponse, ChatRequest, ChatResponse, JSONProvider, Usage
+
+    class EchoProvider(JSONProvider):
+        name = "echo"
+        path = "/v1/echo"
+
+        def _build_body(self, request: ChatRequest) -> dict[str, object]:
+            return {"model": request.model or self.model, "text": request.messages[-1].content}
+
+        def _parse(self, data: object, request: ChatRequest) -> ChatResponse:
+            ...
+
+See docs/writing-a-provider.md. This module is the stable surface: plugins (ours under
+``plugins/`` and third parties') import from here, from `rlm_graph.contracts`,
+`rlm_graph.errors`, `rlm_graph.hooks` and `rlm_graph.testing`, never from
+``rlm_graph.runtime`` (private; tests/test_structure.py enforces it for ours).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .contracts import (
+    ChatRequest as ChatRequest,
+    ChatResponse as ChatResponse,
+    Message as Message,
+    ModelInfo as ModelInfo,
+    Usage as Usage,
+    estimate_tokens as estimate_tokens,
+)
+from .errors import (
+    BadResponse as BadResponse,
+    ConfigError as ConfigError,
+    ContextLengthExceeded as ContextLengthExceeded,
+    ProviderAuthError as ProviderAuthError,
+    ProviderError as ProviderError,
+    ProviderNotFound as ProviderNotFound,
+    ProviderTimeout as ProviderTimeout,
+    RateLimited as RateLimited,
+    is_context_length_error as is_context_length_error,
+)
+from .runtime.http import (
+    JSONProvider as JSONProvider,
+    RetryPolicy as RetryPolicy,
+    Secret as Secret,
+    parse_duration as parse_duration,
+    parse_retry_after as parse_retry_after,
+    retry_delay_from_headers as retry_delay_from_headers,
+)
+
+__all__ = [
+    "BadResponse",
+    "ChatRequest",
+    "ChatResponse",
+    "ConfigError",
+    "ContextLengthExceeded",
+    "JSONProvider",
+    "Message",
+    "ModelInfo",
+    "ProviderAuthError",
+    "ProviderError",
+    "ProviderNotFound",
+    "ProviderTimeout",
+    "RateLimited",
+    "RetryPolicy",
+    "Secret",
+    "Usage",
+    "content_text",
+    "estimate_tokens",
+    "is_context_length_error",
+    "parse_duration",
+    "parse_retry_after",
+    "retry_delay_from_headers",
+    "token_count",
+]
+
+
+def token_count(value: object) -> int:
+    """A usage field read as a token count, whatever the server put there.
+
+    Servers put ``null``, floats, numeric strings and, now and then, text (``"n/a"``) in
+    usage fields; a count the engine cannot read is unknown, which it treats as 0 rather
+    than failing an answer that is otherwise fine.
+
+    Args:
+        value: the field's JSON value.
+
+    Returns:
+        The count (ints, whole floats, numeric strings), else 0.
+    """
+    if isinstance(value, bool):
+        return 0
+    if isinstance(value, int):
+        return max(0, value)
+    if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
+        return max(0, int(value))
+    if isinstance(value, str):
+        try:
+            return token_count(float(value.strip()))
+        except ValueError:
+            return 0
+    return 0
+
+
+def content_text(content: object) -> str | None:
+    """A message's ``content`` as text.
+
+    OpenAI-compatible servers send a string, ``null``, or (some gateways, reasoning
+    models) a list of parts: ``[{"type": "text", "text": "..."}, ...]``. Text parts are
+    joined in order; other parts (images, tool calls, reasoning) are left out.
+
+    Args:
+        content: the ``content`` field as parsed from JSON.
+
+    Returns:
+        The text, or ``None`` when there is no content at all.
+    """
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and part.get("type", "text") in ("text", "output_text"):
+                text = part.get("text")
+                if isinstance(text, str):
+                    texts.append(text)
+                elif isinstance(text, Mapping) and isinstance(text.get("value"), str):
+                    texts.append(text["value"])
+        return "".join(texts)
+    return str(content)

@@ -1,0 +1,318 @@
+"""The installed ``rlm-graph`` command as a user meets it: exit codes, stderr lines and
+stdout JSON on every exit path, run as a real process against a fake server."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm_graph.testing import FakeOpenAIServer, Reply
+
+COMMAND = Path(sys.executable).with_name("rlm-graph")
+LLAMA_CPP_WINDOW_ERROR = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 2310,
+        "n_ctx": 2048,
+    }
+}
+FIRST_TURN = "```repl\nanswer['content'] = 'half of the answer'\nprint(len(context))\n```"
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "ANTHROPIC_"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def rlm_graph(
+    *args: str, stdin: bytes = b"", timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
+    done = subprocess.run(
+        [str(COMMAND), *args], input=stdin, capture_output=True, timeout=timeout, env=_env(),
+        check=False,
+    )
+    return subprocess.CompletedProcess(
+        done.args, done.returncode, done.stdout.decode(), done.stderr.decode()
+    )
+
+
+def run_args(server: FakeOpenAIServer, context: str | Path, *extra: str) -> list[str]:
+    return ["run", "--context", str(context), "--query", "what?", "--model", "m",
+            "--base-url", server.base_url, *extra]
+
+
+def one_json(stdout: str) -> dict[str, Any]:
+    """The single JSON object stdout must hold (json.loads fails on anything more)."""
+    payload = json.loads(stdout)
+    assert isinstance(payload, dict)
+    assert set(payload) == {"answer", "stop_reason", "usage", "execution_time", "exit_code", "error"}
+    return payload
+
+
+@pytest.fixture
+def text_file(tmp_path: Path) -> Path:
+    path = tmp_path / "notes.txt"
+    path.write_text("x" * 500, encoding="utf-8")
+    return path
+
+
+# -- --json on every exit path ---------------------------------------------------------
+
+
+def _usage_error(server: FakeOpenAIServer, text: Path) -> list[str]:
+    return ["run", "--context", str(text), "--query", "q", "--json"]  # no --model
+
+
+def _config_error(server: FakeOpenAIServer, text: Path) -> list[str]:
+    return run_args(server, text, "--backend", "nope", "--json")
+
+
+def _missing_file(server: FakeOpenAIServer, text: Path) -> list[str]:
+    return run_args(server, text.with_name("missing.txt"), "--json")
+
+
+def _binary_file(server: FakeOpenAIServer, text: Path) -> list[str]:
+    binary = text.with_name("image.png")
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    return run_args(server, binary, "--json")
+
+
+def _bad_max_attempts(server: FakeOpenAIServer, text: Path) -> list[str]:
+    return run_args(server, text, "--max-attempts", "0", "--json")
+
+
+@pytest.mark.parametrize(
+    ("build", "code", "kind", "words"),
+    [
+        (_usage_error, 2, "UsageError", "--model"),
+        (_config_error, 2, "PluginError", "nope"),
+        (_missing_file, 2, "ConfigError", "cannot read --context"),
+        (_binary_file, 2, "ConfigError", "binary"),
+        (_bad_max_attempts, 2, "ConfigError", "max_attempts"),
+    ],
+)
+def test_json_errors_are_one_object_with_the_exit_code(
+    build: Any, code: int, kind: str, words: str, text_file: Path
+) -> None:
+    with FakeOpenAIServer() as server:
+        done = rlm_graph(*build(server, text_file))
+        assert not server.requests
+    payload = one_json(done.stdout)
+    assert done.returncode == code == payload["exit_code"] == payload["error"]["exit_code"]
+    assert payload["error"]["type"] == kind and words in payload["error"]["message"]
+    assert "Traceback" not in done.stderr
+
+
+def test_json_answers_limits_and_provider_errors(text_file: Path) -> None:
+    with FakeOpenAIServer(replies=["```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"]) as server:
+        answered = rlm_graph(*run_args(server, text_file, "--json"))
+    with FakeOpenAIServer(lambda body: FIRST_TURN) as server:
+        limited = rlm_graph(*run_args(server, text_file, "--json", "--max-iterations", "2"))
+    with FakeOpenAIServer(replies=[Reply.error(401, "Incorrect API key provided")]) as server:
+        refused = rlm_graph(*run_args(server, text_file, "--json"))
+    ok, limit, error = (one_json(d.stdout) for d in (answered, limited, refused))
+    assert (answered.returncode, ok["answer"], ok["error"]) == (0, "done", None)
+    assert ok["usage"]["model_usage_summaries"]["m"]["total_calls"] == 1
+    assert (limited.returncode, limit["stop_reason"], limit["answer"]) == (3, "max_iterations", FIRST_TURN)
+    assert refused.returncode == 4 == error["exit_code"]
+    assert error["error"]["type"] == "ProviderAuthError" and "API key" in error["error"]["message"]
+
+
+# -- a provider error after some turns; the context window -----------------------------
+
+
+def test_a_context_length_error_says_what_to_do_and_keeps_the_partial_answer(
+    text_file: Path,
+) -> None:
+    replies = [FIRST_TURN, Reply(400, LLAMA_CPP_WINDOW_ERROR)]
+    with FakeOpenAIServer(replies=list(replies)) as server:
+        text = rlm_graph(*run_args(server, text_file))
+        assert len(server.requests) == 2  # not retried: the same request cannot fit later
+    with FakeOpenAIServer(replies=list(replies)) as server:
+        as_json = one_json(rlm_graph(*run_args(server, text_file, "--json")).stdout)
+    assert text.returncode == 4
+    assert text.stdout.strip() == "half of the answer"
+    lines = text.stderr.strip().splitlines()
+    assert lines[0] == "[stopped by provider_error; partial answer]"
+    assert lines[1].startswith("[1 calls, ")  # the refused call used nothing
+    assert "context window" in lines[2] and "--context-window" in lines[2] and len(lines) == 3
+    assert as_json["answer"] == "half of the answer" and as_json["exit_code"] == 4
+    assert as_json["stop_reason"] == "provider_error"
+    assert as_json["error"]["type"] == "ContextLengthExceeded"
+    assert as_json["usage"]["model_usage_summaries"]["m"]["total_input_tokens"] > 0
+
+
+def test_window_flags_reach_the_requests(text_file: Path) -> None:
+    """--max-output-tokens is every request's max_tokens; --context-window compacts the
+    history (truncate: no extra model call) before it passes the window."""
+    turns = ["```repl\nprint('" + "y" * 1200 + "')\n```"] * 6
+    window = ("--context-window", "1500", "--compaction", "truncate")
+    sizes = {}
+    for flags in [(), window]:
+        with FakeOpenAIServer(replies=list(turns)) as server:
+            done = rlm_graph(*run_args(
+                server, text_file, "--max-output-tokens", "77", "--max-iterations", "5", *flags
+            ))
+            bodies = server.bodies
+        assert done.returncode == 3, done.stderr
+        assert {b["max_tokens"] for b in bodies} == {77}
+        sizes[flags] = [len(json.dumps(b["messages"])) for b in bodies]
+    assert max(sizes[()]) > 1500 * 4  # the window, in the estimate's characters per token
+    assert max(sizes[window]) < 1500 * 4
+
+
+def test_max_attempts_and_timeout(text_file: Path) -> None:
+    answer = "```repl\nanswer['content'] = 'ok'; answer['ready'] = True\n```"
+    with FakeOpenAIServer(replies=[Reply.error(500, "boom"), answer]) as server:
+        once = rlm_graph(*run_args(server, text_file, "--max-attempts", "1"))
+        assert len(server.requests) == 1
+    with FakeOpenAIServer(replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), answer]) as server:
+        thrice = rlm_graph(*run_args(server, text_file, "--max-attempts", "3"))
+        assert len(server.requests) == 3
+    with FakeOpenAIServer(replies=[Reply(200, answer, delay=3)]) as server:
+        slow = rlm_graph(*run_args(server, text_file, "--timeout", "0.3", "--max-attempts", "1"))
+    assert once.returncode == 4 and "--max-attempts" in once.stderr
+    assert (thrice.returncode, thrice.stdout.strip()) == (0, "ok")
+    assert slow.returncode == 4 and "--timeout" in slow.stderr
+
+
+# -- the context file ------------------------------------------------------------------
+
+
+def test_a_binary_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(bytes(range(256)) * 4)
+    with FakeOpenAIServer() as server:
+        done = rlm_graph(*run_args(server, binary))
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "binary" in done.stderr and not done.stdout
+
+
+def test_a_non_utf8_text_file_names_encoding_and_reads_with_it(tmp_path: Path) -> None:
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("Caf\xe9 cr\xe8me, d\xe9j\xe0 vu".encode("latin-1"))
+    code = "```repl\nanswer['content'] = context; answer['ready'] = True\n```"
+    with FakeOpenAIServer(lambda body: code) as server:
+        refused = rlm_graph(*run_args(server, latin))
+        read = rlm_graph(*run_args(server, latin, "--encoding", "latin-1"))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "--encoding" in refused.stderr and "0xe9" in refused.stderr
+    assert (read.returncode, read.stdout.strip()) == (0, "Café crème, déjà vu")
+
+
+# -- control sequences in answers ------------------------------------------------------
+
+HOSTILE = "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ done\x9b31m\rfake"
+
+
+def _run_on_a_terminal(args: Sequence[str]) -> tuple[int, bytes]:
+    """Run the command with stdout on a pseudo-terminal; return its exit code and output."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [str(COMMAND), *args], stdin=subprocess.DEVNULL, stdout=terminal,
+        stderr=subprocess.DEVNULL, env=_env(),
+    )
+    os.close(terminal)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    return process.wait(timeout=60), b"".join(chunks)
+
+
+def test_control_sequences_are_stripped_on_a_terminal_only(text_file: Path) -> None:
+    code = f"```repl\nanswer['content'] = {HOSTILE!r}; answer['ready'] = True\n```"
+    with FakeOpenAIServer(lambda body: code) as server:
+        status, shown = _run_on_a_terminal(run_args(server, text_file))
+        piped = rlm_graph(*run_args(server, text_file))
+    assert status == 0
+    assert shown.decode().strip() == "link donefake"
+    assert piped.stdout.rstrip("\n") == HOSTILE  # a pipe gets the bytes as written
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+def _interrupt(args: Sequence[str], started: Any) -> tuple[int, str, str]:
+    process = subprocess.Popen(
+        [str(COMMAND), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not started() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert process.poll() is None, "the command ended before it could be interrupted"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_during_run_is_one_line_and_exit_130(text_file: Path, as_json: bool) -> None:
+    block = "```repl\nimport time\ntime.sleep(60)\n```"
+    with FakeOpenAIServer(lambda body: block) as server:
+        extra = ("--json",) if as_json else ()
+        code, out, err = _interrupt(
+            [*run_args(server, text_file, *extra)], lambda: len(server.requests) >= 1
+        )
+    assert code == 130
+    assert len(err.splitlines()) <= 3 and "Traceback" not in err
+    if as_json:
+        assert one_json(out)["error"]["type"] == "Interrupted"
+    else:
+        assert err.strip() == "rlm-graph run: interrupted"
+
+
+def test_ctrl_c_during_demo_is_one_line_and_exit_130(tmp_path: Path) -> None:
+    out_file = tmp_path / "graph.json"
+    code, out, err = _interrupt_demo(out_file)
+    assert code == 130
+    assert err.strip() == "rlm-graph demo: interrupted" and "Traceback" not in err
+    assert "Question:" in out and not out_file.exists()
+
+
+def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
+    process = subprocess.Popen(
+        [str(COMMAND), "demo", "--latency", "5", "--out", str(out_file), "--size", "20000"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+    )
+    try:
+        assert process.stdout is not None
+        seen = b""
+        while b"Question:" not in seen:  # the demo prints this, then starts the run
+            line = process.stdout.readline()
+            assert line, "the demo ended before it could be interrupted"
+            seen += line
+        time.sleep(0.3)  # inside the run's first simulated 5 s model call
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process.returncode, (seen + out).decode(), err.decode()
