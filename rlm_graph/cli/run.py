@@ -124,7 +124,7 @@ def _read_context(path: str, encoding: str) -> str:
             stream = getattr(sys.stdin, "buffer", None)
             if stream is None:  # a text stream stood in for stdin (an embedding program)
                 return str(sys.stdin.read())
-            data = stream.read()
+            data: bytes = stream.read()
         else:
             with open(path, "rb") as handle:
                 data = handle.read()
