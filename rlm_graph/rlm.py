@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -348,6 +349,8 @@ class RLM:
             ),
         )
         self.persistent = persistent
+        # A persistent session is one conversation: one completion at a time.
+        self._session_busy = threading.Lock()
         self._env: Environment | None = None
         self._proxy: BridgeProxy | None = None
         self._completions = 0
@@ -439,6 +442,29 @@ class RLM:
         return await self._acompletion(prompt, root_prompt, schema, ())
 
     async def _acompletion(
+        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener]
+    ) -> RLMChatCompletion:
+        """One completion; a persistent session refuses a second one running at once.
+
+        Raises:
+            ConfigError: ``persistent=True`` and this RLM is already running a completion
+                (in another thread or task): a session's turns must come one at a time.
+        """
+        if not self.persistent:
+            return await self._complete(prompt, root_prompt, schema, listeners)
+        if not self._session_busy.acquire(blocking=False):
+            raise ConfigError(
+                "persistent=True: this RLM is already running a completion (in another "
+                "thread or task); a persistent session is one conversation, so its "
+                "completions must come one at a time. Wait for the running one, or use one "
+                "RLM per thread (persistent=False for independent completions)"
+            )
+        try:
+            return await self._complete(prompt, root_prompt, schema, listeners)
+        finally:
+            self._session_busy.release()
+
+    async def _complete(
         self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener]
     ) -> RLMChatCompletion:
         if not isinstance(prompt, str | list | dict):

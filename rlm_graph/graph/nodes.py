@@ -79,6 +79,9 @@ class NodeRecord:
         submitted: when the node was ready to run; ``start`` is when it got its slot
             (a model call waits for its provider's limiter in between), so
             ``start - submitted`` is its queueing time and ``duration`` its service time.
+        attempts: requests a model call took, retries included (1: answered at once).
+        note: what was wrong with a reply that still counts as one (cut off by the token
+            limit, no text); the model saw the same note after the reply.
     """
 
     id: str
@@ -103,6 +106,8 @@ class NodeRecord:
     input_preview: str = ""
     output_preview: str = ""
     finish_reason: str | None = None
+    attempts: int = 1
+    note: str | None = None
 
     model_fields: ClassVar[Mapping[str, object]]
 

@@ -29,6 +29,7 @@ from ..events import EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
 from ..limits import Budget, Limits
+from .attempts import RetryLog
 
 if TYPE_CHECKING:
     from ..hooks import PluginHost
@@ -76,6 +77,7 @@ class Run:
         self.scope = trio.CancelScope()
         self.stop_reason: str | None = None
         self._counters: Counter[str] = Counter()
+        self.retries = RetryLog()
         fan_out = list(listeners)
         if has_observers(host.hook):
             fan_out.append(HookListener(host.hook, self.graph))
@@ -164,7 +166,8 @@ class Run:
             record.error = redact(record.error)
 
     def finalize(self) -> None:
-        """Mark every node that never finished as ``cancelled``."""
+        """Mark every node that never finished as ``cancelled``; log the retry summary."""
+        self.retries.log_summary()
         now = trio.current_time()
         for record in self.graph.records():
             if not record.status.finished:

@@ -1,20 +1,27 @@
-"""The base of every HTTP provider: one shared client, retries, error mapping, no leaks.
+"""The base of every HTTP provider: one client per trio loop, retries, error mapping, no leaks.
 
 A subclass says how to build a request body and read a response
 (`JSONProvider._build_body`, `JSONProvider._parse`); this module does the rest the same way
 for every API:
 
-    complete() -> _send_with_retries() -> _send_once() -> _raise_for_status()
+    complete() -> _send_with_retries() -> _attempt() -> _post() / _read() / _parse()
 
 Invariants:
-    - One ``httpx.AsyncClient`` per provider instance, created lazily on the first
-      ``complete()`` in the current trio loop and closed by ``aclose()``; the next call
-      (in the next ``trio.run`` of the sync API, say) creates a fresh one. Its pool holds
-      ``max_concurrent`` connections, kept alive between calls.
-    - Retries happen on 408/409/425/429, every 5xx, timeouts and dropped connections, with
-      exponential backoff and jitter, honouring ``Retry-After`` (seconds or an HTTP date),
-      ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps with
-      ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
+    - One ``httpx.AsyncClient`` per provider *per trio loop*, created lazily on the first
+      ``complete()`` in that loop; ``aclose()`` closes the current loop's client only.
+      Sync completions running at once in several threads (one loop each) therefore
+      never close or replace each other's client, and each loop keeps its connections
+      alive between its calls. Its pool holds ``max_concurrent`` connections. (The
+      provider's concurrency limit across loops is the engine's `SharedGate`.)
+    - Retries happen on 408/409/425/429, every 5xx, timeouts, dropped connections and
+      2xx answers that cannot be read (empty, truncated, not the API's shape), with
+      capped exponential backoff and jitter, honouring ``Retry-After`` (seconds or an HTTP
+      date), ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps
+      with ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
+    - Every retry is one more attempt: logged at DEBUG and counted on the node and in
+      the run's summary (`rlm_graph.runtime.attempts`); nothing is re-sent silently.
+    - Each attempt has a deadline: ``timeout`` for the first, doubled after every attempt
+      that timed out, up to ``8 * timeout`` (docs/providers.md says why).
     - 400, 401, 403, 404 and other 4xx fail at once, with a message that says what to
       check and quotes the server's own message.
     - The API key is never part of an error message, a log line or a repr: it lives only
@@ -32,7 +39,9 @@ import math
 import random
 import re
 import ssl
+import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -52,7 +61,8 @@ from ..errors import (
     RateLimited,
     is_context_length_error,
 )
-from .transport import LeanTransport, proxy_configured
+from .attempts import note_retry
+from .transport import LeanTransport, RequestNotSent, proxy_configured
 
 __all__ = [
     "JSONProvider",
@@ -98,9 +108,9 @@ class RetryPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_attempts: int = Field(4, ge=1)
+    max_attempts: int = Field(10, ge=1)
     backoff_base: float = Field(0.5, ge=0)
-    backoff_max: float = Field(30.0, ge=0)
+    backoff_max: float = Field(8.0, ge=0)
     max_retry_after: float = Field(120.0, ge=0)
     jitter: float = Field(0.25, ge=0, le=1)
 
@@ -208,13 +218,31 @@ class Secret:
         return bool(self._value)
 
 
-class _Retry(Exception):
-    """One failed attempt that may succeed when tried again (internal)."""
+# Attempt deadlines grow after each timeout, up to this many times ``timeout``.
+TIMEOUT_GROWTH_CAP = 8.0
 
-    def __init__(self, error: ProviderError, wait: float | None) -> None:
+
+class _Retry(Exception):
+    """One failed attempt that may succeed when tried again (internal).
+
+    ``reason`` labels it in logs and counts (``"429"``, ``"timeout"``, ``"connection"``).
+    """
+
+    def __init__(self, error: ProviderError, wait: float | None, reason: str) -> None:
         super().__init__(str(error))
         self.error = error
         self.wait = wait
+        self.reason = reason
+
+
+class _LoopClient:
+    """The client of one trio loop, and its lean transport when it has one."""
+
+    __slots__ = ("client", "lean")
+
+    def __init__(self, client: httpx.AsyncClient, lean: LeanTransport | None) -> None:
+        self.client = client
+        self.lean = lean
 
 
 @functools.lru_cache(maxsize=1)
@@ -264,8 +292,11 @@ class JSONProvider:
         base_url: the API's root URL (the endpoint ``path`` is appended).
         api_key: the key, or ``None`` for servers that need none.
         max_concurrent: requests in flight at once (the engine's shared limiter and the
-            size of the connection pool).
-        timeout: seconds one attempt may take in all, or ``None`` for no limit.
+            size of each loop's connection pool). The default, 16, lets one batch run
+            ``batch_max_concurrent`` (16) wide.
+        timeout: seconds the first attempt may take in all (connect, send, wait, read);
+            each attempt after a timeout gets twice as long, up to ``8 * timeout``.
+            ``None``: no limit.
         max_attempts, backoff_base, backoff_max, max_retry_after: see `RetryPolicy`.
         requests_per_minute, tokens_per_minute: rate limits the engine applies to this
             provider, shared by every run of the engine.
@@ -290,11 +321,11 @@ class JSONProvider:
         model_name: str,
         base_url: str,
         api_key: str | None = None,
-        max_concurrent: int = 8,
-        timeout: float | None = 120.0,
-        max_attempts: int = 4,
+        max_concurrent: int = 16,
+        timeout: float | None = 60.0,
+        max_attempts: int = 10,
         backoff_base: float = 0.5,
-        backoff_max: float = 30.0,
+        backoff_max: float = 8.0,
         max_retry_after: float = 120.0,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
@@ -333,13 +364,21 @@ class JSONProvider:
         self._headers = dict(headers or {})
         self._transport = transport
         self.http_transport = http_transport
-        self._client: httpx.AsyncClient | None = None
-        self._lean: LeanTransport | None = None
+        # One client per trio loop (see the module's invariants); the lock guards the map,
+        # which threads running their own loops share.
+        self._clients: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, _LoopClient] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._clients_lock = threading.Lock()
         self._url = httpx.URL(self.url)
-        self._default_headers: dict[str, str] = {}
+        self._default_headers = {
+            "User-Agent": "rlm-graph",
+            "Accept": "application/json",
+            "Accept-Encoding": "gzip, deflate",
+            **self._headers,
+        }
         # Built now (configuration time), not on the first request of the first run.
         self._ssl_context = _shared_ssl_context()
-        self._client_loop: object = None
 
     def __repr__(self) -> str:
         key = "set" if self._api_key else "none"
@@ -379,38 +418,41 @@ class JSONProvider:
 
     # -- the client's lifecycle ---------------------------------------------------------
 
-    def _get_client(self) -> httpx.AsyncClient:
+    @property
+    def _client(self) -> httpx.AsyncClient | None:
+        """The current trio loop's client, if it has one; outside trio, any client still
+        open (for tests and debugging)."""
+        with self._clients_lock:
+            try:
+                found = self._clients.get(trio.lowlevel.current_trio_token())
+            except RuntimeError:
+                found = next(iter(self._clients.values()), None)
+        return found.client if found is not None else None
+
+    def _get_client(self) -> _LoopClient:
         loop = trio.lowlevel.current_trio_token()
-        if self._client is not None and self._client_loop is not loop:
-            # A client from a finished trio loop cannot be used (or closed) here; the
-            # engine closes providers when its sync calls end, so this is a stray.
-            logger.debug("%s: discarding a client left open by an earlier trio loop", self.name)
-            self._client = None
-        if self._client is None:
-            transport = self._make_transport()
-            # Our own transport is called directly on the hot path (see `_post`).
-            self._lean = transport if isinstance(transport, LeanTransport) else None
-            self._url = httpx.URL(self.url)
-            self._default_headers = {
-                "User-Agent": "rlm-graph",
-                "Accept": "application/json",
-                "Accept-Encoding": "gzip, deflate",
-                **self._headers,
-            }
-            pool = httpx.Limits(
-                max_connections=self.max_concurrent,
-                max_keepalive_connections=self.max_concurrent,
-                keepalive_expiry=30.0,
-            )
-            self._client = httpx.AsyncClient(
-                verify=self._ssl_context,
-                limits=pool,
-                timeout=httpx.Timeout(self.timeout),
-                transport=transport,
-                headers={"User-Agent": "rlm-graph", **self._headers},
-            )
-            self._client_loop = loop
-        return self._client
+        with self._clients_lock:
+            found = self._clients.get(loop)
+        if found is not None:
+            return found
+        transport = self._make_transport()
+        pool = httpx.Limits(
+            max_connections=self.max_concurrent,
+            max_keepalive_connections=self.max_concurrent,
+            keepalive_expiry=30.0,
+        )
+        client = httpx.AsyncClient(
+            verify=self._ssl_context,
+            limits=pool,
+            timeout=httpx.Timeout(self.timeout),
+            transport=transport,
+            headers={"User-Agent": "rlm-graph", **self._headers},
+        )
+        # Our own transport is called directly on the hot path (see `_post`).
+        found = _LoopClient(client, transport if isinstance(transport, LeanTransport) else None)
+        with self._clients_lock:
+            self._clients[loop] = found
+        return found
 
     def _make_transport(self) -> httpx.AsyncBaseTransport | None:
         if self._transport is not None:
@@ -424,10 +466,15 @@ class JSONProvider:
         return None  # httpx's own pool (and its proxy support)
 
     async def aclose(self) -> None:
-        """Close the client and its connections; the next call opens a new one."""
-        client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        """Close the current trio loop's client and its connections.
+
+        Other loops' clients (other threads' sync completions) are theirs to close; the
+        next call in this loop opens a new client.
+        """
+        with self._clients_lock:
+            found = self._clients.pop(trio.lowlevel.current_trio_token(), None)
+        if found is not None:
+            await found.client.aclose()
 
     # -- one call -----------------------------------------------------------------------
 
@@ -443,24 +490,32 @@ class JSONProvider:
             BadResponse: a 2xx answer that is not the API's format.
         """
         body = {**self.extra_body, **self._build_body(request)}
-        data = await self._send_with_retries(body)
-        return self._parse(data, request)
+        return await self._send_with_retries(json.dumps(body).encode(), request)
 
-    async def _send_with_retries(self, body: dict[str, Any]) -> Any:
+    async def _send_with_retries(self, content: bytes, request: ChatRequest) -> ChatResponse:
         attempts = self.retry.max_attempts
+        timeouts = 0
         for attempt in range(1, attempts + 1):
             try:
-                return await self._send_once(body)
+                return await self._attempt(content, request, self._attempt_timeout(timeouts))
             except _Retry as retry:
                 if attempt == attempts:
                     raise self._gave_up(retry.error, attempts) from None
+                timeouts += retry.reason == "timeout"
                 wait = self._wait_before_retry(retry, attempt)
-                logger.warning(
+                logger.debug(
                     "%s; retrying in %.2f s (attempt %d of %d)",
                     retry.error, wait, attempt + 1, attempts,
                 )
+                note_retry(retry.reason)
                 await trio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _attempt_timeout(self, timeouts: int) -> float | None:
+        """The deadline of an attempt after ``timeouts`` attempts that timed out."""
+        if self.timeout is None:
+            return None
+        return self.timeout * min(2.0**timeouts, TIMEOUT_GROWTH_CAP)
 
     def _gave_up(self, error: ProviderError, attempts: int) -> ProviderError:
         if attempts == 1:
@@ -479,6 +534,8 @@ class JSONProvider:
         )
 
     def _wait_before_retry(self, retry: _Retry, attempt: int) -> float:
+        if retry.reason == "not sent":
+            return 0.0  # a dead keep-alive connection, not a struggling server
         if retry.wait is None:
             return self.retry.backoff(attempt)
         if retry.wait > self.retry.max_retry_after:
@@ -492,41 +549,44 @@ class JSONProvider:
             ) from None
         return self.retry.spread(retry.wait)
 
-    async def _post(self, client: httpx.AsyncClient, content: bytes) -> httpx.Response:
+    async def _post(self, loop: _LoopClient, content: bytes, timeout: float | None) -> httpx.Response:
         """POST ``content`` and read the whole answer.
 
         Through the lean transport the request goes straight to it: the client's
         middleware (cookie jar, redirects, auth flows, URL merging) has nothing to do for
         a JSON API call and costs about a quarter of the CPU of a call. Any other
         transport (httpx's pool, proxies, a test's MockTransport) goes through the client.
+        Either way the connect, write, read and pool timeouts are the attempt's deadline.
         """
         headers = {"Content-Type": "application/json", **self._auth_headers()}
-        if self._lean is None:
-            return await client.post(self.url, content=content, headers=headers)
+        timeouts = httpx.Timeout(timeout)
+        if loop.lean is None:
+            return await loop.client.post(self.url, content=content, headers=headers, timeout=timeouts)
         request = httpx.Request(
-            "POST", self._url, headers={**self._default_headers, **headers}, content=content
+            "POST", self._url, headers={**self._default_headers, **headers}, content=content,
+            extensions={"timeout": timeouts.as_dict()},
         )
-        response = await self._lean.handle_async_request(request)
+        response = await loop.lean.handle_async_request(request)
         try:
             await response.aread()
         finally:
             await response.aclose()
         return response
 
-    async def _send_once(self, body: dict[str, Any]) -> Any:
-        client = self._get_client()
-        content = json.dumps(body).encode()
+    async def _attempt(self, content: bytes, request: ChatRequest, timeout: float | None) -> ChatResponse:
+        """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
+        loop = self._get_client()
         try:
-            with trio.fail_after(self.timeout if self.timeout is not None else math.inf):
-                response = await self._post(client, content)
+            with trio.fail_after(timeout if timeout is not None else math.inf):
+                response = await self._post(loop, content, timeout)
         except (trio.TooSlowError, httpx.TimeoutException):
             error: ProviderError = ProviderTimeout(
-                f"{self.name}: no answer from {self.url} within {self.timeout} s; raise "
+                f"{self.name}: no answer from {self.url} within {timeout:g} s; raise "
                 "backend_kwargs['timeout'] for slow models, or check the server",
                 provider=self.name,
                 retryable=True,
             )
-            raise _Retry(error, None) from None
+            raise _Retry(error, None, "timeout") from None
         except httpx.TransportError as exc:
             error = ProviderError(
                 f"{self.name}: connection to {self.url} failed ({type(exc).__name__}: "
@@ -535,8 +595,15 @@ class JSONProvider:
                 provider=self.name,
                 retryable=True,
             )
-            raise _Retry(error, None) from None
-        return self._read(response)
+            reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
+            raise _Retry(error, None, reason) from None
+        data = self._read(response)
+        try:
+            return self._parse(data, request)
+        except BadResponse as exc:
+            # A 2xx that is JSON but not the API's shape: a proxy or an overloaded
+            # server's stand-in answer more often than a wrong base_url (that is a 404).
+            raise _Retry(exc, retry_delay_from_headers(response.headers), "bad response") from None
 
     def _read(self, response: httpx.Response) -> Any:
         try:
@@ -546,13 +613,18 @@ class JSONProvider:
         if response.status_code >= 300:
             self._raise_for_status(response, data)
         if data is None:
-            raise BadResponse(
-                f"{self.name}: {self.url} answered {response.status_code} with a body that is "
-                f"not JSON ({self._quote(response.text)}); check that base_url points at the "
-                "API root",
+            what = "an empty body" if not response.content else "a body that is not JSON"
+            error = BadResponse(
+                f"{self.name}: {self.url} answered {response.status_code} with {what} "
+                f"({self._quote(response.text)}); check that base_url points at the API root",
                 provider=self.name,
                 status_code=response.status_code,
+                retryable=True,
             )
+            if "html" in response.headers.get("content-type", ""):
+                raise error  # a web page, not a struggling API: retrying will not help
+            # Empty or cut-off JSON: the server (or a proxy) failed mid-answer.
+            raise _Retry(error, retry_delay_from_headers(response.headers), "bad response")
         return data
 
     def _raise_for_status(self, response: httpx.Response, data: Any) -> None:
@@ -591,12 +663,12 @@ class JSONProvider:
                 f"{where} (rate limited): {said}", provider=self.name, status_code=status,
                 retryable=True,
             )
-            raise _Retry(error, wait)
+            raise _Retry(error, wait, str(status))
         if status >= 500 or status in RETRY_STATUSES:
             error = ProviderError(
                 f"{where}: {said}", provider=self.name, status_code=status, retryable=True
             )
-            raise _Retry(error, retry_delay_from_headers(response.headers))
+            raise _Retry(error, retry_delay_from_headers(response.headers), str(status))
         raise ProviderError(
             f"{where}: {said}. The request was rejected as sent; check the model name and "
             "the request arguments (temperature, max_tokens, extra)",

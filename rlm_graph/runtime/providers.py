@@ -25,11 +25,33 @@ from ..contracts import (
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..limits import Tally
+from .attempts import CallAttempts
 
 if TYPE_CHECKING:
     from .context import Run
 
-__all__ = ["ProviderRouter", "call_model", "estimate_tokens"]
+__all__ = ["ProviderRouter", "call_model", "estimate_tokens", "reply_note"]
+
+# finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
+_CUT_OFF = frozenset({"length", "max_tokens"})
+
+
+def reply_note(response: ChatResponse) -> str | None:
+    """What the model (and the node) should be told about a reply that is not whole.
+
+    A reply cut off by the output-token limit, or one with no text at all (OpenAI's
+    ``content: null``), is still a reply; passing it on as if it were complete (or as a
+    silent ``""``) hides the problem from the model's code and from the user.
+    """
+    reason = response.finish_reason
+    if reason in _CUT_OFF:
+        return (
+            f"the reply was cut off by the output-token limit (finish_reason={reason}); "
+            "ask for less, or raise max_tokens"
+        )
+    if not response.content:
+        return f"the model returned no text (finish_reason={reason or 'none'})"
+    return None
 
 
 class ProviderRouter:
@@ -91,9 +113,11 @@ async def call_model(
 ) -> ChatResponse:
     """Make one model call as the node ``record`` (call inside `Run.execute`).
 
-    Fills the record's model, provider, usage, cost and previews, adds the usage to
-    ``tally`` (the calling completion's, which passes it up to its parents) and charges
-    the run's budget; a passed token or dollar limit stops the whole tree.
+    Fills the record's model, provider, usage, cost, attempts and previews, adds the
+    usage to ``tally`` (the calling completion's, which passes it up to its parents) and
+    charges the run's budget; a passed token or dollar limit stops the whole tree. A
+    reply cut off by the token limit or without text comes back with a note appended
+    (``[rlm-graph: ...]``, see `reply_note`), also kept on ``record.note``.
     """
     key, provider, model_name = run.router.route(model, record.depth)
     record.model = model_name
@@ -122,7 +146,12 @@ async def call_model(
     ):
         record.start = trio.current_time()
         record.wall_start = time.time()
-        response = await provider.complete(request)
+        attempts = CallAttempts(run.retries, provider.name)
+        try:
+            with attempts:
+                response = await provider.complete(request)
+        finally:
+            record.attempts = attempts.attempts
     if rate is not None:
         rate.settle(estimate, response.usage.total_tokens)
     cost = response.cost if response.cost is not None else run.router.price(model_name, response.usage)
@@ -130,6 +159,11 @@ async def call_model(
     record.response_model = response.model or None
     record.cost = cost
     record.finish_reason = response.finish_reason
+    note = reply_note(response)
+    if note is not None:
+        record.note = note
+        text = f"{response.content}\n[rlm-graph: {note}]" if response.content else f"[rlm-graph: {note}]"
+        response = response.model_copy(update={"content": text})
     record.output_preview = preview(response.content)
     if tally is not None:
         tally.add(response.usage, cost)

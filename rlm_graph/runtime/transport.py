@@ -9,9 +9,15 @@ What it does:
       response was read to the end, and is reused (newest first);
     - request bodies of known length or streamed (h11 picks ``Content-Length`` or chunked);
       response bodies of any framing h11 reads (``Content-Length``, chunked, until close);
-    - connection loss: an idle connection the server closed is dropped before use, and a
-      request whose reused connection dies before any byte of the answer is sent once
-      more on a fresh connection (a stale keep-alive is not a failure);
+    - connection loss: an idle connection the server closed is dropped before use (a
+      ``poll`` of the socket before every reuse); a request is never sent twice. When
+      the connection fails while the request is being written, it provably never reached
+      the server whole (part of it was never handed to the kernel), and `RequestNotSent`
+      says so: the caller may send it again at no risk. When it fails after the request
+      was written (even with no byte of an answer), the server may have acted on it;
+      that is an ``httpx.RemoteProtocolError`` or ``ReadError``, and whether to send the
+      request again (a POST can bill a completion twice) is the caller's decision, made
+      and counted in one place (`rlm_graph.runtime.http`);
     - TLS for ``https`` (``trio.SSLStream``, certificate checks on by default);
     - httpx timeouts (``connect``, ``read``, ``write``, ``pool``), as httpx exceptions.
 
@@ -39,7 +45,7 @@ import h11
 import httpx
 import trio
 
-__all__ = ["LeanTransport", "proxy_configured"]
+__all__ = ["LeanTransport", "RequestNotSent", "proxy_configured"]
 
 Origin = tuple[str, str, int]
 _READ_SIZE = 64 * 1024
@@ -52,20 +58,21 @@ def proxy_configured() -> bool:
     return any(proxies.get(scheme) for scheme in ("http", "https", "all"))
 
 
-_FRESH = 1.0  # seconds a just-released connection is trusted without a liveness check
+class RequestNotSent(httpx.WriteError):
+    """The connection failed before the whole request was written: the server cannot have
+    acted on it, so sending it again (on a fresh connection) is safe."""
 
 
 class _Connection:
     """One socket (or TLS stream) and its h11 state machine."""
 
-    __slots__ = ("answered", "h11", "idle_since", "origin", "stream")
+    __slots__ = ("h11", "idle_since", "origin", "stream")
 
     def __init__(self, stream: trio.abc.Stream, origin: Origin) -> None:
         self.stream = stream
         self.origin = origin
         self.h11 = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
-        self.answered = False  # a byte of the current answer has arrived
 
     def looks_alive(self) -> bool:
         """An idle connection with something to read has been closed by the server."""
@@ -96,6 +103,8 @@ class _ResponseStream(httpx.AsyncByteStream):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 return
+            elif isinstance(event, h11.ConnectionClosed):
+                raise httpx.RemoteProtocolError("the server closed the connection mid-response")
 
     async def aclose(self) -> None:
         if not self._closed:
@@ -134,18 +143,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # hold no slot. Before a new connection is opened, idle ones are closed until
     # in-flight + idle stays within ``max_connections``.
 
-    async def _checkout(
-        self, origin: Origin, timeouts: dict[str, float | None]
-    ) -> tuple[_Connection, bool]:
-        """A slot, then a live idle connection to ``origin`` (reused=True) or a new one."""
+    async def _checkout(self, origin: Origin, timeouts: dict[str, float | None]) -> _Connection:
+        """A slot, then a live idle connection to ``origin`` or a new one."""
         with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
             await self._slots.acquire()
         try:
             conn = await self._reuse(origin)
             if conn is not None:
-                return conn, True
+                return conn
             await self._make_room()
-            return await self._connect(origin, timeouts.get("connect")), False
+            return await self._connect(origin, timeouts.get("connect"))
         except BaseException:
             self._slots.release()
             raise
@@ -155,11 +162,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
         now = time.monotonic()
         while idle:
             conn = idle.pop()
-            idle_for = now - conn.idle_since
-            # A connection idle for under a second is almost never closed by the
-            # server; skip the poll() syscall for it (the hot path of a fan-out). A stale
-            # one is still caught: a request on it is re-sent once on a fresh connection.
-            if idle_for < self._keepalive_expiry and (idle_for < _FRESH or conn.looks_alive()):
+            # Always poll before reuse (about a microsecond): a request sent on a
+            # connection the server has closed fails after it was written, and then it
+            # cannot be sent again without risking a second completion.
+            if now - conn.idle_since < self._keepalive_expiry and conn.looks_alive():
                 return conn
             await conn.aclose()
         return None
@@ -218,22 +224,13 @@ class LeanTransport(httpx.AsyncBaseTransport):
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
         timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
         body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
-        for _ in range(2):
-            conn, reused = await self._checkout(origin, timeouts)
-            try:
-                return await self._exchange(conn, request, body, timeouts)
-            except _StaleConnection:
-                await conn.aclose()
-                self._slots.release()
-                if not reused:
-                    raise httpx.RemoteProtocolError(
-                        "Server disconnected without sending a response."
-                    ) from None
-            except BaseException:
-                await conn.aclose()
-                self._slots.release()
-                raise
-        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        conn = await self._checkout(origin, timeouts)
+        try:
+            return await self._exchange(conn, request, body, timeouts)
+        except BaseException:
+            await conn.aclose()
+            self._slots.release()
+            raise
 
     async def _exchange(
         self, conn: _Connection, request: httpx.Request, body: bytes,
@@ -243,7 +240,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if body and not any(k.lower() == b"content-length" for k, _ in headers):
             headers.append((b"Content-Length", str(len(body)).encode()))
         target = request.url.raw_path
-        conn.answered = False
         out = conn.h11.send(h11.Request(method=request.method, target=target, headers=headers))
         if body:
             out += conn.h11.send(h11.Data(data=body))
@@ -251,13 +247,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
         with _timeout(timeouts.get("write"), httpx.WriteTimeout, "sending the request"):
             try:
                 await conn.stream.send_all(out)
-            except _CONNECTION_ERRORS:
-                raise _StaleConnection() from None
-        event = await self._next_event(conn, timeouts.get("read"), first=True)
-        while isinstance(event, h11.InformationalResponse):
-            event = await self._next_event(conn, timeouts.get("read"))
-        assert isinstance(event, h11.Response)
+            except _CONNECTION_ERRORS as exc:
+                # send_all raises only before every byte was handed to the kernel: the
+                # server never got the whole request.
+                raise RequestNotSent(
+                    f"the connection failed while sending the request ({exc or type(exc).__name__})"
+                ) from None
         read_timeout = timeouts.get("read")
+        event = await self._next_event(conn, read_timeout)
+        while isinstance(event, h11.InformationalResponse):
+            event = await self._next_event(conn, read_timeout)
+        if not isinstance(event, h11.Response):  # closed before (or after a 1xx) answer
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return httpx.Response(
             status_code=event.status_code,
             headers=list(event.headers),
@@ -265,9 +266,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(event.reason)},
         )
 
-    async def _next_event(
-        self, conn: _Connection, timeout: float | None, *, first: bool = False
-    ) -> Any:
+    async def _next_event(self, conn: _Connection, timeout: float | None) -> Any:
         while True:
             try:
                 event = conn.h11.next_event()
@@ -279,12 +278,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 try:
                     data = await conn.stream.receive_some(_READ_SIZE)
                 except _CONNECTION_ERRORS as exc:
-                    if first and not conn.answered:
-                        raise _StaleConnection() from None
                     raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-            if not data and first and not conn.answered:
-                raise _StaleConnection()
-            conn.answered = conn.answered or bool(data)
+            if not data and conn.h11.their_state is h11.SEND_RESPONSE:
+                # Closed before the answer began (or after a 1xx): h11 would call it an
+                # unexpected event; say what happened.
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
             conn.h11.receive_data(bytes(data))
 
     async def aclose(self) -> None:
@@ -293,10 +291,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
             for conn in conns:
                 await conn.aclose()
         self._idle.clear()
-
-
-class _StaleConnection(Exception):
-    """The connection died before any byte of the answer: the request may be re-sent."""
 
 
 class _timeout:

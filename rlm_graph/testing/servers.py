@@ -13,7 +13,8 @@ What a server answers, in order: the next of ``replies`` (consumed one per reque
 else ``responder(body)`` (a function of the parsed JSON body), else an echo of the last
 user message. Each answer is a string (the reply text, wrapped in the API's format), a
 dict (the whole JSON body, sent as is) or a `Reply` (any status, headers, body, or a
-dropped connection).
+broken answer: a dropped connection, a reset mid-response, a truncated or empty 200, a
+hang; see `Reply.fault`).
 
 Invariants:
     - The server runs in a thread of its own (a stdlib ``ThreadingHTTPServer``, one thread
@@ -29,7 +30,9 @@ Invariants:
 from __future__ import annotations
 
 import json
+import select
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +64,10 @@ class Reply:
         headers: extra response headers (``{"Retry-After": "2"}``).
         drop: close the connection without answering (a lost connection).
         delay: seconds to wait before answering (on the server's thread).
+        fault: a broken answer instead of this one: ``"truncated"`` (a complete HTTP
+            message whose JSON body is cut in half), ``"empty"`` (a 200 with an empty
+            body), ``"reset"`` (headers and half the body, then a TCP reset), ``"hang"``
+            (no answer for ``delay`` seconds or until the client hangs up, then close).
     """
 
     status: int = 200
@@ -68,6 +75,11 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     drop: bool = False
     delay: float = 0.0
+    fault: str = ""
+
+    def __post_init__(self) -> None:
+        if self.fault not in FAULTS:
+            raise ValueError(f"unknown fault {self.fault!r}; use one of {sorted(FAULTS)}")
 
     @classmethod
     def error(cls, status: int, message: str = "", **headers: str) -> Reply:
@@ -77,8 +89,31 @@ class Reply:
 
     @classmethod
     def dropped(cls) -> Reply:
-        """Close the connection without an answer."""
+        """Close the connection without an answer (after reading the request)."""
         return cls(drop=True)
+
+    @classmethod
+    def truncated(cls, text: str = "cut") -> Reply:
+        """A 200 whose JSON body (carrying ``text``) is cut in half, well framed."""
+        return cls(body=text, fault="truncated")
+
+    @classmethod
+    def empty(cls) -> Reply:
+        """A 200 with an empty body."""
+        return cls(fault="empty")
+
+    @classmethod
+    def reset(cls, text: str = "reset") -> Reply:
+        """Headers and half the body of a 200, then a TCP reset."""
+        return cls(body=text, fault="reset")
+
+    @classmethod
+    def hang(cls, seconds: float = 60.0) -> Reply:
+        """No answer for ``seconds`` or until the client hangs up; then close."""
+        return cls(delay=seconds, fault="hang")
+
+
+FAULTS = frozenset({"", "truncated", "empty", "reset", "hang"})
 
 
 @dataclass(frozen=True)
@@ -288,11 +323,23 @@ class FakeServer:
         index = self._begin(handler, headers, body)
         try:
             reply = self._answer(handler.path, headers, body)
+            if reply.fault == "hang":
+                self._hang(handler, self.latency + reply.delay)
+                return
             if self.latency or reply.delay:
                 time.sleep(self.latency + reply.delay)
             self._send(handler, reply, body)
         finally:
             self._finish(index)
+
+    def _hang(self, handler: _Handler, seconds: float) -> None:
+        """Answer nothing until ``seconds`` pass or the client closes, then close."""
+        handler.close_connection = True
+        try:
+            select.select([handler.connection], [], [], seconds)
+            handler.connection.shutdown(socket.SHUT_RDWR)
+        except (OSError, ValueError):
+            pass
 
     def _begin(self, handler: _Handler, headers: dict[str, str], body: Any) -> int:
         with self._lock:
@@ -340,17 +387,30 @@ class FakeServer:
             payload = self.success_body(reply.body, body)
         else:
             payload = self.error_body(reply.status, reply.body)
-        with self._lock:
-            self.responses.append((reply.status, payload))
         data = json.dumps(payload).encode()
+        if reply.fault == "empty":
+            data = b""
+        length = len(data)
+        if reply.fault in ("truncated", "reset"):
+            data = data[: len(data) // 2]
+            length = len(data) if reply.fault == "truncated" else length
+        if not reply.fault:
+            with self._lock:
+                self.responses.append((reply.status, payload))
         try:
             handler.send_response(reply.status)
             handler.send_header("Content-Type", "application/json")
-            handler.send_header("Content-Length", str(len(data)))
+            handler.send_header("Content-Length", str(length))
             for name, value in reply.headers.items():
                 handler.send_header(name, value)
             handler.end_headers()
             handler.wfile.write(data)
+            if reply.fault == "reset":
+                handler.wfile.flush()
+                handler.close_connection = True
+                handler.connection.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
         except OSError:
             handler.close_connection = True
 

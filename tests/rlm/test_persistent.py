@@ -48,3 +48,37 @@ def test_each_completion_starts_with_a_fresh_answer() -> None:
     assert engine.completion("x").response == "first"
     assert engine.completion("y").response == "second"
     engine.close()
+
+
+def test_a_persistent_session_refuses_a_second_completion_from_another_thread() -> None:
+    import threading
+
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def respond(request: ChatRequest) -> str:
+        if "`context_1`" in request.messages[1].content or "`context`" not in request.messages[1].content:
+            return repl("FINAL('later')")
+        started.set()
+        release.wait(10)  # hold the first completion (on the scripted provider's call)
+        return repl("FINAL('first')")
+
+    engine = RLM("scripted", {"respond": respond}, persistent=True)
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(engine.completion("x").response))
+    first.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(ConfigError, match="one at a time"):
+            engine.completion("y")
+    finally:
+        release.set()
+        first.join(10)
+    assert results == ["first"]
+    # Once the first is done the session goes on.
+    assert engine.completion("z").response == "later"
+    engine.close()

@@ -4,7 +4,9 @@ connection loss and reuse, the connection limit, TLS, and the proxy fallback."""
 from __future__ import annotations
 
 import shutil
+import socket
 import ssl
+import struct
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +18,7 @@ import pytest
 import trio
 from rlm_graph_openai import OpenAIProvider
 
-from rlm_graph.runtime.transport import LeanTransport, _Connection, proxy_configured
+from rlm_graph.runtime.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
 from rlm_graph.testing import FakeOpenAIServer
 
 Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]
@@ -122,23 +124,87 @@ async def test_a_connection_the_server_closed_is_replaced() -> None:
     assert stats["connections"] == 3
 
 
-async def test_a_stale_connection_is_retried_once_on_a_fresh_one(
+async def test_a_request_written_to_a_dead_keep_alive_is_never_sent_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    transport = LeanTransport()
+    """The server reads the second request on a reused connection, then hangs up without
+    answering: it may have started a completion, so the transport must not send it again."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:
+            await stream.send_all(_response(b"ok"))
+            return True
+        return False  # read the request, close without a byte of answer
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            assert (await client.post(f"http://127.0.0.1:{port}/", content=b"one")).text == "ok"
+            with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+                await client.post(f"http://127.0.0.1:{port}/", content=b"two")
+    assert stats["requests"] == 2 and stats["connections"] == 1
+
+
+async def test_a_connection_reset_before_the_request_was_written_says_not_sent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reset that arrived before the write makes the write fail: provably not sent."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         await stream.send_all(_response(b"ok"))
-        return False
+        sock = stream.socket  # type: ignore[attr-defined]
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        return False  # close with a reset
 
     async with raw_server(handler) as (port, stats):
-        async with httpx.AsyncClient(transport=transport) as client:
-            await client.get(f"http://127.0.0.1:{port}/")
-            await trio.sleep(0.01)
-            # Make the stale connection look alive so the request really goes out on it.
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            await client.post(f"http://127.0.0.1:{port}/", content=b"one")
+            await trio.sleep(0.05)
+            # Make the reset connection look alive so the request really goes out on it.
             monkeypatch.setattr(_Connection, "looks_alive", lambda self: True)
-            assert (await client.get(f"http://127.0.0.1:{port}/")).text == "ok"
-    assert stats["connections"] == 2
+            with pytest.raises(RequestNotSent):
+                await client.post(f"http://127.0.0.1:{port}/", content=b"x" * 100_000)
+    assert stats["requests"] == 1
+
+
+async def test_a_server_that_closed_an_idle_connection_is_noticed_before_sending() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"ok %d" % index))
+        return False  # keep-alive in the headers, yet it closes
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            for i in (1, 2):
+                response = await client.post(f"http://127.0.0.1:{port}/", content=b"x")
+                assert response.text == f"ok {i}"
+                await trio.sleep(0.05)  # let the close arrive
+    assert stats["requests"] == 2 and stats["connections"] == 2
+
+
+async def test_an_informational_answer_then_close_is_a_protocol_error() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\n")
+        return False
+
+    async with raw_server(handler) as (port, _):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
+                await client.post(f"http://127.0.0.1:{port}/", content=b"x")
+
+
+async def test_the_provider_s_direct_path_has_a_read_timeout() -> None:
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await trio.sleep(5)
+        return False
+
+    async with raw_server(handler) as (port, _):
+        provider = OpenAIProvider(backend="vllm", model_name="m", base_url=f"http://127.0.0.1:{port}")
+        loop = provider._get_client()
+        assert loop.lean is not None  # the lean transport, called without the client
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                await provider._post(loop, b"{}", 0.05)
+        finally:
+            await provider.aclose()
 
 
 async def test_a_drop_mid_body_is_a_read_error_and_leaks_nothing() -> None:

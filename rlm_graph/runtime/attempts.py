@@ -1,0 +1,113 @@
+"""Attempts of model calls: counted per call and per run, logged once per run.
+
+A provider that retries calls `note_retry` for every attempt after the first (and for a
+request it had to send again for any reason). The count lands on the calling node
+(``NodeRecord.attempts``) and in the run's `RetryLog`, which writes one summary line per
+provider when the run ends (``"openai: 37 retries over 1000 calls: 429 x 20, 500 x 17"``)
+instead of a warning per retry; each attempt is logged at DEBUG by the provider.
+
+Invariants:
+    - `call_model` opens a `CallAttempts` around every ``provider.complete`` (a context
+      variable, so a provider needs no engine handle); outside one, `note_retry` only logs.
+    - Counting never fails a call and never blocks.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections import Counter
+
+__all__ = ["CallAttempts", "RetryLog", "note_retry"]
+
+logger = logging.getLogger("rlm_graph.providers")
+
+
+class RetryLog:
+    """Retries of one run, by provider and reason (``"429"``, ``"timeout"``...)."""
+
+    def __init__(self) -> None:
+        # Sync completions on one engine from several threads each have a run of their
+        # own, but a log is cheap to make safe and a workflow may share it.
+        self._lock = threading.Lock()
+        self.calls: Counter[str] = Counter()
+        self.retries: dict[str, Counter[str]] = {}
+        self.failed: Counter[str] = Counter()
+
+    def add_call(self, provider: str) -> None:
+        with self._lock:
+            self.calls[provider] += 1
+
+    def add_retry(self, provider: str, reason: str) -> None:
+        with self._lock:
+            self.retries.setdefault(provider, Counter())[reason] += 1
+
+    def add_failure(self, provider: str) -> None:
+        with self._lock:
+            self.failed[provider] += 1
+
+    def summary(self) -> list[str]:
+        """One line per provider that retried anything, most frequent reason first."""
+        lines = []
+        with self._lock:
+            for provider, reasons in sorted(self.retries.items()):
+                total = sum(reasons.values())
+                parts = ", ".join(f"{reason} x {n}" for reason, n in reasons.most_common())
+                line = (
+                    f"{provider}: {total} retr{'y' if total == 1 else 'ies'} over "
+                    f"{self.calls[provider]} call{'s' * (self.calls[provider] != 1)}: {parts}"
+                )
+                if self.failed[provider]:
+                    line += f"; {self.failed[provider]} call(s) failed"
+                lines.append(line)
+        return lines
+
+    def log_summary(self) -> None:
+        """Write the summary lines (WARNING: a retry means the service was struggling)."""
+        for line in self.summary():
+            logger.warning("%s", line)
+
+
+class CallAttempts:
+    """The attempts of one model call; ``with`` it around ``provider.complete``."""
+
+    __slots__ = ("attempts", "log", "provider", "_token")
+
+    def __init__(self, log: RetryLog | None, provider: str) -> None:
+        self.log = log
+        self.provider = provider
+        self.attempts = 1
+        self._token: contextvars.Token[CallAttempts | None] | None = None
+
+    def __enter__(self) -> CallAttempts:
+        if self.log is not None:
+            self.log.add_call(self.provider)
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+        if exc is not None and isinstance(exc, Exception) and self.log is not None:
+            self.log.add_failure(self.provider)
+
+
+_CURRENT: contextvars.ContextVar[CallAttempts | None] = contextvars.ContextVar(
+    "rlm_graph_call_attempts", default=None
+)
+
+
+def note_retry(reason: str) -> None:
+    """Count one more attempt of the current model call, retried because of ``reason``.
+
+    Args:
+        reason: a short label: the HTTP status (``"429"``), ``"timeout"``,
+            ``"connection"``, ``"bad response"``...
+    """
+    current = _CURRENT.get()
+    if current is None:
+        return
+    current.attempts += 1
+    if current.log is not None:
+        current.log.add_retry(current.provider, reason)

@@ -1,0 +1,119 @@
+"""Broken answers over real HTTP: truncated, empty, reset and hung answers are retried;
+every retry is counted on its node and summarised in one log line per run; replies cut
+off by the token limit or without text reach the model with a note."""
+
+from __future__ import annotations
+
+import logging
+
+import httpx
+import pytest
+from http_support import openai_kwargs
+from rlm_graph_openai import OpenAIProvider
+
+from rlm_graph import Engine, Workflow
+from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph.errors import BadResponse
+from rlm_graph.testing import FakeOpenAIServer, Reply
+
+REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
+
+
+async def _complete(provider: OpenAIProvider) -> str:
+    try:
+        return (await provider.complete(REQUEST)).content
+    finally:
+        await provider.aclose()
+
+
+async def test_a_truncated_or_empty_200_is_retried_like_a_5xx() -> None:
+    with FakeOpenAIServer(replies=[Reply.truncated("first"), Reply.empty(), "ok"]) as server:
+        assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
+    assert len(server.requests) == 3
+
+
+async def test_a_reset_mid_response_and_a_hang_are_retried() -> None:
+    with FakeOpenAIServer(replies=[Reply.reset(), Reply.hang(), "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, timeout=0.3))
+        assert await _complete(provider) == "ok"
+    assert len(server.requests) == 3
+
+
+async def test_a_200_of_the_wrong_shape_is_retried_then_explained() -> None:
+    with FakeOpenAIServer(lambda body: {"unexpected": True}) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=3))
+        with pytest.raises(BadResponse, match="choices") as info:
+            await _complete(provider)
+    assert len(server.requests) == 3
+    assert "gave up after 3 attempts" in str(info.value)
+
+
+async def test_a_web_page_answering_200_fails_at_once() -> None:
+    calls = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(200, headers={"Content-Type": "text/html"}, text="<html>hi</html>")
+
+    provider = OpenAIProvider(backend="vllm", model_name="m", transport=httpx.MockTransport(answer))
+    with pytest.raises(BadResponse, match="not JSON.*base_url"):
+        await _complete(provider)
+    assert len(calls) == 1
+
+
+def test_retries_are_counted_on_the_node_and_logged_once_per_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    replies = [
+        Reply.error(429, "slow down", retry_after="0"),
+        Reply.error(500, "boom"),
+        Reply.truncated(),
+        Reply.error(429, "slow down", retry_after="0"),
+        "first",
+        "second",
+    ]
+    with FakeOpenAIServer(replies=replies) as server:
+        engine = Engine("openai", openai_kwargs(server, max_concurrent=1))
+        wf = Workflow()
+        first = wf.llm("a", id="first")
+        second = wf.llm(lambda _: "b", first, id="second")
+        with caplog.at_level(logging.DEBUG, logger="rlm_graph"):
+            result = engine.run(wf)
+    assert result[first] == "first" and result[second] == "second"
+    assert result.graph["first"].attempts == 5 and result.graph["second"].attempts == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["openai: 4 retries over 2 calls: 429 x 2, 500 x 1, bad response x 1"]
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "retrying in" in r.getMessage()]
+    assert len(debug) == 4
+
+
+def test_a_dropped_connection_is_sent_again_only_as_a_counted_attempt() -> None:
+    with FakeOpenAIServer(replies=[Reply.dropped(), "ok"]) as server:
+        engine = Engine("openai", openai_kwargs(server))
+        wf = Workflow()
+        ref = wf.llm("a", id="a")
+        result = engine.run(wf)
+    assert result[ref] == "ok"
+    assert len(server.requests) == 2 and result.graph["a"].attempts == 2
+
+
+def test_a_reply_cut_off_or_without_text_reaches_the_model_with_a_note() -> None:
+    def body(content: str | None, reason: str) -> dict[str, object]:
+        return {"choices": [{"message": {"role": "assistant", "content": content},
+                             "finish_reason": reason}], "model": "gpt-test"}
+
+    replies = [body("half an ans", "length"), body(None, "stop"), body("fine", "stop")]
+    with FakeOpenAIServer(replies=replies) as server:
+        engine = Engine("openai", openai_kwargs(server, max_concurrent=1))
+        wf = Workflow()
+        cut = wf.llm("a", id="cut")
+        null = wf.llm(lambda _: "b", cut, id="null")
+        fine = wf.llm(lambda _: "c", null, id="fine")
+        result = engine.run(wf)
+    assert result[cut].startswith("half an ans\n[rlm-graph: the reply was cut off")
+    assert "finish_reason=length" in result[cut]
+    assert result[null] == "[rlm-graph: the model returned no text (finish_reason=stop)]"
+    assert result[fine] == "fine"
+    records = result.graph
+    assert records["cut"].finish_reason == "length" and "cut off" in (records["cut"].note or "")
+    assert "no text" in (records["null"].note or "") and records["fine"].note is None
