@@ -117,3 +117,47 @@ def test_a_reply_cut_off_or_without_text_reaches_the_model_with_a_note() -> None
     records = result.graph
     assert records["cut"].finish_reason == "length" and "cut off" in (records["cut"].note or "")
     assert "no text" in (records["null"].note or "") and records["fine"].note is None
+
+
+def test_ctrl_c_mid_batch_cancels_every_request_then_raises_keyboard_interrupt() -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import os, signal, threading, time
+        from rlm_graph import RLM
+        from rlm_graph.testing import FakeOpenAIServer, Reply
+
+        code = "llm_query_batched([f'q{i}' for i in range(8)])"
+        started = threading.Event()
+
+        def respond(body):
+            if any(m["role"] == "system" for m in body["messages"]):
+                return "```repl\\n" + code + "\\n```"
+            started.set()
+            return Reply.hang(60)
+
+        with FakeOpenAIServer(respond) as server:
+            def interrupt():
+                started.wait(20)
+                while server.in_flight < 8:
+                    time.sleep(0.01)
+                os.kill(os.getpid(), signal.SIGINT)
+            threading.Thread(target=interrupt, daemon=True).start()
+            rlm = RLM("vllm", {"model_name": "m", "base_url": server.base_url})
+            try:
+                rlm.completion("x")
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt")
+            # Every hung request ends when its client hangs up: nothing was left open.
+            for _ in range(500):
+                if server.in_flight == 0:
+                    break
+                time.sleep(0.01)
+            print("in flight", server.in_flight)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[:2] == ["KeyboardInterrupt", "in flight 0"], done.stderr
