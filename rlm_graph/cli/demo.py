@@ -8,6 +8,7 @@ from typing import Any
 
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
+from .progress import add_progress_arguments, progress_for
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 
@@ -23,6 +24,7 @@ def register(subparsers: Any) -> None:
         "--out", default="traces/demo-graph.json", help="where to write the run's graph (JSON)"
     )
     add_trace_argument(parser)
+    add_progress_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -36,13 +38,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}.")
     print(f"Question: {QUESTION}\n")
     provider = tracer_provider_for(args)
+    display = progress_for(args)
     engine = RLM(
         **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
         tracer_provider=provider,
         trace_content=args.trace_content,
+        listeners=display.listeners(),
     )
     try:
-        result = engine.completion(setup.document, root_prompt=QUESTION)
+        with display:
+            result = engine.completion(setup.document, root_prompt=QUESTION)
     finally:
         finish_tracing(provider)
     graph = result.graph

@@ -27,6 +27,7 @@ from ..errors import (
 )
 from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE
 from .output import Output
+from .progress import ProgressDisplay, add_progress_arguments, progress_for
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 __all__ = ["register", "run"]
@@ -69,6 +70,7 @@ def register(subparsers: Any) -> None:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
     add_trace_argument(parser)
+    add_progress_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -189,20 +191,23 @@ def run(args: argparse.Namespace) -> int:
     try:
         context = _read_context(args.context, args.encoding)
         provider = tracer_provider_for(args)
+        display = progress_for(args)
         rlm = RLM(**_rlm_kwargs(args), tracer_provider=provider,
-                  trace_content=getattr(args, "trace_content", False))
+                  trace_content=getattr(args, "trace_content", False),
+                  listeners=display.listeners())
     except ConfigError as exc:
         finish_tracing(provider)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
     try:
-        return _complete(out, rlm, context, args.query)
+        return _complete(out, rlm, context, args.query, display)
     finally:
         finish_tracing(provider)
 
 
-def _complete(out: Output, rlm: Any, context: str, query: str) -> int:
+def _complete(out: Output, rlm: Any, context: str, query: str, display: ProgressDisplay) -> int:
     try:
-        result = rlm.completion(context, root_prompt=query)
+        with display:  # the live line ends before anything is printed
+            result = rlm.completion(context, root_prompt=query)
     except ProviderError as exc:
         return out.result(
             EXIT_PROVIDER,

@@ -1,0 +1,187 @@
+"""Live progress of a run on the terminal, rendered from the run's events.
+
+`RunProgress` keeps the totals (coalesced: a counter per fact, not a list of events, so a
+run of any size costs the same), updated by each event on the scheduler's thread.
+`ProgressDisplay` shows them on stderr, never on stdout (which holds the answer, or the
+JSON with ``--json``):
+
+- stderr is a terminal: one live line (rich), redrawn a few times a second: elapsed
+  time, the root's turn, the deepest depth reached, sub-calls done / running / failed,
+  tokens and cost so far;
+- otherwise (a pipe, a log file): one plain line each time the root starts a turn, and
+  one at the end;
+- ``--verbose``: also a line per node as it finishes; ``--quiet``: nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any, Literal, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from ..events import LimitWarning, NodeFinished, NodeStarted, RunFinished, RunStarted
+from ..graph import NodeKind, NodeStatus
+
+__all__ = ["ProgressDisplay", "RunProgress", "add_progress_arguments", "progress_for"]
+
+Mode = Literal["live", "plain", "off"]
+_SUB_CALLS = (NodeKind.LLM_CALL, NodeKind.RLM_CALL)
+
+
+def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--verbose`` and ``--quiet`` to a subcommand's parser."""
+    group = parser.add_argument_group("progress (on stderr)")
+    quiet = group.add_mutually_exclusive_group()
+    quiet.add_argument(
+        "-v", "--verbose", action="store_true", help="also print each node as it finishes"
+    )
+    quiet.add_argument("-q", "--quiet", action="store_true", help="print no progress")
+
+
+def progress_for(args: argparse.Namespace, stream: TextIO | None = None) -> ProgressDisplay:
+    """The display ``--verbose``/``--quiet`` ask for, on ``stream`` (default stderr)."""
+    out = stream if stream is not None else sys.stderr
+    if getattr(args, "quiet", False):
+        mode: Mode = "off"
+    else:
+        mode = "live" if out.isatty() else "plain"
+    return ProgressDisplay(mode, verbose=getattr(args, "verbose", False), stream=out)
+
+
+class RunProgress:
+    """What a run has done so far, from its events."""
+
+    __slots__ = (
+        "cost", "depth", "done", "failed", "finished", "running", "started", "stop_reason",
+        "tokens", "turn", "warnings",
+    )
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.turn = 0
+        self.depth = 0
+        self.done = 0
+        self.running = 0
+        self.failed = 0
+        self.tokens = 0
+        self.cost = 0.0
+        self.warnings: list[str] = []
+        self.stop_reason: str | None = None
+        self.finished = False
+
+    def update(self, event: Any) -> None:
+        if isinstance(event, RunStarted):
+            self.started = time.monotonic()
+        elif isinstance(event, NodeStarted):
+            self.depth = max(self.depth, event.depth)
+            if event.kind == NodeKind.ROOT_TURN and event.depth == 0:
+                self.turn = event.iteration or self.turn + 1
+            if event.kind in _SUB_CALLS:
+                self.running += 1
+        elif isinstance(event, NodeFinished):
+            if event.usage is not None:
+                self.tokens += event.usage.input_tokens + event.usage.output_tokens
+            self.cost += event.cost or 0.0
+            if event.kind in _SUB_CALLS:
+                self.running -= 1
+                if event.status == NodeStatus.OK:
+                    self.done += 1
+                else:
+                    self.failed += 1
+        elif isinstance(event, LimitWarning):
+            self.warnings.append(f"{event.limit} {event.fraction:.0%} used")
+        elif isinstance(event, RunFinished):
+            self.stop_reason = event.stop_reason
+            self.finished = True
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def line(self) -> str:
+        """The totals as one line of plain text."""
+        text = (
+            f"{self.elapsed:6.1f}s  turn {self.turn}  depth {self.depth}  "
+            f"sub-calls {self.done} done, {self.running} running, {self.failed} failed  "
+            f"{self.tokens:,} tokens  ${self.cost:.4f}"
+        )
+        if self.warnings:
+            text += "  (" + "; ".join(self.warnings) + ")"
+        if self.stop_reason:
+            text += f"  stopped by {self.stop_reason}"
+        return text
+
+
+class ProgressDisplay:
+    """A listener that shows a run's progress; use it as ``with display:`` around the run.
+
+    Args:
+        mode: ``"live"`` (a redrawn line, for a terminal), ``"plain"`` (a line per root
+            turn) or ``"off"``.
+        verbose: also a line per finished node.
+        stream: where to write (stderr in the CLI).
+    """
+
+    def __init__(self, mode: Mode, *, verbose: bool = False, stream: TextIO) -> None:
+        self.mode = mode
+        self.verbose = verbose and mode != "off"
+        self.stream = stream
+        self.progress = RunProgress()
+        self._console = Console(file=stream, force_terminal=mode == "live", highlight=False)
+        self._live: Live | None = None
+
+    def listeners(self) -> list[Any]:
+        """What to pass as ``listeners=`` (nothing when the display is off)."""
+        return [] if self.mode == "off" else [self]
+
+    def __call__(self, event: Any) -> None:
+        self.progress.update(event)
+        if self.verbose and isinstance(event, NodeFinished):
+            self._say(_node_line(event))
+        if self.mode == "plain":
+            if isinstance(event, NodeStarted) and event.kind == NodeKind.ROOT_TURN and event.depth == 0:
+                self._say("rlm-graph: " + self.progress.line())
+            elif isinstance(event, RunFinished):
+                self._say("rlm-graph: " + self.progress.line() + "  done")
+
+    def _say(self, text: str) -> None:
+        if self._live is not None:
+            self._console.print(Text(text), soft_wrap=True)  # printed above the live line
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def _render(self) -> Text:
+        state = "done" if self.progress.finished else "running"
+        return Text.assemble(("rlm-graph ", "bold"), (f"[{state}] ", "cyan"), self.progress.line())
+
+    def __enter__(self) -> ProgressDisplay:
+        if self.mode == "live":
+            self._live = Live(
+                console=self._console,
+                get_renderable=self._render,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.stop()
+
+
+def _node_line(event: NodeFinished) -> str:
+    where = f"depth {event.depth}"
+    usage = f" {event.usage.input_tokens + event.usage.output_tokens:,} tok" if event.usage else ""
+    error = f"  {event.error_type or 'error'}: {event.error}" if event.error else ""
+    return (
+        f"  {event.node_id:<24} {event.kind!s:<10} {where:<8} {event.status!s:<9} "
+        f"{event.duration:7.3f}s{usage}{error}"
+    )
