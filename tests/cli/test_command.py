@@ -50,6 +50,11 @@ def rlm_graph(
     )
 
 
+def without_progress(err: str) -> str:
+    """stderr less the plain progress lines (`rlm_graph.cli.progress`) a pipe gets."""
+    return "\n".join(line for line in err.splitlines() if not line.startswith("rlm-graph: "))
+
+
 def run_args(server: FakeOpenAIServer, context: str | Path, *extra: str) -> list[str]:
     return ["run", "--context", str(context), "--query", "what?", "--model", "m",
             "--base-url", server.base_url, *extra]
@@ -146,7 +151,7 @@ def test_a_context_length_error_says_what_to_do_and_keeps_the_partial_answer(
         as_json = one_json(rlm_graph(*run_args(server, text_file, "--json")).stdout)
     assert text.returncode == 4
     assert text.stdout.strip() == "half of the answer"
-    lines = text.stderr.strip().splitlines()
+    lines = without_progress(text.stderr).strip().splitlines()
     assert lines[0] == "[stopped by provider_error; partial answer]"
     assert lines[1].startswith("[1 calls, ")  # the refused call used nothing
     assert "context window" in lines[2] and "--context-window" in lines[2] and len(lines) == 3
@@ -281,6 +286,7 @@ def test_ctrl_c_during_run_is_one_line_and_exit_130(text_file: Path, as_json: bo
             [*run_args(server, text_file, *extra)], lambda: len(server.requests) >= 1
         )
     assert code == 130
+    err = without_progress(err)
     assert len(err.splitlines()) <= 3 and "Traceback" not in err
     if as_json:
         assert one_json(out)["error"]["type"] == "Interrupted"
@@ -292,7 +298,7 @@ def test_ctrl_c_during_demo_is_one_line_and_exit_130(tmp_path: Path) -> None:
     out_file = tmp_path / "graph.json"
     code, out, err = _interrupt_demo(out_file)
     assert code == 130
-    assert err.strip() == "rlm-graph demo: interrupted" and "Traceback" not in err
+    assert without_progress(err).strip() == "rlm-graph demo: interrupted" and "Traceback" not in err
     assert "Question:" in out and not out_file.exists()
 
 
