@@ -28,6 +28,7 @@ __all__ = [
     "ModelInfo",
     "Provider",
     "ProviderFactory",
+    "ResponseSchema",
     "SubcallBridge",
     "Usage",
     "estimate_tokens",
@@ -76,12 +77,29 @@ class Usage(BaseModel):
         )
 
 
+class ResponseSchema(BaseModel):
+    """The JSON shape a call's answer must have (``llm_query(prompt, schema=...)``).
+
+    A provider with a structured-output mode sends it (OpenAI-compatible servers:
+    ``response_format`` of type ``json_schema``; Anthropic: a forced tool whose input is
+    the answer) and returns the JSON as the response's ``content``; a provider without one
+    may ignore it. The engine validates the answer either way, and has already asked for
+    JSON in the prompt.
+    """
+
+    model_config = _FROZEN
+
+    name: str = "answer"
+    json_schema: dict[str, Any]
+
+
 class ChatRequest(BaseModel):
     """What the engine asks a provider for.
 
     ``extra`` carries provider-specific arguments through untouched (for example
     ``{"reasoning_effort": "low"}``); ``depth`` and ``node_id`` tell a provider where in the
-    recursion tree the call comes from (the scripted provider uses them in rules).
+    recursion tree the call comes from (the scripted provider uses them in rules);
+    ``response_schema``, when set, is the JSON shape the answer must have.
     """
 
     model_config = _FROZEN
@@ -94,6 +112,7 @@ class ChatRequest(BaseModel):
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = Field(default_factory=dict)
+    response_schema: ResponseSchema | None = None
     depth: int = 0
     node_id: str = ""
 
@@ -209,14 +228,21 @@ class SubcallBridge(Protocol):
     An environment calls these from the trio side (the local environment re-enters trio
     from its worker thread; the subprocess environment serves them from its pipe reader).
     Every method returns data, never raises for a failed call: a failure is an
-    ``"[ERROR] ..."`` string.
+    ``"[ERROR] ..."`` string. With ``schema`` (a JSON Schema dict), a call's answer is the
+    validated JSON value instead of text (a mismatch is an ``"[ERROR] SchemaMismatch:
+    ..."`` string); the REPL side turns it back into the user's type.
     """
 
-    async def llm_query(self, prompt: str, model: str | None = None) -> str: ...
+    async def llm_query(
+        self, prompt: str, model: str | None = None, schema: Mapping[str, Any] | None = None
+    ) -> Any: ...
 
     async def llm_query_batched(
-        self, prompts: Sequence[str], model: str | None = None
-    ) -> list[str]: ...
+        self,
+        prompts: Sequence[str],
+        model: str | None = None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> list[Any]: ...
 
     async def rlm_query(self, prompt: str, model: str | None = None) -> str: ...
 

@@ -8,11 +8,16 @@ Wire differences from OpenAI that this module absorbs:
     - ``max_tokens`` is required (default here: ``default_max_tokens``, 4096);
     - ``stop`` is ``stop_sequences``; there is no ``seed`` (a request's seed is dropped);
     - input tokens are reported in three parts (plain, cache read, cache write); the
-      engine's ``input_tokens`` is their sum and ``cached_tokens`` the cache reads.
+      engine's ``input_tokens`` is their sum and ``cached_tokens`` the cache reads;
+    - structured output is tool use: a request with a ``response_schema`` offers one
+      tool whose input schema is the answer's, forces it (``tool_choice``), and the
+      tool call's ``input`` is the answer, as JSON text. A tool's input must be an object,
+      so any other shape (a list, a number) is wrapped as ``{"value": ...}`` and unwrapped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -95,6 +100,16 @@ class AnthropicProvider(JSONProvider):
             "stop_sequences": list(request.stop) if request.stop else None,
         }
         body.update({k: v for k, v in sampling.items() if v is not None})
+        if request.response_schema is not None:
+            name = request.response_schema.name
+            body["tools"] = [
+                {
+                    "name": name,
+                    "description": "Give your answer as this tool's input.",
+                    "input_schema": _tool_input_schema(request.response_schema.json_schema),
+                }
+            ]
+            body["tool_choice"] = {"type": "tool", "name": name}
         body.update(request.extra)
         return body
 
@@ -110,12 +125,45 @@ class AnthropicProvider(JSONProvider):
         text = "".join(
             str(b.get("text", "")) for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"
         )
+        if request.response_schema is not None:
+            text = _tool_answer(blocks, request.response_schema.json_schema) or text
         return ChatResponse(
             content=text,
             model=str(data.get("model") or request.model),
             usage=_usage(data.get("usage")),
             finish_reason=data.get("stop_reason"),
         )
+
+
+def _wrapped(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") != "object"
+
+
+def _tool_input_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The answer's schema as a tool input schema (an object; see the module)."""
+    if not _wrapped(schema):
+        return schema
+    inner = {k: v for k, v in schema.items() if k not in ("$defs", "definitions")}
+    outer: dict[str, Any] = {
+        "type": "object",
+        "properties": {"value": inner},
+        "required": ["value"],
+    }
+    for key in ("$defs", "definitions"):  # references stay valid from the new root
+        if key in schema:
+            outer[key] = schema[key]
+    return outer
+
+
+def _tool_answer(blocks: list[Any], schema: Mapping[str, Any]) -> str | None:
+    """The forced tool call's input as JSON text, unwrapped; None if there is none."""
+    for block in blocks:
+        if isinstance(block, Mapping) and block.get("type") == "tool_use":
+            value = block.get("input")
+            if _wrapped(schema) and isinstance(value, Mapping) and "value" in value:
+                value = value["value"]
+            return json.dumps(value, ensure_ascii=False)
+    return None
 
 
 def _alternating(messages: tuple[Message, ...]) -> list[dict[str, str]]:

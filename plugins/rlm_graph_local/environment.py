@@ -84,11 +84,15 @@ class _ThreadCaller:
             raise BlockInterrupted("the block was stopped") from exc
         return result.unwrap()
 
-    def llm_query(self, prompt: str, model: str | None) -> str:
-        return self._call(self.env.bridge.llm_query, prompt, model)
+    def llm_query(
+        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+    ) -> Any:
+        return self._call(self.env.bridge.llm_query, prompt, model, schema)
 
-    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
-        return self._call(self.env.bridge.llm_query_batched, prompts, model)
+    def llm_query_batched(
+        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return self._call(self.env.bridge.llm_query_batched, prompts, model, schema)
 
     def rlm_query(self, prompt: str, model: str | None) -> str:
         return self._call(self.env.bridge.rlm_query, prompt, model)

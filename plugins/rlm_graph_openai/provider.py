@@ -122,6 +122,16 @@ class OpenAIProvider(JSONProvider):
             "stop": list(request.stop) if request.stop else None,
         }
         body.update({k: v for k, v in sampling.items() if v is not None})
+        if request.response_schema is not None:
+            # Not "strict": strict mode refuses schemas without additionalProperties=false
+            # on every object, which most pydantic models lack; the engine validates anyway.
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": request.response_schema.name,
+                    "schema": request.response_schema.json_schema,
+                },
+            }
         body.update(request.extra)
         return body
 

@@ -348,11 +348,13 @@ class SubprocessEnvironment:
         if isinstance(call, ToolCall):
             return await self.bridge.call_tool(call.name, call.args, call.kwargs)
         if call.fn == "llm_query":
-            return await self.bridge.llm_query(call.prompt or "", call.model)
+            return await self.bridge.llm_query(call.prompt or "", call.model, call.json_schema)
         if call.fn == "rlm_query":
             return await self.bridge.rlm_query(call.prompt or "", call.model)
         if call.fn == "llm_query_batched":
-            return await self.bridge.llm_query_batched(call.prompts or [], call.model)
+            return await self.bridge.llm_query_batched(
+                call.prompts or [], call.model, call.json_schema
+            )
         return await self.bridge.rlm_query_batched(call.prompts or [], call.model)
 
     async def _salvage(self, guest: GuestProcess) -> None:

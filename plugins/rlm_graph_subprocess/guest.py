@@ -194,6 +194,7 @@ class Subcall(BaseModel):
     prompt: str | None = None
     prompts: list[str] | None = None
     model: str | None = None
+    json_schema: dict[str, Any] | None = None  # llm_query(..., schema=): the answer's shape
 
 
 class ToolCall(BaseModel):
@@ -344,11 +345,16 @@ class _PipeCaller:
     def __init__(self, protocol: _Protocol) -> None:
         self.protocol = protocol
 
-    def llm_query(self, prompt: str, model: str | None) -> str:
-        return str(self._one("llm_query", prompt, model))
+    def llm_query(
+        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+    ) -> Any:
+        answer = self._one("llm_query", prompt, model, schema)
+        return answer if schema is not None else str(answer)
 
-    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
-        return list(self._many("llm_query_batched", prompts, model))
+    def llm_query_batched(
+        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+    ) -> list[Any]:
+        return list(self._many("llm_query_batched", prompts, model, schema))
 
     def rlm_query(self, prompt: str, model: str | None) -> str:
         return str(self._one("rlm_query", prompt, model))
@@ -361,11 +367,19 @@ class _PipeCaller:
             lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs)
         )
 
-    def _one(self, fn: _SingleFn, prompt: str, model: str | None) -> Any:
-        return self.protocol.call(lambda i: Subcall(id=i, fn=fn, prompt=prompt, model=model))
+    def _one(
+        self, fn: _SingleFn, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+    ) -> Any:
+        return self.protocol.call(
+            lambda i: Subcall(id=i, fn=fn, prompt=prompt, model=model, json_schema=schema)
+        )
 
-    def _many(self, fn: _BatchFn, prompts: list[str], model: str | None) -> Any:
-        return self.protocol.call(lambda i: Subcall(id=i, fn=fn, prompts=prompts, model=model))
+    def _many(
+        self, fn: _BatchFn, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+    ) -> Any:
+        return self.protocol.call(
+            lambda i: Subcall(id=i, fn=fn, prompts=prompts, model=model, json_schema=schema)
+        )
 
 
 def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:

@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ..contracts import ExecResult
-from ..protocol.schema import to_jsonable
+from ..errors import ConfigError, SchemaMismatch
+from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
 
 __all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES"]
@@ -57,11 +58,16 @@ class BlockInterrupted(BaseException):
 
 class SubcallCaller(Protocol):
     """Blocking calls back into the engine; each returns text, never raises for a failed
-    model call (a failure is an ``"[ERROR] ..."`` string)."""
+    model call (a failure is an ``"[ERROR] ..."`` string). With ``schema`` (a JSON Schema
+    dict), ``llm_query`` returns the validated JSON value instead of text."""
 
-    def llm_query(self, prompt: str, model: str | None) -> str: ...
+    def llm_query(
+        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+    ) -> Any: ...
 
-    def llm_query_batched(self, prompts: list[str], model: str | None) -> list[str]: ...
+    def llm_query_batched(
+        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+    ) -> list[Any]: ...
 
     def rlm_query(self, prompt: str, model: str | None) -> str: ...
 
@@ -91,6 +97,27 @@ def _check_prompts(name: str, prompts: object) -> list[str]:
         if not isinstance(prompt, str):
             raise TypeError(f"{name}(): prompt {i} is a {type(prompt).__name__}, not a str")
     return list(prompts)
+
+
+def _shape(name: str, schema: Any) -> AnswerSchema:
+    """The schema a model's code passed, as a JSON Schema for the engine (which checks a
+    JSON Schema dict itself)."""
+    try:
+        return AnswerSchema(schema, check=False)
+    except ConfigError as exc:
+        raise TypeError(f"{name}(schema=...): {exc}") from None
+
+
+def _typed(shape: AnswerSchema, answer: Any) -> Any:
+    """The engine's validated JSON answer as the type the code asked for: an instance of
+    its pydantic model or dataclass (built here, where the class lives), or JSON data for
+    a JSON Schema dict. A failed call stays its ``"[ERROR] ..."`` string."""
+    if not shape.typed or (isinstance(answer, str) and answer.startswith("[ERROR]")):
+        return answer
+    try:
+        return shape.validate(answer)
+    except SchemaMismatch as exc:  # the class's own validators may refuse what JSON allowed
+        return f"[ERROR] SchemaMismatch: {exc}"
 
 
 class ReplSession:
@@ -150,11 +177,22 @@ class ReplSession:
     def _protocol_names(self) -> dict[str, Any]:
         caller = self.caller
 
-        def llm_query(prompt: str, model: str | None = None) -> str:
-            return caller.llm_query(_check_prompt("llm_query", prompt), model)
+        def llm_query(prompt: str, model: str | None = None, schema: Any = None) -> Any:
+            checked = _check_prompt("llm_query", prompt)
+            if schema is None:
+                return caller.llm_query(checked, model)
+            shape = _shape("llm_query", schema)
+            return _typed(shape, caller.llm_query(checked, model, shape.json_schema))
 
-        def llm_query_batched(prompts: Sequence[str], model: str | None = None) -> list[str]:
-            return caller.llm_query_batched(_check_prompts("llm_query_batched", prompts), model)
+        def llm_query_batched(
+            prompts: Sequence[str], model: str | None = None, schema: Any = None
+        ) -> list[Any]:
+            checked = _check_prompts("llm_query_batched", prompts)
+            if schema is None:
+                return caller.llm_query_batched(checked, model)
+            shape = _shape("llm_query_batched", schema)
+            answers = caller.llm_query_batched(checked, model, shape.json_schema)
+            return [_typed(shape, answer) for answer in answers]
 
         def rlm_query(prompt: str, model: str | None = None) -> str:
             return caller.rlm_query(_check_prompt("rlm_query", prompt), model)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import trio
 
@@ -16,11 +16,11 @@ X = TypeVar("X")
 
 async def run_batch(
     items: Sequence[X],
-    one: Callable[[int, X], Awaitable[str]],
+    one: Callable[[int, X], Awaitable[Any]],
     *,
     limit: int,
     name: str = "batch",
-) -> list[str]:
+) -> list[Any]:
     """Run ``one(i, item)`` for every item, at most ``limit`` at once.
 
     ``min(limit, len(items))`` workers take the items in input order, so slots start
@@ -30,7 +30,7 @@ async def run_batch(
     ``"[ERROR] <type>: <message>"`` and never cancels its siblings; cancellation of the
     caller still cancels every slot.
     """
-    results: list[str] = [""] * len(items)
+    results: list[Any] = [""] * len(items)
     queue = iter(enumerate(items))
 
     async def worker() -> None:

@@ -30,10 +30,12 @@ from dataclasses import dataclass
 
 import trio
 
-from ..contracts import Message
-from ..errors import RLMGraphError, error_slot
+from ..contracts import Message, ResponseSchema
+from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..limits import Tally
+from ..protocol.prompts import schema_instructions
+from ..protocol.schema import AnswerSchema
 from .batch import run_batch
 from .context import Run
 from .providers import call_model
@@ -105,14 +107,21 @@ class CompletionBridge:
 
     # -- the four functions -------------------------------------------------------------
 
-    async def llm_query(self, prompt: str, model: str | None = None) -> str:
-        return await self._one(self._llm, prompt, model, self._take_finished())
+    async def llm_query(
+        self, prompt: str, model: str | None = None, schema: Mapping[str, Any] | None = None
+    ) -> Any:
+        return await self._one(self._llm_slot(schema), prompt, model, self._take_finished())
 
-    async def llm_query_batched(self, prompts: Sequence[str], model: str | None = None) -> list[str]:
-        return await self._batch(self._llm, prompts, model)
+    async def llm_query_batched(
+        self,
+        prompts: Sequence[str],
+        model: str | None = None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        return await self._batch(self._llm_slot(schema), prompts, model)
 
     async def rlm_query(self, prompt: str, model: str | None = None) -> str:
-        return await self._one(self._rlm, prompt, model, self._take_finished())
+        return str(await self._one(self._rlm, prompt, model, self._take_finished()))
 
     async def rlm_query_batched(self, prompts: Sequence[str], model: str | None = None) -> list[str]:
         return await self._batch(self._rlm, prompts, model)
@@ -130,20 +139,36 @@ class CompletionBridge:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    Slot = Callable[[str, "str | None", list[str], "_Place"], Awaitable[str]]
+    Slot = Callable[[str, "str | None", list[str], "_Place"], Awaitable[Any]]
 
-    async def _one(self, slot: Slot, prompt: str, model: str | None, after: list[str]) -> str:
+    def _llm_slot(self, schema: Mapping[str, Any] | None) -> Slot:
+        """``_llm``, typed by ``schema`` when there is one (checked once per call or batch;
+        a bad schema fails every slot with the reason)."""
+        if schema is None:
+            return self._llm
+        try:
+            shape = AnswerSchema.of(dict(schema))
+        except (ConfigError, TypeError, ValueError) as exc:
+            problem = exc if isinstance(exc, ConfigError) else ConfigError(f"schema: {exc}")
+
+            async def refused(*args: Any) -> Any:
+                raise problem
+
+            return refused
+        return functools.partial(self._llm, shape=shape)
+
+    async def _one(self, slot: Slot, prompt: str, model: str | None, after: list[str]) -> Any:
         try:
             return await slot(prompt, model, after, _Place(self._ordinal(), None, None))
         except Exception as exc:  # the model sees the failure as data
             return error_slot(exc)
 
-    async def _batch(self, slot: Slot, prompts: Sequence[str], model: str | None) -> list[str]:
+    async def _batch(self, slot: Slot, prompts: Sequence[str], model: str | None) -> list[Any]:
         after = self._take_finished()
         size = len(prompts)
         ordinal = self._ordinal()
 
-        async def one(index: int, prompt: str) -> str:
+        async def one(index: int, prompt: str) -> Any:
             return await slot(prompt, model, after, _Place(ordinal, index, size))
 
         return await run_batch(
@@ -165,15 +190,28 @@ class CompletionBridge:
             input_preview=preview(prompt),
         )
 
-    async def _llm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
+    async def _llm(
+        self,
+        prompt: str,
+        model: str | None,
+        after: list[str],
+        place: _Place,
+        shape: AnswerSchema | None = None,
+    ) -> Any:
         record = self._record(NodeKind.LLM_CALL, prompt, place)
+        if shape is not None:
+            prompt += "\n\n" + schema_instructions(shape.describe(), repl=False)
         messages = [Message(role="user", content=prompt)]
+        wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema) if shape else None
 
-        async def body(rec: NodeRecord) -> str:
+        async def body(rec: NodeRecord) -> Any:
             response = await call_model(
-                self.run, rec, messages, model=model, params=self.params, tally=self.tally
+                self.run, rec, messages, model=model, params=self.params, tally=self.tally,
+                response_schema=wanted,
             )
-            return response.content
+            if shape is None:
+                return response.content
+            return shape.parse_text(response.content)  # a mismatch fails the node
 
         try:
             return await self.run.execute(record, body, after=after, parent=self.block)
@@ -182,7 +220,7 @@ class CompletionBridge:
 
     async def _rlm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
         if not self.can_recurse:
-            return await self._llm(prompt, model, after, place)
+            return str(await self._llm(prompt, model, after, place))
         record = self._record(NodeKind.RLM_CALL, prompt, place)
         child_tally = Tally(parent=self.tally)
 
@@ -216,11 +254,18 @@ class BridgeProxy:
             raise RLMGraphError("this REPL is not attached to a running completion")
         return self.target
 
-    async def llm_query(self, prompt: str, model: str | None = None) -> str:
-        return await self._bridge().llm_query(prompt, model)
+    async def llm_query(
+        self, prompt: str, model: str | None = None, schema: Mapping[str, Any] | None = None
+    ) -> Any:
+        return await self._bridge().llm_query(prompt, model, schema)
 
-    async def llm_query_batched(self, prompts: Sequence[str], model: str | None = None) -> list[str]:
-        return await self._bridge().llm_query_batched(prompts, model)
+    async def llm_query_batched(
+        self,
+        prompts: Sequence[str],
+        model: str | None = None,
+        schema: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        return await self._bridge().llm_query_batched(prompts, model, schema)
 
     async def rlm_query(self, prompt: str, model: str | None = None) -> str:
         return await self._bridge().rlm_query(prompt, model)

@@ -19,6 +19,7 @@ from ..contracts import (
     Message,
     ModelInfo,
     Provider,
+    ResponseSchema,
     Usage,
     estimate_tokens,
 )
@@ -110,6 +111,7 @@ async def call_model(
     model: str | None = None,
     params: Mapping[str, Any] | None = None,
     tally: Tally | None = None,
+    response_schema: ResponseSchema | None = None,
 ) -> ChatResponse:
     """Make one model call as the node ``record`` (call inside `Run.execute`).
 
@@ -129,6 +131,7 @@ async def call_model(
         model=model_name,
         depth=record.depth,
         node_id=record.id,
+        response_schema=response_schema,
         **dict(params or {}),
     )
     rate = run.limiters.rate(

@@ -480,11 +480,21 @@ class FakeOpenAIServer(FakeServer):
         return {"error": {"message": message, "type": kind.get(status, "server_error"), "code": status}}
 
 
+def _forced_tool(body: Any) -> str | None:
+    """The tool a request forces (``tool_choice: {"type": "tool", "name": ...}``)."""
+    choice = (body or {}).get("tool_choice") if isinstance(body, dict) else None
+    if isinstance(choice, dict) and choice.get("type") == "tool":
+        return str(choice.get("name"))
+    return None
+
+
 class FakeAnthropicServer(FakeServer):
     """A fake Anthropic Messages server: ``POST /v1/messages``.
 
     Refuses what the real API refuses (400): no ``anthropic-version`` header, no
     ``max_tokens``, a ``system`` role inside ``messages``, or turns that do not alternate.
+    A request that forces a tool (structured output) is answered with a ``tool_use``
+    block whose ``input`` is the reply text read as JSON.
 
     Use ``server.base_url`` (no ``/v1``) as the provider's ``base_url``.
     """
@@ -510,13 +520,23 @@ class FakeAnthropicServer(FakeServer):
         return None
 
     def success_body(self, text: str, body: Any) -> dict[str, Any]:
+        forced = _forced_tool(body)
+        content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+        if forced is not None:
+            # As the real API does when a tool is forced: the reply (JSON text here) is
+            # the tool call's input, and there is no text block.
+            try:
+                given: Any = json.loads(text)
+            except ValueError:
+                given = {"raw": text}
+            content = [{"type": "tool_use", "id": "toolu_fake", "name": forced, "input": given}]
         return {
             "id": f"msg_fake_{len(self.requests)}",
             "type": "message",
             "role": "assistant",
             "model": (body or {}).get("model", ""),
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn",
+            "content": content,
+            "stop_reason": "tool_use" if forced is not None else "end_turn",
             "usage": {"input_tokens": _prompt_tokens(body), "output_tokens": _tokens(text)},
         }
 

@@ -95,5 +95,5 @@ def test_a_sub_call_goes_up_the_pipe_with_an_id(tmp_path: object) -> None:
     )
     assert out[1] == {
         "type": "subcall", "id": 1, "fn": "llm_query", "prompt": "what is up?",
-        "prompts": None, "model": None,
+        "prompts": None, "model": None, "json_schema": None,
     }
