@@ -39,7 +39,9 @@ summaries and slices, not whole documents).
 In the REPL you have:
 - `context`: the data ({context_hint}).
 - `llm_query(prompt, model=None) -> str`: ask a sub-model one question. It sees only the \
-prompt you give it, and it can read a large chunk (hundreds of thousands of characters).
+prompt you give it, and it can read a large chunk (hundreds of thousands of characters). \
+With `schema=` (a pydantic model, a type such as `list[str]`, or a JSON Schema dict) it \
+returns a value of that shape instead of text.
 - `llm_query_batched(prompts, model=None) -> list[str]`: ask many independent questions \
 at once; they run concurrently and the answers come back in the order of the prompts. A \
 failed question gives a string starting with "[ERROR]" in its place.
