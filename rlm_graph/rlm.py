@@ -146,6 +146,20 @@ def _compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] |
     return compaction
 
 
+def _check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:
+    if not isinstance(direct_if_fits, bool):
+        raise ConfigError("direct_if_fits must be True or False")
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ConfigError(
+            f"direct_share must be a share of the root model's window in (0, 1], not {share!r}"
+        )
+    if direct_if_fits and persistent:
+        raise ConfigError(
+            "direct_if_fits=True cannot be used with persistent=True: a direct answer has no "
+            "REPL, so context_N and history_N would not be kept; use one or the other"
+        )
+
+
 class _Callbacks:
     """Observer for the reference's ``on_subcall_*`` and ``on_iteration_*`` callbacks
     and the ``verbose`` progress lines."""
@@ -216,6 +230,11 @@ class RLM:
             ``compaction_kwargs``), or a `CompactionStrategy` object.
         custom_system_prompt: replaces the built-in system prompt.
         accept_text_final: also accept ``FINAL(...)`` written as text outside code.
+        direct_if_fits: answer with one plain call of the root model (no REPL) when the
+            question and context fit ``direct_share`` of its window (from the model
+            table); off by default (see docs/rlm.md for when it helps).
+        direct_share: the share of the root model's window the direct path may use
+            (default 0.5).
         output_chars: REPL output kept per turn (default 20,000 characters).
         verbose: print a line per finished node to stderr.
         on_subcall_start, on_subcall_complete: called when a child completion starts
@@ -261,6 +280,8 @@ class RLM:
         compaction_kwargs: Mapping[str, Any] | None = None,
         custom_system_prompt: str | None = None,
         accept_text_final: bool = False,
+        direct_if_fits: bool = False,
+        direct_share: float = 0.5,
         output_chars: int = DEFAULT_OUTPUT_CHARS,
         verbose: bool = False,
         on_subcall_start: Callable[..., Any] | None = None,
@@ -298,6 +319,7 @@ class RLM:
             raise ConfigError("compaction_threshold_pct must be in (0, 1], e.g. 0.85")
         if output_chars < 100:
             raise ConfigError("output_chars must be at least 100 characters")
+        _check_direct(direct_if_fits, direct_share, persistent)
         from .engine import Engine
 
         callbacks = []
@@ -351,6 +373,7 @@ class RLM:
         self.persistent = persistent
         # A persistent session is one conversation: one completion at a time.
         self._session_busy = threading.Lock()
+        self.direct_share = direct_share if direct_if_fits else None
         self._env: Environment | None = None
         self._proxy: BridgeProxy | None = None
         self._completions = 0
@@ -549,6 +572,10 @@ class RLM:
     ) -> Any:
         if self.engine.limits.max_depth == 0:
             return await runner.plain(prompt, root_prompt, state, tally)
+        if self.direct_share is not None:
+            answered = await runner.direct(prompt, root_prompt, state, tally, self.direct_share)
+            if answered is not None:
+                return answered
         if not self.persistent:
             return await runner.root(prompt, root_prompt, state, tally)
         if self._env is None:
@@ -577,6 +604,7 @@ class RLM:
         span = makespan(graph)
         parsed = None if cut else state.parsed
         return RLMChatCompletion(
+            metadata={"direct_path": state.direct} if state.direct is not None else None,
             parsed=parsed,
             error=state.schema_error if parsed is None else None,
             root_model=self.engine.provider.model,

@@ -76,6 +76,8 @@ class NodeRecord:
             ``rlm_call`` node whose child completion it is.
         iteration: the root-turn number the node belongs to (1-based), where it has one.
         batch_index, batch_size: the node's slot in a batch, where it is one.
+        reason: why the engine made this node, where that is a choice (the direct path's
+            ``llm_call`` says what fitted in which window).
         submitted: when the node was ready to run; ``start`` is when it got its slot
             (a model call waits for its provider's limiter in between), so
             ``start - submitted`` is its queueing time and ``duration`` its service time.
@@ -108,6 +110,7 @@ class NodeRecord:
     finish_reason: str | None = None
     attempts: int = 1
     note: str | None = None
+    reason: str | None = None
 
     model_fields: ClassVar[Mapping[str, object]]
 

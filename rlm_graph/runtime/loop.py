@@ -49,6 +49,7 @@ from ..protocol.prompts import (
 from ..protocol.schema import AnswerSchema
 from .bridge import BridgeProxy, CompletionBridge, node_path
 from .context import Run
+from .direct import OneAnswer, direct_fit, one_call
 from .providers import call_model, estimate_tokens
 
 __all__ = [
@@ -98,6 +99,7 @@ class CompletionState:
     counted_messages: int = 0
     parsed: Any = None  # the typed answer, when the root has a schema and it matched
     schema_error: str | None = None  # why the last answer was refused, if it was
+    direct: str | None = None  # whether the direct path was taken, and why
 
     def partial(self) -> str:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
@@ -180,30 +182,44 @@ class RLMRunner:
         self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally
     ) -> CompletionOutcome:
         """``max_depth=0``: no REPL at all, one call of the root model (as the reference)."""
-        text = context if isinstance(context, str) else json.dumps(context, default=str)
-        content = f"{root_prompt}\n\n{text}" if root_prompt else text
-        schema = self.settings.schema
-        if schema is not None:
-            content += "\n\n" + schema_instructions(schema.describe(), repl=False)
-        state.add(Message(role="user", content=content))
-        record = NodeRecord(
-            id="llm-1", kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content)
+        answer = await self._one_call(context, root_prompt, state, tally, "llm-1", None)
+        return CompletionOutcome(answer.text, None, state)
+
+    async def direct(
+        self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally,
+        share: float,
+    ) -> CompletionOutcome | None:
+        """The direct path: one call when question and context fit ``share`` of the root
+        model's window (see `direct_fit`); None when not taken, or when its answer did
+        not match the schema (the RLM loop then answers). ``state.direct`` says why."""
+        model = self.run.router.route(None, 0)[2]
+        info = self.run.router.info(model)
+        fit = direct_fit(
+            context, root_prompt, model=model, share=share,
+            window=info.context_window if info is not None else None,
         )
+        state.direct = ("taken: " if fit.taken else "not taken: ") + fit.reason
+        if not fit.taken:
+            return None
+        answer = await self._one_call(context, root_prompt, state, tally, "direct", fit.reason)
+        if answer.refused is not None:
+            state.direct = f"taken, then handed to the RLM loop: {answer.refused}"
+            state.messages = []
+            return None
+        return CompletionOutcome(answer.text, None, state)
 
-        async def body(rec: NodeRecord) -> str:
-            response = await call_model(
-                self.run, rec, state.messages, params=self.settings.root_params, tally=tally
-            )
-            return response.content
-
-        answer = await self.run.execute(record, body)
-        state.last_reply = answer
-        if schema is not None:
-            try:
-                answer = self._accept(schema, state, answer)
-            except SchemaMismatch as exc:
-                state.schema_error = f"SchemaMismatch: {exc}"
-        return CompletionOutcome(answer, None, state)
+    async def _one_call(
+        self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally,
+        node_id: str, note: str | None,
+    ) -> OneAnswer:
+        answer = await one_call(
+            self.run, context, root_prompt, state.messages, tally, node_id=node_id,
+            params=self.settings.root_params, schema=self.settings.schema, note=note,
+        )
+        state.trajectory.append(state.messages[-1])
+        state.last_reply = answer.text
+        state.parsed, state.schema_error = answer.parsed, answer.refused
+        return answer
 
     async def child(self, prompt: str, model: str | None, record: NodeRecord, tally: Tally) -> str:
         """A child completion, run as the ``rlm_call`` node ``record`` (a `ChildRunner`)."""

@@ -1,0 +1,116 @@
+"""One-call answers: ``max_depth=0``, and the direct path (``RLM(direct_if_fits=True)``).
+
+Both send the root model the question and the whole context in one plain call, without a
+REPL, recorded as one ``llm_call`` node at depth 0. The direct path is taken only when
+that call fits: the context and the question, estimated at four characters a token,
+within ``share`` of the root model's window as the model table states it. A model the
+table does not know has no stated window, so the path is not taken for it.
+
+Invariants:
+    - The decision is a `Fit`, whose ``reason`` names the numbers it compared; a taken
+      path's node carries it as its ``reason``.
+    - With an answer schema the call asks for structured output and its reply is
+      validated; a mismatch fails the node (``SchemaMismatch``) and, on the direct path,
+      hands the question to the RLM loop, which can correct an answer; ``max_depth=0``
+      has no loop, so the completion keeps the refusal as its error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..contracts import Message, ResponseSchema
+from ..errors import SchemaMismatch
+from ..graph import NodeKind, NodeRecord, NodeStatus, preview
+from ..limits import Tally
+from ..protocol.prompts import schema_instructions
+from ..protocol.schema import AnswerSchema
+from .context import Run
+from .providers import call_model, estimate_tokens
+
+__all__ = ["Fit", "OneAnswer", "direct_fit", "one_call", "task_text"]
+
+
+@dataclass(frozen=True, slots=True)
+class OneAnswer:
+    """What one call answered: the reply text, and with a schema the typed value (its
+    JSON is then ``text``) or why the reply was refused."""
+
+    text: str
+    parsed: Any = None
+    refused: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Whether the direct path is taken, and why (in numbers)."""
+
+    taken: bool
+    reason: str
+
+
+def task_text(context: Any, root_prompt: str | None) -> str:
+    """The question and the context as the one call's text."""
+    text = context if isinstance(context, str) else json.dumps(context, default=str)
+    return f"{root_prompt}\n\n{text}" if root_prompt else text
+
+
+def direct_fit(
+    context: Any, root_prompt: str | None, *, model: str, window: int | None, share: float
+) -> Fit:
+    """Whether the question and context fit ``share`` of ``model``'s ``window``."""
+    if window is None:
+        return Fit(False, f"the window of {model!r} is not in the model table (models=...)")
+    tokens = estimate_tokens(task_text(context, root_prompt))
+    limit = int(window * share)
+    compared = f"~{tokens:,} tokens of question and context {{}} {share:.0%} ({limit:,}) of the {window:,}-token window of {model!r}"
+    if tokens <= limit:
+        return Fit(True, compared.format("fit in"))
+    return Fit(False, compared.format("exceed"))
+
+
+async def one_call(
+    run: Run,
+    context: Any,
+    root_prompt: str | None,
+    messages: list[Message],
+    tally: Tally,
+    *,
+    node_id: str,
+    params: Any = None,
+    schema: AnswerSchema | None = None,
+    note: str | None = None,
+) -> OneAnswer:
+    """Answer in one call of the root model, as the node ``node_id``.
+
+    Appends the user message to ``messages`` (the completion's history). A reply that
+    does not match ``schema`` fails the node (``SchemaMismatch``) and comes back with
+    ``refused`` set.
+    """
+    content = task_text(context, root_prompt)
+    if schema is not None:
+        content += "\n\n" + schema_instructions(schema.describe(), repl=False)
+    messages.append(Message(role="user", content=content))
+    record = NodeRecord(
+        id=node_id, kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content), reason=note
+    )
+    wanted = ResponseSchema(name=schema.name, json_schema=schema.json_schema) if schema else None
+
+    async def body(rec: NodeRecord) -> OneAnswer:
+        response = await call_model(
+            run, rec, messages, params=params, tally=tally, response_schema=wanted
+        )
+        if schema is None:
+            return OneAnswer(response.content)
+        try:
+            parsed = schema.parse_text(response.content)
+        except SchemaMismatch as exc:
+            rec.status = NodeStatus.ERROR
+            rec.error = str(exc)
+            rec.error_type = "SchemaMismatch"
+            return OneAnswer(response.content, refused=f"SchemaMismatch: {exc}")
+        return OneAnswer(schema.dump_json(parsed), parsed)
+
+    return await run.execute(record, body)
