@@ -11,6 +11,7 @@ from .contracts import (
     ChatRequest as ChatRequest,
     ChatResponse as ChatResponse,
     ExecResult as ExecResult,
+    Image as Image,
     Message as Message,
     ModelInfo as ModelInfo,
     Usage as Usage,
@@ -33,6 +34,7 @@ from .errors import (
     ProviderTimeout as ProviderTimeout,
     RateLimited as RateLimited,
     RLMGraphError as RLMGraphError,
+    SchemaMismatch as SchemaMismatch,
     TokenLimitExceeded as TokenLimitExceeded,
 )
 from .graph import (
@@ -67,6 +69,7 @@ __all__ = [
     "ExecResult",
     "Graph",
     "GraphError",
+    "Image",
     "IterationLimitExceeded",
     "LimitExceeded",
     "Limits",
@@ -87,6 +90,7 @@ __all__ = [
     "RLMChatCompletion",
     "RLMGraphError",
     "RateLimited",
+    "SchemaMismatch",
     "TokenLimitExceeded",
     "Usage",
     "UsageSummary",

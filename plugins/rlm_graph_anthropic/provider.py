@@ -166,16 +166,41 @@ def _tool_answer(blocks: list[Any], schema: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _alternating(messages: tuple[Message, ...]) -> list[dict[str, str]]:
+def _blocks(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"type": "text", "text": content}] if isinstance(content, str) else content
+
+
+def _content(message: Message) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or its parts with images as base64 ``image``
+    blocks (the Messages format for images)."""
+    if not message.parts:
+        return message.content
+    return [
+        {"type": "text", "text": part}
+        if isinstance(part, str)
+        else {
+            "type": "image",
+            "source": {"type": "base64", "media_type": part.media_type, "data": part.base64()},
+        }
+        for part in message.parts
+    ]
+
+
+def _alternating(messages: tuple[Message, ...]) -> list[dict[str, Any]]:
     """User/assistant turns, same-role neighbours merged, starting with a user turn."""
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, Any]] = []
     for message in messages:
         if message.role == "system":
             continue
+        content = _content(message)
         if turns and turns[-1]["role"] == message.role:
-            turns[-1]["content"] += "\n\n" + message.content
+            before = turns[-1]["content"]
+            if isinstance(before, str) and isinstance(content, str):
+                turns[-1]["content"] = before + "\n\n" + content
+            else:
+                turns[-1]["content"] = _blocks(before) + _blocks(content)
         else:
-            turns.append({"role": message.role, "content": message.content})
+            turns.append({"role": message.role, "content": content})
     if not turns or turns[0]["role"] != "user":
         turns.insert(0, {"role": "user", "content": "(continue)"})
     return turns

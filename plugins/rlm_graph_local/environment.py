@@ -85,12 +85,15 @@ class _ThreadCaller:
         return result.unwrap()
 
     def llm_query(
-        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+        self, prompt: str | list[Any], model: str | None, schema: dict[str, Any] | None = None
     ) -> Any:
         return self._call(self.env.bridge.llm_query, prompt, model, schema)
 
     def llm_query_batched(
-        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+        self,
+        prompts: list[str | list[Any]],
+        model: str | None,
+        schema: dict[str, Any] | None = None,
     ) -> list[Any]:
         return self._call(self.env.bridge.llm_query_batched, prompts, model, schema)
 

@@ -28,6 +28,7 @@ from rlm_graph.http import (
     ChatResponse,
     ConfigError,
     JSONProvider,
+    Message,
     Usage,
     content_text,
     token_count,
@@ -112,7 +113,7 @@ class OpenAIProvider(JSONProvider):
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": request.model or self.model,
-            "messages": [{"role": m.role, "content": m.content} for m in request.messages],
+            "messages": [{"role": m.role, "content": _content(m)} for m in request.messages],
         }
         sampling = {
             "temperature": request.temperature,
@@ -160,6 +161,19 @@ class OpenAIProvider(JSONProvider):
             cost=_cost(data.get("usage")),
             finish_reason=choice.get("finish_reason"),
         )
+
+
+def _content(message: Message) -> str | list[dict[str, Any]]:
+    """A message's content: its text, or its parts with images as data-URI
+    ``image_url`` parts (the chat completions format for images)."""
+    if not message.parts:
+        return message.content
+    return [
+        {"type": "text", "text": part}
+        if isinstance(part, str)
+        else {"type": "image_url", "image_url": {"url": f"data:{part.media_type};base64,{part.base64()}"}}
+        for part in message.parts
+    ]
 
 
 def _usage(raw: Any) -> Usage:

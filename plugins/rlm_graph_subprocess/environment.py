@@ -32,7 +32,7 @@ from typing import Any, Literal
 import trio
 from pydantic import ValidationError
 
-from rlm_graph.contracts import ExecResult, Message, SubcallBridge
+from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
 
 from .boundaries import GuestLimits, guest_environ, probe_network_isolation
@@ -218,7 +218,7 @@ class SubprocessEnvironment:
             path = os.path.join(self._io, f"context_{index}.json")
             try:
                 with open(path, "w", encoding="utf-8") as handle:
-                    json.dump(value, handle)
+                    json.dump(value, handle, default=image_json_default)
             except (TypeError, ValueError) as exc:
                 raise ConfigError(
                     f"subprocess environment: context_{index} cannot be sent to the guest "
@@ -350,12 +350,14 @@ class SubprocessEnvironment:
         if call.fn == "llm_query":
             return await self.bridge.llm_query(call.prompt or "", call.model, call.json_schema)
         if call.fn == "rlm_query":
-            return await self.bridge.rlm_query(call.prompt or "", call.model)
+            return await self.bridge.rlm_query(_text(call.prompt), call.model)
         if call.fn == "llm_query_batched":
             return await self.bridge.llm_query_batched(
                 call.prompts or [], call.model, call.json_schema
             )
-        return await self.bridge.rlm_query_batched(call.prompts or [], call.model)
+        return await self.bridge.rlm_query_batched(
+            [_text(p) for p in call.prompts or []], call.model
+        )
 
     async def _salvage(self, guest: GuestProcess) -> None:
         """Ask a guest about to be killed for ``answer["content"]``, briefly."""
@@ -386,6 +388,15 @@ class SubprocessEnvironment:
             restarted=True,
             answer_content=self._answer,
         )
+
+
+def _text(prompt: object) -> str:
+    """A child RLM's prompt: text only (its context; images go through ``llm_query``)."""
+    if prompt is None:
+        return ""
+    if not isinstance(prompt, str):
+        raise TypeError("rlm_query takes text prompts only; send images with llm_query")
+    return prompt
 
 
 def _with_note(result: ExecResult, lost: bool) -> ExecResult:

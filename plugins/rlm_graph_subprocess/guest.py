@@ -191,8 +191,8 @@ class Subcall(BaseModel):
     type: Literal["subcall"] = "subcall"
     id: int
     fn: Literal["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
-    prompt: str | None = None
-    prompts: list[str] | None = None
+    prompt: str | list[Any] | None = None  # a list: text and images (rlm_graph.repl.WirePrompt)
+    prompts: list[str | list[Any]] | None = None
     model: str | None = None
     json_schema: dict[str, Any] | None = None  # llm_query(..., schema=): the answer's shape
 
@@ -346,13 +346,16 @@ class _PipeCaller:
         self.protocol = protocol
 
     def llm_query(
-        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+        self, prompt: str | list[Any], model: str | None, schema: dict[str, Any] | None = None
     ) -> Any:
         answer = self._one("llm_query", prompt, model, schema)
         return answer if schema is not None else str(answer)
 
     def llm_query_batched(
-        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+        self,
+        prompts: list[str | list[Any]],
+        model: str | None,
+        schema: dict[str, Any] | None = None,
     ) -> list[Any]:
         return list(self._many("llm_query_batched", prompts, model, schema))
 
@@ -360,7 +363,7 @@ class _PipeCaller:
         return str(self._one("rlm_query", prompt, model))
 
     def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
-        return list(self._many("rlm_query_batched", prompts, model))
+        return list(self._many("rlm_query_batched", list[str | list[Any]](prompts), model))
 
     def call_tool(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         return self.protocol.call(
@@ -368,14 +371,22 @@ class _PipeCaller:
         )
 
     def _one(
-        self, fn: _SingleFn, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+        self,
+        fn: _SingleFn,
+        prompt: str | list[Any],
+        model: str | None,
+        schema: dict[str, Any] | None = None,
     ) -> Any:
         return self.protocol.call(
             lambda i: Subcall(id=i, fn=fn, prompt=prompt, model=model, json_schema=schema)
         )
 
     def _many(
-        self, fn: _BatchFn, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+        self,
+        fn: _BatchFn,
+        prompts: list[str | list[Any]],
+        model: str | None,
+        schema: dict[str, Any] | None = None,
     ) -> Any:
         return self.protocol.call(
             lambda i: Subcall(id=i, fn=fn, prompts=prompts, model=model, json_schema=schema)
@@ -504,9 +515,11 @@ class Guest:
 
 
 def _load(message: LoadContext) -> Any:
+    from rlm_graph.contracts import image_json_hook
+
     with open(message.path, encoding="utf-8") as handle:
         if message.format == "json":
-            return json.load(handle)
+            return json.load(handle, object_hook=image_json_hook)
         return handle.read()
 
 

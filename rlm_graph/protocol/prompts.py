@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..contracts import ExecResult
+from ..contracts import ExecResult, Image
 from .truncate import truncate_output
 
 __all__ = [
@@ -41,7 +41,8 @@ In the REPL you have:
 - `llm_query(prompt, model=None) -> str`: ask a sub-model one question. It sees only the \
 prompt you give it, and it can read a large chunk (hundreds of thousands of characters). \
 With `schema=` (a pydantic model, a type such as `list[str]`, or a JSON Schema dict) it \
-returns a value of that shape instead of text.
+returns a value of that shape instead of text. The prompt may also be a list of text and \
+images (image bytes, a pathlib.Path, or an image from `context`) for a model that sees.
 - `llm_query_batched(prompts, model=None) -> list[str]`: ask many independent questions \
 at once; they run concurrently and the answers come back in the order of the prompts. A \
 failed question gives a string starting with "[ERROR]" in its place.
@@ -114,7 +115,11 @@ def context_summary(context: Any) -> str:
     if isinstance(context, list):
         sizes = [len(item) if isinstance(item, str | list | dict) else 1 for item in context]
         shown = ", ".join(f"{s:,}" for s in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
-        return f"a list of {len(context):,} items (sizes: {shown}; {sum(sizes):,} in all)"
+        images = sum(1 for item in context if isinstance(item, Image))
+        note = (
+            f"; {images:,} of them images: pass one to llm_query([text, image])" if images else ""
+        )
+        return f"a list of {len(context):,} items (sizes: {shown}; {sum(sizes):,} in all{note})"
     if isinstance(context, dict):
         keys = list(context)[:20]
         return f"a dict with {len(context):,} keys ({', '.join(map(repr, keys))}{', ...' if len(context) > 20 else ''})"

@@ -26,12 +26,12 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from ..contracts import ExecResult
+from ..contracts import ExecResult, Image
 from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
 
-__all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES"]
+__all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES", "WirePrompt"]
 
 RESERVED_NAMES = (
     "llm_query",
@@ -56,17 +56,22 @@ class BlockInterrupted(BaseException):
     """
 
 
+WirePrompt = str | list[Any]
+"""A prompt as it crosses to the engine: a str, or a list of parts, each a str or an
+image as ``{"media_type": ..., "data": <base64>}`` (JSON, so it crosses a pipe too)."""
+
+
 class SubcallCaller(Protocol):
     """Blocking calls back into the engine; each returns text, never raises for a failed
     model call (a failure is an ``"[ERROR] ..."`` string). With ``schema`` (a JSON Schema
     dict), ``llm_query`` returns the validated JSON value instead of text."""
 
     def llm_query(
-        self, prompt: str, model: str | None, schema: dict[str, Any] | None = None
+        self, prompt: WirePrompt, model: str | None, schema: dict[str, Any] | None = None
     ) -> Any: ...
 
     def llm_query_batched(
-        self, prompts: list[str], model: str | None, schema: dict[str, Any] | None = None
+        self, prompts: list[WirePrompt], model: str | None, schema: dict[str, Any] | None = None
     ) -> list[Any]: ...
 
     def rlm_query(self, prompt: str, model: str | None) -> str: ...
@@ -97,6 +102,47 @@ def _check_prompts(name: str, prompts: object) -> list[str]:
         if not isinstance(prompt, str):
             raise TypeError(f"{name}(): prompt {i} is a {type(prompt).__name__}, not a str")
     return list(prompts)
+
+
+def _image_part(name: str, index: int, item: object, scratch_dir: str) -> dict[str, str]:
+    try:
+        if isinstance(item, Image):
+            image = item
+        elif isinstance(item, bytes | bytearray | memoryview):
+            image = Image.from_bytes(bytes(item))
+        elif isinstance(item, os.PathLike):
+            path = os.fspath(item)
+            image = Image.from_path(path if os.path.isabs(path) else os.path.join(scratch_dir, path))
+        else:
+            raise TypeError(
+                f"{name}(): prompt part {index} is a {type(item).__name__}; parts are str "
+                "(text), image bytes, a pathlib.Path to an image file, or an Image"
+            )
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{name}(): prompt part {index}: {exc}") from None
+    return {"media_type": image.media_type, "data": image.base64()}
+
+
+def _wire_prompt(name: str, prompt: object, scratch_dir: str) -> WirePrompt:
+    """A prompt checked and made ready for the engine: text as is, a list of text and
+    images (bytes, paths relative to the scratch folder, `Image` values) as parts."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list | tuple):
+        return [
+            part if isinstance(part, str) else _image_part(name, index, part, scratch_dir)
+            for index, part in enumerate(prompt)
+        ]
+    raise TypeError(
+        f"{name}() takes the prompt as a str, or a list of str and images, "
+        f"got {type(prompt).__name__}"
+    )
+
+
+def _wire_prompts(name: str, prompts: object, scratch_dir: str) -> list[WirePrompt]:
+    if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+        raise TypeError(f"{name}() takes a list of prompts, got {type(prompts).__name__}")
+    return [_wire_prompt(f"{name}: prompt {i}", p, scratch_dir) for i, p in enumerate(prompts)]
 
 
 def _shape(name: str, schema: Any) -> AnswerSchema:
@@ -177,8 +223,8 @@ class ReplSession:
     def _protocol_names(self) -> dict[str, Any]:
         caller = self.caller
 
-        def llm_query(prompt: str, model: str | None = None, schema: Any = None) -> Any:
-            checked = _check_prompt("llm_query", prompt)
+        def llm_query(prompt: Any, model: str | None = None, schema: Any = None) -> Any:
+            checked = _wire_prompt("llm_query", prompt, self.scratch_dir)
             if schema is None:
                 return caller.llm_query(checked, model)
             shape = _shape("llm_query", schema)
@@ -187,7 +233,7 @@ class ReplSession:
         def llm_query_batched(
             prompts: Sequence[str], model: str | None = None, schema: Any = None
         ) -> list[Any]:
-            checked = _check_prompts("llm_query_batched", prompts)
+            checked = _wire_prompts("llm_query_batched", prompts, self.scratch_dir)
             if schema is None:
                 return caller.llm_query_batched(checked, model)
             shape = _shape("llm_query_batched", schema)

@@ -24,13 +24,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+import base64
+import binascii
 import functools
 import inspect
 from dataclasses import dataclass
 
 import trio
 
-from ..contracts import Message, ResponseSchema
+from ..contracts import Image, Message, ResponseSchema
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..limits import Tally
@@ -60,6 +62,35 @@ class _Place:
     ordinal: int
     index: int | None
     size: int | None
+
+
+Prompt = str | Sequence[Any]
+"""What ``llm_query`` takes: text, or a list of parts (str, `Image`, or an image as the
+REPL sends it, ``{"media_type", "data": <base64>}``)."""
+
+
+def prompt_parts(prompt: Prompt) -> list[str | Image]:
+    """A sub-call's prompt as message parts. Images from the REPL are checked again here
+    (type by signature, size): the REPL may be a hostile guest process.
+
+    Raises:
+        ValueError: a part that is neither text nor a readable image.
+    """
+    if isinstance(prompt, str):
+        return [prompt]
+    parts: list[str | Image] = []
+    for index, part in enumerate(prompt):
+        if isinstance(part, str | Image):
+            parts.append(part)
+        elif isinstance(part, Mapping) and isinstance(part.get("data"), str):
+            try:
+                data = base64.b64decode(part["data"], validate=True)
+            except binascii.Error:
+                raise ValueError(f"prompt part {index}: the image data is not base64") from None
+            parts.append(Image.from_bytes(data))
+        else:
+            raise ValueError(f"prompt part {index} is a {type(part).__name__}, not text or an image")
+    return parts
 
 
 class CompletionBridge:
@@ -108,13 +139,13 @@ class CompletionBridge:
     # -- the four functions -------------------------------------------------------------
 
     async def llm_query(
-        self, prompt: str, model: str | None = None, schema: Mapping[str, Any] | None = None
+        self, prompt: Prompt, model: str | None = None, schema: Mapping[str, Any] | None = None
     ) -> Any:
         return await self._one(self._llm_slot(schema), prompt, model, self._take_finished())
 
     async def llm_query_batched(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         model: str | None = None,
         schema: Mapping[str, Any] | None = None,
     ) -> list[Any]:
@@ -139,7 +170,7 @@ class CompletionBridge:
 
     # -- plumbing -----------------------------------------------------------------------
 
-    Slot = Callable[[str, "str | None", list[str], "_Place"], Awaitable[Any]]
+    Slot = Callable[[Any, "str | None", list[str], "_Place"], Awaitable[Any]]
 
     def _llm_slot(self, schema: Mapping[str, Any] | None) -> Slot:
         """``_llm``, typed by ``schema`` when there is one (checked once per call or batch;
@@ -157,18 +188,18 @@ class CompletionBridge:
             return refused
         return functools.partial(self._llm, shape=shape)
 
-    async def _one(self, slot: Slot, prompt: str, model: str | None, after: list[str]) -> Any:
+    async def _one(self, slot: Slot, prompt: Any, model: str | None, after: list[str]) -> Any:
         try:
             return await slot(prompt, model, after, _Place(self._ordinal(), None, None))
         except Exception as exc:  # the model sees the failure as data
             return error_slot(exc)
 
-    async def _batch(self, slot: Slot, prompts: Sequence[str], model: str | None) -> list[Any]:
+    async def _batch(self, slot: Slot, prompts: Sequence[Any], model: str | None) -> list[Any]:
         after = self._take_finished()
         size = len(prompts)
         ordinal = self._ordinal()
 
-        async def one(index: int, prompt: str) -> Any:
+        async def one(index: int, prompt: Any) -> Any:
             return await slot(prompt, model, after, _Place(ordinal, index, size))
 
         return await run_batch(
@@ -192,16 +223,17 @@ class CompletionBridge:
 
     async def _llm(
         self,
-        prompt: str,
+        prompt: Prompt,
         model: str | None,
         after: list[str],
         place: _Place,
         shape: AnswerSchema | None = None,
     ) -> Any:
-        record = self._record(NodeKind.LLM_CALL, prompt, place)
+        parts = prompt_parts(prompt)
+        record = self._record(NodeKind.LLM_CALL, Message.of_parts("user", parts).content, place)
         if shape is not None:
-            prompt += "\n\n" + schema_instructions(shape.describe(), repl=False)
-        messages = [Message(role="user", content=prompt)]
+            parts.append(schema_instructions(shape.describe(), repl=False))
+        messages = [Message.of_parts("user", parts)]
         wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema) if shape else None
 
         async def body(rec: NodeRecord) -> Any:
@@ -255,13 +287,13 @@ class BridgeProxy:
         return self.target
 
     async def llm_query(
-        self, prompt: str, model: str | None = None, schema: Mapping[str, Any] | None = None
+        self, prompt: Prompt, model: str | None = None, schema: Mapping[str, Any] | None = None
     ) -> Any:
         return await self._bridge().llm_query(prompt, model, schema)
 
     async def llm_query_batched(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[Prompt],
         model: str | None = None,
         schema: Mapping[str, Any] | None = None,
     ) -> list[Any]:

@@ -3,8 +3,9 @@
 Both send the root model the question and the whole context in one plain call, without a
 REPL, recorded as one ``llm_call`` node at depth 0. The direct path is taken only when
 that call fits: the context and the question, estimated at four characters a token,
-within ``share`` of the root model's window as the model table states it. A model the
-table does not know has no stated window, so the path is not taken for it.
+within ``share`` of the root model's window as the model table states it (an image of a
+context list counts `IMAGE_TOKEN_ESTIMATE`). A model the table does not know has no
+stated window, so the path is not taken for it.
 
 Invariants:
     - The decision is a `Fit`, whose ``reason`` names the numbers it compared; a taken
@@ -21,7 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..contracts import Message, ResponseSchema
+from ..contracts import Image, Message, ResponseSchema
 from ..errors import SchemaMismatch
 from ..graph import NodeKind, NodeRecord, NodeStatus, preview
 from ..limits import Tally
@@ -51,10 +52,36 @@ class Fit:
     reason: str
 
 
+IMAGE_TOKEN_ESTIMATE = 1_600
+"""What the direct path counts for an image of the context (a large image's cost on
+common APIs; the engine cannot see a model's image tokenizer)."""
+
+
 def task_text(context: Any, root_prompt: str | None) -> str:
     """The question and the context as the one call's text."""
     text = context if isinstance(context, str) else json.dumps(context, default=str)
     return f"{root_prompt}\n\n{text}" if root_prompt else text
+
+
+def task_parts(context: Any, root_prompt: str | None) -> list[str | Image]:
+    """The question and the context as message parts: a context list that holds images
+    sends them as images, each other item as text (a str as is, else JSON)."""
+    if not (isinstance(context, list) and any(isinstance(item, Image) for item in context)):
+        return [task_text(context, root_prompt)]
+    parts: list[str | Image] = [root_prompt] if root_prompt else []
+    for item in context:
+        if isinstance(item, Image | str):
+            parts.append(item)
+        else:
+            parts.append(json.dumps(item, default=str))
+    return parts
+
+
+def _estimate(parts: list[str | Image]) -> int:
+    return sum(
+        IMAGE_TOKEN_ESTIMATE if isinstance(part, Image) else estimate_tokens(part)
+        for part in parts
+    )
 
 
 def direct_fit(
@@ -63,7 +90,7 @@ def direct_fit(
     """Whether the question and context fit ``share`` of ``model``'s ``window``."""
     if window is None:
         return Fit(False, f"the window of {model!r} is not in the model table (models=...)")
-    tokens = estimate_tokens(task_text(context, root_prompt))
+    tokens = _estimate(task_parts(context, root_prompt))
     limit = int(window * share)
     compared = f"~{tokens:,} tokens of question and context {{}} {share:.0%} ({limit:,}) of the {window:,}-token window of {model!r}"
     if tokens <= limit:
@@ -89,12 +116,14 @@ async def one_call(
     does not match ``schema`` fails the node (``SchemaMismatch``) and comes back with
     ``refused`` set.
     """
-    content = task_text(context, root_prompt)
+    parts = task_parts(context, root_prompt)
     if schema is not None:
-        content += "\n\n" + schema_instructions(schema.describe(), repl=False)
-    messages.append(Message(role="user", content=content))
+        parts.append(schema_instructions(schema.describe(), repl=False))
+    message = Message.of_parts("user", parts)
+    messages.append(message)
     record = NodeRecord(
-        id=node_id, kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(content), reason=note
+        id=node_id, kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(message.content),
+        reason=note,
     )
     wanted = ResponseSchema(name=schema.name, json_schema=schema.json_schema) if schema else None
 

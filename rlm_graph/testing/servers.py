@@ -419,10 +419,24 @@ def _tokens(text: str) -> int:
     return max(1, (len(text) + 3) // 4)
 
 
+IMAGE_TOKENS = 85
+"""What the fake servers count for each image part of a request."""
+
+
 def _prompt_tokens(body: Any) -> int:
     messages = (body or {}).get("messages") or []
-    text = "".join(str(m.get("content", "")) for m in messages) + str((body or {}).get("system", ""))
-    return _tokens(text)
+    text, images = str((body or {}).get("system", "")), 0
+    for message in messages:
+        content = message.get("content", "")
+        if not isinstance(content, list):
+            text += str(content)
+            continue
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("image", "image_url"):
+                images += 1
+            elif isinstance(part, dict):
+                text += str(part.get("text", ""))
+    return _tokens(text) + IMAGE_TOKENS * images
 
 
 class FakeOpenAIServer(FakeServer):
