@@ -86,5 +86,5 @@ async def test_the_direct_path_sends_a_context_list_with_its_images() -> None:
     result = await rlm.acompletion(["a caption", Image.from_bytes(PNG)], root_prompt="what?")
     assert result.response == f"text:what? + text:a caption + image/png:{len(PNG)}"
     (node,) = result.graph.records()
-    assert node.id == "direct" and "~1,605 tokens" in (node.note or "")
+    assert node.id == "direct" and "~1,605 tokens" in (node.reason or "")
     assert "<image 2 KB png>" in node.input_preview
