@@ -3,65 +3,119 @@
 Layout (bottom to top): ``graph``, ``protocol`` and ``limits`` are pure; ``contracts`` is
 the seam plugins implement; ``runtime`` is the only package that knows trio; ``hooks`` is
 the plugin layer; ``engine`` and ``cli`` are the facade.
+
+``import rlm_graph`` is cheap: the names below load their module on first use (PEP 562
+``__getattr__``), so a program that needs one pure module (the subprocess REPL's guest
+needs ``rlm_graph.repl``) does not pay for trio, httpx, networkx and OpenTelemetry.
 """
 
 from __future__ import annotations
 
-from .contracts import (
-    ChatRequest as ChatRequest,
-    ChatResponse as ChatResponse,
-    ExecResult as ExecResult,
-    Image as Image,
-    Message as Message,
-    ModelInfo as ModelInfo,
-    Usage as Usage,
-)
-from .engine import Engine as Engine
-from .errors import (
-    BudgetExceeded as BudgetExceeded,
-    ConfigError as ConfigError,
-    DeadlineExceeded as DeadlineExceeded,
-    EnvironmentCrashed as EnvironmentCrashed,
-    ErrorLimitExceeded as ErrorLimitExceeded,
-    GraphError as GraphError,
-    IterationLimitExceeded as IterationLimitExceeded,
-    LimitExceeded as LimitExceeded,
-    NodeFailed as NodeFailed,
-    PluginError as PluginError,
-    ProviderAuthError as ProviderAuthError,
-    ProviderError as ProviderError,
-    ProviderNotFound as ProviderNotFound,
-    ProviderTimeout as ProviderTimeout,
-    RateLimited as RateLimited,
-    RLMGraphError as RLMGraphError,
-    SchemaMismatch as SchemaMismatch,
-    TokenLimitExceeded as TokenLimitExceeded,
-)
-from .graph import (
-    Graph as Graph,
-    NodeKind as NodeKind,
-    NodeRecord as NodeRecord,
-    NodeRef as NodeRef,
-    NodeStatus as NodeStatus,
-    Workflow as Workflow,
-)
-from .hooks import hookimpl as hookimpl
-from .limits import Limits as Limits
-from .rlm import (
-    RLM as RLM,
-    ModelUsageSummary as ModelUsageSummary,
-    RLMChatCompletion as RLMChatCompletion,
-    UsageSummary as UsageSummary,
-)
-from .runtime.workflow import WorkflowResult as WorkflowResult
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .contracts import (
+        ChatRequest as ChatRequest,
+        ChatResponse as ChatResponse,
+        ExecResult as ExecResult,
+        Image as Image,
+        Message as Message,
+        ModelInfo as ModelInfo,
+        Usage as Usage,
+    )
+    from .engine import Engine as Engine
+    from .errors import (
+        BudgetExceeded as BudgetExceeded,
+        ConfigError as ConfigError,
+        ContextLengthExceeded as ContextLengthExceeded,
+        DeadlineExceeded as DeadlineExceeded,
+        EnvironmentCrashed as EnvironmentCrashed,
+        ErrorLimitExceeded as ErrorLimitExceeded,
+        GraphError as GraphError,
+        IterationLimitExceeded as IterationLimitExceeded,
+        LimitExceeded as LimitExceeded,
+        NodeFailed as NodeFailed,
+        PluginError as PluginError,
+        ProviderAuthError as ProviderAuthError,
+        ProviderError as ProviderError,
+        ProviderNotFound as ProviderNotFound,
+        ProviderTimeout as ProviderTimeout,
+        RateLimited as RateLimited,
+        RLMGraphError as RLMGraphError,
+        SchemaMismatch as SchemaMismatch,
+        TokenLimitExceeded as TokenLimitExceeded,
+    )
+    from .graph import (
+        Graph as Graph,
+        NodeKind as NodeKind,
+        NodeRecord as NodeRecord,
+        NodeRef as NodeRef,
+        NodeStatus as NodeStatus,
+        Workflow as Workflow,
+    )
+    from .hooks import hookimpl as hookimpl
+    from .limits import Limits as Limits
+    from .rlm import (
+        RLM as RLM,
+        ModelUsageSummary as ModelUsageSummary,
+        RLMChatCompletion as RLMChatCompletion,
+        UsageSummary as UsageSummary,
+    )
+    from .runtime.workflow import WorkflowResult as WorkflowResult
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it, imported on first access.
+_EXPORTS: dict[str, str] = {
+    "BudgetExceeded": ".errors",
+    "ChatRequest": ".contracts",
+    "ChatResponse": ".contracts",
+    "ConfigError": ".errors",
+    "ContextLengthExceeded": ".errors",
+    "DeadlineExceeded": ".errors",
+    "Engine": ".engine",
+    "EnvironmentCrashed": ".errors",
+    "ErrorLimitExceeded": ".errors",
+    "ExecResult": ".contracts",
+    "Graph": ".graph",
+    "GraphError": ".errors",
+    "Image": ".contracts",
+    "IterationLimitExceeded": ".errors",
+    "LimitExceeded": ".errors",
+    "Limits": ".limits",
+    "Message": ".contracts",
+    "ModelInfo": ".contracts",
+    "ModelUsageSummary": ".rlm",
+    "NodeFailed": ".errors",
+    "NodeKind": ".graph",
+    "NodeRecord": ".graph",
+    "NodeRef": ".graph",
+    "NodeStatus": ".graph",
+    "PluginError": ".errors",
+    "ProviderAuthError": ".errors",
+    "ProviderError": ".errors",
+    "ProviderNotFound": ".errors",
+    "ProviderTimeout": ".errors",
+    "RLM": ".rlm",
+    "RLMChatCompletion": ".rlm",
+    "RLMGraphError": ".errors",
+    "RateLimited": ".errors",
+    "SchemaMismatch": ".errors",
+    "TokenLimitExceeded": ".errors",
+    "Usage": ".contracts",
+    "UsageSummary": ".rlm",
+    "Workflow": ".graph",
+    "WorkflowResult": ".runtime.workflow",
+    "hookimpl": ".hooks",
+}
 
 __all__ = [
     "BudgetExceeded",
     "ChatRequest",
     "ChatResponse",
     "ConfigError",
+    "ContextLengthExceeded",
     "DeadlineExceeded",
     "Engine",
     "EnvironmentCrashed",
@@ -98,3 +152,16 @@ __all__ = [
     "WorkflowResult",
     "hookimpl",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlm_graph' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

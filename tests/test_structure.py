@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import rlm_graph
@@ -90,3 +92,22 @@ def test_plugins_and_examples_use_only_the_public_api() -> None:
         if name == "rlm_graph.runtime" or name.startswith("rlm_graph.runtime.")
     ]
     assert not offenders, offenders
+
+
+HEAVY = ("trio", "httpx", "opentelemetry", "networkx", "h11", "pluggy")
+
+
+def _loaded_after(statement: str) -> list[str]:
+    script = f"import sys; {statement}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return [m for m in done.stdout.strip().split(",") if m]
+
+
+def test_import_rlm_graph_is_cheap_and_names_load_on_use() -> None:
+    """The public names load their modules on first use: ``import rlm_graph`` (and the
+    pure ``rlm_graph.repl`` the subprocess guest needs) pulls in no engine libraries."""
+    assert _loaded_after("import rlm_graph") == []
+    assert _loaded_after("import rlm_graph.repl, rlm_graph.contracts, rlm_graph.errors") == []
+    assert "trio" in _loaded_after("import rlm_graph; rlm_graph.RLM")
+    assert set(dir(rlm_graph)) >= set(rlm_graph.__all__)

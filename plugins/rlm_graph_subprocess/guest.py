@@ -31,7 +31,6 @@ no trio, no httpx, no opentelemetry.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import math
@@ -402,21 +401,6 @@ def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:
     return tool
 
 
-def _import_repl_alone() -> None:
-    """Make ``import rlm_graph.repl`` load the pure layer only.
-
-    ``rlm_graph/__init__.py`` re-exports the whole engine (trio, httpx, opentelemetry):
-    half a second and 40 MB per guest for nothing the guest uses. An unexecuted package
-    module with the right ``__path__`` lets the submodules import on their own.
-    """
-    if "rlm_graph" in sys.modules:
-        return
-    spec = importlib.util.find_spec("rlm_graph")
-    if spec is None or spec.submodule_search_locations is None:
-        raise ImportError("rlm_graph is not importable in the guest; check PYTHONPATH")
-    sys.modules["rlm_graph"] = importlib.util.module_from_spec(spec)
-
-
 class Guest:
     """The REPL session and the loop that serves the engine's requests."""
 
@@ -549,7 +533,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     out = _take_stdout()
     protocol_in = _take_stdin()
-    _import_repl_alone()
     guest = Guest(_Protocol(out))
     reader = threading.Thread(target=guest.read, args=(protocol_in,), daemon=True)
     reader.start()
