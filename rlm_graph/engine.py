@@ -38,7 +38,6 @@ from .tracing import (
     Scrubber,
     flush_tracing,
     secret_values,
-    tracer_provider_from_env,
 )
 
 __all__ = ["RLM", "Engine"]
@@ -117,8 +116,10 @@ class Engine:
         listeners: callables given every event of every run (see docs/observing.md);
             quick and non-blocking, like observers.
         models: context windows and prices by model name, over the plugins' table.
-        tracer_provider: the OpenTelemetry tracer provider for spans (default: the one
-            the standard ``OTEL_*`` variables configure, else OpenTelemetry's global one).
+        tracer_provider: the OpenTelemetry tracer provider for spans (default:
+            OpenTelemetry's global one, as the application set it, with its sampler,
+            resource and exporters; tracing costs nothing while none is set). Build one
+            with `rlm_graph.tracing.configure_tracing` or ``tracer_provider_from_env()``.
         trace_content: put prompt, code and output text (truncated) on spans.
         entry_points: load installed plugins of entry-point group ``rlm_graph``.
         **limits: any field of `Limits` (``max_timeout``, ``max_tokens``...).
@@ -152,10 +153,9 @@ class Engine:
                     f"a listener is a callable taking an event, not {type(listener).__name__}"
                 )
         self.limits = self._limits(limits)
-        # Default: what the standard OTEL_* variables say (None when they say nothing).
-        self.tracer_provider = (
-            tracer_provider if tracer_provider is not None else tracer_provider_from_env()
-        )
+        # Default None: OpenTelemetry's global provider, the application's (a library
+        # does not build its own from OTEL_* variables; the CLI and configure_tracing do).
+        self.tracer_provider = tracer_provider
         self.trace_content = trace_content
         main = _make_provider(self.host, backend, backend_kwargs)
         providers = [(f"{backend if isinstance(backend, str) else main.name}/0", main)]

@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 import trio
+from opentelemetry.propagate import inject
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..contracts import ChatRequest, ChatResponse
@@ -559,6 +560,9 @@ class JSONProvider:
         Either way the connect, write, read and pool timeouts are the attempt's deadline.
         """
         headers = {"Content-Type": "application/json", **self._auth_headers()}
+        # W3C traceparent (or whatever propagator the application set) of the calling
+        # node's span, so a gateway's or inference server's spans join our trace.
+        inject(headers)
         timeouts = httpx.Timeout(timeout)
         if loop.lean is None:
             return await loop.client.post(self.url, content=content, headers=headers, timeout=timeouts)

@@ -151,7 +151,8 @@ async def call_model(
         record.wall_start = time.time()
         attempts = CallAttempts(run.retries, provider.name)
         try:
-            with attempts:
+            # The node's span is current: the request carries its traceparent.
+            with attempts, run.tracer.activate(record.id):
                 response = await provider.complete(request)
         finally:
             record.attempts = attempts.attempts

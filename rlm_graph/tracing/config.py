@@ -5,15 +5,23 @@ Invariants:
       only appends it to a queue, and a worker thread does the I/O, so tracing never
       blocks the trio loop. `flush_tracing` drains the queue; the engine calls it before
       ``completion()`` returns.
+    - A library does not configure OpenTelemetry behind its application's back: the
+      engine uses the provider it is given, else OpenTelemetry's global one (the
+      application's: its sampler, resource and exporters). Only the CLI and an explicit
+      call here (`configure_tracing`, `tracer_provider_from_env`) build an SDK provider.
     - `tracer_provider_from_env` honours the standard ``OTEL_*`` variables and builds at
       most one provider per distinct configuration per process (one worker thread, not
       one per engine).
+    - OTLP goes over HTTP/protobuf, or over gRPC when ``OTEL_EXPORTER_OTLP_PROTOCOL=grpc``
+      and the ``grpc`` extra (``opentelemetry-exporter-otlp-proto-grpc``) is installed.
     - ``"none"`` gives a ``NoOpTracerProvider``: the engine's tracer is then disabled at
       no cost, even when ``OTEL_*`` variables are set.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
 import threading
@@ -92,7 +100,8 @@ def configure_tracing(
         ``"none"``. Pass it as ``tracer_provider=`` and call `flush_tracing` when done.
 
     Raises:
-        ConfigError: an unknown mode, or an OTLP protocol other than ``http/protobuf``.
+        ConfigError: an unknown mode, an OTLP protocol other than ``http/protobuf`` and
+            ``grpc``, or ``grpc`` without the ``grpc`` extra installed.
     """
     if mode not in TRACE_MODES:
         raise ConfigError(f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}")
@@ -110,10 +119,7 @@ def _exporter(
     mode: TraceMode, directory: str | os.PathLike[str] | None, formats: Sequence[TraceFormat]
 ) -> SpanExporter:
     if mode == "otlp":
-        _check_protocol(os.environ)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
+        return _otlp_exporter(_check_protocol(os.environ))
     if mode == "file":
         folder = directory or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR
         return TraceFileExporter(Path(folder), formats=formats)
@@ -121,15 +127,41 @@ def _exporter(
     return ConsoleSpanExporter(out=sys.stderr)
 
 
-def _check_protocol(environ: Mapping[str, str]) -> None:
-    protocol = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get(
-        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
-    )
-    if protocol.strip() != "http/protobuf":
+GRPC_EXTRA = "rlm-graph[grpc]"
+
+
+def _check_protocol(environ: Mapping[str, str]) -> str:
+    """The OTLP protocol the variables ask for: ``"http/protobuf"`` or ``"grpc"``."""
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
+    if protocol not in ("http/protobuf", "grpc"):
         raise ConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: rlm-graph exports "
-            "OTLP over HTTP (protobuf); set it to 'http/protobuf' and use port 4318"
+            f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported: use 'http/protobuf' "
+            "(port 4318) or 'grpc' (port 4317, with the grpc extra installed)"
         )
+    if protocol == "grpc" and importlib.util.find_spec(_GRPC_MODULE.rpartition(".")[0]) is None:
+        raise ConfigError(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc needs the OTLP gRPC exporter: "
+            f"pip install '{GRPC_EXTRA}' (opentelemetry-exporter-otlp-proto-grpc), or set "
+            "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf and use port 4318"
+        )
+    return protocol
+
+
+_GRPC_MODULE = "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"
+
+
+def _otlp_exporter(protocol: str) -> SpanExporter:
+    if protocol == "grpc":
+        module = importlib.import_module(_GRPC_MODULE)
+        exporter: SpanExporter = module.OTLPSpanExporter()
+        return exporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()
 
 
 def _resource(service_name: str | None) -> Resource:
@@ -177,9 +209,10 @@ def trace_mode_from_env(environ: Mapping[str, str] | None = None) -> TraceMode |
 def tracer_provider_from_env(environ: Mapping[str, str] | None = None) -> TracerProvider | None:
     """The tracer provider the ``OTEL_*`` variables configure, or ``None`` if they don't.
 
-    The engine's default: with ``OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318`` set,
-    every run goes to Jaeger (or any OTLP collector) with no code change. The same
-    configuration gives the same provider for the whole process.
+    What ``rlm-graph run`` and ``demo`` use without ``--trace``; a program that wants the
+    same asks for it explicitly (``RLM(..., tracer_provider=tracer_provider_from_env())``):
+    the engine never builds one on its own. The same configuration gives the same
+    provider for the whole process.
 
     Raises:
         ConfigError: see `trace_mode_from_env` and `configure_tracing`.

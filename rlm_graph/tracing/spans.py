@@ -26,12 +26,14 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import (
     INVALID_SPAN,
     Link,
@@ -222,6 +224,21 @@ class NodeTracer:
             self._root = outer
             span.end(end_time=max(time.time_ns(), self._last_end_ns))
 
+    # -- propagation --------------------------------------------------------------------
+
+    def activate(self, node_id: str) -> AbstractContextManager[None]:
+        """Make node ``node_id``'s span the current OpenTelemetry context for a while.
+
+        `call_model` wraps the provider's ``complete()`` in it, so that a provider can
+        propagate the trace on its requests (``opentelemetry.propagate.inject(headers)``;
+        `JSONProvider` does): a gateway's or vLLM's own spans then join the node's trace
+        as its children. Does nothing when tracing is off or the node has no span.
+        """
+        found = self._contexts.get(node_id) if self.enabled else None
+        if found is None:
+            return nullcontext()
+        return _Current(trace.set_span_in_context(NonRecordingSpan(found)))
+
     # -- nodes --------------------------------------------------------------------------
 
     def node_span(self, record: NodeRecord, parent_id: str | None) -> Any:
@@ -339,6 +356,21 @@ class NodeTracer:
 
     def _text(self, text: str) -> str:
         return _truncate(self.scrubber.scrub(text), self.content_limit) if text else ""
+
+
+class _Current:
+    """Attach an OpenTelemetry context on entry, detach it on exit (same task)."""
+
+    __slots__ = ("_context", "_token")
+
+    def __init__(self, context: Context) -> None:
+        self._context = context
+
+    def __enter__(self) -> None:
+        self._token = otel_context.attach(self._context)
+
+    def __exit__(self, *exc: object) -> None:
+        otel_context.detach(self._token)
 
 
 class _NodeSpan:

@@ -43,7 +43,7 @@ def test_mode_from_the_standard_variables(environ: dict[str, str], mode: str | N
     [
         ({"OTEL_TRACES_EXPORTER": "zipkin"}, "supports 'otlp', 'console' and 'none'"),
         ({"OTEL_TRACES_EXPORTER": "otlp,console"}, "name one exporter"),
-        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "port 4318"),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "port 4318"),
     ],
 )
 def test_settings_rlm_graph_cannot_honour_fail_clearly(

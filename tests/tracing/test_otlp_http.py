@@ -138,9 +138,12 @@ def test_the_otel_endpoint_variable_alone_turns_otlp_on(
     provider.shutdown()  # type: ignore[attr-defined]
 
 
-def test_by_default_an_rlm_completion_follows_the_otel_variables_and_is_flushed(
+def test_the_otel_variables_configure_a_completion_only_when_asked_and_it_is_flushed(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A library does not build a provider behind its application's back: the variables
+    alone export nothing; ``tracer_provider=tracer_provider_from_env()`` (what the CLI
+    does) exports every span, flushed before completion() returns."""
     for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_PROTOCOL"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url.removesuffix("/v1/traces"))
@@ -151,11 +154,13 @@ def test_by_default_an_rlm_completion_follows_the_otel_variables_and_is_flushed(
             return "```repl\nFINAL(','.join(llm_query_batched(['a', 'b'])))\n```"
         return "x"
 
-    result = RLM("scripted", {"respond": respond}).completion("ctx")
-    # No tracer_provider given, no flush called: completion() flushed before returning.
+    RLM("scripted", {"respond": respond}).completion("ctx")
+    assert receiver.spans == []
+    provider = tracer_provider_from_env()
+    assert provider is not None
+    result = RLM("scripted", {"respond": respond}, tracer_provider=provider).completion("ctx")
+    # No flush called: completion() flushed before returning.
     assert len(receiver.spans) == len(result.graph) + 1
     names = sorted(str(s["name"]) for s in receiver.spans)
     assert names.count("invoke_agent rlm") == 1 and names.count("execute_tool repl") == 1
-    provider = tracer_provider_from_env()
-    assert provider is not None
     provider.shutdown()  # type: ignore[attr-defined]
