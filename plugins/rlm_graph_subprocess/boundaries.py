@@ -4,20 +4,16 @@ Invariants:
     - The guest's environment is built from an allow-list (`ALLOWED_VARIABLES` and
       ``LC_*``) plus what the user passes in ``env``, and no variable whose name holds
       one of `SECRET_MARKERS` ever reaches it, whoever asked for it.
-    - Network isolation is probed once per process, by running ``unshare`` for real; if
-      the probe fails the guest runs with the host's network and the environment says so
-      (``network_isolated`` is false, ``isolation_report`` says why). It never fails a run.
+    - Limits are validated here, applied by the guest to itself (`GuestLimits.rlimits`)
+      before it reads a request, with hard = soft so model code cannot raise them.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 from collections.abc import Mapping
 from typing import Any
 
-import trio
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 import rlm_graph
@@ -27,9 +23,7 @@ __all__ = [
     "ALLOWED_VARIABLES",
     "SECRET_MARKERS",
     "GuestLimits",
-    "NetworkIsolation",
     "guest_environ",
-    "probe_network_isolation",
 ]
 
 ALLOWED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
@@ -50,6 +44,11 @@ class GuestLimits(BaseModel):
         cpu_seconds: CPU seconds one block may use (``RLIMIT_CPU``, re-armed per block).
         max_open_files: open file descriptors (``RLIMIT_NOFILE``).
         max_file_size_mb: the largest file the guest may write (``RLIMIT_FSIZE``).
+        max_processes: processes and threads the guest may have (``RLIMIT_NPROC``); in
+            its own user namespace these are the guest's alone, else every process of
+            its uid counts.
+        max_message_mb: the largest protocol message the engine accepts from the guest;
+            past it the guest is killed and the model told.
         network: ``True`` to cut the guest off the network where the platform allows it.
         env: extra variables for the guest (names holding a secret marker are refused).
         start_timeout: seconds a new guest may take to start.
@@ -63,16 +62,18 @@ class GuestLimits(BaseModel):
     cpu_seconds: float | None = 600.0
     max_open_files: int | None = 256
     max_file_size_mb: int | None = 1024
+    max_processes: int | None = 256
+    max_message_mb: float = 16.0
     network: bool = True
     env: dict[str, str] = {}
     start_timeout: float = 30.0
     close_grace: float = 1.0
 
-    @field_validator("timeout", "cpu_seconds", "start_timeout", "close_grace")
+    @field_validator("timeout", "cpu_seconds", "start_timeout", "close_grace", "max_message_mb")
     @classmethod
     def _positive(cls, value: float | None) -> float | None:
         if value is not None and value <= 0:
-            raise ValueError("must be a positive number of seconds")
+            raise ValueError("must be a positive number")
         return value
 
     @field_validator("memory_limit_mb")
@@ -85,7 +86,7 @@ class GuestLimits(BaseModel):
             )
         return value
 
-    @field_validator("max_open_files", "max_file_size_mb")
+    @field_validator("max_open_files", "max_file_size_mb", "max_processes")
     @classmethod
     def _at_least_one(cls, value: int | None) -> int | None:
         if value is not None and value < 16:
@@ -128,6 +129,7 @@ class GuestLimits(BaseModel):
             "memory_limit_mb": self.memory_limit_mb,
             "max_open_files": self.max_open_files,
             "max_file_size_mb": self.max_file_size_mb,
+            "max_processes": self.max_processes,
         }
 
 
@@ -159,48 +161,3 @@ def guest_environ(workdir: str, extra: Mapping[str, str] | None = None) -> dict[
     env["MALLOC_ARENA_MAX"] = "2"
     env.update({k: v for k, v in (extra or {}).items() if not is_secret_name(k)})
     return env
-
-
-class NetworkIsolation:
-    """The result of the probe: a command prefix, and a sentence for humans."""
-
-    def __init__(self, prefix: tuple[str, ...], report: str) -> None:
-        self.prefix = prefix
-        self.report = report
-
-    @property
-    def isolated(self) -> bool:
-        return bool(self.prefix)
-
-
-_probed: NetworkIsolation | None = None
-
-
-async def probe_network_isolation() -> NetworkIsolation:
-    """Find a working way to start a process without network, once per process.
-
-    Tries ``unshare --net`` as root and ``unshare --map-root-user --net`` otherwise (an
-    unprivileged user namespace), by running ``true`` under it.
-    """
-    global _probed
-    if _probed is not None:
-        return _probed
-    unshare = shutil.which("unshare")
-    if not sys.platform.startswith("linux") or unshare is None:
-        why = "not Linux" if not sys.platform.startswith("linux") else "no unshare command"
-        _probed = NetworkIsolation((), f"network isolation unavailable: {why}")
-        return _probed
-    attempts = [(unshare, "--net"), (unshare, "--map-root-user", "--net")]
-    if os.geteuid() != 0:
-        attempts.reverse()
-    failure = ""
-    for prefix in attempts:
-        result = await trio.run_process(
-            [*prefix, "true"], check=False, capture_stdout=True, capture_stderr=True
-        )
-        if result.returncode == 0:
-            _probed = NetworkIsolation(prefix, f"network isolated ({' '.join(prefix[1:])})")
-            return _probed
-        failure = result.stderr.decode(errors="replace").strip() or f"exit {result.returncode}"
-    _probed = NetworkIsolation((), f"network isolation unavailable: unshare failed ({failure})")
-    return _probed

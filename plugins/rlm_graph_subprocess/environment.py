@@ -17,6 +17,11 @@ Invariants:
       in time and removes the working directory.
     - Sub-calls of a block run as tasks of a nursery the block holds open; the block's
       end cancels any the guest left behind.
+    - The guest runs behind the strongest `isolation` plan the machine accepts (its own
+      PID namespace and ``/proc``; uid 65534 when the engine is root). Its working
+      folder is then its own, and the folder of contexts readable by its group only.
+    - A block whose guest keeps using CPU past ``cpu_seconds`` (plus `_CPU_GRACE`) is
+      killed by the engine, whatever the block's code catches.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from pydantic import ValidationError
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
 
-from .boundaries import GuestLimits, guest_environ, probe_network_isolation
+from .boundaries import GuestLimits, guest_environ
 from .guest import (
     AddHistory,
     Answer,
@@ -52,12 +57,17 @@ from .guest import (
     Subcall,
     ToolCall,
 )
-from .process import GuestDied, GuestProcess
+from .isolation import Isolation, choose_isolation
+from .process import GuestDied, GuestProcess, MessageTooLarge
 from .tools import split_tools
 
 __all__ = ["SubprocessEnvironment"]
 
 _SALVAGE_SECONDS = 0.25
+# CPU seconds past cpu_seconds before the engine kills the guest: the guest's own soft
+# limit (whole seconds, signalled once a second) gets to stop the block politely first.
+_CPU_GRACE = 2.0
+_CPU_POLL = 0.2
 _LOST = (
     "[the REPL process was restarted: variables your code made are lost; context, "
     "history and custom tools are loaded again]"
@@ -80,9 +90,10 @@ class SubprocessEnvironment:
 
     Attributes:
         workdir: the guest's working directory (also ``SCRATCH_DIR``, ``HOME``, ``TMPDIR``).
+        isolation: the plan the guest runs under (known after `start`).
         network_isolated: whether the guest runs without network (known after `start`).
-        isolation_report: a sentence saying how, or why not ("network isolation
-            unavailable: ...").
+        isolation_report: a sentence saying how the guest is kept apart.
+        guest_pids: the process id of every guest started, in order.
         restarts: how many guests were replaced.
         context_writes: how many context files were written.
         bytes_sent: bytes written to guests' stdin, over every guest.
@@ -110,8 +121,10 @@ class SubprocessEnvironment:
         self._io = os.path.join(self._root, "io")
         os.mkdir(self.workdir)
         os.mkdir(self._io)
+        self.isolation = Isolation()
         self.network_isolated = False
         self.isolation_report = "not started"
+        self.guest_pids: list[int] = []
         self.restarts = 0
         self.context_writes = 0
         self._sent_by_dead = 0
@@ -136,12 +149,11 @@ class SubprocessEnvironment:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        network = await probe_network_isolation() if self.limits.network else None
-        if network is not None:
-            self.network_isolated = network.isolated
-            self.isolation_report = network.report
-        else:
-            self.isolation_report = "network isolation off (network=False)"
+        self.isolation = await choose_isolation(self.limits.network)
+        self.network_isolated = self.isolation.network
+        self.isolation_report = self.isolation.describe()
+        if self.isolation.drops_to is not None:
+            _hand_over(self._root, self.workdir, self._io, self.isolation.drops_to)
         await self._ensure_guest()
 
     async def aclose(self) -> None:
@@ -152,7 +164,7 @@ class SubprocessEnvironment:
                 await guest.aclose(self.limits.close_grace)
                 self._sent_by_dead += guest.bytes_sent
         finally:
-            shutil.rmtree(self._root, ignore_errors=True)
+            _remove_tree(self._root)
 
     @property
     def bytes_sent(self) -> int:
@@ -173,8 +185,6 @@ class SubprocessEnvironment:
         return self._guest
 
     async def _spawn(self) -> GuestProcess:
-        network = await probe_network_isolation() if self.limits.network else None
-        prefix = network.prefix if network is not None else ()
         init = Init(
             scratch_dir=self.workdir,
             output_cap=self.output_cap,
@@ -183,15 +193,19 @@ class SubprocessEnvironment:
             code_tools=self._tools.code,
             proxy_tools=self._tools.proxies,
         )
-        return await GuestProcess.start(
-            prefix=prefix,
+        guest = await GuestProcess.start(
+            prefix=self.isolation.prefix,
             rlimits=self.limits.rlimits(),
             env=guest_environ(self.workdir, self.limits.env),
             cwd=self.workdir,
             log_path=os.path.join(self._io, "guest.log"),
             init=init,
             start_timeout=self.limits.start_timeout,
+            max_message=int(self.limits.max_message_mb * 1024 * 1024),
         )
+        if guest.guest_pid is not None:
+            self.guest_pids.append(guest.guest_pid)
+        return guest
 
     async def _replace_guest(self) -> None:
         """Kill the current guest (if any); the next request starts a fresh one."""
@@ -225,6 +239,8 @@ class SubprocessEnvironment:
                     f"as JSON ({exc}); pass str, or lists and dicts of JSON values"
                 ) from None
             fmt = "json"
+        if self.isolation.drops_to is not None:
+            _readable_by_group(path, self.isolation.drops_to)
         self.context_writes += 1
         return path, fmt
 
@@ -274,21 +290,29 @@ class SubprocessEnvironment:
         lost, self._lost_state = self._lost_state, False
         guest = await self._ensure_guest()
         timeout = self.limits.timeout if self.limits.timeout is not None else math.inf
+        watchdog = _CpuWatchdog(guest, self.limits.cpu_seconds)
+        finished: ExecResult | GuestDied | None = None
         try:
             with trio.move_on_after(timeout):
-                result = await self._run_block(guest, code)
-                return _with_note(result, lost)
-        except GuestDied:
-            return await self._crashed(guest)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watchdog.watch, nursery.cancel_scope)
+                    finished = await self._run_block(guest, code)
+                    nursery.cancel_scope.cancel()
         except BaseException:  # cancelled: the run's deadline, or the caller's
             with trio.CancelScope(shield=True):
                 await self._salvage(guest)
                 await self._replace_guest()
             self._lost_state = True
             raise
+        if isinstance(finished, GuestDied):
+            return await self._crashed(guest, finished)
+        if finished is not None:
+            return _with_note(finished, lost)
         with trio.CancelScope(shield=True):
             await self._salvage(guest)
             await self._replace_guest()
+        if watchdog.fired:
+            return _cpu_killed(self.limits.cpu_seconds or 0.0, self._answer)
         seconds = f"{self.limits.timeout:g}"
         return ExecResult(
             stderr=f"TimeoutError: the block ran longer than {seconds} s; its process was killed\n",
@@ -298,25 +322,20 @@ class SubprocessEnvironment:
             answer_content=self._answer,
         )
 
-    async def _run_block(self, guest: GuestProcess, code: str) -> ExecResult:
-        """Send the block, serve its sub-calls, return its result.
-
-        Raises:
-            GuestDied: the guest's output ended before the block's result came.
-        """
+    async def _run_block(self, guest: GuestProcess, code: str) -> ExecResult | GuestDied:
+        """Send the block, serve its sub-calls, return its result (or how the guest died)."""
         async with trio.open_nursery() as nursery:
             result = await self._read_block(guest, code, nursery)
             nursery.cancel_scope.cancel()  # calls the guest's threads left waiting on
-        if result is None:
-            raise GuestDied("the guest died mid-block")
-        self._answer = result.answer_content
+        if not isinstance(result, GuestDied):
+            self._answer = result.answer_content
         return result
 
     async def _read_block(
         self, guest: GuestProcess, code: str, nursery: trio.Nursery
-    ) -> ExecResult | None:
-        # GuestDied is turned into None here, not raised through the nursery, which would
-        # wrap it in an exception group.
+    ) -> ExecResult | GuestDied:
+        # GuestDied is returned here, not raised through the nursery, which would wrap it
+        # in an exception group.
         try:
             await guest.send(Execute(code=code))
             while True:
@@ -325,10 +344,12 @@ class SubprocessEnvironment:
                     nursery.start_soon(self._serve, guest, message)
                 elif isinstance(message, Done):
                     return ExecResult(**message.result)
-                else:
-                    return None  # a guest out of step with the protocol is as good as dead
-        except (GuestDied, ValidationError, trio.BrokenResourceError, trio.ClosedResourceError):
-            return None  # a garbled message is as bad as a dead guest
+                else:  # a guest out of step with the protocol is as good as dead
+                    return GuestDied(f"the guest sent {type(message).__name__} mid-block")
+        except GuestDied as exc:
+            return exc
+        except (ValidationError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            return GuestDied(f"{type(exc).__name__}")  # a garbled message: as bad as dead
 
     async def _serve(self, guest: GuestProcess, call: Subcall | ToolCall) -> None:
         try:
@@ -374,7 +395,10 @@ class SubprocessEnvironment:
             except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
                 return
 
-    async def _crashed(self, guest: GuestProcess) -> ExecResult:
+    async def _crashed(self, guest: GuestProcess, died: GuestDied) -> ExecResult:
+        if isinstance(died, MessageTooLarge):
+            await self._replace_guest()
+            return _message_too_large(self.limits.max_message_mb, self._answer)
         code = await guest.exit_code()
         log = guest.log_tail()
         await self._replace_guest()
@@ -397,6 +421,95 @@ def _text(prompt: object) -> str:
     if not isinstance(prompt, str):
         raise TypeError("rlm_query takes text prompts only; send images with llm_query")
     return prompt
+
+
+class _CpuWatchdog:
+    """The engine's hard CPU stop: kills the block when the guest's CPU time since the
+    block began passes ``cpu_seconds`` + `_CPU_GRACE`, whatever the block's code catches.
+
+    Polling, not a deadline: CPU time is not on trio's clock. A guest whose pid the
+    engine could not learn is not watched (its soft limit still holds).
+    """
+
+    def __init__(self, guest: GuestProcess, cpu_seconds: float | None) -> None:
+        self.guest = guest
+        self.limit = cpu_seconds
+        self.fired = False
+
+    async def watch(self, block: trio.CancelScope) -> None:
+        start = self.guest.cpu_seconds()
+        if self.limit is None or start is None:
+            return
+        while True:
+            await trio.sleep(_CPU_POLL)
+            used = self.guest.cpu_seconds()
+            if used is not None and used - start > self.limit + _CPU_GRACE:
+                self.fired = True
+                block.cancel()
+                return
+
+
+def _cpu_killed(cpu_seconds: float, answer: str) -> ExecResult:
+    text = (
+        f"CPULimitExceeded: the block kept running past its CPU limit ({cpu_seconds:g} s) "
+        "and its process was killed"
+    )
+    return ExecResult(
+        stderr=text + "\n" + _LOST + "\n",
+        error=f"CPULimitExceeded: block exceeded {cpu_seconds:g} CPU seconds",
+        restarted=True,
+        answer_content=answer,
+    )
+
+
+def _message_too_large(limit_mb: float, answer: str) -> ExecResult:
+    text = (
+        f"EnvironmentCrashed: the REPL process wrote more than {limit_mb:g} MB to the "
+        "engine's pipe without ending a message (max_message_mb); it was killed. Write "
+        "large results to a file in SCRATCH_DIR instead of printing them"
+    )
+    return ExecResult(
+        stderr=text + "\n" + _LOST + "\n",
+        error=f"EnvironmentCrashed: a message from the REPL process passed {limit_mb:g} MB",
+        restarted=True,
+        answer_content=answer,
+    )
+
+
+def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:
+    """Let an unprivileged guest use its folders: the working folder becomes its own;
+    the folder of contexts and logs stays the engine's (the guest cannot plant a link
+    there for the engine to write through), readable by the guest's group."""
+    os.chmod(root, 0o711)
+    os.chown(workdir, uid, uid)
+    os.chown(io, -1, uid)
+    os.chmod(io, 0o750)
+
+
+def _readable_by_group(path: str, gid: int) -> None:
+    os.chown(path, -1, gid)
+    os.chmod(path, 0o640)
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a folder the guest wrote into, also where it took its own rights away."""
+
+    def retry(function: Any, name: str, _: Any) -> None:
+        parent = os.path.dirname(name)
+        for folder in (parent, name):
+            try:
+                os.chmod(folder, 0o700)
+            except OSError:
+                pass
+        try:
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                function(name)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry)
 
 
 def _with_note(result: ExecResult, lost: bool) -> ExecResult:

@@ -21,9 +21,15 @@ Invariants:
       thread handles every other request, so the engine can ask for ``answer_content``
       and deliver replies while a block runs.
     - End of input means the engine is gone: the guest exits at once, whatever runs.
-    - Resource limits are applied before anything else is imported, and the hard limits
+    - Resource limits are applied before the first request is read, and the hard limits
       equal the soft ones (model code cannot raise them), except the CPU limit, which is
-      a per-block soft limit (the engine's wall-clock timeout is the hard stop).
+      a per-block soft limit: past it the block gets `CPULimitExceeded`, a
+      ``BaseException`` that ``except Exception`` does not catch. The hard stop is the
+      engine's: it watches the guest's CPU time and kills a guest whose block goes on
+      past the limit (an unprivileged process cannot raise a hard ``RLIMIT_CPU`` again for
+      the next block, so a per-block hard rlimit cannot live here).
+    - ``no_new_privs`` is set at start: nothing the guest runs gains privileges (setuid
+      programs, file capabilities).
 
 Only the pure layer of rlm-graph is imported here (`rlm_graph.repl`, `rlm_graph.contracts`):
 no trio, no httpx, no opentelemetry.
@@ -45,7 +51,10 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from rlm_graph.repl import LimitStop
+
 if TYPE_CHECKING:
+    from rlm_graph.contracts import ExecResult
     from rlm_graph.repl import ReplSession
 
 __all__ = [
@@ -223,13 +232,15 @@ def apply_limits(limits: Mapping[str, Any]) -> None:
 
     Args:
         limits: ``memory_limit_mb`` (address space), ``max_open_files``,
-            ``max_file_size_mb``; a missing or ``None`` entry leaves that limit alone.
+            ``max_file_size_mb``, ``max_processes``; a missing or ``None`` entry leaves
+            that limit alone.
             Core dumps are always off.
     """
     table = (
         ("memory_limit_mb", resource.RLIMIT_AS, _MB),
         ("max_open_files", resource.RLIMIT_NOFILE, 1),
         ("max_file_size_mb", resource.RLIMIT_FSIZE, _MB),
+        ("max_processes", resource.RLIMIT_NPROC, 1),
     )
     for key, which, unit in table:
         value = limits.get(key)
@@ -242,8 +253,22 @@ def apply_limits(limits: Mapping[str, Any]) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-class CPULimitExceeded(Exception):
-    """Raised in a block that used more CPU seconds than ``cpu_seconds``."""
+def _no_new_privileges() -> None:
+    """``prctl(PR_SET_NO_NEW_PRIVS, 1)``, where the platform has it."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS; it cannot be unset
+
+
+class CPULimitExceeded(LimitStop):
+    """Raised in a block that used more CPU seconds than ``cpu_seconds``.
+
+    A ``BaseException`` (`rlm_graph.repl.LimitStop`): ``except Exception`` in model code
+    does not catch it, and the engine kills a guest that keeps running regardless.
+    """
 
 
 _in_block = threading.Event()
@@ -486,7 +511,7 @@ class Guest:
             self.protocol.block_running = True
             try:
                 _arm_cpu_limit(self.cpu_seconds)
-                result = session.execute(block.code)
+                result = _execute(session, block.code)
             finally:
                 _disarm_cpu_limit()
                 self.protocol.block_running = False
@@ -496,6 +521,16 @@ class Guest:
             except MemoryError:
                 sys.stderr.write("guest: out of memory while reporting a block; exiting\n")
                 os._exit(3)
+
+
+def _execute(session: ReplSession, code: str) -> ExecResult:
+    """Run a block; a CPU stop that lands outside the model's code still makes a result."""
+    try:
+        return session.execute(code)
+    except CPULimitExceeded as exc:
+        from rlm_graph.contracts import ExecResult
+
+        return ExecResult(stderr=f"CPULimitExceeded: {exc}\n", error=f"CPULimitExceeded: {exc}")
 
 
 def _load(message: LoadContext) -> Any:
@@ -530,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the guest: limits first, then serve the engine on stdin/stdout."""
     args = sys.argv[1:] if argv is None else argv
     apply_limits(json.loads(args[0]) if args else {})
+    _no_new_privileges()
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     out = _take_stdout()
     protocol_in = _take_stdin()

@@ -1,9 +1,14 @@
 """One guest process, seen from the engine: start it, talk to it, end it.
 
 Invariants:
-    - The guest is the leader of its own process group (``start_new_session``), and
-      every kill is a ``SIGKILL`` of the whole group: whatever the model's code spawned
-      goes with it.
+    - The guest's launcher (``unshare``/``setpriv``, or the guest itself without a
+      prefix) leads its own process group (``start_new_session``), and every kill is a
+      ``SIGKILL`` of the whole group and of the guest itself, through a pidfd (so a
+      recycled pid is never hit): whatever the model's code spawned goes with it, and in
+      a PID namespace the kernel ends what left the group when the guest (its PID 1) dies.
+    - A message from the guest is at most ``max_message`` bytes: past it, before any more
+      is buffered, `receive` raises `MessageTooLarge` (the engine's memory is bounded
+      whatever the guest writes to the pipe).
     - `GuestProcess.kill` and `GuestProcess.aclose` never leave a process behind and are
       bounded in time: ``aclose`` closes the guest's stdin (it exits at end of input),
       waits ``grace`` seconds, then kills.
@@ -29,23 +34,33 @@ from rlm_graph.errors import EnvironmentCrashed
 
 from .guest import GuestMessage, Init, Ready
 
-__all__ = ["GUEST_PROGRAM", "GuestDied", "GuestProcess"]
+__all__ = ["GUEST_PROGRAM", "GuestDied", "GuestProcess", "MessageTooLarge", "cpu_seconds_of"]
 
 GUEST_PROGRAM = str(Path(__file__).with_name("guest.py"))
 
 _MESSAGES: TypeAdapter[Any] = TypeAdapter(GuestMessage)
 _CHUNK = 1 << 16
+_EXIT_WAIT = 2.0
 
 
 class GuestDied(Exception):
     """The guest's stdout closed: it exited, crashed or was killed."""
 
 
-class _Lines:
-    """Line-delimited messages over a trio receive stream."""
+class MessageTooLarge(GuestDied):
+    """The guest wrote more than ``max_message`` bytes without ending a message."""
 
-    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the guest wrote a message of more than {limit:,} bytes")
+        self.limit = limit
+
+
+class _Lines:
+    """Line-delimited messages over a trio receive stream, each at most ``limit`` bytes."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream, limit: int) -> None:
         self._stream = stream
+        self._limit = limit
         self._buffer = bytearray()
         self._scanned = 0
 
@@ -58,6 +73,8 @@ class _Lines:
                 self._scanned = 0
                 return line
             self._scanned = len(self._buffer)
+            if self._scanned > self._limit:
+                raise MessageTooLarge(self._limit)
             chunk = await self._stream.receive_some(_CHUNK)
             if not chunk:
                 raise GuestDied("the guest closed its output")
@@ -70,12 +87,16 @@ class GuestProcess:
     Use `GuestProcess.start`; then `send`/`receive`, and `aclose` (or `kill`) once.
     """
 
-    def __init__(self, process: trio.Process, log_path: str) -> None:
+    def __init__(
+        self, process: trio.Process, log_path: str, max_message: int = 16 * 1024 * 1024
+    ) -> None:
         self.process = process
         self.log_path = log_path
         self.pid = process.pid
+        self.guest_pid: int | None = None
+        self._pidfd: int | None = None
         self.bytes_sent = 0
-        self._lines = _Lines(process.stdout)  # type: ignore[arg-type]
+        self._lines = _Lines(process.stdout, max_message)  # type: ignore[arg-type]
         self._send_lock = trio.Lock()
 
     @classmethod
@@ -89,6 +110,7 @@ class GuestProcess:
         log_path: str,
         init: Init,
         start_timeout: float,
+        max_message: int = 16 * 1024 * 1024,
     ) -> GuestProcess:
         """Spawn the guest and wait until it has built its session.
 
@@ -107,7 +129,7 @@ class GuestProcess:
                 env=env,
                 start_new_session=True,
             )
-        guest = cls(process, log_path)
+        guest = cls(process, log_path, max_message)
         try:
             with trio.fail_after(start_timeout):
                 await guest.send(init)
@@ -128,7 +150,26 @@ class GuestProcess:
             with trio.CancelScope(shield=True):
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
+        guest._find_guest(forked=bool(prefix))
         return guest
+
+    def _find_guest(self, forked: bool) -> None:
+        """Learn the guest interpreter's own pid (the launcher's child behind a prefix)."""
+        pid: int | None = self.pid
+        if forked:
+            try:
+                with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
+                    children = handle.read().split()
+            except OSError:
+                children = []
+            pid = int(children[0]) if children else None
+        if pid is None:
+            return
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (OSError, AttributeError):  # an old kernel, or not Linux
+            self._pidfd = None
+        self.guest_pid = pid
 
     # -- talking ------------------------------------------------------------------------
 
@@ -159,14 +200,31 @@ class GuestProcess:
         return self.process.returncode
 
     async def kill(self) -> None:
-        """``SIGKILL`` the guest's process group and reap the guest."""
+        """``SIGKILL`` the guest and its launcher's process group, and reap them."""
+        pidfd, self._pidfd = self._pidfd, None
+        if pidfd is not None:
+            # The guest may have left the group (setsid); the pidfd cannot hit a recycled pid.
+            try:
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            except OSError:  # already gone
+                pass
         try:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:  # already gone, group and all
             pass
         with trio.CancelScope(shield=True):
             await self.process.wait()
+            if pidfd is not None:
+                # Behind a launcher the guest is a grandchild: wait until it has exited
+                # too (a pidfd turns readable then), so that nothing outlives `kill`.
+                with trio.move_on_after(_EXIT_WAIT):
+                    await trio.lowlevel.wait_readable(pidfd)
+                os.close(pidfd)
             await self._close_pipes()
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the guest interpreter has used (``None`` when unknown)."""
+        return cpu_seconds_of(self.guest_pid) if self.guest_pid is not None else None
 
     async def aclose(self, grace: float = 1.0) -> None:
         """Let the guest exit at end of input; kill it after ``grace`` seconds."""
@@ -192,3 +250,17 @@ class GuestProcess:
                 return handle.read().decode(errors="replace").strip()
         except OSError:
             return ""
+
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds_of(pid: int) -> float | None:
+    """User plus system CPU seconds of ``pid``, from ``/proc`` (``None`` if unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # fields[0] is the state (the stat file's field 3): utime and stime are fields 14 and 15.
+    return (int(fields[11]) + int(fields[12])) / _TICKS

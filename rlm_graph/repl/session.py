@@ -12,7 +12,8 @@ Invariants:
     - The protocol's names (``llm_query``..., ``answer``, ``context``) are restored after
       every block, so a model that overwrites one cannot break the next block.
     - Errors in model code are data: the traceback goes to the block's stderr and the
-      block's ``error``; only `BlockInterrupted` (cancellation) propagates.
+      block's ``error``; only `BlockInterrupted` (cancellation) propagates. A `LimitStop`
+      (a limit the environment enforces inside the block) is reported like an error.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
 
-__all__ = ["BlockInterrupted", "ReplSession", "SubcallCaller", "RESERVED_NAMES", "WirePrompt"]
+__all__ = ["BlockInterrupted", "LimitStop", "ReplSession", "SubcallCaller", "RESERVED_NAMES", "WirePrompt"]
 
 RESERVED_NAMES = (
     "llm_query",
@@ -59,6 +60,16 @@ class BlockInterrupted(BaseException):
 WirePrompt = str | list[Any]
 """A prompt as it crosses to the engine: a str, or a list of parts, each a str or an
 image as ``{"media_type": ..., "data": <base64>}`` (JSON, so it crosses a pipe too)."""
+
+
+class LimitStop(BaseException):
+    """Raised inside a block by the environment when the block passed one of its limits.
+
+    A ``BaseException``, so that model code's ``except Exception`` cannot swallow it; the
+    session reports it as the block's error. Code that catches even ``BaseException`` can
+    delay it, which is why every environment that raises it also has a stop the code
+    cannot see (the subprocess environment kills its guest).
+    """
 
 
 class SubcallCaller(Protocol):
@@ -323,7 +334,7 @@ class ReplSession:
         with capture_output(self.output_cap) as (out, err):
             try:
                 self._run(code, out)
-            except (Exception, SystemExit) as exc:
+            except (Exception, SystemExit, LimitStop) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 err.write(self._traceback(exc))
             notes = self._restore_names()

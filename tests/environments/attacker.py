@@ -1,0 +1,122 @@
+"""An engine whose root model attacks it from the ``subprocess`` environment's guest.
+
+Run as a program by tests/environments/test_attacks.py, as root or as an unprivileged
+user, so that an attack that works kills or freezes this process, not the test runner.
+Prints one JSON object: ``{"skip": why}`` when this machine gives the guest no boundary
+to test, else ``{"response": ..., "outputs": [REPL output of each block], "report": ...}``.
+
+Environment: ``ATTACK_SITE`` (a site-packages folder to add first, for an interpreter
+other than the venv's), ``OPENAI_API_KEY`` (the planted key, read here and kept in
+memory as an ``api_key=`` would be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import sys
+
+if os.environ.get("ATTACK_SITE"):
+    site.addsitedir(os.environ["ATTACK_SITE"])
+
+import trio  # noqa: E402
+
+READ_PROC = r"""
+import os, re, json
+engine = int(context)
+pattern = re.compile(rb'sk-test-planted-[0-9a-f]{16}')
+
+def environ(pid):
+    try:
+        found = pattern.search(open(f'/proc/{pid}/environ', 'rb').read())
+        return found.group().decode() if found else 'read, no key'
+    except OSError as exc:
+        return type(exc).__name__
+
+def memory(pid):
+    try:
+        maps = open(f'/proc/{pid}/maps').read().splitlines()
+        with open(f'/proc/{pid}/mem', 'rb') as mem:
+            for line in maps:
+                span, perms = line.split()[:2]
+                low, high = (int(x, 16) for x in span.split('-'))
+                if 'r' not in perms or high - low > 1 << 28:
+                    continue
+                try:
+                    mem.seek(low)
+                    found = pattern.search(mem.read(high - low))
+                except OSError:
+                    continue
+                if found:
+                    return found.group().decode()
+        return 'read, no key'
+    except OSError as exc:
+        return type(exc).__name__
+
+print(json.dumps({'environ': environ(engine), 'mem': memory(engine),
+                  'ppid_environ': environ(os.getppid()) if os.getppid() > 1 else 'no parent'}))
+"""
+
+SIGNAL_ENGINE = r"""
+import os, signal, json
+engine = int(context)
+out = {}
+for name in ('SIGSTOP', 'SIGKILL'):
+    try:
+        os.kill(engine, getattr(signal, name))
+        out[name] = 'sent'
+    except OSError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+SIGNAL_PARENT = r"""
+import os, signal, json
+parent = os.getppid()
+out = {'ppid': parent}
+for name in ('SIGSTOP', 'SIGKILL'):
+    if parent <= 1:  # 0: the parent is outside this PID namespace; 1: init
+        out[name] = 'no parent to signal'
+        continue
+    try:
+        os.kill(parent, getattr(signal, name))
+        out[name] = 'sent'
+    except OSError as exc:
+        out[name] = type(exc).__name__
+print(json.dumps(out))
+"""
+
+
+async def main() -> None:
+    from rlm_graph_subprocess.isolation import choose_isolation
+
+    from rlm_graph import RLM
+
+    planted = os.environ["OPENAI_API_KEY"]
+    api_key = planted.encode()  # noqa: F841 - in this process's memory, as an api_key= is
+    isolation = await choose_isolation(True)
+    if not isolation.pid_namespace and isolation.drops_to is None:
+        why = "; ".join(isolation.refused) or isolation.describe()
+        print(json.dumps({"skip": f"no PID namespace and no unprivileged user here: {why}"}))
+        return
+    blocks = [READ_PROC, SIGNAL_ENGINE, SIGNAL_PARENT, "FINAL('the engine is still here')"]
+    outputs: list[str] = []
+
+    def respond(request: object) -> str:
+        messages = request.messages  # type: ignore[attr-defined]
+        if not any(m.role == "system" for m in messages):
+            return "sub"
+        turn = sum(1 for m in messages if m.role == "assistant")
+        if turn:
+            outputs.append(messages[-1].content)
+        return f"```repl\n{blocks[min(turn, len(blocks) - 1)]}\n```"
+
+    rlm = RLM("scripted", {"respond": respond}, environment="subprocess")
+    result = await rlm.acompletion(str(os.getpid()))
+    print(json.dumps({"response": result.response, "outputs": outputs, "report": isolation.describe()}))
+
+
+if __name__ == "__main__":
+    trio.run(main)
+    sys.stdout.flush()

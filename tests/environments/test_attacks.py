@@ -1,0 +1,179 @@
+"""Model code as the attacker, against the ``subprocess`` environment (black-box).
+
+The attacks that would kill or freeze the engine when they work (signals to the engine,
+reads of its ``/proc``) run in a separate engine process (``attacker.py``): once as the
+test's own user (root in CI) and once as uid 65534 (``setpriv``). The others run here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import secrets
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+from rlm_graph_subprocess.process import GUEST_PROGRAM
+
+from .test_subprocess import Spy, engine, feedback, processes_running, spy  # noqa: F401 - a fixture
+
+ATTACKER = str(Path(__file__).with_name("attacker.py"))
+DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError"}
+
+
+async def run_attacker(command: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
+    """Run attacker.py; return what it printed (``{"skip": ...}`` or the run's outputs)."""
+    key = f"sk-test-planted-{secrets.token_hex(8)}"
+    env = {**os.environ, **extra_env, "OPENAI_API_KEY": key}
+    with trio.fail_after(180):  # a frozen engine (SIGSTOP) fails here instead of hanging
+        done = await trio.run_process(
+            [*command, ATTACKER], env=env, cwd="/", check=False,
+            capture_stdout=True, capture_stderr=True,
+        )
+    out, err = done.stdout.decode(), done.stderr.decode()
+    assert done.returncode == 0, f"the engine died ({done.returncode}): {err[-2000:]}"
+    assert key not in out and key[-16:] not in out, "the guest read the planted key"
+    return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def check_attacks_failed(found: dict[str, Any]) -> None:
+    if "skip" in found:
+        pytest.skip(found["skip"])
+    assert found["response"] == "the engine is still here"
+    proc, engine_signals, parent_signals = (
+        json.loads(re.search(r"\{.*\}", text).group())  # type: ignore[union-attr]
+        for text in found["outputs"][:3]
+    )
+    assert proc["environ"] in DENIED and proc["mem"] in DENIED, proc
+    assert proc["ppid_environ"] in DENIED | {"no parent"}, proc
+    assert set(engine_signals.values()) <= DENIED, engine_signals
+    assert "sent" not in parent_signals.values(), parent_signals
+
+
+async def test_the_guest_cannot_signal_or_read_the_engine_run_by_this_user() -> None:
+    check_attacks_failed(await run_attacker([sys.executable], {}))
+
+
+def interpreters() -> list[str]:
+    """Interpreters of this Python version: this one first, then the system's."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    found = [sys.executable, shutil.which(version, path="/usr/bin:/usr/local/bin:/bin")]
+    return list(dict.fromkeys(p for p in found if p))
+
+
+async def test_the_guest_cannot_signal_or_read_the_engine_run_by_an_unprivileged_user() -> None:
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root and setpriv to run the engine as uid 65534 (the test "
+                    "above already runs it as this unprivileged user)")
+    site_packages = sysconfig.get_paths()["purelib"]
+    drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    skipped = []
+    # uid 65534 may not reach this interpreter (a pyenv under /root): try the system's.
+    for python in interpreters():
+        found = await run_attacker(
+            [*drop, python], {"ATTACK_SITE": site_packages, "PYTHONPATH": site_packages}
+        )
+        if "skip" not in found:
+            check_attacks_failed(found)
+            return
+        skipped.append(f"{python}: {found['skip']}")
+    pytest.skip(" | ".join(skipped))
+
+
+async def test_a_guest_flooding_its_pipe_is_killed_at_the_message_cap(spy: Spy) -> None:
+    flood = (
+        "import os, stat\n"
+        "chunk = b'x' * (1 << 20)\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+        "    try:\n"
+        "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+        "            for _ in range(500):\n"  # 500 MB, no newline
+        "                os.write(fd, chunk)\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "FINAL('flooded')"
+    )
+    rlm = engine([repl_of(flood), repl_of("FINAL('after')")], spy,
+                 environment_kwargs={"max_message_mb": 2})
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = await rlm.acompletion("ctx")
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
+    assert result.response == "after"
+    told = feedback(rlm, 1)
+    assert "wrote more than 2 MB to the engine's pipe" in told
+    assert "variables your code made are lost" in told
+    assert spy.envs[0].restarts == 1
+    assert grown_mb < 100  # not the 500 MB the guest wrote
+
+
+async def test_a_fork_bomb_stays_inside_max_processes(spy: Spy) -> None:
+    bomb = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while True:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(120)\n"
+        "            os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print(f'stopped after {n} forks: {type(exc).__name__}')"
+    )
+    rlm = engine([repl_of(bomb), repl_of("FINAL(str(n))")], spy, environment_kwargs={"max_processes": 48})
+    result = await rlm.acompletion("ctx")
+    isolation = spy.envs[0].isolation
+    if not isolation.user_namespace and isolation.drops_to is None:
+        pytest.skip(f"the guest shares its uid with the engine here ({isolation.describe()})")
+    assert "stopped after" in feedback(rlm, 1) and "BlockingIOError" in feedback(rlm, 1)
+    assert int(result.response) < 48
+    deadline = trio.current_time() + 3
+    while processes_running(GUEST_PROGRAM) and trio.current_time() < deadline:
+        await trio.sleep(0.05)
+    assert processes_running(GUEST_PROGRAM) == []  # the forks went with the guest
+
+
+async def test_except_exception_does_not_catch_the_cpu_stop(spy: Spy) -> None:
+    spin = (
+        "kept = 1\n"
+        "while True:\n"
+        "    try:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    except Exception:\n"
+        "        continue"
+    )
+    rlm = engine([repl_of(spin), repl_of("FINAL(f'kept={kept}')")], spy,
+                 environment_kwargs={"cpu_seconds": 1})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "kept=1"  # stopped by its own limit: the guest lived on
+    assert "CPULimitExceeded" in feedback(rlm, 1)
+    assert spy.envs[0].restarts == 0
+
+
+async def test_except_base_exception_cannot_outlive_the_cpu_limit(spy: Spy) -> None:
+    stubborn = (
+        "while True:\n"
+        "    try:\n"
+        "        while True:\n"
+        "            pass\n"
+        "    except BaseException:\n"
+        "        continue"
+    )
+    rlm = engine([repl_of(stubborn), repl_of("FINAL('after')")], spy,
+                 environment_kwargs={"cpu_seconds": 1})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "after"
+    assert "kept running past its CPU limit (1 s) and its process was killed" in feedback(rlm, 1)
+    assert spy.envs[0].restarts == 1
+
+
+def repl_of(code: str) -> str:
+    return f"```repl\n{code}\n```"
