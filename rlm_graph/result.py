@@ -91,6 +91,8 @@ class RLMChatCompletion(BaseModel):
         execution_time: wall-clock seconds.
         graph: every node of the run, with its record.
         critical_path, parallel_efficiency: from the graph (see rlm_graph.graph).
+        leaked_threads: threads of stopped blocks (``local`` environment) still running
+            when the run ended: code stuck in a long C call. See docs/environments.md.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -108,6 +110,7 @@ class RLMChatCompletion(BaseModel):
     parallel_efficiency: float
     metadata: dict[str, Any] | None = None
     error: str | None = None
+    leaked_threads: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -123,5 +126,6 @@ class RLMChatCompletion(BaseModel):
             "critical_path": list(self.critical_path.nodes),
             "critical_path_seconds": self.critical_path.length,
             "parallel_efficiency": self.parallel_efficiency,
+            "leaked_threads": self.leaked_threads,
         }
         return {k: v for k, v in out.items() if v is not None}

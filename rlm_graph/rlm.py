@@ -550,7 +550,9 @@ class RLM:
             await self._failed(failure, run, prompt, state, started)
         cut = outcome is None or run.scope.cancelled_caught
         response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
-        return self._result(run.graph, prompt, response, stop_reason, state, started, cut)
+        result = self._result(run.graph, prompt, response, stop_reason, state, started, cut)
+        result.leaked_threads = run.leaked_threads
+        return result
 
     async def _failed(
         self, failure: BaseException, run: Any, prompt: Any, state: CompletionState, started: float
@@ -586,6 +588,7 @@ class RLM:
             await env.start()
             self._env = env
         index = self._completions
+        leaked = getattr(self._env, "leaked_threads", 0)
         await self._env.reset_answer()
         await self._env.add_context(prompt, index)
         outcome = await runner.root(
@@ -594,6 +597,7 @@ class RLM:
         )
         await self._env.add_history(state.trajectory, index)
         self._completions += 1
+        runner.run.leaked_threads += getattr(self._env, "leaked_threads", 0) - leaked
         return outcome
 
     def _result(

@@ -11,19 +11,26 @@ The three traps of the design, and how this module avoids them:
 
 Stopping a block (timeout, cancellation): trio stops waiting at once, every sub-call
 the block has in flight is cancelled and later ones fail, and the thread gets a
-`BlockInterrupted` exception at its next Python instruction. A thread blocked inside C
-code (a long ``time.sleep``) ends only when that call returns: use the ``subprocess``
-environment where that matters.
+`BlockInterrupted` exception at its next Python instruction. Model code that catches it
+(``except BaseException: continue``) does not get to go on: the session marks the thread
+as stopped, and every ``except`` and ``finally`` of the REPL's code raises it again on
+entry (see `ReplSession.stop_thread`). The engine keeps interrupting for ``stop_grace``
+seconds; a thread still running then (inside one long C call: ``time.sleep``, a regex)
+is *leaked*: logged once by name, counted in ``leaked_threads``, and still interrupted
+every half second until it ends. Use the ``subprocess`` environment where that matters.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -38,6 +45,17 @@ __all__ = ["LocalEnvironment"]
 
 T = TypeVar("T")
 
+logger = logging.getLogger("rlm_graph.local")
+
+_REINTERRUPT = 0.05  # seconds between interrupts while the grace period runs
+_LEAKED_REINTERRUPT = 0.5  # and after it, for a leaked thread
+
+
+def _send_stop(thread_id: int) -> None:
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(BlockInterrupted)
+    )
+
 
 class _BlockControl:
     """The link between one running block's thread and the trio side.
@@ -47,22 +65,52 @@ class _BlockControl:
     block started outlives it.
     """
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, session: ReplSession) -> None:
         self.nursery = nursery
+        self.session = session
         self.lock = threading.Lock()
         self.thread_id: int | None = None
         self.running = False
         self.interrupted = False
+        self.finished = threading.Event()
 
-    def interrupt(self) -> None:
-        """Cancel the block's sub-calls and raise `BlockInterrupted` in its thread."""
+    def interrupt(self) -> bool:
+        """Cancel the block's sub-calls and raise `BlockInterrupted` in its thread.
+
+        Returns:
+            Whether the block's thread was still running.
+        """
         with self.lock:
             self.interrupted = True
             self.nursery.cancel_scope.cancel()
             if self.running and self.thread_id is not None:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self.thread_id), ctypes.py_object(BlockInterrupted)
-                )
+                self.session.stop_thread(self.thread_id)
+                _send_stop(self.thread_id)
+                return True
+            return False
+
+    async def stop(self, grace: float) -> bool:
+        """Interrupt the thread until it ends, for at most ``grace`` seconds.
+
+        The grace period is real time (the thread runs in real time, whatever trio's clock
+        says), waited for on a worker thread.
+
+        Returns:
+            ``True`` if the thread ended, ``False`` if it still runs (it is leaked).
+        """
+        deadline = time.monotonic() + grace
+        while self.interrupt():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            await trio.to_thread.run_sync(self.finished.wait, min(_REINTERRUPT, left))
+        return True
+
+    def keep_interrupting(self) -> None:
+        """On a thread of its own: interrupt a leaked block's thread until it ends."""
+        event = threading.Event()
+        while self.interrupt():
+            event.wait(_LEAKED_REINTERRUPT)
 
 
 class _ThreadCaller:
@@ -143,6 +191,12 @@ class LocalEnvironment:
         scratch_dir: a folder to use as the scratch folder instead of a fresh temporary
             one (it is then not deleted at close).
         output_cap: the most characters of printed output kept per block.
+        stop_grace: seconds a stopped block's thread gets to end before it is counted as
+            leaked (it is interrupted again and again meanwhile).
+
+    Attributes:
+        leaked_threads: how many stopped blocks' threads were still running after
+            ``stop_grace`` (the engine adds them to ``result.leaked_threads``).
     """
 
     def __init__(
@@ -154,11 +208,16 @@ class LocalEnvironment:
         timeout: float | None = None,
         scratch_dir: str | None = None,
         output_cap: int = 1_000_000,
+        stop_grace: float = 1.0,
     ) -> None:
-        self.check_kwargs(timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap)
+        self.check_kwargs(
+            timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap, stop_grace=stop_grace
+        )
         self.bridge = bridge
         self.depth = depth
         self.timeout = timeout
+        self.stop_grace = stop_grace
+        self.leaked_threads = 0
         self._own_dir = scratch_dir is None
         self.scratch_dir = scratch_dir or tempfile.mkdtemp(prefix="rlm-graph-")
         self.session = ReplSession(
@@ -175,6 +234,7 @@ class LocalEnvironment:
         timeout: float | None = None,
         scratch_dir: str | None = None,
         output_cap: int = 1_000_000,
+        stop_grace: float = 1.0,
     ) -> None:
         """Validate ``environment_kwargs`` without making anything (called when an `RLM`
         is configured).
@@ -191,6 +251,8 @@ class LocalEnvironment:
             raise ConfigError(f"local environment: scratch_dir {scratch_dir!r} is not a folder")
         if isinstance(output_cap, bool) or not isinstance(output_cap, int) or output_cap < 1:
             raise ConfigError("local environment: output_cap must be a positive int")
+        if isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or stop_grace < 0:
+            raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
 
     async def start(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
@@ -216,7 +278,7 @@ class LocalEnvironment:
         # Unbounded on purpose (trap 1); a fresh limiter per loop, as trio requires.
         self._threads = trio.CapacityLimiter(math.inf)
         async with trio.open_nursery() as nursery:
-            control = self._control = _BlockControl(nursery)
+            control = self._control = _BlockControl(nursery, self.session)
             try:
                 with trio.move_on_after(self.timeout if self.timeout is not None else math.inf):
                     return await self._in_thread(code, control)
@@ -227,9 +289,25 @@ class LocalEnvironment:
                     answer_content=self.session.answer_content(),
                 )
             finally:
-                control.interrupt()
                 self._control = None
+                with trio.CancelScope(shield=True):
+                    if not await control.stop(self.stop_grace):
+                        self._leaked(control, code)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _leaked(self, control: _BlockControl, code: str) -> None:
+        self.leaked_threads += 1
+        first_line = next((line for line in code.splitlines() if line.strip()), "")
+        logger.warning(
+            "local environment: the thread (id %s) of a stopped block is still running "
+            "%g s later (inside a long C call?) and is leaked; it is interrupted until it "
+            "ends. The block began: %r. The subprocess environment can kill such code.",
+            control.thread_id, self.stop_grace, first_line[:80],
+        )
+        watcher = threading.Thread(
+            target=control.keep_interrupting, name="rlm-graph-local-stopper", daemon=True
+        )
+        watcher.start()
 
     async def _in_thread(self, code: str, control: _BlockControl) -> ExecResult:
         result = await trio.to_thread.run_sync(
@@ -242,6 +320,13 @@ class LocalEnvironment:
 
     def _thread_main(self, code: str, control: _BlockControl) -> ExecResult | None:
         try:
+            return self._run_in_thread(code, control)
+        finally:
+            # A pooled thread: whatever runs on it next was not stopped.
+            self.session.forget_thread(threading.get_ident())
+
+    def _run_in_thread(self, code: str, control: _BlockControl) -> ExecResult | None:
+        try:
             with control.lock:
                 control.thread_id = threading.get_ident()
                 control.running = True
@@ -250,6 +335,7 @@ class LocalEnvironment:
             finally:
                 with control.lock:
                     control.running = False
+                control.finished.set()
                 # An interrupt sent just before `running` went false is still pending:
                 # a Python call makes the interpreter deliver it here, inside this try,
                 # and not later in whatever this pooled thread runs next. (Clearing it

@@ -12,7 +12,11 @@ Invariants:
     - The protocol's names (``llm_query``..., ``answer``, ``context``) are restored after
       every block, so a model that overwrites one cannot break the next block.
     - Errors in model code are data: the traceback goes to the block's stderr and the
-      block's ``error``; only `BlockInterrupted` (cancellation) propagates. A `LimitStop`
+      block's ``error``; only `BlockInterrupted` (cancellation) propagates.
+    - Once `ReplSession.stop_thread` named a thread, every ``except`` handler and
+      ``finally`` body of the model's code raises `BlockInterrupted` on entry in that
+      thread: ``except BaseException: continue`` cannot keep a stopped block alive. (Each
+      handler of the model's code starts with a call of ``__rlm_stop_check__``.) A `LimitStop`
       (a limit the environment enforces inside the block) is reported like an error.
 """
 
@@ -22,6 +26,7 @@ import ast
 import builtins
 import json
 import os
+import threading
 import traceback
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +37,15 @@ from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
 
-__all__ = ["BlockInterrupted", "LimitStop", "ReplSession", "SubcallCaller", "RESERVED_NAMES", "WirePrompt"]
+__all__ = [
+    "REPL_FILENAME",
+    "RESERVED_NAMES",
+    "BlockInterrupted",
+    "LimitStop",
+    "ReplSession",
+    "SubcallCaller",
+    "WirePrompt",
+]
 
 RESERVED_NAMES = (
     "llm_query",
@@ -47,7 +60,9 @@ RESERVED_NAMES = (
     "SCRATCH_DIR",
 )
 
-_FILENAME = "<repl>"
+REPL_FILENAME = "<repl>"
+"""The file name of the model's code in tracebacks and frames (``co_filename``)."""
+_FILENAME = REPL_FILENAME
 
 
 class BlockInterrupted(BaseException):
@@ -203,6 +218,7 @@ class ReplSession:
         self._final_value: Any = None
         self._contexts: list[str] = []
         self.answer = _Answer()
+        self._stopped: set[int] = set()
         self.ns: dict[str, Any] = {"__name__": "__repl__", "__builtins__": self._builtins()}
         self._protocol = self._protocol_names()
         self.ns.update(self._protocol)
@@ -227,9 +243,24 @@ class ReplSession:
                 "use the context, llm_query() or the variables you have"
             )
 
+        stopped = self._stopped
+
+        def stop_check() -> None:
+            if threading.get_ident() in stopped:
+                raise BlockInterrupted("the block was stopped")
+
         table["open"] = open
         table["input"] = input
+        table[_STOP_CHECK] = stop_check
         return table
+
+    def stop_thread(self, thread_id: int) -> None:
+        """Make every handler of the model's code raise `BlockInterrupted` in that thread."""
+        self._stopped.add(thread_id)
+
+    def forget_thread(self, thread_id: int) -> None:
+        """The thread left the block: code it runs next is not stopped."""
+        self._stopped.discard(thread_id)
 
     def _protocol_names(self) -> dict[str, Any]:
         caller = self.caller
@@ -355,6 +386,7 @@ class ReplSession:
 
     def _run(self, code: str, out: Any) -> None:
         tree = ast.parse(code, _FILENAME, "exec")
+        _CheckHandlers().visit(tree)
         last: ast.expr | None = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop().value  # type: ignore[attr-defined]
@@ -419,6 +451,31 @@ class ReplSession:
     def answer_content(self) -> str:
         """The current ``answer["content"]``, for a partial answer when a run is cut."""
         return str(self.answer.get("content") or "")
+
+
+_STOP_CHECK = "__rlm_stop_check__"
+
+
+class _CheckHandlers(ast.NodeTransformer):
+    """Start every ``except`` handler and ``finally`` body with ``__rlm_stop_check__()``."""
+
+    def _check(self, anchor: ast.AST) -> ast.stmt:
+        call = ast.Expr(ast.Call(ast.Name(_STOP_CHECK, ast.Load()), [], []))
+        return ast.fix_missing_locations(ast.copy_location(call, anchor))
+
+    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> ast.AST:
+        self.generic_visit(node)
+        node.body.insert(0, self._check(node.body[0]))
+        return node
+
+    def _visit_try(self, node: ast.Try | ast.TryStar) -> ast.AST:
+        self.generic_visit(node)
+        if node.finalbody:
+            node.finalbody.insert(0, self._check(node.finalbody[0]))
+        return node
+
+    visit_Try = _visit_try
+    visit_TryStar = _visit_try
 
 
 ToolSpec = tuple[Any, str | None]

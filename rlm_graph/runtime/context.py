@@ -76,6 +76,7 @@ class Run:
         self._redact = redact
         self.scope = trio.CancelScope()
         self.stop_reason: str | None = None
+        self.leaked_threads = 0  # threads of stopped blocks still running (environments say)
         self._counters: Counter[str] = Counter()
         self.retries = RetryLog()
         fan_out = list(listeners)

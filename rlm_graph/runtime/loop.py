@@ -599,3 +599,4 @@ class _EnvironmentScope:
         if self.env is not None:
             with trio.CancelScope(shield=True):
                 await self.env.aclose()
+            self.bridge.run.leaked_threads += getattr(self.env, "leaked_threads", 0)

@@ -1,0 +1,107 @@
+"""The ``local`` environment against model code that will not stop, and its paths."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from rlm_graph import RLM
+
+from ..rlm.scripts import repl, root_and_sub
+
+
+class Marks:
+    """A custom tool: model code reports the id of the thread it runs on."""
+
+    def __init__(self) -> None:
+        self.threads: list[int] = []
+
+    def __call__(self) -> None:
+        self.threads.append(threading.get_ident())
+
+
+def in_repl_code(thread_id: int) -> bool:
+    """Whether ``thread_id`` is executing the model's code right now."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code.co_filename == "<repl>":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def engine(blocks: list[str], marks: Marks, **kwargs: Any) -> RLM:
+    return RLM(
+        "scripted",
+        {"respond": root_and_sub(blocks)},
+        custom_tools={"mark": {"tool": marks, "description": "mark()"}},
+        **kwargs,
+    )
+
+
+STUBBORN = (
+    "mark()\n"
+    "while True:\n"
+    "    try:\n"
+    "        try:\n"
+    "            while True:\n"
+    "                pass\n"
+    "        except BaseException:\n"
+    "            continue\n"
+    "    except BaseException:\n"
+    "        continue"
+)
+
+
+async def test_a_block_catching_base_exception_in_a_loop_is_still_stopped() -> None:
+    marks = Marks()
+    rlm = engine([repl(STUBBORN), repl("FINAL('after')")], marks,
+                 environment_kwargs={"timeout": 0.3})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "after"
+    assert result.leaked_threads == 0
+    assert len(marks.threads) == 1 and not in_repl_code(marks.threads[0])
+
+
+async def test_max_timeout_stops_a_block_catching_base_exception() -> None:
+    marks = Marks()
+    rlm = engine([repl(STUBBORN)], marks, max_timeout=0.5)
+    result = await rlm.acompletion("ctx")
+    assert result.stop_reason == "max_timeout"
+    assert result.leaked_threads == 0
+    assert not in_repl_code(marks.threads[0])
+
+
+async def test_a_thread_stuck_in_c_is_counted_and_named_as_leaked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stuck = (
+        "import time\n"
+        "mark()\n"
+        "while True:\n"
+        "    try:\n"
+        "        time.sleep(2)\n"  # one C call that no interrupt can cut short
+        "    except BaseException:\n"
+        "        continue"
+    )
+    marks = Marks()
+    rlm = engine([repl(stuck), repl("FINAL('after')")], marks,
+                 environment_kwargs={"timeout": 0.2, "stop_grace": 0.2})
+    with caplog.at_level(logging.WARNING, logger="rlm_graph.local"):
+        result = await rlm.acompletion("ctx")
+    assert result.response == "after"
+    assert result.leaked_threads == 1
+    warned = [r.getMessage() for r in caplog.records if r.name == "rlm_graph.local"]
+    assert len(warned) == 1
+    assert f"thread (id {marks.threads[0]})" in warned[0] and "'import time'" in warned[0]
+    # Once its sleep returns, the thread is stopped after all.
+    deadline = threading.Event()
+    for _ in range(60):
+        if not in_repl_code(marks.threads[0]):
+            break
+        deadline.wait(0.1)
+    assert not in_repl_code(marks.threads[0])
