@@ -207,7 +207,12 @@ class RLM:
         backend: the root model's provider (``"openai"``, ``"anthropic"``, ``"vllm"``,
             ``"openrouter"``, ``"ollama"``, ``"scripted"``, or a plugin's).
         backend_kwargs: the provider's keywords, e.g. ``{"model_name": ..., "base_url": ...}``.
-        environment: the REPL (``"local"``, ``"subprocess"``, or a plugin's).
+        environment: the REPL (``"local"``, ``"subprocess"``, or a plugin's). The default,
+            ``"local"``, runs the model's code in this process: fast, but that code can
+            reach every object of the engine, your API keys included, and nothing stops
+            it for good. Choose ``"subprocess"`` whenever the model or the documents it
+            reads are not yours to trust (it is the CLI's default); docs/environments.md
+            says what each one stops.
         environment_kwargs: the environment's keywords (e.g. ``{"timeout": 5}``).
         max_depth: completions nest up to this depth; ``rlm_query`` from a completion at
             depth ``max_depth - 1`` is a plain model call (default 1: no children, as in

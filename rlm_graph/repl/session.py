@@ -7,8 +7,9 @@ process, and the subprocess environment runs it in a child process. Both hand it
 Invariants:
     - Model code never changes process-wide state on the engine's behalf: no ``chdir``,
       no ``sys.stdout`` swap per block (see `capture`), no environment variables. Each
-      session has a scratch folder, and the namespace's ``open`` resolves relative paths
-      against it.
+      session has a scratch folder, and relative paths resolve in it for ``open`` and for
+      the ``os``, ``os.path``, ``pathlib``, ``shutil`` and ``glob`` the REPL's
+      ``__import__`` hands out (see `paths`).
     - The protocol's names (``llm_query``..., ``answer``, ``context``) are restored after
       every block, so a model that overwrites one cannot break the next block.
     - Errors in model code are data: the traceback goes to the block's stderr and the
@@ -36,6 +37,7 @@ from ..contracts import ExecResult, Image
 from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
+from .paths import scratch_import
 
 __all__ = [
     "REPL_FILENAME",
@@ -251,6 +253,7 @@ class ReplSession:
 
         table["open"] = open
         table["input"] = input
+        table["__import__"] = scratch_import(scratch)
         table[_STOP_CHECK] = stop_check
         return table
 

@@ -15,6 +15,7 @@ import secrets
 import shutil
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,24 @@ async def test_except_base_exception_cannot_outlive_the_cpu_limit(spy: Spy) -> N
 
 def repl_of(code: str) -> str:
     return f"```repl\n{code}\n```"
+
+
+async def test_as_root_the_guest_cannot_write_the_engines_files(spy: Spy) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)  # reachable by anyone: only the write permission is in play
+        target = Path(folder, "engine-owned.txt")
+        target.write_text("intact")
+        code = (
+            f"print(open({str(target)!r}).read())\n"
+            "try:\n"
+            f"    open({str(target)!r}, 'a').write('owned')\n"
+            "    print('wrote it')\n"
+            "except OSError as exc:\n"
+            "    print(type(exc).__name__)"
+        )
+        rlm = engine([repl_of(code), repl_of("FINAL('done')")], spy)
+        await rlm.acompletion("ctx")
+        if spy.envs[0].isolation.drops_to is None:
+            pytest.skip(f"the guest keeps the engine's user here ({spy.envs[0].isolation_report})")
+        assert "intact\nPermissionError" in feedback(rlm, 1)
+        assert target.read_text() == "intact"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -105,3 +107,37 @@ async def test_a_thread_stuck_in_c_is_counted_and_named_as_leaked(
             break
         deadline.wait(0.1)
     assert not in_repl_code(marks.threads[0])
+async def test_relative_paths_agree_between_open_os_path_and_pathlib(tmp_path: Path) -> None:
+    code = (
+        "import os, os.path, pathlib, glob\n"
+        "with open('notes.txt', 'w') as f:\n"
+        "    f.write('12345')\n"
+        "os.makedirs('sub/deeper', exist_ok=True)\n"
+        "pathlib.Path('sub/p.txt').write_text('abc')\n"
+        "import shutil, os.path as osp\n"
+        "from os.path import getsize as size_of\n"
+        "shutil.copy('notes.txt', 'copy.txt')\n"
+        "try:\n"
+        "    os.chdir('/')\n"
+        "    moved = 'moved'\n"
+        "except PermissionError as exc:\n"
+        "    moved = 'refused' if 'SCRATCH_DIR' in str(exc) else str(exc)\n"
+        "FINAL('|'.join(str(x) for x in [\n"
+        "    os.path.getsize('notes.txt'), os.path.exists('notes.txt'),\n"
+        "    os.path.isfile('sub/p.txt'), sorted(os.listdir('sub')),\n"
+        "    pathlib.Path('notes.txt').read_text(), pathlib.Path('notes.txt').exists(),\n"
+        "    os.path.abspath('notes.txt') == os.path.join(SCRATCH_DIR, 'notes.txt'),\n"
+        "    pathlib.Path('x').resolve() == pathlib.Path(SCRATCH_DIR, 'x').resolve(),\n"
+        "    os.stat('notes.txt').st_size, pathlib.Path(SCRATCH_DIR, 'notes.txt').read_text(),\n"
+        "    os.getcwd() == SCRATCH_DIR, sorted(glob.glob('*.txt')),\n"
+        "    osp.getsize('copy.txt'), size_of('copy.txt'), moved,\n"
+        "]))"
+    )
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])},
+              environment_kwargs={"scratch_dir": str(tmp_path)})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "5|True|True|['deeper', 'p.txt']|12345|True|True|True|5|12345|True|['copy.txt', 'notes.txt']|5|5|refused"
+    assert (tmp_path / "notes.txt").read_text() == "12345"
+    assert (tmp_path / "sub" / "p.txt").exists()
+    assert not Path(os.getcwd(), "notes.txt").exists()  # nothing landed in the engine's cwd
+    assert not Path(os.getcwd(), "copy.txt").exists()
