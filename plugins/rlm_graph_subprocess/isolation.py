@@ -22,8 +22,10 @@ Invariants:
       its launcher; when it dies the kernel kills everything else in the namespace, so
       killing the launcher's process group ends everything the guest started, also what
       left the group with ``setsid``.
-    - Choosing never fails a run: a plan the machine refuses is skipped, and the first
-      plan short of the strongest is logged once, as a warning that names what is missing.
+    - Choosing never fails a run: a plan the machine refuses is skipped, and a plan short
+      of the strongest is logged once, naming what is missing: a warning, or an info
+      record when only the user namespace is missing (the boundary against the engine
+      holds; ``max_processes`` then counts every process of uid 65534).
 """
 
 from __future__ import annotations
@@ -184,12 +186,12 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
     return plans
 
 
-def _ideal(network: bool, root: bool) -> Isolation:
+def _ideal(network: bool, root: bool, user_namespace: bool = True) -> Isolation:
     return Isolation(
         ("ideal",),
         pid_namespace=True,
         network=network,
-        user_namespace=True,
+        user_namespace=user_namespace,
         drops_to=UNPRIVILEGED_ID if root else None,
     )
 
@@ -227,7 +229,11 @@ async def choose_isolation(network: bool) -> Isolation:
     message = "; ".join(gaps)
     if gaps and message not in _warned:
         _warned.add(message)
-        logger.warning(
+        # Without a user namespace alone, the boundary against the engine holds (only
+        # max_processes is counted per uid): worth a note, not a warning on every run.
+        minor = not (chosen.missing(_ideal(network, root, user_namespace=False)))
+        logger.log(
+            logging.INFO if minor and sys.platform.startswith("linux") else logging.WARNING,
             "subprocess environment: the guest is less isolated than it could be: %s. "
             "See docs/environments.md (what each environment stops).",
             message,

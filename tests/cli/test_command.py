@@ -51,8 +51,12 @@ def rlm_graph(
 
 
 def without_progress(err: str) -> str:
-    """stderr less the plain progress lines (`rlm_graph.cli.progress`) a pipe gets."""
-    return "\n".join(line for line in err.splitlines() if not line.startswith("rlm-graph: "))
+    """stderr less the plain progress lines (`rlm_graph.cli.progress`) a pipe gets, and
+    the subprocess environment's one warning on a machine that refuses it a namespace."""
+    return "\n".join(
+        line for line in err.splitlines()
+        if not line.startswith(("rlm-graph: ", "subprocess environment: "))
+    )
 
 
 def run_args(server: FakeOpenAIServer, context: str | Path, *extra: str) -> list[str]:

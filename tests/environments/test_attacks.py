@@ -8,6 +8,7 @@ test's own user (root in CI) and once as uid 65534 (``setpriv``). The others run
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import resource
@@ -199,3 +200,25 @@ async def test_as_root_the_guest_cannot_write_the_engines_files(spy: Spy) -> Non
             pytest.skip(f"the guest keeps the engine's user here ({spy.envs[0].isolation_report})")
         assert "intact\nPermissionError" in feedback(rlm, 1)
         assert target.read_text() == "intact"
+
+
+async def test_without_namespaces_the_guest_still_runs_and_one_warning_names_what_is_missing(
+    spy: Spy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from rlm_graph_subprocess import isolation
+
+    # A machine without unshare and setpriv (an empty PATH); a fresh choice for this test.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(isolation, "_chosen", {})
+    monkeypatch.setattr(isolation, "_warned", set())
+    code = f"import os\nFINAL(str(os.getppid() == int(context)) + ' ' + str(os.getuid() == {os.getuid()}))"
+    with caplog.at_level(logging.INFO, logger="rlm_graph.subprocess"):
+        for _ in range(2):
+            rlm = engine([repl_of(code)], spy)
+            assert (await rlm.acompletion(str(os.getpid()))).response == "True True"
+    warnings = [r for r in caplog.records if r.name == "rlm_graph.subprocess"]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "no PID namespace" in warnings[0].getMessage()
+    if os.geteuid() == 0:
+        assert "no unprivileged user" in warnings[0].getMessage()
+    assert spy.envs[0].isolation_report.startswith("no isolation")
