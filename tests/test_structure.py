@@ -12,7 +12,7 @@ from rlm_graph.hooks import HookSpecs
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlm_graph"
-PURE = ["graph", "protocol", "repl", "events", "limits.py", "contracts.py", "errors.py"]
+PURE = ["graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py"]
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
 from .progress import add_progress_arguments, progress_for
+from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 
@@ -25,6 +26,7 @@ def register(subparsers: Any) -> None:
     )
     add_trace_argument(parser)
     add_progress_arguments(parser)
+    add_report_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -43,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
         tracer_provider=provider,
         trace_content=args.trace_content,
-        listeners=display.listeners(),
+        listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph demo")],
     )
     try:
         with display:

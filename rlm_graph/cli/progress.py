@@ -149,6 +149,10 @@ class ProgressDisplay:
             elif isinstance(event, RunFinished):
                 self._say("rlm-graph: " + self.progress.line() + "  done")
 
+    def say(self, text: str) -> None:
+        """Print a line on the display's stream (above the live line, if one is drawn)."""
+        self._say(text)
+
     def _say(self, text: str) -> None:
         if self._live is not None:
             self._console.print(Text(text), soft_wrap=True)  # printed above the live line

@@ -28,6 +28,7 @@ from ..errors import (
 from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE
 from .output import Output
 from .progress import ProgressDisplay, add_progress_arguments, progress_for
+from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 __all__ = ["register", "run"]
@@ -77,6 +78,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
     add_trace_argument(parser)
     add_progress_arguments(parser)
+    add_report_argument(parser)
     parser.set_defaults(func=run)
 
 
@@ -200,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         display = progress_for(args)
         rlm = RLM(**_rlm_kwargs(args), tracer_provider=provider,
                   trace_content=getattr(args, "trace_content", False),
-                  listeners=display.listeners())
+                  listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph run: " + args.query[:80])])
     except ConfigError as exc:
         finish_tracing(provider)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)

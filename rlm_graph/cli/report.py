@@ -1,0 +1,122 @@
+"""``rlm-graph report RUN -o run.html``, and ``--report PATH`` of ``run`` and ``demo``.
+
+RUN is a trace file (``.otlp.jsonl`` or ``.jaeger.json``, from ``--trace file``) or a
+graph JSON (``rlm-graph demo --out``, or ``rlm_graph.graph.to_json``). The report is one
+HTML file with everything inline (see `rlm_graph.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import GraphError
+from ..events import RunFinished
+from ..graph import Graph, from_json
+from ..report import write_report
+from ..tracing import TraceFileError, load_trace, to_graph
+
+__all__ = ["ReportWriter", "add_report_argument", "load_run", "register", "report_writers"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="write a one-file HTML report of a run (timeline, graph, models, errors)",
+        description="Write a self-contained HTML report of a run: a timeline (one lane per "
+        "node in flight), the graph with its critical path, calls/tokens/cost per model, "
+        "errors and limit stops, and each node's previews on click. It opens offline.",
+    )
+    parser.add_argument(
+        "run", type=Path, metavar="RUN",
+        help="a trace file (.otlp.jsonl or .jaeger.json) or a graph JSON (rlm-graph demo --out)",
+    )
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
+                        help="the HTML file to write")
+    parser.add_argument("--trace-id", default=None, help="which trace, if the file has several")
+    parser.add_argument("--title", default=None, help="the page's title (default: the file's name)")
+    parser.set_defaults(func=run)
+
+
+def add_report_argument(parser: argparse.ArgumentParser) -> None:
+    """Add ``--report PATH`` to a subcommand that runs something."""
+    parser.add_argument(
+        "--report", type=Path, default=None, metavar="PATH",
+        help="write a one-file HTML report of the run here when it ends",
+    )
+
+
+def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None]:
+    """The graph recorded in ``path`` and the limit that stopped the run (if known).
+
+    Raises:
+        TraceFileError: the file cannot be read, or is neither a trace nor a graph JSON.
+    """
+    try:
+        with path.open(encoding="utf-8") as handle:
+            head = handle.read(200)
+    except OSError as exc:
+        raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise TraceFileError(f"{path} is not a text file: give a trace file or a graph JSON") from None
+    if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
+        try:
+            return from_json(path.read_text(encoding="utf-8")), None
+        except (ValueError, KeyError, TypeError, GraphError) as exc:
+            raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
+    spans = load_trace(path)
+    graph = to_graph(spans, trace_id)
+    stops = [s.attributes.get("rlm.stop_reason") for s in spans if "rlm.stop_reason" in s.attributes]
+    return graph, str(stops[0]) if stops else None
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        graph, stop_reason = load_run(args.run, args.trace_id)
+    except TraceFileError as exc:
+        print(f"rlm-graph report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        path = write_report(graph, args.output, title=args.title or f"rlm-graph run: {args.run.name}",
+                            stop_reason=stop_reason)
+    except OSError as exc:
+        print(f"rlm-graph report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"report written to {path} ({len(graph):,} nodes)", file=sys.stderr)
+    return EXIT_OK
+
+
+class ReportWriter:
+    """A listener that writes the report when the run finishes (``--report PATH``)."""
+
+    def __init__(self, path: Path, title: str, say: Callable[[str], None]) -> None:
+        self.path = path
+        self.title = title
+        self.say = say
+        self.written: Path | None = None
+
+    def __call__(self, event: Any) -> None:
+        if not isinstance(event, RunFinished) or event.result is None:
+            return
+        result = event.result
+        try:
+            self.written = write_report(
+                result.graph, self.path, title=self.title, stop_reason=result.stop_reason
+            )
+        except OSError as exc:
+            self.say(f"rlm-graph: cannot write the report {self.path}: {exc.strerror or exc}")
+        else:
+            self.say(f"report written to {self.written}")
+
+
+def report_writers(args: argparse.Namespace, say: Callable[[str], None], title: str) -> list[Any]:
+    """The listeners ``--report`` asks for (none without it); ``say`` prints a notice on
+    stderr (the progress display's, so that it lands above a live line)."""
+    path = getattr(args, "report", None)
+    return [ReportWriter(path, title, say)] if path is not None else []

@@ -1,0 +1,27 @@
+"""The one-file HTML report of a run (see docs/observing.md). Pure: a graph in, text out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..graph import Graph
+from .data import report_data
+from .page import render_page
+
+__all__ = ["render_report", "report_data", "write_report"]
+
+
+def render_report(graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None) -> str:
+    """The report of ``graph`` as one self-contained HTML document."""
+    return render_page(report_data(graph, title=title, stop_reason=stop_reason))
+
+
+def write_report(
+    graph: Graph, path: str | Path, *, title: str = "rlm-graph run", stop_reason: str | None = None
+) -> Path:
+    """Write the report of ``graph`` to ``path`` (folders created) and return the path."""
+    target = Path(path)
+    if target.parent and not target.parent.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_report(graph, title=title, stop_reason=stop_reason), encoding="utf-8")
+    return target

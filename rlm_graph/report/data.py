@@ -1,0 +1,140 @@
+"""What the HTML report draws, computed once from a run's graph. Pure.
+
+The page gets columns, not objects (one array per field, indexes into tables of kinds and
+models), so a 10,000-node run is a few megabytes of JSON that the browser parses in
+milliseconds, and the drawing code walks flat arrays.
+
+Layout, decided here rather than in the browser:
+    - timeline lanes: nodes by start time, each on the lowest lane free at its start
+      (interval partitioning), so there are as many lanes as nodes were ever in flight
+      at once, and no two nodes of a lane overlap;
+    - the DAG: a node's column is its longest path from a source (over every edge), its
+      row its place in that column, ordered by its predecessors' rows so that a batch's
+      slots sit next to the block that issued them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from typing import Any
+
+from ..graph import Graph, NodeStatus, critical_path, makespan, usage_by_model
+
+__all__ = ["STATUSES", "report_data"]
+
+STATUSES = ("ok", "error", "cancelled", "pending", "running")
+
+
+def report_data(graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None) -> dict[str, Any]:
+    """The report's data for ``graph`` (JSON-ready).
+
+    Args:
+        graph: a finished run's graph (from a result, a graph JSON or a trace file).
+        title: shown at the top of the page.
+        stop_reason: the limit that stopped the run, if one did.
+    """
+    records = list(graph.records())
+    index = {record.id: i for i, record in enumerate(records)}
+    kinds = sorted({str(r.kind) for r in records})
+    models = sorted({r.model for r in records if r.model})
+    starts = [r.start for r in records if r.start is not None]
+    t0 = min(starts) if starts else 0.0
+    edges: list[int] = []
+    for source, target, kind in graph.edges():
+        edges += [index[source], index[target], 1 if kind == "spawn" else 0]
+    path = critical_path(graph)
+    columns, rows = _dag_layout(graph, records, index)
+    nodes = {
+        "id": [r.id for r in records],
+        "kind": [kinds.index(str(r.kind)) for r in records],
+        "status": [STATUSES.index(str(r.status)) for r in records],
+        "depth": [r.depth for r in records],
+        "start": [_rel(r.start, t0) for r in records],
+        "end": [_rel(r.end, t0) for r in records],
+        "lane": _lanes(records, t0),
+        "col": columns,
+        "row": rows,
+        "model": [models.index(r.model) if r.model else -1 for r in records],
+        "tokens": [r.usage.total_tokens if r.usage else 0 for r in records],
+        "cost": [r.cost for r in records],
+        "input": [r.input_preview for r in records],
+        "output": [r.output_preview for r in records],
+        "error": [f"{r.error_type or 'error'}: {r.error}" if r.error else "" for r in records],
+    }
+    usage = [
+        {"model": name, "calls": u.calls, "input_tokens": u.input_tokens,
+         "output_tokens": u.output_tokens, "cost": u.cost}
+        for name, u in sorted(usage_by_model(graph).items())
+    ]
+    failed = [i for i, r in enumerate(records) if r.status == NodeStatus.ERROR]
+    return {
+        "title": title,
+        "stop_reason": stop_reason,
+        "makespan": makespan(graph),
+        "kinds": kinds,
+        "models": models,
+        "statuses": list(STATUSES),
+        "nodes": nodes,
+        "edges": edges,
+        "critical": [index[n] for n in path.nodes],
+        "critical_seconds": path.length,
+        "usage": usage,
+        "errors": failed,
+        "cancelled": sum(1 for r in records if r.status == NodeStatus.CANCELLED),
+    }
+
+
+def _rel(value: float | None, t0: float) -> float | None:
+    return None if value is None else round(value - t0, 6)
+
+
+def _lanes(records: list[Any], t0: float) -> list[int]:
+    """Interval partitioning: each timed node on the lowest lane free when it starts."""
+    lanes = [-1] * len(records)
+    timed = sorted(
+        (i for i, r in enumerate(records) if r.start is not None),
+        key=lambda i: (records[i].start, i),
+    )
+    busy: list[tuple[float, int]] = []  # (end, lane) of lanes in use
+    free: list[int] = []
+    count = 0
+    for i in timed:
+        start = records[i].start
+        end = records[i].end if records[i].end is not None else start
+        while busy and busy[0][0] <= start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            lane = heapq.heappop(free)
+        else:
+            lane, count = count, count + 1
+        lanes[i] = lane
+        heapq.heappush(busy, (max(end, start), lane))
+    return lanes
+
+
+def _dag_layout(graph: Graph, records: list[Any], index: dict[str, int]) -> tuple[list[int], list[int]]:
+    """Column: the longest path from a source; row: the place in the column, by the mean
+    row of the node's predecessors, then followers before spawned nodes, then insertion
+    order."""
+    column = [0] * len(records)
+    for node_id in graph.topological_order():
+        i = index[node_id]
+        for target in graph.successors(node_id):
+            j = index[target]
+            column[j] = max(column[j], column[i] + 1)
+    by_column: dict[int, list[int]] = defaultdict(list)
+    for i, c in enumerate(column):
+        by_column[c].append(i)
+    row = [0] * len(records)
+    for c in sorted(by_column):
+        def weight(i: int) -> tuple[float, int, int]:
+            # A node that follows another (a turn after a block) keeps that row; spawned
+            # nodes (a batch's slots) fan out below it.
+            preds = [row[index[p]] for p in graph.predecessors(records[i].id)]
+            spawned = 1 if any(True for _ in graph.predecessors(records[i].id, kind="spawn")) else 0
+            return (sum(preds) / len(preds) if preds else 0.0, spawned, i)
+
+        for place, i in enumerate(sorted(by_column[c], key=weight)):
+            row[i] = place
+    return column, row

@@ -1,0 +1,198 @@
+"""The HTML report: its data (lanes, layout, critical path, usage), the file (one, with
+nothing fetched), the CLI, and the page in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm_graph import RLM
+from rlm_graph.cli import main
+from rlm_graph.contracts import ChatRequest
+from rlm_graph.graph import Graph, NodeKind, NodeRecord, NodeStatus, peak_concurrency, to_json
+from rlm_graph.report import render_report, report_data, write_report
+
+from ..rlm.scripts import is_root_turn, repl, turn_number
+
+
+def depth2_run() -> Any:
+    """A depth-2 run with a failing sub-call among its batch (the report's showcase)."""
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            if "bad" in request.prompt:
+                raise RuntimeError("the sub-model choked on <script>alert(1)</script>")
+            return f"sub:{request.prompt[:20]}"
+        if turn_number(request) > 1:
+            return repl("FINAL('done')")
+        code = (
+            "r = rlm_query_batched(['part a', 'part b'])\nprint(r)",
+            "r = llm_query_batched([context + ' x', context + ' y', 'bad ' + context])\n"
+            "FINAL(' / '.join(r))",
+        )[min(request.depth, 1)]
+        return repl(code)
+
+    return RLM("scripted", {"respond": respond, "latency": 0.01}, max_depth=2).completion("ctx")
+
+
+def test_lanes_never_overlap_and_count_the_peak_in_flight() -> None:
+    result = depth2_run()
+    graph = result.graph
+    data = report_data(graph)
+    nodes = data["nodes"]
+    by_lane: dict[int, list[tuple[float, float]]] = {}
+    for start, end, lane in zip(nodes["start"], nodes["end"], nodes["lane"], strict=True):
+        by_lane.setdefault(lane, []).append((start, end))
+    for spans in by_lane.values():
+        spans.sort()
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+    assert len(by_lane) == peak_concurrency(graph)
+    assert [nodes["id"][i] for i in data["critical"]] == list(result.critical_path.nodes)
+    assert {u["model"] for u in data["usage"]} == set(result.usage_summary.model_usage_summaries)
+    failed = [nodes["id"][i] for i in data["errors"]]
+    assert failed == [r.id for r in graph.records() if r.status == NodeStatus.ERROR] and failed
+    # Every edge goes to a later column: the layout reads left to right.
+    edges = data["edges"]
+    for k in range(0, len(edges), 3):
+        assert nodes["col"][edges[k]] < nodes["col"][edges[k + 1]]
+
+
+def test_the_page_is_one_file_that_fetches_nothing_and_cannot_be_broken_out_of() -> None:
+    page = render_report(depth2_run().graph, title="<b>title</b>")
+    assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\(", page)
+    assert "<b>title</b>" not in page and "&lt;b&gt;title&lt;/b&gt;" in page
+    # A preview holding </script> cannot end the data block early.
+    assert page.count("</script>") == 2 and "alert(1)" in page
+    data = re.search(r'<script type="application/json" id="run-data">(.*?)</script>', page, re.S)
+    assert data is not None and json.loads(data.group(1))["title"] == "<b>title</b>"
+
+
+def test_report_command_reads_a_graph_json_and_a_trace_file(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    graph_file = tmp_path / "graph.json"
+    graph_file.write_text(to_json(depth2_run().graph))
+    out = tmp_path / "from-graph.html"
+    assert main(["report", str(graph_file), "-o", str(out)]) == 0
+    assert "nodes)" in capsys.readouterr().err and out.read_text().startswith("<!DOCTYPE html>")
+    trace_dir = tmp_path / "traces"
+    assert main(["demo", "--size", "20000", "--latency", "0", "--out", str(tmp_path / "d.json"),
+                 "--trace", "file", "--trace-dir", str(trace_dir), "--quiet"]) == 0
+    trace = next(trace_dir.glob("*.otlp.jsonl"))
+    assert main(["report", str(trace), "-o", str(tmp_path / "from-trace.html")]) == 0
+    data = _data(tmp_path / "from-trace.html")
+    assert len(data["nodes"]["id"]) == len(json.loads((tmp_path / "d.json").read_text())["nodes"])
+
+
+def test_report_command_rejects_what_it_cannot_read(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "notes.txt"
+    bad.write_text("hello")
+    assert main(["report", str(bad), "-o", str(tmp_path / "x.html")]) == 2
+    assert main(["report", str(tmp_path / "missing.json"), "-o", str(tmp_path / "x.html")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("rlm-graph report:") == 2
+
+
+def test_demo_report_flag_writes_the_report_at_the_end(tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "sub" / "run.html"
+    assert main(["demo", "--size", "20000", "--latency", "0", "--out", str(tmp_path / "d.json"),
+                 "--report", str(target)]) == 0
+    assert f"report written to {target}" in capsys.readouterr().err
+    assert len(_data(target)["nodes"]["id"]) == len(json.loads((tmp_path / "d.json").read_text())["nodes"])
+
+
+def _data(path: Path) -> Any:
+    found = re.search(r'id="run-data">(.*?)</script>', path.read_text(), re.S)
+    assert found is not None
+    return json.loads(found.group(1))
+
+
+# -- in a real browser ---------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None and os.environ.get("CI"):
+    raise RuntimeError("CI must have chromium for the report's browser tests: `make test` installs it")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on this machine (`make test` installs Debian's package when missing)",
+)
+
+
+def open_in_chromium(page: Path, tmp_path: Path, fragment: str = "") -> tuple[dict[str, str], list[str]]:
+    """Load ``page`` in headless Chromium; return <body>'s attributes once the page's
+    script has run, and the console messages (errors included) it logged."""
+    assert CHROMIUM is not None
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
+         "--dump-dom", page.resolve().as_uri() + fragment],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", done.stdout)
+    assert body is not None, done.stdout[:500]
+    attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    return attributes, console
+
+
+@needs_chromium
+def test_the_report_draws_every_node_in_chromium_without_a_console_error(tmp_path: Path) -> None:
+    graph = depth2_run().graph
+    page = write_report(graph, tmp_path / "run.html")
+    body, console = open_in_chromium(page, tmp_path, "#selftest")
+    assert console == [] and body["data-errors"] == "0"
+    timed = sum(1 for r in graph.records() if r.start is not None)
+    assert int(body["data-timeline-nodes"]) == timed == len(graph)
+    assert int(body["data-dag-nodes"]) == len(graph)
+    assert int(body["data-lanes"]) == peak_concurrency(graph)
+    # A click at each node's centre, in either view, finds that node.
+    assert body["data-hit-exact"] == body["data-hit-tried"] == str(2 * len(graph))
+    failed = next(r.id for r in graph.records() if r.status == NodeStatus.ERROR)
+    body, console = open_in_chromium(page, tmp_path, f"#node={failed}")
+    assert console == [] and body["data-selected"] == failed
+
+
+def ten_thousand_nodes() -> Graph:
+    """100 root turns, each with a REPL block spawning 98 sub-calls: 10,000 nodes."""
+    graph = Graph()
+    t, previous = 0.0, None
+    for turn in range(1, 101):
+        turn_id = f"turn-{turn}"
+        graph.add(NodeRecord(id=turn_id, kind=NodeKind.ROOT_TURN, iteration=turn, status=NodeStatus.OK,
+                             start=t, end=t + 1.0, model="root"), after=[previous] if previous else [])
+        block = f"{turn_id}/block-1"
+        graph.add(NodeRecord(id=block, kind=NodeKind.REPL_BLOCK, iteration=turn, status=NodeStatus.OK,
+                             start=t + 1.0, end=t + 3.0), after=[turn_id])
+        for slot in range(98):
+            status = NodeStatus.ERROR if slot == 97 else NodeStatus.OK
+            graph.add(NodeRecord(id=f"{block}/llm-1.{slot}", kind=NodeKind.LLM_CALL, depth=1,
+                                 status=status, start=t + 1.0 + slot % 16 * 0.1,
+                                 end=t + 1.5 + slot % 16 * 0.1, model="sub",
+                                 error="boom" if status == NodeStatus.ERROR else None,
+                                 input_preview="x" * 200, output_preview="y" * 200), parent=block)
+        t += 3.0
+        previous = block
+    return graph
+
+
+@needs_chromium
+def test_a_10000_node_report_opens_and_draws_every_node(tmp_path: Path) -> None:
+    graph = ten_thousand_nodes()
+    assert len(graph) == 10_000
+    page = write_report(graph, tmp_path / "big.html")
+    body, console = open_in_chromium(page, tmp_path, "#selftest")
+    assert console == [] and body["data-errors"] == "0"
+    assert body["data-timeline-nodes"] == body["data-dag-nodes"] == "10000"
+    assert int(body["data-lanes"]) == peak_concurrency(graph)
+    # A click on a drawn node always finds one there (at this zoom, 98 sub-calls of a turn
+    # share a few pixels of the timeline; in the graph each has its own place).
+    assert int(body["data-hit-tried"]) > 0 and body["data-hit-misses"] == "0"
