@@ -157,12 +157,8 @@ class GuestProcess:
         """Learn the guest interpreter's own pid (the launcher's child behind a prefix)."""
         pid: int | None = self.pid
         if forked:
-            try:
-                with open(f"/proc/{self.pid}/task/{self.pid}/children") as handle:
-                    children = handle.read().split()
-            except OSError:
-                children = []
-            pid = int(children[0]) if children else None
+            children = _children_of(self.pid)
+            pid = children[0] if children else None
         if pid is None:
             return
         try:
@@ -253,6 +249,28 @@ class GuestProcess:
 
 
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _children_of(pid: int) -> list[int]:
+    """The child processes of ``pid``, from ``/proc`` (a scan where the kernel lacks
+    the ``children`` file)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(child) for child in handle.read().split()]
+    except OSError:
+        pass
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:  # the stat file's field 4, the parent's pid
+            found.append(int(entry))
+    return found
 
 
 def cpu_seconds_of(pid: int) -> float | None:

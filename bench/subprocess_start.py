@@ -1,0 +1,55 @@
+"""What a ``subprocess`` guest costs to start, per isolation plan.
+
+    .venv/bin/python bench/subprocess_start.py --reps 20
+
+For each plan (the one this machine chooses, and "no isolation" for comparison), starts
+and closes ``--reps`` environments one after the other, each running one block, and
+prints the median and the spread of start + first block + close, in milliseconds.
+Run by hand, never by the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+import trio
+from rlm_graph_subprocess import SubprocessEnvironment, isolation
+
+
+async def one(network: bool) -> float:
+    started = time.perf_counter()
+    env = SubprocessEnvironment(bridge=Any, network=network)  # type: ignore[arg-type]
+    try:
+        await env.start()
+        result = await env.execute("x = 1 + 1")
+        assert result.error is None, result
+    finally:
+        await env.aclose()
+    return (time.perf_counter() - started) * 1000
+
+
+async def plan(name: str, chosen: isolation.Isolation | None, reps: int) -> None:
+    if chosen is not None:
+        isolation._chosen[True] = chosen
+    got = await isolation.choose_isolation(True)
+    await one(True)  # warm the page cache
+    times = sorted([await one(True) for _ in range(reps)])
+    print(
+        f"{name:<14} {got.describe():<70} median {statistics.median(times):6.1f} ms  "
+        f"min {times[0]:6.1f}  max {times[-1]:6.1f}  (n={reps})"
+    )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=20)
+    args = parser.parse_args()
+    await plan("chosen", None, args.reps)
+    await plan("no isolation", isolation.Isolation(), args.reps)
+
+
+if __name__ == "__main__":
+    trio.run(main)
