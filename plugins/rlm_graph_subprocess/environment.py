@@ -201,11 +201,17 @@ class SubprocessEnvironment:
             log_path=os.path.join(self._io, "guest.log"),
             init=init,
             start_timeout=self.limits.start_timeout,
-            max_message=int(self.limits.max_message_mb * 1024 * 1024),
+            max_message=self._max_message(),
         )
         if guest.guest_pid is not None:
             self.guest_pids.append(guest.guest_pid)
         return guest
+
+    def _max_message(self) -> int:
+        """``max_message_mb``, but never below what a block's result may hold: its
+        printed output and errors (``output_cap`` characters each, up to 6 bytes per
+        character in JSON) and some room besides."""
+        return max(int(self.limits.max_message_mb * 1024 * 1024), 14 * self.output_cap)
 
     async def _replace_guest(self) -> None:
         """Kill the current guest (if any); the next request starts a fresh one."""
@@ -398,7 +404,7 @@ class SubprocessEnvironment:
     async def _crashed(self, guest: GuestProcess, died: GuestDied) -> ExecResult:
         if isinstance(died, MessageTooLarge):
             await self._replace_guest()
-            return _message_too_large(self.limits.max_message_mb, self._answer)
+            return _message_too_large(died.limit / (1024 * 1024), self._answer)
         code = await guest.exit_code()
         log = guest.log_tail()
         await self._replace_guest()

@@ -109,7 +109,7 @@ async def test_a_guest_flooding_its_pipe_is_killed_at_the_message_cap(spy: Spy) 
         "FINAL('flooded')"
     )
     rlm = engine([repl_of(flood), repl_of("FINAL('after')")], spy,
-                 environment_kwargs={"max_message_mb": 2})
+                 environment_kwargs={"max_message_mb": 2, "output_cap": 10_000})
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = await rlm.acompletion("ctx")
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
@@ -227,3 +227,13 @@ async def test_without_namespaces_the_guest_still_runs_and_one_warning_names_wha
     if os.geteuid() == 0:
         assert "no unprivileged user" in warnings[0].getMessage()
     assert spy.envs[0].isolation_report.startswith("no isolation")
+
+
+async def test_the_message_cap_never_cuts_a_result_within_output_cap(spy: Spy) -> None:
+    # 200,000 control characters kept: 1.2 MB of JSON escapes, past a 1 MB cap.
+    rlm = engine([repl_of("print('\\x01' * 300_000)"), repl_of("FINAL('after')")], spy,
+                 environment_kwargs={"max_message_mb": 1, "output_cap": 200_000})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "after"
+    assert spy.envs[0].restarts == 0
+    assert "more characters were printed and not kept" in feedback(rlm, 1)
