@@ -15,6 +15,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from .batch import (
+        BatchItem as BatchItem,
+        BatchResult as BatchResult,
+        run_batch as run_batch,
+    )
     from .contracts import (
         ChatRequest as ChatRequest,
         ChatResponse as ChatResponse,
@@ -68,6 +73,8 @@ __version__ = "0.1.0"
 
 # name -> the module that defines it, imported on first access.
 _EXPORTS: dict[str, str] = {
+    "BatchItem": ".batch",
+    "BatchResult": ".batch",
     "BudgetExceeded": ".errors",
     "ChatRequest": ".contracts",
     "ChatResponse": ".contracts",
@@ -108,9 +115,12 @@ _EXPORTS: dict[str, str] = {
     "Workflow": ".graph",
     "WorkflowResult": ".runtime.workflow",
     "hookimpl": ".hooks",
+    "run_batch": ".batch",
 }
 
 __all__ = [
+    "BatchItem",
+    "BatchResult",
     "BudgetExceeded",
     "ChatRequest",
     "ChatResponse",
@@ -151,6 +161,7 @@ __all__ = [
     "Workflow",
     "WorkflowResult",
     "hookimpl",
+    "run_batch",
 ]
 
 

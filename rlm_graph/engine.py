@@ -27,7 +27,7 @@ from .graph import Workflow
 from .hooks import PluginHost
 from .limits import Limits
 from .runtime.context import Run
-from .runtime.limiters import LoopLimiters, SharedGate
+from .runtime.limiters import InProcessLimiter, LoopLimiters, SharedLimiter
 from .runtime.providers import ProviderRouter
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
 from .runtime.sync import run_sync
@@ -122,6 +122,9 @@ class Engine:
             with `rlm_graph.tracing.configure_tracing` or ``tracer_provider_from_env()``.
         trace_content: put prompt, code and output text (truncated) on spans.
         entry_points: load installed plugins of entry-point group ``rlm_graph``.
+        limiter: where providers' concurrency gates and rate buckets live, shared with
+            every engine given the same object (default: this engine's own, in-process);
+            batch executors supply one (see docs/batch.md).
         **limits: any field of `Limits` (``max_timeout``, ``max_tokens``...).
 
     Raises:
@@ -143,6 +146,7 @@ class Engine:
         trace_content: bool = False,
         entry_points: bool = True,
         listeners: Iterable[Listener] = (),
+        limiter: SharedLimiter | None = None,
         **limits: Any,
     ) -> None:
         self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
@@ -201,7 +205,7 @@ class Engine:
             weakref.WeakKeyDictionary()
         )
         # Provider limits across loops: parallel sync calls from threads share them too.
-        self._gates: dict[str, SharedGate] = {}
+        self.limiter: SharedLimiter = limiter if limiter is not None else InProcessLimiter()
 
     @staticmethod
     def _limits(values: Mapping[str, Any]) -> Limits:
@@ -228,7 +232,7 @@ class Engine:
         found = self._loops.get(token)
         if found is None:
             found = self._loops[token] = LoopLimiters(
-                self.limits.max_concurrent_subcalls, self._gates
+                self.limits.max_concurrent_subcalls, self.limiter
             )
         return found
 

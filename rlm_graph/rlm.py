@@ -37,6 +37,7 @@ from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.bridge import BridgeProxy
+from .runtime.limiters import SharedLimiter
 from .runtime.context import Run
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
@@ -251,8 +252,8 @@ class RLM:
             keys pass through to the provider) for the root's turns, and for sub-calls and
             children's turns (default: ``sampling_args``).
         depth: accepted for compatibility; must be 0.
-        plugins, observers, listeners, models, tracer_provider, trace_content: as for
-            `Engine`.
+        plugins, observers, listeners, models, tracer_provider, trace_content, limiter: as
+            for `Engine`.
 
     Raises:
         ConfigError: an unknown keyword, a bad limit, a reserved tool name.
@@ -302,6 +303,7 @@ class RLM:
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
+        limiter: SharedLimiter | None = None,
         logger: None = None,
         **unknown: Any,
     ) -> None:
@@ -342,6 +344,7 @@ class RLM:
             models=models,
             tracer_provider=tracer_provider,
             trace_content=trace_content,
+            limiter=limiter,
             max_depth=max_depth,
             max_iterations=max_iterations,
             max_timeout=max_timeout,
@@ -464,13 +467,27 @@ class RLM:
                 await self.engine.aclose()
 
     async def acompletion(
-        self, prompt: Any, root_prompt: str | None = None, *, schema: Any = None
+        self,
+        prompt: Any,
+        root_prompt: str | None = None,
+        *,
+        schema: Any = None,
+        limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
-        """`completion` for trio callers: runs in the caller's loop."""
-        return await self._acompletion(prompt, root_prompt, schema, ())
+        """`completion` for trio callers: runs in the caller's loop.
+
+        ``limits`` overrides this RLM's limits for this completion only
+        (``{"max_iterations": 5}``; a batch item's own limits come this way).
+        """
+        return await self._acompletion(prompt, root_prompt, schema, (), limits)
 
     async def _acompletion(
-        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener]
+        self,
+        prompt: Any,
+        root_prompt: str | None,
+        schema: Any,
+        listeners: Iterable[Listener],
+        limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
         """One completion; a persistent session refuses a second one running at once.
 
@@ -505,7 +522,7 @@ class RLM:
         if schema is not None:
             settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
         started = time.perf_counter()
-        run = self.engine.new_run(listeners=listeners)
+        run = self.engine.new_run(self.engine.limits_with(limits or {}), listeners=listeners)
         run.run_started("completion")
         try:
             result = await self._execute(run, settings, prompt, root_prompt, started)
@@ -577,7 +594,7 @@ class RLM:
     async def _root(
         self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally
     ) -> Any:
-        if self.engine.limits.max_depth == 0:
+        if runner.run.limits.max_depth == 0:
             return await runner.plain(prompt, root_prompt, state, tally)
         if self.direct_share is not None:
             answered = await runner.direct(prompt, root_prompt, state, tally, self.direct_share)

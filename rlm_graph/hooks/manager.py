@@ -27,6 +27,7 @@ _SINGULAR = {
     "providers": "backend",
     "environments": "environment",
     "compaction_strategies": "compaction strategy",
+    "executors": "executor",
 }
 
 _ENTRY_POINT_CACHE: list[tuple[str, str, object]] | None = None
@@ -70,7 +71,7 @@ class PluginHost:
         entry_points: load installed entry points of group ``rlm_graph`` (default on).
     """
 
-    CATEGORIES = ("providers", "environments", "compaction_strategies")
+    CATEGORIES = ("providers", "environments", "compaction_strategies", "executors")
 
     def __init__(self, plugins: Iterable[object] = (), *, entry_points: bool = True) -> None:
         self.pm = pluggy.PluginManager(PROJECT)

@@ -63,6 +63,16 @@ class HookSpecs:
         """
 
     @hookspec
+    def rlm_register_executors(self) -> Mapping[str, Any]:
+        """Called when a batch starts, to collect batch executors by name.
+
+        Returns:
+            ``{"name": factory}`` where ``factory(**executor_kwargs)`` returns an
+            `rlm_graph.batch.Executor` (``run(items, rlm_kwargs, concurrency=...)``
+            yielding results as they finish).
+        """
+
+    @hookspec
     def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
         """Called when a node starts running (its record is ``running``)."""
 

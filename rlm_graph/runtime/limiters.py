@@ -9,17 +9,59 @@ Three levels of concurrency, each a named ``trio.CapacityLimiter``:
 
 Rates are token buckets on trio's clock (so ``MockClock`` tests are instant):
 requests per minute and tokens per minute per provider.
+
+A provider's concurrency gate and rate buckets must hold beyond one loop: across threads
+of one process, and, for a batch on a cluster, across processes and machines. The engine
+reaches them through a `SharedLimiter` it is given and never asks which one it has: by
+default an `InProcessLimiter`; a batch executor may supply its own (the Ray executor's
+lives in a Ray actor, see plugins/rlm_graph_ray).
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import deque
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
 
 import trio
 
-__all__ = ["LoopLimiters", "RateLimiter", "SharedGate"]
+__all__ = [
+    "InProcessLimiter",
+    "LoopLimiters",
+    "RateGate",
+    "RateLimiter",
+    "SharedGate",
+    "SharedLimiter",
+]
+
+
+class RateGate(Protocol):
+    """A provider's request and token buckets, as `call_model` uses them."""
+
+    async def acquire(self, tokens: int = 0) -> None:
+        """Wait until one request of about ``tokens`` tokens may go out, then take it."""
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token bucket once the real usage of a request is known."""
+
+
+class SharedLimiter(Protocol):
+    """Provider limits that hold for every run that shares this object, whatever its loop.
+
+    An engine holds one (``Engine(limiter=...)``; default `InProcessLimiter`). Every
+    model call passes the provider's gate (at most ``capacity`` requests in flight under
+    one ``key``) and its rate buckets. A batch executor supplies one shared by all its
+    completions: in-process for ``local``, a Ray actor for ``ray``.
+    """
+
+    def gate(self, key: str, capacity: int) -> AbstractAsyncContextManager[object]:
+        """The concurrency gate of provider ``key``: hold it for the request's duration."""
+
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
+        """The rate buckets of provider ``key`` (called only when ``rpm`` or ``tpm`` is set)."""
 
 
 class RateLimiter:
@@ -134,19 +176,49 @@ class SharedGate:
         self._free += 1
 
 
+class InProcessLimiter:
+    """The default `SharedLimiter`: one process, any number of trio loops (threads).
+
+    The concurrency gate is a `SharedGate` per provider, counted across loops. Rate
+    buckets run on trio's clock, which belongs to one loop, so each loop has its own.
+    """
+
+    def __init__(self) -> None:
+        self._gates: dict[str, SharedGate] = {}
+        self._rates: weakref.WeakKeyDictionary[
+            trio.lowlevel.TrioToken, dict[str, RateLimiter]
+        ] = weakref.WeakKeyDictionary()
+
+    def gate(self, key: str, capacity: int) -> SharedGate:
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates.setdefault(key, SharedGate(capacity))
+        return gate
+
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter:
+        token = trio.lowlevel.current_trio_token()
+        rates = self._rates.get(token)
+        if rates is None:
+            rates = self._rates[token] = {}
+        limiter = rates.get(key)
+        if limiter is None:
+            limiter = rates[key] = RateLimiter(rpm, tpm)
+        return limiter
+
+
 class LoopLimiters:
     """The limiters of one engine inside one trio loop.
 
     trio primitives belong to the loop they were used in, so an engine keeps one
     `LoopLimiters` per loop; every run inside that loop (and every depth of each) shares it.
+    Provider gates and rates come from the engine's `SharedLimiter`.
     """
 
     def __init__(
-        self, max_concurrent_subcalls: int, gates: dict[str, SharedGate] | None = None
+        self, max_concurrent_subcalls: int, shared: SharedLimiter | None = None
     ) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
-        self._gates = gates if gates is not None else {}
-        self._rates: dict[str, RateLimiter] = {}
+        self._shared: SharedLimiter = shared if shared is not None else InProcessLimiter()
         self._subcalls: dict[int, trio.CapacityLimiter] = {}
         self._max_subcalls = max_concurrent_subcalls
 
@@ -169,20 +241,14 @@ class LoopLimiters:
             limiter = self._providers[key] = trio.CapacityLimiter(capacity)
         return limiter
 
-    def gate(self, key: str, capacity: int) -> SharedGate:
-        """The engine-wide gate of a provider (shared with the engine's other loops)."""
-        gate = self._gates.get(key)
-        if gate is None:
-            gate = self._gates.setdefault(key, SharedGate(capacity))
-        return gate
+    def gate(self, key: str, capacity: int) -> AbstractAsyncContextManager[object]:
+        """The gate of a provider beyond this loop (the engine's `SharedLimiter`)."""
+        return self._shared.gate(key, capacity)
 
-    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter | None:
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
         if not rpm and not tpm:
             return None
-        limiter = self._rates.get(key)
-        if limiter is None:
-            limiter = self._rates[key] = RateLimiter(rpm, tpm)
-        return limiter
+        return self._shared.rate(key, rpm, tpm)
 
     def statistics(self) -> dict[str, object]:
         """Limiter statistics by name, for debugging a stuck or slow run."""

@@ -1,0 +1,184 @@
+"""Batch items: what one line of a batch's input says, checked before anything runs.
+
+An item is one completion: an ``id`` (unique in the batch), a ``query`` and its context,
+either inline (``context``: a string, list or dict) or in a file (``context_file``, read
+when the item starts, relative to the input file's folder). Any other key is a per-item
+override of a completion limit (`ITEM_LIMITS`). Pure: no trio.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ConfigError
+from ..limits import Limits
+
+__all__ = ["ITEM_LIMITS", "BatchItem", "coerce_items", "read_items", "scan_items"]
+
+# Limits one completion may set for itself; the others (provider concurrency, child
+# completions in flight) belong to the whole batch.
+ITEM_LIMITS = (
+    "batch_max_concurrent",
+    "max_budget",
+    "max_depth",
+    "max_errors",
+    "max_iterations",
+    "max_timeout",
+    "max_tokens",
+)
+_FIELDS = ("id", "query", "context", "context_file")
+
+
+class BatchItem(BaseModel):
+    """One completion of a batch.
+
+    Attributes:
+        id: the item's id, unique in the batch; results carry it.
+        query: the question (the completion's ``root_prompt``).
+        context: the context, inline; or
+        context_file: a file whose text is the context (an absolute path once parsed).
+        limits: per-item overrides of completion limits (``{"max_iterations": 5}``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    query: str
+    context: str | list[Any] | dict[str, Any] | None = None
+    context_file: str | None = None
+    limits: dict[str, Any] = {}
+
+    def load_context(self) -> str | list[Any] | dict[str, Any]:
+        """The context: inline, or read from ``context_file`` (UTF-8 text).
+
+        Raises:
+            ConfigError: the file cannot be read.
+        """
+        if self.context_file is None:
+            return self.context if self.context is not None else ""
+        try:
+            return Path(self.context_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+            raise ConfigError(
+                f"item {self.id!r}: cannot read context_file {self.context_file!r}: {reason}"
+            ) from None
+
+    def loaded(self) -> BatchItem:
+        """This item with its context read in (for executors that ship items elsewhere)."""
+        if self.context_file is None:
+            return self
+        return self.model_copy(update={"context": self.load_context(), "context_file": None})
+
+
+def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
+    """An item from a decoded input line (or a dict given in code)."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: an item is a JSON object, not {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_FIELDS) - set(ITEM_LIMITS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; an item has id, query, "
+            f"context or context_file, and may override {', '.join(ITEM_LIMITS)}"
+        )
+    item_id = raw.get("id")
+    if isinstance(item_id, bool) or not isinstance(item_id, str | int) or item_id == "":
+        raise ConfigError(f"{where}: 'id' must be a non-empty string or an integer")
+    if not isinstance(raw.get("query"), str):
+        raise ConfigError(f"{where}: 'query' (the question, a string) is missing")
+    if ("context" in raw) == ("context_file" in raw):
+        raise ConfigError(f"{where}: give exactly one of 'context' and 'context_file'")
+    context_file = raw.get("context_file")
+    if context_file is not None:
+        if not isinstance(context_file, str) or not context_file:
+            raise ConfigError(f"{where}: 'context_file' must be a path (a string)")
+        path = Path(context_file)
+        context_file = str(path if path.is_absolute() or base is None else base / path)
+    limits = {k: raw[k] for k in ITEM_LIMITS if k in raw}
+    if limits:
+        Limits.from_kwargs(**limits)  # a bad value is reported here, with its line
+    try:
+        return BatchItem(
+            id=str(item_id), query=raw["query"], context=raw.get("context"),
+            context_file=context_file, limits=limits,
+        )
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{where}: {problems}") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
+    """(line number, decoded object or None, error) for every non-blank line."""
+    try:
+        handle = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read --input {str(path)!r}: {exc.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line), None
+            except ValueError as exc:
+                yield number, None, f"not JSON ({exc})"
+
+
+def scan_items(path: Path) -> list[str]:
+    """Check every line of a JSONL input file; return the ids in order.
+
+    Reads the file once without keeping contexts in memory, so a bad line is reported
+    before any completion runs, whatever the file's size.
+
+    Raises:
+        ConfigError: every bad line (up to ten), with its number and the fix.
+    """
+    ids: list[str] = []
+    seen: dict[str, int] = {}
+    problems: list[str] = []
+    for number, raw, error in _lines(path):
+        where = f"{path}:{number}"
+        try:
+            if error is not None:
+                raise ConfigError(f"{where}: {error}")
+            item = _parse(raw or {}, where, path.parent)
+            if item.context_file is not None and not Path(item.context_file).is_file():
+                raise ConfigError(f"{where}: context_file {item.context_file!r} is not a file")
+            if item.id in seen:
+                raise ConfigError(f"{where}: id {item.id!r} already used on line {seen[item.id]}")
+        except ConfigError as exc:
+            problems.append(str(exc))
+            continue
+        seen[item.id] = number
+        ids.append(item.id)
+    if problems:
+        more = f"\n... and {len(problems) - 10} more" if len(problems) > 10 else ""
+        raise ConfigError("bad input:\n" + "\n".join(problems[:10]) + more)
+    return ids
+
+
+def read_items(path: Path) -> Iterator[BatchItem]:
+    """The items of a JSONL input file, one at a time (check it first with `scan_items`)."""
+    for number, raw, error in _lines(path):
+        if error is not None:
+            raise ConfigError(f"{path}:{number}: {error}")
+        yield _parse(raw or {}, f"{path}:{number}", path.parent)
+
+
+def coerce_items(items: Iterable[BatchItem | Mapping[str, Any]]) -> Iterator[BatchItem]:
+    """Items given in code (`BatchItem` or dicts shaped as input lines), checked one by one.
+
+    Raises:
+        ConfigError: a bad item, or an id given twice.
+    """
+    seen: set[str] = set()
+    for index, raw in enumerate(items):
+        item = raw if isinstance(raw, BatchItem) else _parse(raw, f"item {index}", None)
+        if item.id in seen:
+            raise ConfigError(f"item {index}: id {item.id!r} is given twice; ids must be unique")
+        seen.add(item.id)
+        yield item

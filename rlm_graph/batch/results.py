@@ -1,0 +1,211 @@
+"""Batch results: one line per finished item, the results file that makes a batch
+resumable, and the summary. Pure: no trio.
+
+Invariants:
+    - A result line is written whole and flushed as its item finishes; a run killed
+      mid-write leaves at most one partial last line, which `ResultsFile.open` cuts off
+      before appending, so the file stays valid JSON Lines.
+    - An id with a line in the file is done: a rerun skips it (with ``retry_failed``,
+      only ids whose every line is a failure are run again; the last line of an id wins).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ConfigError
+
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
+
+
+class ItemUsage(BaseModel):
+    """Model calls and tokens of one completion, every depth included."""
+
+    model_config = ConfigDict(frozen=True)
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    models: dict[str, dict[str, Any]] = {}
+
+
+class BatchError(BaseModel):
+    """Why an item has no answer: the exception's type and message."""
+
+    model_config = ConfigDict(frozen=True)
+
+    type: str
+    message: str
+
+
+class BatchResult(BaseModel):
+    """What became of one item; one line of the results file.
+
+    Attributes:
+        id: the item's id.
+        answer: the answer (or the partial answer a limit left); ``None`` on error.
+        stop_reason: the limit that stopped the completion, else ``None``.
+        usage: calls and tokens, every depth included.
+        cost: USD, when the server reports it or the model has a price.
+        started_at, finished_at: wall-clock (Unix) times of the last attempt.
+        seconds: how long the last attempt took.
+        attempts: 1, or more when a worker died and the item was run again.
+        executor: which executor ran it.
+        error: why there is no answer, else ``None``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    answer: str | None = None
+    stop_reason: str | None = None
+    usage: ItemUsage = ItemUsage()
+    cost: float | None = None
+    started_at: float
+    finished_at: float
+    seconds: float
+    attempts: int = 1
+    executor: str = "local"
+    error: BatchError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_line(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), ensure_ascii=False) + "\n"
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: one of the values)."""
+    if not values:
+        return None
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(share * len(ranked)) - 1)]
+
+
+class BatchSummary(BaseModel):
+    """Totals of the items a run finished (items skipped on resume are counted apart)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    answered: int = 0
+    failed: int = 0
+    skipped: int = 0
+    stopped_by_limit: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    p50_seconds: float | None = None
+    p95_seconds: float | None = None
+
+    @classmethod
+    def of(cls, results: Iterable[BatchResult], skipped: int = 0) -> BatchSummary:
+        done = list(results)
+        costs = [r.cost for r in done if r.cost is not None]
+        latencies = [r.seconds for r in done]
+        return cls(
+            answered=sum(r.ok for r in done),
+            failed=sum(not r.ok for r in done),
+            skipped=skipped,
+            stopped_by_limit=sum(r.ok and r.stop_reason is not None for r in done),
+            input_tokens=sum(r.usage.input_tokens for r in done),
+            output_tokens=sum(r.usage.output_tokens for r in done),
+            cost=sum(costs) if costs else None,
+            p50_seconds=_percentile(latencies, 0.50),
+            p95_seconds=_percentile(latencies, 0.95),
+        )
+
+    def text(self) -> str:
+        """One human line: ``40 answered, 1 failed, ... p50 1.20 s, p95 2.31 s``."""
+        parts = [f"{self.answered} answered", f"{self.failed} failed"]
+        if self.skipped:
+            parts.append(f"{self.skipped} already done")
+        if self.stopped_by_limit:
+            parts.append(f"{self.stopped_by_limit} stopped by a limit")
+        parts.append(f"{self.input_tokens:,} input and {self.output_tokens:,} output tokens")
+        if self.cost is not None:
+            parts.append(f"${self.cost:.4f}")
+        if self.p50_seconds is not None and self.p95_seconds is not None:
+            parts.append(f"p50 {self.p50_seconds:.2f} s, p95 {self.p95_seconds:.2f} s")
+        return ", ".join(parts)
+
+
+class ResultsFile:
+    """The results file of a batch: what is done already, and appending as items finish.
+
+    Args:
+        path: the JSON Lines file (created if missing).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ok_ids: set[str] = set()
+        self.failed_ids: set[str] = set()
+        self._handle: IO[str] | None = None
+
+    def open(self) -> ResultsFile:
+        """Read what is done and open for appending, cutting off a partial last line.
+
+        Raises:
+            ConfigError: the file cannot be read or written, or a complete line in it is
+                not a result (it is not a results file: refuse to append to it).
+        """
+        try:
+            data = self.path.read_bytes() if self.path.exists() else b""
+        except OSError as exc:
+            raise ConfigError(f"cannot read --output {str(self.path)!r}: {exc.strerror}") from None
+        end = data.rfind(b"\n") + 1  # everything after the last newline is a cut-off write
+        for number, line in enumerate(data[:end].splitlines(), start=1):
+            if line.strip():
+                self._note(line, number)
+        try:
+            if end < len(data):
+                os.truncate(self.path, end)
+            self._handle = self.path.open("a", encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"cannot write --output {str(self.path)!r}: {exc.strerror}") from None
+        return self
+
+    def _note(self, line: bytes, number: int) -> None:
+        try:
+            record = json.loads(line)
+            item_id, error = record["id"], record.get("error")
+        except (ValueError, KeyError, TypeError):
+            raise ConfigError(
+                f"{self.path}:{number} is not a batch result line; --output must be a "
+                "results file of rlm-graph batch (or a new path)"
+            ) from None
+        if error is None:
+            self.ok_ids.add(str(item_id))
+            self.failed_ids.discard(str(item_id))
+        elif str(item_id) not in self.ok_ids:
+            self.failed_ids.add(str(item_id))
+
+    def done(self, retry_failed: bool = False) -> set[str]:
+        """Ids to skip: every id with a line, or only the answered ones."""
+        return set(self.ok_ids) if retry_failed else self.ok_ids | self.failed_ids
+
+    def append(self, result: BatchResult) -> None:
+        """Write one result line and flush it (a killed run keeps every finished item)."""
+        assert self._handle is not None, "open() the results file first"
+        self._handle.write(result.to_line())
+        self._handle.flush()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> ResultsFile:
+        return self if self._handle is not None else self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,119 @@
+"""`run_batch`: many completions, by an executor plugin, results as they finish.
+
+An executor (hook ``rlm_register_executors``) decides where completions run: ``local``
+(one trio loop in this process) or ``ray`` (a Ray task per completion). Whatever it is,
+provider limits hold across all of its completions: it gives every engine it builds one
+`SharedLimiter` (see `rlm_graph.runtime.limiters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Protocol
+
+from ..errors import ConfigError
+from ..hooks import PluginHost
+from .items import BatchItem, coerce_items
+from .results import BatchResult
+
+__all__ = ["Executor", "run_batch"]
+
+# Keywords of RLM(...) a batch sets itself: one completion per item, limits shared.
+_RESERVED = {
+    "limiter": "the executor supplies the limiter that every completion of the batch shares",
+    "persistent": "each item is a completion of its own; a REPL is not kept between items",
+}
+
+
+class Executor(Protocol):
+    """Where the completions of a batch run (registered with ``rlm_register_executors``)."""
+
+    name: str
+
+    def run(
+        self, items: Iterator[BatchItem], rlm_kwargs: Mapping[str, Any], *, concurrency: int
+    ) -> Iterator[BatchResult]:
+        """Run each item as one completion of ``RLM(**rlm_kwargs)``, at most
+        ``concurrency`` at once, and yield each result as it finishes.
+
+        Every engine built must get the same `SharedLimiter` (``limiter=``), so that
+        the providers' limits hold across the batch. A failing item is a result with
+        ``error`` set, never an exception. Closing the iterator stops the batch.
+        """
+
+
+def check_rlm_kwargs(rlm_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``RLM(...)`` keywords of a batch, checked by building one `RLM` here.
+
+    Raises:
+        ConfigError: not a dict, a keyword a batch sets itself, or any error
+            ``RLM(**rlm_kwargs)`` reports (an unknown backend, a bad limit...).
+    """
+    if rlm_kwargs is None:
+        return {}
+    if not isinstance(rlm_kwargs, Mapping):
+        raise ConfigError(f"rlm_kwargs must be a dict of RLM(...) keywords, not {type(rlm_kwargs).__name__}")
+    for key, why in _RESERVED.items():
+        if key in rlm_kwargs:
+            raise ConfigError(f"rlm_kwargs may not set {key!r}: {why}")
+    kwargs = dict(rlm_kwargs)
+    from ..rlm import RLM
+
+    RLM(**kwargs)  # fail here, before any item runs, on a bad configuration
+    return kwargs
+
+
+def make_executor(
+    name: str, executor_kwargs: Mapping[str, Any] | None, plugins: Iterable[object] = ()
+) -> Executor:
+    """The executor registered as ``name``, built with ``executor_kwargs``.
+
+    Raises:
+        PluginError: no executor of that name (the message lists the registered ones).
+        ConfigError: it rejects its keywords, or needs something not installed.
+    """
+    factory = PluginHost(plugins).lookup("executors", name)
+    try:
+        executor: Executor = factory(**dict(executor_kwargs or {}))
+    except TypeError as exc:
+        raise ConfigError(f"executor {name!r} rejected its executor_kwargs: {exc}") from None
+    return executor
+
+
+def run_batch(
+    items: Iterable[BatchItem | Mapping[str, Any]],
+    rlm_kwargs: Mapping[str, Any] | None = None,
+    *,
+    concurrency: int = 8,
+    executor: str = "local",
+    executor_kwargs: Mapping[str, Any] | None = None,
+    skip_ids: Iterable[str] = (),
+) -> Iterator[BatchResult]:
+    """Answer many items, ``concurrency`` completions at once; yield results as they finish.
+
+    Args:
+        items: `BatchItem`\\ s or dicts shaped as input lines (``{"id", "query",
+            "context" | "context_file", ...limit overrides}``); read lazily.
+        rlm_kwargs: the keywords of ``RLM(...)`` for every completion (backend, model,
+            limits...). Provider limits (``max_concurrent``, requests and tokens per
+            minute) hold across all completions of the batch.
+        concurrency: completions in flight at once.
+        executor: ``"local"`` (default), ``"ray"``, or a plugin's.
+        executor_kwargs: the executor's keywords (``{"address": "auto"}`` for Ray).
+        skip_ids: ids not to run (already done: resume).
+
+    Returns:
+        An iterator of `BatchResult`, in the order items finish; a failed item is a
+        result with ``error`` set. Closing it early stops the batch.
+
+    Raises:
+        ConfigError: a bad configuration or a bad item (raised when reached).
+        PluginError: an unknown executor.
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
+    kwargs = check_rlm_kwargs(rlm_kwargs)
+    runner = make_executor(executor, executor_kwargs, kwargs.get("plugins", ()))
+    skip = {str(i) for i in skip_ids}
+    todo = (item for item in coerce_items(items) if item.id not in skip)
+    return runner.run(todo, kwargs, concurrency=concurrency)

@@ -1,0 +1,232 @@
+"""Batches on the local executor, against a fake OpenAI server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from batch_support import FAIL, KEY, BatchServer, expected, items, rlm_kwargs
+
+from rlm_graph import ConfigError, PluginError, run_batch
+from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile
+from rlm_graph.cli import main
+
+
+def test_forty_items_each_get_their_own_answer_and_the_provider_limit_holds() -> None:
+    with BatchServer(latency=0.01) as server:
+        results = list(run_batch(items(40), rlm_kwargs(server, max_concurrent=3), concurrency=8))
+    assert sorted(r.id for r in results) == sorted(f"item-{i}" for i in range(40))
+    for result in results:
+        assert result.error is None
+        assert result.answer == expected(result.id)
+        assert result.usage.calls == 3  # root turn + two sub-calls
+        assert result.executor == "local"
+    assert len(server.requests) == 120
+    # 8 completions x 2 sub-calls could put 16 requests in flight; the provider allows 3.
+    assert 1 < server.peak_in_flight <= 3
+
+
+def test_an_item_whose_provider_fails_is_recorded_and_the_others_finish() -> None:
+    with BatchServer() as server:
+        results = {r.id: r for r in run_batch(items(6, fail=(2,)), rlm_kwargs(server), concurrency=3)}
+    failed = results.pop("item-2")
+    assert failed.answer is None and failed.error is not None
+    assert failed.error.type == "ProviderError" or failed.error.type.startswith("Provider")
+    assert "refused" in failed.error.message and KEY not in failed.error.message
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values())
+    summary = BatchSummary.of([failed, *results.values()])
+    assert (summary.answered, summary.failed) == (5, 1)
+
+
+def test_results_stream_as_items_finish_not_at_the_end() -> None:
+    with BatchServer(latency=0.02) as server:
+        stream = run_batch(items(6), rlm_kwargs(server), concurrency=1)
+        first = next(stream)
+        # One at a time: when the first result arrives, later items have not been asked.
+        assert server.root_turns[first.id] == 1 and sum(server.root_turns.values()) <= 2
+        rest = list(stream)
+    assert len(rest) == 5
+
+
+def test_closing_the_iterator_stops_the_batch() -> None:
+    with BatchServer(latency=0.02) as server:
+        stream = run_batch(items(30), rlm_kwargs(server), concurrency=2)
+        next(stream)
+        stream.close()  # type: ignore[attr-defined]
+        asked = len(server.requests)
+        time.sleep(0.1)
+        assert len(server.requests) == asked  # nothing more goes out
+    assert sum(server.root_turns.values()) < 30
+
+
+def test_per_item_limit_overrides_apply_to_that_item_only() -> None:
+    batch = items(3)
+    batch[1]["max_tokens"] = 10
+    with BatchServer() as server:
+        results = {r.id: r for r in run_batch(batch, rlm_kwargs(server), concurrency=3)}
+    assert results["item-1"].stop_reason == "max_tokens"
+    assert results["item-0"].stop_reason is None and results["item-2"].answer == expected("item-2")
+
+
+def test_skip_ids_resume_in_python() -> None:
+    with BatchServer() as server:
+        results = list(run_batch(items(5), rlm_kwargs(server), skip_ids=["item-0", "item-3"]))
+    assert sorted(r.id for r in results) == ["item-1", "item-2", "item-4"]
+    assert set(server.root_turns) == {"item-1", "item-2", "item-4"}
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([{"id": "a", "query": "q"}], "exactly one of 'context' and 'context_file'"),
+        ([{"id": "a", "context": "c", "query": "q", "temperature": 1}], "unknown key(s) 'temperature'"),
+        ([{"id": "a", "context": "c", "query": "q"}] * 2, "id 'a' is given twice"),
+        ([{"id": "a", "context": "c", "query": "q", "max_iterations": 0}], "max_iterations"),
+    ],
+)
+def test_bad_items_name_the_problem(bad: list[dict[str, object]], message: str) -> None:
+    with BatchServer() as server, pytest.raises(ConfigError) as caught:
+        list(run_batch(bad, rlm_kwargs(server)))
+    assert message in str(caught.value)
+
+
+def test_bad_configuration_fails_before_any_item_runs() -> None:
+    with BatchServer() as server:
+        with pytest.raises(PluginError, match="unknown executor 'nope'; registered: local"):
+            run_batch(items(2), rlm_kwargs(server), executor="nope")
+        with pytest.raises(ConfigError, match="concurrency"):
+            run_batch(items(2), rlm_kwargs(server), concurrency=0)
+        with pytest.raises(ConfigError, match="'limiter'"):
+            run_batch(items(2), {**rlm_kwargs(server), "limiter": object()})
+        with pytest.raises(ConfigError, match="unknown keyword"):
+            run_batch(items(2), {**rlm_kwargs(server), "max_turns": 3})
+    assert server.requests == []
+
+
+def test_a_partial_last_line_is_cut_off_before_appending(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    whole = BatchResult(id="a", answer="x", started_at=0, finished_at=1, seconds=1).to_line()
+    path.write_text(whole + '{"id": "b", "answ')  # killed mid-write
+    with ResultsFile(path) as results:
+        assert results.done() == {"a"}
+        results.append(BatchResult(id="b", answer="y", started_at=0, finished_at=1, seconds=1))
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["a", "b"]
+
+
+def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("my notes\n")
+    with pytest.raises(ConfigError, match="not a batch result line"):
+        ResultsFile(path).open()
+    assert path.read_text() == "my notes\n"
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def _write_items(path: Path, batch: list[dict[str, object]]) -> None:
+    path.write_text("".join(json.dumps(item) + "\n" for item in batch))
+
+
+def _cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
+        "--model", "gpt-test", "--base-url", server.base_url, "--max-concurrent", "3", *extra,
+    ]
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_cli_writes_a_line_per_item_a_summary_and_exits_1_on_a_failed_item(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    batch = items(5, fail=(4,))
+    batch[0] = {"id": "item-0", "context_file": "ctx0.txt", "query": "question item-no-0."}
+    (tmp_path / "ctx0.txt").write_text("ctx0")
+    _write_items(tmp_path / "in.jsonl", batch)
+    with BatchServer() as server:
+        code = main(_cli_args(server, tmp_path, "--concurrency", "2"))
+    assert code == 1
+    lines = {line["id"]: line for line in _lines(tmp_path / "out.jsonl")}
+    assert lines["item-0"]["answer"] == expected("item-0")  # read from its context_file
+    assert lines["item-4"]["error"]["type"].startswith("Provider")  # type: ignore[index]
+    err = capsys.readouterr().err
+    assert "4 answered, 1 failed" in err and "p50" in err and "p95" in err
+    assert err.count("/5] item-") == 5
+
+
+def test_cli_bad_input_lines_exit_2_naming_each_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "in.jsonl").write_text(
+        '{"id": "a", "context": "c", "query": "q"}\nnot json\n{"id": "a", "context": "c", "query": "q"}\n'
+        '{"id": "b", "context_file": "missing.txt", "query": "q"}\n'
+    )
+    with BatchServer() as server:
+        assert main(_cli_args(server, tmp_path)) == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    assert "in.jsonl:2: not JSON" in err
+    assert "in.jsonl:3: id 'a' already used on line 1" in err
+    assert "in.jsonl:4: context_file" in err and "is not a file" in err
+    assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_text() == ""
+
+
+def _start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+    args = _cli_args(server, tmp_path, *extra)
+    env = {**os.environ, "OPENAI_API_KEY": KEY}
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlm_graph.cli", *args], env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and path.read_text().count("\n") >= count:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the batch never wrote {count} lines (exit {proc.poll()})")
+
+
+def kill_and_resume(server: BatchServer, tmp_path: Path, n: int, *extra: str) -> list[dict[str, object]]:
+    """Start the CLI, SIGKILL it once some items are written, rerun it to the end; return
+    the output lines. Checks that the rerun never asked again for an item already written."""
+    _write_items(tmp_path / "in.jsonl", items(n))
+    out = tmp_path / "out.jsonl"
+    first = _start_cli(server, tmp_path, *extra)
+    try:
+        _wait_for_lines(out, n // 4, first)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.communicate()
+    assert first.returncode == -signal.SIGKILL
+    written = {line["id"] for line in _lines(out)}
+    assert 0 < len(written) < n, "kill the run midway"
+    asked_before = dict(server.root_turns)
+    second = _start_cli(server, tmp_path, *extra)
+    _, err = second.communicate(timeout=120)
+    assert second.returncode == 0, err
+    assert f"{len(written)} of {n} items already in" in err
+    for item_id in written:
+        assert server.root_turns[item_id] == asked_before[item_id]  # not asked again
+    return _lines(out)
+
+
+def test_cli_killed_midway_then_resumed_answers_every_id_exactly_once(tmp_path: Path) -> None:
+    with BatchServer(latency=0.02) as server:
+        lines = kill_and_resume(server, tmp_path, 40, "--concurrency", "4")
+    ids = [line["id"] for line in lines]
+    assert sorted(ids) == sorted(f"item-{i}" for i in range(40))  # each exactly once
+    assert all(line["answer"] == expected(str(line["id"])) for line in lines)
