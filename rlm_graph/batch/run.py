@@ -112,8 +112,9 @@ def run_batch(
     """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
+    plugins = rlm_kwargs.get("plugins", ()) if isinstance(rlm_kwargs, Mapping) else ()
+    runner = make_executor(executor, executor_kwargs, plugins)
     kwargs = check_rlm_kwargs(rlm_kwargs)
-    runner = make_executor(executor, executor_kwargs, kwargs.get("plugins", ()))
     skip = {str(i) for i in skip_ids}
     todo = (item for item in coerce_items(items) if item.id not in skip)
     return runner.run(todo, kwargs, concurrency=concurrency)

@@ -182,6 +182,18 @@ def test_cli_bad_input_lines_exit_2_naming_each_line(
     assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_text() == ""
 
 
+def test_cli_ray_without_ray_says_how_to_get_it(tmp_path: Path) -> None:
+    _write_items(tmp_path / "in.jsonl", items(1))
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from rlm_graph.cli import main\n"
+        f"sys.exit(main({['batch', '--input', str(tmp_path / 'in.jsonl'), '--output', str(tmp_path / 'o.jsonl'), '--model', 'm', '--executor', 'ray']!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'rlm-graph[ray]'" in done.stderr
+
+
 def _start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     args = _cli_args(server, tmp_path, *extra)
     env = {**os.environ, "OPENAI_API_KEY": KEY}

@@ -1,0 +1,94 @@
+"""Batches on the ray executor: a real local Ray cluster (one for the session), a fake
+OpenAI server over real HTTP, worker processes killed for real."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batch_support import BatchServer, expected, is_root_turn, items, rlm_kwargs
+from test_batch_local import kill_and_resume
+
+from rlm_graph import run_batch
+from rlm_graph.testing import last_user_message
+
+
+def _pids(server: BatchServer) -> set[int]:
+    found = set()
+    for body in server.bodies:
+        if not is_root_turn(body):
+            match = re.search(r"pid=(\d+)", last_user_message(body))
+            if match:
+                found.add(int(match.group(1)))
+    return found
+
+
+def test_forty_items_on_ray_hold_the_provider_limit_across_the_cluster(ray_cluster: Any) -> None:
+    with BatchServer(latency=0.02) as server:
+        results = list(
+            run_batch(items(40), rlm_kwargs(server, max_concurrent=2), concurrency=4, executor="ray")
+        )
+    assert sorted(r.id for r in results) == sorted(f"item-{i}" for i in range(40))
+    assert all(r.ok and r.answer == expected(r.id) and r.executor == "ray" for r in results)
+    # Several worker processes called the provider at once; together, never more than 2.
+    assert len(_pids(server)) > 1 and os.getpid() not in _pids(server)
+    assert 1 < server.peak_in_flight <= 2
+
+
+def test_an_item_whose_provider_fails_on_ray_is_recorded_and_the_others_finish(ray_cluster: Any) -> None:
+    with BatchServer() as server:
+        results = {r.id: r for r in run_batch(items(6, fail=(1,)), rlm_kwargs(server), concurrency=3, executor="ray")}
+    assert results.pop("item-1").error is not None
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values())
+
+
+class KillingServer(BatchServer):
+    """SIGKILLs the worker process behind the first sub-call of ``victim``."""
+
+    def __init__(self, victim: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.victim = victim
+        self.killed: list[int] = []
+        self._kill_lock = threading.Lock()
+
+    def _respond(self, body: dict[str, Any]) -> Any:
+        prompt = last_user_message(body)
+        if not is_root_turn(body) and prompt.startswith(self.victim + "-"):
+            pid = int(prompt.rsplit("pid=", 1)[1])
+            with self._kill_lock:
+                if not self.killed:
+                    self.killed.append(pid)
+                    os.kill(pid, signal.SIGKILL)
+        return super()._respond(body)
+
+
+def test_a_worker_killed_mid_task_is_retried_and_frees_its_provider_slot(ray_cluster: Any) -> None:
+    # max_concurrent=1: had the dead worker kept its slot, nothing could call the provider again.
+    with KillingServer("ctx3") as server:
+        results = {
+            r.id: r
+            for r in run_batch(items(8), rlm_kwargs(server, max_concurrent=1), concurrency=3, executor="ray")
+        }
+    assert len(server.killed) == 1
+    assert sorted(results) == sorted(f"item-{i}" for i in range(8))
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values())
+    assert results["item-3"].attempts == 2 and server.root_turns["item-3"] == 2
+    assert server.peak_in_flight == 1
+
+
+def test_a_ray_batch_killed_midway_then_resumed_answers_every_id_exactly_once(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    address = ray_cluster.get_runtime_context().gcs_address
+    with BatchServer(latency=0.02) as server:
+        # Each driver is a Ray job with worker processes of its own: 2 keep the test short.
+        lines = kill_and_resume(
+            server, tmp_path, 12, "--concurrency", "2", "--executor", "ray", "--ray-address", address
+        )
+    assert sorted(line["id"] for line in lines) == sorted(f"item-{i}" for i in range(12))
+    assert all(line["answer"] == expected(str(line["id"])) and line["executor"] == "ray" for line in lines)
