@@ -19,9 +19,7 @@ from typing import Any
 
 import trio
 
-from rlm_graph.batch import BatchItem, BatchResult
-from rlm_graph.runtime.items import complete_item
-from rlm_graph.runtime.limiters import InProcessLimiter
+from rlm_graph.executors import BatchItem, BatchResult, InProcessLimiter, complete_item
 
 __all__ = ["LocalExecutor"]
 
@@ -80,7 +78,7 @@ class LocalExecutor:
         self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int,
         out: queue.SimpleQueue[object], state: dict[str, Any],
     ) -> None:
-        from rlm_graph.rlm import RLM
+        from rlm_graph import RLM
 
         with trio.CancelScope() as scope:
             state["token"], state["scope"] = trio.lowlevel.current_trio_token(), scope
@@ -97,8 +95,9 @@ class LocalExecutor:
 
 def _single(exc: BaseException) -> BaseException:
     """The one real error of a nursery's group (a bad item, say), else the group."""
-    from rlm_graph.runtime.sync import unwrap
-
-    if isinstance(exc, BaseExceptionGroup):
-        return unwrap(exc) or exc
-    return exc
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc
+    _, rest = exc.split(trio.Cancelled)
+    while isinstance(rest, BaseExceptionGroup) and len(rest.exceptions) == 1:
+        rest = rest.exceptions[0]
+    return rest if rest is not None else exc

@@ -18,9 +18,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from rlm_graph.batch import BatchItem, BatchResult
-from rlm_graph.batch.results import BatchError
 from rlm_graph.errors import ConfigError
+from rlm_graph.executors import BatchError, BatchItem, BatchResult
 
 from .limits_actor import ClusterLimits, RayLimiter
 
@@ -43,8 +42,8 @@ def complete_on_worker(
     """The body of one Ray task: answer ``item`` in a trio loop of this worker."""
     import trio
 
-    from rlm_graph.rlm import RLM
-    from rlm_graph.runtime.items import complete_item
+    from rlm_graph import RLM
+    from rlm_graph.executors import complete_item
 
     async def answer() -> BatchResult:
         limiter = RayLimiter(actor, owner=f"{item.id}#{attempt}")

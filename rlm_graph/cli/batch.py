@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE
-from .run import LIMIT_FLAGS, _rlm_kwargs
+from .run import LIMIT_FLAGS, _add_provider_arguments, _add_window_arguments, _rlm_kwargs
 
 __all__ = ["register", "run"]
 
@@ -44,8 +44,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
     parser.add_argument("--environment", default="local", help="the REPL environment (default local)")
-    parser.add_argument("--max-concurrent", type=int, help="requests in flight to the provider, across the whole batch")
-    parser.add_argument("--requests-per-minute", type=float, help="the provider's request rate limit, across the whole batch")
+    _add_provider_arguments(parser)  # --max-concurrent and --requests-per-minute: batch-wide
+    _add_window_arguments(parser)
     limits = parser.add_argument_group("limits (per completion; an item may override them)")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
