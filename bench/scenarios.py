@@ -231,6 +231,27 @@ def _first() -> Scenario:
     )
 
 
+def _batch(n: int) -> Scenario:
+    """One completion of a batch (bench/batch.py): ``n`` sub-calls in one batch over the
+    item's own context (an integer), so every item's answer is its own."""
+    code = f"""
+base = int(context)
+r = llm_query_batched([f"sq {{base + i}}" for i in range({n})])
+total = sum(int(x) for x in r)
+{ANSWER_TOTAL}
+"""
+    return Scenario(
+        key=f"batch:{n}",
+        root_turns=(repl(code),),
+        expected="per item: sum((context + i) ** 2 for i in range(n))",
+        sub_calls=n,
+        root_latency=0.1,
+        sub_latency=0.1,
+        ideal=0.2,  # one root turn, then the n sub-calls side by side
+        description=f"one root turn, then {n} sub-calls in one batch, 100 ms per call",
+    )
+
+
 _FIXED: dict[str, Callable[[], Scenario]] = {
     "fanout": _fanout,
     "chain": _chain,
@@ -250,6 +271,8 @@ def get(key: str) -> Scenario:
     name, _, arg = key.partition(":")
     if name in ("overhead-batched", "overhead-sequential") and arg.isdigit():
         return _overhead(name.split("-")[1], int(arg))
+    if name == "batch" and arg.isdigit():
+        return _batch(int(arg))
     raise KeyError(f"no bench scenario {key!r}; known: {sorted(_FIXED)} and overhead-batched:N")
 
 

@@ -4,7 +4,8 @@ The driver (the process that called `run_batch`) keeps at most ``concurrency`` t
 flight, reads each item's context before submitting it (workers need not see the
 driver's files), and yields each result as its task finishes (``ray.wait``). Provider
 limits hold cluster-wide: every task's engine gets a `RayLimiter` that asks the batch's
-one `ClusterLimits` actor, pinned to the driver's node.
+`ClusterLimits` actor, pinned to the driver's node and shared by the batches of one
+driver (each under its own keys).
 
 When a worker process or its node dies, the driver releases the dead attempt's slots in
 the actor and submits the item again (up to ``max_retries`` times; the result says how
@@ -15,6 +16,7 @@ happens first.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -27,6 +29,9 @@ __all__ = ["RayExecutor", "complete_on_worker"]
 
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 
+# The limits actor of each Ray job (driver) this process has run batches in.
+_ACTORS: dict[str, Any] = {}
+
 
 def _import_ray() -> Any:
     try:
@@ -37,7 +42,7 @@ def _import_ray() -> Any:
 
 
 def complete_on_worker(
-    rlm_kwargs: Mapping[str, Any], item: BatchItem, actor: Any, attempt: int
+    rlm_kwargs: Mapping[str, Any], item: BatchItem, actor: Any, batch: str, attempt: int
 ) -> dict[str, Any]:
     """The body of one Ray task: answer ``item`` in a trio loop of this worker."""
     import trio
@@ -46,7 +51,7 @@ def complete_on_worker(
     from rlm_graph.executors import complete_item
 
     async def answer() -> BatchResult:
-        limiter = RayLimiter(actor, owner=f"{item.id}#{attempt}")
+        limiter = RayLimiter(actor, batch=batch, owner=_owner(batch, item, attempt))
         async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
             return await complete_item(rlm, item, executor="ray", attempts=attempt)
 
@@ -93,17 +98,27 @@ class RayExecutor:
             ray.init(address=self.address, log_to_driver=False, **self.init_kwargs)
 
     def _limits_actor(self) -> Any:
-        ray = self._ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        """This driver's `ClusterLimits` actor, started once and ready before use.
 
-        here = ray.get_runtime_context().get_node_id()
-        actor_class = ray.remote(ClusterLimits)
-        # On the driver's node, with no CPU: it lives and dies with the batch's driver.
-        return actor_class.options(
-            num_cpus=0,
-            max_concurrency=10_000,
-            scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-        ).remote()
+        An actor is a process of its own (a second or two to start), so one serves every
+        batch this driver runs; each batch keeps its own gates in it (see `RayLimiter`).
+        """
+        ray = self._ray
+        job = ray.get_runtime_context().get_job_id()
+        actor = _ACTORS.get(job)
+        if actor is None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            here = ray.get_runtime_context().get_node_id()
+            # On the driver's node, with no CPU: it lives and dies with the driver.
+            actor = ray.remote(ClusterLimits).options(
+                num_cpus=0,
+                max_concurrency=10_000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+            ).remote()
+            ray.get(actor.statistics.remote())  # started: completions never wait for it
+            _ACTORS[job] = actor
+        return actor
 
     def run(
         self, items: Iterator[BatchItem], rlm_kwargs: Mapping[str, Any], *, concurrency: int
@@ -116,12 +131,13 @@ class RayExecutor:
     ) -> Iterator[BatchResult]:
         ray = self._ray
         actor = self._limits_actor()
+        batch = uuid.uuid4().hex[:12]
         task = ray.remote(complete_on_worker).options(num_cpus=self.task_cpus, max_retries=0)
         shared_kwargs = ray.put(rlm_kwargs)
         pending: dict[Any, tuple[BatchItem, int]] = {}
 
         def submit(item: BatchItem, attempt: int) -> None:
-            pending[task.remote(shared_kwargs, item, actor, attempt)] = (item, attempt)
+            pending[task.remote(shared_kwargs, item, actor, batch, attempt)] = (item, attempt)
 
         def fill() -> None:
             while len(pending) < concurrency:
@@ -145,17 +161,17 @@ class RayExecutor:
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
                     item, attempt = pending.pop(ref)
-                    result = self._outcome(ref, item, attempt, actor, submit)
+                    result = self._outcome(ref, item, attempt, actor, batch, submit)
                     if result is not None:
                         yield result
                 fill()
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
-            ray.kill(actor)
+            actor.forget_batch.remote(batch)
 
     def _outcome(
-        self, ref: Any, item: BatchItem, attempt: int, actor: Any, submit: Any
+        self, ref: Any, item: BatchItem, attempt: int, actor: Any, batch: str, submit: Any
     ) -> BatchResult | None:
         """The result of a finished task; None when its item was submitted again."""
         ray = self._ray
@@ -165,14 +181,18 @@ class RayExecutor:
         except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.ObjectLostError,
                 exceptions.OwnerDiedError) as exc:
             # The worker died mid-completion: free its slots, then run the item again.
-            ray.get(actor.release_owner.remote(f"{item.id}#{attempt}"))
+            ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
             if attempt <= self.max_retries:
                 submit(item, attempt + 1)
                 return None
             return _failed(item, exc, attempt)
         except exceptions.RayError as exc:  # the task itself could not run (a bug, a bad pickle)
-            ray.get(actor.release_owner.remote(f"{item.id}#{attempt}"))
+            ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
             return _failed(item, exc, attempt)
+
+
+def _owner(batch: str, item: BatchItem, attempt: int) -> str:
+    return f"{batch}/{item.id}#{attempt}"
 
 
 def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:

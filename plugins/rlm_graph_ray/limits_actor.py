@@ -153,6 +153,18 @@ class ClusterLimits:
         if bucket is not None and bucket.tpm:
             bucket.tokens -= actual - estimated
 
+    async def forget_batch(self, batch: str) -> None:
+        """Drop the gates and buckets of a finished batch (its keys start ``<batch>:``)."""
+        prefix = batch + ":"
+        for key in [k for k in self._gates if k.startswith(prefix)]:
+            del self._gates[key]
+        for key in [k for k in self._buckets if k.startswith(prefix)]:
+            del self._buckets[key]
+        owned = batch + "/"  # tickets are "<batch>/<item>#<attempt>/<n>"
+        for ticket in [t for t in self._tickets if t.startswith(owned)]:
+            del self._tickets[ticket]
+        self._released_early = {t for t in self._released_early if not t.startswith(owned)}
+
     async def statistics(self) -> dict[str, dict[str, int]]:
         """Per key: capacity, slots held now, the peak held, waiters (for tests and debugging)."""
         return {
@@ -216,18 +228,20 @@ class RayLimiter:
     """The `SharedLimiter` of a completion run by the Ray executor: asks the batch's actor.
 
     Args:
-        actor: the batch's `ClusterLimits` actor handle.
-        owner: this attempt of this item (``"<item id>#<attempt>"``); its tickets are
-            released together if the worker dies.
+        actor: the `ClusterLimits` actor handle.
+        batch: the batch's id: its provider keys in the actor are ``<batch>:<key>``.
+        owner: this attempt of this item (``"<batch>/<item id>#<attempt>"``); its tickets
+            are released together if the worker dies.
     """
 
-    def __init__(self, actor: Any, owner: str) -> None:
+    def __init__(self, actor: Any, *, batch: str, owner: str) -> None:
         self.actor = actor
+        self.batch = batch
         self.owner = owner
         self.counter = itertools.count(1)
 
     def gate(self, key: str, capacity: int) -> _RayGate:
-        return _RayGate(self, key, capacity)
+        return _RayGate(self, f"{self.batch}:{key}", capacity)
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> _RayRate:
-        return _RayRate(self, key, rpm, tpm)
+        return _RayRate(self, f"{self.batch}:{key}", rpm, tpm)

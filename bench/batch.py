@@ -1,0 +1,146 @@
+"""Benchmark batches: many completions through the local and the ray executor.
+
+    .venv/bin/python bench/batch.py --items 200 --sub-calls 8 --concurrency 20 --executor local,ray
+
+Each completion is one root turn whose code sends ``--sub-calls`` sub-calls in one
+``llm_query_batched`` over the item's own context, and answers their sum (checked for
+every item). Latency is the fake OpenAI server's (`bench/fake_server.py`, its own
+process, asyncio): it sleeps 100 ms before every answer, root turn and sub-call alike, so
+both executors face the same model over real HTTP and a completion's ideal is 200 ms.
+The provider limit (``max_concurrent``) is set above what the batch can use so that it
+never binds: what the wall clock shows beyond the ideal is the engine's own cost.
+
+ideal = ceil(items / concurrency) * 200 ms (waves of ``concurrency`` completions).
+For ray, the script starts a local cluster with this machine's CPUs, reserves
+CPUs / concurrency per task so that ``concurrency`` tasks fit, and runs a warm-up batch
+first so that Ray's worker processes exist before the clock starts (the local executor
+gets a warm-up batch too). "Engine CPU per completion" is this process's CPU time
+(``time.process_time``) over the timed batch divided by the items: for local, all of the
+engine's work; for ray, the driver's share only (the completions run in Ray's worker
+processes). Run by hand, never by the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import scenarios  # noqa: E402
+from run import Server  # noqa: E402
+
+from rlm_graph import run_batch  # noqa: E402
+from rlm_graph.batch import BatchSummary  # noqa: E402
+
+
+def make_items(n: int, sub_calls: int, run_id: str) -> list[dict[str, Any]]:
+    query = f"{scenarios.marker(run_id)} Add up the squares."
+    return [{"id": f"b{i}", "context": str(1000 * i), "query": query} for i in range(n)]
+
+
+def expected(item_id: str, sub_calls: int) -> str:
+    base = 1000 * int(item_id[1:])
+    return str(sum((base + i) ** 2 for i in range(sub_calls)))
+
+
+def scripted_reply(request: Any) -> str:
+    """The scripted provider's side of scenario ``batch:N`` (same text as the server's)."""
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    return scenarios.model_reply(request.model, messages)[0]
+
+
+def backend(provider: str, server: Server, sub_calls: int, concurrency: int) -> dict[str, Any]:
+    model = f"batch:{sub_calls}"
+    if provider == "scripted":
+        # In-process model: trio.sleep(0.1) per call, no HTTP (runs in Ray workers too:
+        # this script is __main__, so Ray pickles scripted_reply by value).
+        return {"backend": "scripted", "backend_kwargs": {
+            "model_name": model, "respond": scripted_reply, "latency": 0.1,
+            "max_concurrent": concurrency * (sub_calls + 1),
+        }}
+    return {"backend": "openai", "backend_kwargs": {
+        "model_name": model, "base_url": server.base_url, "api_key": "sk-bench-not-a-key",
+        "max_concurrent": concurrency * (sub_calls + 1),
+    }}
+
+
+def one_batch(
+    server: Server, executor: str, n: int, sub_calls: int, concurrency: int, run_id: str,
+    executor_kwargs: dict[str, Any], provider: str,
+) -> dict[str, Any]:
+    rlm_kwargs = backend(provider, server, sub_calls, concurrency)
+    cpu, wall = time.process_time(), time.perf_counter()
+    results = list(
+        run_batch(make_items(n, sub_calls, run_id), rlm_kwargs, concurrency=concurrency,
+                  executor=executor, executor_kwargs=executor_kwargs)
+    )
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wrong = [r.id for r in results if r.answer != expected(r.id, sub_calls)]
+    if wrong or len(results) != n:
+        raise SystemExit(f"{executor}: {len(wrong)} wrong answers ({wrong[:3]}), {len(results)} of {n} results")
+    summary = BatchSummary.of(results)
+    return {"wall": wall, "cpu_per_completion_ms": 1000 * cpu / n, "p50": summary.p50_seconds, "p95": summary.p95_seconds}
+
+
+def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[str, Any]]:
+    kwargs: dict[str, Any] = {}
+    if executor == "ray":
+        import ray
+
+        cpus = os.cpu_count() or 1
+        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        kwargs = {"task_cpus": cpus / args.concurrency}
+    one_batch(server, executor, args.concurrency * 2, args.sub_calls, args.concurrency,
+              f"warm-{executor}", kwargs, args.provider)
+    runs = []
+    for rep in range(args.repeat):
+        runs.append(one_batch(server, executor, args.items, args.sub_calls, args.concurrency,
+                              f"{executor}-{rep}", kwargs, args.provider))
+        print(f"  {executor} run {rep + 1}: {runs[-1]['wall']:.3f} s", flush=True)
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--items", type=int, default=200)
+    parser.add_argument("--sub-calls", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=20)
+    parser.add_argument("--executor", default="local,ray")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--provider", choices=("http", "scripted"), default="http",
+        help="http: the fake OpenAI server sleeps 100 ms per answer; scripted: the "
+        "in-process scripted provider sleeps 100 ms (trio.sleep), no HTTP",
+    )
+    args = parser.parse_args()
+    ideal = math.ceil(args.items / args.concurrency) * 0.2
+    print(f"{args.items} completions x {args.sub_calls} sub-calls, concurrency {args.concurrency}, "
+          f"{args.provider} provider, ideal {ideal:.2f} s")
+    table = {}
+    with Server() as server:
+        for executor in args.executor.split(","):
+            table[executor] = bench(executor, args, server)
+    print("\n| executor | wall s (best / median) | wall / ideal (best) | p50 / p95 s per completion | driver CPU ms per completion |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for executor, runs in table.items():
+        best = min(runs, key=lambda r: r["wall"])
+        median = statistics.median(r["wall"] for r in runs)
+        print(
+            f"| {executor} | {best['wall']:.3f} / {median:.3f} | {best['wall'] / ideal:.3f} | "
+            f"{best['p50']:.3f} / {best['p95']:.3f} | {best['cpu_per_completion_ms']:.2f} |"
+        )
+    if "local" in table and "ray" in table:
+        ratio = min(r["wall"] for r in table["ray"]) / min(r["wall"] for r in table["local"])
+        print(f"\nray / local (best walls): {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()
