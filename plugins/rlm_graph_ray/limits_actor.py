@@ -21,6 +21,7 @@ import itertools
 import math
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -39,17 +40,18 @@ class _Gate:
 
 
 class _Bucket:
-    __slots__ = ("lock", "requests", "rpm", "stamp", "tokens", "tpm")
+    __slots__ = ("clock", "lock", "requests", "rpm", "stamp", "tokens", "tpm")
 
-    def __init__(self, rpm: float | None, tpm: float | None) -> None:
+    def __init__(self, rpm: float | None, tpm: float | None, clock: Callable[[], float]) -> None:
         self.rpm, self.tpm = rpm, tpm
         self.requests = float(rpm) if rpm else math.inf
         self.tokens = float(tpm) if tpm else math.inf
-        self.stamp = time.monotonic()
+        self.clock = clock
+        self.stamp = clock()
         self.lock = asyncio.Lock()
 
     def refill(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         elapsed, self.stamp = now - self.stamp, now
         if self.rpm:
             self.requests = min(float(self.rpm), self.requests + elapsed * self.rpm / 60)
@@ -64,7 +66,13 @@ class ClusterLimits:
     ever touched by one coroutine at a time, and waiters do not block other calls.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        # Injectable so that the bucket arithmetic is testable without waiting.
+        self._clock, self._sleep = clock, sleep
         self._gates: dict[str, _Gate] = {}
         self._buckets: dict[str, _Bucket] = {}
         self._tickets: dict[str, str] = {}  # ticket -> key, held or waiting
@@ -132,7 +140,7 @@ class ClusterLimits:
         """Wait until one request of about ``tokens`` tokens may go out, then take it."""
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(rpm, tpm)
+            bucket = self._buckets[key] = _Bucket(rpm, tpm, self._clock)
         tokens = min(tokens, int(tpm)) if tpm else 0
         async with bucket.lock:  # waiters in arrival order
             while True:
@@ -146,7 +154,7 @@ class ClusterLimits:
                     bucket.requests -= 1
                     bucket.tokens -= tokens
                     return
-                await asyncio.sleep(wait)
+                await self._sleep(wait)
 
     async def settle(self, key: str, estimated: int, actual: int) -> None:
         bucket = self._buckets.get(key)

@@ -242,3 +242,21 @@ def test_cli_killed_midway_then_resumed_answers_every_id_exactly_once(tmp_path: 
     ids = [line["id"] for line in lines]
     assert sorted(ids) == sorted(f"item-{i}" for i in range(40))  # each exactly once
     assert all(line["answer"] == expected(str(line["id"])) for line in lines)
+
+
+def test_cli_rerun_skips_failed_items_unless_asked_to_retry_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    _write_items(tmp_path / "in.jsonl", items(3, fail=(1,)))
+    with BatchServer() as server:
+        assert main(_cli_args(server, tmp_path, "--quiet")) == 1
+        assert main(_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
+        assert sum(server.root_turns.values()) == 3
+        # The provider is fixed (the item's request is accepted now): retry the failure.
+        (tmp_path / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text().replace(f" {FAIL}", ""))
+        assert main(_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
+    lines = _lines(tmp_path / "out.jsonl")
+    assert [line["id"] for line in lines].count("item-1") == 2  # the old line stays; the last wins
+    assert lines[-1]["id"] == "item-1" and lines[-1]["answer"] == expected("item-1")
+    assert server.root_turns == {"item-0": 1, "item-1": 2, "item-2": 1}
