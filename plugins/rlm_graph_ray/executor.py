@@ -50,12 +50,16 @@ def complete_on_worker(
     from rlm_graph import RLM
     from rlm_graph.executors import complete_item
 
+    limiter = RayLimiter(actor, batch=batch, owner=_owner(batch, item, attempt))
+
     async def answer() -> BatchResult:
-        limiter = RayLimiter(actor, batch=batch, owner=_owner(batch, item, attempt))
         async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
             return await complete_item(rlm, item, executor="ray", attempts=attempt)
 
-    return trio.run(answer).model_dump(mode="json")
+    try:
+        return trio.run(answer).model_dump(mode="json")
+    finally:
+        limiter.flush()  # releases the loop had no time to send
 
 
 class RayExecutor:

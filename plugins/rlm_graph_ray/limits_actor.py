@@ -79,21 +79,50 @@ class ClusterLimits:
         # Released before its acquire ran (a caller cancelled at once): never grant it.
         self._released_early: set[str] = set()
 
-    async def acquire(self, key: str, capacity: int, owner: str, ticket: str) -> None:
-        """Wait for a slot of ``key`` (first come, first served) and hold it as ``ticket``."""
+    def _enqueue(self, gate: _Gate, key: str, owner: str, ticket: str) -> None:
+        """Hold ``ticket`` at once if a slot is free and nobody waits, else queue it."""
+        if ticket in self._tickets:
+            return  # asked again while it waits: it keeps its place
         if ticket in self._released_early:
             self._released_early.discard(ticket)
             return
-        gate = self._gates.get(key)
-        if gate is None:
-            gate = self._gates[key] = _Gate(capacity)
         self._tickets[ticket] = key
         if len(gate.holders) < gate.capacity and not gate.waiters:
             self._hold(gate, ticket, owner)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         gate.waiters.append((ticket, owner, future))
-        await future
+
+    async def acquire_many(
+        self, key: str, capacity: int, owner: str, tickets: list[str]
+    ) -> list[str]:
+        """Queue ``tickets`` for slots of ``key`` (in order, first come first served) and
+        wait until at least one of them holds a slot; return those that do.
+
+        The others keep their places: ask again with them to wait for the next grant.
+        A caller's requests made at the same moment travel as one message this way (a
+        batch of sub-calls asks once, not once per slot). Returns ``[]`` when every one
+        of them was released meanwhile.
+        """
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(capacity)
+        for ticket in tickets:
+            self._enqueue(gate, key, owner, ticket)
+        held = [t for t in tickets if t in gate.holders]
+        if held:
+            return held
+        waiting = [w[2] for w in gate.waiters if w[0] in set(tickets)]
+        if waiting:
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        return [t for t in tickets if t in gate.holders]
+
+    async def acquire(self, key: str, capacity: int, owner: str, ticket: str) -> None:
+        """Wait for a slot of ``key`` and hold it as ``ticket`` (one-ticket `acquire_many`);
+        returns without a slot if ``ticket`` is released meanwhile."""
+        while not await self.acquire_many(key, capacity, owner, [ticket]):
+            if ticket not in self._tickets:
+                return
 
     @staticmethod
     def _hold(gate: _Gate, ticket: str, owner: str) -> None:
@@ -121,6 +150,11 @@ class ClusterLimits:
     async def release(self, ticket: str) -> None:
         """Give back a held slot, or leave the queue if still waiting."""
         self._release(ticket)
+
+    async def release_many(self, tickets: list[str]) -> None:
+        """`release` for each of ``tickets`` (a caller's releases of one moment, as one message)."""
+        for ticket in tickets:
+            self._release(ticket)
 
     async def release_owner(self, owner: str) -> int:
         """Give back every slot held or awaited by ``owner`` (a dead attempt); how many."""
@@ -181,21 +215,16 @@ class ClusterLimits:
         }
 
 
-async def wait_ref(ref: Any) -> Any:
-    """Await a Ray ``ObjectRef`` from trio without a thread: its future's callback wakes us."""
-    token = trio.lowlevel.current_trio_token()
-    done = trio.Event()
-    future = ref.future()
+class _Want:
+    """One request of this completion for a slot, as the client side sees it."""
 
-    def wake(_: object) -> None:
-        try:
-            token.run_sync_soon(done.set)
-        except trio.RunFinishedError:  # the completion ended before the answer came
-            pass
+    __slots__ = ("asked", "error", "event", "granted")
 
-    future.add_done_callback(wake)
-    await done.wait()
-    return future.result()
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.asked = False  # in an acquire_many now in flight
+        self.granted = False
+        self.error: BaseException | None = None
 
 
 class _RayGate:
@@ -204,20 +233,11 @@ class _RayGate:
         self._ticket: str | None = None
 
     async def __aenter__(self) -> None:
-        limiter = self._limiter
-        ticket = f"{limiter.owner}/{next(limiter.counter)}"
-        ref = limiter.actor.acquire.remote(self._key, self._capacity, limiter.owner, ticket)
-        try:
-            await wait_ref(ref)
-        except BaseException:
-            # Cancelled while queued (or the grant is in flight): give it back either way.
-            limiter.actor.release.remote(ticket)
-            raise
-        self._ticket = ticket
+        self._ticket = await self._limiter.acquire(self._key, self._capacity)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._ticket is not None:
-            self._limiter.actor.release.remote(self._ticket)  # no need to wait for it
+            self._limiter.release(self._ticket)
             self._ticket = None
 
 
@@ -235,6 +255,12 @@ class _RayRate:
 class RayLimiter:
     """The `SharedLimiter` of a completion run by the Ray executor: asks the batch's actor.
 
+    Requests for slots made at the same moment (the slots of one ``llm_query_batched``)
+    go to the actor as one ``acquire_many`` message, and releases of one moment as one
+    ``release_many``: the actor serves every completion of the cluster, so messages are
+    what it spends its time on. Both are sent from trio's ``run_sync_soon`` queue, after
+    every task that was ready has run; `flush` sends what is left when the completion ends.
+
     Args:
         actor: the `ClusterLimits` actor handle.
         batch: the batch's id: its provider keys in the actor are ``<batch>:<key>``.
@@ -246,10 +272,109 @@ class RayLimiter:
         self.actor = actor
         self.batch = batch
         self.owner = owner
-        self.counter = itertools.count(1)
+        self._counter = itertools.count(1)
+        self._wants: dict[str, dict[str, _Want]] = {}  # key -> ticket -> want, in order
+        self._asking: set[str] = set()  # keys with a send scheduled
+        self._releases: list[str] = []
 
     def gate(self, key: str, capacity: int) -> _RayGate:
         return _RayGate(self, f"{self.batch}:{key}", capacity)
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> _RayRate:
         return _RayRate(self, f"{self.batch}:{key}", rpm, tpm)
+
+    async def acquire(self, key: str, capacity: int) -> str:
+        """Wait for a slot of ``key``; the ticket that holds it."""
+        ticket = f"{self.owner}/{next(self._counter)}"
+        want = _Want()
+        self._wants.setdefault(key, {})[ticket] = want
+        self._schedule_ask(key, capacity)
+        try:
+            await want.event.wait()
+        except BaseException:
+            # Cancelled while queued (or while the grant was on its way): give it back.
+            self._wants.get(key, {}).pop(ticket, None)
+            self.release(ticket)
+            raise
+        if want.error is not None:
+            raise want.error
+        return ticket
+
+    def release(self, ticket: str) -> None:
+        """Give a slot back (or leave the queue); sent with the other releases of this moment."""
+        if not self._releases:
+            trio.lowlevel.current_trio_token().run_sync_soon(self.flush)
+        self._releases.append(ticket)
+
+    def flush(self) -> None:
+        """Send the releases not sent yet (also called when the completion ends)."""
+        if self._releases:
+            tickets, self._releases = self._releases, []
+            self.actor.release_many.remote(tickets)
+
+    def _schedule_ask(self, key: str, capacity: int) -> None:
+        if key not in self._asking:
+            self._asking.add(key)
+            trio.lowlevel.current_trio_token().run_sync_soon(self._ask, key, capacity)
+
+    def _ask(self, key: str, capacity: int) -> None:
+        """Send every request of ``key`` not in flight as one ``acquire_many``."""
+        self._asking.discard(key)
+        wants = self._wants.get(key, {})
+        tickets = [t for t, w in wants.items() if not w.asked]
+        if not tickets:
+            return
+        for ticket in tickets:
+            wants[ticket].asked = True
+        token = trio.lowlevel.current_trio_token()
+        future = self.actor.acquire_many.remote(key, capacity, self.owner, tickets).future()
+
+        def arrived(done: Any) -> None:
+            try:
+                token.run_sync_soon(self._answered, key, capacity, tickets, done)
+            except trio.RunFinishedError:  # the completion has ended
+                pass
+
+        future.add_done_callback(arrived)
+
+    def _answered(self, key: str, capacity: int, tickets: list[str], done: Any) -> None:
+        """An ``acquire_many`` came back: wake the granted, ask again for the rest."""
+        wants = self._wants.get(key, {})
+        try:
+            granted = set(done.result())
+        except Exception as exc:  # the actor died: every waiter of this call fails
+            for ticket in tickets:
+                want = wants.pop(ticket, None)
+                if want is not None:
+                    want.error = exc
+                    want.event.set()
+            return
+        for ticket in tickets:
+            want = wants.get(ticket)
+            if want is None:
+                continue  # cancelled meanwhile; its release is on its way
+            if ticket in granted:
+                del wants[ticket]
+                want.granted = True
+                want.event.set()
+            else:
+                want.asked = False
+        if any(not w.asked for w in wants.values()):
+            self._schedule_ask(key, capacity)
+
+
+async def wait_ref(ref: Any) -> Any:
+    """Await a Ray ``ObjectRef`` from trio without a thread: its future's callback wakes us."""
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+    future = ref.future()
+
+    def wake(_: object) -> None:
+        try:
+            token.run_sync_soon(done.set)
+        except trio.RunFinishedError:  # the completion ended before the answer came
+            pass
+
+    future.add_done_callback(wake)
+    await done.wait()
+    return future.result()
