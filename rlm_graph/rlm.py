@@ -496,7 +496,7 @@ class RLM:
                 (in another thread or task): a session's turns must come one at a time.
         """
         if not self.persistent:
-            return await self._complete(prompt, root_prompt, schema, listeners)
+            return await self._complete(prompt, root_prompt, schema, listeners, limits)
         if not self._session_busy.acquire(blocking=False):
             raise ConfigError(
                 "persistent=True: this RLM is already running a completion (in another "
@@ -505,12 +505,17 @@ class RLM:
                 "RLM per thread (persistent=False for independent completions)"
             )
         try:
-            return await self._complete(prompt, root_prompt, schema, listeners)
+            return await self._complete(prompt, root_prompt, schema, listeners, limits)
         finally:
             self._session_busy.release()
 
     async def _complete(
-        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener]
+        self,
+        prompt: Any,
+        root_prompt: str | None,
+        schema: Any,
+        listeners: Iterable[Listener],
+        limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
         if not isinstance(prompt, str | list | dict):
             raise ConfigError(

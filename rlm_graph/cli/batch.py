@@ -43,7 +43,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
-    parser.add_argument("--environment", default="local", help="the REPL environment (default local)")
+    parser.add_argument(
+        "--environment", default="subprocess",
+        help="the REPL environment (default subprocess, as for `run`; 'local' is faster, for "
+        "trusted documents and models only; see docs/environments.md)",
+    )
     _add_provider_arguments(parser)  # --max-concurrent and --requests-per-minute: batch-wide
     _add_window_arguments(parser)
     limits = parser.add_argument_group("limits (per completion; an item may override them)")

@@ -142,6 +142,11 @@ def _cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
     ]
 
 
+def _local_cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
+    """As `_cli_args`, with the local environment: the tests that run many items stay fast."""
+    return _cli_args(server, tmp_path, "--environment", "local", *extra)
+
+
 def _lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -195,7 +200,7 @@ def test_cli_ray_without_ray_says_how_to_get_it(tmp_path: Path) -> None:
 
 
 def _start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
-    args = _cli_args(server, tmp_path, *extra)
+    args = _local_cli_args(server, tmp_path, *extra)
     env = {**os.environ, "OPENAI_API_KEY": KEY}
     return subprocess.Popen(
         [sys.executable, "-m", "rlm_graph.cli", *args], env=env, text=True,
@@ -250,12 +255,12 @@ def test_cli_rerun_skips_failed_items_unless_asked_to_retry_them(
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     _write_items(tmp_path / "in.jsonl", items(3, fail=(1,)))
     with BatchServer() as server:
-        assert main(_cli_args(server, tmp_path, "--quiet")) == 1
-        assert main(_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
+        assert main(_local_cli_args(server, tmp_path, "--quiet")) == 1
+        assert main(_local_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
         assert sum(server.root_turns.values()) == 3
         # The provider is fixed (the item's request is accepted now): retry the failure.
         (tmp_path / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text().replace(f" {FAIL}", ""))
-        assert main(_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
+        assert main(_local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
     lines = _lines(tmp_path / "out.jsonl")
     assert [line["id"] for line in lines].count("item-1") == 2  # the old line stays; the last wins
     assert lines[-1]["id"] == "item-1" and lines[-1]["answer"] == expected("item-1")
