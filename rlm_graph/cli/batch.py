@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
 
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
@@ -67,7 +72,61 @@ def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-def _progress(result: BatchResult, number: int, total: int, stream: TextIO) -> None:
+class BatchProgress:
+    """The batch's progress on stderr, one finished item at a time.
+
+    On a terminal: one live line (rich), redrawn a few times a second: items done of the
+    total, failures, tokens, cost, elapsed time; a failed item also gets a line of its own
+    above it. Otherwise (a pipe, a log): one plain line per finished item. ``--quiet``:
+    nothing (the summary still comes at the end).
+    """
+
+    def __init__(self, total: int, *, quiet: bool, stream: TextIO) -> None:
+        self.total, self.stream = total, stream
+        self.mode = "off" if quiet else "live" if stream.isatty() else "plain"
+        self.done = self.failed = self.tokens = 0
+        self.cost: float | None = None
+        self.started = time.monotonic()
+        self._console = Console(file=stream, force_terminal=self.mode == "live", highlight=False)
+        self._live: Live | None = None
+
+    def __enter__(self) -> BatchProgress:
+        if self.mode == "live":
+            self._live = Live(
+                console=self._console, get_renderable=self._render, refresh_per_second=8,
+                redirect_stdout=False, redirect_stderr=False,
+            )
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.stop()
+
+    def finished(self, result: BatchResult) -> None:
+        self.done += 1
+        self.failed += not result.ok
+        self.tokens += result.usage.input_tokens + result.usage.output_tokens
+        if result.cost is not None:
+            self.cost = (self.cost or 0.0) + result.cost
+        if self.mode == "plain" or (self.mode == "live" and not result.ok):
+            line = _item_line(result, self.done, self.total)
+            if self._live is not None:
+                self._console.print(Text(line), soft_wrap=True)  # above the live line
+            else:
+                print(line, file=self.stream, flush=True)
+
+    def _render(self) -> Text:
+        cost = f", ${self.cost:.4f}" if self.cost is not None else ""
+        return Text.assemble(
+            ("rlm-graph batch ", "bold"),
+            f"{self.done}/{self.total} done, {self.failed} failed, {self.tokens:,} tokens{cost}, "
+            f"{time.monotonic() - self.started:.0f} s",
+        )
+
+
+def _item_line(result: BatchResult, number: int, total: int) -> str:
     width = len(str(total))
     if result.ok:
         note = f"ok {result.seconds:.2f} s" + (f" (stopped by {result.stop_reason})" if result.stop_reason else "")
@@ -75,7 +134,7 @@ def _progress(result: BatchResult, number: int, total: int, stream: TextIO) -> N
         assert result.error is not None
         note = f"FAILED {result.error.type}: {result.error.message[:120]}"
     retried = f" after {result.attempts} attempts" if result.attempts > 1 else ""
-    print(f"[{number:>{width}}/{total}] {result.id} {note}{retried}", file=stream, flush=True)
+    return f"[{number:>{width}}/{total}] {result.id} {note}{retried}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,11 +157,11 @@ def run(args: argparse.Namespace) -> int:
                 read_items(args.input), _rlm_kwargs(args), concurrency=args.concurrency,
                 executor=args.executor, executor_kwargs=_executor_kwargs(args), skip_ids=done,
             )
-            for result in results:
-                results_file.append(result)
-                finished.append(result)
-                if not args.quiet:
-                    _progress(result, len(finished), total, sys.stderr)
+            with BatchProgress(total, quiet=args.quiet, stream=sys.stderr) as progress:
+                for result in results:
+                    results_file.append(result)
+                    finished.append(result)
+                    progress.finished(result)
         except ConfigError as exc:
             print(f"rlm-graph batch: {exc}", file=sys.stderr)
             return EXIT_USAGE

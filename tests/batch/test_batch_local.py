@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -265,3 +266,25 @@ def test_cli_rerun_skips_failed_items_unless_asked_to_retry_them(
     assert [line["id"] for line in lines].count("item-1") == 2  # the old line stays; the last wins
     assert lines[-1]["id"] == "item-1" and lines[-1]["answer"] == expected("item-1")
     assert server.root_turns == {"item-0": 1, "item-1": 2, "item-2": 1}
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_progress_is_one_live_line_and_failures_get_their_own() -> None:
+    from rlm_graph.batch import BatchError
+    from rlm_graph.cli.batch import BatchProgress
+
+    stream = _Terminal()
+    ok = BatchResult(id="a", answer="x", started_at=0, finished_at=1, seconds=1)
+    bad = BatchResult(id="b", started_at=0, finished_at=1, seconds=1,
+                      error=BatchError(type="ProviderError", message="refused"))
+    with BatchProgress(3, quiet=False, stream=stream) as progress:
+        for result in (ok, bad, ok):
+            progress.finished(result)
+    text = stream.getvalue()
+    assert "3/3 done, 1 failed" in text  # the live line's last drawing
+    assert "b FAILED ProviderError: refused" in text
+    assert "] a ok" not in text  # answered items have no line of their own on a terminal
