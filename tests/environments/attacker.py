@@ -59,9 +59,15 @@ print(json.dumps({'environ': environ(engine), 'mem': memory(engine),
 """
 
 SIGNAL_ENGINE = r"""
-import os, signal, json
+import os, signal, json, ctypes, errno
 engine = int(context)
 out = {}
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.ptrace(16, engine, 0, 0) == 0:  # PTRACE_ATTACH: the engine would stop here
+    out['ptrace'] = 'attached'
+else:
+    out['ptrace'] = {errno.ESRCH: 'ProcessLookupError', errno.EPERM: 'PermissionError'}.get(
+        ctypes.get_errno(), errno.errorcode.get(ctypes.get_errno(), 'error'))
 for name in ('SIGSTOP', 'SIGKILL'):
     try:
         os.kill(engine, getattr(signal, name))
