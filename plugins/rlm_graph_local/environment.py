@@ -80,9 +80,17 @@ class _BlockControl:
         Returns:
             Whether the block's thread was still running.
         """
+        self.nursery.cancel_scope.cancel()
+        return self.interrupt_thread()
+
+    def interrupt_thread(self) -> bool:
+        """Raise `BlockInterrupted` in the block's thread (callable from any thread).
+
+        Returns:
+            Whether the block's thread was still running.
+        """
         with self.lock:
             self.interrupted = True
-            self.nursery.cancel_scope.cancel()
             if self.running and self.thread_id is not None:
                 self.session.stop_thread(self.thread_id)
                 _send_stop(self.thread_id)
@@ -108,9 +116,9 @@ class _BlockControl:
 
     def keep_interrupting(self) -> None:
         """On a thread of its own: interrupt a leaked block's thread until it ends."""
-        event = threading.Event()
-        while self.interrupt():
-            event.wait(_LEAKED_REINTERRUPT)
+        # Not `interrupt`: the block's nursery belongs to trio, and this is not trio's thread.
+        while self.interrupt_thread():
+            self.finished.wait(_LEAKED_REINTERRUPT)
 
 
 class _ThreadCaller:
