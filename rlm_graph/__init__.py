@@ -67,6 +67,7 @@ if TYPE_CHECKING:
         RLMChatCompletion as RLMChatCompletion,
         UsageSummary as UsageSummary,
     )
+    from .journal.summary import ReplaySummary as ReplaySummary
     from .runtime.workflow import WorkflowResult as WorkflowResult
 
 __version__ = "0.1.0"
@@ -108,6 +109,7 @@ _EXPORTS: dict[str, str] = {
     "RLMChatCompletion": ".rlm",
     "RLMGraphError": ".errors",
     "RateLimited": ".errors",
+    "ReplaySummary": ".journal.summary",
     "SchemaMismatch": ".errors",
     "TokenLimitExceeded": ".errors",
     "Usage": ".contracts",
@@ -154,6 +156,7 @@ __all__ = [
     "RLMChatCompletion",
     "RLMGraphError",
     "RateLimited",
+    "ReplaySummary",
     "SchemaMismatch",
     "TokenLimitExceeded",
     "Usage",

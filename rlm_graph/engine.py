@@ -11,6 +11,7 @@ caller's trio loop and leaves them open until `aclose`.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -30,8 +31,9 @@ from .runtime.context import Run
 from .runtime.limiters import InProcessLimiter, LoopLimiters, SharedLimiter
 from .runtime.providers import ProviderRouter
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
+from .runtime.replay import open_journal
 from .runtime.sync import run_sync
-from .runtime.workflow import WorkflowResult, run_workflow
+from .runtime.workflow import WorkflowResult, run_workflow, workflow_key
 from .graph import Graph
 from .tracing import (
     NodeTracer,
@@ -273,11 +275,16 @@ class Engine:
 
     # -- workflows ----------------------------------------------------------------------
 
-    async def arun(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
+    async def arun(
+        self, workflow: Workflow, *, journal: str | os.PathLike[str] | None = None, **limits: Any
+    ) -> WorkflowResult:
         """Run a `Workflow` in the caller's trio loop.
 
         Args:
             workflow: the DAG to run.
+            journal: an SQLite file recording finished nodes (model calls, and function
+                results JSON can hold); the same workflow over it resumes (see
+                docs/durability.md).
             **limits: overrides of this engine's limits for this run.
 
         Returns:
@@ -286,10 +293,14 @@ class Engine:
         Raises:
             LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
         """
-        return await self._arun(workflow, limits, ())
+        return await self._arun(workflow, limits, (), journal)
 
     async def _arun(
-        self, workflow: Workflow, limits: Mapping[str, Any], listeners: Iterable[Listener]
+        self,
+        workflow: Workflow,
+        limits: Mapping[str, Any],
+        listeners: Iterable[Listener],
+        journal: str | os.PathLike[str] | None = None,
     ) -> WorkflowResult:
         if not isinstance(workflow, Workflow):
             raise ConfigError(
@@ -301,19 +312,43 @@ class Engine:
             run.scope.deadline = trio.current_time() + run.limits.max_timeout
         run.run_started("workflow")
         try:
-            with run.tracer.run_span("invoke_workflow", {"gen_ai.operation.name": "invoke_workflow"}):
-                result = await run_workflow(run, workflow)
+            result = await self._journaled_workflow(run, workflow, journal)
         except BaseException as exc:
             run.run_finished(error=exc)
             raise
-        if run.scope.cancelled_caught and run.stop_reason is None:
-            run.stop_reason = "max_timeout"
-            result.stop_reason = "max_timeout"
         run.run_finished(result)
         await self.flush_spans()
         if result.stop_reason is not None and run.limits.on_limit == "raise":
             error = LIMIT_ERRORS.get(result.stop_reason, LIMIT_ERRORS["max_timeout"])
             raise error(f"workflow stopped by {result.stop_reason}", result=result)
+        return result
+
+    async def _journaled_workflow(
+        self, run: Run, workflow: Workflow, journal: str | os.PathLike[str] | None
+    ) -> WorkflowResult:
+        """Run ``workflow`` in ``run``, over ``journal`` when one is given."""
+        replayer = None
+        if journal is not None:
+            providers = [(key, p.name, p.model) for key, p in self.router.providers]
+            key = workflow_key(workflow, providers)
+            replayer = await open_journal(run, journal, key, "workflow", f"workflow of {len(workflow)} nodes")
+        status = "failed"
+        try:
+            links = [replayer.link] if replayer is not None and replayer.link else []
+            attributes = {"gen_ai.operation.name": "invoke_workflow"}
+            with run.tracer.run_span("invoke_workflow", attributes, links) as span:
+                if replayer is not None:
+                    replayer.link_span(span)
+                result = await run_workflow(run, workflow)
+            if run.scope.cancelled_caught and run.stop_reason is None:
+                run.stop_reason = "max_timeout"
+                result.stop_reason = "max_timeout"
+            status = "finished" if result.stop_reason is None else "stopped"
+        finally:
+            if replayer is not None:
+                summary = await replayer.close(status, None)
+        if replayer is not None:
+            result.replay = summary
         return result
 
     def stream(self, workflow: Workflow, *, capacity: int = DEFAULT_CAPACITY, **limits: Any) -> EventStream[WorkflowResult]:
@@ -337,10 +372,14 @@ class Engine:
             lambda listener: self._arun(workflow, limits, [listener]), capacity=capacity
         )
 
-    def run(self, workflow: Workflow, **limits: Any) -> WorkflowResult:
-        """Run a `Workflow` from sync code (starts and ends its own trio loop)."""
+    def run(
+        self, workflow: Workflow, *, journal: str | os.PathLike[str] | None = None, **limits: Any
+    ) -> WorkflowResult:
+        """Run a `Workflow` from sync code (starts and ends its own trio loop); the
+        arguments are those of `arun`."""
         result: WorkflowResult = run_sync(
-            self._sync, self.arun, workflow, limits, sync_name="Engine.run", async_name="engine.arun"
+            self._sync, self.arun, workflow, {**limits, "journal": journal},
+            sync_name="Engine.run", async_name="engine.arun",
         )
         return result
 

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .graph import CriticalPath, Graph, usage_by_model
+from .journal.summary import ReplaySummary
 
 __all__ = ["ModelUsageSummary", "RLMChatCompletion", "UsageSummary"]
 
@@ -93,6 +94,7 @@ class RLMChatCompletion(BaseModel):
         critical_path, parallel_efficiency: from the graph (see rlm_graph.graph).
         leaked_threads: threads of stopped blocks (``local`` environment) still running
             when the run ended: code stuck in a long C call. See docs/environments.md.
+        replay: with ``journal=``, what came from the journal and what went live.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -111,6 +113,7 @@ class RLMChatCompletion(BaseModel):
     metadata: dict[str, Any] | None = None
     error: str | None = None
     leaked_threads: int = 0
+    replay: ReplaySummary | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {

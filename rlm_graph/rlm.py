@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import threading
 import time
@@ -29,8 +30,10 @@ from .graph import (
     NodeRecord,
     critical_path,
     makespan,
+    preview,
 )
 from .hooks import hookimpl
+from .journal import run_key
 from .limits import Tally
 from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
@@ -41,6 +44,7 @@ from .runtime.limiters import SharedLimiter
 from .runtime.context import Run
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
+from .runtime.replay import Replayer, open_journal
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
@@ -254,6 +258,9 @@ class RLM:
         depth: accepted for compatibility; must be 0.
         plugins, observers, listeners, models, tracer_provider, trace_content, limiter: as
             for `Engine`.
+        journal: an SQLite file recording every finished node; a completion with the
+            same inputs and configuration over it resumes (replays what was recorded,
+            goes live from the first node with no record). See docs/durability.md.
 
     Raises:
         ConfigError: an unknown keyword, a bad limit, a reserved tool name.
@@ -305,6 +312,7 @@ class RLM:
         trace_content: bool = False,
         limiter: SharedLimiter | None = None,
         logger: None = None,
+        journal: str | os.PathLike[str] | None = None,
         **unknown: Any,
     ) -> None:
         if unknown:
@@ -379,6 +387,9 @@ class RLM:
             ),
         )
         self.persistent = persistent
+        if journal is not None and not isinstance(journal, str | os.PathLike):
+            raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(journal).__name__}")
+        self.journal = journal
         # A persistent session is one conversation: one completion at a time.
         self._session_busy = threading.Lock()
         self.direct_share = direct_share if direct_if_fits else None
@@ -556,8 +567,14 @@ class RLM:
         if run.limits.max_timeout is not None:
             run.scope.deadline = trio.current_time() + run.limits.max_timeout
         attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0}
+        journal = await self._open_journal(run, settings, prompt, root_prompt)
+        status = "failed"
+        replay = None
         try:
-            with run.tracer.run_span("invoke_agent rlm", attributes) as span:
+            links = [journal.link] if journal is not None and journal.link else []
+            with run.tracer.run_span("invoke_agent rlm", attributes, links) as span:
+                if journal is not None:
+                    journal.link_span(span)
                 with run.scope:
                     outcome = await self._root(runner, prompt, root_prompt, state, tally)
                 stop_reason = outcome.stop_reason if outcome is not None else None
@@ -565,6 +582,7 @@ class RLM:
                     stop_reason = run.stop_reason or "max_timeout"
                 if stop_reason is not None:
                     span.set_attribute("rlm.stop_reason", stop_reason)
+            status = "finished" if stop_reason is None else "stopped"
         except BaseExceptionGroup as group:
             failure = unwrap(group)
             if failure is None:
@@ -573,13 +591,40 @@ class RLM:
             failure = exc
         finally:
             run.finalize()
+            if journal is not None:
+                done = outcome is not None and not run.scope.cancelled_caught
+                replay = await journal.close(status, outcome.answer if done else state.partial())  # type: ignore[union-attr]
         if failure is not None:
             await self._failed(failure, run, prompt, state, started)
         cut = outcome is None or run.scope.cancelled_caught
         response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
         result = self._result(run.graph, prompt, response, stop_reason, state, started, cut)
         result.leaked_threads = run.leaked_threads
+        result.replay = replay
         return result
+
+    async def _open_journal(
+        self, run: Run, settings: LoopSettings, prompt: Any, root_prompt: str | None
+    ) -> Replayer | None:
+        """Open ``journal=`` for this completion: its run key is its inputs (context,
+        question, and the session's completion number) and its configuration."""
+        if self.journal is None:
+            return None
+        configuration = [
+            [(key, provider.name, provider.model) for key, provider in run.router.providers],
+            run.limits.max_depth, run.limits.max_iterations, self.environment,
+            settings.custom_system_prompt, settings.root_params, settings.sub_params,
+            sorted(settings.tools), sorted(settings.sub_tools), settings.accept_text_final,
+            settings.output_chars, type(settings.compaction).__name__,
+            settings.compaction_threshold_pct, repr(getattr(settings, "schema", None)),
+        ]
+        inputs = {
+            "context": prompt, "root_prompt": root_prompt,
+            "completion": self._completions if self.persistent else 0,
+        }
+        key = run_key("rlm", inputs, configuration)
+        label = preview(root_prompt if root_prompt is not None else prompt, 80)
+        return await open_journal(run, self.journal, key, "rlm", label)
 
     async def _failed(
         self, failure: BaseException, run: Any, prompt: Any, state: CompletionState, started: float

@@ -84,6 +84,8 @@ class NodeRecord:
         attempts: requests a model call took, retries included (1: answered at once).
         note: what was wrong with a reply that still counts as one (cut off by the token
             limit, no text); the model saw the same note after the reply.
+        replayed: the node's result came from a journal (docs/durability.md): it made no
+            request in this run, and its times are those of the run that recorded it.
     """
 
     id: str
@@ -111,6 +113,7 @@ class NodeRecord:
     attempts: int = 1
     note: str | None = None
     reason: str | None = None
+    replayed: bool = False
 
     model_fields: ClassVar[Mapping[str, object]]
 

@@ -35,6 +35,7 @@ import trio
 from ..contracts import Image, Message, ResponseSchema
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
+from ..journal import value_hash
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
@@ -255,8 +256,16 @@ class CompletionBridge:
             return str(await self._llm(prompt, model, after, place))
         record = self._record(NodeKind.RLM_CALL, prompt, place)
         child_tally = Tally(parent=self.tally)
+        journal = self.run.journal
+        request = value_hash("rlm_call", prompt, model, self.params) if journal else ""
 
         async def body(rec: NodeRecord) -> str:
+            stored = journal.lookup(rec, request) if journal is not None else None
+            if stored is not None:  # the whole child, from the journal
+                journal.restore_child(rec)  # type: ignore[union-attr]
+                if rec.usage is not None:
+                    child_tally.add(rec.usage, rec.cost)
+                return stored.value or ""
             async with self.run.limiters.subcalls(rec.depth):
                 rec.start = trio.current_time()  # queueing for a slot is not running
                 try:
@@ -265,6 +274,8 @@ class CompletionBridge:
                     rec.usage = child_tally.usage
                     rec.cost = child_tally.cost
             rec.output_preview = preview(answer)
+            if journal is not None:
+                journal.record(rec, request, answer)
             return answer
 
         try:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..tracing import NodeTracer
     from .limiters import LoopLimiters
     from .providers import ProviderRouter
+    from .replay import Replayer
 
 __all__ = ["Run"]
 
@@ -78,6 +79,7 @@ class Run:
         self.stop_reason: str | None = None
         self.leaked_threads = 0  # threads of stopped blocks still running (environments say)
         self._counters: Counter[str] = Counter()
+        self.journal: Replayer | None = None  # set by runtime.replay.open_journal
         self.retries = RetryLog()
         fan_out = list(listeners)
         if has_observers(host.hook):

@@ -35,6 +35,7 @@ import trio
 from ..contracts import ChatResponse, Environment, ExecResult, Message
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, NodeStatus, preview
+from ..journal import value_hash
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
 from ..protocol.prompts import (
@@ -51,6 +52,7 @@ from .bridge import BridgeProxy, CompletionBridge, node_path
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
 from .providers import call_model, estimate_tokens
+from .replay import seed_code
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
@@ -482,14 +484,21 @@ class RLMRunner:
             c, NodeKind.REPL_BLOCK, f"turn-{iteration}/block-{number}", iteration, preview(code)
         )
 
+        journal = self.run.journal
+
         async def body(rec: NodeRecord) -> ExecResult:
             c.bridge.begin_block(rec.id)
+            if journal is not None:
+                # Replayed blocks re-run: the same seed makes `random` draw the same.
+                await c.env.execute(seed_code(journal.key, rec.id))
             result = await self._check_final(c, state, await c.env.execute(code))
             rec.output_preview = preview(result.stdout or result.stderr)
             if not result.ok:
                 rec.status = NodeStatus.ERROR
                 rec.error = result.error or "the block timed out"
                 rec.error_type = (result.error or "Timeout").split(":", 1)[0]
+            if journal is not None:
+                journal.record(rec, value_hash("repl_block", code), None)
             return result
 
         try:

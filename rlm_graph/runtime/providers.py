@@ -25,6 +25,7 @@ from ..contracts import (
 )
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
+from ..journal import request_hash
 from ..limits import Tally
 from .attempts import CallAttempts
 
@@ -134,6 +135,13 @@ async def call_model(
         response_schema=response_schema,
         **dict(params or {}),
     )
+    journal = run.journal
+    if journal is not None:
+        call_id = journal.call_id(record)
+        request_key = request_hash(request)
+        stored = journal.lookup(record, request_key, call_id)
+        if stored is not None:
+            return _replayed(run, record, stored.value or "", tally)
     rate = run.limiters.rate(
         key,
         getattr(provider, "requests_per_minute", None),
@@ -174,4 +182,19 @@ async def call_model(
     exceeded = run.budget.charge(response.usage, cost)
     if exceeded is not None:
         run.stop(exceeded)
+    if journal is not None:
+        journal.record(record, request_key, response.content, call_id)
     return response
+
+
+def _replayed(run: Run, record: NodeRecord, content: str, tally: Tally | None) -> ChatResponse:
+    """The journaled reply of a model call, as the provider gave it then; it costs
+    nothing now, so the tree's budget is not charged (its tally still counts it, so a
+    child's totals stay whole)."""
+    usage = record.usage or Usage()
+    if tally is not None:
+        tally.add(usage, record.cost)
+    return ChatResponse(
+        content=content, model=record.response_model or "", usage=usage,
+        cost=record.cost, finish_reason=record.finish_reason,
+    )

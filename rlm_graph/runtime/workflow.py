@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import inspect
+import json
 from typing import Any
 
 import trio
@@ -20,10 +21,11 @@ from ..contracts import Message
 from ..errors import NodeFailed, error_slot
 from ..graph import Graph, NodeKind, NodeRecord, NodeRef, Workflow, preview
 from ..graph.workflow import NodeSpec
+from ..journal import ReplaySummary, run_key, value_hash
 from .context import Run
 from .providers import call_model
 
-__all__ = ["UpstreamFailed", "WorkflowResult", "run_workflow"]
+__all__ = ["UpstreamFailed", "WorkflowResult", "run_workflow", "workflow_key"]
 
 
 class UpstreamFailed(Exception):
@@ -34,7 +36,8 @@ class WorkflowResult(BaseModel):
     """The outcome of a workflow run.
 
     Index it with a `NodeRef` or a node id for that node's result. ``graph`` has a record
-    for every node; ``errors`` maps failed node ids to their error text.
+    for every node; ``errors`` maps failed node ids to their error text; ``replay``
+    (with ``journal=``) says what came from the journal.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -43,6 +46,7 @@ class WorkflowResult(BaseModel):
     errors: dict[str, str]
     graph: Graph
     stop_reason: str | None = None
+    replay: ReplaySummary | None = None
 
     def __getitem__(self, node: NodeRef | str) -> Any:
         key = node.id if isinstance(node, NodeRef) else node
@@ -100,7 +104,7 @@ async def _run_node(
         elif spec.kind == NodeKind.LLM_CALL:
             values[spec.id] = await run.execute(record, _llm_body(run, spec, args), added=True)
         else:
-            values[spec.id] = await run.execute(record, _function_body(spec, args), added=True)
+            values[spec.id] = await run.execute(record, _function_body(run, spec, args), added=True)
     except Exception as exc:
         errors[spec.id] = error_slot(exc)
         if spec.kind == NodeKind.LLM_CALL and not failed:
@@ -132,14 +136,52 @@ def _llm_body(run: Run, spec: NodeSpec, args: list[Any]) -> Any:
     return body
 
 
-def _function_body(spec: NodeSpec, args: list[Any]) -> Any:
+def _function_body(run: Run, spec: NodeSpec, args: list[Any]) -> Any:
     async def body(record: NodeRecord) -> Any:
         assert spec.fn is not None
         record.input_preview = preview(args)
+        journal = run.journal
+        request = value_hash("function", _qualname(spec.fn), args) if journal is not None else ""
+        if journal is not None:
+            stored = journal.lookup(record, request)
+            if stored is not None and stored.value is not None:
+                return json.loads(stored.value)
         result = spec.fn(*args)
         if inspect.isawaitable(result):
             result = await result
         record.output_preview = preview(result)
+        if journal is not None:
+            value = _as_json(result)
+            if value is not None:  # what JSON cannot hold re-runs on resume
+                journal.record(record, request, value)
         return result
 
     return body
+
+
+def _qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def _as_json(value: Any) -> str | None:
+    """``value`` as JSON when it comes back equal (so replay returns what the function
+    did: a tuple, which comes back a list, is not journaled)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return text if json.loads(text) == value and type(json.loads(text)) is type(value) else None
+
+
+def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> str:
+    """The run key of a workflow: its nodes (ids, kinds, dependencies, prompts, models,
+    parameters, functions by qualified name) and the engine's providers."""
+    nodes = [
+        [
+            spec.id, spec.kind.value, list(spec.deps),
+            _qualname(spec.prompt) if callable(spec.prompt) else spec.prompt,
+            spec.system, spec.model, spec.params, _qualname(spec.fn) if spec.fn else None,
+        ]
+        for spec in workflow
+    ]
+    return run_key("workflow", {"nodes": nodes}, providers)

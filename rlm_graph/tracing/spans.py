@@ -45,6 +45,7 @@ from opentelemetry.trace import (
     SpanKind,
     Status,
     StatusCode,
+    TraceFlags,
     TracerProvider,
 )
 
@@ -105,6 +106,22 @@ _KIND = {
     kind: SpanKind.CLIENT if op == "chat" else SpanKind.INTERNAL for kind, op in _OPERATION.items()
 }
 _NO_SPAN = nullcontext(INVALID_SPAN)
+
+
+def _resumed_links(links: Iterable[tuple[str, str]]) -> list[Link]:
+    """Span links to the run spans of earlier attempts (``rlm.link = resumes``)."""
+    found = []
+    for trace_id, span_id in links:
+        try:
+            context = SpanContext(
+                trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED),
+            )
+        except ValueError:  # a damaged journal row: no link rather than no run
+            continue
+        if context.is_valid:
+            found.append(Link(context, {"rlm.link": "resumes"}))
+    return found
 # Fields a newer NodeRecord may carry; looked up once, since pydantic's __getattr__ for a
 # missing field costs more than the rest of a span's attributes together.
 _HAS_RESPONSE_MODEL = "response_model" in NodeRecord.model_fields
@@ -188,7 +205,12 @@ class NodeTracer:
 
     # -- the run ------------------------------------------------------------------------
 
-    def run_span(self, name: str, attributes: Mapping[str, Any]) -> Any:
+    def run_span(
+        self,
+        name: str,
+        attributes: Mapping[str, Any],
+        links: Iterable[tuple[str, str]] = (),
+    ) -> Any:
         """The span of a whole run, parent of every node span without a node parent.
 
         Args:
@@ -196,23 +218,29 @@ class NodeTracer:
                 user's graph; the first word becomes ``gen_ai.operation.name``.
             attributes: more attributes (strings are scrubbed). Set ``rlm.stop_reason``
                 on the yielded span when a limit stopped the run.
+            links: ``(trace_id, span_id)`` hex pairs of earlier spans this run continues
+                (a resumed run links to its first attempt's run span).
 
         Returns:
             A context manager yielding the span (a non-recording one when disabled).
         """
         if not self.enabled:
             return _NO_SPAN
-        return self._run_span(name, attributes)
+        return self._run_span(name, attributes, links)
 
     @contextmanager
-    def _run_span(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Span]:
+    def _run_span(
+        self, name: str, attributes: Mapping[str, Any], links: Iterable[tuple[str, str]]
+    ) -> Iterator[Span]:
         operation, _, agent = name.partition(" ")
         attrs: dict[str, Any] = {"gen_ai.operation.name": operation}
         if operation == "invoke_agent" and agent:
             attrs["gen_ai.agent.name"] = agent
         for key, value in attributes.items():
             attrs[key] = self.scrubber.scrub(value) if isinstance(value, str) else value
-        span = self._tracer.start_span(name, kind=SpanKind.INTERNAL, attributes=attrs)
+        span = self._tracer.start_span(
+            name, kind=SpanKind.INTERNAL, attributes=attrs, links=_resumed_links(links) or None
+        )
         outer, self._root = self._root, trace.set_span_in_context(span)
         try:
             yield span
@@ -325,6 +353,8 @@ class NodeTracer:
             _chat_attributes(record, attrs, self._servers)
         if record.cost is not None:
             attrs["rlm.cost_usd"] = record.cost
+        if record.replayed:
+            attrs["rlm.replayed"] = True
         if record.start is not None and record.submitted is not None:
             queued = record.start - record.submitted
             if queued > 0:

@@ -1,0 +1,264 @@
+"""A run's journal on the scheduler's side: replay recorded nodes, record finished ones.
+
+`Replayer` is attached to a `Run` as ``run.journal`` (None without a journal). The
+executors ask it before doing work (`Replayer.lookup`: a recorded node whose request hash
+matches is answered from the journal) and hand it what they finished
+(`Replayer.record`). Writes are batched: a system task wakes when rows are waiting,
+lets more gather for `FLUSH_DELAY` seconds (or until `FLUSH_ROWS` are waiting), and
+writes them in one transaction from a worker thread, so the scheduler never waits on
+the disk.
+
+Invariants:
+    - A row is taken for writing only after its node finished: `record` is called from
+      a node's body with no checkpoint before the body returns, and the writer runs in
+      another task, so by the time it reads the record ``Run.execute`` has finished it.
+    - Once a node diverged (its request differs from its record), nothing more is
+      replayed in this run: what follows a changed request cannot be trusted.
+    - `close` writes whatever is left, even when the run was cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..errors import ConfigError
+from ..graph import NodeKind, NodeRecord, NodeStatus
+from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode, value_hash
+from ..journal.store import restore, retimed
+
+if TYPE_CHECKING:
+    from .context import Run
+
+__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "Replayer", "open_journal", "seed_code"]
+
+logger = logging.getLogger("rlm_graph")
+
+FLUSH_DELAY = 0.05
+"""Seconds the writer lets rows gather before a write (at most this much is lost to a crash)."""
+
+FLUSH_ROWS = 512
+"""Rows that start a write at once."""
+
+COUNTED = frozenset({NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION})
+
+
+def seed_code(key: str, block_id: str) -> str:
+    """Code that seeds the REPL's `random` for one block of a journaled run: the same
+    block of the same run draws the same numbers in every attempt."""
+    seed = int(value_hash("seed", key, block_id)[:16], 16)
+    return f"__import__('random').seed({seed})"
+
+
+class Replayer:
+    """The journal of one run (one run key) in one attempt."""
+
+    def __init__(self, run: Run, store: JournalStore, key: str, before: RunRow | None) -> None:
+        self.run = run
+        self.store = store
+        self.key = key
+        self.attempt = before.attempts + 1 if before is not None else 1
+        self.link = (before.trace_id, before.span_id) if before and before.trace_id and before.span_id else None
+        self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
+        self._seq = max((n.seq for n in self.nodes.values()), default=0)
+        self._buffer: list[tuple[NodeRecord, str, str | None]] = []
+        self._wake = trio.Event()
+        self._replayed: list[tuple[NodeRecord, StoredNode]] = []
+        self._calls: dict[str, int] = {}
+        self._stop = trio.CancelScope()
+        self._stopped = trio.Event()
+        self._failed: BaseException | None = None
+        self.replayed = self.live = self.diverged = 0
+        self.diverged_at: str | None = None
+        self.cost_saved = 0.0
+        self.tokens_saved = 0
+
+    # -- replay -------------------------------------------------------------------------
+
+    def call_id(self, record: NodeRecord) -> str:
+        """The journal id of a model call on ``record``: the node's id, and ``#n`` for
+        the n-th call (n >= 2) of a node that makes several (a compaction)."""
+        if record.kind != NodeKind.COMPACTION:
+            return record.id
+        n = self._calls[record.id] = self._calls.get(record.id, 0) + 1
+        return record.id if n == 1 else f"{record.id}#{n}"
+
+    def lookup(self, record: NodeRecord, request: str, node_id: str | None = None) -> StoredNode | None:
+        """The journaled result of ``record`` if its request hash matches, else None
+        (the node then runs live and is counted live or diverged).
+
+        A replayed node's record takes the recorded usage, cost, model and previews, and
+        is marked ``replayed``; its recorded times are put back when the run closes.
+        """
+        stored = self.nodes.get(node_id or record.id)
+        counted = record.kind in COUNTED and (node_id is None or node_id == record.id)
+        if stored is None:
+            self.live += counted
+            return None
+        if self.diverged_at is not None or stored.hash != request:
+            if self.diverged_at is None:
+                self.diverged_at = record.id
+                logger.warning(
+                    "journal: the request of node %s differs from its record; "
+                    "the run goes live from here",
+                    record.id,
+                )
+            self.diverged += counted
+            return None
+        self._adopt(record, stored)
+        self.replayed += counted
+        return stored
+
+    def _adopt(self, record: NodeRecord, stored: StoredNode) -> None:
+        was = stored.record
+        record.replayed = True
+        record.model = was.model
+        record.response_model = was.response_model
+        record.provider = was.provider
+        record.usage = was.usage
+        record.cost = was.cost
+        record.finish_reason = was.finish_reason
+        record.output_preview = was.output_preview
+        self._replayed.append((record, stored))
+        if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
+            self.cost_saved += was.cost or 0.0
+            self.tokens_saved += was.usage.total_tokens if was.usage is not None else 0
+
+    def restore_child(self, record: NodeRecord) -> list[NodeRecord]:
+        """Put the journaled nodes of the child completion of ``record`` (a replayed
+        ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
+        prefix = record.id + "/"
+        inside = sorted((n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq)
+        inside = [n for n in inside if n.id not in self.run.graph and "#" not in n.id]
+        added = restore(self.run.graph, inside, offset=time.time() - trio.current_time())
+        for node in added:
+            if node.kind in COUNTED:
+                self.replayed += 1
+                if node.kind != NodeKind.RLM_CALL:
+                    self.cost_saved += node.cost or 0.0
+                    self.tokens_saved += node.usage.total_tokens if node.usage is not None else 0
+        return added
+
+    # -- recording ----------------------------------------------------------------------
+
+    def record(self, record: NodeRecord, request: str, value: str | None, node_id: str | None = None) -> None:
+        """Journal ``record`` (finishing now) with its request hash and ``value`` (what
+        replay returns: a reply, an answer, a function's JSON; None for a REPL block)."""
+        if node_id is not None and node_id != record.id:
+            # A second call of one node: its own row, on a copy that keeps the id.
+            copy = NodeRecord.model_validate(record.model_dump())
+            copy.id = node_id
+            record = copy
+        self._buffer.append((record, request, value))
+        if not self._wake.is_set():
+            self._wake.set()
+
+    def _rows(self) -> list[tuple[Any, ...]]:
+        taken, self._buffer = self._buffer, []
+        graph = self.run.graph
+        now = trio.current_time()
+        redact = self.run._redact
+        rows = []
+        for record, request, value in taken:
+            if redact is not None and value:
+                value = redact(value)  # a model that echoed a key does not put it on disk
+            self._seq += 1
+            known = record.id in graph
+            after = list(graph.predecessors(record.id, "after")) if known else []
+            parent = next(iter(graph.predecessors(record.id, "spawn")), None) if known else None
+            usage = record.usage
+            status = record.status if record.status.finished else NodeStatus.OK
+            rows.append((
+                self.key, record.id, request, self.attempt, self._seq, record.kind.value,
+                record.depth, record.completion, record.model, record.response_model,
+                record.provider, record.iteration, record.batch_index, record.batch_size,
+                status.value, record.submitted, record.start,
+                record.end if record.end is not None else now, record.wall_start,
+                usage.input_tokens if usage else None, usage.output_tokens if usage else None,
+                usage.cached_tokens if usage else None, usage.reasoning_tokens if usage else None,
+                record.cost, record.error, record.error_type, record.input_preview,
+                record.output_preview, record.finish_reason, record.attempts, record.note,
+                json.dumps(after) if after else None, parent, value,
+                int(record.kind in COUNTED and "#" not in record.id),
+            ))
+        return rows
+
+    async def _writer(self) -> None:
+        try:
+            with self._stop:
+                while True:
+                    await self._wake.wait()
+                    if len(self._buffer) < FLUSH_ROWS:
+                        await trio.sleep(FLUSH_DELAY)
+                    self._wake = trio.Event()
+                    rows = self._rows()
+                    await trio.to_thread.run_sync(self.store.write, rows)
+        except Exception as exc:  # a full disk must not fail the user's run
+            self._failed = exc
+            logger.error("journal %s: writing failed (%s); the run goes on unjournaled", self.store.path, exc)
+        finally:
+            self._stopped.set()
+
+    # -- the run's ends -----------------------------------------------------------------
+
+    def link_span(self, span: Any) -> None:
+        """Remember the run span of a first attempt (later attempts link to it)."""
+        context = span.get_span_context() if span is not None else None
+        if context is not None and context.is_valid:
+            self.store.set_trace(self.key, format(context.trace_id, "032x"), format(context.span_id, "016x"))
+
+    def summary(self) -> ReplaySummary:
+        return ReplaySummary(
+            run_key=self.key, attempt=self.attempt, replayed=self.replayed, live=self.live,
+            diverged=self.diverged, diverged_at=self.diverged_at,
+            cost_saved=self.cost_saved, tokens_saved=self.tokens_saved,
+        )
+
+    async def close(self, status: str, answer: str | None) -> ReplaySummary:
+        """Write what is left, put replayed nodes' recorded times back, end the attempt.
+
+        ``status``: ``"finished"``, ``"stopped"`` (a limit cut it) or ``"failed"``.
+        """
+        with trio.CancelScope(shield=True):
+            self._stop.cancel()
+            await self._stopped.wait()
+            offset = time.time() - trio.current_time()
+            for record, stored in self._replayed:
+                was = retimed(stored.record, offset)
+                record.submitted, record.start, record.end = was.submitted, was.start, was.end
+                record.wall_start = was.wall_start
+            try:
+                if self._failed is None:
+                    self.store.write(self._rows())
+                keep = None
+                if self.diverged_at is not None and status == "finished":
+                    keep = [r.id for r in self.run.graph.records()]
+                self.store.finish(self.key, status, answer, keep)
+            finally:
+                self.store.close()
+        return self.summary()
+
+
+async def open_journal(run: Run, path: str | os.PathLike[str], key: str, kind: str, label: str) -> Replayer:
+    """Open the journal at ``path`` for run ``key`` and attach it to ``run``.
+
+    Raises:
+        ConfigError: the file is not a journal, or cannot be opened.
+    """
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(path).__name__}")
+    store = JournalStore(path, threads=True)
+    try:
+        before = store.begin(key, kind, label)
+        replayer = Replayer(run, store, key, before)
+    except BaseException:
+        store.close()
+        raise
+    trio.lowlevel.spawn_system_task(replayer._writer, name="rlm_graph.journal.writer")
+    run.journal = replayer
+    return replayer

@@ -1,0 +1,217 @@
+"""Journal and replay in one process, with the scripted provider."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from rlm_graph import RLM, NodeKind
+from rlm_graph.contracts import ChatRequest
+from rlm_graph.journal import JournalStore
+
+from ..rlm.scripts import is_root_turn, repl, turn_number
+
+COUNTED = {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION}
+
+
+def _respond(request: ChatRequest) -> str:
+    if not is_root_turn(request):
+        return f"sub:{request.prompt}"
+    if turn_number(request) == 1:
+        return repl("parts = llm_query_batched([f'p{i}' for i in range(5)])\nprint(len(parts))")
+    return repl("FINAL(' '.join(parts))")
+
+
+def _counted(result: object) -> int:
+    return sum(1 for r in result.graph.records() if r.kind in COUNTED)  # type: ignore[attr-defined]
+
+
+async def test_a_finished_run_replays_for_free(tmp_path: Path) -> None:
+    path = tmp_path / "run.sqlite"
+    first = RLM("scripted", {"respond": _respond}, journal=str(path))
+    one = await first.acompletion("ctx", root_prompt="q")
+    assert one.replay is not None and one.replay.attempt == 1
+    assert one.replay.live == _counted(one) == 7 and one.replay.replayed == 0
+
+    again = RLM("scripted", {"respond": _respond}, journal=str(path))
+    two = await again.acompletion("ctx", root_prompt="q")
+    assert again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert two.response == one.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
+    assert two.replay is not None
+    assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (7, 0, 0)
+    assert two.replay.attempt == 2 and two.replay.resumed
+    assert two.replay.tokens_saved == sum(
+        r.usage.total_tokens for r in one.graph.records() if r.usage is not None
+    )
+    replayed = {r.id: r for r in two.graph.records()}
+    assert sorted(replayed) == sorted(r.id for r in one.graph.records())
+    assert all(r.replayed for r in two.graph.records() if r.kind in COUNTED)
+    assert not any(r.replayed for r in two.graph.records(NodeKind.REPL_BLOCK))  # blocks re-ran
+    # Original timings: the replayed turn keeps its recorded duration and wall start.
+    assert replayed["turn-1"].wall_start == one.graph["turn-1"].wall_start
+
+
+async def test_other_inputs_are_another_run(tmp_path: Path) -> None:
+    path = tmp_path / "run.sqlite"
+    await RLM("scripted", {"respond": _respond}, journal=str(path)).acompletion("ctx", root_prompt="q")
+    other = RLM("scripted", {"respond": _respond}, journal=str(path))
+    result = await other.acompletion("another context", root_prompt="q")
+    assert result.replay is not None and result.replay.replayed == 0 and result.replay.attempt == 1
+    assert len(other.engine.provider.requests) == 7  # type: ignore[attr-defined]
+    store = JournalStore(path)
+    try:
+        assert [r.status for r in store.runs()] == ["finished", "finished"]
+    finally:
+        store.close()
+
+
+def _versioned(request: ChatRequest) -> str:
+    if not is_root_turn(request):
+        return f"sub:{request.prompt}"
+    if turn_number(request) == 1:
+        return repl("parts = llm_query_batched([f'p{i}' for i in range(5)])\nprint(version)")
+    seen = "v2" if "v2" in request.messages[-1].content else "v1"
+    return repl(f"FINAL('answer after {seen}')")
+
+
+async def test_a_changed_request_goes_live_from_there_and_says_so(tmp_path: Path) -> None:
+    path = str(tmp_path / "run.sqlite")
+    one = await RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v1"}, journal=path).acompletion("ctx")
+    assert one.response == "answer after v1"
+    # Same inputs, but a block now prints something else: turn 2 is asked something new.
+    rlm = RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v2"}, journal=path)
+    two = await rlm.acompletion("ctx")
+    assert two.response == "answer after v2"
+    assert two.replay is not None
+    assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (6, 0, 1)
+    assert two.replay.diverged_at == "turn-2"
+    asked = rlm.engine.provider.requests  # type: ignore[attr-defined]
+    assert [r.node_id for r in asked] == ["turn-2"]
+    assert not two.graph["turn-2"].replayed and two.graph["turn-1"].replayed
+    # The journal now holds the new path: the next run replays all of it.
+    again = RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v2"}, journal=path)
+    three = await again.acompletion("ctx")
+    assert three.response == "answer after v2" and again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert three.replay is not None and three.replay.replayed == 7
+
+
+def _echo_context(request: ChatRequest) -> str:
+    if not is_root_turn(request):
+        return f"sub:{request.prompt}"
+    if turn_number(request) == 1:
+        return repl("parts = llm_query_batched([context + str(i) for i in range(20)])")
+    return repl("FINAL('|'.join(parts))")
+
+
+async def test_one_journal_shared_by_two_concurrent_runs_mixes_nothing(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    path = str(tmp_path / "shared.sqlite")
+    answers: dict[str, str] = {}
+
+    async def one(context: str) -> None:
+        rlm = RLM("scripted", {"respond": _echo_context, "latency": 0.1}, journal=path, batch_max_concurrent=4)
+        answers[context] = (await rlm.acompletion(context)).response
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(one, "alpha")
+        nursery.start_soon(one, "beta")
+    assert answers["alpha"] == "|".join(f"sub:alpha{i}" for i in range(20))
+    assert answers["beta"] == "|".join(f"sub:beta{i}" for i in range(20))
+
+    for context in ("beta", "alpha"):
+        rlm = RLM("scripted", {"respond": _echo_context}, journal=path)
+        result = await rlm.acompletion(context)
+        assert result.response == answers[context]
+        assert rlm.engine.provider.requests == []  # type: ignore[attr-defined]
+        assert result.replay is not None and result.replay.replayed == 22
+    store = JournalStore(path)
+    try:
+        runs = store.runs()
+    finally:
+        store.close()
+    assert sorted((r.label, r.nodes, r.attempts) for r in runs) == [("alpha", 22, 2), ("beta", 22, 2)]
+
+
+async def test_a_workflow_replays_model_calls_and_json_results(tmp_path: Path) -> None:
+    from rlm_graph import Engine, Workflow
+
+    ran: list[str] = []
+
+    def reduce(*parts: str) -> str:
+        ran.append("reduce")
+        return "|".join(parts)
+
+    def opaque(text: str) -> object:  # not JSON: re-runs on resume
+        ran.append("opaque")
+        return {1, 2}
+
+    def build() -> Workflow:
+        wf = Workflow()
+        maps = [wf.llm(f"c{i}") for i in range(6)]
+        joined = wf.function(reduce, *maps, id="reduce")
+        wf.function(opaque, joined, id="opaque")
+        wf.llm(lambda text: f"final over {text}", joined, id="final")
+        return wf
+
+    path = str(tmp_path / "wf.sqlite")
+    first = Engine("scripted", {"respond": lambda r: f"echo:{r.prompt}"})
+    one = await first.arun(build(), journal=path)
+    assert ran == ["reduce", "opaque"] and one.replay is not None and one.replay.live == 9
+    ran.clear()
+    again = Engine("scripted", {"respond": lambda r: f"echo:{r.prompt}"})
+    two = await again.arun(build(), journal=path)
+    assert two["final"] == one["final"] and two["reduce"] == one["reduce"]
+    assert again.provider.requests == []  # type: ignore[attr-defined]
+    assert ran == ["opaque"]
+    assert two.replay is not None
+    assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (8, 1, 0)
+    assert two.graph["final"].replayed and not two.graph["opaque"].replayed
+
+
+async def test_a_bad_journal_is_a_clear_error(tmp_path: Path) -> None:
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    other = tmp_path / "other.sqlite"
+    import sqlite3
+
+    db = sqlite3.connect(other)
+    db.execute("CREATE TABLE t (x)")
+    db.close()
+    with pytest.raises(ConfigError, match="not an rlm-graph journal"):
+        await RLM("scripted", {"respond": _respond}, journal=str(other)).acompletion("ctx")
+    with pytest.raises(ConfigError, match="is a folder"):
+        await RLM("scripted", {"respond": _respond}, journal=str(tmp_path)).acompletion("ctx")
+    with pytest.raises(ConfigError, match="file path"):
+        RLM("scripted", {"respond": _respond}, journal=3)  # type: ignore[arg-type]
+
+
+async def test_a_resumed_run_links_to_the_first_attempt_trace(tmp_path: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    path = str(tmp_path / "run.sqlite")
+    for _ in range(2):
+        rlm = RLM("scripted", {"respond": _respond}, journal=path, tracer_provider=provider)
+        await rlm.acompletion("ctx", root_prompt="q")
+    runs = [s for s in exporter.get_finished_spans() if s.name == "invoke_agent rlm"]
+    assert len(runs) == 2
+    first, second = runs
+    assert not first.links
+    (link,) = second.links
+    assert link.context.trace_id == first.context.trace_id
+    assert link.context.span_id == first.context.span_id
+    assert dict(link.attributes or {}) == {"rlm.link": "resumes"}
+    replayed = [
+        s for s in exporter.get_finished_spans()
+        if s.context.trace_id == second.context.trace_id and (s.attributes or {}).get("rlm.replayed")
+    ]
+    assert len(replayed) == 7  # 2 turns and 5 sub-calls; the blocks ran again
