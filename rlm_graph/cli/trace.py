@@ -111,11 +111,16 @@ def register(subparsers: Any) -> None:
     export = commands.add_parser("export", help="rebuild the run's graph as DOT or GraphML")
     export.add_argument(
         "files", type=Path, nargs="+", metavar="FILE",
-        help="a trace file (.otlp.jsonl or .jaeger.json) or a graph JSON (rlm-graph demo "
-        "--out); given several (a shell glob), the newest is used",
+        help="a trace file (.otlp.jsonl or .jaeger.json), a graph JSON (rlm-graph demo "
+        "--out) or a journal (--journal); given several (a shell glob), the newest is used",
     )
     export.add_argument("--format", choices=("dot", "graphml"), default="dot")
     export.add_argument("--trace-id", default=None, help="which trace, if the file has several")
+    export.add_argument(
+        "--run", default=None, metavar="KEY",
+        help="for a journal (.sqlite): which run, by the start of its key (`rlm-graph "
+        "journal ls`); default the newest",
+    )
     export.add_argument(
         "-o", "--output", type=Path, default=None, help="write here instead of stdout"
     )
@@ -152,13 +157,18 @@ def _newest(paths: list[Path]) -> Path:
     return paths[0]
 
 
-def _load_graph(path: Path, trace_id: str | None) -> Graph:
-    """A graph from a trace file, or from a graph JSON export (``rlm-graph demo --out``)."""
+def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Graph:
+    """A graph from a trace file, a graph JSON export (``rlm-graph demo --out``), or a
+    run of a journal."""
     try:
+        with path.open("rb") as raw:
+            magic = raw.read(16)
         with path.open(encoding="utf-8") as handle:
-            head = handle.read(200)
+            head = "" if magic == SQLITE_MAGIC else handle.read(200)
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {path}: {exc.strerror}") from None
+    if magic == SQLITE_MAGIC:
+        return _journal_graph(path, run)
     if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
         try:
             return from_json(path.read_text(encoding="utf-8"))
@@ -167,9 +177,26 @@ def _load_graph(path: Path, trace_id: str | None) -> Graph:
     return to_graph(load_trace(path), trace_id)
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _journal_graph(path: Path, run: str | None) -> Graph:
+    from ..errors import ConfigError
+    from ..journal import JournalStore
+
+    try:
+        store = JournalStore(path)
+        try:
+            return store.graph(store.find(run or "").key)
+        finally:
+            store.close()
+    except ConfigError as exc:
+        raise TraceFileError(str(exc)) from None
+
+
 def run_export(args: argparse.Namespace) -> int:
     try:
-        graph = _load_graph(_newest(args.files), args.trace_id)
+        graph = _load_graph(_newest(args.files), args.trace_id, getattr(args, "run", None))
     except TraceFileError as exc:
         print(f"rlm-graph trace export: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,70 @@
+"""``rlm-graph journal ls PATH``: the runs a journal holds (see docs/durability.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["register", "run_ls"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("journal", help="list the runs a journal file holds")
+    commands = parser.add_subparsers(dest="journal_command", metavar="ACTION")
+    parser.set_defaults(func=lambda args: _usage(parser))
+    ls = commands.add_parser(
+        "ls", help="runs, newest first: key, kind, status, attempts, nodes, cost, question"
+    )
+    ls.add_argument("path", type=Path, metavar="PATH", help="a journal (RLM(journal=...), --journal)")
+    ls.add_argument("--json", action="store_true", help="one JSON object per run")
+    ls.set_defaults(func=run_ls)
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return EXIT_USAGE
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from ..journal import JournalStore
+
+    if not args.path.is_file():
+        print(f"rlm-graph journal ls: no journal at {args.path}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        store = JournalStore(args.path)
+    except ConfigError as exc:
+        print(f"rlm-graph journal ls: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        runs = store.runs()
+    finally:
+        store.close()
+    if args.json:
+        for run in runs:
+            print(json.dumps({
+                "key": run.key, "kind": run.kind, "status": run.status, "attempts": run.attempts,
+                "nodes": run.nodes, "cost": run.cost, "label": run.label,
+                "created": run.created, "updated": run.updated,
+            }))
+        return EXIT_OK
+    if not runs:
+        print(f"{args.path}: no runs yet")
+        return EXIT_OK
+    print(f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<8}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION")
+    for run in runs:
+        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.updated))
+        print(
+            f"{run.key[:12]:<12}  {run.kind:<8}  {run.status:<8}  {run.attempts:>5}  "
+            f"{run.nodes:>6}  {'$' + format(run.cost, '.4f'):>9}  {updated:<16}  {run.label}"
+        )
+    return EXIT_OK
