@@ -76,6 +76,11 @@ def register(subparsers: Any) -> None:
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
+    parser.add_argument(
+        "--journal", metavar="PATH",
+        help="record finished nodes in this SQLite file; rerunning the same command resumes "
+        "from it (see docs/durability.md, `rlm-graph journal ls`)",
+    )
     add_trace_argument(parser)
     add_progress_arguments(parser)
     add_report_argument(parser)
@@ -188,6 +193,8 @@ def _rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if args.max_output_tokens < 1:
             raise ConfigError("--max-output-tokens must be at least 1")
         kwargs["sampling_args"] = {"max_tokens": args.max_output_tokens}
+    if args.journal:
+        kwargs["journal"] = args.journal
     return kwargs
 
 

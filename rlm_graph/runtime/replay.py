@@ -123,6 +123,8 @@ class Replayer:
         record.usage = was.usage
         record.cost = was.cost
         record.finish_reason = was.finish_reason
+        record.attempts = was.attempts
+        record.note = was.note
         record.output_preview = was.output_preview
         self._replayed.append((record, stored))
         if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes

@@ -89,6 +89,7 @@ SPAN_ATTRIBUTES = (
     "rlm.cost_usd",
     "rlm.queue_seconds",
     "rlm.stop_reason",
+    "rlm.replayed",
 )
 
 # Span name of each node kind ("{model}" and "{id}" are filled in from the record).

@@ -1,0 +1,68 @@
+"""``rlm-graph run --journal``, ``journal ls`` and ``trace export`` of a journal run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlm_graph.cli import main
+from rlm_graph.testing import FakeOpenAIServer, last_user_message
+
+KEY = "sk-test-journal-cli"
+
+
+def respond(body: dict[str, object]) -> str:
+    messages = body["messages"]
+    assert isinstance(messages, list)
+    if any(m.get("role") == "system" for m in messages):
+        return '```repl\nFINAL(llm_query("sub") + " over " + str(len(context)))\n```'
+    return "ANSWER:" + last_user_message(body)
+
+
+def test_run_twice_over_a_journal_then_list_and_export_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    context = tmp_path / "context.txt"
+    context.write_text("x" * 99, encoding="utf-8")
+    journal = tmp_path / "run.sqlite"
+    with FakeOpenAIServer(respond, api_key=KEY) as server:
+        args = ["run", "--context", str(context), "--query", "what?", "--model", "gpt-test",
+                "--base-url", server.base_url, "--journal", str(journal)]
+        assert main(args) == 0
+        asked = len(server.requests)
+        assert main(args) == 0
+        assert len(server.requests) == asked == 2  # the second run replayed both calls
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["ANSWER:sub over 99", "ANSWER:sub over 99"]
+
+    assert main(["journal", "ls", str(journal)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:6] == ["KEY", "KIND", "STATUS", "TRIES", "NODES", "COST"]
+    assert table[1].split()[1:5] == ["rlm", "finished", "2", "2"] and table[1].endswith("what?")
+    assert main(["journal", "ls", str(journal), "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert (row["status"], row["attempts"], row["nodes"], row["label"]) == ("finished", 2, 2, "what?")
+
+    assert main(["trace", "export", str(journal), "--run", row["key"][:8]]) == 0
+    dot = capsys.readouterr().out
+    assert '"turn-1" -> "turn-1/block-1";' in dot
+    assert '"turn-1/block-1" -> "turn-1/block-1/llm-1" [style=dashed];' in dot
+    assert KEY not in journal.read_bytes().decode("utf-8", "replace")
+
+
+def test_bad_journal_arguments_exit_2_with_a_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["journal", "ls", str(tmp_path / "missing.sqlite")]) == 2
+    assert "no journal at" in capsys.readouterr().err
+    empty = tmp_path / "empty.sqlite"
+    from rlm_graph.journal import JournalStore
+
+    JournalStore(empty).close()
+    assert main(["journal", "ls", str(empty)]) == 0
+    assert "no runs yet" in capsys.readouterr().out
+    assert main(["trace", "export", str(empty), "--run", "abc"]) == 2
+    assert "no run whose key starts with 'abc'" in capsys.readouterr().err
