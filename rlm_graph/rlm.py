@@ -44,7 +44,7 @@ from .runtime.limiters import SharedLimiter
 from .runtime.context import Run
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
-from .runtime.replay import Replayer, open_journal
+from .runtime.replay import JournaledTool, Replayer, open_journal
 from .runtime.sync import run_sync, unwrap
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
@@ -65,10 +65,18 @@ def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str,
                 "context_N, history_N); rename the tool"
             )
         if isinstance(entry, Mapping) and "tool" in entry:
-            unknown = set(entry) - {"tool", "description"}
+            unknown = set(entry) - {"tool", "description", "journal"}
             if unknown:
-                raise ConfigError(f"{keyword}[{name!r}]: unknown keys {sorted(unknown)}; use 'tool' and 'description'")
-            table[name] = (entry["tool"], entry.get("description"))
+                raise ConfigError(
+                    f"{keyword}[{name!r}]: unknown keys {sorted(unknown)}; use 'tool', "
+                    "'description' and 'journal'"
+                )
+            tool = entry["tool"]
+            if entry.get("journal"):
+                if not callable(tool):
+                    raise ConfigError(f"{keyword}[{name!r}]: 'journal' is for functions; {name!r} is data")
+                tool = JournaledTool(tool, name)
+            table[name] = (tool, entry.get("description"))
         else:
             table[name] = (entry, None)
     return table

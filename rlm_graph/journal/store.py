@@ -259,7 +259,8 @@ class JournalStore:
     def graph(self, key: str) -> Graph:
         """The graph of run ``key`` as journaled (for ``trace export`` of a crashed run)."""
         graph = Graph()
-        restore(graph, sorted(self.load(key).values(), key=lambda n: n.seq))
+        nodes = [n for n in self.load(key).values() if not n.id.rpartition("/")[2].startswith("tool-")]
+        restore(graph, sorted(nodes, key=lambda n: n.seq))
         return graph
 
     def close(self) -> None:

@@ -25,6 +25,8 @@ class ReplaySummary(BaseModel):
         diverged_at: the id of the first diverged node, if any.
         cost_saved: USD the replayed model calls cost when they were recorded.
         tokens_saved: their input + output tokens.
+        tools_replayed: calls of journaled custom tools answered from the journal (not
+            graph nodes, so not in the counts above).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -37,6 +39,7 @@ class ReplaySummary(BaseModel):
     diverged_at: str | None = None
     cost_saved: float = 0.0
     tokens_saved: int = 0
+    tools_replayed: int = 0
 
     @property
     def resumed(self) -> bool:

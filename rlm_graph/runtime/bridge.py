@@ -42,6 +42,7 @@ from ..protocol.schema import AnswerSchema
 from .batch import run_batch
 from .context import Run
 from .providers import call_model
+from .replay import JournaledTool
 
 __all__ = ["BridgeProxy", "ChildRunner", "CompletionBridge", "node_path"]
 
@@ -164,6 +165,10 @@ class CompletionBridge:
             tool = self.tools[name]
         except KeyError:
             raise RLMGraphError(f"no custom tool {name!r}") from None
+        if isinstance(tool, JournaledTool):
+            journaled = tool
+            call = functools.partial(journaled.call, self, tuple(args), dict(kwargs))
+            return await trio.to_thread.run_sync(call)
         if inspect.iscoroutinefunction(tool):
             return await tool(*args, **kwargs)
         # A slow synchronous tool must not stall the scheduler.

@@ -52,7 +52,7 @@ from .bridge import BridgeProxy, CompletionBridge, node_path
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
 from .providers import call_model, estimate_tokens
-from .replay import seed_code
+from .replay import JournaledTool, seed_code
 
 __all__ = [
     "DEFAULT_CONTEXT_WINDOW",
@@ -570,8 +570,12 @@ def make_environment(
     factory: Any, settings: LoopSettings, bridge: Any, tools: ToolTable, depth: int
 ) -> Environment:
     """An environment for one completion (or a persistent session), not yet started."""
+    bound = {
+        name: (value.bind(bridge), text) if isinstance(value, JournaledTool) else (value, text)
+        for name, (value, text) in tools.items()
+    }
     env: Environment = factory(
-        bridge=bridge, tools=dict(tools), depth=depth, **dict(settings.environment_kwargs)
+        bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
     )
     return env
 

@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -35,7 +36,7 @@ from ..journal.store import restore, retimed
 if TYPE_CHECKING:
     from .context import Run
 
-__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "Replayer", "open_journal", "seed_code"]
+__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "JournaledTool", "Replayer", "open_journal", "seed_code"]
 
 logger = logging.getLogger("rlm_graph")
 
@@ -46,6 +47,63 @@ FLUSH_ROWS = 512
 """Rows that start a write at once."""
 
 COUNTED = frozenset({NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION})
+
+
+def is_tool_call(node_id: str) -> bool:
+    """A journaled tool call's row (``<block>/tool-n``): journaled, but not a graph node."""
+    return node_id.rpartition("/")[2].startswith("tool-")
+
+
+class JournaledTool:
+    """A custom tool given as ``{"tool": fn, "journal": True}``: in a journaled run each
+    call's result (JSON only) is recorded, keyed ``<block>/tool-<ordinal>`` and by a hash
+    of the arguments, and replayed on resume instead of calling ``fn`` again.
+
+    Called outside a journaled run it is just ``fn``.
+    """
+
+    def __init__(self, fn: Any, name: str) -> None:
+        self.fn = fn
+        self.name = name
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def bind(self, bridge: Any) -> Any:
+        """The tool as one completion's REPL calls it (``bridge``: its bridge, or the
+        proxy of a persistent session)."""
+
+        @functools.wraps(self.fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.call(getattr(bridge, "target", None) or bridge, args, kwargs)
+
+        return call
+
+    def call(self, bridge: Any, args: Any, kwargs: Any) -> Any:
+        """Call the tool for code of ``bridge``'s current block (any thread)."""
+        journal: Replayer | None = getattr(getattr(bridge, "run", None), "journal", None)
+        if journal is None or bridge.block is None:
+            return self.fn(*args, **kwargs)
+        node_id = f"{bridge.block}/tool-{bridge._ordinal()}"
+        request = value_hash("tool", self.name, list(args), dict(kwargs))
+        stored = journal.nodes.get(node_id)
+        if stored is not None and journal.diverged_at is None and stored.hash == request and stored.value is not None:
+            journal.tools_replayed += 1
+            return json.loads(stored.value)
+        if stored is not None and journal.diverged_at is None:
+            journal.diverged_at = node_id
+        value = self.fn(*args, **kwargs)
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            return value  # JSON cannot hold it: the tool runs again on resume
+        record = NodeRecord(
+            id=node_id, kind=NodeKind.FUNCTION, depth=bridge.depth, completion=bridge.completion,
+            status=NodeStatus.OK, wall_start=time.time(), input_preview=f"{self.name}(...)",
+        )
+        journal._tool_rows.append((record, request, text))
+        return value
 
 
 def seed_code(key: str, block_id: str) -> str:
@@ -67,6 +125,8 @@ class Replayer:
         self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
         self._seq = max((n.seq for n in self.nodes.values()), default=0)
         self._buffer: list[tuple[NodeRecord, str, str | None]] = []
+        # Journaled tools run on REPL threads: list.append is their only write here.
+        self._tool_rows: list[tuple[NodeRecord, str, str | None]] = []
         self._wake = trio.Event()
         self._replayed: list[tuple[NodeRecord, StoredNode]] = []
         self._calls: dict[str, int] = {}
@@ -77,6 +137,7 @@ class Replayer:
         self.diverged_at: str | None = None
         self.cost_saved = 0.0
         self.tokens_saved = 0
+        self.tools_replayed = 0
 
     # -- replay -------------------------------------------------------------------------
 
@@ -136,7 +197,7 @@ class Replayer:
         ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
         prefix = record.id + "/"
         inside = sorted((n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq)
-        inside = [n for n in inside if n.id not in self.run.graph and "#" not in n.id]
+        inside = [n for n in inside if n.id not in self.run.graph and "#" not in n.id and not is_tool_call(n.id)]
         added = restore(self.run.graph, inside, offset=time.time() - trio.current_time())
         for node in added:
             if node.kind in COUNTED:
@@ -162,6 +223,10 @@ class Replayer:
 
     def _rows(self) -> list[tuple[Any, ...]]:
         taken, self._buffer = self._buffer, []
+        tools = len(self._tool_rows)
+        if tools:
+            taken.extend(self._tool_rows[:tools])
+            del self._tool_rows[:tools]
         graph = self.run.graph
         now = trio.current_time()
         redact = self.run._redact
@@ -186,7 +251,7 @@ class Replayer:
                 record.cost, record.error, record.error_type, record.input_preview,
                 record.output_preview, record.finish_reason, record.attempts, record.note,
                 json.dumps(after) if after else None, parent, value,
-                int(record.kind in COUNTED and "#" not in record.id),
+                int(record.kind in COUNTED and "#" not in record.id and not is_tool_call(record.id)),
             ))
         return rows
 
@@ -219,6 +284,7 @@ class Replayer:
             run_key=self.key, attempt=self.attempt, replayed=self.replayed, live=self.live,
             diverged=self.diverged, diverged_at=self.diverged_at,
             cost_saved=self.cost_saved, tokens_saved=self.tokens_saved,
+            tools_replayed=self.tools_replayed,
         )
 
     async def close(self, status: str, answer: str | None) -> ReplaySummary:

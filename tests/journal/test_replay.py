@@ -215,3 +215,31 @@ async def test_a_resumed_run_links_to_the_first_attempt_trace(tmp_path: Path) ->
         if s.context.trace_id == second.context.trace_id and (s.attributes or {}).get("rlm.replayed")
     ]
     assert len(replayed) == 7  # 2 turns and 5 sub-calls; the blocks ran again
+
+
+def _with_tool(request: ChatRequest) -> str:
+    if not is_root_turn(request):
+        return f"sub:{request.prompt}"
+    if turn_number(request) == 1:
+        return repl("price = fetch('AAPL')\nnote = llm_query(f'judge {price}')\nlucky = random.randint(0, 10**9)")
+    return repl("FINAL(f'{price} {note} {lucky}')")
+
+
+async def test_a_journaled_tool_is_replayed_and_random_draws_the_same(tmp_path: Path) -> None:
+    import random
+
+    calls: list[str] = []
+
+    def fetch(symbol: str) -> dict[str, object]:
+        calls.append(symbol)
+        return {"symbol": symbol, "price": len(calls) * 100}  # a second call would differ
+
+    path = str(tmp_path / "run.sqlite")
+    tools = {"fetch": {"tool": fetch, "journal": True}, "random": random}
+    one = await RLM("scripted", {"respond": _with_tool}, custom_tools=tools, journal=path).acompletion("ctx")
+    again = RLM("scripted", {"respond": _with_tool}, custom_tools=tools, journal=path)
+    two = await again.acompletion("ctx")
+    assert calls == ["AAPL"]  # the tool ran once; the resumed run got its recorded result
+    assert two.response == one.response and "'price': 100" in two.response
+    assert again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert two.replay is not None and two.replay.tools_replayed == 1 and two.replay.diverged == 0
