@@ -109,13 +109,17 @@ def scripted_kwargs(key: str, first: FirstRequest) -> dict[str, Any]:
     return {"model_name": key, "respond": respond, "latency": latency, "max_concurrent": 64}
 
 
-def make_rlm(key: str, mode: str, base_url: str | None, transport: str, first: FirstRequest) -> RLM:
+def make_rlm(
+    key: str, mode: str, base_url: str | None, transport: str, first: FirstRequest,
+    journal: str | None = None,
+) -> RLM:
     scenario = scenarios.get(key)
     common: dict[str, Any] = {
         "max_depth": scenario.max_depth,
         "max_iterations": 5,
         "batch_max_concurrent": 16,
         "max_concurrent_subcalls": 4,
+        "journal": journal,
     }
     if mode == "scripted":
         return RLM("scripted", scripted_kwargs(key, first), **common)
@@ -158,11 +162,15 @@ def payload_bytes(key: str) -> int:
 SAMPLER: Any = None  # a bench/sampler.Sampler while --profile is on
 
 
-def run_once(key: str, mode: str, rep: int, base_url: str | None, transport: str, memory: bool) -> dict[str, Any]:
+def run_once(
+    key: str, mode: str, rep: int, base_url: str | None, transport: str, memory: bool,
+    journal_dir: str | None = None,
+) -> dict[str, Any]:
     scenario = scenarios.get(key)
     first = FirstRequest()
-    rlm = make_rlm(key, mode, base_url, transport, first)
     run_id = f"ours-{mode}-{transport}-{key.replace(':', '_')}-{rep}-{os.getpid()}"
+    journal = os.path.join(journal_dir, f"{run_id}.sqlite") if journal_dir else None
+    rlm = make_rlm(key, mode, base_url, transport, first, journal)
     if memory:
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
@@ -195,7 +203,34 @@ def run_once(key: str, mode: str, rep: int, base_url: str | None, transport: str
         error=result.stop_reason,
         **graph_facts(result),
     )
+    if journal is not None:
+        row.update(journal_facts(journal, key, mode, base_url, transport, run_id))
     return row
+
+
+def journal_facts(
+    journal: str, key: str, mode: str, base_url: str | None, transport: str, run_id: str
+) -> dict[str, Any]:
+    """The journal's size per node, and the same completion again: a resume that
+    replays every node without a request."""
+    size = sum(os.path.getsize(journal + ext) for ext in ("", "-wal") if os.path.exists(journal + ext))
+    first = FirstRequest()
+    again = make_rlm(key, mode, base_url, transport, first, journal)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    result = again.completion("bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total.")
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    replay = result.replay
+    assert replay is not None and replay.live == 0, replay
+    return {
+        "journal": True,
+        "journal_bytes": size,
+        "journal_nodes": len(result.graph),
+        "replay_wall": wall,
+        "replay_cpu": cpu,
+        "replayed": replay.replayed,
+        "replay_correct": result.response.strip() == scenarios.get(key).expected,
+        "replay_requests": first.at is not None,
+    }
 
 
 def main() -> None:
@@ -208,6 +243,7 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="trace memory (tracemalloc)")
     parser.add_argument("--profile", help="sample the runs' stacks (bench/sampler.py); write the report here")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--journal", metavar="DIR", help="journal each run to a new file in DIR, then time its replay")
     args = parser.parse_args()
     global SAMPLER
     if args.profile:
@@ -219,7 +255,7 @@ def main() -> None:
     with open(args.out, "a") as out:
         for key in args.scenario:
             for rep in range(args.reps):
-                row = run_once(key, args.mode, rep, args.base_url, args.transport, args.memory)
+                row = run_once(key, args.mode, rep, args.base_url, args.transport, args.memory, args.journal)
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     if SAMPLER is not None:

@@ -1,6 +1,7 @@
 """Hashes the journal keys on: a run's inputs, and one request.
 
-Pure: no trio, no I/O. A hash is the hex SHA-256 of a canonical text, so the same inputs
+Pure: no trio, no I/O. A hash is the first 128 bits (32 hex digits) of the SHA-256 of a
+canonical text, so the same inputs
 give the same key in any process, on any machine, in any run.
 """
 
@@ -22,13 +23,11 @@ def canonical_json(value: Any) -> str:
 
 
 def _digest(*parts: str) -> str:
-    sha = hashlib.sha256()
-    for part in parts:
-        # A separator that cannot appear in the parts' own encoding keeps "ab"+"c" apart
-        # from "a"+"bc".
-        sha.update(part.encode("utf-8", "surrogatepass"))
-        sha.update(b"\x00")
-    return sha.hexdigest()
+    # One encode and one hash call: this runs once per model call of a journaled run.
+    # The separator cannot appear in the parts' encoding, so "ab"+"c" stays apart from
+    # "a"+"bc". 128 bits of SHA-256 name a request well past any journal's size.
+    text = "\x00".join(parts)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 _PARAMS = ("temperature", "top_p", "max_tokens", "seed", "stop")
@@ -42,10 +41,14 @@ def request_hash(request: ChatRequest) -> str:
     """
     parts = [request.model]
     for message in request.messages:
+        content = message.content
         parts.append(message.role)
-        parts.append(message.content if isinstance(message.content, str) else canonical_json(message.content))
-    params = [getattr(request, name) for name in _PARAMS]
-    if any(value is not None for value in params) or request.extra:
+        parts.append(content if isinstance(content, str) else canonical_json(content))
+    if (
+        request.temperature is not None or request.top_p is not None or request.max_tokens is not None
+        or request.seed is not None or request.stop is not None or request.extra
+    ):
+        params = [getattr(request, name) for name in _PARAMS]
         parts.append(canonical_json([*params, dict(request.extra)]))
     return _digest(*parts)
 

@@ -2,9 +2,9 @@
 
 Layout (``PRAGMA user_version`` = `SCHEMA_VERSION`):
 
-    runs   one row per run key: kind, label, status, attempts, times, the first
-           attempt's trace and span ids (a resumed run's span links to them), answer
-    nodes  one row per finished node of a run, keyed ``(run, id)`` with ``id`` the
+    runs   one row per run key (numbered): kind, label, status, attempts, times, the
+           first attempt's trace and span ids (a resumed run's span links to them), answer
+    nodes  one row per finished node of a run, keyed ``(run number, id)`` with ``id`` the
            node's structural id: the request hash, the record's fields as columns
            (``requests`` is the record's ``attempts``: requests the call took), the
            node's edges, and ``value`` (a model's reply, a child's answer, a function's
@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import time
@@ -35,10 +34,14 @@ from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
 __all__ = [
+    "EDGE_SEPARATOR",
     "NODE_COLUMNS", "SCHEMA_VERSION", "JournalStore", "RunRow", "StoredNode", "restore", "retimed",
 ]
 
 SCHEMA_VERSION = 1
+
+EDGE_SEPARATOR = "\x1f"
+"""Joins a node's ``after`` ids in one column (the ASCII unit separator: no id has it)."""
 
 NODE_COLUMNS = (
     "run", "id", "hash", "attempt", "seq", "kind", "depth", "completion", "model",
@@ -51,7 +54,8 @@ NODE_COLUMNS = (
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
-    key TEXT PRIMARY KEY,
+    number INTEGER PRIMARY KEY,
+    key TEXT NOT NULL UNIQUE,
     kind TEXT NOT NULL,
     label TEXT NOT NULL,
     status TEXT NOT NULL,
@@ -63,7 +67,7 @@ CREATE TABLE IF NOT EXISTS runs (
     answer TEXT
 );
 CREATE TABLE IF NOT EXISTS nodes (
-    {", ".join(f'"{c}"' + (" TEXT NOT NULL" if c in ("run", "id") else "") for c in NODE_COLUMNS)},
+    {", ".join(f'"{c}"' + {"run": " INTEGER NOT NULL", "id": " TEXT NOT NULL"}.get(c, "") for c in NODE_COLUMNS)},
     PRIMARY KEY (run, id)
 ) WITHOUT ROWID;
 """
@@ -78,6 +82,7 @@ _INSERT = (
 class RunRow:
     """One run of a journal, as ``rlm-graph journal ls`` shows it."""
 
+    number: int
     key: str
     kind: str
     label: str
@@ -157,23 +162,26 @@ class JournalStore:
 
     # -- runs ---------------------------------------------------------------------------
 
-    def begin(self, key: str, kind: str, label: str) -> RunRow | None:
-        """Start an attempt of run ``key``; returns the run as it was (None: a new run)."""
+    def begin(self, key: str, kind: str, label: str) -> tuple[int, RunRow | None]:
+        """Start an attempt of run ``key``: its number in this file, and the run as it
+        was (None: a new run)."""
         now = time.time()
         with self._transaction():
             before = self._run(key)
             if before is None:
-                self._db.execute(
+                cursor = self._db.execute(
                     "INSERT INTO runs (key, kind, label, status, attempts, created, updated) "
                     "VALUES (?, ?, ?, 'running', 1, ?, ?)",
                     (key, kind, label, now, now),
                 )
-            else:
-                self._db.execute(
-                    "UPDATE runs SET status='running', attempts=attempts+1, updated=? WHERE key=?",
-                    (now, key),
-                )
-        return before
+                number = cursor.lastrowid
+                assert number is not None
+                return number, None
+            self._db.execute(
+                "UPDATE runs SET status='running', attempts=attempts+1, updated=? WHERE key=?",
+                (now, key),
+            )
+        return before.number, before
 
     def set_trace(self, key: str, trace_id: str, span_id: str) -> None:
         """Remember the first attempt's run span, for later attempts to link to."""
@@ -192,9 +200,10 @@ class JournalStore:
             )
             if keep is not None:
                 valid = set(keep)
+                number = self._number(key)
                 stale = [
-                    (key, node)
-                    for (node,) in self._db.execute("SELECT id FROM nodes WHERE run=?", (key,))
+                    (number, node)
+                    for (node,) in self._db.execute("SELECT id FROM nodes WHERE run=?", (number,))
                     if node not in valid
                 ]
                 self._db.executemany("DELETE FROM nodes WHERE run=? AND id=?", stale)
@@ -202,10 +211,10 @@ class JournalStore:
     def runs(self) -> list[RunRow]:
         """Every run, newest first, with its node count and the cost of its model calls."""
         rows = self._db.execute(
-            "SELECT r.key, r.kind, r.label, r.status, r.attempts, r.created, r.updated, "
-            "r.trace_id, r.span_id, r.answer, count(n.id), coalesce(sum(n.cost), 0) "
-            "FROM runs r LEFT JOIN nodes n ON n.run = r.key AND n.counted = 1 "
-            "GROUP BY r.key ORDER BY r.updated DESC"
+            "SELECT r.number, r.key, r.kind, r.label, r.status, r.attempts, r.created, "
+            "r.updated, r.trace_id, r.span_id, r.answer, count(n.id), coalesce(sum(n.cost), 0) "
+            "FROM runs r LEFT JOIN nodes n ON n.run = r.number AND n.counted = 1 "
+            "GROUP BY r.number ORDER BY r.updated DESC, r.number DESC"
         ).fetchall()
         return [RunRow(*row) for row in rows]
 
@@ -229,11 +238,17 @@ class JournalStore:
 
     def _run(self, key: str) -> RunRow | None:
         row = self._db.execute(
-            "SELECT key, kind, label, status, attempts, created, updated, trace_id, span_id, "
-            "answer FROM runs WHERE key=?",
+            "SELECT number, key, kind, label, status, attempts, created, updated, trace_id, "
+            "span_id, answer FROM runs WHERE key=?",
             (key,),
         ).fetchone()
         return RunRow(*row) if row else None
+
+    def _number(self, key: str) -> int:
+        found = self._run(key)
+        if found is None:
+            raise ConfigError(f"journal {str(self.path)!r} has no run {key!r}")
+        return found.number
 
     # -- nodes --------------------------------------------------------------------------
 
@@ -248,7 +263,7 @@ class JournalStore:
         """Every journaled node of run ``key``, by node id."""
         cursor = self._db.execute(
             f"SELECT {', '.join(f'{chr(34)}{c}{chr(34)}' for c in NODE_COLUMNS)} FROM nodes WHERE run=?",
-            (key,),
+            (self._number(key),),
         )
         found = {}
         for row in cursor:
@@ -302,7 +317,7 @@ def _stored(row: dict[str, Any]) -> StoredNode:
     )
     return StoredNode(
         id=row["id"], hash=row["hash"], record=record,
-        after=tuple(json.loads(row["after"])) if row["after"] else (),
+        after=tuple(row["after"].split(EDGE_SEPARATOR)) if row["after"] else (),
         parent=row["parent"], value=row["value"], seq=row["seq"], counted=bool(row["counted"]),
     )
 

@@ -31,7 +31,7 @@ import trio
 from ..errors import ConfigError
 from ..graph import NodeKind, NodeRecord, NodeStatus
 from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode, value_hash
-from ..journal.store import restore, retimed
+from ..journal.store import EDGE_SEPARATOR, restore
 
 if TYPE_CHECKING:
     from .context import Run
@@ -47,6 +47,32 @@ FLUSH_ROWS = 512
 """Rows that start a write at once."""
 
 COUNTED = frozenset({NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION})
+
+
+def _put_back_times(record: NodeRecord, was: NodeRecord, offset: float) -> None:
+    """Give a replayed ``record`` the recorded times, moved onto this run's clock (see
+    `rlm_graph.journal.store.retimed`; without a copy: this runs once per replayed node)."""
+    if was.wall_start is None or was.start is None:
+        return
+    shift = (was.wall_start - was.start) - offset
+    record.submitted = was.submitted + shift if was.submitted is not None else None
+    record.start = was.start + shift
+    record.end = was.end + shift if was.end is not None else None
+    record.wall_start = was.wall_start
+
+
+def _edges(sources: Any) -> tuple[list[str], str | None]:
+    """A node's ``after`` dependencies and ``spawn`` parent, from networkx's predecessor
+    map (one dict walk: this runs once per journaled node)."""
+    after: list[str] = []
+    parent = None
+    if sources:
+        for source, data in sources.items():
+            if data.get("kind") == "spawn":
+                parent = source
+            else:
+                after.append(source)
+    return after, parent
 
 
 def is_tool_call(node_id: str) -> bool:
@@ -116,10 +142,13 @@ def seed_code(key: str, block_id: str) -> str:
 class Replayer:
     """The journal of one run (one run key) in one attempt."""
 
-    def __init__(self, run: Run, store: JournalStore, key: str, before: RunRow | None) -> None:
+    def __init__(
+        self, run: Run, store: JournalStore, key: str, number: int, before: RunRow | None
+    ) -> None:
         self.run = run
         self.store = store
         self.key = key
+        self.number = number
         self.attempt = before.attempts + 1 if before is not None else 1
         self.link = (before.trace_id, before.span_id) if before and before.trace_id and before.span_id else None
         self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
@@ -230,18 +259,17 @@ class Replayer:
         graph = self.run.graph
         now = trio.current_time()
         redact = self.run._redact
+        pred = graph.nx.pred
         rows = []
         for record, request, value in taken:
             if redact is not None and value:
                 value = redact(value)  # a model that echoed a key does not put it on disk
             self._seq += 1
-            known = record.id in graph
-            after = list(graph.predecessors(record.id, "after")) if known else []
-            parent = next(iter(graph.predecessors(record.id, "spawn")), None) if known else None
+            after, parent = _edges(pred.get(record.id))
             usage = record.usage
             status = record.status if record.status.finished else NodeStatus.OK
             rows.append((
-                self.key, record.id, request, self.attempt, self._seq, record.kind.value,
+                self.number, record.id, request, self.attempt, self._seq, record.kind.value,
                 record.depth, record.completion, record.model, record.response_model,
                 record.provider, record.iteration, record.batch_index, record.batch_size,
                 status.value, record.submitted, record.start,
@@ -250,7 +278,7 @@ class Replayer:
                 usage.cached_tokens if usage else None, usage.reasoning_tokens if usage else None,
                 record.cost, record.error, record.error_type, record.input_preview,
                 record.output_preview, record.finish_reason, record.attempts, record.note,
-                json.dumps(after) if after else None, parent, value,
+                EDGE_SEPARATOR.join(after) if after else None, parent, value,
                 int(record.kind in COUNTED and "#" not in record.id and not is_tool_call(record.id)),
             ))
         return rows
@@ -297,9 +325,7 @@ class Replayer:
             await self._stopped.wait()
             offset = time.time() - trio.current_time()
             for record, stored in self._replayed:
-                was = retimed(stored.record, offset)
-                record.submitted, record.start, record.end = was.submitted, was.start, was.end
-                record.wall_start = was.wall_start
+                _put_back_times(record, stored.record, offset)
             try:
                 if self._failed is None:
                     self.store.write(self._rows())
@@ -322,8 +348,8 @@ async def open_journal(run: Run, path: str | os.PathLike[str], key: str, kind: s
         raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(path).__name__}")
     store = JournalStore(path, threads=True)
     try:
-        before = store.begin(key, kind, label)
-        replayer = Replayer(run, store, key, before)
+        number, before = store.begin(key, kind, label)
+        replayer = Replayer(run, store, key, number, before)
     except BaseException:
         store.close()
         raise
