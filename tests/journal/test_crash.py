@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rlm_graph.journal import JournalStore
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
 
 from . import scenarios
@@ -108,6 +109,15 @@ def test_sigkill_mid_run_then_resume_asks_nothing_twice(
             hold.set()
         assert first.returncode == -signal.SIGKILL
         journaled = _journaled(journal)
+        # The crashed run can still be looked at: listed as running, its graph exportable.
+        store = JournalStore(journal)
+        try:
+            (crashed,) = store.runs()
+            graph = store.graph(crashed.key)
+        finally:
+            store.close()
+        assert crashed.status == "running" and crashed.attempts == 1
+        assert sorted(r.id for r in graph.records()) == sorted(journaled)
         sub_calls = {text for kind, text in journaled.values() if kind == "llm_call"}
         assert len(sub_calls) >= 100  # at least half of the 200 was answered and kept
         before = len(server.requests)
