@@ -18,6 +18,7 @@ from ..events import RunFinished
 from ..graph import Graph, from_json
 from ..report import write_report
 from ..tracing import TraceFileError, load_trace, to_graph
+from .trace import SQLITE_MAGIC, journal_graph
 
 __all__ = ["ReportWriter", "add_report_argument", "load_run", "register", "report_writers"]
 
@@ -39,7 +40,10 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
                         help="the HTML file to write")
-    parser.add_argument("--trace-id", default=None, help="which trace, if the file has several")
+    parser.add_argument(
+        "--trace-id", default=None,
+        help="which trace, if the file has several (for a journal: which run, by the start of its key)",
+    )
     parser.add_argument("--title", default=None, help="the page's title (default: the file's name)")
     parser.set_defaults(func=run)
 
@@ -53,12 +57,17 @@ def add_report_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None]:
-    """The graph recorded in ``path`` and the limit that stopped the run (if known).
+    """The graph recorded in ``path`` (a trace file, a graph JSON, or a journal, whose run
+    ``trace_id`` names by the start of its key) and the limit that stopped the run (if
+    known).
 
     Raises:
         TraceFileError: the file cannot be read, or is neither a trace nor a graph JSON.
     """
     try:
+        with path.open("rb") as raw:
+            if raw.read(16) == SQLITE_MAGIC:  # a journal: --trace-id names the run
+                return journal_graph(path, trace_id), None
         with path.open(encoding="utf-8") as handle:
             head = handle.read(200)
     except OSError as exc:

@@ -168,7 +168,7 @@ def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Gra
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {path}: {exc.strerror}") from None
     if magic == SQLITE_MAGIC:
-        return _journal_graph(path, run)
+        return journal_graph(path, run)
     if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
         try:
             return from_json(path.read_text(encoding="utf-8"))
@@ -180,7 +180,8 @@ def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Gra
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
 
-def _journal_graph(path: Path, run: str | None) -> Graph:
+def journal_graph(path: Path, run: str | None) -> Graph:
+    """The graph of a journal's run (``run``: the start of its key; None: the newest)."""
     from ..errors import ConfigError
     from ..journal import JournalStore
 

@@ -52,6 +52,10 @@ def test_run_twice_over_a_journal_then_list_and_export_it(
     assert '"turn-1/block-1" -> "turn-1/block-1/llm-1" [style=dashed];' in dot
     assert KEY not in journal.read_bytes().decode("utf-8", "replace")
 
+    page = tmp_path / "run.html"
+    assert main(["report", str(journal), "-o", str(page)]) == 0
+    assert "turn-1/block-1/llm-1" in page.read_text(encoding="utf-8")
+
 
 def test_bad_journal_arguments_exit_2_with_a_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
