@@ -193,7 +193,7 @@ def _rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if args.max_output_tokens < 1:
             raise ConfigError("--max-output-tokens must be at least 1")
         kwargs["sampling_args"] = {"max_tokens": args.max_output_tokens}
-    if args.journal:
+    if getattr(args, "journal", None):  # `rlm-graph batch` shares these kwargs, not the flag
         kwargs["journal"] = args.journal
     return kwargs
 
