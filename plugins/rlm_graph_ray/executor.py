@@ -15,6 +15,7 @@ happens first.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -42,10 +43,21 @@ def _import_ray() -> Any:
 
 
 def complete_on_worker(
-    rlm_kwargs: Mapping[str, Any], item: BatchItem, actor: Any, batch: str, attempt: int
+    rlm_kwargs: Mapping[str, Any],
+    item: BatchItem,
+    actor: Any,
+    batch: str,
+    attempt: int,
+    keys: Mapping[str, str],
 ) -> dict[str, Any]:
-    """The body of one Ray task: answer ``item`` in a trio loop of this worker."""
+    """The body of one Ray task: answer ``item`` in a trio loop of this worker.
+
+    ``keys`` are the driver's ``*_API_KEY`` variables: providers read their keys from
+    the environment, and a worker on another node has the environment of its node.
+    """
     import trio
+
+    os.environ.update(keys)
 
     from rlm_graph import RLM
     from rlm_graph.executors import complete_item
@@ -72,6 +84,8 @@ class RayExecutor:
             mostly waits on its provider, so a node runs 4 per CPU).
         max_retries: how many times an item is run again after its worker died.
         init_kwargs: more keywords for ``ray.init`` (``runtime_env``...).
+        forward_keys: set the driver's ``*_API_KEY`` environment variables in the
+            workers' environment (default on; off: the nodes' own environment holds them).
 
     Raises:
         ConfigError: Ray is not installed (the message says how to install it).
@@ -85,6 +99,7 @@ class RayExecutor:
         task_cpus: float = 0.25,
         max_retries: int = 3,
         init_kwargs: Mapping[str, Any] | None = None,
+        forward_keys: bool = True,
     ) -> None:
         self._ray = _import_ray()
         if task_cpus <= 0:
@@ -95,6 +110,7 @@ class RayExecutor:
         self.task_cpus = task_cpus
         self.max_retries = max_retries
         self.init_kwargs = dict(init_kwargs or {})
+        self.forward_keys = forward_keys
 
     def _connect(self) -> None:
         ray = self._ray
@@ -138,10 +154,12 @@ class RayExecutor:
         batch = uuid.uuid4().hex[:12]
         task = ray.remote(complete_on_worker).options(num_cpus=self.task_cpus, max_retries=0)
         shared_kwargs = ray.put(rlm_kwargs)
+        # An argument in the object store, not the job's runtime_env (the dashboard shows it).
+        keys = ray.put(_driver_keys() if self.forward_keys else {})
         pending: dict[Any, tuple[BatchItem, int]] = {}
 
         def submit(item: BatchItem, attempt: int) -> None:
-            pending[task.remote(shared_kwargs, item, actor, batch, attempt)] = (item, attempt)
+            pending[task.remote(shared_kwargs, item, actor, batch, attempt, keys)] = (item, attempt)
 
         def fill() -> None:
             while len(pending) < concurrency:
@@ -193,6 +211,10 @@ class RayExecutor:
         except exceptions.RayError as exc:  # the task itself could not run (a bug, a bad pickle)
             ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
             return _failed(item, exc, attempt)
+
+
+def _driver_keys() -> dict[str, str]:
+    return {name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value}
 
 
 def _owner(batch: str, item: BatchItem, attempt: int) -> str:

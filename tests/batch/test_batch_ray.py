@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_support import BatchServer, expected, is_root_turn, items, rlm_kwargs
+from batch_support import KEY, BatchServer, expected, is_root_turn, items, rlm_kwargs
 from test_batch_local import kill_and_resume
 
 from rlm_graph import run_batch
@@ -40,10 +40,18 @@ def test_forty_items_on_ray_hold_the_provider_limit_across_the_cluster(ray_clust
     assert 1 < server.peak_in_flight <= 2
 
 
-def test_an_item_whose_provider_fails_on_ray_is_recorded_and_the_others_finish(ray_cluster: Any) -> None:
-    with BatchServer() as server:
-        results = {r.id: r for r in run_batch(items(6, fail=(1,)), rlm_kwargs(server), concurrency=3, executor="ray")}
-    assert results.pop("item-1").error is not None
+def test_an_item_whose_provider_fails_on_ray_is_recorded_and_the_others_finish(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key is in the driver's environment only: the workers get it from the driver.
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with BatchServer(api_key=KEY) as server:
+        kwargs = rlm_kwargs(server)
+        del kwargs["backend_kwargs"]["api_key"]
+        results = {r.id: r for r in run_batch(items(6, fail=(1,)), kwargs, concurrency=3, executor="ray")}
+    failed = results.pop("item-1")
+    assert failed.error is not None and "refused" in failed.error.message  # not a 401
+    assert KEY not in failed.error.message
     assert all(r.ok and r.answer == expected(r.id) for r in results.values())
 
 
