@@ -44,6 +44,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--ray-address", default=None, help="with --executor ray: the cluster (auto, ray://host:10001); default: start one here")
     parser.add_argument("--ray-task-cpus", type=float, default=None, help="with --executor ray: CPUs reserved per completion (default 0.25)")
     parser.add_argument("--quiet", action="store_true", help="no line per finished item, only the summary")
+    parser.add_argument(
+        "--journal", metavar="PATH",
+        help="record every completion's finished nodes in this SQLite file (shared by all "
+        "items); a completion run again (a retry after a worker died, a resumed batch) "
+        "replays what was recorded instead of paying again (docs/durability.md)",
+    )
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")

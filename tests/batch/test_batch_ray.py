@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,3 +101,28 @@ def test_a_ray_batch_killed_midway_then_resumed_answers_every_id_exactly_once(
         )
     assert sorted(line["id"] for line in lines) == sorted(f"item-{i}" for i in range(12))
     assert all(line["answer"] == expected(str(line["id"])) and line["executor"] == "ray" for line in lines)
+
+
+class SlowKillingServer(KillingServer):
+    """Like `KillingServer`, but lets the worker's journal write its finished root turn
+    first (the journal commits every 50 ms)."""
+
+    def _respond(self, body: dict[str, Any]) -> Any:
+        prompt = last_user_message(body)
+        if not is_root_turn(body) and prompt.startswith(self.victim + "-") and not self.killed:
+            time.sleep(0.5)
+        return super()._respond(body)
+
+
+def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_turn(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
+    journal = str(tmp_path / "batch.sqlite")
+    with SlowKillingServer("ctx2") as server:
+        kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": journal}
+        results = {r.id: r for r in run_batch(items(4), kwargs, concurrency=2, executor="ray")}
+    assert len(server.killed) == 1
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values())
+    assert results["item-2"].attempts == 2
+    # The retry replayed the root turn from the journal: the model was asked once.
+    assert server.root_turns["item-2"] == 1
