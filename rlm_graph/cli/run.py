@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import json
 import sys
 from typing import Any
 
@@ -69,6 +70,11 @@ def register(subparsers: Any) -> None:
         help="the REPL environment (default subprocess: the model's code runs in a child "
         "process, apart from the engine and its keys; 'local' runs it in this process, "
         "faster, for trusted documents and models only; see docs/environments.md)",
+    )
+    parser.add_argument(
+        "--schema", metavar="FILE.json",
+        help="a JSON Schema the answer must match: the model is told it, refused answers go "
+        "back to it, and the answer is printed as JSON (exit 3 if none ever matched)",
     )
     _add_provider_arguments(parser)
     _add_window_arguments(parser)
@@ -205,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     provider = None
     try:
         context = _read_context(args.context, args.encoding)
+        schema = _read_schema(args.schema)
         provider = tracer_provider_for(args)
         display = progress_for(args)
         rlm = RLM(**_rlm_kwargs(args), tracer_provider=provider,
@@ -214,15 +221,37 @@ def run(args: argparse.Namespace) -> int:
         finish_tracing(provider)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
     try:
-        return _complete(out, rlm, context, args.query, display)
+        return _complete(out, rlm, context, args.query, display, schema)
     finally:
         finish_tracing(provider)
 
 
-def _complete(out: Output, rlm: Any, context: str, query: str, display: ProgressDisplay) -> int:
+def _read_schema(path: str | None) -> dict[str, Any] | None:
+    """``--schema FILE.json``: a JSON Schema object, checked against its meta-schema."""
+    if path is None:
+        return None
+    from ..protocol.schema import AnswerSchema
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            schema = json.load(handle)
+    except OSError as exc:
+        raise ConfigError(f"--schema: cannot read {path}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"--schema: {path} is not JSON ({exc})") from None
+    if not isinstance(schema, dict):
+        raise ConfigError(f"--schema: {path} must hold a JSON Schema object, not a {type(schema).__name__}")
+    AnswerSchema.of(schema)  # an invalid schema fails here, before any call
+    return schema
+
+
+def _complete(
+    out: Output, rlm: Any, context: str, query: str, display: ProgressDisplay,
+    schema: dict[str, Any] | None = None,
+) -> int:
     try:
         with display:  # the live line ends before anything is printed
-            result = rlm.completion(context, root_prompt=query)
+            result = rlm.completion(context, root_prompt=query, schema=schema)
     except ProviderError as exc:
         return out.result(
             EXIT_PROVIDER,
@@ -240,6 +269,12 @@ def _complete(out: Output, rlm: Any, context: str, query: str, display: Progress
     except RLMGraphError as exc:  # a crashed environment, a broken graph
         return out.error(EXIT_FAILED, str(exc), kind=type(exc).__name__, error=exc)
     code = EXIT_OK if result.stop_reason is None else EXIT_LIMIT
+    if schema is not None and result.parsed is None and result.error is not None:
+        return out.result(  # no answer ever matched --schema: the last reply, and why
+            EXIT_LIMIT if result.stop_reason else EXIT_FAILED, answer=result.response,
+            stop_reason=result.stop_reason, result=result, message=result.error,
+            kind="SchemaMismatch",
+        )
     return out.result(code, answer=result.response, stop_reason=result.stop_reason, result=result)
 
 

@@ -102,3 +102,64 @@ def test_there_is_no_key_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--context", "-", "--query", "q", "--model", "m", "--api-key", KEY]) == 2
     err = capsys.readouterr().err
     assert "there is no --api-key flag" in err and KEY not in err
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"length": {"type": "integer"}},
+    "required": ["length"],
+}
+
+
+def _typed_respond(answers: list[str]) -> object:
+    """Root turns answer from ``answers`` in order (each a FINAL value's source)."""
+
+    def respond(body: dict[str, object]) -> str:
+        return f"```repl\nFINAL({answers.pop(0)})\n```" if len(answers) > 1 else answers[0]
+
+    return respond
+
+
+def test_schema_file_types_the_answer(
+    context_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    answers = ['{"length": "long"}', '{"length": len(context)}', "unused"]
+    with FakeOpenAIServer(_typed_respond(answers)) as server:
+        code = main(_args(server, context_file, "--schema", str(schema_file), "--json"))
+        task = server.bodies[0]["messages"][1]["content"]
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert json.loads(payload["answer"]) == {"length": 1234}
+    assert '"required":["length"]' in task
+
+
+def test_schema_never_matched_exits_3_with_the_last_error(
+    context_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(json.dumps(SCHEMA))
+    with FakeOpenAIServer(_typed_respond(["1", "not json"])) as server:
+        code = main(_args(server, context_file, "--schema", str(schema_file), "--max-iterations", "1"))
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert out.strip() == "not json"
+    assert "SchemaMismatch: the answer is not JSON" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [("[1]", "must hold a JSON Schema object"), ("{", "is not JSON"),
+     ('{"type": 5}', "not a valid JSON Schema")],
+)
+def test_a_bad_schema_file_exits_2(
+    tmp_path: Path, context_file: Path, capsys: pytest.CaptureFixture[str], content: str, words: str
+) -> None:
+    schema_file = tmp_path / "schema.json"
+    schema_file.write_text(content)
+    with FakeOpenAIServer(respond) as server:
+        code = main(_args(server, context_file, "--schema", str(schema_file)))
+        assert server.bodies == []
+    assert code == 2
+    assert words in capsys.readouterr().err
