@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 __all__ = [
+    "MAX_IMAGE_BYTES",
     "ChatRequest",
     "ChatResponse",
     "CompactionContext",
@@ -33,7 +34,6 @@ __all__ = [
     "EnvironmentFactory",
     "ExecResult",
     "Image",
-    "MAX_IMAGE_BYTES",
     "Message",
     "ModelInfo",
     "Provider",

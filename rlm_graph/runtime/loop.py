@@ -25,7 +25,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,7 +42,6 @@ from ..protocol.prompts import (
     first_user_message,
     format_repl_output,
     no_code_message,
-    schema_instructions,
     schema_rejected_note,
     system_prompt,
 )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from pydantic import BaseModel
 
 from rlm_graph import RLM, NodeKind, NodeStatus
