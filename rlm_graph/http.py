@@ -46,6 +46,7 @@ from .errors import (
     RateLimited as RateLimited,
     is_context_length_error as is_context_length_error,
 )
+from .runtime.attempts import note_retry as note_retry
 from .runtime.http import (
     JSONProvider as JSONProvider,
     RetryPolicy as RetryPolicy,
@@ -75,6 +76,7 @@ __all__ = [
     "content_text",
     "estimate_tokens",
     "is_context_length_error",
+    "note_retry",
     "parse_duration",
     "parse_retry_after",
     "retry_delay_from_headers",

@@ -312,3 +312,42 @@ def test_a_configured_proxy_falls_back_to_httpx(monkeypatch: pytest.MonkeyPatch)
     assert proxy_configured()
     provider = OpenAIProvider(backend="vllm", model_name="m", http_transport="lean")
     assert provider._make_transport() is None
+
+
+async def test_a_provider_resends_a_request_not_sent_at_once_as_a_counted_attempt(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import logging
+
+    from rlm_graph import Engine, Workflow
+
+    caplog.set_level(logging.DEBUG, logger="rlm_graph")
+
+    answer = json.dumps({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]})
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(answer.encode()))
+        if index == 1:  # then reset the connection the client keeps alive
+            sock = stream.socket  # type: ignore[attr-defined]
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return False
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        kwargs = {"model_name": "m", "base_url": f"http://127.0.0.1:{port}", "backoff_base": 60}
+        async with Engine("vllm", kwargs) as engine:
+            wf = Workflow()
+            wf.llm("first", id="first")
+            assert (await engine.arun(wf))["first"] == "ok"
+            await trio.sleep(0.05)
+            monkeypatch.setattr(_Connection, "looks_alive", lambda self: True)
+            wf = Workflow()
+            wf.llm("x" * 100_000, id="second")
+            result = await engine.arun(wf)
+    assert result["second"] == "ok"
+    assert result.graph["second"].attempts == 2
+    # Counted as its own kind, and sent again without the (60 s) backoff.
+    assert "vllm: 1 retry over 1 call: not sent x 1" in caplog.text
+    assert "retrying in 0.00 s" in caplog.text
+    assert stats["requests"] == 2 and stats["connections"] == 2
