@@ -584,8 +584,9 @@ class JSONProvider:
             with trio.fail_after(timeout if timeout is not None else math.inf):
                 response = await self._post(loop, content, timeout)
         except (trio.TooSlowError, httpx.TimeoutException):
+            within = f"{timeout:g} s" if timeout is not None else "the transport's timeout"
             error: ProviderError = ProviderTimeout(
-                f"{self.name}: no answer from {self.url} within {timeout:g} s; raise "
+                f"{self.name}: no answer from {self.url} within {within}; raise "
                 "backend_kwargs['timeout'] for slow models, or check the server",
                 provider=self.name,
                 retryable=True,
@@ -618,14 +619,15 @@ class JSONProvider:
             self._raise_for_status(response, data)
         if data is None:
             what = "an empty body" if not response.content else "a body that is not JSON"
+            web_page = "html" in response.headers.get("content-type", "")
             error = BadResponse(
                 f"{self.name}: {self.url} answered {response.status_code} with {what} "
                 f"({self._quote(response.text)}); check that base_url points at the API root",
                 provider=self.name,
                 status_code=response.status_code,
-                retryable=True,
+                retryable=not web_page,
             )
-            if "html" in response.headers.get("content-type", ""):
+            if web_page:
                 raise error  # a web page, not a struggling API: retrying will not help
             # Empty or cut-off JSON: the server (or a proxy) failed mid-answer.
             raise _Retry(error, retry_delay_from_headers(response.headers), "bad response")
