@@ -53,7 +53,11 @@ async def complete_item(
     stop_reason: str | None = None
     usage, cost, error = ItemUsage(), None, None
     try:
-        context = await trio.to_thread.run_sync(item.load_context)
+        # A file is read off the trio thread; an inline context needs no thread hop.
+        if item.context_file is None:
+            context = item.load_context()
+        else:
+            context = await trio.to_thread.run_sync(item.load_context)
         result = await rlm.acompletion(context, root_prompt=item.query, limits=item.limits)
     except LimitExceeded as exc:  # on_limit="raise": still an answer, partial
         answer, stop_reason = exc.partial, exc.reason
