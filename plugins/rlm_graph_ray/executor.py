@@ -126,6 +126,11 @@ class RayExecutor:
         ray = self._ray
         job = ray.get_runtime_context().get_job_id()
         actor = _ACTORS.get(job)
+        if actor is not None:
+            try:
+                ray.get(actor.statistics.remote())
+            except ray.exceptions.RayActorError:  # it died (its node went away): a new one
+                actor = None
         if actor is None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

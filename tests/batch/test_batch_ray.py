@@ -126,3 +126,14 @@ def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_t
     assert results["item-2"].attempts == 2
     # The retry replayed the root turn from the journal: the model was asked once.
     assert server.root_turns["item-2"] == 1
+
+
+def test_a_batch_after_the_limits_actor_died_starts_a_new_one(ray_cluster: Any) -> None:
+    from rlm_graph_ray.executor import _ACTORS
+
+    with BatchServer() as server:
+        list(run_batch(items(2), rlm_kwargs(server), concurrency=2, executor="ray"))
+        for actor in _ACTORS.values():
+            ray_cluster.kill(actor)
+        results = list(run_batch(items(3), rlm_kwargs(server), concurrency=2, executor="ray"))
+    assert all(r.ok and r.answer == expected(r.id) for r in results)
