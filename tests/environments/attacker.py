@@ -93,6 +93,39 @@ for name in ('SIGSTOP', 'SIGKILL'):
 print(json.dumps(out))
 """
 
+SPAWN = r"""
+import json, os, subprocess, time
+mark = context
+subprocess.Popen(['setsid', 'sh', '-c', f'(sleep 97.{mark} &) ; sleep 98.{mark}'])
+forks = 0
+try:
+    while forks < 10_000:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        forks += 1
+except OSError as exc:
+    print(json.dumps({'forks': forks, 'stopped_by': type(exc).__name__}))
+"""
+
+MAX_PROCESSES = 40
+
+
+def leftovers(marks: list[str]) -> list[str]:
+    """Command lines of live processes holding one of ``marks``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                line = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != b"Z" and any(mark in line for mark in marks) and "leftovers" not in line:
+            found.append(line.strip())
+    return found
+
 
 async def main() -> None:
     from rlm_graph_subprocess.isolation import choose_isolation
@@ -106,7 +139,7 @@ async def main() -> None:
         why = "; ".join(isolation.refused) or isolation.describe()
         print(json.dumps({"skip": f"no PID namespace and no unprivileged user here: {why}"}))
         return
-    blocks = [READ_PROC, SIGNAL_ENGINE, SIGNAL_PARENT, "FINAL('the engine is still here')"]
+    blocks = [READ_PROC, SIGNAL_ENGINE, SIGNAL_PARENT, SPAWN, "FINAL('the engine is still here')"]
     outputs: list[str] = []
 
     def respond(request: object) -> str:
@@ -118,9 +151,23 @@ async def main() -> None:
             outputs.append(messages[-1].content)
         return f"```repl\n{blocks[min(turn, len(blocks) - 1)]}\n```"
 
-    rlm = RLM("scripted", {"respond": respond}, environment="subprocess")
+    from rlm_graph_subprocess.process import GUEST_PROGRAM
+
+    rlm = RLM(
+        "scripted", {"respond": respond}, environment="subprocess",
+        environment_kwargs={"max_processes": MAX_PROCESSES},
+    )
     result = await rlm.acompletion(str(os.getpid()))
-    print(json.dumps({"response": result.response, "outputs": outputs, "report": isolation.describe()}))
+    # Closing the environment ended the guest; give the kernel a moment to reap.
+    marks = [f"sleep 97.{os.getpid()}", f"sleep 98.{os.getpid()}", GUEST_PROGRAM]
+    for _ in range(40):
+        if not leftovers(marks):
+            break
+        await trio.sleep(0.05)
+    print(json.dumps({
+        "response": result.response, "outputs": outputs, "report": isolation.describe(),
+        "leftovers": leftovers(marks), "max_processes": MAX_PROCESSES,
+    }))
 
 
 if __name__ == "__main__":

@@ -49,14 +49,18 @@ def check_attacks_failed(found: dict[str, Any]) -> None:
     if "skip" in found:
         pytest.skip(found["skip"])
     assert found["response"] == "the engine is still here"
-    proc, engine_signals, parent_signals = (
+    proc, engine_signals, parent_signals, bomb = (
         json.loads(re.search(r"\{.*\}", text).group())  # type: ignore[union-attr]
-        for text in found["outputs"][:3]
+        for text in found["outputs"][:4]
     )
     assert proc["environ"] in DENIED and proc["mem"] in DENIED, proc
     assert proc["ppid_environ"] in DENIED | {"no parent"}, proc
     assert set(engine_signals.values()) <= DENIED, engine_signals
     assert "sent" not in parent_signals.values(), parent_signals
+    # A fork bomb stops at max_processes; closing takes every process with it, also the
+    # ones that left the group (setsid).
+    assert bomb["stopped_by"] == "BlockingIOError" and bomb["forks"] < found["max_processes"], bomb
+    assert found["leftovers"] == [], found["leftovers"]
 
 
 async def test_the_guest_cannot_signal_or_read_the_engine_run_by_this_user() -> None:
