@@ -108,6 +108,48 @@ def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[
     return runs
 
 
+def _probe_task(rlm_kwargs: dict[str, Any], actor: Any, n: int) -> tuple[float, float]:
+    """One completion inside a Ray task, built as the executor builds it, with the actor's
+    limiter (``actor``) or an in-process one (None): (seconds inside, worker CPU seconds)."""
+    import trio
+
+    from rlm_graph import RLM
+    from rlm_graph.executors import BatchItem, InProcessLimiter, complete_item
+    from rlm_graph_ray.limits_actor import RayLimiter
+
+    limiter = RayLimiter(actor, batch="probe", owner=f"probe/{n}") if actor is not None else InProcessLimiter()
+    item = BatchItem(id=f"b{n}", context=str(1000 * n), query=f"{scenarios.marker('probe')} q")
+
+    async def answer() -> Any:
+        async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
+            return await complete_item(rlm, item, executor="probe")
+
+    cpu = time.process_time()
+    result = trio.run(answer)
+    return result.seconds, time.process_time() - cpu
+
+
+def probe_ray(args: argparse.Namespace, server: Server) -> None:
+    """Where Ray's time goes: the same completion in a bare Ray task, once with an
+    in-process limiter and once with the limits actor; the worker's CPU per completion."""
+    import ray
+
+    from rlm_graph_ray.limits_actor import ClusterLimits
+
+    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    actor = ray.remote(ClusterLimits).options(num_cpus=0).remote()
+    ray.get(actor.statistics.remote())
+    task = ray.remote(_probe_task).options(num_cpus=(os.cpu_count() or 1) / args.concurrency)
+    rlm_kwargs = backend(args.provider, server, args.sub_calls, args.concurrency)
+    for rep in range(args.repeat + 1):  # the first round starts the worker processes
+        for name, handle in (("in-process limiter", None), ("limits actor", actor)):
+            runs = ray.get([task.remote(rlm_kwargs, handle, n) for n in range(args.items)])
+            if rep:
+                print(f"| {name} | {statistics.median(r[0] for r in runs):.3f} s | "
+                      f"{1000 * statistics.median(r[1] for r in runs):.1f} ms |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--items", type=int, default=200)
@@ -115,6 +157,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=20)
     parser.add_argument("--executor", default="local,ray")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--probe-ray-tasks", action="store_true",
+        help="instead: --items bare Ray tasks, --concurrency at once, each one completion "
+        "with an in-process limiter, then with the limits actor (p50 inside, worker CPU)",
+    )
     parser.add_argument(
         "--provider", choices=("http", "scripted"), default="http",
         help="http: the fake OpenAI server sleeps 100 ms per answer; scripted: the "
@@ -125,6 +172,12 @@ def main() -> None:
     print(f"{args.items} completions x {args.sub_calls} sub-calls, concurrency {args.concurrency}, "
           f"{args.provider} provider, ideal {ideal:.2f} s")
     table = {}
+    if args.probe_ray_tasks:
+        with Server() as server:
+            print("| limiter | p50 seconds inside a completion | worker CPU per completion |")
+            print("| --- | ---: | ---: |")
+            probe_ray(args, server)
+        return
     with Server() as server:
         for executor in args.executor.split(","):
             table[executor] = bench(executor, args, server)
