@@ -243,3 +243,31 @@ async def test_a_journaled_tool_is_replayed_and_random_draws_the_same(tmp_path: 
     assert two.response == one.response and "'price': 100" in two.response
     assert again.engine.provider.requests == []  # type: ignore[attr-defined]
     assert two.replay is not None and two.replay.tools_replayed == 1 and two.replay.diverged == 0
+
+
+async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) -> None:
+    probe = await RLM("scripted", {"respond": _respond}).acompletion("ctx", root_prompt="q")
+    turn = probe.graph["turn-1"].usage
+    call = probe.graph["turn-1/block-1/llm-1.0"].usage
+    assert turn is not None and call is not None
+    limit = turn.total_tokens + 2 * call.total_tokens + 1  # passed during the third sub-call
+    path = str(tmp_path / "run.sqlite")
+    cut = RLM("scripted", {"respond": _respond}, journal=path, max_tokens=limit, batch_max_concurrent=1)
+    one = await cut.acompletion("ctx", root_prompt="q")
+    assert one.stop_reason == "max_tokens"
+    asked_before = len(cut.engine.provider.requests)  # type: ignore[attr-defined]
+    assert 1 < asked_before < 7
+    store = JournalStore(path)
+    try:
+        (run,) = store.runs()
+    finally:
+        store.close()
+    assert run.status == "stopped"
+    # The budget is not part of the run's key: the same question with more room resumes.
+    more = RLM("scripted", {"respond": _respond}, journal=path, max_tokens=100_000, batch_max_concurrent=1)
+    two = await more.acompletion("ctx", root_prompt="q")
+    assert two.stop_reason is None and two.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
+    assert two.replay is not None and two.replay.attempt == 2 and two.replay.diverged == 0
+    asked = len(more.engine.provider.requests)  # type: ignore[attr-defined]
+    assert two.replay.live == asked and two.replay.replayed + asked == 7
+    assert two.replay.replayed >= asked_before - 1  # all but the call in flight at the cut
