@@ -122,7 +122,7 @@ def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_t
         kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": journal}
         results = {r.id: r for r in run_batch(items(4), kwargs, concurrency=2, executor="ray")}
     assert len(server.killed) == 1
-    assert all(r.ok and r.answer == expected(r.id) for r in results.values())
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values()), [(r.id, r.ok, r.answer, r.error, r.attempts) for r in results.values()]
     assert results["item-2"].attempts == 2
     # The retry replayed the root turn from the journal: the model was asked once.
     assert server.root_turns["item-2"] == 1
