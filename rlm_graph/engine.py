@@ -27,6 +27,7 @@ from .events import DEFAULT_CAPACITY, Listener
 from .graph import Workflow
 from .hooks import PluginHost
 from .limits import Limits
+from .runtime.aio import call_from_asyncio, running_under_asyncio
 from .runtime.context import Run
 from .runtime.limiters import InProcessLimiter, LoopLimiters, SharedLimiter
 from .runtime.providers import ProviderRouter
@@ -278,7 +279,8 @@ class Engine:
     async def arun(
         self, workflow: Workflow, *, journal: str | os.PathLike[str] | None = None, **limits: Any
     ) -> WorkflowResult:
-        """Run a `Workflow` in the caller's trio loop.
+        """Run a `Workflow` in the caller's trio loop (under asyncio: on rlm-graph's trio
+        thread, cancelled with the awaiting task).
 
         Args:
             workflow: the DAG to run.
@@ -293,6 +295,8 @@ class Engine:
         Raises:
             LimitExceeded: a limit stopped the run and ``on_limit="raise"``.
         """
+        if running_under_asyncio():
+            return await call_from_asyncio(self._arun, workflow, limits, (), journal)
         return await self._arun(workflow, limits, (), journal)
 
     async def _arun(
@@ -392,6 +396,8 @@ class Engine:
 
     async def aclose(self) -> None:
         """Close every provider's connections (they reopen on the next call)."""
+        if running_under_asyncio():
+            return await call_from_asyncio(self.router.aclose)
         await self.router.aclose()
 
     async def __aenter__(self) -> Engine:

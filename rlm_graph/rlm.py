@@ -39,6 +39,7 @@ from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
+from .runtime.aio import call_from_asyncio, running_under_asyncio
 from .runtime.bridge import BridgeProxy
 from .runtime.limiters import SharedLimiter
 from .runtime.context import Run
@@ -493,11 +494,17 @@ class RLM:
         schema: Any = None,
         limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
-        """`completion` for trio callers: runs in the caller's loop.
+        """`completion` for async callers.
 
+        Under trio it runs in the caller's loop. Under asyncio it runs on rlm-graph's trio
+        thread (see `rlm_graph.runtime.aio`); cancelling the awaiting task cancels the run.
         ``limits`` overrides this RLM's limits for this completion only
         (``{"max_iterations": 5}``; a batch item's own limits come this way).
         """
+        if running_under_asyncio():
+            return await call_from_asyncio(
+                self._acompletion, prompt, root_prompt, schema, (), limits
+            )
         return await self._acompletion(prompt, root_prompt, schema, (), limits)
 
     async def _acompletion(
@@ -707,6 +714,8 @@ class RLM:
 
     async def aclose(self) -> None:
         """Close the persistent REPL (if any) and the providers' connections."""
+        if running_under_asyncio():
+            return await call_from_asyncio(self.aclose)
         if self._env is not None:
             env, self._env = self._env, None
             await env.aclose()

@@ -88,6 +88,26 @@ def _plain_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
 
 
+def test_under_asyncio_the_run_nests_under_the_callers_span(memory: Memory) -> None:
+    import asyncio
+
+    from rlm_graph import RLM
+
+    rlm = RLM(
+        "scripted", {"respond": lambda r: "```repl\nFINAL('ok')\n```"},
+        tracer_provider=memory.provider,
+    )
+
+    async def handler() -> int:
+        with memory.provider.get_tracer("app").start_as_current_span("GET /answer") as span:
+            assert (await rlm.acompletion("ctx")).response == "ok"
+            return span.get_span_context().span_id
+
+    outer = asyncio.run(handler())
+    (run,) = [s for s in memory.spans if s.name == "invoke_agent rlm"]
+    assert run.parent is not None and run.parent.span_id == outer
+
+
 # -- traceparent -----------------------------------------------------------------------
 
 
