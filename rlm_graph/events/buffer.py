@@ -128,7 +128,12 @@ class EventBuffer:
             final, self._final = self._final, None
             self.delivered += 1
             return final
-        return END if self._closed else EMPTY
+        if not self._closed:
+            return EMPTY
+        if self._file is not None:  # every event read: the spill file is done with
+            self._file.close()
+            self._file = None
+        return END
 
     def _refill(self) -> None:
         """Read up to ``capacity`` spilled events back into memory, in order."""

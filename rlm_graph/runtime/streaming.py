@@ -62,6 +62,11 @@ class EventStream(Generic[T]):
         self._thread = threading.Thread(target=self._main, name=f"rlm-graph {sync_name}", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """The run is still going (its events may still be coming)."""
+        return self._thread.is_alive()
+
     def _main(self) -> None:
         try:
             trio.run(self._produce)
