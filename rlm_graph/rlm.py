@@ -558,7 +558,8 @@ class RLM:
         try:
             result = await self._execute(run, settings, prompt, root_prompt, started)
         except BaseException as exc:
-            run.run_finished(error=exc)
+            # A provider error carries the partial result: listeners get it too.
+            run.run_finished(getattr(exc, "result", None), error=exc)
             raise
         run.run_finished(result)
         await self.engine.flush_spans()

@@ -126,8 +126,9 @@ class RunFinished(EventBase):
         error: ``"Type: message"`` when the run raised instead of returning.
         nodes: nodes in the run's graph.
         usage, cost: totals over the whole run.
-        result: the ``RLMChatCompletion`` or ``WorkflowResult`` (``None`` when the run
-            raised); not part of the event's JSON.
+        result: the ``RLMChatCompletion`` or ``WorkflowResult``; when the run raised,
+            the partial result the error carries (a `ProviderError`'s), else ``None``.
+            Not part of the event's JSON.
     """
 
     type: Literal["run_finished"] = "run_finished"

@@ -183,7 +183,8 @@ class Run:
         self.events.run_started(operation)
 
     def run_finished(self, result: Any = None, *, error: BaseException | None = None) -> None:
-        """Announce the end of the run: its ``result``, or the ``error`` it raised."""
+        """Announce the end of the run: its ``result``, and the ``error`` it raised if it
+        did (a provider error's partial result is still a result)."""
         self.events.run_finished(
             nodes=len(self.graph),
             result=result,

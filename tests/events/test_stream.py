@@ -158,7 +158,9 @@ def test_an_error_reaches_the_consumer_after_run_finished() -> None:
         for event in rlm.stream("ctx"):
             events.append(event)
     assert isinstance(events[-1], RunFinished)
-    assert events[-1].result is None and "the provider is down" in (events[-1].error or "")
+    assert "the provider is down" in (events[-1].error or "")
+    # The partial result the error carries comes with it (a report can still be written).
+    assert events[-1].stop_reason == "provider_error" == events[-1].result.stop_reason
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
 
 

@@ -196,3 +196,25 @@ def test_a_10000_node_report_opens_and_draws_every_node(tmp_path: Path) -> None:
     # A click on a drawn node always finds one there (at this zoom, 98 sub-calls of a turn
     # share a few pixels of the timeline; in the graph each has its own place).
     assert int(body["data-hit-tried"]) > 0 and body["data-hit-misses"] == "0"
+
+
+def test_run_report_flag_writes_the_report_even_when_the_provider_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlm_graph.testing import FakeOpenAIServer, Reply
+
+    context = tmp_path / "context.txt"
+    context.write_text("some context")
+    target = tmp_path / "run.html"
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-report-test")
+    replies = ["```repl\nprint(len(context))\n```", Reply(400, "this request is malformed")]
+    with FakeOpenAIServer(replies=replies) as server:
+        code = main(["run", "--context", str(context), "--query", "q?", "--model", "m",
+                     "--base-url", server.base_url, "--environment", "local",
+                     "--report", str(target), "--quiet"])
+    assert code == 4
+    assert f"report written to {target}" in capsys.readouterr().err
+    data = _data(target)
+    assert data["stop_reason"] == "provider_error"
+    failed = [data["nodes"]["id"][i] for i in data["errors"]]
+    assert failed == ["turn-2"] and "malformed" in data["nodes"]["error"][data["errors"][0]]
