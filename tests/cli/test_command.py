@@ -285,7 +285,9 @@ def _interrupt(args: Sequence[str], started: Any) -> tuple[int, str, str]:
 def test_ctrl_c_during_run_is_one_line_and_exit_130(text_file: Path, as_json: bool) -> None:
     block = "```repl\nimport time\ntime.sleep(60)\n```"
     with FakeOpenAIServer(lambda body: block) as server:
-        extra = ("--json",) if as_json else ()
+        # --quiet: no progress lines (a feature of their own), so stderr is only what
+        # Ctrl-C printed.
+        extra = ("--json",) if as_json else ("--quiet",)
         code, out, err = _interrupt(
             [*run_args(server, text_file, *extra)], lambda: len(server.requests) >= 1
         )
