@@ -47,6 +47,11 @@ from .errors import (
     is_context_length_error as is_context_length_error,
 )
 from .runtime.attempts import note_retry as note_retry
+from .runtime.keys import (
+    KeyPolicy as KeyPolicy,
+    ResolvedKey as ResolvedKey,
+    resolve_key as resolve_key,
+)
 from .runtime.http import (
     JSONProvider as JSONProvider,
     RetryPolicy as RetryPolicy,
@@ -63,6 +68,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthExceeded",
     "JSONProvider",
+    "KeyPolicy",
     "Message",
     "ModelInfo",
     "ProviderAuthError",
@@ -70,6 +76,7 @@ __all__ = [
     "ProviderNotFound",
     "ProviderTimeout",
     "RateLimited",
+    "ResolvedKey",
     "RetryPolicy",
     "Secret",
     "Usage",
@@ -79,6 +86,7 @@ __all__ = [
     "note_retry",
     "parse_duration",
     "parse_retry_after",
+    "resolve_key",
     "retry_delay_from_headers",
     "token_count",
 ]

@@ -18,7 +18,6 @@ Wire differences from OpenAI that this module absorbs:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,11 +31,20 @@ from rlm_graph.http import (
     Usage,
     token_count,
 )
+from rlm_graph.http import KeyPolicy, resolve_key
 
 __all__ = ["DEFAULT_BASE_URL", "AnthropicProvider"]
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
+KEYS = KeyPolicy(
+    backend="anthropic",
+    default_base_url=DEFAULT_BASE_URL,
+    key_env="ANTHROPIC_API_KEY",
+    base_url_env="ANTHROPIC_BASE_URL",
+    official_hosts=frozenset({"api.anthropic.com"}),
+    key_required=True,
+)
 
 
 class AnthropicProvider(JSONProvider):
@@ -45,8 +53,10 @@ class AnthropicProvider(JSONProvider):
     Args:
         model_name: the model asked for when a call names none (required).
         base_url: the API root without ``/v1`` (default ``https://api.anthropic.com``).
-        api_key: the key (default: the ``ANTHROPIC_API_KEY`` environment variable;
-            required unless ``base_url`` points elsewhere).
+        api_key: the key, sent to ``base_url`` whatever it is.
+        api_key_env: the name of an environment variable holding the key, sent to
+            ``base_url`` whatever it is. Without either, ``ANTHROPIC_API_KEY`` is sent only
+            to ``api.anthropic.com`` (or to ``$ANTHROPIC_BASE_URL``), and is required there.
         anthropic_version: the ``anthropic-version`` header.
         default_max_tokens: ``max_tokens`` for requests that set none.
         **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
@@ -62,23 +72,20 @@ class AnthropicProvider(JSONProvider):
         model_name: str = "",
         base_url: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         anthropic_version: str = API_VERSION,
         default_max_tokens: int = 4096,
         **kwargs: Any,
     ) -> None:
-        key = api_key or os.environ.get("ANTHROPIC_API_KEY") or None
-        if key is None and base_url is None:
-            raise ConfigError(
-                "anthropic: no API key; set the ANTHROPIC_API_KEY environment variable or "
-                "pass backend_kwargs={'api_key': ...}"
-            )
+        resolved = resolve_key(KEYS, api_key=api_key, api_key_env=api_key_env, base_url=base_url)
         if default_max_tokens < 1:
             raise ConfigError("anthropic: default_max_tokens must be at least 1")
         self.anthropic_version = anthropic_version
         self.default_max_tokens = default_max_tokens
         super().__init__(
-            model_name=model_name, base_url=base_url or DEFAULT_BASE_URL, api_key=key, **kwargs
+            model_name=model_name, base_url=resolved.base_url, api_key=resolved.key, **kwargs
         )
+        self.key_rule = resolved.rule
 
     def _auth_headers(self) -> dict[str, str]:
         headers = {"anthropic-version": self.anthropic_version}

@@ -3,22 +3,22 @@
 One class serves every server that speaks this wire format; the backend names differ only
 in their default base URL and where the key comes from:
 
-    =========== ================================ =====================
+    =========== ================================ ========================================
     backend     default base_url                 key
-    =========== ================================ =====================
-    openai      https://api.openai.com/v1        OPENAI_API_KEY (required)
-    openrouter  https://openrouter.ai/api/v1     OPENROUTER_API_KEY (required)
-    vllm        http://localhost:8000/v1         ``api_key`` only (optional)
-    ollama      http://localhost:11434/v1        ``api_key`` only (optional)
-    =========== ================================ =====================
+    =========== ================================ ========================================
+    openai      https://api.openai.com/v1        OPENAI_API_KEY (base: OPENAI_BASE_URL)
+    openrouter  https://openrouter.ai/api/v1     OPENROUTER_API_KEY (OPENROUTER_BASE_URL)
+    vllm        http://localhost:8000/v1         ``api_key`` / ``api_key_env`` only
+    ollama      http://localhost:11434/v1        ``api_key`` / ``api_key_env`` only
+    =========== ================================ ========================================
 
-Local backends never read a cloud key from the environment, so a hosted key is never sent
-to a local or third-party server by accident.
+A key from the environment goes only to the provider's official host, or to a base URL
+that also came from the environment; an explicit ``base_url`` elsewhere gets a key only
+through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,42 +33,36 @@ from rlm_graph.http import (
     content_text,
     token_count,
 )
+from rlm_graph.http import KeyPolicy, resolve_key
 
-__all__ = ["BACKENDS", "Backend", "OpenAIProvider", "factory"]
-
-
-class Backend:
-    """Defaults of one backend name."""
-
-    __slots__ = ("base_url", "env_key", "key_required", "name")
-
-    def __init__(self, name: str, base_url: str, env_key: str | None, key_required: bool) -> None:
-        self.name = name
-        self.base_url = base_url
-        self.env_key = env_key
-        self.key_required = key_required
+__all__ = ["BACKENDS", "OpenAIProvider", "factory"]
 
 
-BACKENDS: dict[str, Backend] = {
-    "openai": Backend("openai", "https://api.openai.com/v1", "OPENAI_API_KEY", True),
-    "openrouter": Backend("openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", True),
-    "vllm": Backend("vllm", "http://localhost:8000/v1", None, False),
-    "ollama": Backend("ollama", "http://localhost:11434/v1", None, False),
+def _policy(
+    name: str, base_url: str, key_env: str | None = None, url_env: str | None = None,
+    hosts: tuple[str, ...] = (),
+) -> KeyPolicy:
+    return KeyPolicy(
+        backend=name,
+        default_base_url=base_url,
+        key_env=key_env,
+        base_url_env=url_env,
+        official_hosts=frozenset(hosts),
+        key_required=key_env is not None,
+    )
+
+
+BACKENDS: dict[str, KeyPolicy] = {
+    "openai": _policy(
+        "openai", "https://api.openai.com/v1", "OPENAI_API_KEY", "OPENAI_BASE_URL", ("api.openai.com",)
+    ),
+    "openrouter": _policy(
+        "openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL",
+        ("openrouter.ai",),
+    ),
+    "vllm": _policy("vllm", "http://localhost:8000/v1"),
+    "ollama": _policy("ollama", "http://localhost:11434/v1"),
 }
-
-
-def _find_key(backend: Backend, api_key: str | None, base_url_given: bool) -> str | None:
-    if api_key:
-        return api_key
-    key = os.environ.get(backend.env_key) if backend.env_key else None
-    if key:
-        return key
-    if backend.key_required and not base_url_given:
-        raise ConfigError(
-            f"{backend.name}: no API key; set the {backend.env_key} environment variable "
-            "or pass backend_kwargs={'api_key': ...}"
-        )
-    return None
 
 
 class OpenAIProvider(JSONProvider):
@@ -80,7 +74,10 @@ class OpenAIProvider(JSONProvider):
         model_name: the model asked for when a call names none (required).
         base_url: the API root, ending in ``/v1`` for most servers (default: the
             backend's).
-        api_key: the key (default: the backend's environment variable, see the module).
+        api_key: the key, sent to ``base_url`` whatever it is.
+        api_key_env: the name of an environment variable holding the key, sent to
+            ``base_url`` whatever it is. Without either, the backend's own variable is
+            sent only to the official host (or a base URL from the environment).
         **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
             ``max_attempts``, ``requests_per_minute``, ``extra_body``...).
     """
@@ -94,21 +91,23 @@ class OpenAIProvider(JSONProvider):
         model_name: str = "",
         base_url: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         **kwargs: Any,
     ) -> None:
-        defaults = BACKENDS.get(backend)
-        if defaults is None:
+        policy = BACKENDS.get(backend)
+        if policy is None:
             raise ConfigError(
                 f"unknown OpenAI-compatible backend {backend!r}; use one of {sorted(BACKENDS)}"
             )
         self.name = backend
-        key = _find_key(defaults, api_key, base_url is not None)
+        resolved = resolve_key(policy, api_key=api_key, api_key_env=api_key_env, base_url=base_url)
         super().__init__(
             model_name=model_name,
-            base_url=base_url or defaults.base_url,
-            api_key=key,
+            base_url=resolved.base_url,
+            api_key=resolved.key,
             **kwargs,
         )
+        self.key_rule = resolved.rule
 
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
         body: dict[str, Any] = {

@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             args = parser.parse_args(words)
         except UsageError as exc:
-            if any(w.startswith("--api-key") for w in words):
+            if any(w == "--api-key" or w.startswith("--api-key=") for w in words):
                 # Not argparse's "unrecognized arguments: --api-key sk-...": no key echoed.
                 exc.message = (
                     "there is no --api-key flag (a key on a command line lands in the shell's "

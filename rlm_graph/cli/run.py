@@ -1,7 +1,9 @@
 """``rlm-graph run``: answer a query over a context file (or stdin) with a real backend.
 
 API keys come only from the environment (``OPENAI_API_KEY``, ``OPENROUTER_API_KEY``,
-``ANTHROPIC_API_KEY``...): a flag would land in the shell's history.
+``ANTHROPIC_API_KEY``...): a flag would land in the shell's history. Such a key goes only
+to the provider's official host unless ``--api-key-env NAME`` says to send ``$NAME`` to
+``--base-url`` (see `rlm_graph.http.resolve_key`).
 
 Exit codes (see `rlm_graph.cli`): 0 answered, 1 the run failed otherwise, 2 bad usage or
 configuration (an unreadable or binary context file too), 3 a limit stopped the run (the
@@ -50,6 +52,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "run",
         help="answer a query over a context file or stdin",
+        # No abbreviations: "--api-key SECRET" must fail, not pass as --api-key-env.
+        allow_abbrev=False,
         description="Answer --query over the context in FILE (or stdin with '-'). API keys "
         "are read from the environment only (OPENAI_API_KEY, OPENROUTER_API_KEY, "
         "ANTHROPIC_API_KEY). Exit codes: 0 answered, 1 failed, 2 bad usage, 3 limit reached "
@@ -63,6 +67,12 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
+    parser.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="send the key in environment variable NAME to --base-url (without it, the "
+        "backend's key variable goes only to the provider's official host)",
+    )
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
     parser.add_argument(
         "--environment",
@@ -127,7 +137,7 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"model_name": model}
-    for flag in ("base_url", "max_concurrent", "requests_per_minute", "max_attempts", "timeout"):
+    for flag in ("base_url", "api_key_env", "max_concurrent", "requests_per_minute", "max_attempts", "timeout"):
         value = getattr(args, flag)
         if value is not None:
             kwargs[flag] = value

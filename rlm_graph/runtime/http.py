@@ -51,6 +51,7 @@ from opentelemetry.propagate import inject
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..contracts import ChatRequest, ChatResponse
+from ..tracing.scrub import Scrubber
 from ..errors import (
     BadResponse,
     ConfigError,
@@ -315,6 +316,8 @@ class JSONProvider:
 
     name = "http"
     path = "/"
+    key_rule = ""
+    """Which key rule applied (`rlm_graph.runtime.keys`), quoted by a 401's message."""
 
     def __init__(
         self,
@@ -362,6 +365,8 @@ class JSONProvider:
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
+        # Redacts the key and any 8+ character run of it from quoted server text.
+        self._redact = Scrubber([api_key] if api_key else (), environ={}).scrub_literals
         self._headers = dict(headers or {})
         self._transport = transport
         self.http_transport = http_transport
@@ -652,7 +657,7 @@ class JSONProvider:
             raise ProviderAuthError(
                 f"{where}: {said}. Check the API key (backend_kwargs['api_key'] or the "
                 "provider's environment variable) and that it has access to "
-                f"model {self.model!r}",
+                f"model {self.model!r}" + (f" [key: {self.key_rule}]" if self.key_rule else ""),
                 provider=self.name,
                 status_code=status,
             )
@@ -683,9 +688,7 @@ class JSONProvider:
         )
 
     def _scrub(self, text: str) -> str:
-        if self._api_key and self._api_key.reveal() in text:
-            text = text.replace(self._api_key.reveal(), "[redacted]")
-        return text
+        return self._redact(text)
 
     def _quote(self, text: str, limit: int = 300) -> str:
         text = self._scrub(" ".join(text.split()))

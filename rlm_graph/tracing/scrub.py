@@ -8,6 +8,11 @@ Invariants:
       from ``backend_kwargs``), the values of environment variables whose name holds
       ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, and text shaped like a credential
       (``sk-...`` keys, ``Bearer ...`` tokens, ``api_key=...`` pairs, a few vendor prefixes).
+    - Of a known secret, any run of `RUN_CHARS` (8) or more consecutive characters is
+      redacted too (a server echoing ``...test-planted`` of a key leaks most of it), for
+      secrets of at least `RUN_SECRET_CHARS` (12) characters that look like a key (no
+      whitespace, no ``://``): a shorter secret's 8-character run is nearly all of it and
+      is better matched whole, and a URL's or a sentence's 8-grams are ordinary text.
     - Redaction replaces the secret with ``[REDACTED]``; it never raises.
 """
 
@@ -17,13 +22,16 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
-__all__ = ["REDACTED", "Scrubber", "secret_values"]
+__all__ = ["REDACTED", "RUN_CHARS", "SecretRuns", "Scrubber", "secret_values"]
 
 REDACTED = "[REDACTED]"
 
 # The shortest literal worth redacting: shorter env values ("1", "true") are settings,
 # and replacing them everywhere would shred ordinary text.
 MIN_SECRET_CHARS = 6
+# Any run this long of a known secret is redacted, for secrets at least RUN_SECRET_CHARS long.
+RUN_CHARS = 8
+RUN_SECRET_CHARS = 12
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 
@@ -74,6 +82,81 @@ def secret_values(
     return sorted(found, key=len, reverse=True)
 
 
+class SecretRuns:
+    """Finds every run of `RUN_CHARS` or more consecutive characters of known secrets.
+
+    Cheap enough per node: the set of every 8-character window of every secret is built
+    once; a scan first finds, with one C-speed regex, the stretches of text made only of
+    characters the secrets use (``[...]{8,}``), and only inside those checks each 8-character
+    window against the set. Ordinary prose has few such stretches and each is short.
+    A run is the union of overlapping matching windows, so ``...test-planted`` of the key
+    ``sk-test-planted-1234`` is found whole, wherever it starts.
+
+    Args:
+        secrets: the secret values; those shorter than `RUN_SECRET_CHARS`, or holding
+            whitespace or ``://``, are skipped (match them literally instead).
+    """
+
+    __slots__ = ("_candidates", "_grams")
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        eligible = [s for s in secrets if _runs_apply(s)]
+        self._grams = frozenset(
+            s[i : i + RUN_CHARS] for s in eligible for i in range(len(s) - RUN_CHARS + 1)
+        )
+        chars = "".join(sorted(set("".join(eligible))))
+        self._candidates = (
+            re.compile(f"[{re.escape(chars)}]{{{RUN_CHARS},}}") if chars else None
+        )
+
+    def __bool__(self) -> bool:
+        return self._candidates is not None
+
+    def spans(self, text: str) -> list[tuple[int, int]]:
+        """Start and end of every maximal run of secret characters in ``text``, in order."""
+        if self._candidates is None:
+            return []
+        grams, width = self._grams, RUN_CHARS
+        found: list[tuple[int, int]] = []
+        for stretch in self._candidates.finditer(text):
+            begin, end = stretch.span()
+            run_start = run_end = -1
+            for i in range(begin, end - width + 1):
+                if text[i : i + width] not in grams:
+                    continue
+                if i <= run_end:  # overlaps or touches the current run: extend it
+                    run_end = i + width
+                else:
+                    if run_end >= 0:
+                        found.append((run_start, run_end))
+                    run_start, run_end = i, i + width
+            if run_end >= 0:
+                found.append((run_start, run_end))
+        return found
+
+    def redact(self, text: str) -> str:
+        """``text`` with every run replaced by ``[REDACTED]``."""
+        spans = self.spans(text)
+        if not spans:
+            return text
+        parts: list[str] = []
+        last = 0
+        for start, end in spans:
+            parts.append(text[last:start])
+            parts.append(REDACTED)
+            last = end
+        parts.append(text[last:])
+        return "".join(parts)
+
+
+def _runs_apply(secret: str) -> bool:
+    return (
+        len(secret) >= RUN_SECRET_CHARS
+        and "://" not in secret
+        and not any(c.isspace() for c in secret)
+    )
+
+
 class Scrubber:
     """Redacts secrets from text.
 
@@ -87,7 +170,7 @@ class Scrubber:
         'pw [REDACTED], [REDACTED]'
     """
 
-    __slots__ = ("_literals",)
+    __slots__ = ("_literals", "_runs")
 
     def __init__(
         self, secrets: Iterable[str] = (), *, environ: Mapping[str, str] | None = None
@@ -96,11 +179,12 @@ class Scrubber:
         values.update(secret_values(environ=environ))
         ordered = sorted(values, key=len, reverse=True)
         self._literals = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        self._runs = SecretRuns(ordered)
 
     def scrub(self, text: str) -> str:
-        """``text`` with every secret replaced by ``[REDACTED]``."""
-        if self._literals is not None:
-            text = self._literals.sub(REDACTED, text)
+        """``text`` with every secret (and every 8+ character run of one) replaced by
+        ``[REDACTED]``."""
+        text = self.scrub_literals(text)
         text = _SHAPES.sub(REDACTED, text)
         return _PAIR.sub(lambda m: m.group(1) + REDACTED, text)
 
@@ -112,7 +196,8 @@ class Scrubber:
         return self._literals is not None
 
     def scrub_literals(self, text: str) -> str:
-        """Only the known secret values (no shape matching): cheap enough for every node."""
+        """Only the known secret values and runs of them (no shape matching): cheap
+        enough for every node."""
         if self._literals is None:
             return text
-        return self._literals.sub(REDACTED, text)
+        return self._runs.redact(self._literals.sub(REDACTED, text))

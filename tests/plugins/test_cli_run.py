@@ -35,12 +35,15 @@ def _args(server: FakeOpenAIServer, context: Path | str, *extra: str) -> list[st
             "--base-url", server.base_url, *extra]
 
 
+KEY_ENV = ("--api-key-env", "OPENAI_API_KEY")
+
+
 def test_answers_and_exits_0(
     context_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     with FakeOpenAIServer(respond, api_key=KEY) as server:
-        code = main(_args(server, context_file))
+        code = main(_args(server, context_file, *KEY_ENV))
     out, err = capsys.readouterr()
     assert code == 0
     assert out.strip() == "ANSWER:sub over 1234"
@@ -51,8 +54,9 @@ def test_json_output_and_stdin_context_and_sub_model(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr("sys.stdin", io.StringIO("y" * 10))
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
     with FakeOpenAIServer(respond) as server:
-        code = main(_args(server, "-", "--sub-model", "gpt-small", "--max-depth", "1", "--json"))
+        code = main(_args(server, "-", *KEY_ENV, "--sub-model", "gpt-small", "--max-depth", "1", "--json"))
         models = [b["model"] for b in server.bodies]
     payload = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -75,7 +79,7 @@ def test_a_provider_error_exits_4_naming_the_key(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     with FakeOpenAIServer(replies=[Reply.error(401, "Incorrect API key provided")]) as server:
-        code = main(_args(server, context_file))
+        code = main(_args(server, context_file, *KEY_ENV))
     _, err = capsys.readouterr()
     assert code == 4
     assert "API key" in err and KEY not in err
@@ -163,3 +167,16 @@ def test_a_bad_schema_file_exits_2(
         assert server.bodies == []
     assert code == 2
     assert words in capsys.readouterr().err
+
+
+def test_an_environment_key_goes_to_another_base_url_only_with_api_key_env(
+    context_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    with FakeOpenAIServer(respond, api_key=KEY) as server:
+        code = main(_args(server, context_file))
+        sent = [r.headers.get("authorization") for r in server.requests]
+    _, err = capsys.readouterr()
+    assert code == 4
+    assert sent == [None]
+    assert "api_key_env" in err and KEY not in err

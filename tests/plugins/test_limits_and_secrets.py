@@ -91,7 +91,7 @@ async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixt
         "values": "\n".join(str(v) for v in result.values.values()),
         "provider": text_of_provider,
     }
-    assert "[redacted]" in sources["log text"] + sources["graph"]
+    assert "[REDACTED]" in sources["log text"] + sources["graph"]
     assert "retrying" in sources["log text"]
     assert [name for name, text in sources.items() if KEY in text] == []
     assert any(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.requests)

@@ -11,12 +11,21 @@ The Echo API::
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from rlm_graph.http import BadResponse, ChatRequest, ChatResponse, JSONProvider, Usage
+from rlm_graph.http import KeyPolicy, resolve_key
 
 __all__ = ["EchoProvider"]
+
+# ECHO_API_KEY goes to the default base URL (or to $ECHO_BASE_URL), never elsewhere unless
+# the configuration says api_key / api_key_env.
+KEYS = KeyPolicy(
+    backend="echo",
+    default_base_url="http://localhost:8765",
+    key_env="ECHO_API_KEY",
+    base_url_env="ECHO_BASE_URL",
+)
 
 
 class EchoProvider(JSONProvider):
@@ -25,7 +34,9 @@ class EchoProvider(JSONProvider):
     Args:
         model_name: the model asked for when a call names none (default ``echo-1``).
         base_url: the API root (default ``http://localhost:8765``).
-        api_key: the key (default: the ``ECHO_API_KEY`` environment variable; optional).
+        api_key: the key (default: ``ECHO_API_KEY``, sent only to the default base URL or
+            ``$ECHO_BASE_URL``; optional).
+        api_key_env: the name of a variable whose key is sent to ``base_url`` wherever it is.
         shout: ask the API to answer in capitals.
         **kwargs: what `JSONProvider` takes: ``max_concurrent``, ``timeout``,
             ``max_attempts``, ``requests_per_minute``...
@@ -38,14 +49,16 @@ class EchoProvider(JSONProvider):
         self,
         *,
         model_name: str = "echo-1",
-        base_url: str = "http://localhost:8765",
+        base_url: str | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         shout: bool = False,
         **kwargs: Any,
     ) -> None:
         self.shout = shout
-        key = api_key or os.environ.get("ECHO_API_KEY")
-        super().__init__(model_name=model_name, base_url=base_url, api_key=key, **kwargs)
+        keys = resolve_key(KEYS, api_key=api_key, api_key_env=api_key_env, base_url=base_url)
+        super().__init__(model_name=model_name, base_url=keys.base_url, api_key=keys.key, **kwargs)
+        self.key_rule = keys.rule
 
     def _auth_headers(self) -> dict[str, str]:
         return {"X-Echo-Key": self._api_key.reveal()} if self._api_key else {}
