@@ -73,6 +73,18 @@ def _make_provider(
     return _checked(provider, repr(backend))
 
 
+def _model_list(models: Sequence[str] | None) -> list[str]:
+    if models is None:
+        return []
+    if isinstance(models, str) or not all(isinstance(m, str) and m for m in models):
+        raise ConfigError(
+            f"allowed_models must be a list of model names, e.g. [{models!r}]"
+            if isinstance(models, str)
+            else "allowed_models must be a list of non-empty model names"
+        )
+    return list(models)
+
+
 def _checked(provider: object, backend: str) -> Provider:
     for attr in ("complete", "aclose", "model", "max_concurrent", "name"):
         if not hasattr(provider, attr):
@@ -118,7 +130,12 @@ class Engine:
         observers: objects implementing ``rlm_node_*``/``rlm_run_*`` hooks.
         listeners: callables given every event of every run (see docs/observing.md);
             quick and non-blocking, like observers.
-        models: context windows and prices by model name, over the plugins' table.
+        models: context windows and prices by model name, over the plugins' table. A
+            dated id (``gpt-5-mini-2025-08-07``) or a ``vendor/model`` id without an entry
+            of its own is priced as its base model.
+        allowed_models: more model names model code may ask for by name
+            (``llm_query(p, model=...)``), served by the main backend; the backends' own
+            models are always allowed.
         tracer_provider: the OpenTelemetry tracer provider for spans (default:
             OpenTelemetry's global one, as the application set it, with its sampler,
             resource and exporters; tracing costs nothing while none is set). Build one
@@ -133,6 +150,8 @@ class Engine:
     Raises:
         ConfigError: an unknown keyword or limit, a bad value.
         PluginError: an unknown backend name (the message lists the registered ones).
+            ``max_budget`` with a model that has no price (see `check_prices`) is a
+            ``ConfigError`` too.
     """
 
     def __init__(
@@ -145,6 +164,7 @@ class Engine:
         plugins: Iterable[object] = (),
         observers: Iterable[object] = (),
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
+        allowed_models: Sequence[str] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
         entry_points: bool = True,
@@ -194,7 +214,8 @@ class Engine:
         table = self.host.models
         for name, info in (models or {}).items():
             table[name] = _model_info(name, info, table.get(name))
-        self.router = ProviderRouter(providers, table)
+        self.router = ProviderRouter(providers, table, _model_list(allowed_models))
+        self.check_prices(self.limits)
         self._secrets = [
             value
             for kwargs in [backend_kwargs, *other_kwargs]
@@ -272,7 +293,34 @@ class Engine:
     def limits_with(self, overrides: Mapping[str, Any]) -> Limits:
         if not overrides:
             return self.limits
-        return self._limits({**self.limits.model_dump(), **overrides})
+        limits = self._limits({**self.limits.model_dump(), **overrides})
+        self.check_prices(limits)
+        return limits
+
+    def check_prices(self, limits: Limits) -> None:
+        """Refuse ``max_budget`` when a model calls could use has no price.
+
+        A call with no price and no server-reported cost would count $0 and the budget
+        could not stop anything. Every model of the backends and of ``allowed_models``
+        needs a price in the model table (directly, or as a dated or ``vendor/`` id of a
+        priced model), or a provider that reports costs (``reports_cost = True``).
+
+        Raises:
+            ConfigError: naming each unpriced model and how to price it.
+        """
+        if limits.max_budget is None:
+            return
+        missing = self.router.unpriced()
+        if not missing:
+            return
+        names = ", ".join(f"{model!r} (backend {provider!r})" for model, provider in missing)
+        example = missing[0][0]
+        raise ConfigError(
+            f"max_budget=${limits.max_budget:g} cannot be kept: no price is known for {names}, "
+            "so its calls would count $0. Price it with models={"
+            f"{example!r}: {{'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}}} (USD per "
+            "million tokens; 0 for a free local model), or limit tokens with max_tokens instead"
+        )
 
     # -- workflows ----------------------------------------------------------------------
 

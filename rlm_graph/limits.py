@@ -8,14 +8,16 @@ it after every model call and, when ``charge`` names a limit, cancels the whole 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .contracts import Usage
+from .contracts import ModelInfo, Usage
 from .errors import ConfigError
 
-__all__ = ["Budget", "Limits", "OnLimit", "Tally"]
+__all__ = ["Budget", "Limits", "OnLimit", "Tally", "model_names", "resolve_model_info"]
 
 OnLimit = Literal["return", "raise"]
 
@@ -68,6 +70,43 @@ class Limits(BaseModel):
                 for err in exc.errors()
             )
             raise ConfigError(f"bad limit: {problems}") from None
+
+
+# A dated snapshot id: gpt-5-mini-2025-08-07, claude-sonnet-4-5-20250929.
+_DATE_SUFFIX = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
+def model_names(name: str) -> list[str]:
+    """The names a model's price may be listed under, most specific first.
+
+    ``openai/gpt-5-mini-2025-08-07`` -> itself, ``openai/gpt-5-mini``,
+    ``gpt-5-mini-2025-08-07``, ``gpt-5-mini``: a dated snapshot is priced as its base model,
+    an OpenRouter-style ``vendor/model`` id as the model.
+    """
+    names = [name]
+    undated = _DATE_SUFFIX.sub("", name)
+    if undated != name:
+        names.append(undated)
+    for known in list(names):
+        if "/" in known:
+            names.append(known.rsplit("/", 1)[1])
+    return list(dict.fromkeys(names))
+
+
+def resolve_model_info(table: Mapping[str, ModelInfo], name: str) -> ModelInfo | None:
+    """What ``table`` knows of model ``name``, looking through `model_names`.
+
+    Fields merge: an exact entry's context window stays even when its price comes from
+    the base model's entry. ``None`` when no name is in the table.
+    """
+    found: dict[str, object] = {}
+    for candidate in model_names(name):
+        info = table.get(candidate)
+        if info is None:
+            continue
+        for field, value in info.model_dump(exclude_none=True).items():
+            found.setdefault(field, value)
+    return ModelInfo(**found) if found else None  # type: ignore[arg-type]
 
 
 class _Counts:

@@ -265,6 +265,9 @@ class RLM:
             keys pass through to the provider) for the root's turns, and for sub-calls and
             children's turns (default: ``sampling_args``).
         depth: accepted for compatibility; must be 0.
+        allowed_models: more model names the model's code may name in
+            ``llm_query(p, model=...)`` / ``rlm_query``; other names fail that slot with
+            an ``[ERROR]`` naming the allowed ones. The backends' models are always allowed.
         plugins, observers, listeners, models, tracer_provider, trace_content, limiter: as
             for `Engine`.
         journal: an SQLite file recording every finished node; a completion with the
@@ -272,7 +275,8 @@ class RLM:
             goes live from the first node with no record). See docs/durability.md.
 
     Raises:
-        ConfigError: an unknown keyword, a bad limit, a reserved tool name.
+        ConfigError: an unknown keyword, a bad limit, a reserved tool name, ``max_budget``
+            with a model that has no price (the message says how to price it).
         PluginError: an unknown backend, environment or compaction strategy.
     """
 
@@ -317,6 +321,7 @@ class RLM:
         observers: Iterable[object] = (),
         listeners: Iterable[Listener] = (),
         models: Mapping[str, ModelInfo | Mapping[str, Any]] | None = None,
+        allowed_models: Sequence[str] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
         limiter: SharedLimiter | None = None,
@@ -359,6 +364,7 @@ class RLM:
             observers=[*observers, *callbacks],
             listeners=listeners,
             models=models,
+            allowed_models=allowed_models,
             tracer_provider=tracer_provider,
             trace_content=trace_content,
             limiter=limiter,

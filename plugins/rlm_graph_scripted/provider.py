@@ -93,6 +93,8 @@ class ScriptedProvider:
         self._latency = latency
         self._match = match
         self._cost = cost_per_call
+        # A cost on every answer: max_budget needs no price table for this provider.
+        self.reports_cost = cost_per_call is not None
         self.requests: list[ChatRequest] = []
         self.in_flight = 0
         self.peak_in_flight = 0

@@ -17,6 +17,8 @@ Invariants:
       exception in the model's code; cancellation still propagates.
     - Batches run at most ``batch_max_concurrent`` slots at once; the provider limiter
       and the per-depth child limiter bound them further, tree-wide.
+    - Model code names only configured models (``model=``): a backend's, or one of
+      ``allowed_models``. Any other name fails its slot (and node) before any request.
 """
 
 from __future__ import annotations
@@ -243,6 +245,7 @@ class CompletionBridge:
         wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema) if shape else None
 
         async def body(rec: NodeRecord) -> Any:
+            self.run.router.check_allowed(model, "llm_query")
             response = await call_model(
                 self.run, rec, messages, model=model, params=self.params, tally=self.tally,
                 response_schema=wanted,
@@ -265,6 +268,7 @@ class CompletionBridge:
         request = value_hash("rlm_call", prompt, model, self.params) if journal else ""
 
         async def body(rec: NodeRecord) -> str:
+            self.run.router.check_allowed(model, "rlm_query")
             stored = journal.lookup(rec, request) if journal is not None else None
             if stored is not None:  # the whole child, from the journal
                 journal.restore_child(rec)  # type: ignore[union-attr]

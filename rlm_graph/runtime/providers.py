@@ -26,7 +26,7 @@ from ..contracts import (
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal import request_hash
-from ..limits import Tally
+from ..limits import Tally, resolve_model_info
 from .attempts import CallAttempts
 
 if TYPE_CHECKING:
@@ -65,13 +65,18 @@ class ProviderRouter:
         2. Otherwise the root (depth 0) uses the main backend, and sub-calls (depth >= 1)
            use the first of ``other_backends`` when there is one, as in the reference.
         3. A named model no backend was configured with goes to the main backend under
-           that name (OpenAI-compatible servers serve many models).
+           that name (OpenAI-compatible servers serve many models). Model code may name
+           only ``allowed`` models (`check_allowed`): the backends' and ``allowed_models``.
+
+    Prices come from the model table, a dated id (``gpt-5-mini-2025-08-07``) or a
+    ``vendor/model`` id priced as its base model (`rlm_graph.limits.resolve_model_info`).
     """
 
     def __init__(
         self,
         providers: Sequence[tuple[str, Provider]],
         models: Mapping[str, ModelInfo] | None = None,
+        allowed_models: Sequence[str] = (),
     ) -> None:
         if not providers:
             raise ConfigError("at least one backend is needed")
@@ -80,6 +85,11 @@ class ProviderRouter:
         self._by_model: dict[str, tuple[str, Provider]] = {}
         for key, provider in reversed(self.providers):
             self._by_model[provider.model] = (key, provider)
+        self.allowed: tuple[str, ...] = tuple(
+            dict.fromkeys([p.model for _, p in self.providers] + list(allowed_models))
+        )
+        self._allowed = frozenset(self.allowed)
+        self._info: dict[str, ModelInfo | None] = {}
 
     def route(self, model: str | None, depth: int) -> tuple[str, Provider, str]:
         """(limiter key, provider, model name) for a call."""
@@ -92,12 +102,49 @@ class ProviderRouter:
         key, provider = self.providers[1] if depth >= 1 and len(self.providers) > 1 else self.providers[0]
         return key, provider, provider.model
 
+    def check_allowed(self, model: str | None, caller: str = "llm_query") -> None:
+        """Refuse a model name that no backend and no ``allowed_models`` entry names.
+
+        Raises:
+            ConfigError: naming the model, the allowed ones and the keyword to add it.
+        """
+        if model is None or model in self._allowed:
+            return
+        raise ConfigError(
+            f"{caller}(..., model={model!r}): that model is not configured; allowed: "
+            f"{', '.join(map(repr, self.allowed))}. To allow it, add it to "
+            "allowed_models=[...] (or configure a backend with it)"
+        )
+
     def info(self, model: str) -> ModelInfo | None:
-        return self.models.get(model)
+        """What the model table knows of ``model`` (dated and vendor/ ids resolved)."""
+        try:
+            return self._info[model]
+        except KeyError:
+            found = self._info[model] = resolve_model_info(self.models, model)
+            return found
 
     def price(self, model: str, usage: Usage) -> float | None:
-        info = self.models.get(model)
+        info = self.info(model)
         return info.price(usage) if info is not None else None
+
+    def can_price(self, model: str, provider: Provider) -> bool:
+        """Calls of ``model`` through ``provider`` get a cost: the table prices the model,
+        or the provider reports costs itself (``reports_cost = True``)."""
+        info = self.info(model)
+        priced = info is not None and (
+            info.input_usd_per_mtok is not None or info.output_usd_per_mtok is not None
+        )
+        return priced or bool(getattr(provider, "reports_cost", False))
+
+    def unpriced(self) -> list[tuple[str, str]]:
+        """(model, provider name) of every allowed model whose calls would cost nothing."""
+        missing = []
+        for model in self.allowed:
+            _, provider, _ = self.route(model, 0)
+            if not self.can_price(model, provider):
+                missing.append((model, provider.name))
+        return missing
 
     async def aclose(self) -> None:
         for _, provider in self.providers:
@@ -125,6 +172,13 @@ async def call_model(
     key, provider, model_name = run.router.route(model, record.depth)
     record.model = model_name
     record.provider = provider.name
+    if run.limits.max_budget is not None and not run.router.can_price(model_name, provider):
+        # The configuration check covers every configured model; this catches a name a
+        # workflow gave, before it costs money the budget cannot see.
+        raise ConfigError(
+            f"max_budget is set but model {model_name!r} has no price; add it to "
+            f"models={{{model_name!r}: {{'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}}}"
+        )
     if not record.input_preview and messages:
         record.input_preview = preview(messages[-1].content)
     request = ChatRequest(

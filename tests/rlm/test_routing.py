@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from rlm_graph import RLM, NodeKind
+import pytest
+
+from rlm_graph import RLM, NodeKind, NodeStatus
+from rlm_graph.errors import ConfigError
 from rlm_graph.contracts import ChatRequest
 
 from .scripts import is_root_turn, repl
@@ -26,6 +29,7 @@ def test_sub_calls_go_to_the_first_other_backend_and_named_models_to_theirs() ->
             {"model_name": "cheap-model", "respond": lambda r: f"cheap:{r.prompt}"},
             {"model_name": "big-model", "respond": lambda r: f"big:{r.prompt}"},
         ],
+        allowed_models=["some-other-model"],
     )
     result = engine.completion("ctx")
     assert result.response == "cheap:plain | big:pick big | root-served:some-other-model"
@@ -43,3 +47,40 @@ def test_without_other_backends_everything_uses_the_main_backend() -> None:
     result = RLM("scripted", {"model_name": "only", "respond": respond}).completion("ctx")
     assert list(result.usage_summary.model_usage_summaries) == ["only"]
     assert result.usage_summary.model_usage_summaries["only"].total_calls == 2
+
+
+def test_model_code_cannot_name_a_model_nobody_configured() -> None:
+    """The attacker is the model's code: any other name fails its slot before a request."""
+
+    def respond(request: ChatRequest) -> str:
+        if is_root_turn(request):
+            return repl(
+                "a = llm_query('x', model='gpt-5-pro')\n"
+                "b = llm_query_batched(['y', 'z'], model='o3-pro')\n"
+                "c = rlm_query('w', model='claude-opus-4-1')\n"
+                "d = llm_query('v', model='cheap-model')\n"
+                "FINAL(repr([a, b, c, d]))"
+            )
+        return f"served:{request.model}"
+
+    rlm = RLM(
+        "scripted",
+        {"model_name": "root-model", "respond": respond},
+        allowed_models=["cheap-model"],
+    )
+    result = rlm.completion("ctx")
+    a, b, c, d = eval(result.response)  # the REPL's repr of the four results
+    for slot, name in [(a, "gpt-5-pro"), (b[0], "o3-pro"), (b[1], "o3-pro"), (c, "claude-opus-4-1")]:
+        assert slot.startswith("[ERROR] ConfigError: ")
+        assert f"model={name!r}" in slot and "'root-model', 'cheap-model'" in slot
+        assert "allowed_models" in slot
+    assert d == "served:cheap-model"
+    requested = [r.model for r in rlm.engine.provider.requests]  # type: ignore[attr-defined]
+    assert set(requested) == {"root-model", "cheap-model"}
+    failed = [r for r in result.graph.records() if r.status == NodeStatus.ERROR]
+    assert len(failed) == 4 and {r.error_type for r in failed} == {"ConfigError"}
+
+
+def test_allowed_models_must_be_a_list_of_names() -> None:
+    with pytest.raises(ConfigError, match=r"allowed_models must be a list of model names, e.g. \['m'\]"):
+        RLM("scripted", allowed_models="m")  # type: ignore[arg-type]
