@@ -192,7 +192,11 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token usage of one call, or a sum of calls."""
+    """Token usage of one call, or a sum of calls.
+
+    ``estimated`` is True when the server reported no usage and the engine counted about
+    four characters per token instead (for a sum: when any part was estimated).
+    """
 
     model_config = _FROZEN
 
@@ -200,6 +204,7 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    estimated: bool = False
 
     @property
     def total_tokens(self) -> int:
@@ -211,6 +216,7 @@ class Usage(BaseModel):
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            estimated=self.estimated or other.estimated,
         )
 
 

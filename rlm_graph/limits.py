@@ -113,7 +113,9 @@ class _Counts:
     """Running token counts as plain ints: one call adds to several of these, and a frozen
     `Usage` per addition would cost a validation each (see docs/benchmarks.md)."""
 
-    __slots__ = ("cached_tokens", "cost", "input_tokens", "output_tokens", "reasoning_tokens")
+    __slots__ = (
+        "cached_tokens", "cost", "estimated", "input_tokens", "output_tokens", "reasoning_tokens",
+    )
 
     def __init__(self) -> None:
         self.input_tokens = 0
@@ -121,6 +123,7 @@ class _Counts:
         self.cached_tokens = 0
         self.reasoning_tokens = 0
         self.cost = 0.0
+        self.estimated = False
 
     def _add(self, usage: Usage, cost: float | None) -> None:
         self.input_tokens += usage.input_tokens
@@ -128,6 +131,7 @@ class _Counts:
         self.cached_tokens += usage.cached_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.cost += cost or 0.0
+        self.estimated = self.estimated or usage.estimated
 
     @property
     def usage(self) -> Usage:
@@ -136,6 +140,7 @@ class _Counts:
             output_tokens=self.output_tokens,
             cached_tokens=self.cached_tokens,
             reasoning_tokens=self.reasoning_tokens,
+            estimated=self.estimated,
         )
 
 

@@ -25,6 +25,8 @@ class ModelUsageSummary(BaseModel):
     total_input_tokens: int = 0
     total_output_tokens: int = 0
     total_cost: float | None = None
+    estimated_calls: int | None = None
+    """Calls whose tokens were estimated (the server reported no usage); absent when none."""
 
 
 class UsageSummary(BaseModel):
@@ -70,6 +72,7 @@ class UsageSummary(BaseModel):
                     total_input_tokens=u.input_tokens,
                     total_output_tokens=u.output_tokens,
                     total_cost=u.cost if u.cost else None,
+                    estimated_calls=u.estimated_calls or None,
                 )
                 for name, u in usage_by_model(graph).items()
             }

@@ -45,6 +45,8 @@ class ModelUsage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+    estimated_calls: int = 0
+    """Calls whose server reported no usage: their tokens are a 4-characters estimate."""
 
 
 def critical_path(graph: Graph) -> CriticalPath:
@@ -135,6 +137,7 @@ def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
         entry.input_tokens += record.usage.input_tokens
         entry.output_tokens += record.usage.output_tokens
         entry.cost += record.cost or 0.0
+        entry.estimated_calls += record.usage.estimated
     return dict(summary)
 
 

@@ -32,7 +32,7 @@ from .attempts import CallAttempts
 if TYPE_CHECKING:
     from .context import Run
 
-__all__ = ["ProviderRouter", "call_model", "estimate_tokens", "reply_note"]
+__all__ = ["ProviderRouter", "call_model", "estimate_tokens", "estimated_usage", "reply_note"]
 
 # finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
 _CUT_OFF = frozenset({"length", "max_tokens"})
@@ -54,6 +54,16 @@ def reply_note(response: ChatResponse) -> str | None:
     if not response.content:
         return f"the model returned no text (finish_reason={reason or 'none'})"
     return None
+
+
+def estimated_usage(messages: Sequence[Message], reply: str) -> Usage:
+    """The usage of a call whose server reported none (or only zeros): `estimate_tokens`
+    of what was sent and of the reply, marked ``estimated`` so the user can tell."""
+    return Usage(
+        input_tokens=sum(estimate_tokens(m.content) for m in messages),
+        output_tokens=estimate_tokens(reply),
+        estimated=True,
+    )
 
 
 class ProviderRouter:
@@ -167,7 +177,8 @@ async def call_model(
     usage to ``tally`` (the calling completion's, which passes it up to its parents) and
     charges the run's budget; a passed token or dollar limit stops the whole tree. A
     reply cut off by the token limit or without text comes back with a note appended
-    (``[rlm-graph: ...]``, see `reply_note`), also kept on ``record.note``.
+    (``[rlm-graph: ...]``, see `reply_note`), also kept on ``record.note``. A server that
+    reports no usage is counted at about four characters per token, marked estimated.
     """
     key, provider, model_name = run.router.route(model, record.depth)
     record.model = model_name
@@ -218,10 +229,13 @@ async def call_model(
                 response = await provider.complete(request)
         finally:
             record.attempts = attempts.attempts
+    usage = response.usage
+    if usage.total_tokens == 0:
+        usage = estimated_usage(messages, response.content)
     if rate is not None:
-        rate.settle(estimate, response.usage.total_tokens)
-    cost = response.cost if response.cost is not None else run.router.price(model_name, response.usage)
-    record.usage = response.usage
+        rate.settle(estimate, usage.total_tokens)
+    cost = response.cost if response.cost is not None else run.router.price(model_name, usage)
+    record.usage = usage
     record.response_model = response.model or None
     record.cost = cost
     record.finish_reason = response.finish_reason
@@ -232,8 +246,8 @@ async def call_model(
         response = response.model_copy(update={"content": text})
     record.output_preview = preview(response.content)
     if tally is not None:
-        tally.add(response.usage, cost)
-    exceeded = run.budget.charge(response.usage, cost)
+        tally.add(usage, cost)
+    exceeded = run.budget.charge(usage, cost)
     if exceeded is not None:
         run.stop(exceeded)
     if journal is not None:
