@@ -17,7 +17,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .contracts import ModelInfo, Usage
 from .errors import ConfigError
 
-__all__ = ["Budget", "Limits", "OnLimit", "Tally", "model_names", "resolve_model_info"]
+__all__ = [
+    "Budget",
+    "Limits",
+    "OnLimit",
+    "Reservation",
+    "Tally",
+    "model_names",
+    "resolve_model_info",
+]
 
 OnLimit = Literal["return", "raise"]
 
@@ -144,15 +152,67 @@ class _Counts:
         )
 
 
-class Budget(_Counts):
-    """Tokens and dollars spent by a whole recursion tree, against its limits."""
+class Reservation:
+    """Tokens and dollars set aside for one model call until its real usage is known."""
 
-    __slots__ = ("exceeded", "limits")
+    __slots__ = ("cost", "tokens")
+
+    def __init__(self, tokens: int, cost: float) -> None:
+        self.tokens = tokens
+        self.cost = cost
+
+
+class Budget(_Counts):
+    """Tokens and dollars spent by a whole recursion tree, against its limits.
+
+    Concurrent calls reserve an estimate before they go out (`fits`, `reserve`) and settle
+    it with the real usage after (`settle`, or `release` when the call failed). A call
+    whose estimate does not fit beside the reservations in flight waits (the runtime's
+    `rlm_graph.runtime.limiters.BudgetGate`); one that finds nothing in flight always goes.
+    So at most one call's worth passes a limit, not ``max_concurrent`` calls' worth.
+    """
+
+    __slots__ = ("exceeded", "in_flight", "limits", "reserved_cost", "reserved_tokens")
 
     def __init__(self, limits: Limits) -> None:
         super().__init__()
         self.limits = limits
         self.exceeded: str | None = None
+        self.reserved_tokens = 0
+        self.reserved_cost = 0.0
+        self.in_flight = 0
+
+    @property
+    def limited(self) -> bool:
+        """A token or dollar limit is set (reservations are needed)."""
+        return self.limits.max_tokens is not None or self.limits.max_budget is not None
+
+    def fits(self, tokens: int, cost: float) -> bool:
+        """Whether a call estimated at ``tokens`` and ``cost`` may go out now."""
+        if self.in_flight == 0:
+            return True  # alone, it may pass a limit: that is the one call's worth
+        limits = self.limits
+        spent = self.input_tokens + self.output_tokens + self.reserved_tokens + tokens
+        if limits.max_tokens is not None and spent > limits.max_tokens:
+            return False
+        return limits.max_budget is None or self.cost + self.reserved_cost + cost <= limits.max_budget
+
+    def reserve(self, tokens: int, cost: float) -> Reservation:
+        self.reserved_tokens += tokens
+        self.reserved_cost += cost
+        self.in_flight += 1
+        return Reservation(tokens, cost)
+
+    def release(self, reservation: Reservation) -> None:
+        """Give back a reservation (the call failed, or is settling)."""
+        self.reserved_tokens -= reservation.tokens
+        self.reserved_cost -= reservation.cost
+        self.in_flight -= 1
+
+    def settle(self, reservation: Reservation, usage: Usage, cost: float | None) -> str | None:
+        """Replace a reservation by the call's real usage; see `charge`."""
+        self.release(reservation)
+        return self.charge(usage, cost)
 
     def charge(self, usage: Usage, cost: float | None) -> str | None:
         """Add one call's usage; return the name of the first limit now passed, if any."""

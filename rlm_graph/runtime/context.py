@@ -30,6 +30,7 @@ from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
 from ..limits import Budget, Limits
 from .attempts import RetryLog
+from .limiters import BudgetGate
 
 if TYPE_CHECKING:
     from ..hooks import PluginHost
@@ -74,6 +75,7 @@ class Run:
         self.tracer = tracer
         self.graph = graph if graph is not None else Graph()
         self.budget = Budget(limits)
+        self.spend = BudgetGate(self.budget)
         self._redact = redact
         self.scope = trio.CancelScope()
         self.stop_reason: str | None = None

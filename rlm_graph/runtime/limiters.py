@@ -28,7 +28,11 @@ from typing import Protocol
 
 import trio
 
+from ..contracts import Usage
+from ..limits import Budget, Reservation
+
 __all__ = [
+    "BudgetGate",
     "InProcessLimiter",
     "LoopLimiters",
     "RateGate",
@@ -62,6 +66,39 @@ class SharedLimiter(Protocol):
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
         """The rate buckets of provider ``key`` (called only when ``rpm`` or ``tpm`` is set)."""
+
+
+class BudgetGate:
+    """Makes a call wait until its estimated tokens and dollars fit the run's limits.
+
+    One per run (a run lives in one trio loop). `reserve` parks until `Budget.fits`;
+    every `settle` or `release` wakes the parked calls to check again. With nothing in
+    flight a call always goes, so the gate cannot deadlock.
+    """
+
+    def __init__(self, budget: Budget) -> None:
+        self.budget = budget
+        self._parked = trio.lowlevel.ParkingLot()
+        self.largest_cost = 0.0
+        """The largest real cost of one call so far: the estimate for a call the price
+        table cannot price (a provider that reports its own costs)."""
+
+    async def reserve(self, tokens: int, cost: float) -> Reservation:
+        while not self.budget.fits(tokens, cost):
+            await self._parked.park()
+        return self.budget.reserve(tokens, cost)
+
+    def release(self, reservation: Reservation) -> None:
+        self.budget.release(reservation)
+        self._parked.unpark_all()
+
+    def settle(self, reservation: Reservation, usage: Usage, cost: float | None) -> str | None:
+        """Charge the call's real usage in place of its reservation; the limit now
+        passed, if any."""
+        self.largest_cost = max(self.largest_cost, cost or 0.0)
+        exceeded = self.budget.settle(reservation, usage, cost)
+        self._parked.unpark_all()
+        return exceeded
 
 
 class RateLimiter:

@@ -26,7 +26,7 @@ from ..contracts import (
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal import request_hash
-from ..limits import Tally, resolve_model_info
+from ..limits import Reservation, Tally, resolve_model_info
 from .attempts import CallAttempts
 
 if TYPE_CHECKING:
@@ -64,6 +64,66 @@ def estimated_usage(messages: Sequence[Message], reply: str) -> Usage:
         output_tokens=estimate_tokens(reply),
         estimated=True,
     )
+
+
+async def _send(
+    run: Run, key: str, provider: Provider, request: ChatRequest, record: NodeRecord
+) -> tuple[ChatResponse, Usage]:
+    """Wait for the provider's rate buckets and a slot, call it; the response and its
+    usage (estimated when the server reported none)."""
+    rate = run.limiters.rate(
+        key,
+        getattr(provider, "requests_per_minute", None),
+        getattr(provider, "tokens_per_minute", None),
+    )
+    estimate = 0
+    if rate is not None:
+        estimate = sum(estimate_tokens(m.content) for m in request.messages)
+        await rate.acquire(estimate)
+    async with (
+        run.limiters.provider(key, provider.max_concurrent),
+        run.limiters.gate(key, provider.max_concurrent),
+    ):
+        record.start = trio.current_time()
+        record.wall_start = time.time()
+        attempts = CallAttempts(run.retries, provider.name)
+        try:
+            # The node's span is current: the request carries its traceparent.
+            with attempts, run.tracer.activate(record.id):
+                response = await provider.complete(request)
+        finally:
+            record.attempts = attempts.attempts
+    usage = response.usage
+    if usage.total_tokens == 0:
+        usage = estimated_usage(request.messages, response.content)
+    if rate is not None:
+        rate.settle(estimate, usage.total_tokens)
+    return response, usage
+
+
+DEFAULT_OUTPUT_ESTIMATE = 1024
+"""Output tokens reserved for a call that sets no ``max_tokens`` (and whose provider
+names no ``default_max_tokens``)."""
+
+
+async def _reserve(
+    run: Run, provider: Provider, model: str, messages: Sequence[Message], request: ChatRequest
+) -> Reservation | None:
+    """Wait until the call's estimate fits the run's token and dollar limits; hold it.
+
+    The estimate: the prompt at four characters per token, plus the request's
+    ``max_tokens`` (else the provider's ``default_max_tokens``, else
+    `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the table (else at the largest
+    cost a call of this run has had).
+    """
+    if not run.budget.limited:
+        return None
+    output = request.max_tokens or getattr(provider, "default_max_tokens", None) or DEFAULT_OUTPUT_ESTIMATE
+    guess = Usage(
+        input_tokens=sum(estimate_tokens(m.content) for m in messages), output_tokens=int(output)
+    )
+    cost = run.router.price(model, guess)
+    return await run.spend.reserve(guess.total_tokens, run.spend.largest_cost if cost is None else cost)
 
 
 class ProviderRouter:
@@ -207,33 +267,13 @@ async def call_model(
         stored = journal.lookup(record, request_key, call_id)
         if stored is not None:
             return _replayed(run, record, stored.value or "", tally)
-    rate = run.limiters.rate(
-        key,
-        getattr(provider, "requests_per_minute", None),
-        getattr(provider, "tokens_per_minute", None),
-    )
-    estimate = 0
-    if rate is not None:
-        estimate = sum(estimate_tokens(m.content) for m in messages)
-        await rate.acquire(estimate)
-    async with (
-        run.limiters.provider(key, provider.max_concurrent),
-        run.limiters.gate(key, provider.max_concurrent),
-    ):
-        record.start = trio.current_time()
-        record.wall_start = time.time()
-        attempts = CallAttempts(run.retries, provider.name)
-        try:
-            # The node's span is current: the request carries its traceparent.
-            with attempts, run.tracer.activate(record.id):
-                response = await provider.complete(request)
-        finally:
-            record.attempts = attempts.attempts
-    usage = response.usage
-    if usage.total_tokens == 0:
-        usage = estimated_usage(messages, response.content)
-    if rate is not None:
-        rate.settle(estimate, usage.total_tokens)
+    reservation = await _reserve(run, provider, model_name, messages, request)
+    try:
+        response, usage = await _send(run, key, provider, request, record)
+    except BaseException:
+        if reservation is not None:
+            run.spend.release(reservation)
+        raise
     cost = response.cost if response.cost is not None else run.router.price(model_name, usage)
     record.usage = usage
     record.response_model = response.model or None
@@ -247,7 +287,10 @@ async def call_model(
     record.output_preview = preview(response.content)
     if tally is not None:
         tally.add(usage, cost)
-    exceeded = run.budget.charge(usage, cost)
+    if reservation is not None:
+        exceeded = run.spend.settle(reservation, usage, cost)
+    else:
+        exceeded = run.budget.charge(usage, cost)
     if exceeded is not None:
         run.stop(exceeded)
     if journal is not None:
