@@ -46,7 +46,8 @@ class GatedModel:
 
 def _command(server: FakeOpenAIServer, context: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "rlm_graph.cli", "run", "--context", str(context),
-            "--query", "what?", "--model", "gpt-test", "--base-url", server.base_url, *extra]
+            "--query", "what?", "--model", "gpt-test", "--base-url", server.base_url,
+            "--api-key-env", "OPENAI_API_KEY", *extra]
 
 
 def _terminal() -> tuple[int, int]:
