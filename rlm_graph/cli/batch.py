@@ -34,6 +34,8 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "batch",
         help="answer every item of a JSONL file (resumable; local or on a Ray cluster)",
+        # No abbreviations: "--api-key SECRET" must fail, not pass as --api-key-env.
+        allow_abbrev=False,
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
     parser.add_argument("--input", required=True, type=Path, metavar="FILE", help="items, one JSON object a line")

@@ -67,12 +67,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
-    parser.add_argument(
-        "--api-key-env",
-        metavar="NAME",
-        help="send the key in environment variable NAME to --base-url (without it, the "
-        "backend's key variable goes only to the provider's official host)",
-    )
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
     parser.add_argument(
         "--environment",
@@ -105,6 +99,12 @@ def register(subparsers: Any) -> None:
 
 def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("provider")
+    group.add_argument(
+        "--api-key-env",
+        metavar="NAME",
+        help="send the key in environment variable NAME to --base-url (without it, the "
+        "backend's key variable goes only to the provider's official host)",
+    )
     group.add_argument("--max-concurrent", type=int, help="requests in flight to the provider")
     group.add_argument("--requests-per-minute", type=float, help="the provider's request rate limit")
     group.add_argument(

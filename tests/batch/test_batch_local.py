@@ -139,7 +139,8 @@ def _write_items(path: Path, batch: list[dict[str, object]]) -> None:
 def _cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
     return [
         "batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
-        "--model", "gpt-test", "--base-url", server.base_url, "--max-concurrent", "3", *extra,
+        "--model", "gpt-test", "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
+        "--max-concurrent", "3", *extra,
     ]
 
 

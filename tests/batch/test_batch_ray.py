@@ -49,6 +49,8 @@ def test_an_item_whose_provider_fails_on_ray_is_recorded_and_the_others_finish(
     with BatchServer(api_key=KEY) as server:
         kwargs = rlm_kwargs(server)
         del kwargs["backend_kwargs"]["api_key"]
+        # The fake server is not OpenAI's host: say that the environment's key goes there.
+        kwargs["backend_kwargs"]["api_key_env"] = "OPENAI_API_KEY"
         results = {r.id: r for r in run_batch(items(6, fail=(1,)), kwargs, concurrency=3, executor="ray")}
     failed = results.pop("item-1")
     assert failed.error is not None and "refused" in failed.error.message  # not a 401

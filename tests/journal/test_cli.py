@@ -30,7 +30,8 @@ def test_run_twice_over_a_journal_then_list_and_export_it(
     journal = tmp_path / "run.sqlite"
     with FakeOpenAIServer(respond, api_key=KEY) as server:
         args = ["run", "--context", str(context), "--query", "what?", "--model", "gpt-test",
-                "--base-url", server.base_url, "--journal", str(journal)]
+                "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
+                "--journal", str(journal)]
         assert main(args) == 0
         asked = len(server.requests)
         assert main(args) == 0
