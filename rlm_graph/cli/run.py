@@ -112,7 +112,12 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         help="tries per request, the first included (retries on 429, 5xx, timeouts)",
     )
     group.add_argument(
-        "--timeout", type=float, metavar="S", help="seconds one request attempt may take"
+        "--timeout", type=float, metavar="S",
+        help="seconds the first attempt of a request may take (doubled after each timeout)",
+    )
+    group.add_argument(
+        "--max-timeouts", type=int, metavar="N",
+        help="attempts of a request that may time out before it fails (default 3)",
     )
 
 
@@ -137,7 +142,8 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"model_name": model}
-    for flag in ("base_url", "api_key_env", "max_concurrent", "requests_per_minute", "max_attempts", "timeout"):
+    for flag in ("base_url", "api_key_env", "max_concurrent", "requests_per_minute",
+                 "max_attempts", "timeout", "max_timeouts"):
         value = getattr(args, flag)
         if value is not None:
             kwargs[flag] = value
@@ -301,7 +307,7 @@ def _provider_message(exc: ProviderError) -> str:
         )
     text = f"provider error: {exc}"
     if isinstance(exc, ProviderTimeout):
-        return text + " [flags: --timeout S for slower models, --max-attempts N]"
+        return text + " [flags: --timeout S for slower models, --max-timeouts N, --max-attempts N]"
     if isinstance(exc, RateLimited):
         return text + " [flags: --requests-per-minute, --max-concurrent, --max-attempts N]"
     if exc.retryable:

@@ -8,7 +8,7 @@ instead of a warning per retry; each attempt is logged at DEBUG by the provider.
 
 Invariants:
     - `call_model` opens a `CallAttempts` around every ``provider.complete`` (a context
-      variable, so a provider needs no engine handle); outside one, `note_retry` only logs.
+      variable, so a provider needs no engine handle); outside one, `note_retry` counts nothing.
     - Counting never fails a call and never blocks.
 """
 
@@ -39,9 +39,12 @@ class RetryLog:
         with self._lock:
             self.calls[provider] += 1
 
-    def add_retry(self, provider: str, reason: str) -> None:
+    def add_retry(self, provider: str, reason: str) -> int:
+        """Count one retry; returns how many of ``provider``'s retries had ``reason`` so far."""
         with self._lock:
-            self.retries.setdefault(provider, Counter())[reason] += 1
+            reasons = self.retries.setdefault(provider, Counter())
+            reasons[reason] += 1
+            return reasons[reason]
 
     def add_failure(self, provider: str) -> None:
         with self._lock:
@@ -98,16 +101,22 @@ _CURRENT: contextvars.ContextVar[CallAttempts | None] = contextvars.ContextVar(
 )
 
 
-def note_retry(reason: str) -> None:
+def note_retry(reason: str) -> bool:
     """Count one more attempt of the current model call, retried because of ``reason``.
 
     Args:
         reason: a short label: the HTTP status (``"429"``), ``"timeout"``,
             ``"connection"``, ``"bad response"``...
+
+    Returns:
+        True when this is the run's first retry of this provider for ``reason`` (always
+        True outside a run): a provider warns once per run about what deserves a user's
+        attention now (a hung server) rather than once per call.
     """
     current = _CURRENT.get()
     if current is None:
-        return
+        return True
     current.attempts += 1
-    if current.log is not None:
-        current.log.add_retry(current.provider, reason)
+    if current.log is None:
+        return True
+    return current.log.add_retry(current.provider, reason) == 1

@@ -20,8 +20,12 @@ Invariants:
       with ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
     - Every retry is one more attempt: logged at DEBUG and counted on the node and in
       the run's summary (`rlm_graph.runtime.attempts`); nothing is re-sent silently.
-    - Each attempt has a deadline: ``timeout`` for the first, doubled after every attempt
-      that timed out, up to ``8 * timeout`` (docs/providers.md says why).
+    - Each attempt has a deadline: ``timeout``, doubled after every attempt that timed
+      out in a row, up to ``8 * timeout`` (docs/providers.md says why). ``max_timeouts``
+      timeouts in a row fail the call (3: 60 + 120 + 240 s by default), so a server that
+      hangs for good fails it in minutes, not after ``max_attempts`` growing deadlines;
+      any other answer (even a 5xx) shows the server alive and starts the count and the
+      deadline again. The run's first timeout is a WARNING when it happens.
     - 400, 401, 403, 404 and other 4xx fail at once, with a message that says what to
       check and quotes the server's own message.
     - The API key is never part of an error message, a log line or a repr: it lives only
@@ -99,6 +103,9 @@ class RetryPolicy(BaseModel):
 
     Attributes:
         max_attempts: tries in all, the first included (1 means never retry).
+        max_timeouts: attempts in a row that may time out before the call fails (they
+            count towards ``max_attempts`` too); bounds how long a hung server holds a
+            call.
         backoff_base: seconds before the first retry when the server names no wait;
             doubled on every further retry.
         backoff_max: the longest computed backoff, in seconds.
@@ -111,6 +118,7 @@ class RetryPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_attempts: int = Field(10, ge=1)
+    max_timeouts: int = Field(3, ge=1)
     backoff_base: float = Field(0.5, ge=0)
     backoff_max: float = Field(8.0, ge=0)
     max_retry_after: float = Field(120.0, ge=0)
@@ -299,7 +307,8 @@ class JSONProvider:
         timeout: seconds the first attempt may take in all (connect, send, wait, read);
             each attempt after a timeout gets twice as long, up to ``8 * timeout``.
             ``None``: no limit.
-        max_attempts, backoff_base, backoff_max, max_retry_after: see `RetryPolicy`.
+        max_attempts, max_timeouts, backoff_base, backoff_max, max_retry_after: see
+            `RetryPolicy`.
         requests_per_minute, tokens_per_minute: rate limits the engine applies to this
             provider, shared by every run of the engine.
         headers: extra headers sent with every request.
@@ -328,6 +337,7 @@ class JSONProvider:
         max_concurrent: int = 16,
         timeout: float | None = 60.0,
         max_attempts: int = 10,
+        max_timeouts: int = 3,
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
         max_retry_after: float = 120.0,
@@ -359,6 +369,7 @@ class JSONProvider:
         self.retry = _checked_policy(
             self.name,
             max_attempts=max_attempts,
+            max_timeouts=max_timeouts,
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             max_retry_after=max_retry_after,
@@ -491,7 +502,8 @@ class JSONProvider:
             ProviderAuthError: 401/403 (check the key).
             ProviderNotFound: 404 (check the model name and base URL).
             RateLimited: 429 and the retries ran out.
-            ProviderTimeout: every attempt took longer than ``timeout``.
+            ProviderTimeout: ``max_timeouts`` attempts in a row (or the last attempt)
+                ran past their deadline.
             ProviderError: any other failure, after retries where retrying makes sense.
             BadResponse: a 2xx answer that is not the API's format.
         """
@@ -500,28 +512,67 @@ class JSONProvider:
 
     async def _send_with_retries(self, content: bytes, request: ChatRequest) -> ChatResponse:
         attempts = self.retry.max_attempts
-        timeouts = 0
+        timeouts = 0  # attempts in a row that timed out
+        warned = False
         for attempt in range(1, attempts + 1):
             try:
                 return await self._attempt(content, request, self._attempt_timeout(timeouts))
             except _Retry as retry:
+                timeouts = self._timeouts_in_a_row(timeouts, retry)
+                if retry.reason == "timeout" and timeouts >= self.retry.max_timeouts:
+                    raise self._timed_out(timeouts, attempt) from None
                 if attempt == attempts:
                     raise self._gave_up(retry.error, attempts) from None
-                timeouts += retry.reason == "timeout"
                 wait = self._wait_before_retry(retry, attempt)
                 logger.debug(
                     "%s; retrying in %.2f s (attempt %d of %d)",
                     retry.error, wait, attempt + 1, attempts,
                 )
-                note_retry(retry.reason)
+                # Said once per run (once per call outside a run).
+                first = note_retry(retry.reason)
+                if retry.reason == "timeout" and first and not warned:
+                    warned = True
+                    self._warn_timeout(retry.error, timeouts)
                 await trio.sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    @staticmethod
+    def _timeouts_in_a_row(timeouts: int, retry: _Retry) -> int:
+        """The count of attempts in a row that timed out, after ``retry``."""
+        if retry.reason == "timeout":
+            return timeouts + 1
+        # A dead keep-alive connection says nothing about the server; any answer (a 5xx,
+        # a reset, a refusal) shows it is not hung.
+        return timeouts if retry.reason == "not sent" else 0
+
     def _attempt_timeout(self, timeouts: int) -> float | None:
-        """The deadline of an attempt after ``timeouts`` attempts that timed out."""
+        """The deadline of an attempt after ``timeouts`` attempts in a row timed out."""
         if self.timeout is None:
             return None
         return self.timeout * min(2.0**timeouts, TIMEOUT_GROWTH_CAP)
+
+    def _warn_timeout(self, error: ProviderError, timeouts: int) -> None:
+        """Say at once that the server may be hung (once per run, not per call): the
+        call itself may keep retrying for minutes before its error shows."""
+        logger.warning(
+            "%s; retrying with a %g s deadline (a call fails after max_timeouts=%d "
+            "timeouts in a row; later timeouts of this run are counted in its summary)",
+            error, self._attempt_timeout(timeouts), self.retry.max_timeouts,
+        )
+
+    def _timed_out(self, timeouts: int, attempts: int) -> ProviderTimeout:
+        """The error of a call that ran out of ``max_timeouts``."""
+        deadlines = ", ".join(f"{self._attempt_timeout(n):g} s" for n in range(timeouts))
+        in_a_row = "s in a row" if timeouts != 1 else ""
+        return ProviderTimeout(
+            f"{self.name}: no answer from {self.url}: {timeouts} attempt{in_a_row} timed "
+            f"out (deadlines {deadlines}; {attempts} attempt{'s' * (attempts != 1)} in all, "
+            f"max_timeouts={self.retry.max_timeouts}); check that the server is not hung, "
+            "or for a slow model raise backend_kwargs['timeout'] (rlm-graph run --timeout) "
+            "or max_timeouts",
+            provider=self.name,
+            retryable=True,
+        )
 
     def _gave_up(self, error: ProviderError, attempts: int) -> ProviderError:
         if attempts == 1:

@@ -199,6 +199,16 @@ def test_max_attempts_and_timeout(text_file: Path) -> None:
     assert slow.returncode == 4 and "--timeout" in slow.stderr
 
 
+def test_max_timeouts_bounds_the_attempts_that_time_out(text_file: Path) -> None:
+    answer = "```repl\nanswer['content'] = 'ok'; answer['ready'] = True\n```"
+    with FakeOpenAIServer(lambda body: Reply(200, answer, delay=3)) as server:
+        # max_attempts stays 10: the timeouts alone end the call.
+        done = rlm_graph(*run_args(server, text_file, "--timeout", "0.2", "--max-timeouts", "1"))
+        assert len(server.requests) == 1
+    assert done.returncode == 4
+    assert "1 attempt timed out" in done.stderr and "--max-timeouts" in done.stderr
+
+
 # -- the context file ------------------------------------------------------------------
 
 
