@@ -12,8 +12,8 @@ Prints, per fault rate: correct slots (the right answer in the right place), ``[
 slots, requests the server saw, duplicate POSTs (a prompt sent again after the server had
 answered it in full: must be 0), and wall time. The engine runs with its default
 settings except the provider's ``timeout``, 1 s here instead of 60 so that the hang
-fault costs seconds, not minutes (each later attempt after a timeout gets twice as long:
-1, 2, 4, 8 s).
+fault costs seconds, not minutes (each attempt after a timeout gets twice as long: 1, 2,
+4 s; the third timeout in a row fails the slot, ``max_timeouts``).
 
 Run: ``.venv/bin/python bench/faults.py`` (``--rates 0 0.2 0.5``, ``--prompts 1000``,
 ``--max-attempts 10``, ``--seed 0``). The root model is the same fake server, never
