@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sqlite3
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -106,22 +108,45 @@ def test_a_ray_batch_killed_midway_then_resumed_answers_every_id_exactly_once(
 
 
 class SlowKillingServer(KillingServer):
-    """Like `KillingServer`, but lets the worker's journal write its finished root turn
-    first (the journal commits every 50 ms)."""
+    """Like `KillingServer`, but kills only once the worker's journal holds the victim's
+    finished root turn (the journal commits in batches, so a fixed sleep could lose the
+    race on a loaded machine)."""
+
+    def __init__(self, victim: str, journal: Path, question: str, **kwargs: Any) -> None:
+        super().__init__(victim, **kwargs)
+        self.journal = journal
+        self.question = question
+
+    def _root_turn_journaled(self) -> bool:
+        if not self.journal.exists():
+            return False
+        with closing(sqlite3.connect(self.journal, timeout=5)) as db:
+            try:
+                row = db.execute(
+                    "SELECT count(*) FROM nodes JOIN runs ON nodes.run = runs.number "
+                    "WHERE runs.label LIKE ? AND nodes.id = 'turn-1'",
+                    (f"%{self.question}%",),
+                ).fetchone()
+            except sqlite3.OperationalError:  # the tables are not there yet
+                return False
+        return bool(row[0])
 
     def _respond(self, body: dict[str, Any]) -> Any:
         prompt = last_user_message(body)
         if not is_root_turn(body) and prompt.startswith(self.victim + "-") and not self.killed:
-            time.sleep(0.5)
+            for _ in range(600):  # at most 30 s; the kill and the assertions follow either way
+                if self._root_turn_journaled():
+                    break
+                time.sleep(0.05)
         return super()._respond(body)
 
 
 def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_turn(
     ray_cluster: Any, tmp_path: Path
 ) -> None:
-    journal = str(tmp_path / "batch.sqlite")
-    with SlowKillingServer("ctx2") as server:
-        kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": journal}
+    journal = tmp_path / "batch.sqlite"
+    with SlowKillingServer("ctx2", journal, "item-no-2.") as server:
+        kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": str(journal)}
         results = {r.id: r for r in run_batch(items(4), kwargs, concurrency=2, executor="ray")}
     assert len(server.killed) == 1
     assert all(r.ok and r.answer == expected(r.id) for r in results.values()), [(r.id, r.ok, r.answer, r.error, r.attempts) for r in results.values()]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
@@ -122,9 +121,8 @@ def test_flush_waits_no_longer_than_its_timeout_when_the_collector_hangs() -> No
 
     provider = configure_tracing("console", exporter=Hanging())
     provider.get_tracer("t").start_span("s").end()
-    started = time.perf_counter()
+    # False: it gave up before the hanging export returned (which would have said True).
     assert flush_tracing(provider, timeout_millis=100) is False
-    assert time.perf_counter() - started < 1.0
     release.set()
     assert flush_tracing(provider)
     provider.shutdown()  # type: ignore[attr-defined]
