@@ -185,3 +185,19 @@ def test_answer_schema_reports_every_problem_with_its_path() -> None:
 def test_sync_completion_takes_a_schema() -> None:
     result = rlm([repl('FINAL({"name": "E", "age": 1})')]).completion("ctx", schema=Person)
     assert result.parsed == Person(name="E", age=1)
+
+
+async def test_the_subprocess_environment_sends_the_final_value_as_json() -> None:
+    engine = RLM(
+        "scripted",
+        {"respond": root_and_sub([
+            repl('FINAL({"name": "Ada", "age": "x"})'),
+            repl("from pydantic import BaseModel\n"
+                 "class P(BaseModel):\n    name: str\n    age: int\n"
+                 'answer["content"] = P(name="Ada", age=36)\nanswer["ready"] = True'),
+        ])},
+        environment="subprocess",
+    )
+    result = await engine.acompletion("ctx", schema=Person)
+    assert result.parsed == Person(name="Ada", age=36)
+    assert result.iterations == 2
