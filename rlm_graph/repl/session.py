@@ -27,6 +27,7 @@ import ast
 import builtins
 import json
 import os
+import sys
 import threading
 import traceback
 import types
@@ -64,6 +65,7 @@ RESERVED_NAMES = (
 
 REPL_FILENAME = "<repl>"
 """The file name of the model's code in tracebacks and frames (``co_filename``)."""
+_REPL_MODULE = "__repl__"
 _FILENAME = REPL_FILENAME
 
 
@@ -221,7 +223,12 @@ class ReplSession:
         self._contexts: list[str] = []
         self.answer = _Answer()
         self._stopped: set[int] = set()
-        self.ns: dict[str, Any] = {"__name__": "__repl__", "__builtins__": self._builtins()}
+        # Classes defined by REPL code say they come from module ``__repl__``; dataclasses,
+        # typing and enum look that module up in sys.modules and crash when it is missing.
+        # One shared, empty stand-in is enough for them (it holds no session's state).
+        if _REPL_MODULE not in sys.modules:
+            sys.modules[_REPL_MODULE] = types.ModuleType(_REPL_MODULE, "classes of REPL code")
+        self.ns: dict[str, Any] = {"__name__": _REPL_MODULE, "__builtins__": self._builtins()}
         self._protocol = self._protocol_names()
         self.ns.update(self._protocol)
         for name, (value, _) in self.tools.items():
@@ -393,9 +400,9 @@ class ReplSession:
         last: ast.expr | None = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop().value  # type: ignore[attr-defined]
-        exec(compile(tree, _FILENAME, "exec"), self.ns)
+        exec(compile(tree, _FILENAME, "exec", dont_inherit=True), self.ns)
         if last is not None:
-            value = eval(compile(ast.Expression(last), _FILENAME, "eval"), self.ns)
+            value = eval(compile(ast.Expression(last), _FILENAME, "eval", dont_inherit=True), self.ns)
             if value is not None:
                 out.write(repr(value) if not isinstance(value, str) else value)
                 out.write("\n")

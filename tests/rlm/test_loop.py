@@ -227,3 +227,19 @@ async def test_a_context_of_the_wrong_type_is_refused() -> None:
     engine = rlm([repl("FINAL(1)")])
     with pytest.raises(ConfigError, match="must be a str, list or dict"):
         await engine.acompletion(42)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+async def test_a_block_can_define_dataclasses_and_enums(environment: str) -> None:
+    code = (
+        "import dataclasses, enum, typing\n"
+        "@dataclasses.dataclass\n"
+        "class Hit:\n"
+        "    where: int\n"
+        "    tags: typing.ClassVar[list[str]] = []\n"
+        "class Colour(enum.Enum):\n"
+        "    RED = 1\n"
+        "FINAL(f'{Hit(context.index(\"x\")).where} {Colour.RED.name}')"
+    )
+    engine = rlm([repl(code)], environment=environment)
+    assert (await engine.acompletion("abcx")).response == "3 RED"
