@@ -27,11 +27,12 @@ from rlm_graph.http import (
     ChatResponse,
     ConfigError,
     JSONProvider,
+    KeyPolicy,
     Message,
     Usage,
+    resolve_key,
     token_count,
 )
-from rlm_graph.http import KeyPolicy, resolve_key
 
 __all__ = ["DEFAULT_BASE_URL", "AnthropicProvider"]
 
