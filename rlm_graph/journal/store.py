@@ -138,27 +138,55 @@ class JournalStore:
             self._db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=not threads
             )
-            self._db.execute("PRAGMA journal_mode=WAL")
+            self._use_wal()
             # NORMAL in WAL mode: a commit survives a process crash (SIGKILL); only a
             # power loss may lose the last transactions, never corrupt the file.
             self._db.execute("PRAGMA synchronous=NORMAL")
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            self._ensure_schema()
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"cannot open journal {str(self.path)!r}: {exc}") from None
+
+    def _use_wal(self) -> None:
+        """Switch a new file to WAL. SQLite answers "locked" at once, without waiting on
+        its busy timeout, while another connection makes the same switch: wait and retry
+        (bounded), since workers of a batch open a new journal together."""
+        for attempt in range(300):
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 299:
+                    raise
+                time.sleep(0.05)
+
+    def _ensure_schema(self) -> None:
+        """Check the file's format and create the tables, as one exclusive step: workers
+        of a batch open a new journal at the same moment, and none may see another's
+        half-made schema (tables without the format number)."""
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
             if version == 0:
-                tables = self._db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-                if tables:
+                if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
                     raise ConfigError(
                         f"{str(self.path)!r} is an SQLite database but not an rlm-graph journal; "
                         "give a new file name"
                     )
-                self._db.executescript(_SCHEMA)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                # One statement at a time: executescript() would commit this transaction.
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise ConfigError(
                     f"journal {str(self.path)!r} has format {version}; this rlm-graph reads "
                     f"format {SCHEMA_VERSION}: start a new journal file"
                 )
-        except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"cannot open journal {str(self.path)!r}: {exc}") from None
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
 
     # -- runs ---------------------------------------------------------------------------
 
