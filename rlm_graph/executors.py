@@ -15,13 +15,15 @@ the same `SharedLimiter`, so that the providers' limits hold across the batch::
 
 A limiter shared beyond one process implements `SharedLimiter` (a ``gate(key,
 capacity)`` async context manager and ``rate(key, rpm, tpm)`` buckets), as the ``ray``
-executor's does with a Ray actor. See docs/batch.md. Plugins (ours under ``plugins/`` and
+executor's does with a Ray actor. `frozen_heap` keeps the garbage collector's full passes
+short while completions run. See docs/batch.md. Plugins (ours under ``plugins/`` and
 third parties') import from here, never from ``rlm_graph.runtime``.
 """
 
 from __future__ import annotations
 
 from .batch import BatchError, BatchItem, BatchResult, Executor
+from .batch.heap import frozen_heap
 from .runtime.items import complete_item
 from .runtime.limiters import InProcessLimiter, RateGate, SharedLimiter
 
@@ -34,4 +36,5 @@ __all__ = [
     "RateGate",
     "SharedLimiter",
     "complete_item",
+    "frozen_heap",
 ]

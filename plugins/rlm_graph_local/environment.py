@@ -26,7 +26,6 @@ import ctypes
 import logging
 import math
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -40,6 +39,8 @@ import trio
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge
 from rlm_graph.errors import ConfigError
 from rlm_graph.repl import BlockInterrupted, ReplSession
+
+from .scratch import remove_later
 
 __all__ = ["LocalEnvironment"]
 
@@ -158,6 +159,19 @@ class _ThreadCaller:
 
     def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
         return self._call(self.env.bridge.rlm_query_batched, prompts, model)
+
+
+class _ClosedCaller:
+    """The caller of a closed environment's session: it holds nothing (the live caller
+    holds the environment, which holds the session: a cycle)."""
+
+    def _closed(self, *args: Any) -> Any:
+        raise BlockInterrupted("the environment is closed")
+
+    llm_query = llm_query_batched = rlm_query = rlm_query_batched = _closed
+
+
+_CLOSED = _ClosedCaller()
 
 
 def _deliver_pending() -> None:
@@ -357,9 +371,10 @@ class LocalEnvironment:
     async def aclose(self) -> None:
         if self._control is not None:
             self._control.interrupt()
+        else:  # no block runs or will run: let reference counting free the session
+            self.session.close()
+            self.session.caller = _CLOSED
         if self._own_dir:
-            # Off the loop: removing a folder costs milliseconds on some filesystems, and a
-            # batch closes an environment per completion. Shielded: a cancelled run still
-            # cleans up.
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(shutil.rmtree, self.scratch_dir, True)
+            # Off the loop and off the completion's time: removing a folder costs
+            # milliseconds on some filesystems (see `scratch`).
+            remove_later(self.scratch_dir)

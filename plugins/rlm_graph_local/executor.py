@@ -3,7 +3,8 @@
 One `RLM` (one engine, one set of provider limiters) serves the whole batch, so the
 providers' ``max_concurrent`` and rate limits hold across all its completions exactly as
 they hold across one recursion tree. ``concurrency`` worker tasks pull items one at a
-time; each finished result goes to the caller at once.
+time; each finished result goes to the caller at once. While they run, the heap that
+existed before is frozen for the garbage collector (`rlm_graph.batch.heap`).
 
 The loop runs in a thread of its own so that the batch is a plain iterator for sync
 code: results cross to the caller through a queue. Closing the iterator (or an exception
@@ -19,7 +20,13 @@ from typing import Any
 
 import trio
 
-from rlm_graph.executors import BatchItem, BatchResult, InProcessLimiter, complete_item
+from rlm_graph.executors import (
+    BatchItem,
+    BatchResult,
+    InProcessLimiter,
+    complete_item,
+    frozen_heap,
+)
 
 __all__ = ["LocalExecutor"]
 
@@ -88,9 +95,12 @@ class LocalExecutor:
                     for item in items:  # one shared iterator: each worker takes the next item
                         out.put(await complete_item(rlm, item, executor=self.name))
 
-                async with trio.open_nursery() as nursery:
-                    for _ in range(concurrency):
-                        nursery.start_soon(worker)
+                # The engine is built and its plugins imported: that heap is frozen for
+                # the batch, so no full collection stalls every completion to walk it.
+                with frozen_heap():
+                    async with trio.open_nursery() as nursery:
+                        for _ in range(concurrency):
+                            nursery.start_soon(worker)
 
 
 def _single(exc: BaseException) -> BaseException:

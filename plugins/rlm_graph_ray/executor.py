@@ -60,7 +60,7 @@ def complete_on_worker(
     os.environ.update(keys)
 
     from rlm_graph import RLM
-    from rlm_graph.executors import complete_item
+    from rlm_graph.executors import complete_item, frozen_heap
 
     limiter = RayLimiter(actor, batch=batch, owner=_owner(batch, item, attempt))
 
@@ -69,7 +69,9 @@ def complete_on_worker(
             return await complete_item(rlm, item, executor="ray", attempts=attempt)
 
     try:
-        return trio.run(answer).model_dump(mode="json")
+        # A worker process holds Ray's heap too: no full collection walks it mid-task.
+        with frozen_heap():
+            return trio.run(answer).model_dump(mode="json")
     finally:
         limiter.flush()  # releases the loop had no time to send
 

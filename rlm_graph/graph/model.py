@@ -9,6 +9,11 @@ Invariants:
       inside, the source: a REPL block's sub-calls, a child completion's turns). Timing
       analysis follows ``after`` edges only, since a spawned node's time is already inside
       its parent's.
+    - Reading a graph never makes a reference cycle: networkx caches some views of a
+      graph in the graph itself (``in_degree``, ``edges``), and a graph holding a view
+      that holds it back lives on as garbage until Python's full collection, a pause
+      that grows with the heap (a batch made one per completion). So the methods here
+      read the adjacency dicts (``succ``, ``pred``), whose views do not point back.
 """
 
 from __future__ import annotations
@@ -119,21 +124,39 @@ class Graph:
                 yield record
 
     def predecessors(self, node_id: str, kind: EdgeKind | None = None) -> Iterator[str]:
-        for source in self._g.predecessors(node_id):
-            if kind is None or self._g.edges[source, node_id]["kind"] == kind:
+        for source, data in self._g.pred[node_id].items():
+            if kind is None or data["kind"] == kind:
                 yield source
 
     def successors(self, node_id: str, kind: EdgeKind | None = None) -> Iterator[str]:
-        for target in self._g.successors(node_id):
-            if kind is None or self._g.edges[node_id, target]["kind"] == kind:
+        for target, data in self._g.succ[node_id].items():
+            if kind is None or data["kind"] == kind:
                 yield target
 
     def edges(self) -> Iterator[tuple[str, str, EdgeKind]]:
-        for source, target, kind in self._g.edges(data="kind"):
-            yield source, target, kind
+        for source, targets in self._g.succ.items():
+            for target, data in targets.items():
+                yield source, target, data["kind"]
 
     def topological_order(self) -> list[str]:
-        return list(nx.topological_sort(self._g))
+        """Node ids, every node after its predecessors: generation by generation (the
+        nodes whose predecessors are all in earlier generations), each in insertion
+        order, as ``networkx.topological_sort`` orders them."""
+        pred, succ = self._g.pred, self._g.succ
+        waiting = {node: len(sources) for node, sources in pred.items() if sources}
+        generation = [node for node, sources in pred.items() if not sources]
+        order: list[str] = []
+        while generation:
+            order.extend(generation)
+            ready: list[str] = []
+            for node in generation:
+                for child in succ[node]:
+                    waiting[child] -= 1
+                    if not waiting[child]:
+                        ready.append(child)
+                        del waiting[child]
+            generation = ready
+        return order
 
     @property
     def nx(self) -> nx.DiGraph:

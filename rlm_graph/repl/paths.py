@@ -187,19 +187,32 @@ def _glob_view(r: _Resolver) -> _View:
 def scratch_import(scratch: str) -> Callable[..., Any]:
     """An ``__import__`` for the REPL that hands out the scratch-folder views.
 
+    A view is made the first time the session's code imports its module: most blocks
+    import none of them, and a session is made per completion.
+
     Args:
         scratch: the session's scratch folder (absolute).
     """
     r = _Resolver(os.path.abspath(scratch))
-    path_view = _path_view(r)
-    views: dict[str, _View] = {
-        "os": _os_view(r, path_view),
-        "os.path": path_view,
-        "posixpath": path_view,
-        "pathlib": _pathlib_view(r),
-        "shutil": _view(shutil, r.table(shutil, _SHUTIL)),
-        "glob": _glob_view(r),
-    }
+    views: dict[str, _View] = {}
+
+    def path_view() -> _View:
+        if "os.path" not in views:  # one view under both names, and as ``os.path``
+            views["os.path"] = views["posixpath"] = _path_view(r)
+        return views["os.path"]
+
+    def view_of(name: str) -> _View | None:
+        if name not in views:
+            if name in ("os.path", "posixpath"):
+                return path_view()
+            if name == "os":
+                views[name] = _os_view(r, path_view())
+            elif name in _MAKERS:
+                views[name] = _MAKERS[name](r)
+            else:
+                return None
+        return views[name]
+
     real_import = builtins.__import__
 
     def __import__(  # noqa: A001 - the REPL's own
@@ -210,9 +223,18 @@ def scratch_import(scratch: str) -> Callable[..., Any]:
         level: int = 0,
     ) -> Any:
         module = real_import(name, globals, locals, fromlist, level)
-        if level != 0:
+        if level != 0 or getattr(module, "__name__", None) not in _VIEWED:
             return module
-        view = views.get(name if fromlist else name.partition(".")[0])
+        view = view_of(name if fromlist else name.partition(".")[0])
         return view if view is not None and module is view.__wrapped__ else module
 
     return __import__
+
+
+_MAKERS: dict[str, Callable[[_Resolver], _View]] = {
+    "pathlib": _pathlib_view,
+    "shutil": lambda r: _view(shutil, r.table(shutil, _SHUTIL)),
+    "glob": _glob_view,
+}
+# The real modules' names (``os.path`` is ``posixpath``): any other import passes as is.
+_VIEWED = frozenset({"os", "posixpath", "pathlib", "shutil", "glob"})

@@ -365,6 +365,19 @@ class ReplSession:
         self._final = None
         self._final_value = None
 
+    def close(self) -> None:
+        """Empty the namespace once no block will run again.
+
+        The namespace holds the protocol's functions, which hold the session: a reference
+        cycle that only Python's full collection frees, together with everything the
+        model's code made. Emptying it lets plain reference counting free the session
+        when its environment goes (a batch closes one per completion).
+        """
+        self.ns.clear()
+        self._protocol.clear()
+        self._contexts.clear()
+        self._final_value = None
+
     # -- running a block ----------------------------------------------------------------
 
     def execute(self, code: str) -> ExecResult:
@@ -396,7 +409,8 @@ class ReplSession:
 
     def _run(self, code: str, out: Any) -> None:
         tree = ast.parse(code, _FILENAME, "exec")
-        _CheckHandlers().visit(tree)
+        if "except" in code or "finally" in code:  # no handler is written without them
+            _CheckHandlers().visit(tree)
         last: ast.expr | None = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = tree.body.pop().value  # type: ignore[attr-defined]

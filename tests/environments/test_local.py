@@ -141,3 +141,74 @@ async def test_relative_paths_agree_between_open_os_path_and_pathlib(tmp_path: P
     assert (tmp_path / "sub" / "p.txt").exists()
     assert not Path(os.getcwd(), "notes.txt").exists()  # nothing landed in the engine's cwd
     assert not Path(os.getcwd(), "copy.txt").exists()
+
+
+async def test_views_are_one_module_whatever_the_import_order(tmp_path: Path) -> None:
+    # The views are made on first import: os.path, posixpath and os's own .path must
+    # still be one and the same view, whichever import comes first.
+    code = (
+        "import posixpath\n"
+        "from os.path import exists\n"
+        "import os\n"
+        "open('here.txt', 'w').close()\n"
+        "FINAL('|'.join(str(x) for x in [\n"
+        "    os.path is posixpath, exists('here.txt'), posixpath.isfile('here.txt'),\n"
+        "    os.path.getsize('here.txt'),\n"
+        "]))"
+    )
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])},
+              environment_kwargs={"scratch_dir": str(tmp_path)})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "True|True|True|0"
+
+
+async def test_a_finished_completion_leaves_no_reference_cycle() -> None:
+    # Cyclic garbage waits for Python's full collection, which stalls every completion
+    # of a batch; a completion's objects must go by reference counting alone.
+    import gc
+
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(
+        "r = llm_query_batched([f'q {i}' for i in range(4)])\n"
+        "def helper(x):\n"
+        "    return helper if x else len(r)\n"
+        "import os, shutil, glob\n"  # (pathlib's view is a class: a few objects, a cycle)
+        "FINAL(helper(0))"
+    )])})
+    async with rlm:
+        await rlm.acompletion("warm-up")  # first-use imports and caches
+        gc.collect()
+        gc.disable()
+        try:
+            result = await rlm.acompletion("measured")
+            assert result.response == "4"
+            assert gc.collect() == 0
+        finally:
+            gc.enable()
+
+
+async def test_the_scratch_folder_is_removed_after_the_completion() -> None:
+    from rlm_graph_local.scratch import wait_removed
+
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(
+        "with open('left.txt', 'w') as f:\n    f.write('x')\nFINAL(SCRATCH_DIR)"
+    )])})
+    result = await rlm.acompletion("ctx")
+    assert os.path.isabs(result.response)
+    assert wait_removed(timeout=30)
+    assert not os.path.exists(result.response)
+
+
+def test_scratch_folders_still_pending_at_exit_are_removed(tmp_path: Path) -> None:
+    import subprocess
+
+    folders = [tmp_path / f"f{i}" for i in range(20)]
+    script = (
+        "import os, sys\n"
+        "from rlm_graph_local.scratch import remove_later\n"
+        "for path in sys.argv[1:]:\n"
+        "    os.makedirs(os.path.join(path, 'a', 'b'))\n"
+        "    open(os.path.join(path, 'a', 'b', 'f.txt'), 'w').write('x')\n"
+        "    remove_later(path)\n"
+    )  # and exit at once
+    subprocess.run([sys.executable, "-c", script, *map(str, folders)], check=True, timeout=60)
+    assert [f for f in folders if f.exists()] == []

@@ -133,3 +133,43 @@ def test_usage_by_model_counts_calls_tokens_and_cost() -> None:
     assert summary["small"].calls == 2
     assert summary["small"].input_tokens == 20
     assert summary["big"].cost == pytest.approx(0.5)
+
+
+def test_topological_order_is_networkx_order_on_random_dags() -> None:
+    import random
+
+    rng = random.Random(7)
+    for _ in range(30):
+        g = Graph()
+        ids: list[str] = []
+        for n in range(rng.randint(1, 25)):
+            deps = rng.sample(ids, rng.randint(0, min(3, len(ids))))
+            parent = rng.choice(ids) if ids and rng.random() < 0.3 else None
+            g.add(node(f"n{n}", 0, 1), after=[d for d in deps if d != parent], parent=parent)
+            ids.append(f"n{n}")
+        assert g.topological_order() == list(nx.topological_sort(g.nx))
+        assert sorted(g.edges()) == sorted((s, t, k) for s, t, k in g.nx.edges(data="kind"))
+
+
+def test_reading_a_graph_leaves_no_reference_cycle() -> None:
+    # networkx caches some views in the graph itself; a graph that held one would only
+    # be freed by Python's full collection (a pause every completion of a batch shares).
+    import gc
+    import weakref
+
+    g = Graph()
+    g.add(node("a", 0, 1))
+    g.add(node("b", 1, 2), after=["a"])
+    g.add(node("c", 1, 3), parent="a")
+    assert critical_path(g).nodes == ("a", "b")
+    assert list(g.predecessors("b", kind="after")) == ["a"] and list(g.successors("a")) == ["b", "c"]
+    assert len(list(g.edges())) == 2 and g.topological_order() == ["a", "b", "c"]
+    usage_by_model(g)
+    makespan(g)
+    gone = weakref.ref(g.nx)
+    gc.disable()
+    try:
+        del g
+        assert gone() is None
+    finally:
+        gc.enable()

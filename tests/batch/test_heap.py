@@ -1,0 +1,67 @@
+"""`frozen_heap`: the heap before a batch is frozen while it runs, and only then."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+from rlm_graph.executors import frozen_heap
+
+
+class Node:
+    """A cycle: node.me is node."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_the_heap_is_frozen_inside_and_given_back_after() -> None:
+    assert gc.get_freeze_count() == 0
+    old = Node()  # made before the batch, dropped during it
+    gone = weakref.ref(old)
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0
+        del old
+        gc.collect()
+        assert gone() is not None  # frozen: no collection walks it
+        new = Node()  # made during the batch: collected as usual
+        new_gone = weakref.ref(new)
+        del new
+        gc.collect()
+        assert new_gone() is None
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert gone() is None  # given back: collected after the batch
+
+
+def test_overlapping_batches_unfreeze_when_the_last_one_ends() -> None:
+    first_in, second_done = threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def other_batch() -> None:
+        first_in.wait()
+        with frozen_heap():
+            seen.append(gc.get_freeze_count())
+        second_done.set()
+
+    thread = threading.Thread(target=other_batch)
+    thread.start()
+    with frozen_heap():
+        first_in.set()
+        second_done.wait()
+        assert gc.get_freeze_count() > 0  # the other batch ended; this one still runs
+    thread.join()
+    assert seen and seen[0] > 0
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_program_that_froze_its_heap_keeps_it_frozen() -> None:
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() >= frozen > 0
+    finally:
+        gc.unfreeze()
