@@ -120,3 +120,21 @@ def test_a_provider_object_can_be_the_backend() -> None:
     assert len(main.requests) == 1 and len(sub.requests) == 1
     with pytest.raises(ConfigError, match="provider object with complete"):
         Engine(main, {"model_name": "x"})
+
+
+def test_a_plugin_module_registers_alike_in_every_engine_and_typos_still_fail() -> None:
+    # Hook options of a module are parsed once per process and reused by every engine.
+    import types
+
+    module = types.ModuleType("constant_plugin_module")
+    module.rlm_register_providers = hookimpl(lambda: {"constant": ConstantProvider})  # type: ignore[attr-defined]
+    for _ in range(3):
+        engine = Engine("constant", {"text": "again"}, plugins=[module])
+        wf = Workflow()
+        node = wf.llm("q")
+        assert engine.run(wf)[node] == "again"
+    typo = types.ModuleType("typo_plugin_module")
+    typo.rlm_node_finishd = hookimpl(lambda record, graph: None)  # type: ignore[attr-defined]
+    for _ in range(2):
+        with pytest.raises(PluginError, match="rlm_node_finishd"):
+            Engine("scripted", {"responses": []}, observers=[typo])
