@@ -14,8 +14,8 @@ the same `SharedLimiter`, so that the providers' limits hold across the batch::
                 yield await complete_item(rlm, item, executor="mine")
 
 A limiter shared beyond one process implements `SharedLimiter` (a ``gate(key,
-capacity)`` async context manager and ``rate(key, rpm, tpm)`` buckets), as the ``ray``
-executor's does with a Ray actor. `frozen_heap` keeps the garbage collector's full passes
+capacity)`` async context manager and ``rate(key, rpm, tpm)`` buckets, whose arithmetic
+`RateBucket` does), as the ``ray`` executor's does with a Ray actor. `frozen_heap` keeps the garbage collector's full passes
 short while completions run. See docs/batch.md. Plugins (ours under ``plugins/`` and
 third parties') import from here, never from ``rlm_graph.runtime``.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from .batch import BatchError, BatchItem, BatchResult, Executor
 from .batch.heap import frozen_heap
+from .limits import RateBucket
 from .runtime.items import complete_item
 from .runtime.limiters import InProcessLimiter, RateGate, SharedLimiter
 
@@ -33,6 +34,7 @@ __all__ = [
     "BatchResult",
     "Executor",
     "InProcessLimiter",
+    "RateBucket",
     "RateGate",
     "SharedLimiter",
     "complete_item",

@@ -21,6 +21,7 @@ __all__ = [
     "Budget",
     "Limits",
     "OnLimit",
+    "RateBucket",
     "Reservation",
     "Tally",
     "model_names",
@@ -249,3 +250,58 @@ class Tally(_Counts):
         while node is not None:
             node._add(usage, cost)
             node = node.parent
+
+
+class RateBucket:
+    """A provider's requests-per-minute and tokens-per-minute buckets: the arithmetic.
+
+    Each bucket holds at most one minute's allowance and refills continuously, so a
+    burst up to the per-minute limit passes at once and the steady rate never exceeds
+    it. No clock and no lock here: the trio limiter (`rlm_graph.runtime.limiters`) and
+    the Ray executor's cluster-wide actor bring theirs, pass the time in, and keep their
+    waiters in arrival order around `take_or_wait`.
+    """
+
+    __slots__ = ("requests", "rpm", "stamp", "tokens", "tpm")
+
+    def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
+        self.rpm = rpm
+        self.tpm = tpm
+        self.requests = float(rpm) if rpm else math.inf
+        self.tokens = float(tpm) if tpm else math.inf
+        self.stamp: float | None = None  # the time of the last refill; None: full, never read
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.rpm or self.tpm)
+
+    def _refill(self, now: float) -> None:
+        if self.stamp is not None:
+            elapsed = now - self.stamp
+            if self.rpm:
+                self.requests = min(float(self.rpm), self.requests + elapsed * self.rpm / 60)
+            if self.tpm:
+                self.tokens = min(float(self.tpm), self.tokens + elapsed * self.tpm / 60)
+        self.stamp = now
+
+    def take_or_wait(self, tokens: int, now: float) -> float:
+        """Take one request of about ``tokens`` tokens at time ``now`` (seconds) if the
+        buckets allow it and return 0; else take nothing and return the seconds to wait
+        before asking again. A request larger than a whole minute's tokens counts as one
+        minute's, so that it can ever go."""
+        tokens = min(tokens, int(self.tpm)) if self.tpm else 0
+        self._refill(now)
+        wait = 0.0
+        if self.rpm and self.requests < 1:
+            wait = max(wait, (1 - self.requests) * 60 / self.rpm)
+        if self.tpm and self.tokens < tokens:
+            wait = max(wait, (tokens - self.tokens) * 60 / self.tpm)
+        if wait <= 0:
+            self.requests -= 1
+            self.tokens -= tokens
+        return wait
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token bucket once the real usage of a request is known."""
+        if self.tpm:
+            self.tokens -= actual - estimated

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
+
+from rlm_graph.executors import RateBucket
 
 __all__ = ["ClusterLimits", "RayLimiter", "wait_ref"]
 
@@ -40,23 +41,13 @@ class _Gate:
 
 
 class _Bucket:
-    __slots__ = ("clock", "lock", "requests", "rpm", "stamp", "tokens", "tpm")
+    """A key's `RateBucket`, and the lock that keeps its waiters in arrival order."""
 
-    def __init__(self, rpm: float | None, tpm: float | None, clock: Callable[[], float]) -> None:
-        self.rpm, self.tpm = rpm, tpm
-        self.requests = float(rpm) if rpm else math.inf
-        self.tokens = float(tpm) if tpm else math.inf
-        self.clock = clock
-        self.stamp = clock()
+    __slots__ = ("lock", "rates")
+
+    def __init__(self, rpm: float | None, tpm: float | None) -> None:
+        self.rates = RateBucket(rpm, tpm)
         self.lock = asyncio.Lock()
-
-    def refill(self) -> None:
-        now = self.clock()
-        elapsed, self.stamp = now - self.stamp, now
-        if self.rpm:
-            self.requests = min(float(self.rpm), self.requests + elapsed * self.rpm / 60)
-        if self.tpm:
-            self.tokens = min(float(self.tpm), self.tokens + elapsed * self.tpm / 60)
 
 
 class ClusterLimits:
@@ -174,26 +165,15 @@ class ClusterLimits:
         """Wait until one request of about ``tokens`` tokens may go out, then take it."""
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(rpm, tpm, self._clock)
-        tokens = min(tokens, int(tpm)) if tpm else 0
+            bucket = self._buckets[key] = _Bucket(rpm, tpm)
         async with bucket.lock:  # waiters in arrival order
-            while True:
-                bucket.refill()
-                wait = 0.0
-                if bucket.rpm and bucket.requests < 1:
-                    wait = max(wait, (1 - bucket.requests) * 60 / bucket.rpm)
-                if bucket.tpm and bucket.tokens < tokens:
-                    wait = max(wait, (tokens - bucket.tokens) * 60 / bucket.tpm)
-                if wait <= 0:
-                    bucket.requests -= 1
-                    bucket.tokens -= tokens
-                    return
+            while (wait := bucket.rates.take_or_wait(tokens, self._clock())) > 0:
                 await self._sleep(wait)
 
     async def settle(self, key: str, estimated: int, actual: int) -> None:
         bucket = self._buckets.get(key)
-        if bucket is not None and bucket.tpm:
-            bucket.tokens -= actual - estimated
+        if bucket is not None:
+            bucket.rates.settle(estimated, actual)
 
     async def forget_batch(self, batch: str) -> None:
         """Drop the gates and buckets of a finished batch (its keys start ``<batch>:``)."""

@@ -19,7 +19,6 @@ lives in a Ray actor, see plugins/rlm_graph_ray).
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from collections import deque
@@ -29,7 +28,7 @@ from typing import Protocol
 import trio
 
 from ..contracts import Usage
-from ..limits import Budget, Reservation
+from ..limits import Budget, RateBucket, Reservation
 
 __all__ = [
     "BudgetGate",
@@ -102,53 +101,27 @@ class BudgetGate:
 
 
 class RateLimiter:
-    """Requests-per-minute and tokens-per-minute buckets for one provider.
-
-    A bucket holds at most one minute's allowance and refills continuously, so a burst
-    up to the per-minute limit passes at once and the steady rate never exceeds it.
-    """
+    """Requests-per-minute and tokens-per-minute buckets for one provider, on trio's
+    clock (the arithmetic is `RateBucket`'s)."""
 
     def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
         self.rpm = rpm
         self.tpm = tpm
-        self._requests = float(rpm) if rpm else math.inf
-        self._tokens = float(tpm) if tpm else math.inf
-        self._stamp: float | None = None
+        self._bucket = RateBucket(rpm, tpm)
         self._lock = trio.Lock()
-
-    def _refill(self, now: float) -> None:
-        if self._stamp is not None:
-            elapsed = now - self._stamp
-            if self.rpm:
-                self._requests = min(float(self.rpm), self._requests + elapsed * self.rpm / 60)
-            if self.tpm:
-                self._tokens = min(float(self.tpm), self._tokens + elapsed * self.tpm / 60)
-        self._stamp = now
 
     async def acquire(self, tokens: int = 0) -> None:
         """Wait until one request of about ``tokens`` tokens may go out, then take it."""
-        if not self.rpm and not self.tpm:
+        if not self._bucket.limited:
             return
-        tokens = min(tokens, int(self.tpm)) if self.tpm else 0
         # The lock keeps waiters in arrival order: no request starves behind later ones.
         async with self._lock:
-            while True:
-                self._refill(trio.current_time())
-                wait = 0.0
-                if self.rpm and self._requests < 1:
-                    wait = max(wait, (1 - self._requests) * 60 / self.rpm)
-                if self.tpm and self._tokens < tokens:
-                    wait = max(wait, (tokens - self._tokens) * 60 / self.tpm)
-                if wait <= 0:
-                    self._requests -= 1
-                    self._tokens -= tokens
-                    return
+            while (wait := self._bucket.take_or_wait(tokens, trio.current_time())) > 0:
                 await trio.sleep(wait)
 
     def settle(self, estimated: int, actual: int) -> None:
         """Correct the token bucket once the real usage of a request is known."""
-        if self.tpm:
-            self._tokens -= actual - estimated
+        self._bucket.settle(estimated, actual)
 
 
 class _Waiter:
