@@ -169,6 +169,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     ideal = math.ceil(args.items / args.concurrency) * 0.2
+    print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
     print(f"{args.items} completions x {args.sub_calls} sub-calls, concurrency {args.concurrency}, "
           f"{args.provider} provider, ideal {ideal:.2f} s")
     table = {}
@@ -181,18 +182,21 @@ def main() -> None:
     with Server() as server:
         for executor in args.executor.split(","):
             table[executor] = bench(executor, args, server)
-    print("\n| executor | wall s (best / median) | wall / ideal (best) | p50 / p95 s per completion | driver CPU ms per completion |")
+    print("\n| executor | wall s (best / median) | wall / ideal (best / median) | p50 / p95 s per completion | driver CPU ms per completion |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for executor, runs in table.items():
         best = min(runs, key=lambda r: r["wall"])
         median = statistics.median(r["wall"] for r in runs)
         print(
-            f"| {executor} | {best['wall']:.3f} / {median:.3f} | {best['wall'] / ideal:.3f} | "
+            f"| {executor} | {best['wall']:.3f} / {median:.3f} | {best['wall'] / ideal:.3f} / {median / ideal:.3f} | "
             f"{best['p50']:.3f} / {best['p95']:.3f} | {best['cpu_per_completion_ms']:.2f} |"
         )
     if "local" in table and "ray" in table:
         ratio = min(r["wall"] for r in table["ray"]) / min(r["wall"] for r in table["local"])
-        print(f"\nray / local (best walls): {ratio:.2f}")
+        middle = (statistics.median(r["wall"] for r in table["ray"])
+                  / statistics.median(r["wall"] for r in table["local"]))
+        print(f"\nray / local: {ratio:.2f} (best walls), {middle:.2f} (median walls)")
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":
