@@ -203,7 +203,10 @@ def test_cli_ray_without_ray_says_how_to_get_it(tmp_path: Path) -> None:
 
 def _start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
     args = _local_cli_args(server, tmp_path, *extra)
-    env = {**os.environ, "OPENAI_API_KEY": KEY}
+    # A killed run cannot remove its completions' scratch folders: keep them in tmp_path.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "OPENAI_API_KEY": KEY, "TMPDIR": str(scratch)}
     return subprocess.Popen(
         [sys.executable, "-m", "rlm_graph.cli", *args], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
