@@ -321,6 +321,7 @@ class FakeServer:
             body = None
         headers = {k.lower(): v for k, v in handler.headers.items()}
         index = self._begin(handler, headers, body)
+        counted = True
         try:
             reply = self._answer(handler.path, headers, body)
             if reply.fault == "hang":
@@ -328,9 +329,14 @@ class FakeServer:
                 return
             if self.latency or reply.delay:
                 time.sleep(self.latency + reply.delay)
+            # The client may send its next request as soon as it reads this answer (its
+            # slot is free then): stop counting this one first, or ``peak_in_flight``
+            # would count a request that is already over for the client.
+            self._leave()
+            counted = False
             self._send(handler, reply, body)
         finally:
-            self._finish(index)
+            self._finish(index, counted)
 
     def _hang(self, handler: _Handler, seconds: float) -> None:
         """Answer nothing until ``seconds`` pass or the client closes, then close."""
@@ -350,9 +356,14 @@ class FakeServer:
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
             return len(self.requests) - 1
 
-    def _finish(self, index: int) -> None:
+    def _leave(self) -> None:
         with self._lock:
             self.in_flight -= 1
+
+    def _finish(self, index: int, counted: bool) -> None:
+        with self._lock:
+            if counted:
+                self.in_flight -= 1
             old = self.requests[index]
             self.requests[index] = RecordedRequest(
                 old.method, old.path, old.headers, old.body, old.start, time.monotonic()
