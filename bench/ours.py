@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -161,6 +162,15 @@ def payload_bytes(key: str) -> int:
 
 SAMPLER: Any = None  # a bench/sampler.Sampler while --profile is on
 
+CALLGRIND = False  # --callgrind: count instructions of the timed completion only
+
+
+def callgrind(state: str) -> None:
+    """Switch valgrind's instruction counting on or off for this process (the run is
+    under ``valgrind --tool=callgrind --instr-atstart=no``; see bench/journal.py)."""
+    if CALLGRIND:
+        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
+
 
 def run_once(
     key: str, mode: str, rep: int, base_url: str | None, transport: str, memory: bool,
@@ -177,9 +187,11 @@ def run_once(
     t0 = time.clock_gettime(time.CLOCK_MONOTONIC)
     if SAMPLER is not None:
         SAMPLER.active = True
+    callgrind("on")
     wall0, cpu0 = time.perf_counter(), time.process_time()
     result = rlm.completion("bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total.")
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    callgrind("off")
     if SAMPLER is not None:
         SAMPLER.active = False
     row: dict[str, Any] = {}
@@ -244,8 +256,10 @@ def main() -> None:
     parser.add_argument("--profile", help="sample the runs' stacks (bench/sampler.py); write the report here")
     parser.add_argument("--out", required=True)
     parser.add_argument("--journal", metavar="DIR", help="journal each run to a new file in DIR, then time its replay")
+    parser.add_argument("--callgrind", action="store_true", help="under valgrind: count only the timed completion")
     args = parser.parse_args()
-    global SAMPLER
+    global SAMPLER, CALLGRIND
+    CALLGRIND = args.callgrind
     if args.profile:
         from sampler import Sampler
 

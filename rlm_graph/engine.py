@@ -403,25 +403,39 @@ class Engine:
             result.replay = summary
         return result
 
-    def stream(self, workflow: Workflow, *, capacity: int = DEFAULT_CAPACITY, **limits: Any) -> EventStream[WorkflowResult]:
+    def stream(
+        self,
+        workflow: Workflow,
+        *,
+        journal: str | os.PathLike[str] | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        **limits: Any,
+    ) -> EventStream[WorkflowResult]:
         """Run a `Workflow` in the background and iterate over its events (sync code).
 
         ``for event in engine.stream(wf): ...``; the last event is ``run_finished``
         (``event.result`` is the `WorkflowResult`, also on ``stream.result``). Closing the
         stream (leaving a ``with`` block, or ``break`` then ``stream.close()``) cancels a
         run still going. Memory holds at most ``capacity`` events; the rest wait on disk.
+        ``journal`` and ``limits`` are those of `arun`: a streamed run resumes and
+        replays like any other.
         """
         return EventStream(
-            lambda listener: self._sync(self._arun, workflow, limits, [listener], {}),
+            lambda listener: self._sync(self._arun, workflow, limits, [listener], {"journal": journal}),
             capacity=capacity, sync_name="Engine.stream", async_name="engine.astream",
         )
 
     def astream(
-        self, workflow: Workflow, *, capacity: int = DEFAULT_CAPACITY, **limits: Any
+        self,
+        workflow: Workflow,
+        *,
+        journal: str | os.PathLike[str] | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        **limits: Any,
     ) -> AbstractAsyncContextManager[AsyncEventStream[WorkflowResult]]:
         """`stream` for trio code: ``async with engine.astream(wf) as events:``."""
         return open_event_stream(
-            lambda listener: self._arun(workflow, limits, [listener]), capacity=capacity
+            lambda listener: self._arun(workflow, limits, [listener], journal), capacity=capacity
         )
 
     def run(

@@ -18,8 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Literal
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, Literal
 
 import networkx as nx
 
@@ -127,6 +127,16 @@ class Graph:
         for source, data in self._g.pred[node_id].items():
             if kind is None or data["kind"] == kind:
                 yield source
+
+    @property
+    def incoming(self) -> Mapping[str, Mapping[str, Mapping[str, Any]]]:
+        """Node id -> the edges into it (source id -> the edge's data, ``{"kind": ...}``).
+
+        The graph's own map, not a copy, for code that walks every node (the journal
+        does, once per node): read it, do not change it.
+        """
+        pred: Mapping[str, Mapping[str, Mapping[str, Any]]] = self._g._pred
+        return pred
 
     def successors(self, node_id: str, kind: EdgeKind | None = None) -> Iterator[str]:
         for target, data in self._g.succ[node_id].items():

@@ -1,8 +1,10 @@
 """Hashes the journal keys on: a run's inputs, and one request.
 
-Pure: no trio, no I/O. A hash is the first 128 bits (32 hex digits) of the SHA-256 of a
-canonical text, so the same inputs
-give the same key in any process, on any machine, in any run.
+Pure: no trio, no I/O. A hash is a 128-bit BLAKE2b (32 hex digits) of a canonical text,
+so the same inputs give the same key in any process, on any machine, in any run.
+BLAKE2b rather than SHA-256: as strong, and built into Python, where SHA-256 goes
+through OpenSSL's per-call set-up, which costs more than hashing a short prompt (this
+runs once per model call of a journaled run).
 """
 
 from __future__ import annotations
@@ -12,9 +14,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..contracts import ChatRequest
+from ..contracts import ChatRequest, Image, Message
 
-__all__ = ["canonical_json", "request_hash", "run_key", "value_hash"]
+__all__ = ["call_hash", "canonical_json", "request_hash", "run_key", "value_hash"]
 
 
 def canonical_json(value: Any) -> str:
@@ -22,40 +24,82 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
 
 
-def _digest(*parts: str) -> str:
-    # One encode and one hash call: this runs once per model call of a journaled run.
-    # The separator cannot appear in the parts' encoding, so "ab"+"c" stays apart from
-    # "a"+"bc". 128 bits of SHA-256 name a request well past any journal's size.
-    text = "\x00".join(parts)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+def _digest(parts: list[str]) -> str:
+    """The hash of a list of texts, told apart from every other list of texts.
 
+    Joined by NUL, when no part holds a NUL itself (the join is then unambiguous);
+    otherwise each part length-prefixed, hashed under another BLAKE2b personalisation,
+    so the two framings never meet.
+    """
+    text = "\x00".join(parts)
+    if text.count("\x00") == len(parts) - 1:
+        return _hex(text)
+    framed = "".join(f"{len(part)}:{part}" for part in parts)
+    return _blake2b(framed.encode("utf-8", "surrogatepass"), digest_size=16, person=b"rlm-framed").hexdigest()
+
+
+def _hex(text: str) -> str:
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (JSON can carry one): kept as it is
+        data = text.encode("utf-8", "surrogatepass")
+    return _blake2b(data, digest_size=16).hexdigest()
+
+
+_blake2b = hashlib.blake2b
 
 _PARAMS = ("temperature", "top_p", "max_tokens", "seed", "stop")
 
 
 def request_hash(request: ChatRequest) -> str:
-    """The hash of what a model call asks: model, messages and parameters.
+    """The hash of what a model call asks: model, messages (with their images' bytes),
+    parameters and the answer's schema.
 
     ``node_id`` and ``depth`` are left out: they say where the call is, which the
     journal's node id already says.
     """
-    parts = [request.model]
-    for message in request.messages:
-        content = message.content
-        parts.append(message.role)
-        parts.append(content if isinstance(content, str) else canonical_json(content))
-    if (
+    settled = (
         request.temperature is not None or request.top_p is not None or request.max_tokens is not None
-        or request.seed is not None or request.stop is not None or request.extra
-    ):
-        params = [getattr(request, name) for name in _PARAMS]
-        parts.append(canonical_json([*params, dict(request.extra)]))
-    return _digest(*parts)
+        or request.seed is not None or request.stop is not None or bool(request.extra)
+        or request.response_schema is not None
+    )
+    return call_hash(request.model, request.messages, request if settled else None)
+
+
+def call_hash(model: str, messages: Sequence[Message], settings: ChatRequest | None) -> str:
+    """`request_hash` from a request's parts: ``settings`` is the request when it sets a
+    parameter or a schema, else None (the model-call path knows which without asking
+    the request for each field, and runs once per model call of a journaled run)."""
+    if len(messages) == 1 and settings is None:
+        # The common case (a sub-call: one user message), without the general path's
+        # list: this runs once per model call of a journaled run.
+        message = messages[0]
+        content = message.content
+        if not message.parts and "\x00" not in content and "\x00" not in model:
+            return _hex(f"{model}\x00{message.role}\x00{content}")
+    parts = [model]
+    for message in messages:
+        parts.append(message.role)
+        parts.append(message.content)
+        if message.parts:
+            # The content names an image by size and type only: its bytes tell two apart.
+            parts.append(canonical_json([_image_digest(p) if isinstance(p, Image) else p for p in message.parts]))
+    if settings is not None:
+        schema = settings.response_schema
+        parts.append(canonical_json([
+            *(getattr(settings, name) for name in _PARAMS), dict(settings.extra),
+            None if schema is None else [schema.name, schema.json_schema],
+        ]))
+    return _digest(parts)
+
+
+def _image_digest(image: Image) -> str:
+    return f"{image.media_type}:{hashlib.sha256(image.data).hexdigest()}"
 
 
 def value_hash(kind: str, *values: Any) -> str:
     """The hash of a non-model node's inputs (a child's prompt, a function's arguments)."""
-    return _digest(kind, *(canonical_json(v) for v in values))
+    return _digest([kind, *(canonical_json(v) for v in values)])
 
 
 def run_key(kind: str, inputs: Mapping[str, Any], configuration: Sequence[Any]) -> str:
@@ -63,4 +107,4 @@ def run_key(kind: str, inputs: Mapping[str, Any], configuration: Sequence[Any]) 
 
     Two runs with the same key are the same run; the journal resumes one with the other.
     """
-    return _digest(kind, canonical_json(dict(inputs)), canonical_json(list(configuration)))
+    return _digest([kind, canonical_json(dict(inputs)), canonical_json(list(configuration))])

@@ -2,18 +2,29 @@
 
 Layout (``PRAGMA user_version`` = `SCHEMA_VERSION`):
 
-    runs   one row per run key (numbered): kind, label, status, attempts, times, the
-           first attempt's trace and span ids (a resumed run's span links to them), answer
-    nodes  one row per finished node of a run, keyed ``(run number, id)`` with ``id`` the
-           node's structural id: the request hash, the record's fields as columns
-           (``requests`` is the record's ``attempts``: requests the call took), the
-           node's edges, and ``value`` (a model's reply, a child's answer, a function's
-           JSON result; NULL for a REPL block, which re-runs)
+    runs    one row per run key (numbered): kind, label, status, attempts, times, the
+            first attempt's trace and span ids (a resumed run's span links to them), answer
+    chunks  finished nodes of a run, written together: ``(run, first, attempt, nodes)``
+            with ``first`` the ``seq`` of its first node and ``nodes`` a pickle of plain
+            values only (tuples, lists, dicts, str, int, float, bool, None): one row per
+            node, see `encode_nodes`. It is read back by `_load_chunk`, which refuses
+            anything naming a class or a function, so a crafted file cannot run code.
+
+Each node row holds the node's structural id, the hash of its request, its record's
+fields, its edges and ``value`` (a model's reply, a child's answer, a function's JSON
+result; None for a REPL block, which re-runs).
+
+Why chunks and not one table row per node: an INSERT costs Python's sqlite3 about 15,000
+instructions a row and 800 a column, more than the engine's own work for a zero-latency
+model call; a pickle of a batch of rows costs a fraction of that (docs/benchmarks.md,
+"Journal overhead"). JSON would cost three times the pickle (every float's shortest
+repr, a string object for every token).
 
 Invariants:
-    - A node row is written once its node finished; rows are written in batches, each
-      batch one transaction, so a crash loses at most the last unwritten batch, never
-      half of one.
+    - A node is written once it finished; nodes are written in batches, each batch one
+      transaction, so a crash loses at most the last unwritten batch, never half of one.
+    - A node journaled again (a REPL block re-run on resume, a node that went live after
+      a divergence) counts by its latest row (highest ``seq``) for replay and for `runs`.
     - The store is synchronous and imports no trio: the runtime decides which thread
       calls it (`rlm_graph.runtime.replay`), one thread at a time per store.
     - The file is created readable by its owner only: it holds prompts and replies.
@@ -21,10 +32,13 @@ Invariants:
 
 from __future__ import annotations
 
+import io
+import operator
 import os
+import pickle
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,25 +48,16 @@ from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
 __all__ = [
-    "EDGE_SEPARATOR",
-    "NODE_COLUMNS", "SCHEMA_VERSION", "JournalStore", "RunRow", "StoredNode", "restore", "retimed",
+    "CHUNK_NODES", "SCHEMA_VERSION",
+    "JournalStore", "RunRow", "StoredNode", "encode_nodes", "is_tool_call", "restore", "retimed",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-EDGE_SEPARATOR = "\x1f"
-"""Joins a node's ``after`` ids in one column (the ASCII unit separator: no id has it)."""
+CHUNK_NODES = 512
+"""Nodes per chunk row at most (a write of more makes several rows, one transaction)."""
 
-NODE_COLUMNS = (
-    "run", "id", "hash", "attempt", "seq", "kind", "depth", "completion", "model",
-    "response_model", "provider", "iteration", "batch_index", "batch_size", "status",
-    "submitted", "start", "end", "wall_start", "input_tokens", "output_tokens",
-    "cached_tokens", "reasoning_tokens", "cost", "error", "error_type", "input_preview",
-    "output_preview", "finish_reason", "requests", "note", "after", "parent", "value",
-    "counted",
-)
-
-_SCHEMA = f"""
+_SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     number INTEGER PRIMARY KEY,
     key TEXT NOT NULL UNIQUE,
@@ -66,16 +71,128 @@ CREATE TABLE IF NOT EXISTS runs (
     span_id TEXT,
     answer TEXT
 );
-CREATE TABLE IF NOT EXISTS nodes (
-    {", ".join(f'"{c}"' + {"run": " INTEGER NOT NULL", "id": " TEXT NOT NULL"}.get(c, "") for c in NODE_COLUMNS)},
-    PRIMARY KEY (run, id)
-) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS chunks (
+    run INTEGER NOT NULL,
+    first INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    nodes BLOB NOT NULL,
+    PRIMARY KEY (run, first)
+);
 """
 
-_INSERT = (
-    f"INSERT OR REPLACE INTO nodes ({', '.join(f'{chr(34)}{c}{chr(34)}' for c in NODE_COLUMNS)}) "
-    f"VALUES ({', '.join('?' for _ in NODE_COLUMNS)})"
+_RECORD_FIELDS = (
+    "id", "depth", "completion", "model", "response_model", "provider", "iteration",
+    "batch_index", "batch_size", "submitted", "start", "end", "wall_start", "cost",
+    "error", "error_type", "input_preview", "finish_reason", "attempts", "note",
 )
+"""The `NodeRecord` fields a row keeps as they are, in this order (its first item)."""
+
+_record_fields = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all of them
+
+# A row: (record fields, kind, status, usage fields or None, request hash, seq,
+#         output preview or None when it is the value, after ids or None, parent, value,
+#         counted)
+_FIELDS, _KIND, _STATUS, _USAGE, _HASH, _SEQ, _OUTPUT, _AFTER, _PARENT, _VALUE, _COUNTED = range(11)
+
+_COUNTED_KINDS = frozenset({"root_turn", "llm_call", "rlm_call", "compaction", "function"})
+"""Kinds whose rows count as the run's nodes (and costs) in `JournalStore.runs`."""
+
+_UNFINISHED = frozenset({"pending", "running"})
+
+
+def is_tool_call(node_id: str) -> bool:
+    """A journaled tool call's row (``<block>/tool-n``): journaled, but not a graph node."""
+    return node_id.rpartition("/")[2].startswith("tool-")
+
+
+def encode_nodes(
+    seq: int,
+    records: Sequence[NodeRecord],
+    requests: Sequence[str],
+    values: Sequence[str | None],
+    incoming: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    now: float,
+    redact: Any = None,
+) -> list[tuple[int, bytes]]:
+    """Chunks ``(first seq, pickled rows)`` of finished nodes: ``records[i]`` with its
+    request hash ``requests[i]`` and ``values[i]``, numbered from ``seq + 1``.
+
+    ``incoming`` maps a node id to its edges (source -> ``{"kind"}``: `Graph.incoming`);
+    ``now`` stands in for a missing end time; ``redact`` (a ``str -> str``) scrubs known
+    secrets out of values. A journaled tool call (``<block>/tool-n``) and a node's second
+    model call (``id#n``) are rows but are not counted as nodes. The output preview is
+    None when it equals the value, which it does for every reply short enough to preview
+    whole: no text twice.
+
+    This runs once per node of a journaled run: fields are read in one C call and kept
+    as they are (an enum by its ``_value_``, usage as its field dict), and each chunk is
+    pickled as soon as it is full, so rows die young (the collector never walks them).
+    """
+    chunks = []
+    rows: list[tuple[Any, ...]] = []
+    for record, request, value in zip(records, requests, values, strict=True):
+        if redact is not None and value:
+            value = redact(value)  # a model that echoed a key does not put it on disk
+        seq += 1
+        node_id = record.id
+        after = parent = None
+        sources = incoming.get(node_id)
+        if sources:
+            for source, data in sources.items():
+                if data.get("kind") == "spawn":
+                    parent = source
+                elif after is None:
+                    after = [source]
+                else:
+                    after.append(source)
+        fields = _record_fields(record)
+        if record.end is None:
+            fields = (*fields[:11], now, *fields[12:])
+        kind = record.kind._value_
+        status = record.status._value_
+        if status in _UNFINISHED:
+            status = "ok"
+        usage = record.usage
+        out = record.output_preview
+        rows.append((
+            fields, kind, status, None if usage is None else usage.__dict__, request, seq,
+            None if out == value else out, after, parent, value,
+            kind in _COUNTED_KINDS and "#" not in node_id and (kind != "function" or not is_tool_call(node_id)),
+        ))
+        if len(rows) == CHUNK_NODES:
+            chunks.append(_pack(rows))
+            rows = []
+    if rows:
+        chunks.append(_pack(rows))
+    return chunks
+
+
+def _pack(rows: list[tuple[Any, ...]]) -> tuple[int, bytes]:
+    return rows[0][_SEQ], pickle.dumps(rows, protocol=5)
+
+
+class _PlainValues(pickle.Unpickler):
+    """Reads a chunk: plain values only. A pickle that names any class or function (the
+    only way a pickle runs code) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"names {module}.{name}; a journal chunk holds plain values only")
+
+
+def _storable(text: str) -> str:
+    """``text`` as SQLite can store it: a lone surrogate (untrusted text can carry one)
+    has no UTF-8 form and becomes U+FFFD. For what the runs table shows (a question, an
+    answer); nodes keep theirs exactly, in their chunks."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return text
+
+
+def _load_chunk(data: bytes) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = _PlainValues(io.BytesIO(data)).load()
+    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +317,7 @@ class JournalStore:
                 cursor = self._db.execute(
                     "INSERT INTO runs (key, kind, label, status, attempts, created, updated) "
                     "VALUES (?, ?, ?, 'running', 1, ?, ?)",
-                    (key, kind, label, now, now),
+                    (key, kind, _storable(label), now, now),
                 )
                 number = cursor.lastrowid
                 assert number is not None
@@ -224,27 +341,38 @@ class JournalStore:
         with self._transaction():
             self._db.execute(
                 "UPDATE runs SET status=?, updated=?, answer=? WHERE key=?",
-                (status, time.time(), answer, key),
+                (status, time.time(), None if answer is None else _storable(answer), key),
             )
             if keep is not None:
+                # Rare (a finished run that diverged): rewrite the run's chunks with the
+                # latest row of each node still valid.
                 valid = set(keep)
                 number = self._number(key)
-                stale = [
-                    (number, node)
-                    for (node,) in self._db.execute("SELECT id FROM nodes WHERE run=?", (number,))
-                    if node not in valid
-                ]
-                self._db.executemany("DELETE FROM nodes WHERE run=? AND id=?", stale)
+                kept = [(a, row) for node_id, (a, row) in self._latest(number).items() if node_id in valid]
+                self._db.execute("DELETE FROM chunks WHERE run=?", (number,))
+                for attempt in sorted({a for a, _ in kept}):
+                    rows = [row for a, row in kept if a == attempt]
+                    packed = [_pack(rows[at : at + CHUNK_NODES]) for at in range(0, len(rows), CHUNK_NODES)]
+                    self._db.executemany(
+                        "INSERT INTO chunks VALUES (?, ?, ?, ?)",
+                        [(number, first, attempt, data) for first, data in packed],
+                    )
 
     def runs(self) -> list[RunRow]:
         """Every run, newest first, with its node count and the cost of its model calls."""
         rows = self._db.execute(
-            "SELECT r.number, r.key, r.kind, r.label, r.status, r.attempts, r.created, "
-            "r.updated, r.trace_id, r.span_id, r.answer, count(n.id), coalesce(sum(n.cost), 0) "
-            "FROM runs r LEFT JOIN nodes n ON n.run = r.number AND n.counted = 1 "
-            "GROUP BY r.number ORDER BY r.updated DESC, r.number DESC"
+            "SELECT number, key, kind, label, status, attempts, created, updated, trace_id, "
+            "span_id, answer FROM runs ORDER BY updated DESC, number DESC"
         ).fetchall()
-        return [RunRow(*row) for row in rows]
+        found = []
+        cost_at = _RECORD_FIELDS.index("cost")
+        for number, key, kind, label, status, attempts, created, updated, trace_id, span_id, answer in rows:
+            counted = [r for _, r in self._latest(number).values() if r[_COUNTED]]
+            found.append(RunRow(
+                number, key, kind, label, status, attempts, created, updated, trace_id, span_id, answer,
+                nodes=len(counted), cost=sum(r[_FIELDS][cost_at] or 0.0 for r in counted),
+            ))
+        return found
 
     def find(self, prefix: str) -> RunRow:
         """The one run whose key starts with ``prefix`` (``""``: the newest).
@@ -280,29 +408,59 @@ class JournalStore:
 
     # -- nodes --------------------------------------------------------------------------
 
-    def write(self, rows: Sequence[tuple[Any, ...]]) -> None:
-        """Write node rows (in `NODE_COLUMNS` order) in one transaction."""
-        if not rows:
+    def write(self, number: int, attempt: int, chunks: Sequence[tuple[int, bytes]]) -> None:
+        """Write chunks (from `encode_nodes`) of run ``number`` in one transaction."""
+        if not chunks:
             return
         with self._transaction():
-            self._db.executemany(_INSERT, rows)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO chunks VALUES (?, ?, ?, ?)",
+                [(number, first, attempt, data) for first, data in chunks],
+            )
+
+    def _latest(self, number: int) -> dict[str, tuple[int, tuple[Any, ...]]]:
+        """The latest row of each node of run ``number``, with its attempt, by id, in
+        ``seq`` order.
+
+        Raises:
+            ConfigError: a chunk cannot be read (the file was changed by hand or damaged).
+        """
+        latest: dict[str, tuple[int, tuple[Any, ...]]] = {}
+        cursor = self._db.execute("SELECT attempt, nodes FROM chunks WHERE run=? ORDER BY first", (number,))
+        for attempt, data in cursor:
+            try:
+                rows = _load_chunk(data)
+            except Exception as exc:
+                raise ConfigError(
+                    f"journal {str(self.path)!r} has a damaged node chunk ({exc}); start a new journal file"
+                ) from None
+            for row in rows:
+                node_id = row[_FIELDS][0]
+                latest.pop(node_id, None)  # re-inserted: the dict's order stays seq order
+                latest[node_id] = (attempt, row)
+        return latest
 
     def load(self, key: str) -> dict[str, StoredNode]:
-        """Every journaled node of run ``key``, by node id."""
-        cursor = self._db.execute(
-            f"SELECT {', '.join(f'{chr(34)}{c}{chr(34)}' for c in NODE_COLUMNS)} FROM nodes WHERE run=?",
-            (self._number(key),),
-        )
+        """Every journaled node of run ``key`` (its latest row), by node id.
+
+        Raises:
+            ConfigError: no such run, or a chunk cannot be read.
+        """
         found = {}
-        for row in cursor:
-            node = _stored(dict(zip(NODE_COLUMNS, row, strict=True)))
-            found[node.id] = node
+        for node_id, (_, row) in self._latest(self._number(key)).items():
+            try:
+                found[node_id] = _stored(row)
+            except Exception as exc:  # a row that is not one: a changed or damaged file
+                raise ConfigError(
+                    f"journal {str(self.path)!r} has a damaged row for node {node_id!r} ({exc}); "
+                    "start a new journal file"
+                ) from None
         return found
 
     def graph(self, key: str) -> Graph:
         """The graph of run ``key`` as journaled (for ``trace export`` of a crashed run)."""
         graph = Graph()
-        nodes = [n for n in self.load(key).values() if not n.id.rpartition("/")[2].startswith("tool-")]
+        nodes = [n for n in self.load(key).values() if not is_tool_call(n.id)]
         restore(graph, sorted(nodes, key=lambda n: n.seq))
         return graph
 
@@ -324,29 +482,21 @@ class _Transaction:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
-def _stored(row: dict[str, Any]) -> StoredNode:
-    usage = None
-    if row["input_tokens"] is not None:
-        usage = Usage(
-            input_tokens=row["input_tokens"], output_tokens=row["output_tokens"],
-            cached_tokens=row["cached_tokens"], reasoning_tokens=row["reasoning_tokens"],
-        )
+def _stored(row: tuple[Any, ...]) -> StoredNode:
+    """A row as a `StoredNode`, validated (a row is data from a file)."""
+    fields = dict(zip(_RECORD_FIELDS, row[_FIELDS], strict=True))
+    value = row[_VALUE]
+    output = row[_OUTPUT]
     record = NodeRecord(
-        id=row["id"], kind=NodeKind(row["kind"]), depth=row["depth"],
-        completion=row["completion"], model=row["model"],
-        response_model=row["response_model"], provider=row["provider"],
-        iteration=row["iteration"], batch_index=row["batch_index"],
-        batch_size=row["batch_size"], status=NodeStatus(row["status"]),
-        submitted=row["submitted"], start=row["start"], end=row["end"],
-        wall_start=row["wall_start"], usage=usage, cost=row["cost"], error=row["error"],
-        error_type=row["error_type"], input_preview=row["input_preview"] or "",
-        output_preview=row["output_preview"] or "", finish_reason=row["finish_reason"],
-        attempts=row["requests"] if row["requests"] is not None else 1, note=row["note"],
+        **fields,
+        kind=NodeKind(row[_KIND]),
+        status=NodeStatus(row[_STATUS]),
+        usage=None if row[_USAGE] is None else Usage(**row[_USAGE]),
+        output_preview=(value or "") if output is None else output,
     )
     return StoredNode(
-        id=row["id"], hash=row["hash"], record=record,
-        after=tuple(row["after"].split(EDGE_SEPARATOR)) if row["after"] else (),
-        parent=row["parent"], value=row["value"], seq=row["seq"], counted=bool(row["counted"]),
+        id=record.id, hash=row[_HASH], record=record, after=tuple(row[_AFTER] or ()),
+        parent=row[_PARENT], value=value, seq=row[_SEQ], counted=bool(row[_COUNTED]),
     )
 
 

@@ -25,7 +25,6 @@ from ..contracts import (
 )
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
-from ..journal import request_hash
 from ..limits import Reservation, Tally, resolve_model_info
 from .attempts import CallAttempts
 
@@ -262,9 +261,8 @@ async def call_model(
     )
     journal = run.journal
     if journal is not None:
-        call_id = journal.call_id(record)
-        request_key = request_hash(request)
-        stored = journal.lookup(record, request_key, call_id)
+        settled = request if params or response_schema is not None else None
+        call_id, request_key, stored = journal.model_call(record, model_name, messages, settled)
         if stored is not None:
             return _replayed(run, record, stored.value or "", tally)
     reservation = await _reserve(run, provider, model_name, messages, request)

@@ -24,14 +24,17 @@ import json
 import logging
 import os
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ..contracts import ChatRequest, Message
 from ..errors import ConfigError
 from ..graph import NodeKind, NodeRecord, NodeStatus
 from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode, value_hash
-from ..journal.store import EDGE_SEPARATOR, restore
+from ..journal.keys import call_hash
+from ..journal.store import encode_nodes, is_tool_call, restore
 
 if TYPE_CHECKING:
     from .context import Run
@@ -46,6 +49,8 @@ FLUSH_DELAY = 0.05
 FLUSH_ROWS = 512
 """Rows that start a write at once."""
 
+_COMPACTION = NodeKind.COMPACTION
+
 COUNTED = frozenset({NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION})
 
 
@@ -59,25 +64,6 @@ def _put_back_times(record: NodeRecord, was: NodeRecord, offset: float) -> None:
     record.start = was.start + shift
     record.end = was.end + shift if was.end is not None else None
     record.wall_start = was.wall_start
-
-
-def _edges(sources: Any) -> tuple[list[str], str | None]:
-    """A node's ``after`` dependencies and ``spawn`` parent, from networkx's predecessor
-    map (one dict walk: this runs once per journaled node)."""
-    after: list[str] = []
-    parent = None
-    if sources:
-        for source, data in sources.items():
-            if data.get("kind") == "spawn":
-                parent = source
-            else:
-                after.append(source)
-    return after, parent
-
-
-def is_tool_call(node_id: str) -> bool:
-    """A journaled tool call's row (``<block>/tool-n``): journaled, but not a graph node."""
-    return node_id.rpartition("/")[2].startswith("tool-")
 
 
 class JournaledTool:
@@ -153,7 +139,11 @@ class Replayer:
         self.link = (before.trace_id, before.span_id) if before and before.trace_id and before.span_id else None
         self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
         self._seq = max((n.seq for n in self.nodes.values()), default=0)
-        self._buffer: list[tuple[NodeRecord, str, str | None]] = []
+        # What finished and waits for the writer, as three parallel lists (no tuple per
+        # node for the collector to walk while thousands wait).
+        self._records: list[NodeRecord] = []
+        self._requests: list[str] = []
+        self._values: list[str | None] = []
         # Journaled tools run on REPL threads: list.append is their only write here.
         self._tool_rows: list[tuple[NodeRecord, str, str | None]] = []
         self._wake = trio.Event()
@@ -177,6 +167,20 @@ class Replayer:
             return record.id
         n = self._calls[record.id] = self._calls.get(record.id, 0) + 1
         return record.id if n == 1 else f"{record.id}#{n}"
+
+    def model_call(
+        self, record: NodeRecord, model: str, messages: Sequence[Message], settings: ChatRequest | None
+    ) -> tuple[str, str, StoredNode | None]:
+        """A model call on ``record`` about to ask ``model`` with ``messages`` (and the
+        parameters or schema of ``settings``, see `rlm_graph.journal.keys.call_hash`):
+        its journal id (see `call_id`), its request hash, and its journaled result if it
+        has one that matches (see `lookup`; None: the call goes live)."""
+        node_id = record.id if record.kind is not _COMPACTION else self.call_id(record)
+        key = call_hash(model, messages, settings)
+        if not self.nodes:  # a first attempt: nothing to look up
+            self.live += record.kind in COUNTED and node_id == record.id
+            return node_id, key, None
+        return node_id, key, self.lookup(record, key, node_id)
 
     def lookup(self, record: NodeRecord, request: str, node_id: str | None = None) -> StoredNode | None:
         """The journaled result of ``record`` if its request hash matches, else None
@@ -246,53 +250,40 @@ class Replayer:
             copy = NodeRecord.model_validate(record.model_dump())
             copy.id = node_id
             record = copy
-        self._buffer.append((record, request, value))
-        if not self._wake.is_set():
+        records = self._records
+        records.append(record)
+        self._requests.append(request)
+        self._values.append(value)
+        if len(records) == 1:  # the first since the writer took the last: wake it
             self._wake.set()
 
-    def _rows(self) -> list[tuple[Any, ...]]:
-        taken, self._buffer = self._buffer, []
+    def _chunks(self) -> list[tuple[int, bytes]]:
+        """Encode what waits (and the journaled tools' rows) into chunks to write."""
+        records, requests, values = self._records, self._requests, self._values
+        self._records, self._requests, self._values = [], [], []
         tools = len(self._tool_rows)
         if tools:
-            taken.extend(self._tool_rows[:tools])
+            for record, request, value in self._tool_rows[:tools]:
+                records.append(record)
+                requests.append(request)
+                values.append(value)
             del self._tool_rows[:tools]
-        graph = self.run.graph
-        now = trio.current_time()
-        redact = self.run._redact
-        pred = graph.nx.pred
-        rows = []
-        for record, request, value in taken:
-            if redact is not None and value:
-                value = redact(value)  # a model that echoed a key does not put it on disk
-            self._seq += 1
-            after, parent = _edges(pred.get(record.id))
-            usage = record.usage
-            status = record.status if record.status.finished else NodeStatus.OK
-            rows.append((
-                self.number, record.id, request, self.attempt, self._seq, record.kind.value,
-                record.depth, record.completion, record.model, record.response_model,
-                record.provider, record.iteration, record.batch_index, record.batch_size,
-                status.value, record.submitted, record.start,
-                record.end if record.end is not None else now, record.wall_start,
-                usage.input_tokens if usage else None, usage.output_tokens if usage else None,
-                usage.cached_tokens if usage else None, usage.reasoning_tokens if usage else None,
-                record.cost, record.error, record.error_type, record.input_preview,
-                record.output_preview, record.finish_reason, record.attempts, record.note,
-                EDGE_SEPARATOR.join(after) if after else None, parent, value,
-                int(record.kind in COUNTED and "#" not in record.id and not is_tool_call(record.id)),
-            ))
-        return rows
+        chunks = encode_nodes(
+            self._seq, records, requests, values, self.run.graph.incoming, trio.current_time(), self.run._redact
+        )
+        self._seq += len(records)
+        return chunks
 
     async def _writer(self) -> None:
         try:
             with self._stop:
                 while True:
                     await self._wake.wait()
-                    if len(self._buffer) < FLUSH_ROWS:
+                    if len(self._records) < FLUSH_ROWS:
                         await trio.sleep(FLUSH_DELAY)
                     self._wake = trio.Event()
-                    rows = self._rows()
-                    await trio.to_thread.run_sync(self.store.write, rows)
+                    chunks = self._chunks()
+                    await trio.to_thread.run_sync(self.store.write, self.number, self.attempt, chunks)
         except Exception as exc:  # a full disk must not fail the user's run
             self._failed = exc
             logger.error("journal %s: writing failed (%s); the run goes on unjournaled", self.store.path, exc)
@@ -328,7 +319,7 @@ class Replayer:
                 _put_back_times(record, stored.record, offset)
             try:
                 if self._failed is None:
-                    self.store.write(self._rows())
+                    self.store.write(self.number, self.attempt, self._chunks())
                 keep = None
                 if self.diverged_at is not None and status == "finished":
                     keep = [r.id for r in self.run.graph.records()]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from rlm_graph.errors import ConfigError
 from rlm_graph.journal import JournalStore
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
 
@@ -42,17 +43,21 @@ def _stderr(out: Path) -> str:
 
 
 def _journaled(journal: Path) -> dict[str, tuple[str, str]]:
-    """Journaled nodes: id -> (kind, input preview)."""
+    """Journaled nodes of every run in the file: id -> (kind, input preview)."""
     if not journal.exists():
         return {}
-    db = sqlite3.connect(journal)
     try:
-        rows = db.execute("SELECT id, kind, input_preview FROM nodes").fetchall()
-    except sqlite3.OperationalError:  # the schema is not there yet
+        store = JournalStore(journal)
+    except ConfigError:  # the writer is still making the file
         return {}
+    try:
+        found = {}
+        for run in store.runs():
+            for node in store.load(run.key).values():
+                found[node.id] = (node.record.kind.value, node.record.input_preview)
+        return found
     finally:
-        db.close()
-    return {node: (kind, text) for node, kind, text in rows}
+        store.close()
 
 
 def _wait_for(condition: Any, process: subprocess.Popen[bytes], out: Path, what: str) -> None:

@@ -171,6 +171,32 @@ async def test_a_workflow_replays_model_calls_and_json_results(tmp_path: Path) -
     assert two.graph["final"].replayed and not two.graph["opaque"].replayed
 
 
+async def test_a_streamed_workflow_resumes_from_its_journal(tmp_path: Path) -> None:
+    from rlm_graph import Engine, Workflow
+
+    def build() -> Workflow:
+        wf = Workflow()
+        parts = [wf.llm(f"c{i}") for i in range(3)]
+        wf.function(lambda *texts: "|".join(texts), *parts, id="joined")
+        return wf
+
+    path = str(tmp_path / "wf.sqlite")
+    first = Engine("scripted", {"respond": lambda r: f"echo:{r.prompt}"})
+    async with first.astream(build(), journal=path) as events:
+        async for _ in events:
+            pass
+    one = events.result
+    assert one.replay is not None and one.replay.live == 4
+    again = Engine("scripted", {"respond": lambda r: f"echo:{r.prompt}"})
+    async with again.astream(build(), journal=path) as events:
+        seen = [event async for event in events]
+    two = events.result
+    assert two["joined"] == one["joined"] == "echo:c0|echo:c1|echo:c2"
+    assert again.provider.requests == []  # type: ignore[attr-defined]
+    assert two.replay is not None and (two.replay.replayed, two.replay.live) == (4, 0)
+    assert seen[-1].type == "run_finished" and seen[-1].result is two
+
+
 async def test_a_bad_journal_is_a_clear_error(tmp_path: Path) -> None:
     import pytest
 

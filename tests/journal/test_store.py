@@ -31,3 +31,93 @@ def test_workers_opening_one_new_journal_at_once_all_succeed(tmp_path: Path) -> 
         for worker in workers:
             worker.join(60)
         assert outcomes == ["ok"] * 8
+
+
+def _journal_a_run(path: Path, reply: str) -> str:
+    """Journal one finished run whose sub-call answered ``reply``; its run key."""
+    from rlm_graph import RLM
+    from rlm_graph.contracts import ChatRequest
+
+    from ..rlm.scripts import is_root_turn, repl, turn_number
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return reply
+        if turn_number(request) == 1:
+            return repl("said = llm_query('say it')")
+        return repl("FINAL_VAR('said')")
+
+    result = RLM("scripted", {"respond": respond}, journal=str(path)).completion("ctx", root_prompt="q")
+    assert result.response == reply
+    assert result.replay is not None
+    return result.replay.run_key
+
+
+def test_replies_any_text_survive_the_file_exactly(tmp_path: Path) -> None:
+    # A lone surrogate (a server may send "\ud800" in JSON), a NUL, and a reply longer
+    # than a preview (stored once as the value, its preview kept apart).
+    for reply in ("half \ud800 a pair", "nul \x00 byte", "long " + "x" * 5000):
+        path = tmp_path / f"{len(reply)}.sqlite"
+        key = _journal_a_run(path, reply)
+        store = JournalStore(path)
+        nodes = store.load(key)
+        store.close()
+        (sub,) = [n for n in nodes.values() if n.record.kind.value == "llm_call"]
+        assert sub.value == reply
+        assert sub.record.output_preview == (reply if len(reply) <= 200 else reply[:199] + "…")
+
+
+def test_a_crafted_chunk_is_refused_without_running_anything(tmp_path: Path) -> None:
+    import pickle
+    import sqlite3
+
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    path = tmp_path / "run.sqlite"
+    key = _journal_a_run(path, "fine")
+    witness = tmp_path / "ran"
+
+    class Payload:  # what an attacker would plant: a pickle that calls a function
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (open, (str(witness), "w"))
+
+    db = sqlite3.connect(path)
+    db.execute("UPDATE chunks SET nodes=?", (pickle.dumps([Payload()]),))
+    db.commit()
+    db.close()
+    store = JournalStore(path)
+    with pytest.raises(ConfigError, match="damaged node chunk.*names io.open.*start a new journal"):
+        store.load(key)
+    with pytest.raises(ConfigError, match="damaged node chunk"):
+        store.runs()  # `rlm-graph journal ls` says the same
+    store.close()
+    assert not witness.exists()
+
+    db = sqlite3.connect(path)
+    db.execute("UPDATE chunks SET nodes=?", (b"not a pickle",))
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match="damaged node chunk"):
+        JournalStore(path).load(key)
+
+
+def test_a_node_journaled_in_two_attempts_counts_once(tmp_path: Path) -> None:
+    from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
+    from rlm_graph.journal.store import encode_nodes
+
+    path = tmp_path / "run.sqlite"
+    store = JournalStore(path)
+    number, _ = store.begin("key", "rlm", "label")
+
+    def call(cost: float, answer: str, seq: int) -> list[tuple[int, bytes]]:
+        record = NodeRecord(id="turn-1", kind=NodeKind.ROOT_TURN, status=NodeStatus.OK, cost=cost, start=1.0, end=2.0)
+        return encode_nodes(seq, [record], ["hash"], [answer], {}, 3.0)
+
+    store.write(number, 1, call(0.5, "first", 0))
+    store.write(number, 2, call(0.25, "second", 1))  # went live again in attempt 2
+    (run,) = store.runs()
+    assert (run.nodes, run.cost) == (1, 0.25)
+    assert store.load("key")["turn-1"].value == "second"
+    store.close()
