@@ -483,10 +483,19 @@ class _Transaction:
 
 
 def _stored(row: tuple[Any, ...]) -> StoredNode:
-    """A row as a `StoredNode`, validated (a row is data from a file)."""
+    """A row as a `StoredNode`, validated (a row is data from a file).
+
+    Raises:
+        ValueError: the row is not one `encode_nodes` writes.
+    """
     fields = dict(zip(_RECORD_FIELDS, row[_FIELDS], strict=True))
-    value = row[_VALUE]
-    output = row[_OUTPUT]
+    value, output, after, parent = row[_VALUE], row[_OUTPUT], row[_AFTER], row[_PARENT]
+    if not (
+        isinstance(row[_HASH], str) and isinstance(row[_SEQ], int)
+        and all(isinstance(v, str | None) for v in (value, output, parent))
+        and (after is None or (isinstance(after, list) and all(isinstance(a, str) for a in after)))
+    ):
+        raise ValueError("a row whose hash, seq, value, preview or edges have the wrong type")
     record = NodeRecord(
         **fields,
         kind=NodeKind(row[_KIND]),
@@ -495,8 +504,8 @@ def _stored(row: tuple[Any, ...]) -> StoredNode:
         output_preview=(value or "") if output is None else output,
     )
     return StoredNode(
-        id=record.id, hash=row[_HASH], record=record, after=tuple(row[_AFTER] or ()),
-        parent=row[_PARENT], value=value, seq=row[_SEQ], counted=bool(row[_COUNTED]),
+        id=record.id, hash=row[_HASH], record=record, after=tuple(after or ()),
+        parent=parent, value=value, seq=row[_SEQ], counted=bool(row[_COUNTED]),
     )
 
 

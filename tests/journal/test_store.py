@@ -121,3 +121,24 @@ def test_a_node_journaled_in_two_attempts_counts_once(tmp_path: Path) -> None:
     assert (run.nodes, run.cost) == (1, 0.25)
     assert store.load("key")["turn-1"].value == "second"
     store.close()
+
+
+def test_a_chunk_of_plain_values_of_the_wrong_shape_is_refused(tmp_path: Path) -> None:
+    import pickle
+    import sqlite3
+
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    path = tmp_path / "run.sqlite"
+    key = _journal_a_run(path, "fine")
+    db = sqlite3.connect(path)
+    (data,) = db.execute("SELECT nodes FROM chunks LIMIT 1").fetchone()
+    rows = pickle.loads(data)
+    rows[0] = (*rows[0][:9], 12345, *rows[0][10:])  # a reply that is a number
+    db.execute("UPDATE chunks SET nodes=?", (pickle.dumps(rows),))
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match="damaged row for node 'turn-1'.*start a new journal"):
+        JournalStore(path).load(key)
