@@ -324,6 +324,9 @@ class Replayer:
                 if self.diverged_at is not None and status == "finished":
                     keep = [r.id for r in self.run.graph.records()]
                 self.store.finish(self.key, status, answer, keep)
+            except Exception as exc:  # the run itself is done: its answer stands
+                self._failed = self._failed or exc
+                logger.error("journal %s: writing failed (%s); the run's answer is not journaled", self.store.path, exc)
             finally:
                 self.store.close()
         return self.summary()

@@ -297,3 +297,20 @@ async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) ->
     asked = len(more.engine.provider.requests)  # type: ignore[attr-defined]
     assert two.replay.live == asked and two.replay.replayed + asked == 7
     assert two.replay.replayed >= asked_before - 1  # all but the call in flight at the cut
+
+
+async def test_a_journal_that_cannot_be_written_at_the_end_keeps_the_answer(
+    tmp_path: Path, monkeypatch: object, caplog: object
+) -> None:
+    import sqlite3
+
+    import pytest
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setattr(JournalStore, "finish", full)
+    result = await RLM("scripted", {"respond": _respond}, journal=str(tmp_path / "run.sqlite")).acompletion("ctx")
+    assert result.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
+    assert "writing failed (database or disk is full)" in caplog.text  # type: ignore[attr-defined]
