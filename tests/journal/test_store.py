@@ -142,3 +142,19 @@ def test_a_chunk_of_plain_values_of_the_wrong_shape_is_refused(tmp_path: Path) -
     db.close()
     with pytest.raises(ConfigError, match="damaged row for node 'turn-1'.*start a new journal"):
         JournalStore(path).load(key)
+
+
+def test_a_journal_of_another_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    import sqlite3
+
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    path = tmp_path / "old.sqlite"
+    JournalStore(path).close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=1")  # the first format: one table row per node
+    db.close()
+    with pytest.raises(ConfigError, match="has format 1; this rlm-graph reads format 2: start a new journal file"):
+        JournalStore(path)
