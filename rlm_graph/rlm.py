@@ -8,9 +8,7 @@ and the finished graph on every result.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -19,25 +17,20 @@ from typing import Any, NoReturn
 
 import trio
 from opentelemetry.trace import TracerProvider
-from pydantic import ValidationError
 
-from .contracts import ChatRequest, Environment, ModelInfo
+from .contracts import Environment, ModelInfo
 from .errors import LIMIT_ERRORS, ConfigError, ProviderError
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import (
     Graph,
-    NodeKind,
-    NodeRecord,
     critical_path,
     makespan,
     preview,
 )
-from .hooks import hookimpl
 from .journal import run_key
 from .limits import Tally
 from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
-from .repl import RESERVED_NAMES
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .runtime.aio import call_from_asyncio, running_under_asyncio
 from .runtime.bridge import BridgeProxy
@@ -45,173 +38,18 @@ from .runtime.limiters import SharedLimiter
 from .runtime.context import Run
 from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
 from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
-from .runtime.replay import JournaledTool, Replayer, open_journal
+from .runtime.replay import Replayer, open_journal
 from .runtime.sync import run_sync, unwrap
+from .rlm_options import (
+    Callbacks,
+    check_direct,
+    check_environment_kwargs,
+    compaction_strategy,
+    normalise_tools,
+    sampling_params,
+)
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
-
-
-def _normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
-    table: dict[str, tuple[Any, str | None]] = {}
-    if tools is not None and not isinstance(tools, Mapping):
-        raise ConfigError(
-            f"{keyword} must be a dict of name -> function or value, not {type(tools).__name__}"
-        )
-    for name, entry in (tools or {}).items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ConfigError(f"{keyword}: tool name {name!r} is not a Python identifier")
-        if name in RESERVED_NAMES or name.startswith(("context_", "history_")):
-            raise ConfigError(
-                f"{keyword}: {name!r} is a reserved REPL name ({', '.join(RESERVED_NAMES)}, "
-                "context_N, history_N); rename the tool"
-            )
-        if isinstance(entry, Mapping) and "tool" in entry:
-            unknown = set(entry) - {"tool", "description", "journal"}
-            if unknown:
-                raise ConfigError(
-                    f"{keyword}[{name!r}]: unknown keys {sorted(unknown)}; use 'tool', "
-                    "'description' and 'journal'"
-                )
-            tool = entry["tool"]
-            if entry.get("journal"):
-                if not callable(tool):
-                    raise ConfigError(f"{keyword}[{name!r}]: 'journal' is for functions; {name!r} is data")
-                tool = JournaledTool(tool, name)
-            table[name] = (tool, entry.get("description"))
-        else:
-            table[name] = (entry, None)
-    return table
-
-
-_REQUEST_FIELDS = ("temperature", "top_p", "max_tokens", "seed", "stop")
-
-
-def _sampling_params(args: Mapping[str, Any] | None, keyword: str) -> dict[str, Any] | None:
-    """``sampling_args`` as request parameters: known fields as such (the reference's
-    ``max_completion_tokens`` as ``max_tokens``), anything else passed through in ``extra``."""
-    if args is None:
-        return None
-    if not isinstance(args, Mapping):
-        raise ConfigError(f"{keyword} must be a dict (e.g. {{'temperature': 0}})")
-    params: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    for key, value in args.items():
-        name = "max_tokens" if key == "max_completion_tokens" else key
-        if name in _REQUEST_FIELDS:
-            params[name] = tuple(value) if name == "stop" and isinstance(value, list) else value
-        elif key == "extra_body" and isinstance(value, Mapping):
-            extra.update(value)
-        else:
-            extra[key] = value
-    if extra:
-        params["extra"] = extra
-    try:
-        ChatRequest(messages=(), model="check", **params)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{keyword}: {problems}") from None
-    return params
-
-
-def _check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] | None) -> None:
-    """Fail at configuration, not at the first block, on bad ``environment_kwargs``."""
-    if kwargs is None:
-        return
-    if not isinstance(kwargs, Mapping):
-        raise ConfigError(f"environment_kwargs must be a dict, not {type(kwargs).__name__}")
-    check = getattr(factory, "check_kwargs", None)
-    try:
-        if callable(check):
-            check(**kwargs)
-        else:
-            inspect.signature(factory).bind(bridge=None, tools={}, depth=0, **kwargs)
-    except TypeError:
-        target = check if callable(check) else factory
-        known = [
-            p.name
-            for p in inspect.signature(target).parameters.values()
-            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
-        ]
-        known = [k for k in known if k not in ("bridge", "tools", "depth")]
-        raise ConfigError(
-            f"environment {name!r} does not take environment_kwargs "
-            f"{sorted(set(kwargs) - set(known))}; it takes {', '.join(known) or 'none'} "
-            "(see docs/environments.md)"
-        ) from None
-
-
-def _compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
-    """The strategy ``RLM(compaction=...)`` asks for: None, a registered one, or an object."""
-    if compaction is None or compaction is False:
-        return None
-    if compaction is True or isinstance(compaction, str):
-        name = "summarize" if compaction is True else compaction
-        factory = host.lookup("compaction_strategies", name)
-        try:
-            return factory(**dict(kwargs or {}))
-        except TypeError as exc:
-            raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-    for method in ("should_compact", "compact"):
-        if not callable(getattr(compaction, method, None)):
-            raise ConfigError(
-                "compaction must be True, a strategy name or a CompactionStrategy; "
-                f"{type(compaction).__name__} has no {method}()"
-            )
-    return compaction
-
-
-def _check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:
-    if not isinstance(direct_if_fits, bool):
-        raise ConfigError("direct_if_fits must be True or False")
-    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
-        raise ConfigError(
-            f"direct_share must be a share of the root model's window in (0, 1], not {share!r}"
-        )
-    if direct_if_fits and persistent:
-        raise ConfigError(
-            "direct_if_fits=True cannot be used with persistent=True: a direct answer has no "
-            "REPL, so context_N and history_N would not be kept; use one or the other"
-        )
-
-
-class _Callbacks:
-    """Observer for the reference's ``on_subcall_*`` and ``on_iteration_*`` callbacks
-    and the ``verbose`` progress lines."""
-
-    def __init__(
-        self,
-        on_start: Callable[..., Any] | None,
-        on_complete: Callable[..., Any] | None,
-        on_iteration_start: Callable[..., Any] | None,
-        on_iteration_complete: Callable[..., Any] | None,
-        *,
-        verbose: bool,
-    ) -> None:
-        self.on_start = on_start
-        self.on_complete = on_complete
-        self.on_iteration_start = on_iteration_start
-        self.on_iteration_complete = on_iteration_complete
-        self.verbose = verbose
-
-    @hookimpl
-    def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
-        if record.kind == NodeKind.RLM_CALL and self.on_start is not None:
-            self.on_start(record.depth, record.model, record.input_preview[:80])
-        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_start is not None:
-            self.on_iteration_start(record.depth, record.iteration)
-
-    @hookimpl
-    def rlm_node_finished(self, record: NodeRecord, graph: Graph) -> None:
-        if record.kind == NodeKind.RLM_CALL and self.on_complete is not None:
-            self.on_complete(record.depth, record.model, record.duration, record.error)
-        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_complete is not None:
-            self.on_iteration_complete(record.depth, record.iteration, record.duration)
-        if self.verbose:
-            print(
-                f"[rlm-graph] {record.id:<10} {record.kind.value:<10} depth={record.depth} "
-                f"{record.status.value:<9} {record.duration:7.3f}s {record.output_preview[:60]!r}",
-                file=sys.stderr,
-            )
 
 
 class RLM:
@@ -348,13 +186,13 @@ class RLM:
             raise ConfigError("compaction_threshold_pct must be in (0, 1], e.g. 0.85")
         if output_chars < 100:
             raise ConfigError("output_chars must be at least 100 characters")
-        _check_direct(direct_if_fits, direct_share, persistent)
+        check_direct(direct_if_fits, direct_share, persistent)
         from .engine import Engine
 
         callbacks = []
         hooks = (on_subcall_start, on_subcall_complete, on_iteration_start, on_iteration_complete)
         if verbose or any(hooks):
-            callbacks.append(_Callbacks(*hooks, verbose=verbose))
+            callbacks.append(Callbacks(*hooks, verbose=verbose))
         self.engine = Engine(
             backend,
             backend_kwargs,
@@ -381,10 +219,10 @@ class RLM:
         self.backend = backend
         self.environment = environment
         self.env_factory = self.engine.host.lookup("environments", environment)
-        _check_environment_kwargs(self.env_factory, environment, environment_kwargs)
-        tools = _normalise_tools(custom_tools, "custom_tools")
-        sub_tools = tools if custom_sub_tools is None else _normalise_tools(custom_sub_tools, "custom_sub_tools")
-        strategy = _compaction_strategy(self.engine.host, compaction, compaction_kwargs)
+        check_environment_kwargs(self.env_factory, environment, environment_kwargs)
+        tools = normalise_tools(custom_tools, "custom_tools")
+        sub_tools = tools if custom_sub_tools is None else normalise_tools(custom_sub_tools, "custom_sub_tools")
+        strategy = compaction_strategy(self.engine.host, compaction, compaction_kwargs)
         self.settings = LoopSettings(
             environment=environment,
             environment_kwargs=dict(environment_kwargs or {}),
@@ -395,8 +233,8 @@ class RLM:
             output_chars=output_chars,
             compaction=strategy,
             compaction_threshold_pct=compaction_threshold_pct,
-            root_params=_sampling_params(sampling_args, "sampling_args"),
-            sub_params=_sampling_params(
+            root_params=sampling_params(sampling_args, "sampling_args"),
+            sub_params=sampling_params(
                 sub_sampling_args if sub_sampling_args is not None else sampling_args,
                 "sub_sampling_args",
             ),

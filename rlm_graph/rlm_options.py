@@ -1,0 +1,190 @@
+"""`RLM(...)`'s keyword arguments, checked and normalised at configuration, and the
+reference library's callbacks as an observer.
+
+Each check fails with a `ConfigError` naming the keyword and the fix, so bad input is
+refused when the `RLM` is built, never at the first block of a run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from .contracts import ChatRequest
+from .errors import ConfigError
+from .graph import Graph, NodeKind, NodeRecord
+from .hooks import hookimpl
+from .repl import RESERVED_NAMES
+from .runtime.replay import JournaledTool
+
+__all__ = [
+    "Callbacks", "check_direct", "check_environment_kwargs", "compaction_strategy",
+    "normalise_tools", "sampling_params",
+]
+
+
+def normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
+    table: dict[str, tuple[Any, str | None]] = {}
+    if tools is not None and not isinstance(tools, Mapping):
+        raise ConfigError(
+            f"{keyword} must be a dict of name -> function or value, not {type(tools).__name__}"
+        )
+    for name, entry in (tools or {}).items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{keyword}: tool name {name!r} is not a Python identifier")
+        if name in RESERVED_NAMES or name.startswith(("context_", "history_")):
+            raise ConfigError(
+                f"{keyword}: {name!r} is a reserved REPL name ({', '.join(RESERVED_NAMES)}, "
+                "context_N, history_N); rename the tool"
+            )
+        if isinstance(entry, Mapping) and "tool" in entry:
+            unknown = set(entry) - {"tool", "description", "journal"}
+            if unknown:
+                raise ConfigError(
+                    f"{keyword}[{name!r}]: unknown keys {sorted(unknown)}; use 'tool', "
+                    "'description' and 'journal'"
+                )
+            tool = entry["tool"]
+            if entry.get("journal"):
+                if not callable(tool):
+                    raise ConfigError(f"{keyword}[{name!r}]: 'journal' is for functions; {name!r} is data")
+                tool = JournaledTool(tool, name)
+            table[name] = (tool, entry.get("description"))
+        else:
+            table[name] = (entry, None)
+    return table
+
+
+_REQUEST_FIELDS = ("temperature", "top_p", "max_tokens", "seed", "stop")
+
+
+def sampling_params(args: Mapping[str, Any] | None, keyword: str) -> dict[str, Any] | None:
+    """``sampling_args`` as request parameters: known fields as such (the reference's
+    ``max_completion_tokens`` as ``max_tokens``), anything else passed through in ``extra``."""
+    if args is None:
+        return None
+    if not isinstance(args, Mapping):
+        raise ConfigError(f"{keyword} must be a dict (e.g. {{'temperature': 0}})")
+    params: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    for key, value in args.items():
+        name = "max_tokens" if key == "max_completion_tokens" else key
+        if name in _REQUEST_FIELDS:
+            params[name] = tuple(value) if name == "stop" and isinstance(value, list) else value
+        elif key == "extra_body" and isinstance(value, Mapping):
+            extra.update(value)
+        else:
+            extra[key] = value
+    if extra:
+        params["extra"] = extra
+    try:
+        ChatRequest(messages=(), model="check", **params)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"{keyword}: {problems}") from None
+    return params
+
+
+def check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] | None) -> None:
+    """Fail at configuration, not at the first block, on bad ``environment_kwargs``."""
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, Mapping):
+        raise ConfigError(f"environment_kwargs must be a dict, not {type(kwargs).__name__}")
+    check = getattr(factory, "check_kwargs", None)
+    try:
+        if callable(check):
+            check(**kwargs)
+        else:
+            inspect.signature(factory).bind(bridge=None, tools={}, depth=0, **kwargs)
+    except TypeError:
+        target = check if callable(check) else factory
+        known = [
+            p.name
+            for p in inspect.signature(target).parameters.values()
+            if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
+        known = [k for k in known if k not in ("bridge", "tools", "depth")]
+        raise ConfigError(
+            f"environment {name!r} does not take environment_kwargs "
+            f"{sorted(set(kwargs) - set(known))}; it takes {', '.join(known) or 'none'} "
+            "(see docs/environments.md)"
+        ) from None
+
+
+def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
+    """The strategy ``RLM(compaction=...)`` asks for: None, a registered one, or an object."""
+    if compaction is None or compaction is False:
+        return None
+    if compaction is True or isinstance(compaction, str):
+        name = "summarize" if compaction is True else compaction
+        factory = host.lookup("compaction_strategies", name)
+        try:
+            return factory(**dict(kwargs or {}))
+        except TypeError as exc:
+            raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
+    for method in ("should_compact", "compact"):
+        if not callable(getattr(compaction, method, None)):
+            raise ConfigError(
+                "compaction must be True, a strategy name or a CompactionStrategy; "
+                f"{type(compaction).__name__} has no {method}()"
+            )
+    return compaction
+
+
+def check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:
+    if not isinstance(direct_if_fits, bool):
+        raise ConfigError("direct_if_fits must be True or False")
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ConfigError(
+            f"direct_share must be a share of the root model's window in (0, 1], not {share!r}"
+        )
+    if direct_if_fits and persistent:
+        raise ConfigError(
+            "direct_if_fits=True cannot be used with persistent=True: a direct answer has no "
+            "REPL, so context_N and history_N would not be kept; use one or the other"
+        )
+
+
+class Callbacks:
+    """Observer for the reference's ``on_subcall_*`` and ``on_iteration_*`` callbacks
+    and the ``verbose`` progress lines."""
+
+    def __init__(
+        self,
+        on_start: Callable[..., Any] | None,
+        on_complete: Callable[..., Any] | None,
+        on_iteration_start: Callable[..., Any] | None,
+        on_iteration_complete: Callable[..., Any] | None,
+        *,
+        verbose: bool,
+    ) -> None:
+        self.on_start = on_start
+        self.on_complete = on_complete
+        self.on_iteration_start = on_iteration_start
+        self.on_iteration_complete = on_iteration_complete
+        self.verbose = verbose
+
+    @hookimpl
+    def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
+        if record.kind == NodeKind.RLM_CALL and self.on_start is not None:
+            self.on_start(record.depth, record.model, record.input_preview[:80])
+        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_start is not None:
+            self.on_iteration_start(record.depth, record.iteration)
+
+    @hookimpl
+    def rlm_node_finished(self, record: NodeRecord, graph: Graph) -> None:
+        if record.kind == NodeKind.RLM_CALL and self.on_complete is not None:
+            self.on_complete(record.depth, record.model, record.duration, record.error)
+        elif record.kind == NodeKind.ROOT_TURN and self.on_iteration_complete is not None:
+            self.on_iteration_complete(record.depth, record.iteration, record.duration)
+        if self.verbose:
+            print(
+                f"[rlm-graph] {record.id:<10} {record.kind.value:<10} depth={record.depth} "
+                f"{record.status.value:<9} {record.duration:7.3f}s {record.output_preview[:60]!r}",
+                file=sys.stderr,
+            )
