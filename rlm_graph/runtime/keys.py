@@ -29,9 +29,33 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 
-__all__ = ["KeyPolicy", "ResolvedKey", "resolve_key"]
+__all__ = ["KeyPolicy", "ResolvedKey", "Secret", "resolve_key"]
 
 logger = logging.getLogger("rlm_graph.providers")
+
+
+class Secret:
+    """A string that never shows itself: its repr and str are ``'<hidden>'``.
+
+    Keeps an API key out of reprs, ``vars()`` dumps and debuggers' variable views; call
+    `reveal` at the one place the value is needed (building a request header).
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "<hidden>"
+
+    __str__ = __repr__
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,146 @@
+"""How a provider retries: the policy, and the waits a server's response headers ask for.
+
+Pure: no trio, no httpx. `rlm_graph.runtime.http` applies it; provider authors get it
+through `rlm_graph.http`.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import re
+import time
+from collections.abc import Mapping
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "RESET_HEADERS",
+    "RETRY_STATUSES",
+    "RetryPolicy",
+    "parse_duration",
+    "parse_retry_after",
+    "retry_delay_from_headers",
+]
+
+RETRY_STATUSES = frozenset({408, 409, 425, 429})
+RESET_HEADERS = (
+    "x-ratelimit-reset-requests",
+    "x-ratelimit-reset-tokens",
+    "x-ratelimit-reset",
+    "ratelimit-reset",
+    "anthropic-ratelimit-requests-reset",
+    "anthropic-ratelimit-tokens-reset",
+    "anthropic-ratelimit-input-tokens-reset",
+    "anthropic-ratelimit-output-tokens-reset",
+)
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+# A reset header above this is an epoch timestamp, not a number of seconds.
+_EPOCH_THRESHOLD = 1_000_000_000
+
+
+class RetryPolicy(BaseModel):
+    """How a provider retries a failed request.
+
+    Attributes:
+        max_attempts: tries in all, the first included (1 means never retry).
+        max_timeouts: attempts in a row that may time out before the call fails (they
+            count towards ``max_attempts`` too); bounds how long a hung server holds a
+            call.
+        backoff_base: seconds before the first retry when the server names no wait;
+            doubled on every further retry.
+        backoff_max: the longest computed backoff, in seconds.
+        max_retry_after: the longest server-requested wait honoured; a server asking for
+            more fails at once with `RateLimited` (better than hanging a run for an hour).
+        jitter: the share of random spread on every wait (0.25: up to 25% more for a
+            server-named wait, 25% less..as named for a computed one).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_attempts: int = Field(10, ge=1)
+    max_timeouts: int = Field(3, ge=1)
+    backoff_base: float = Field(0.5, ge=0)
+    backoff_max: float = Field(8.0, ge=0)
+    max_retry_after: float = Field(120.0, ge=0)
+    jitter: float = Field(0.25, ge=0, le=1)
+
+    def backoff(self, attempt: int) -> float:
+        """The computed wait before retry number ``attempt`` (1 for the first retry)."""
+        base = min(self.backoff_max, self.backoff_base * 2.0 ** (attempt - 1))
+        return base * (1 - self.jitter * random.random())
+
+    def spread(self, wait: float) -> float:
+        """A server-named wait plus jitter, so a fan-out does not retry in one burst."""
+        return wait * (1 + self.jitter * random.random())
+
+
+def parse_duration(value: str) -> float | None:
+    """Seconds in a duration like ``"1s"``, ``"6m0s"``, ``"20ms"`` or ``"2.5"``."""
+    text = value.strip().lower()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    parts = _DURATION.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+
+
+def parse_retry_after(value: str, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` value: a number of seconds or an HTTP date.
+
+    Args:
+        value: the header's value.
+        now: the current wall-clock time (``time.time()`` by default), for dates.
+
+    Returns:
+        The wait in seconds (never negative), or ``None`` when the value is unreadable.
+    """
+    text = value.strip()
+    try:
+        return max(0.0, float(text))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _parse_reset(value: str, now: float) -> float | None:
+    seconds = parse_duration(value)
+    if seconds is not None:
+        return seconds - now if seconds > _EPOCH_THRESHOLD else seconds
+    try:
+        from datetime import datetime
+
+        return max(0.0, datetime.fromisoformat(value.strip()).timestamp() - now)
+    except ValueError:
+        return None
+
+
+def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait a response asks for, in seconds, or ``None`` when it names none.
+
+    Reads ``retry-after-ms``, then ``Retry-After``, then the longest of the rate-limit
+    reset headers (OpenAI's ``x-ratelimit-reset-*`` durations, Anthropic's
+    ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds ``x-ratelimit-reset``).
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    now = time.time() if now is None else now
+    if "retry-after-ms" in lowered:
+        try:
+            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+        except ValueError:
+            pass
+    if "retry-after" in lowered:
+        wait = parse_retry_after(lowered["retry-after"], now)
+        if wait is not None:
+            return wait
+    waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
+    known = [w for w in waits if w is not None]
+    return max(known) if known else None
