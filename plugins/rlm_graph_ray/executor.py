@@ -1,20 +1,24 @@
-"""The ``ray`` batch executor: each completion a Ray task running its own trio loop.
+"""The ``ray`` batch executor: each completion one Ray call to a pool of long-lived
+completion workers (`CompletionWorker` actors, each one trio loop running several
+completions at once).
 
-The driver (the process that called `run_batch`) keeps at most ``concurrency`` tasks in
-flight, reads each item's context before submitting it (workers need not see the
-driver's files), and yields each result as its task finishes (``ray.wait``). Provider
-limits hold cluster-wide: every task's engine gets a `RayLimiter` that asks the batch's
-`ClusterLimits` actor, pinned to the driver's node and shared by the batches of one
-driver (each under its own keys).
+The driver (the process that called `run_batch`) keeps at most ``concurrency``
+completions in flight, spread over the pool (each call to the worker with the fewest in
+flight), reads each item's context before submitting it (workers need not see the
+driver's files), and yields each result as its call finishes (``ray.wait``). Provider
+limits hold cluster-wide: every completion's engine gets a `RayLimiter` that asks the
+batch's `ClusterLimits` actor, pinned to the driver's node and shared by the batches of
+one driver (each under its own keys).
 
-When a worker process or its node dies, the driver releases the dead attempt's slots in
-the actor and submits the item again (up to ``max_retries`` times; the result says how
-many attempts it took). Ray's own task retries are off so that this release always
-happens first.
+When a worker process or its node dies, every completion it was running fails: the
+driver releases each dead attempt's slots in the limits actor, replaces the worker, and
+submits those items again (up to ``max_retries`` times; the result says how many
+attempts it took). Ray's own retries are off so that this release always happens first.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -24,14 +28,18 @@ from typing import Any
 from rlm_graph.errors import ConfigError
 from rlm_graph.executors import BatchError, BatchItem, BatchResult
 
-from .limits_actor import ClusterLimits, RayLimiter
+from .limits_actor import ClusterLimits
+from .pool import CompletionWorker
 
-__all__ = ["RayExecutor", "complete_on_worker"]
+__all__ = ["RayExecutor"]
 
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 
 # The limits actor of each Ray job (driver) this process has run batches in.
 _ACTORS: dict[str, Any] = {}
+# The completion workers of each Ray job: (shape, workers); reused by its next batch of
+# the same shape (a worker is a process: a second or two to start).
+_POOLS: dict[str, tuple[tuple[int, int, float], list[Any]]] = {}
 
 
 def _import_ray() -> Any:
@@ -40,40 +48,6 @@ def _import_ray() -> Any:
     except ImportError:
         raise ConfigError(INSTALL_HINT) from None
     return ray
-
-
-def complete_on_worker(
-    rlm_kwargs: Mapping[str, Any],
-    item: BatchItem,
-    actor: Any,
-    batch: str,
-    attempt: int,
-    keys: Mapping[str, str],
-) -> dict[str, Any]:
-    """The body of one Ray task: answer ``item`` in a trio loop of this worker.
-
-    ``keys`` are the driver's ``*_API_KEY`` variables: providers read their keys from
-    the environment, and a worker on another node has the environment of its node.
-    """
-    import trio
-
-    os.environ.update(keys)
-
-    from rlm_graph import RLM
-    from rlm_graph.executors import complete_item, frozen_heap
-
-    limiter = RayLimiter(actor, batch=batch, owner=_owner(batch, item, attempt))
-
-    async def answer() -> BatchResult:
-        async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
-            return await complete_item(rlm, item, executor="ray", attempts=attempt)
-
-    try:
-        # A worker process holds Ray's heap too: no full collection walks it mid-task.
-        with frozen_heap():
-            return trio.run(answer).model_dump(mode="json")
-    finally:
-        limiter.flush()  # releases the loop had no time to send
 
 
 class RayExecutor:
@@ -153,20 +127,67 @@ class RayExecutor:
         self._connect()
         return self._run(items, dict(rlm_kwargs), concurrency)
 
+    def _pool(self, concurrency: int) -> list[Any]:
+        """This driver's completion workers for ``concurrency`` completions at once.
+
+        One worker per CPU of the cluster (never more than ``concurrency``), each running
+        its share of the completions; each reserves ``task_cpus`` per completion it runs.
+        A pool of another shape (an earlier batch's) is stopped first.
+        """
+        ray = self._ray
+        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        workers = min(concurrency, cpus)
+        per_worker = math.ceil(concurrency / workers)
+        shape = (workers, per_worker, self.task_cpus)
+        job = ray.get_runtime_context().get_job_id()
+        cached = _POOLS.get(job)
+        if cached is not None and cached[0] == shape:
+            return cached[1]
+        if cached is not None:
+            self._stop_pool(job)
+        pool = [self._new_worker(per_worker) for _ in range(workers)]
+        ray.get([w.pid.remote() for w in pool])  # started: the batch's clock is not theirs
+        _POOLS[job] = (shape, pool)
+        return pool
+
+    def _stop_pool(self, job: str) -> None:
+        _, pool = _POOLS.pop(job, ((0, 0, 0.0), []))
+        for worker in pool:
+            self._ray.kill(worker)
+
+    def _new_worker(self, per_worker: int) -> Any:
+        """A `CompletionWorker` actor running up to ``per_worker`` completions at once.
+
+        No restarts and no retries by Ray: the driver releases a dead attempt's slots
+        before it runs the item again, on a new worker.
+        """
+        return self._ray.remote(CompletionWorker).options(
+            num_cpus=self.task_cpus * per_worker, max_concurrency=per_worker,
+            max_restarts=0, max_task_retries=0,
+        ).remote()
+
     def _run(
         self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int
     ) -> Iterator[BatchResult]:
         ray = self._ray
         actor = self._limits_actor()
+        pool = self._pool(concurrency)
+        job = ray.get_runtime_context().get_job_id()
         batch = uuid.uuid4().hex[:12]
-        task = ray.remote(complete_on_worker).options(num_cpus=self.task_cpus, max_retries=0)
         shared_kwargs = ray.put(rlm_kwargs)
         # An argument in the object store, not the job's runtime_env (the dashboard shows it).
         keys = ray.put(_driver_keys() if self.forward_keys else {})
-        pending: dict[Any, tuple[BatchItem, int]] = {}
+        per_worker = math.ceil(concurrency / len(pool))
+        # ref -> item, attempt, the worker's place in the pool and the worker itself
+        pending: dict[Any, tuple[BatchItem, int, int, Any]] = {}
+        load = [0] * len(pool)
 
         def submit(item: BatchItem, attempt: int) -> None:
-            pending[task.remote(shared_kwargs, item, actor, batch, attempt, keys)] = (item, attempt)
+            index = min(range(len(pool)), key=load.__getitem__)
+            worker = pool[index]
+            ref = worker.complete.remote(shared_kwargs, item, actor, batch, attempt, keys)
+            pending[ref] = (item, attempt, index, worker)
+            load[index] += 1
 
         def fill() -> None:
             while len(pending) < concurrency:
@@ -189,35 +210,41 @@ class RayExecutor:
                     continue
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
-                    item, attempt = pending.pop(ref)
-                    result = self._outcome(ref, item, attempt, actor, batch, submit)
-                    if result is not None:
+                    item, attempt, index, worker = pending.pop(ref)
+                    load[index] -= 1
+                    result, died = self._outcome(ref, item, attempt, actor, batch)
+                    if died and pool[index] is worker:  # the first of its calls to fail
+                        ray.kill(worker)
+                        pool[index] = self._new_worker(per_worker)
+                    if result is None:
+                        submit(item, attempt + 1)
+                    else:
                         yield result
                 fill()
         finally:
-            for ref in pending:
-                ray.cancel(ref, force=True)
+            if pending:  # stopped early: the running completions cannot be interrupted
+                self._stop_pool(job)
             actor.forget_batch.remote(batch)
 
     def _outcome(
-        self, ref: Any, item: BatchItem, attempt: int, actor: Any, batch: str, submit: Any
-    ) -> BatchResult | None:
-        """The result of a finished task; None when its item was submitted again."""
+        self, ref: Any, item: BatchItem, attempt: int, actor: Any, batch: str
+    ) -> tuple[BatchResult | None, bool]:
+        """The result of a finished call (None: run its item again), and whether its
+        worker died."""
         ray = self._ray
         exceptions = ray.exceptions
         try:
-            return BatchResult(**ray.get(ref))
-        except (exceptions.WorkerCrashedError, exceptions.NodeDiedError, exceptions.ObjectLostError,
-                exceptions.OwnerDiedError) as exc:
+            return BatchResult(**ray.get(ref)), False
+        except (exceptions.RayActorError, exceptions.WorkerCrashedError, exceptions.NodeDiedError,
+                exceptions.ObjectLostError, exceptions.OwnerDiedError) as exc:
             # The worker died mid-completion: free its slots, then run the item again.
             ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
             if attempt <= self.max_retries:
-                submit(item, attempt + 1)
-                return None
-            return _failed(item, exc, attempt)
-        except exceptions.RayError as exc:  # the task itself could not run (a bug, a bad pickle)
+                return None, True
+            return _failed(item, exc, attempt), True
+        except exceptions.RayError as exc:  # the call itself could not run (a bug, a bad pickle)
             ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
-            return _failed(item, exc, attempt)
+            return _failed(item, exc, attempt), False
 
 
 def _driver_keys() -> dict[str, str]:
