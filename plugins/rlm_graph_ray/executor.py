@@ -18,6 +18,7 @@ attempts it took). Ray's own retries are off so that this release always happens
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -161,8 +162,9 @@ class RayExecutor:
         No restarts and no retries by Ray: the driver releases a dead attempt's slots
         before it runs the item again, on a new worker.
         """
+        # Two threads more than completions: the limits actor's recalls never wait.
         return self._ray.remote(CompletionWorker).options(
-            num_cpus=self.task_cpus * per_worker, max_concurrency=per_worker,
+            num_cpus=self.task_cpus * per_worker, max_concurrency=per_worker + 2,
             max_restarts=0, max_task_retries=0,
         ).remote()
 
@@ -181,11 +183,15 @@ class RayExecutor:
         # ref -> item, attempt, the worker's place in the pool and the worker itself
         pending: dict[Any, tuple[BatchItem, int, int, Any]] = {}
         load = [0] * len(pool)
+        # Each worker's slots of this batch are held under a name of its own (a new one
+        # for a worker that replaces a dead one).
+        names = itertools.count()
+        holders = [f"{batch}/worker-{next(names)}" for _ in pool]
 
         def submit(item: BatchItem, attempt: int) -> None:
             index = min(range(len(pool)), key=load.__getitem__)
             worker = pool[index]
-            ref = worker.complete.remote(shared_kwargs, item, actor, batch, attempt, keys)
+            ref = worker.complete.remote(shared_kwargs, item, actor, batch, attempt, keys, holders[index])
             pending[ref] = (item, attempt, index, worker)
             load[index] += 1
 
@@ -212,10 +218,11 @@ class RayExecutor:
                 for ref in ready:
                     item, attempt, index, worker = pending.pop(ref)
                     load[index] -= 1
-                    result, died = self._outcome(ref, item, attempt, actor, batch)
+                    result, died = self._outcome(ref, item, attempt, actor, holders[index])
                     if died and pool[index] is worker:  # the first of its calls to fail
                         ray.kill(worker)
                         pool[index] = self._new_worker(per_worker)
+                        holders[index] = f"{batch}/worker-{next(names)}"
                     if result is None:
                         submit(item, attempt + 1)
                     else:
@@ -224,13 +231,16 @@ class RayExecutor:
         finally:
             if pending:  # stopped early: the running completions cannot be interrupted
                 self._stop_pool(job)
+            else:
+                for worker, holder in zip(pool, holders):
+                    worker.forget.remote(holder)
             actor.forget_batch.remote(batch)
 
     def _outcome(
-        self, ref: Any, item: BatchItem, attempt: int, actor: Any, batch: str
+        self, ref: Any, item: BatchItem, attempt: int, actor: Any, holder: str
     ) -> tuple[BatchResult | None, bool]:
         """The result of a finished call (None: run its item again), and whether its
-        worker died."""
+        worker died (then every slot held as ``holder`` is released first)."""
         ray = self._ray
         exceptions = ray.exceptions
         try:
@@ -238,21 +248,17 @@ class RayExecutor:
         except (exceptions.RayActorError, exceptions.WorkerCrashedError, exceptions.NodeDiedError,
                 exceptions.ObjectLostError, exceptions.OwnerDiedError) as exc:
             # The worker died mid-completion: free its slots, then run the item again.
-            ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
+            ray.get(actor.release_owner.remote(holder))
             if attempt <= self.max_retries:
                 return None, True
             return _failed(item, exc, attempt), True
         except exceptions.RayError as exc:  # the call itself could not run (a bug, a bad pickle)
-            ray.get(actor.release_owner.remote(_owner(batch, item, attempt)))
+            # The worker lives on (its limiter gave back what the call held): nothing to free.
             return _failed(item, exc, attempt), False
 
 
 def _driver_keys() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value}
-
-
-def _owner(batch: str, item: BatchItem, attempt: int) -> str:
-    return f"{batch}/{item.id}#{attempt}"
 
 
 def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:

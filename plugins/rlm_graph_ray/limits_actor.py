@@ -31,13 +31,15 @@ __all__ = ["ClusterLimits", "RayLimiter", "wait_ref"]
 
 
 class _Gate:
-    __slots__ = ("capacity", "holders", "peak", "waiters")
+    __slots__ = ("capacity", "holders", "peak", "recalled", "waiters")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.holders: dict[str, str] = {}  # ticket -> owner
         self.waiters: deque[tuple[str, str, asyncio.Future[None]]] = deque()
         self.peak = 0
+        # Owners asked to give back their idle slots since they last asked for one.
+        self.recalled: set[str] = set()
 
 
 class _Bucket:
@@ -69,6 +71,11 @@ class ClusterLimits:
         self._tickets: dict[str, str] = {}  # ticket -> key, held or waiting
         # Released before its acquire ran (a caller cancelled at once): never grant it.
         self._released_early: set[str] = set()
+        # Owners that keep released slots for their next request (a worker's shared
+        # `RayLimiter`), and the handle that gives them back on request (``recall``).
+        self._keepers: dict[str, Any] = {}
+        # Orders the "someone waits" news a keeper gets (answers and recalls may cross).
+        self._news = itertools.count(1)
 
     def _enqueue(self, gate: _Gate, key: str, owner: str, ticket: str) -> None:
         """Hold ``ticket`` at once if a slot is free and nobody waits, else queue it."""
@@ -83,6 +90,16 @@ class ClusterLimits:
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         gate.waiters.append((ticket, owner, future))
+        self._recall_idle(gate, key, owner)
+
+    def _recall_idle(self, gate: _Gate, key: str, asker: str) -> None:
+        """Someone waits for ``key``: ask every other keeper holding its slots to give back
+        those it is not using (once until that keeper asks again)."""
+        for holder in set(gate.holders.values()) - gate.recalled - {asker}:
+            keeper = self._keepers.get(holder)
+            if keeper is not None:
+                gate.recalled.add(holder)
+                keeper.recall.remote(holder, key, next(self._news))
 
     async def acquire_many(
         self, key: str, capacity: int, owner: str, tickets: list[str]
@@ -107,6 +124,26 @@ class ClusterLimits:
         if waiting:
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         return [t for t in tickets if t in gate.holders]
+
+    async def acquire_kept(
+        self, key: str, capacity: int, owner: str, tickets: list[str], keeper: Any
+    ) -> tuple[list[str], bool, int]:
+        """`acquire_many` for an owner that keeps released slots for later (``keeper``,
+        asked to ``recall(owner, key, news)`` them when someone else waits); with the
+        granted tickets, whether anyone waits for ``key`` now (then the owner gives slots
+        back as soon as it is done with them), and the news number of that answer.
+
+        News numbers grow with time: a keeper acts on an answer or a recall only if it is
+        newer than the last it acted on, so a late "nobody waits" never undoes a recall.
+        An owner told "nobody waits" is recalled again by the next waiter.
+        """
+        self._keepers[owner] = keeper
+        held = await self.acquire_many(key, capacity, owner, tickets)
+        gate = self._gates[key]
+        contended = bool(gate.waiters)
+        if not contended:
+            gate.recalled.discard(owner)
+        return held, contended, next(self._news)
 
     async def acquire(self, key: str, capacity: int, owner: str, ticket: str) -> None:
         """Wait for a slot of ``key`` and hold it as ``ticket`` (one-ticket `acquire_many`);
@@ -186,6 +223,8 @@ class ClusterLimits:
         for ticket in [t for t in self._tickets if t.startswith(owned)]:
             del self._tickets[ticket]
         self._released_early = {t for t in self._released_early if not t.startswith(owned)}
+        for owner in [o for o in self._keepers if o.startswith(owned)]:
+            del self._keepers[owner]
 
     async def statistics(self) -> dict[str, dict[str, int]]:
         """Per key: capacity, slots held now, the peak held, waiters (for tests and debugging)."""
@@ -198,12 +237,13 @@ class ClusterLimits:
 class _Want:
     """One request of this completion for a slot, as the client side sees it."""
 
-    __slots__ = ("asked", "error", "event", "granted")
+    __slots__ = ("asked", "error", "event", "granted", "ticket")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.asked = False  # in an acquire_many now in flight
         self.granted = False
+        self.ticket: str | None = None  # the ticket granted: its own, or one handed over
         self.error: BaseException | None = None
 
 
@@ -217,7 +257,7 @@ class _RayGate:
 
     async def __aexit__(self, *exc: object) -> None:
         if self._ticket is not None:
-            self._limiter.release(self._ticket)
+            self._limiter.release(self._ticket, self._key)
             self._ticket = None
 
 
@@ -241,21 +281,36 @@ class RayLimiter:
     what it spends its time on. Both are sent from trio's ``run_sync_soon`` queue, after
     every task that was ready has run; `flush` sends what is left when the completion ends.
 
+    With a ``keeper`` (one limiter shared by every completion of a batch in one worker
+    process), a released slot is not sent back: it goes to the oldest request of this
+    process still waiting, else it stays held here, idle, and the next request takes it
+    with no message at all. The actor still counts it as held, so the cluster-wide limit
+    is never passed; when someone else waits for the key, the actor asks the keeper to
+    `recall` the idle ones, and until this process's next grant finds nobody waiting,
+    releases go straight back.
+
     Args:
         actor: the `ClusterLimits` actor handle.
         batch: the batch's id: its provider keys in the actor are ``<batch>:<key>``.
-        owner: this attempt of this item (``"<batch>/<item id>#<attempt>"``); its tickets
-            are released together if the worker dies.
+        owner: who holds the tickets (one attempt of one item, ``"<batch>/<item
+            id>#<attempt>"``, or one worker process's share of a batch); they are released
+            together if the worker dies.
+        keeper: the actor handle of the worker process that runs this limiter (its
+            ``recall(owner, key)`` calls `recall`); None: every release is sent back.
     """
 
-    def __init__(self, actor: Any, *, batch: str, owner: str) -> None:
+    def __init__(self, actor: Any, *, batch: str, owner: str, keeper: Any = None) -> None:
         self.actor = actor
         self.batch = batch
         self.owner = owner
+        self.keeper = keeper
         self._counter = itertools.count(1)
         self._wants: dict[str, dict[str, _Want]] = {}  # key -> ticket -> want, in order
         self._asking: set[str] = set()  # keys with a send scheduled
         self._releases: list[str] = []
+        self._idle: dict[str, list[str]] = {}  # key -> held here, used by nobody (keeper only)
+        self._contended: set[str] = set()  # keys someone else waits for: send releases back
+        self._news: dict[str, int] = {}  # key -> the newest news acted on (see acquire_kept)
 
     def gate(self, key: str, capacity: int) -> _RayGate:
         return _RayGate(self, f"{self.batch}:{key}", capacity)
@@ -265,6 +320,9 @@ class RayLimiter:
 
     async def acquire(self, key: str, capacity: int) -> str:
         """Wait for a slot of ``key``; the ticket that holds it."""
+        idle = self._idle.get(key)
+        if idle:
+            return idle.pop()
         ticket = f"{self.owner}/{next(self._counter)}"
         want = _Want()
         self._wants.setdefault(key, {})[ticket] = want
@@ -273,15 +331,53 @@ class RayLimiter:
             await want.event.wait()
         except BaseException:
             # Cancelled while queued (or while the grant was on its way): give it back.
-            self._wants.get(key, {}).pop(ticket, None)
-            self.release(ticket)
+            if want.granted and want.ticket is not None:
+                self.release(want.ticket, key)
+            else:
+                self._wants.get(key, {}).pop(ticket, None)
+                self._send_release(ticket)
             raise
         if want.error is not None:
             raise want.error
-        return ticket
+        assert want.ticket is not None  # set with granted
+        return want.ticket
 
-    def release(self, ticket: str) -> None:
-        """Give a slot back (or leave the queue); sent with the other releases of this moment."""
+    def release(self, ticket: str, key: str | None = None) -> None:
+        """Give a slot of ``key`` back (or leave the queue): to a request of this process
+        that waits, else kept idle (with a keeper and nobody else waiting), else sent
+        with the other releases of this moment."""
+        if self.keeper is None or key is None:
+            self._send_release(ticket)
+            return
+        wants = self._wants.get(key)
+        if wants:
+            own, want = next(iter(wants.items()))
+            del wants[own]
+            want.granted, want.ticket = True, ticket
+            want.event.set()
+            self._send_release(own)  # its own place in the actor's line
+        elif key in self._contended:
+            self._send_release(ticket)
+        else:
+            self._idle.setdefault(key, []).append(ticket)
+
+    def recall(self, key: str, news: int) -> None:
+        """Someone else waits for ``key``: send back the idle slots, and from now on
+        every slot as soon as it is released (until a newer grant finds nobody waiting)."""
+        self._hear(key, contended=True, news=news)
+
+    def _hear(self, key: str, *, contended: bool, news: int) -> None:
+        if news <= self._news.get(key, 0):
+            return  # older than what this limiter acted on already
+        self._news[key] = news
+        if not contended:
+            self._contended.discard(key)
+            return
+        self._contended.add(key)
+        for ticket in self._idle.pop(key, []):
+            self._send_release(ticket)
+
+    def _send_release(self, ticket: str) -> None:
         if not self._releases:
             trio.lowlevel.current_trio_token().run_sync_soon(self.flush)
         self._releases.append(ticket)
@@ -307,7 +403,10 @@ class RayLimiter:
         for ticket in tickets:
             wants[ticket].asked = True
         token = trio.lowlevel.current_trio_token()
-        future = self.actor.acquire_many.remote(key, capacity, self.owner, tickets).future()
+        if self.keeper is None:
+            future = self.actor.acquire_many.remote(key, capacity, self.owner, tickets).future()
+        else:
+            future = self.actor.acquire_kept.remote(key, capacity, self.owner, tickets, self.keeper).future()
 
         def arrived(done: Any) -> None:
             try:
@@ -321,7 +420,7 @@ class RayLimiter:
         """An ``acquire_many`` came back: wake the granted, ask again for the rest."""
         wants = self._wants.get(key, {})
         try:
-            granted = set(done.result())
+            answer = done.result()
         except Exception as exc:  # the actor died: every waiter of this call fails
             for ticket in tickets:
                 want = wants.pop(ticket, None)
@@ -329,13 +428,18 @@ class RayLimiter:
                     want.error = exc
                     want.event.set()
             return
+        if self.keeper is None:
+            granted = set(answer)
+        else:
+            granted = set(answer[0])
+            self._hear(key, contended=answer[1], news=answer[2])
         for ticket in tickets:
             want = wants.get(ticket)
             if want is None:
-                continue  # cancelled meanwhile; its release is on its way
+                continue  # cancelled or served meanwhile; its release is on its way
             if ticket in granted:
                 del wants[ticket]
-                want.granted = True
+                want.granted, want.ticket = True, ticket
                 want.event.set()
             else:
                 want.asked = False

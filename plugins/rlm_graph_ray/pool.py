@@ -9,11 +9,16 @@ thread pool (``max_concurrency`` = the completions it runs at once): each call h
 completion to the loop (`trio.from_thread.run`) and returns the result, so every
 completion is still one Ray call whose result the driver waits on by itself.
 
+The completions of one batch in one worker share one `RayLimiter` (owner: the worker's
+``holder`` name for that batch, chosen by the driver) that keeps released slots for the
+next request of the process (see `RayLimiter`): in a steady batch most model calls pass
+the cluster-wide gate with no message to the limits actor.
+
 Invariants:
     - One loop per worker process, started before the first call returns; a call never
       runs outside it.
-    - A completion's limiter is its own (`RayLimiter` with the attempt as owner), so a
-      dead worker's slots are released attempt by attempt, exactly as for tasks.
+    - Every slot a worker holds is held under its ``holder`` name, so when the worker
+      dies the driver releases all of them with one ``release_owner(holder)``.
 """
 
 from __future__ import annotations
@@ -46,10 +51,23 @@ class CompletionWorker:
 
         threading.Thread(target=trio.run, args=(serve,), name="rlm-graph-trio", daemon=True).start()
         started.wait()
+        self._limiters: dict[str, RayLimiter] = {}  # holder -> its batch's limiter here
 
     def pid(self) -> int:
         """This worker's process id (ready check; tests kill it by this)."""
         return os.getpid()
+
+    def recall(self, holder: str, key: str, news: int) -> None:
+        """Called by the limits actor when someone else waits for ``key``: give back the
+        idle slots ``holder`` keeps (``news`` orders this against grants)."""
+        limiter = self._limiters.get(holder)
+        if limiter is not None:
+            trio.from_thread.run_sync(limiter.recall, key, news, trio_token=self._token)
+
+    def forget(self, holder: str) -> None:
+        """Called when ``holder``'s batch has ended: drop its limiter (the actor forgets
+        the batch's slots itself)."""
+        self._limiters.pop(holder, None)
 
     def complete(
         self,
@@ -59,17 +77,27 @@ class CompletionWorker:
         batch: str,
         attempt: int,
         keys: Mapping[str, str],
+        holder: str,
     ) -> dict[str, Any]:
         """Answer ``item`` in this worker's trio loop (called from one of Ray's threads).
 
         ``keys`` are the driver's ``*_API_KEY`` variables: providers read their keys from
         the environment, and a worker on another node has the environment of its node.
+        ``holder`` names this worker's slots of this batch.
         """
+        import ray
+
         from rlm_graph import RLM
         from rlm_graph.executors import complete_item, frozen_heap
 
         os.environ.update(keys)
-        limiter = RayLimiter(actor, batch=batch, owner=f"{batch}/{item.id}#{attempt}")
+        limiter = self._limiters.get(holder)
+        if limiter is None:
+            keeper = ray.get_runtime_context().current_actor
+            # setdefault: two first calls at once end up with the same one.
+            limiter = self._limiters.setdefault(
+                holder, RayLimiter(actor, batch=batch, owner=holder, keeper=keeper)
+            )
 
         async def answer() -> BatchResult:
             try:
