@@ -1,6 +1,7 @@
-"""The ``ray`` batch executor: each completion of a batch a Ray task, provider limits
-held cluster-wide by one Ray actor. Ray is optional (``pip install 'rlm-graph[ray]'``):
-this module imports without it, and asking for the executor without it says so.
+"""The ``ray`` batch executor: each completion of a batch a call to a long-lived Ray
+worker, provider limits held cluster-wide by one Ray actor. Ray is optional
+(``pip install 'rlm-graph[ray]'``): this module imports without it, and asking for the
+executor without it says so.
 """
 
 from __future__ import annotations

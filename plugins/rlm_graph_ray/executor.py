@@ -39,7 +39,8 @@ INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 # The limits actor of each Ray job (driver) this process has run batches in.
 _ACTORS: dict[str, Any] = {}
 # The completion workers of each Ray job: (shape, workers); reused by its next batch of
-# the same shape (a worker is a process: a second or two to start).
+# the same shape (a worker is a process: a second or two to start). They keep their CPUs
+# reserved while the driver lives.
 _POOLS: dict[str, tuple[tuple[int, int, float], list[Any]]] = {}
 
 
@@ -52,13 +53,14 @@ def _import_ray() -> Any:
 
 
 class RayExecutor:
-    """Run a batch's completions as Ray tasks, with provider limits held cluster-wide.
+    """Run a batch's completions on Ray workers, with provider limits held cluster-wide.
 
     Args:
         address: the cluster to join (``"auto"``, ``"ray://head:10001"``); default: the
             one this process is already connected to, else a new local one.
         task_cpus: CPUs Ray reserves per running completion (default 0.25: a completion
-            mostly waits on its provider, so a node runs 4 per CPU).
+            mostly waits on its provider, so a node runs 4 per CPU), at most one CPU per
+            completion worker.
         max_retries: how many times an item is run again after its worker died.
         init_kwargs: more keywords for ``ray.init`` (``runtime_env``...).
         forward_keys: set the driver's ``*_API_KEY`` environment variables in the
@@ -132,14 +134,15 @@ class RayExecutor:
         """This driver's completion workers for ``concurrency`` completions at once.
 
         One worker per CPU of the cluster (never more than ``concurrency``), each running
-        its share of the completions; each reserves ``task_cpus`` per completion it runs.
-        A pool of another shape (an earlier batch's) is stopped first.
+        its share of the completions; each reserves ``task_cpus`` per completion it runs,
+        at most one CPU (a share of 64 completions on a 2-CPU node still fits it). A pool
+        of another shape (an earlier batch's) is stopped first.
         """
         ray = self._ray
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
         workers = min(concurrency, cpus)
         per_worker = math.ceil(concurrency / workers)
-        shape = (workers, per_worker, self.task_cpus)
+        shape = (workers, per_worker, self._worker_cpus(per_worker))
         job = ray.get_runtime_context().get_job_id()
         cached = _POOLS.get(job)
         if cached is not None and cached[0] == shape:
@@ -156,6 +159,9 @@ class RayExecutor:
         for worker in pool:
             self._ray.kill(worker)
 
+    def _worker_cpus(self, per_worker: int) -> float:
+        return min(1.0, self.task_cpus * per_worker)
+
     def _new_worker(self, per_worker: int) -> Any:
         """A `CompletionWorker` actor running up to ``per_worker`` completions at once.
 
@@ -164,7 +170,7 @@ class RayExecutor:
         """
         # Two threads more than completions: the limits actor's recalls never wait.
         return self._ray.remote(CompletionWorker).options(
-            num_cpus=self.task_cpus * per_worker, max_concurrency=per_worker + 2,
+            num_cpus=self._worker_cpus(per_worker), max_concurrency=per_worker + 2,
             max_restarts=0, max_task_retries=0,
         ).remote()
 

@@ -5,10 +5,12 @@ holders, a FIFO of waiters) and request/token buckets on the actor's clock. Ever
 completion of the batch, in whatever worker process or machine, asks this one actor, so
 ``max_concurrent``, RPM and TPM hold for the whole cluster.
 
-`RayLimiter` is the `SharedLimiter` a completion's engine is given inside its Ray task:
-each gate entry is a ticket ``<owner>/<n>``, where the owner names one attempt of one
-item. When a worker dies holding tickets, the driver calls ``release_owner`` for that
-attempt before retrying the item, so a dead worker never keeps a slot.
+`RayLimiter` is the `SharedLimiter` the engines of a batch's completions are given in a
+worker process: each gate entry is a ticket ``<owner>/<n>``, where the owner names one
+worker's share of one batch (or one attempt of one item). When a worker dies holding
+tickets, the driver calls ``release_owner`` for it before retrying its items, so a dead
+worker never keeps a slot. A worker keeps released slots for its next calls until the
+actor recalls them for someone else (see `RayLimiter.recall`).
 
 Invariants (actor side): a ticket is held or waiting, never both; ``in_use`` never
 passes a key's capacity; releasing an unknown ticket is a no-op (a retry may race it).

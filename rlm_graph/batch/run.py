@@ -1,9 +1,9 @@
 """`run_batch`: many completions, by an executor plugin, results as they finish.
 
 An executor (hook ``rlm_register_executors``) decides where completions run: ``local``
-(one trio loop in this process) or ``ray`` (a Ray task per completion). Whatever it is,
-provider limits hold across all of its completions: it gives every engine it builds one
-`SharedLimiter` (see `rlm_graph.runtime.limiters`).
+(one trio loop in this process) or ``ray`` (completions spread over long-lived Ray
+workers). Whatever it is, provider limits hold across all of its completions: it gives
+every engine it builds one `SharedLimiter` (see `rlm_graph.runtime.limiters`).
 """
 
 from __future__ import annotations
