@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"Peak sub-calls in flight: {peak_concurrency(graph, NodeKind.LLM_CALL)}")
     for model, usage in result.usage_summary.model_usage_summaries.items():
         print(
-            f"Model {model}: {usage.total_calls} calls, {usage.total_input_tokens:,} input "
+            f"Model {model}: {usage.total_calls} call{'' if usage.total_calls == 1 else 's'}, "
+            f"{usage.total_input_tokens:,} input "
             f"and {usage.total_output_tokens:,} output tokens"
         )
     print(f"Makespan: {makespan(graph):.3f} s (wall clock {result.execution_time:.3f} s)")

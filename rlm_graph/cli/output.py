@@ -128,7 +128,7 @@ class Output:
 def _usage_line(summary: Any, elapsed: float) -> str:
     cost = summary.total_cost
     return (
-        f"[{summary.total_calls} calls, {summary.total_input_tokens:,} input and "
+        f"[{summary.total_calls} call{'' if summary.total_calls == 1 else 's'}, {summary.total_input_tokens:,} input and "
         f"{summary.total_output_tokens:,} output tokens"
         + (f", ${cost:.4f}" if cost is not None else "")
         + f", {elapsed:.1f} s]"

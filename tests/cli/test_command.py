@@ -157,7 +157,7 @@ def test_a_context_length_error_says_what_to_do_and_keeps_the_partial_answer(
     assert text.stdout.strip() == "half of the answer"
     lines = without_progress(text.stderr).strip().splitlines()
     assert lines[0] == "[stopped by provider_error; partial answer]"
-    assert lines[1].startswith("[1 calls, ")  # the refused call used nothing
+    assert lines[1].startswith("[1 call, ")  # the refused call used nothing
     assert "context window" in lines[2] and "--context-window" in lines[2] and len(lines) == 3
     assert as_json["answer"] == "half of the answer" and as_json["exit_code"] == 4
     assert as_json["stop_reason"] == "provider_error"
