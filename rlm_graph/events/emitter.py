@@ -49,7 +49,9 @@ class EventEmitter:
         clock: the run's clock in seconds (trio's, in the runtime).
     """
 
-    __slots__ = ("_budget", "_clock", "_limits", "_listeners", "_seq", "_start", "_warned", "run_id")
+    __slots__ = (
+        "_budget", "_clock", "_finished", "_limits", "_listeners", "_seq", "_start", "_warned", "run_id",
+    )
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class EventEmitter:
         self._start = clock()
         self._seq = 0
         self._warned: set[str] = set()
+        self._finished = False
 
     @property
     def active(self) -> bool:
@@ -98,7 +101,7 @@ class EventEmitter:
             batch_index=record.batch_index,
             input_preview=record.input_preview,
         )
-        self._check_limits()
+        self.check_limits()
 
     def node_finished(self, record: NodeRecord, parent_id: str | None) -> None:
         self._send(
@@ -118,7 +121,7 @@ class EventEmitter:
             error=record.error,
             error_type=record.error_type,
         )
-        self._check_limits()
+        self.check_limits()
 
     def run_finished(
         self,
@@ -128,6 +131,7 @@ class EventEmitter:
         stop_reason: str | None = None,
         error: BaseException | None = None,
     ) -> None:
+        self._finished = True
         self._send(
             RunFinished,
             nodes=nodes,
@@ -138,7 +142,12 @@ class EventEmitter:
             result=result,
         )
 
-    def _check_limits(self) -> None:
+    def check_limits(self) -> None:
+        """Send a ``limit_warning`` for each limit now past `WARN_AT` of its maximum (once
+        per limit): called as nodes start and end, and by the run's timer for time.
+        Nothing once the run has finished (``run_finished`` stays the last event)."""
+        if self._finished:
+            return
         limits, budget = self._limits, self._budget
         if limits.max_tokens is not None:
             self._warn("max_tokens", budget.input_tokens + budget.output_tokens, limits.max_tokens)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import trio
 
-from ..events import EventEmitter, Listener
+from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
 from ..limits import Budget, Limits
@@ -78,6 +78,7 @@ class Run:
         self.spend = BudgetGate(self.budget)
         self._redact = redact
         self.scope = trio.CancelScope()
+        self._time_warning = trio.CancelScope()
         self.stop_reason: str | None = None
         self.leaked_threads = 0  # threads of stopped blocks still running (environments say)
         self._counters: Counter[str] = Counter()
@@ -181,12 +182,23 @@ class Run:
                 record.status = NodeStatus.CANCELLED
 
     def run_started(self, operation: Literal["completion", "workflow"]) -> None:
-        """Announce the run (call once, before its first node)."""
+        """Announce the run (call once, before its first node). With ``max_timeout`` and
+        someone listening, a timer sends the time's ``limit_warning`` when it is due,
+        even if no node starts or ends then (one long call)."""
         self.events.run_started(operation)
+        if self._observed and self.limits.max_timeout is not None:
+            due = trio.current_time() + WARN_AT * self.limits.max_timeout
+            trio.lowlevel.spawn_system_task(self._warn_on_time, due, name="rlm_graph.time_warning")
+
+    async def _warn_on_time(self, due: float) -> None:
+        with self._time_warning:
+            await trio.sleep_until(due)
+            self.events.check_limits()
 
     def run_finished(self, result: Any = None, *, error: BaseException | None = None) -> None:
         """Announce the end of the run: its ``result``, and the ``error`` it raised if it
         did (a provider error's partial result is still a result)."""
+        self._time_warning.cancel()
         self.events.run_finished(
             nodes=len(self.graph),
             result=result,

@@ -194,6 +194,37 @@ async def test_limit_warnings_come_once_at_80_percent_of_tokens() -> None:
     assert any(isinstance(e, NodeFinished) and e.seq > warnings[0].seq for e in events)
 
 
+async def test_the_time_warning_comes_at_80_percent_during_one_long_call(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # No node starts or ends between 0 s and the 10 s limit: a timer sends the warning.
+    wf = Workflow()
+    wf.llm("a question that takes 100 s", id="slow")
+    engine = Engine("scripted", {"latency": 100.0}, max_timeout=10, on_limit="return")
+    async with engine.astream(wf) as stream:
+        events = [event async for event in stream]
+    warnings = [e for e in events if isinstance(e, LimitWarning)]
+    assert [(w.limit, w.used, w.maximum) for w in warnings] == [("max_timeout", 8.0, 10)]
+    finished = [e for e in events if isinstance(e, NodeFinished)]
+    assert [(e.node_id, e.status) for e in finished] == [("slow", "cancelled")]
+    assert warnings[0].seq < finished[0].seq
+    assert isinstance(events[-1], RunFinished) and events[-1].stop_reason == "max_timeout"
+
+
+async def test_no_time_warning_after_a_run_that_ended_early(autojump_clock: trio.testing.MockClock) -> None:
+    wf = Workflow()
+    wf.llm("quick", id="quick")
+    engine = Engine("scripted", {"latency": 1.0}, max_timeout=10)
+    before = trio.lowlevel.current_statistics().tasks_living
+    async with engine.astream(wf) as stream:
+        events = [event async for event in stream]
+    await trio.testing.wait_all_tasks_blocked()
+    # The timer set for 8 s ended with the run: no task left to warn after run_finished.
+    assert trio.lowlevel.current_statistics().tasks_living == before
+    assert not [e for e in events if isinstance(e, LimitWarning)]
+    assert isinstance(events[-1], RunFinished)
+
+
 def test_engine_streams_a_workflow() -> None:
     wf = Workflow()
     a = wf.function(lambda: 1, id="a")
