@@ -38,7 +38,7 @@ import os
 import pickle
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
 __all__ = [
-    "CHUNK_NODES", "SCHEMA_VERSION",
+    "CHUNK_NODES", "COUNTED_KINDS", "SCHEMA_VERSION",
     "JournalStore", "RunRow", "StoredNode", "encode_nodes", "is_tool_call", "restore", "retimed",
 ]
 
@@ -94,8 +94,11 @@ _record_fields = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all of t
 #         counted)
 _FIELDS, _KIND, _STATUS, _USAGE, _HASH, _SEQ, _OUTPUT, _AFTER, _PARENT, _VALUE, _COUNTED = range(11)
 
-_COUNTED_KINDS = frozenset({"root_turn", "llm_call", "rlm_call", "compaction", "function"})
-"""Kinds whose rows count as the run's nodes (and costs) in `JournalStore.runs`."""
+COUNTED_KINDS = frozenset(
+    {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION}
+)
+"""Kinds whose nodes count as a run's nodes (and costs): in `JournalStore.runs` and in a
+replay's counts. A str enum: a kind's text (``"llm_call"``) is found in it too."""
 
 _UNFINISHED = frozenset({"pending", "running"})
 
@@ -112,13 +115,13 @@ def encode_nodes(
     values: Sequence[str | None],
     incoming: Mapping[str, Mapping[str, Mapping[str, Any]]],
     now: float,
-    redact: Any = None,
+    redact: Callable[[str], str] | None = None,
 ) -> list[tuple[int, bytes]]:
     """Chunks ``(first seq, pickled rows)`` of finished nodes: ``records[i]`` with its
     request hash ``requests[i]`` and ``values[i]``, numbered from ``seq + 1``.
 
     ``incoming`` maps a node id to its edges (source -> ``{"kind"}``: `Graph.incoming`);
-    ``now`` stands in for a missing end time; ``redact`` (a ``str -> str``) scrubs known
+    ``now`` stands in for a missing end time; ``redact`` scrubs known
     secrets out of values. A journaled tool call (``<block>/tool-n``) and a node's second
     model call (``id#n``) are rows but are not counted as nodes. The output preview is
     None when it equals the value, which it does for every reply short enough to preview
@@ -157,7 +160,7 @@ def encode_nodes(
         rows.append((
             fields, kind, status, None if usage is None else usage.__dict__, request, seq,
             None if out == value else out, after, parent, value,
-            kind in _COUNTED_KINDS and "#" not in node_id and (kind != "function" or not is_tool_call(node_id)),
+            kind in COUNTED_KINDS and "#" not in node_id and (kind != "function" or not is_tool_call(node_id)),
         ))
         if len(rows) == CHUNK_NODES:
             chunks.append(_pack(rows))

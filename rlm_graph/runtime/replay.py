@@ -34,7 +34,7 @@ from ..errors import ConfigError
 from ..graph import NodeKind, NodeRecord, NodeStatus
 from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode, value_hash
 from ..journal.keys import call_hash
-from ..journal.store import encode_nodes, is_tool_call, restore
+from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
 
 if TYPE_CHECKING:
     from .context import Run
@@ -51,7 +51,7 @@ FLUSH_ROWS = 512
 
 _COMPACTION = NodeKind.COMPACTION
 
-COUNTED = frozenset({NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION})
+COUNTED = COUNTED_KINDS
 
 
 def _put_back_times(record: NodeRecord, was: NodeRecord, offset: float) -> None:
