@@ -6,7 +6,7 @@ flight through:
 
     raw-trio      a hand-written HTTP/1.1 exchange over C persistent trio streams (floor)
     httpx         httpx.AsyncClient with its default transport (httpcore pool)
-    httpx+lean    httpx.AsyncClient over rlm_graph.runtime.transport.LeanTransport
+    httpx+lean    httpx.AsyncClient over rlm_graph._http.transport.LeanTransport
     provider/...  the full OpenAIProvider.complete() (body building, retries wrapper,
                   JSON parsing) over each transport
 
@@ -31,7 +31,7 @@ import trio
 from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph.contracts import ChatRequest, Message
-from rlm_graph.runtime.transport import LeanTransport
+from rlm_graph._http.transport import LeanTransport
 
 SERVER = """
 import sys, time

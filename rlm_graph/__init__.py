@@ -70,7 +70,7 @@ if TYPE_CHECKING:
     from .journal.summary import ReplaySummary as ReplaySummary
     from .runtime.workflow import WorkflowResult as WorkflowResult
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 # name -> the module that defines it, imported on first access.
 _EXPORTS: dict[str, str] = {

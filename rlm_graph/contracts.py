@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import (
@@ -37,6 +38,7 @@ __all__ = [
     "Message",
     "ModelInfo",
     "Provider",
+    "ProviderCapabilities",
     "ProviderFactory",
     "ResponseSchema",
     "SubcallBridge",
@@ -320,6 +322,10 @@ class Provider(Protocol):
         model: the default model name when a request names none.
         max_concurrent: how many requests may be in flight at once; the engine builds the
             provider's shared ``trio.CapacityLimiter`` from it.
+
+    A provider may also have any attribute of `ProviderCapabilities` (rate limits, a
+    default output size, whether it reports costs, its server); each one it lacks takes
+    the default given there. The engine reads them once, when it is configured.
     """
 
     name: str
@@ -337,6 +343,46 @@ class Provider(Protocol):
 
 ProviderFactory = Callable[..., Provider]
 """``factory(**backend_kwargs) -> Provider``; raise ``ConfigError`` for bad keywords."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderCapabilities:
+    """What a provider may say about itself beyond the `Provider` protocol, with defaults.
+
+    A provider declares one by having an attribute of that name (`rlm_graph.http`'s
+    `JSONProvider` has them all); the engine reads them once per provider, with
+    `ProviderCapabilities.of`, and nowhere else.
+
+    Attributes:
+        requests_per_minute: the engine keeps this provider's requests under this rate.
+        tokens_per_minute: and its tokens (estimated before, settled after each call).
+        default_max_tokens: the output tokens a call asks for when it sets no
+            ``max_tokens``; what the budget reserves for such a call (else 1,024).
+        reports_cost: the provider puts the cost on each `ChatResponse` (``cost``), so
+            its models need no price in the model table for ``max_budget``.
+        server_address, server_port: the server, for spans (``server.address``/
+            ``server.port``); derived from ``base_url`` when not given.
+        base_url: the API's root URL.
+    """
+
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    default_max_tokens: int | None = None
+    reports_cost: bool = False
+    server_address: str | None = None
+    server_port: int | None = None
+    base_url: str | None = None
+
+    @classmethod
+    def of(cls, provider: object) -> ProviderCapabilities:
+        """The capabilities ``provider`` declares (a missing or ``None`` attribute takes
+        the default)."""
+        found = {}
+        for name in cls.__dataclass_fields__:
+            value = getattr(provider, name, None)
+            if value is not None:
+                found[name] = value
+        return cls(**found)
 
 
 class ExecResult(BaseModel):
@@ -469,5 +515,3 @@ class CompactionStrategy(Protocol):
         self, messages: Sequence[Message], ctx: CompactionContext
     ) -> list[Message]: ...
 
-
-AsyncFn = Callable[..., Awaitable[Any]]

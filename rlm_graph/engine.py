@@ -13,29 +13,30 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import trio
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .contracts import ModelInfo, Provider
-from .errors import LIMIT_ERRORS, ConfigError, PluginError
+from .errors import ConfigError, PluginError, config_error
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Workflow
 from .hooks import PluginHost
 from .limits import Limits
-from .runtime.aio import call_from_asyncio, running_under_asyncio
-from .runtime.context import Run
-from .runtime.limiters import InProcessLimiter, LoopLimiters, SharedLimiter
-from .runtime.providers import ProviderRouter
-from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
-from .runtime.replay import open_journal
-from .runtime.sync import run_sync
-from .runtime.workflow import WorkflowResult, run_workflow, workflow_key
+from .doors.aio import call_from_asyncio, running_under_asyncio
+from .doors.stream import AsyncEventStream, EventStream, open_event_stream
+from .doors.sync import run_sync
 from .graph import Graph
+from .runtime.capacity import InProcessLimiter, LoopLimiters, SharedLimiter
+from .runtime.context import Run
+from .runtime.lifecycle import run_lifecycle
+from .runtime.replay import JournalTarget
+from .routing import ProviderRouter
+from .runtime.workflow import WorkflowResult, WorkflowRun, workflow_key
 from .tracing import (
     NodeTracer,
     Scrubber,
@@ -43,7 +44,9 @@ from .tracing import (
     secret_values,
 )
 
-__all__ = ["RLM", "Engine"]
+__all__ = ["Engine"]
+
+T = TypeVar("T")
 
 
 def _make_provider(
@@ -71,6 +74,36 @@ def _make_provider(
             "documentation for the keywords it takes"
         ) from None
     return _checked(provider, repr(backend))
+
+
+def _other_kwargs(
+    other_backends: Sequence[str] | None, other_backend_kwargs: Sequence[Mapping[str, Any]] | None
+) -> list[tuple[str, Mapping[str, Any]]]:
+    """``other_backends`` paired with their kwargs, checked: two lists of one length.
+
+    Raises:
+        ConfigError: either is not a list, or their lengths differ.
+    """
+    if isinstance(other_backends, str) or not isinstance(other_backends, Sequence | None):
+        raise ConfigError(
+            f"other_backends must be a list of backend names, e.g. [{other_backends!r}]"
+        )
+    others = list(other_backends or [])
+    if other_backend_kwargs is not None and (
+        isinstance(other_backend_kwargs, Mapping | str)
+        or not isinstance(other_backend_kwargs, Sequence)
+    ):
+        raise ConfigError(
+            "other_backend_kwargs must be a list with one kwargs dict per entry of "
+            f"other_backends, e.g. [{{'model_name': ...}}], not {type(other_backend_kwargs).__name__}"
+        )
+    kwargs = [{} for _ in others] if other_backend_kwargs is None else list(other_backend_kwargs)
+    if len(kwargs) != len(others):
+        raise ConfigError(
+            f"other_backends has {len(others)} entries but other_backend_kwargs has "
+            f"{len(kwargs)}; give one kwargs dict per backend"
+        )
+    return list(zip(others, kwargs, strict=True))
 
 
 def _model_list(models: Sequence[str] | None) -> list[str]:
@@ -107,13 +140,10 @@ def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
     try:
         base = known.model_dump(exclude_unset=True) if known is not None else {}
         return ModelInfo(**{**base, **info})
-    except (TypeError, ValidationError) as exc:
-        problems = (
-            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            if isinstance(exc, ValidationError)
-            else str(exc)
-        )
-        raise ConfigError(f"models[{name!r}]: {problems}") from None
+    except ValidationError as exc:
+        raise config_error(f"models[{name!r}]", exc) from None
+    except TypeError as exc:
+        raise ConfigError(f"models[{name!r}]: {exc}") from None
 
 
 class Engine:
@@ -184,30 +214,10 @@ class Engine:
         # does not build its own from OTEL_* variables; the CLI and configure_tracing do).
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
+        other_kwargs = _other_kwargs(other_backends, other_backend_kwargs)
         main = _make_provider(self.host, backend, backend_kwargs)
         providers = [(f"{backend if isinstance(backend, str) else main.name}/0", main)]
-        if isinstance(other_backends, str) or not isinstance(other_backends, Sequence | None):
-            raise ConfigError(
-                f"other_backends must be a list of backend names, e.g. [{other_backends!r}]"
-            )
-        others = list(other_backends or [])
-        if other_backend_kwargs is not None and (
-            isinstance(other_backend_kwargs, Mapping | str)
-            or not isinstance(other_backend_kwargs, Sequence)
-        ):
-            raise ConfigError(
-                "other_backend_kwargs must be a list with one kwargs dict per entry of "
-                f"other_backends, e.g. [{{'model_name': ...}}], not {type(other_backend_kwargs).__name__}"
-            )
-        other_kwargs = (
-            [{} for _ in others] if other_backend_kwargs is None else list(other_backend_kwargs)
-        )
-        if len(other_kwargs) != len(others):
-            raise ConfigError(
-                f"other_backends has {len(others)} entries but other_backend_kwargs has "
-                f"{len(other_kwargs)}; give one kwargs dict per backend"
-            )
-        for index, (name, kwargs) in enumerate(zip(others, other_kwargs, strict=True), start=1):
+        for index, (name, kwargs) in enumerate(other_kwargs, start=1):
             other = _make_provider(self.host, name, kwargs)
             label = name if isinstance(name, str) else other.name
             providers.append((f"{label}/{index}", other))
@@ -218,7 +228,7 @@ class Engine:
         self.check_prices(self.limits)
         self._secrets = [
             value
-            for kwargs in [backend_kwargs, *other_kwargs]
+            for kwargs in [backend_kwargs, *(kwargs for _, kwargs in other_kwargs)]
             for value in secret_values(kwargs, environ={})
         ]
         # Known secrets (keys given here, and secret-named environment variables) are
@@ -360,48 +370,14 @@ class Engine:
                 "for a completion use RLM(...).completion()"
             )
         run = self.new_run(self.limits_with(limits), listeners)
-        if run.limits.max_timeout is not None:
-            run.scope.deadline = trio.current_time() + run.limits.max_timeout
-        run.run_started("workflow")
-        try:
-            result = await self._journaled_workflow(run, workflow, journal)
-        except BaseException as exc:
-            run.run_finished(error=exc)
-            raise
-        run.run_finished(result)
-        await self.flush_spans()
-        if result.stop_reason is not None and run.limits.on_limit == "raise":
-            error = LIMIT_ERRORS.get(result.stop_reason, LIMIT_ERRORS["max_timeout"])
-            raise error(f"workflow stopped by {result.stop_reason}", result=result)
-        return result
-
-    async def _journaled_workflow(
-        self, run: Run, workflow: Workflow, journal: str | os.PathLike[str] | None
-    ) -> WorkflowResult:
-        """Run ``workflow`` in ``run``, over ``journal`` when one is given."""
-        replayer = None
+        target = None
         if journal is not None:
             providers = [(key, p.name, p.model) for key, p in self.router.providers]
-            key = workflow_key(workflow, providers)
-            replayer = await open_journal(run, journal, key, "workflow", f"workflow of {len(workflow)} nodes")
-        status = "failed"
-        try:
-            links = [replayer.link] if replayer is not None and replayer.link else []
-            attributes = {"gen_ai.operation.name": "invoke_workflow"}
-            with run.tracer.run_span("invoke_workflow", attributes, links) as span:
-                if replayer is not None:
-                    replayer.link_span(span)
-                result = await run_workflow(run, workflow)
-            if run.scope.cancelled_caught and run.stop_reason is None:
-                run.stop_reason = "max_timeout"
-                result.stop_reason = "max_timeout"
-            status = "finished" if result.stop_reason is None else "stopped"
-        finally:
-            if replayer is not None:
-                summary = await replayer.close(status, None)
-        if replayer is not None:
-            result.replay = summary
-        return result
+            target = JournalTarget(
+                journal, workflow_key(workflow, providers), "workflow",
+                f"workflow of {len(workflow)} nodes",
+            )
+        return await run_lifecycle(run, WorkflowRun(workflow, target), flush=self.flush_spans)
 
     def stream(
         self,
@@ -421,7 +397,7 @@ class Engine:
         replays like any other.
         """
         return EventStream(
-            lambda listener: self._sync(self._arun, workflow, limits, [listener], {"journal": journal}),
+            lambda listener: self._closing(self._arun(workflow, limits, [listener], journal)),
             capacity=capacity, sync_name="Engine.stream", async_name="engine.astream",
         )
 
@@ -443,15 +419,16 @@ class Engine:
     ) -> WorkflowResult:
         """Run a `Workflow` from sync code (starts and ends its own trio loop); the
         arguments are those of `arun`."""
-        result: WorkflowResult = run_sync(
-            self._sync, self.arun, workflow, {**limits, "journal": journal},
-            sync_name="Engine.run", async_name="engine.arun",
-        )
-        return result
+        async def run_and_close() -> WorkflowResult:
+            return await self._closing(self._arun(workflow, limits, (), journal))
 
-    async def _sync(self, fn: Any, *args: Any) -> Any:
+        return run_sync(run_and_close, sync_name="Engine.run", async_name="engine.arun")
+
+    async def _closing(self, run: Awaitable[T]) -> T:
+        """Await ``run``, then close the providers' connections (the sync doors' end: the
+        trio loop they were opened in ends with it)."""
         try:
-            return await fn(*args[:-1], **args[-1])
+            return await run
         finally:
             with trio.CancelScope(shield=True):
                 await self.aclose()
@@ -467,8 +444,3 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-# The RLM facade lives in rlm.py (it builds an Engine); importable from here too, where the
-# design's map puts it.
-from .rlm import RLM as RLM  # noqa: E402

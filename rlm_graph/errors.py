@@ -33,8 +33,13 @@ the user.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 __all__ = [
+    "config_error",
     "BadResponse",
     "BudgetExceeded",
     "ConfigError",
@@ -245,3 +250,25 @@ def error_slot(exc: BaseException) -> str:
     """The string a failed slot carries: ``"[ERROR] <type>: <message>"``."""
     message = str(exc).strip() or "(no message)"
     return f"[ERROR] {type(exc).__name__}: {message}"
+
+
+def config_error(
+    where: str, exc: ValidationError, *, unnamed: str = "value", hint: str = ""
+) -> ConfigError:
+    """One line a user can act on, for pydantic's ``exc`` about a configuration value:
+    ``"<where>: <field>: <problem> (got <value>); ...<hint>"`` (the one place a
+    `ValidationError` becomes a `ConfigError`; raise it ``from None``).
+
+    Args:
+        where: what was being configured (``"bad limit"``, ``"models['m']"``).
+        exc: the validation error.
+        unnamed: what to call a problem with no field (the whole value).
+        hint: appended as is (``". Known keywords: ..."``).
+    """
+    problems = []
+    for error in exc.errors(include_url=False):
+        field = ".".join(map(str, error["loc"])) or unnamed
+        given = error.get("input")
+        shown = f" (got {given!r})" if isinstance(given, int | float | str) and len(repr(given)) <= 40 else ""
+        problems.append(f"{field}: {error['msg']}{shown}")
+    return ConfigError(f"{where}: {'; '.join(problems)}{hint}")

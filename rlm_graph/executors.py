@@ -25,8 +25,8 @@ from __future__ import annotations
 from .batch import BatchError, BatchItem, BatchResult, Executor
 from .batch.heap import frozen_heap
 from .limits import RateBucket
-from .runtime.items import complete_item
-from .runtime.limiters import InProcessLimiter, RateGate, SharedLimiter
+from .batch.complete import complete_item
+from .runtime.capacity import InProcessLimiter, RateGate, SharedLimiter
 
 __all__ = [
     "BatchError",

@@ -46,13 +46,13 @@ from .errors import (
     RateLimited as RateLimited,
     is_context_length_error as is_context_length_error,
 )
-from .runtime.attempts import note_retry as note_retry
-from .runtime.keys import (
+from ._http.attempts import note_retry as note_retry
+from ._http.keys import (
     KeyPolicy as KeyPolicy,
     ResolvedKey as ResolvedKey,
     resolve_key as resolve_key,
 )
-from .runtime.http import (
+from ._http.provider import (
     JSONProvider as JSONProvider,
     RetryPolicy as RetryPolicy,
     Secret as Secret,

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .contracts import ModelInfo, Usage
-from .errors import ConfigError
+from .errors import config_error
 
 __all__ = [
     "Budget",
@@ -74,11 +74,7 @@ class Limits(BaseModel):
         try:
             return cls(**kwargs)  # type: ignore[arg-type]
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'limits'}: {err['msg']}"
-                for err in exc.errors()
-            )
-            raise ConfigError(f"bad limit: {problems}") from None
+            raise config_error("bad limit", exc, unnamed="limits") from None
 
 
 # A dated snapshot id: gpt-5-mini-2025-08-07, claude-sonnet-4-5-20250929.
@@ -169,7 +165,7 @@ class Budget(_Counts):
     Concurrent calls reserve an estimate before they go out (`fits`, `reserve`) and settle
     it with the real usage after (`settle`, or `release` when the call failed). A call
     whose estimate does not fit beside the reservations in flight waits (the runtime's
-    `rlm_graph.runtime.limiters.BudgetGate`); one that finds nothing in flight always goes.
+    `rlm_graph.runtime.capacity.BudgetGate`); one that finds nothing in flight always goes.
     So at most one call's worth passes a limit, not ``max_concurrent`` calls' worth.
     """
 
@@ -257,7 +253,7 @@ class RateBucket:
 
     Each bucket holds at most one minute's allowance and refills continuously, so a
     burst up to the per-minute limit passes at once and the steady rate never exceeds
-    it. No clock and no lock here: the trio limiter (`rlm_graph.runtime.limiters`) and
+    it. No clock and no lock here: the trio limiter (`rlm_graph.runtime.capacity`) and
     the Ray executor's cluster-wide actor bring theirs, pass the time in, and keep their
     waiters in arrival order around `take_or_wait`.
     """

@@ -9,37 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, NoReturn
+from typing import Any
 
 import trio
 from opentelemetry.trace import TracerProvider
 
-from .contracts import Environment, ModelInfo
-from .errors import LIMIT_ERRORS, ConfigError, ProviderError
+from .contracts import ModelInfo
+from .doors.aio import call_from_asyncio, running_under_asyncio
+from .doors.stream import AsyncEventStream, EventStream, open_event_stream
+from .doors.sync import run_sync
+from .engine import Engine
+from .errors import ConfigError
 from .events import DEFAULT_CAPACITY, Listener
-from .graph import (
-    Graph,
-    critical_path,
-    makespan,
-    preview,
-)
-from .journal import run_key
-from .limits import Tally
 from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
-from .runtime.aio import call_from_asyncio, running_under_asyncio
-from .runtime.bridge import BridgeProxy
-from .runtime.limiters import SharedLimiter
-from .runtime.context import Run
-from .runtime.loop import CompletionState, LoopSettings, RLMRunner, make_environment
-from .runtime.streaming import AsyncEventStream, EventStream, open_event_stream
-from .runtime.replay import Replayer, open_journal
-from .runtime.sync import run_sync, unwrap
 from .rlm_options import (
     Callbacks,
     check_direct,
@@ -48,6 +35,12 @@ from .rlm_options import (
     normalise_tools,
     sampling_params,
 )
+from .runtime.capacity import SharedLimiter
+from .runtime.completion import CompletionRun, completion_journal
+from .runtime.lifecycle import run_lifecycle
+from .runtime.loop import RLMRunner
+from .runtime.session import PersistentSession
+from .runtime.state import LoopSettings
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
 
@@ -187,8 +180,6 @@ class RLM:
         if output_chars < 100:
             raise ConfigError("output_chars must be at least 100 characters")
         check_direct(direct_if_fits, direct_share, persistent)
-        from .engine import Engine
-
         callbacks = []
         hooks = (on_subcall_start, on_subcall_complete, on_iteration_start, on_iteration_complete)
         if verbose or any(hooks):
@@ -243,12 +234,9 @@ class RLM:
         if journal is not None and not isinstance(journal, str | os.PathLike):
             raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(journal).__name__}")
         self.journal = journal
-        # A persistent session is one conversation: one completion at a time.
-        self._session_busy = threading.Lock()
         self.direct_share = direct_share if direct_if_fits else None
-        self._env: Environment | None = None
-        self._proxy: BridgeProxy | None = None
-        self._completions = 0
+        # A persistent session is one conversation: one completion at a time.
+        self._session = PersistentSession(self.env_factory, self.settings) if persistent else None
 
     @property
     def limits(self) -> Any:
@@ -341,7 +329,7 @@ class RLM:
         """`completion` for async callers.
 
         Under trio it runs in the caller's loop. Under asyncio it runs on rlm-graph's trio
-        thread (see `rlm_graph.runtime.aio`); cancelling the awaiting task cancels the run.
+        thread (see `rlm_graph.doors.aio`); cancelling the awaiting task cancels the run.
         ``limits`` overrides this RLM's limits for this completion only
         (``{"max_iterations": 5}``; a batch item's own limits come this way).
         """
@@ -365,19 +353,10 @@ class RLM:
             ConfigError: ``persistent=True`` and this RLM is already running a completion
                 (in another thread or task): a session's turns must come one at a time.
         """
-        if not self.persistent:
+        if self._session is None:
             return await self._complete(prompt, root_prompt, schema, listeners, limits)
-        if not self._session_busy.acquire(blocking=False):
-            raise ConfigError(
-                "persistent=True: this RLM is already running a completion (in another "
-                "thread or task); a persistent session is one conversation, so its "
-                "completions must come one at a time. Wait for the running one, or use one "
-                "RLM per thread (persistent=False for independent completions)"
-            )
-        try:
+        with self._session.claim():
             return await self._complete(prompt, root_prompt, schema, listeners, limits)
-        finally:
-            self._session_busy.release()
 
     async def _complete(
         self,
@@ -398,162 +377,18 @@ class RLM:
             settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
         started = time.perf_counter()
         run = self.engine.new_run(self.engine.limits_with(limits or {}), listeners=listeners)
-        run.run_started("completion")
-        try:
-            result = await self._execute(run, settings, prompt, root_prompt, started)
-        except BaseException as exc:
-            # A provider error carries the partial result: listeners get it too.
-            run.run_finished(getattr(exc, "result", None), error=exc)
-            raise
-        run.run_finished(result)
-        await self.engine.flush_spans()
-        if result.stop_reason is not None and run.limits.on_limit == "raise":
-            raise LIMIT_ERRORS[result.stop_reason](
-                f"the run was stopped by {result.stop_reason}; the partial answer is on .partial",
-                partial=result.response,
-                result=result,
+        journal = None
+        if self.journal is not None:
+            number = self._session.completions if self._session is not None else 0
+            journal = completion_journal(
+                self.journal, run, settings, self.environment, prompt, root_prompt, number
             )
-        return result
-
-    async def _execute(
-        self, run: Run, settings: LoopSettings, prompt: Any, root_prompt: str | None,
-        started: float,
-    ) -> RLMChatCompletion:
-        runner = RLMRunner(run, settings, self.env_factory)
-        state = CompletionState()
-        tally = Tally()
-        outcome = None
-        failure: BaseException | None = None
-        if run.limits.max_timeout is not None:
-            run.scope.deadline = trio.current_time() + run.limits.max_timeout
-        attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0}
-        journal = await self._open_journal(run, settings, prompt, root_prompt)
-        status = "failed"
-        replay = None
-        try:
-            links = [journal.link] if journal is not None and journal.link else []
-            with run.tracer.run_span("invoke_agent rlm", attributes, links) as span:
-                if journal is not None:
-                    journal.link_span(span)
-                with run.scope:
-                    outcome = await self._root(runner, prompt, root_prompt, state, tally)
-                stop_reason = outcome.stop_reason if outcome is not None else None
-                if run.scope.cancelled_caught:
-                    stop_reason = run.stop_reason or "max_timeout"
-                if stop_reason is not None:
-                    span.set_attribute("rlm.stop_reason", stop_reason)
-            status = "finished" if stop_reason is None else "stopped"
-        except BaseExceptionGroup as group:
-            failure = unwrap(group)
-            if failure is None:
-                raise
-        except ProviderError as exc:
-            failure = exc
-        finally:
-            run.finalize()
-            if journal is not None:
-                done = outcome is not None and not run.scope.cancelled_caught
-                replay = await journal.close(status, outcome.answer if done else state.partial())  # type: ignore[union-attr]
-        if failure is not None:
-            await self._failed(failure, run, prompt, state, started)
-        cut = outcome is None or run.scope.cancelled_caught
-        response = state.partial() if cut else outcome.answer  # type: ignore[union-attr]
-        result = self._result(run.graph, prompt, response, stop_reason, state, started, cut)
-        result.leaked_threads = run.leaked_threads
-        result.replay = replay
-        return result
-
-    async def _open_journal(
-        self, run: Run, settings: LoopSettings, prompt: Any, root_prompt: str | None
-    ) -> Replayer | None:
-        """Open ``journal=`` for this completion: its run key is its inputs (context,
-        question, and the session's completion number) and its configuration."""
-        if self.journal is None:
-            return None
-        configuration = [
-            [(key, provider.name, provider.model) for key, provider in run.router.providers],
-            run.limits.max_depth, run.limits.max_iterations, self.environment,
-            settings.custom_system_prompt, settings.root_params, settings.sub_params,
-            sorted(settings.tools), sorted(settings.sub_tools), settings.accept_text_final,
-            settings.output_chars, type(settings.compaction).__name__,
-            settings.compaction_threshold_pct, repr(getattr(settings, "schema", None)),
-        ]
-        inputs = {
-            "context": prompt, "root_prompt": root_prompt,
-            "completion": self._completions if self.persistent else 0,
-        }
-        key = run_key("rlm", inputs, configuration)
-        label = preview(root_prompt if root_prompt is not None else prompt, 80)
-        return await open_journal(run, self.journal, key, "rlm", label)
-
-    async def _failed(
-        self, failure: BaseException, run: Any, prompt: Any, state: CompletionState, started: float
-    ) -> NoReturn:
-        """Re-raise ``failure``; a `ProviderError` first gets the partial answer and the
-        usage so far (``.partial``, ``.result``): a run stopped by its provider after some
-        turns has spent tokens and may have most of an answer."""
-        if isinstance(failure, ProviderError):
-            failure.partial = state.partial()
-            failure.result = self._result(
-                run.graph, prompt, failure.partial, "provider_error", state, started, True
-            )
-            with trio.CancelScope(shield=True):
-                await self.engine.flush_spans()
-        raise failure.with_traceback(failure.__traceback__) from None
-
-    async def _root(
-        self, runner: RLMRunner, prompt: Any, root_prompt: str | None, state: CompletionState, tally: Tally
-    ) -> Any:
-        if runner.run.limits.max_depth == 0:
-            return await runner.plain(prompt, root_prompt, state, tally)
-        if self.direct_share is not None:
-            answered = await runner.direct(prompt, root_prompt, state, tally, self.direct_share)
-            if answered is not None:
-                return answered
-        if not self.persistent:
-            return await runner.root(prompt, root_prompt, state, tally)
-        if self._env is None:
-            self._proxy = BridgeProxy()
-            env = make_environment(
-                self.env_factory, self.settings, self._proxy, self.settings.tools, 0
-            )
-            await env.start()
-            self._env = env
-        index = self._completions
-        leaked = getattr(self._env, "leaked_threads", 0)
-        await self._env.reset_answer()
-        await self._env.add_context(prompt, index)
-        outcome = await runner.root(
-            prompt, root_prompt, state, tally, env=self._env, proxy=self._proxy,
-            index=index, histories=index,
+        operation = CompletionRun(
+            RLMRunner(run, settings, self.env_factory), prompt, root_prompt,
+            root_model=self.engine.provider.model, journal=journal,
+            direct_share=self.direct_share, session=self._session, started=started,
         )
-        await self._env.add_history(state.trajectory, index)
-        self._completions += 1
-        runner.run.leaked_threads += getattr(self._env, "leaked_threads", 0) - leaked
-        return outcome
-
-    def _result(
-        self, graph: Graph, prompt: Any, response: str, stop_reason: str | None,
-        state: CompletionState, started: float, cut: bool,
-    ) -> RLMChatCompletion:
-        path = critical_path(graph)
-        span = makespan(graph)
-        parsed = None if cut else state.parsed
-        return RLMChatCompletion(
-            metadata={"direct_path": state.direct} if state.direct is not None else None,
-            parsed=parsed,
-            error=state.schema_error if parsed is None else None,
-            root_model=self.engine.provider.model,
-            prompt=prompt,
-            response=response,
-            usage_summary=UsageSummary.from_graph(graph),
-            execution_time=time.perf_counter() - started,
-            stop_reason=stop_reason,
-            iterations=state.iterations,
-            graph=graph,
-            critical_path=path,
-            parallel_efficiency=path.length / span if span > 0 else 1.0,
-        )
+        return await run_lifecycle(run, operation, flush=self.engine.flush_spans)
 
     # -- closing ------------------------------------------------------------------------
 
@@ -561,9 +396,8 @@ class RLM:
         """Close the persistent REPL (if any) and the providers' connections."""
         if running_under_asyncio():
             return await call_from_asyncio(self.aclose)
-        if self._env is not None:
-            env, self._env = self._env, None
-            await env.aclose()
+        if self._session is not None:
+            await self._session.aclose()
         await self.engine.aclose()
 
     def close(self) -> None:

@@ -15,11 +15,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from .contracts import ChatRequest
-from .errors import ConfigError
+from .errors import ConfigError, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
 from .repl import RESERVED_NAMES
-from .runtime.replay import JournaledTool
+from .journal.tools import JournaledTool
 
 __all__ = [
     "Callbacks", "check_direct", "check_environment_kwargs", "compaction_strategy",
@@ -84,8 +84,7 @@ def sampling_params(args: Mapping[str, Any] | None, keyword: str) -> dict[str, A
     try:
         ChatRequest(messages=(), model="check", **params)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{keyword}: {problems}") from None
+        raise config_error(keyword, exc) from None
     return params
 
 

@@ -12,7 +12,10 @@ from rlm_graph.hooks import HookSpecs
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlm_graph"
-PURE = ["graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py"]
+PURE = [
+    "graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py",
+    "routing.py", "journal", "runtime/state.py",
+]
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
 
 
@@ -51,7 +54,10 @@ def test_the_pure_layer_imports_no_runtime() -> None:
 
 
 def test_only_the_runtime_and_facade_import_trio() -> None:
-    allowed = ("runtime", "engine.py", "rlm.py", "cli", "testing", "tracing")
+    allowed = (
+        "runtime", "_http", "doors", "batch/complete.py", "engine.py", "rlm.py", "cli",
+        "testing", "tracing",
+    )
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         relative = path.relative_to(PACKAGE).as_posix()
@@ -82,14 +88,15 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_plugins_and_examples_use_only_the_public_api() -> None:
     """First-party plugins and the example third-party plugin import what any stranger's
-    plugin may: never ``rlm_graph.runtime`` (private; `rlm_graph.http` is the door)."""
+    plugin may: never ``rlm_graph.runtime``, ``rlm_graph._http`` or ``rlm_graph.doors``
+    (private; `rlm_graph.http` and `rlm_graph.executors` are the doors)."""
     files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "examples").rglob("*.py"))
     assert len(files) > 10
     offenders = [
         f"{path.relative_to(ROOT)}: {name}"
         for path in files
         for name in sorted(_imported_modules(path))
-        if name == "rlm_graph.runtime" or name.startswith("rlm_graph.runtime.")
+        if name.split(".")[:2] in (["rlm_graph", "runtime"], ["rlm_graph", "_http"], ["rlm_graph", "doors"])
     ]
     assert not offenders, offenders
 
@@ -111,3 +118,72 @@ def test_import_rlm_graph_is_cheap_and_names_load_on_use() -> None:
     assert _loaded_after("import rlm_graph.repl, rlm_graph.contracts, rlm_graph.errors") == []
     assert "trio" in _loaded_after("import rlm_graph; rlm_graph.RLM")
     assert set(dir(rlm_graph)) >= set(rlm_graph.__all__)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _internal_imports(path: Path, modules: set[str]) -> set[str]:
+    """The modules of ``rlm_graph`` that ``path`` imports, wherever the import stands (at
+    the top, under ``TYPE_CHECKING``, or inside a function)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for target in targets:
+            if target in modules and target != name:
+                found.add(target)
+                break
+    return found
+
+
+def test_no_import_cycle_in_rlm_graph() -> None:
+    """Every import counts, lazy or for type checking only: a cycle is two modules that
+    each need the other, whatever hides it from the interpreter."""
+    import networkx as nx
+
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module_name(path) for path in paths}
+    graph = nx.DiGraph()
+    for path in paths:
+        graph.add_edges_from((_module_name(path), target) for target in _internal_imports(path, modules))
+    cycles = sorted((sorted(c) for c in nx.simple_cycles(graph)), key=len)
+    assert not cycles, [" -> ".join(c) for c in cycles[:10]]
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """A module past 600 lines wants a folder, a function past 60 lines named stages
+    (docs/architecture.md); `RLM.__init__` takes the reference library's keywords."""
+    allowed = {"rlm_graph/rlm.py:RLM.__init__"}
+    big = []
+    for path in sorted(PACKAGE.rglob("*.py")) + sorted((ROOT / "plugins").rglob("*.py")):
+        relative = path.relative_to(ROOT).as_posix()
+        source = path.read_text()
+        if source.count("\n") > 600:
+            big.append(f"{relative}: {source.count(chr(10))} lines")
+        tree = ast.parse(source, str(path))
+        for parent in ast.walk(tree):
+            for node in ast.iter_child_nodes(parent):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    owner = f"{parent.name}." if isinstance(parent, ast.ClassDef) else ""
+                    where = f"{relative}:{owner}{node.name}"
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length > 60 and where not in allowed:
+                        big.append(f"{where}: {length} lines")
+    assert not big, big
+
+
+def test_the_runtime_is_only_the_scheduler() -> None:
+    lines = sum(p.read_text().count("\n") for p in (PACKAGE / "runtime").rglob("*.py"))
+    assert lines < 3000, f"rlm_graph/runtime/ has {lines} lines"

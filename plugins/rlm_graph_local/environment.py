@@ -26,7 +26,6 @@ import ctypes
 import logging
 import math
 import os
-import sys
 import tempfile
 import threading
 import time

@@ -178,69 +178,29 @@ class RayExecutor:
         self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int
     ) -> Iterator[BatchResult]:
         ray = self._ray
-        actor = self._limits_actor()
-        pool = self._pool(concurrency)
         job = ray.get_runtime_context().get_job_id()
-        batch = uuid.uuid4().hex[:12]
-        shared_kwargs = ray.put(rlm_kwargs)
-        # An argument in the object store, not the job's runtime_env (the dashboard shows it).
-        keys = ray.put(_driver_keys() if self.forward_keys else {})
-        per_worker = math.ceil(concurrency / len(pool))
-        # ref -> item, attempt, the worker's place in the pool and the worker itself
-        pending: dict[Any, tuple[BatchItem, int, int, Any]] = {}
-        load = [0] * len(pool)
-        # Each worker's slots of this batch are held under a name of its own (a new one
-        # for a worker that replaces a dead one).
-        names = itertools.count()
-        holders = [f"{batch}/worker-{next(names)}" for _ in pool]
-
-        def submit(item: BatchItem, attempt: int) -> None:
-            index = min(range(len(pool)), key=load.__getitem__)
-            worker = pool[index]
-            ref = worker.complete.remote(shared_kwargs, item, actor, batch, attempt, keys, holders[index])
-            pending[ref] = (item, attempt, index, worker)
-            load[index] += 1
-
-        def fill() -> None:
-            while len(pending) < concurrency:
-                item = next(items, None)
-                if item is None:
-                    return
-                try:
-                    submit(item.loaded(), 1)
-                except ConfigError as exc:  # its context file went missing: that item failed
-                    pending_error.append(_failed(item, exc, 1))
-
-        pending_error: list[BatchResult] = []
+        calls = _Calls(self, self._pool(concurrency), ray.put(rlm_kwargs), concurrency)
         try:
-            fill()
-            while pending or pending_error:
-                while pending_error:
-                    yield pending_error.pop()
-                if not pending:
-                    fill()
+            calls.fill(items)
+            while calls.pending or calls.failed_early:
+                while calls.failed_early:
+                    yield calls.failed_early.pop()
+                if not calls.pending:
+                    calls.fill(items)
                     continue
-                ready, _ = ray.wait(list(pending), num_returns=1)
+                ready, _ = ray.wait(list(calls.pending), num_returns=1)
                 for ref in ready:
-                    item, attempt, index, worker = pending.pop(ref)
-                    load[index] -= 1
-                    result, died = self._outcome(ref, item, attempt, actor, holders[index])
-                    if died and pool[index] is worker:  # the first of its calls to fail
-                        ray.kill(worker)
-                        pool[index] = self._new_worker(per_worker)
-                        holders[index] = f"{batch}/worker-{next(names)}"
-                    if result is None:
-                        submit(item, attempt + 1)
-                    else:
+                    result = calls.finished(ref)
+                    if result is not None:
                         yield result
-                fill()
+                calls.fill(items)
         finally:
-            if pending:  # stopped early: the running completions cannot be interrupted
+            if calls.pending:  # stopped early: the running completions cannot be interrupted
                 self._stop_pool(job)
             else:
-                for worker, holder in zip(pool, holders):
+                for worker, holder in zip(calls.pool, calls.holders, strict=True):
                     worker.forget.remote(holder)
-            actor.forget_batch.remote(batch)
+            calls.actor.forget_batch.remote(calls.batch)
 
     def _outcome(
         self, ref: Any, item: BatchItem, attempt: int, actor: Any, holder: str
@@ -261,6 +221,64 @@ class RayExecutor:
         except exceptions.RayError as exc:  # the call itself could not run (a bug, a bad pickle)
             # The worker lives on (its limiter gave back what the call held): nothing to free.
             return _failed(item, exc, attempt), False
+
+
+class _Calls:
+    """The calls of one batch in flight on the pool: at most ``concurrency``, each to
+    the worker with the fewest; a dead worker replaced and its items sent again."""
+
+    def __init__(self, executor: RayExecutor, pool: list[Any], kwargs: Any, concurrency: int) -> None:
+        ray = executor._ray
+        self.executor = executor
+        self.pool = pool
+        self.kwargs = kwargs
+        self.concurrency = concurrency
+        self.actor = executor._limits_actor()
+        self.batch = uuid.uuid4().hex[:12]
+        # An argument in the object store, not the job's runtime_env (the dashboard shows it).
+        self.keys = ray.put(_driver_keys() if executor.forward_keys else {})
+        self.per_worker = math.ceil(concurrency / len(pool))
+        # ref -> item, attempt, the worker's place in the pool and the worker itself
+        self.pending: dict[Any, tuple[BatchItem, int, int, Any]] = {}
+        self.failed_early: list[BatchResult] = []
+        self.load = [0] * len(pool)
+        # Each worker's slots of this batch are held under a name of its own (a new one
+        # for a worker that replaces a dead one).
+        self._names = itertools.count()
+        self.holders = [f"{self.batch}/worker-{next(self._names)}" for _ in pool]
+
+    def submit(self, item: BatchItem, attempt: int) -> None:
+        index = min(range(len(self.pool)), key=self.load.__getitem__)
+        worker = self.pool[index]
+        ref = worker.complete.remote(
+            self.kwargs, item, self.actor, self.batch, attempt, self.keys, self.holders[index]
+        )
+        self.pending[ref] = (item, attempt, index, worker)
+        self.load[index] += 1
+
+    def fill(self, items: Iterator[BatchItem]) -> None:
+        """Submit items until ``concurrency`` calls are in flight or none is left."""
+        while len(self.pending) < self.concurrency:
+            item = next(items, None)
+            if item is None:
+                return
+            try:
+                self.submit(item.loaded(), 1)
+            except ConfigError as exc:  # its context file went missing: that item failed
+                self.failed_early.append(_failed(item, exc, 1))
+
+    def finished(self, ref: Any) -> BatchResult | None:
+        """The result of the call ``ref``, or None when its item was sent again."""
+        item, attempt, index, worker = self.pending.pop(ref)
+        self.load[index] -= 1
+        result, died = self.executor._outcome(ref, item, attempt, self.actor, self.holders[index])
+        if died and self.pool[index] is worker:  # the first of its calls to fail
+            self.executor._ray.kill(worker)
+            self.pool[index] = self.executor._new_worker(self.per_worker)
+            self.holders[index] = f"{self.batch}/worker-{next(self._names)}"
+        if result is None:
+            self.submit(item, attempt + 1)
+        return result
 
 
 def _driver_keys() -> dict[str, str]:

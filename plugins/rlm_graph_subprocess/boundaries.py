@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 import rlm_graph
-from rlm_graph.errors import ConfigError
+from rlm_graph.errors import config_error
 
 __all__ = [
     "ALLOWED_VARIABLES",
@@ -114,13 +114,9 @@ class GuestLimits(BaseModel):
         try:
             return cls(**kwargs)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'environment_kwargs'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise ConfigError(
-                f"subprocess environment: {problems}. Known keywords: "
-                f"{', '.join(cls.model_fields)}, output_cap"
+            raise config_error(
+                "subprocess environment", exc, unnamed="environment_kwargs",
+                hint=f". Known keywords: {', '.join(cls.model_fields)}, output_cap",
             ) from None
 
     def rlimits(self) -> dict[str, Any]:

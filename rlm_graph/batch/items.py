@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import ConfigError
+from ..errors import ConfigError, config_error
 from ..limits import Limits
 
 __all__ = ["ITEM_LIMITS", "BatchItem", "coerce_items", "read_items", "scan_items"]
@@ -108,8 +108,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
             context_file=context_file, limits=limits,
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: {problems}") from None
+        raise config_error(where, exc) from None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, TypeAdapter
@@ -136,6 +136,79 @@ class NodeRecord:
         """A record from a dict, validated (the inverse of ``model_dump``)."""
         record: NodeRecord = _ADAPTER.validate_python(data)
         return record
+
+    # -- how a record changes (its few writers call these) --------------------------------
+
+    def running(self, now: float, wall: float) -> None:
+        """The node was submitted and started ``now`` (trio's clock), at ``wall``."""
+        self.status = NodeStatus.RUNNING
+        self.submitted = self.start = now
+        self.wall_start = wall
+
+    def began(self, now: float, wall: float) -> None:
+        """The node got its slot (a provider's or a child limiter's): its service time
+        starts ``now`` (trio's clock), at ``wall`` (epoch seconds)."""
+        self.start = now
+        self.wall_start = wall
+
+    def fail(self, error_type: str, message: str) -> None:
+        """Mark the node failed with ``message``, while it may still return data (a REPL
+        block whose code raised; a reply refused by its schema)."""
+        self.status = NodeStatus.ERROR
+        self.error = message or error_type
+        self.error_type = error_type
+
+    def answered(
+        self,
+        *,
+        usage: Usage,
+        cost: float | None,
+        response_model: str | None,
+        finish_reason: str | None,
+        note: str | None,
+        output: str,
+    ) -> None:
+        """What a model call's reply says of the node: usage, cost, the model that
+        answered, why it stopped, what was wrong with it (``note``), its preview."""
+        self.usage = usage
+        self.cost = cost
+        self.response_model = response_model
+        self.finish_reason = finish_reason
+        if note is not None:
+            self.note = note
+        self.output_preview = preview(output)
+
+    def adopt(self, was: NodeRecord) -> None:
+        """Take what a journaled run recorded of this node (replay): model, usage, cost,
+        attempts, notes and output; its times come back with `retime` when the run ends."""
+        self.replayed = True
+        self.model = was.model
+        self.response_model = was.response_model
+        self.provider = was.provider
+        self.usage = was.usage
+        self.cost = was.cost
+        self.finish_reason = was.finish_reason
+        self.attempts = was.attempts
+        self.note = was.note
+        self.output_preview = was.output_preview
+
+    def retime(self, was: NodeRecord, offset: float) -> None:
+        """Take ``was``'s times, moved onto the clock ``time.time() - offset`` (a
+        replayed node keeps the times of the run that recorded it)."""
+        if was.wall_start is None or was.start is None:
+            return
+        shift = (was.wall_start - was.start) - offset
+        self.submitted = was.submitted + shift if was.submitted is not None else None
+        self.start = was.start + shift
+        self.end = was.end + shift if was.end is not None else None
+        self.wall_start = was.wall_start
+
+    def redact(self, scrub: Callable[[str], str]) -> None:
+        """Pass the previews and the error through ``scrub`` (known secrets out)."""
+        self.input_preview = scrub(self.input_preview)
+        self.output_preview = scrub(self.output_preview)
+        if self.error:
+            self.error = scrub(self.error)
 
 
 _ADAPTER: TypeAdapter[NodeRecord] = TypeAdapter(NodeRecord)

@@ -4,6 +4,11 @@ Invariants:
     - Entry points of group ``rlm_graph`` are imported once per process and registered in
       every engine; plugins passed in code are registered after them and win on a name
       clash.
+    - An entry point that fails to import is skipped and remembered (`broken_plugins`):
+      `rlm-graph plugins` lists it with its error, an engine that needs none of its names
+      works, and a lookup of a name it might have provided says so.
+    - Hooks are called through pluggy's hook callers (wrappers and ``pm.trace`` apply),
+      one plugin at a time, so that each registration names the plugin it came from.
     - An unknown name fails when the engine is configured, never mid-run, with the list of
       registered names.
 """
@@ -23,7 +28,7 @@ from ..contracts import ModelInfo
 from ..errors import PluginError
 from .specs import PROJECT, HookSpecs
 
-__all__ = ["PluginHost", "Registration"]
+__all__ = ["BrokenPlugin", "PluginHost", "Registration", "broken_plugins"]
 
 _SINGULAR = {
     "providers": "backend",
@@ -32,54 +37,81 @@ _SINGULAR = {
     "executors": "executor",
 }
 
-_ENTRY_POINT_CACHE: list[tuple[str, str, object]] | None = None
+
+@dataclass(frozen=True, slots=True)
+class BrokenPlugin:
+    """An entry point of group ``rlm_graph`` that failed to import."""
+
+    name: str
+    value: str
+    distribution: str
+    error: str
 
 
-def _entry_point_plugins() -> list[tuple[str, str, object]]:
-    """(entry point name, distribution, loaded module) for group ``rlm_graph``, cached."""
+_ENTRY_POINT_CACHE: tuple[list[tuple[str, str, object]], list[BrokenPlugin]] | None = None
+
+
+def _entry_points() -> tuple[list[tuple[str, str, object]], list[BrokenPlugin]]:
+    """(entry point name, distribution, loaded plugin) for group ``rlm_graph``, and the
+    entry points that failed to load; cached for the process."""
     global _ENTRY_POINT_CACHE
     if _ENTRY_POINT_CACHE is None:
-        loaded = []
+        loaded, broken = [], []
         for ep in importlib.metadata.entry_points(group=PROJECT):
+            dist = ep.dist.name if ep.dist is not None else "?"
             try:
                 plugin = ep.load()
             except Exception as exc:  # a third-party import can fail in any way
-                raise PluginError(
-                    f"the plugin entry point {ep.name!r} ({ep.value}) failed to load: "
-                    f"{type(exc).__name__}: {exc}; fix or uninstall the package that declares it"
-                ) from exc
-            dist = ep.dist.name if ep.dist is not None else "?"
-            loaded.append((ep.name, dist, plugin))
-        _ENTRY_POINT_CACHE = loaded
+                broken.append(BrokenPlugin(ep.name, ep.value, dist, f"{type(exc).__name__}: {exc}"))
+                continue
+            loaded.append((ep.name, dist, _hook_object(plugin)))
+        _ENTRY_POINT_CACHE = (loaded, broken)
     return _ENTRY_POINT_CACHE
 
 
-# A module's hook options, per attribute name: pluggy looks at every attribute of every
-# plugin it registers (inspect.getattr_static, ~0.2 ms a module), and an engine
-# registers the same modules again: ~1.5 ms of every RLM(...), which a batch on Ray
-# builds once per task.
-_IMPL_OPTS: weakref.WeakKeyDictionary[types.ModuleType, dict[str, Any]] = weakref.WeakKeyDictionary()
-_SPEC_OPTS: dict[str, Any] = {}
+def broken_plugins() -> list[BrokenPlugin]:
+    """The installed plugins that failed to load in this process (see `BrokenPlugin`)."""
+    return list(_entry_points()[1])
 
 
-class _Manager(pluggy.PluginManager):
-    """pluggy's manager, parsing the hook options of a module or of `HookSpecs` once per
-    process (they are read off the module's functions, which do not change)."""
+_MARK = f"{PROJECT}_impl"
+_HOOK_OBJECTS: weakref.WeakKeyDictionary[types.ModuleType, object] = weakref.WeakKeyDictionary()
 
-    def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
-        if not isinstance(plugin, types.ModuleType):
-            return super().parse_hookimpl_opts(plugin, name)
-        known = _IMPL_OPTS.setdefault(plugin, {})
-        if name not in known:
-            known[name] = super().parse_hookimpl_opts(plugin, name)
-        return known[name]
 
-    def parse_hookspec_opts(self, module_or_class: Any, name: str) -> Any:
-        if module_or_class is not HookSpecs:
-            return super().parse_hookspec_opts(module_or_class, name)
-        if name not in _SPEC_OPTS:
-            _SPEC_OPTS[name] = super().parse_hookspec_opts(module_or_class, name)
-        return _SPEC_OPTS[name]
+def _hook_object(plugin: object) -> object:
+    """What is registered for ``plugin``: a module's hook implementations, gathered once
+    per process into a small object of their own; any other plugin as it is.
+
+    pluggy looks at every attribute of what it registers (``inspect.getattr_static``,
+    about 0.2 ms for a module and all it imports), and every engine registers the
+    installed plugins again: a batch on Ray builds one per completion.
+    """
+    if not isinstance(plugin, types.ModuleType):
+        return plugin
+    found = _HOOK_OBJECTS.get(plugin)
+    if found is None:
+        hooks = {
+            name: value for name, value in vars(plugin).items()
+            if callable(value) and hasattr(value, _MARK)
+        }
+        found = _HOOK_OBJECTS[plugin] = _ModuleHooks(plugin.__name__, hooks)
+    return found
+
+
+class _ModuleHooks:
+    """A plugin module's hook implementations, as pluggy registers them."""
+
+    def __init__(self, name: str, hooks: Mapping[str, Any]) -> None:
+        self.__name__ = name
+        self._names = list(hooks)
+        vars(self).update(hooks)
+
+    def __dir__(self) -> list[str]:
+        # What pluggy walks when it registers this: the hooks, and nothing else.
+        return self._names
+
+    def __repr__(self) -> str:
+        return f"<module {self.__name__!r}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,11 +136,13 @@ class PluginHost:
     CATEGORIES = ("providers", "environments", "compaction_strategies", "executors")
 
     def __init__(self, plugins: Iterable[object] = (), *, entry_points: bool = True) -> None:
-        self.pm = _Manager(PROJECT)
+        self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(HookSpecs)
         self._origins: dict[int, str] = {}
+        self.broken: list[BrokenPlugin] = []
         if entry_points:
-            for name, dist, plugin in _entry_point_plugins():
+            loaded, self.broken = _entry_points()
+            for name, dist, plugin in loaded:
                 self._register(plugin, f"entry point {name!r} of {dist}")
         for plugin in plugins:
             self._register(plugin, "registered in code")
@@ -117,10 +151,11 @@ class PluginHost:
         self._models = self._collect_models()
 
     def _register(self, plugin: object, origin: str) -> None:
+        plugin = _hook_object(plugin)
         if self.pm.is_registered(plugin):
             return
         try:
-            self.pm.register(plugin)
+            self.pm.register(plugin, name=getattr(plugin, "__name__", None))
         except (ValueError, pluggy.PluginValidationError) as exc:
             raise PluginError(f"cannot register plugin {plugin!r} ({origin}): {exc}") from exc
         self._origins[id(plugin)] = origin
@@ -140,21 +175,27 @@ class PluginHost:
             hooks = ", ".join(name for name in vars(HookSpecs) if name.startswith("rlm_"))
             raise PluginError(f"{exc}; the rlm-graph hooks are: {hooks}") from None
 
+    def _results(self, hook_name: str) -> list[tuple[object, Any]]:
+        """(plugin, result) of hook ``hook_name`` for each plugin implementing it, in
+        registration order (so that later registrations, code, override earlier ones,
+        entry points), each called through pluggy."""
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+        plugins = [impl.plugin for impl in impls]
+        results: list[tuple[object, Any]] = []
+        for plugin in dict.fromkeys(plugins):  # pluggy lists them in registration order
+            others = [p for p in plugins if p is not plugin]
+            results.extend((plugin, r) for r in self.pm.subset_hook_caller(hook_name, others)())
+        return results
+
     def _collect(self, category: str) -> dict[str, Registration]:
-        hook = getattr(self.pm.hook, f"rlm_register_{category}")
         found: dict[str, Registration] = {}
-        # pluggy calls the last registered first; walk in registration order so that
-        # later registrations (code) override earlier ones (entry points).
-        for impl in hook.get_hookimpls():
-            result = impl.function()
-            if result is None:
-                continue
+        for plugin, result in self._results(f"rlm_register_{category}"):
+            origin = self._origins.get(id(plugin), self.pm.get_name(plugin) or repr(plugin))
             if not isinstance(result, Mapping):
                 raise PluginError(
-                    f"{impl.plugin_name}: rlm_register_{category} must return a dict of "
+                    f"{origin}: rlm_register_{category} must return a dict of "
                     f"name -> factory, got {type(result).__name__}"
                 )
-            origin = self._origins.get(id(impl.plugin), impl.plugin_name)
             for name, factory in result.items():
                 if not callable(factory):
                     raise PluginError(
@@ -166,8 +207,7 @@ class PluginHost:
 
     def _collect_models(self) -> dict[str, ModelInfo]:
         models: dict[str, ModelInfo] = {}
-        for impl in self.pm.hook.rlm_register_models.get_hookimpls():
-            result = impl.function()
+        for _, result in self._results("rlm_register_models"):
             if not isinstance(result, Mapping):
                 continue
             for name, info in result.items():
@@ -193,9 +233,14 @@ class PluginHost:
         except KeyError:
             singular = _SINGULAR[category]
             known = ", ".join(self.names(category)) or "(none)"
+            broken = "".join(
+                f"; the installed plugin {b.name!r} ({b.distribution}), which may provide "
+                f"it, failed to load: {b.error}"
+                for b in self.broken
+            )
             raise PluginError(
-                f"unknown {singular} {name!r}; registered: {known}. Install or register the "
-                f"plugin that provides it, or pick one of those names"
+                f"unknown {singular} {name!r}; registered: {known}{broken}. Install or "
+                "register the plugin that provides it, or pick one of those names"
             ) from None
 
     def registrations(self) -> list[Registration]:

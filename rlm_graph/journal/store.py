@@ -88,6 +88,7 @@ _RECORD_FIELDS = (
 """The `NodeRecord` fields a row keeps as they are, in this order (its first item)."""
 
 _record_fields = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all of them
+_END = _RECORD_FIELDS.index("end")
 
 # A row: (record fields, kind, status, usage fields or None, request hash, seq,
 #         output preview or None when it is the value, after ids or None, parent, value,
@@ -150,7 +151,7 @@ def encode_nodes(
                     after.append(source)
         fields = _record_fields(record)
         if record.end is None:
-            fields = (*fields[:11], now, *fields[12:])
+            fields = (*fields[:_END], now, *fields[_END + 1 :])
         kind = record.kind._value_
         status = record.status._value_
         if status in _UNFINISHED:
@@ -548,11 +549,5 @@ def _add_replayed(graph: Graph, node: StoredNode, offset: float, *, bare: bool =
 def retimed(record: NodeRecord, offset: float) -> NodeRecord:
     """A copy of ``record`` on the clock ``time.time() - offset`` (see `restore`)."""
     copy = NodeRecord.model_validate(record.model_dump())
-    if record.wall_start is None or record.start is None:
-        return copy
-    shift = (record.wall_start - record.start) - offset
-    for name in ("submitted", "start", "end"):
-        value = getattr(copy, name)
-        if value is not None:
-            setattr(copy, name, value + shift)
+    copy.retime(record, offset)
     return copy

@@ -31,7 +31,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..contracts import ExecResult, Image
@@ -504,4 +504,3 @@ class _CheckHandlers(ast.NodeTransformer):
 
 ToolSpec = tuple[Any, str | None]
 ToolTable = Mapping[str, ToolSpec]
-Factory = Callable[..., ReplSession]

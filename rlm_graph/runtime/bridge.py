@@ -30,6 +30,7 @@ import base64
 import binascii
 import functools
 import inspect
+import time
 from dataclasses import dataclass
 
 import trio
@@ -41,10 +42,11 @@ from ..journal import value_hash
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
-from .batch import run_batch
+from .calls import ModelCall
 from .context import Run
-from .providers import call_model
-from .replay import JournaledTool
+from ..journal.tools import JournaledTool
+from .replay import Journaled
+from .slots import run_slots
 
 __all__ = ["BridgeProxy", "ChildRunner", "CompletionBridge", "node_path"]
 
@@ -127,8 +129,9 @@ class CompletionBridge:
         self._finished = []
         self._calls = 0
 
-    def _ordinal(self) -> int:
-        """The next call's ordinal within the current block (a batch takes one)."""
+    def next_ordinal(self) -> int:
+        """The next call's ordinal within the current block (a batch takes one; so does
+        a journaled tool's call, `rlm_graph.runtime.replay.JournaledTool`)."""
         self._calls += 1
         return self._calls
 
@@ -198,19 +201,19 @@ class CompletionBridge:
 
     async def _one(self, slot: Slot, prompt: Any, model: str | None, after: list[str]) -> Any:
         try:
-            return await slot(prompt, model, after, _Place(self._ordinal(), None, None))
+            return await slot(prompt, model, after, _Place(self.next_ordinal(), None, None))
         except Exception as exc:  # the model sees the failure as data
             return error_slot(exc)
 
     async def _batch(self, slot: Slot, prompts: Sequence[Any], model: str | None) -> list[Any]:
         after = self._take_finished()
         size = len(prompts)
-        ordinal = self._ordinal()
+        ordinal = self.next_ordinal()
 
         async def one(index: int, prompt: Any) -> Any:
             return await slot(prompt, model, after, _Place(ordinal, index, size))
 
-        return await run_batch(
+        return await run_slots(
             list(prompts), one, limit=self.run.limits.batch_max_concurrent, name="batch"
         )
 
@@ -241,21 +244,26 @@ class CompletionBridge:
         record = self._record(NodeKind.LLM_CALL, Message.of_parts("user", parts).content, place)
         if shape is not None:
             parts.append(schema_instructions(shape.describe(), repl=False))
-        messages = [Message.of_parts("user", parts)]
         wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema) if shape else None
+        call = ModelCall(
+            self.run, record, [Message.of_parts("user", parts)], model=model,
+            params=self.params, tally=self.tally, response_schema=wanted,
+        )
 
         async def body(rec: NodeRecord) -> Any:
             self.run.router.check_allowed(model, "llm_query")
-            response = await call_model(
-                self.run, rec, messages, model=model, params=self.params, tally=self.tally,
-                response_schema=wanted,
-            )
+            text = await call.text(rec)
+            return text if shape is None else shape.parse_text(text)  # a mismatch fails the node
+
+        def journaled() -> Journaled[Any]:
             if shape is None:
-                return response.content
-            return shape.parse_text(response.content)  # a mismatch fails the node
+                return call.journaled()
+            return call.journaled(keep=shape.dump_json, read=shape.parse_text)
 
         try:
-            return await self.run.execute(record, body, after=after, parent=self.block)
+            return await self.run.execute(
+                record, body, after=after, parent=self.block, journal=journaled
+            )
         finally:
             self._finished.append(record.id)
 
@@ -264,31 +272,34 @@ class CompletionBridge:
             return str(await self._llm(prompt, model, after, place))
         record = self._record(NodeKind.RLM_CALL, prompt, place)
         child_tally = Tally(parent=self.tally)
-        journal = self.run.journal
-        request = value_hash("rlm_call", prompt, model, self.params) if journal else ""
 
         async def body(rec: NodeRecord) -> str:
             self.run.router.check_allowed(model, "rlm_query")
-            stored = journal.lookup(rec, request) if journal is not None else None
-            if stored is not None:  # the whole child, from the journal
-                journal.restore_child(rec)  # type: ignore[union-attr]
-                if rec.usage is not None:
-                    child_tally.add(rec.usage, rec.cost)
-                return stored.value or ""
             async with self.run.limiters.subcalls(rec.depth):
-                rec.start = trio.current_time()  # queueing for a slot is not running
+                rec.began(trio.current_time(), time.time())  # queueing for a slot is not running
                 try:
                     answer = await self.run_child(prompt, model, rec, child_tally)
                 finally:
                     rec.usage = child_tally.usage
                     rec.cost = child_tally.cost
             rec.output_preview = preview(answer)
-            if journal is not None:
-                journal.record(rec, request, answer)
             return answer
 
+        def replayed(rec: NodeRecord) -> None:
+            """The whole child, from the journal: its nodes back in the graph, its usage
+            in its parent's tally."""
+            assert self.run.journal is not None
+            self.run.journal.restore_child(rec)
+            if rec.usage is not None:
+                child_tally.add(rec.usage, rec.cost)
+
+        def journaled() -> Journaled[str]:
+            return Journaled(value_hash("rlm_call", prompt, model, self.params), replayed=replayed)
+
         try:
-            return await self.run.execute(record, body, after=after, parent=self.block)
+            return await self.run.execute(
+                record, body, after=after, parent=self.block, journal=journaled
+            )
         finally:
             self._finished.append(record.id)
 

@@ -13,6 +13,9 @@ Invariants:
       what never finished as ``cancelled``.
     - A finished record holds no known secret: its previews and error are redacted
       before observers see it.
+    - With a journal open, a node given ``journal=`` (how it is keyed and kept, a
+      `Journaled`) is answered from the journal or recorded there, inside its span
+      and its events, the same way for every kind (see `rlm_graph.runtime.replay`).
 """
 
 from __future__ import annotations
@@ -29,15 +32,15 @@ from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
 from ..limits import Budget, Limits
-from .attempts import RetryLog
-from .limiters import BudgetGate
+from .._http.attempts import RetryLog
+from .capacity import BudgetGate
 
 if TYPE_CHECKING:
     from ..hooks import PluginHost
     from ..tracing import NodeTracer
-    from .limiters import LoopLimiters
-    from .providers import ProviderRouter
-    from .replay import Replayer
+    from .capacity import LoopLimiters
+    from .replay import Journaled, Replayer
+    from ..routing import ProviderRouter
 
 __all__ = ["Run"]
 
@@ -76,13 +79,13 @@ class Run:
         self.graph = graph if graph is not None else Graph()
         self.budget = Budget(limits)
         self.spend = BudgetGate(self.budget)
-        self._redact = redact
+        self.redact = redact
         self.scope = trio.CancelScope()
         self._time_warning = trio.CancelScope()
         self.stop_reason: str | None = None
         self.leaked_threads = 0  # threads of stopped blocks still running (environments say)
         self._counters: Counter[str] = Counter()
-        self.journal: Replayer | None = None  # set by runtime.replay.open_journal
+        self.journal: Replayer | None = None  # set by the run's lifecycle
         self.retries = RetryLog()
         fan_out = list(listeners)
         if has_observers(host.hook):
@@ -112,6 +115,7 @@ class Run:
         parent: str | None = None,
         span_parent: str | None = None,
         added: bool = False,
+        journal: Journaled[T] | Callable[[], Journaled[T]] | None = None,
     ) -> T:
         """Run ``body(record)`` as the node ``record``.
 
@@ -124,29 +128,29 @@ class Run:
                 ``None`` for both means the run's own span).
             added: the record is already in the graph (planned workflows add every node
                 before running any).
+            journal: how the node is journaled (or a function that says, called inside
+                the node, only when the run has a journal): with one, a recorded result
+                of the same request is the node's result and ``body`` does not run;
+                otherwise what ``body`` returns is recorded.
 
         Raises:
             Whatever ``body`` raises, after recording it on the node.
         """
         if not added:
             self.graph.add(record, after=after, parent=parent)
-        record.status = NodeStatus.RUNNING
-        record.submitted = record.start = trio.current_time()
-        record.wall_start = time.time()
+        record.running(trio.current_time(), time.time())
         parent_id = span_parent or parent
         if self._observed:
             self.events.node_started(record, parent_id)
         try:
-            with self.tracer.node_span(record, span_parent or parent):
+            with self.tracer.node_span(record, parent_id):
                 try:
-                    result = await body(record)
+                    result = await self._run_body(record, body, journal)
                 except BaseException as exc:
                     if _is_cancellation(exc):
                         record.status = NodeStatus.CANCELLED
                     elif isinstance(exc, Exception):
-                        record.status = NodeStatus.ERROR
-                        record.error = str(exc) or type(exc).__name__
-                        record.error_type = type(exc).__name__
+                        record.fail(type(exc).__name__, str(exc))
                     raise
                 else:
                     # A body may mark its own node failed and still return data (a REPL
@@ -157,19 +161,23 @@ class Run:
                 finally:
                     record.end = trio.current_time()
         finally:
-            if self._redact is not None:
-                self._scrub(record)
+            if self.redact is not None:  # no known secret stays, even one a model echoed
+                record.redact(self.redact)
             if self._observed:
                 self.events.node_finished(record, parent_id)
 
-    def _scrub(self, record: NodeRecord) -> None:
-        """Known secrets (API keys) never stay in a record, even when a model echoes one."""
-        redact = self._redact
-        assert redact is not None
-        record.input_preview = redact(record.input_preview)
-        record.output_preview = redact(record.output_preview)
-        if record.error:
-            record.error = redact(record.error)
+    async def _run_body(
+        self,
+        record: NodeRecord,
+        body: Callable[[NodeRecord], Awaitable[T]],
+        journal: Journaled[T] | Callable[[], Journaled[T]] | None,
+    ) -> T:
+        """``body(record)``, or through the journal when the run has one and the node
+        says how it is journaled."""
+        if journal is None or self.journal is None:
+            return await body(record)
+        key = journal() if callable(journal) else journal
+        return await self.journal.run(record, body, key)
 
     def finalize(self) -> None:
         """Mark every node that never finished as ``cancelled``; log the retry summary."""

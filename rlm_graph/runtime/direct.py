@@ -24,12 +24,12 @@ from typing import Any
 
 from ..contracts import Image, Message, ResponseSchema
 from ..errors import SchemaMismatch
-from ..graph import NodeKind, NodeRecord, NodeStatus, preview
+from ..graph import NodeKind, NodeRecord, preview
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
 from .context import Run
-from .providers import call_model, estimate_tokens
+from .calls import ModelCall, estimate_tokens
 
 __all__ = ["Fit", "OneAnswer", "direct_fit", "one_call", "task_text"]
 
@@ -42,6 +42,7 @@ class OneAnswer:
     text: str
     parsed: Any = None
     refused: str | None = None
+    raw: str = ""  # the reply as the model wrote it (what the journal keeps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,20 +127,22 @@ async def one_call(
         reason=note,
     )
     wanted = ResponseSchema(name=schema.name, json_schema=schema.json_schema) if schema else None
+    call = ModelCall(run, record, messages, params=params, tally=tally, response_schema=wanted)
+
+    def answer(text: str) -> OneAnswer:
+        """The reply, checked against the schema (live or replayed alike)."""
+        if schema is None:
+            return OneAnswer(text, raw=text)
+        try:
+            parsed = schema.parse_text(text)
+        except SchemaMismatch as exc:
+            record.fail("SchemaMismatch", str(exc))
+            return OneAnswer(text, refused=f"SchemaMismatch: {exc}", raw=text)
+        return OneAnswer(schema.dump_json(parsed), parsed, raw=text)
 
     async def body(rec: NodeRecord) -> OneAnswer:
-        response = await call_model(
-            run, rec, messages, params=params, tally=tally, response_schema=wanted
-        )
-        if schema is None:
-            return OneAnswer(response.content)
-        try:
-            parsed = schema.parse_text(response.content)
-        except SchemaMismatch as exc:
-            rec.status = NodeStatus.ERROR
-            rec.error = str(exc)
-            rec.error_type = "SchemaMismatch"
-            return OneAnswer(response.content, refused=f"SchemaMismatch: {exc}")
-        return OneAnswer(schema.dump_json(parsed), parsed)
+        return answer(await call.text(rec))
 
-    return await run.execute(record, body)
+    return await run.execute(
+        record, body, journal=lambda: call.journaled(keep=lambda a: a.raw, read=answer)
+    )

@@ -25,15 +25,23 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
-from ..contracts import ChatResponse, Environment, ExecResult, Message
+from ..contracts import (
+    ChatResponse,
+    Environment,
+    ExecResult,
+    Message,
+    image_json_default,
+    image_json_hook,
+)
 from ..errors import ProviderError, SchemaMismatch
-from ..graph import NodeKind, NodeRecord, NodeStatus, preview
+from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
@@ -47,82 +55,18 @@ from ..protocol.prompts import (
 )
 from ..protocol.schema import AnswerSchema
 from .bridge import BridgeProxy, CompletionBridge, node_path
+from .calls import ModelCall, call_model
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
-from .providers import call_model, estimate_tokens
-from .replay import JournaledTool, seed_code
+from ..journal.tools import seed_code
+from .replay import Journaled
+from .session import PersistentSession, environment_scope
+from .state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
 
-__all__ = [
-    "DEFAULT_CONTEXT_WINDOW",
-    "CompletionOutcome",
-    "CompletionState",
-    "LoopSettings",
-    "RLMRunner",
-    "make_environment",
-]
+__all__ = ["DEFAULT_CONTEXT_WINDOW", "RLMRunner"]
 
 DEFAULT_CONTEXT_WINDOW = 128_000
 """The window assumed for a model the model table does not know (see docs/compaction.md)."""
-
-ToolTable = Mapping[str, tuple[Any, "str | None"]]
-
-
-@dataclass(frozen=True, slots=True)
-class LoopSettings:
-    """What every completion of one RLM call needs, root and children alike."""
-
-    environment: str
-    environment_kwargs: Mapping[str, Any]
-    tools: ToolTable
-    sub_tools: ToolTable
-    custom_system_prompt: str | None = None
-    accept_text_final: bool = False
-    output_chars: int = 20_000
-    compaction: Any = None  # a CompactionStrategy, or None
-    compaction_threshold_pct: float = 0.85
-    root_params: Mapping[str, Any] | None = None  # request parameters of depth-0 turns
-    sub_params: Mapping[str, Any] | None = None  # of sub-calls and children's turns
-    schema: AnswerSchema | None = None  # the root's answer shape (completion(schema=...))
-
-
-@dataclass(slots=True)
-class CompletionState:
-    """What one completion has so far; read after a cut for the partial answer."""
-
-    messages: list[Message] = field(default_factory=list)
-    last_reply: str = ""
-    answer_content: str = ""
-    iterations: int = 0
-    consecutive_errors: int = 0
-    trajectory: list[Message] = field(default_factory=list)
-    counted_tokens: int | None = None  # reported by the last turn, for its messages
-    counted_messages: int = 0
-    parsed: Any = None  # the typed answer, when the root has a schema and it matched
-    schema_error: str | None = None  # why the last answer was refused, if it was
-    direct: str | None = None  # whether the direct path was taken, and why
-
-    def partial(self) -> str:
-        """The best partial answer: ``answer["content"]`` if set, else the last reply."""
-        return self.answer_content or self.last_reply
-
-    def add(self, message: Message) -> None:
-        """Append to the history the model sees, and to the full trajectory."""
-        self.messages.append(message)
-        self.trajectory.append(message)
-
-    def history_tokens(self) -> int:
-        """The size of ``messages``: reported usage where known, the estimate after it."""
-        if self.counted_tokens is None:
-            return sum(estimate_tokens(m.content) for m in self.messages)
-        later = self.messages[self.counted_messages :]
-        return self.counted_tokens + sum(estimate_tokens(m.content) for m in later)
-
-
-@dataclass(slots=True)
-class CompletionOutcome:
-    answer: str
-    stop_reason: str | None
-    state: CompletionState
 
 
 @dataclass(slots=True)
@@ -148,6 +92,35 @@ class RLMRunner:
 
     # -- entry points -------------------------------------------------------------------
 
+    async def answer(
+        self,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
+        tally: Tally,
+        *,
+        direct_share: float | None = None,
+        session: PersistentSession | None = None,
+    ) -> CompletionOutcome:
+        """The top-level completion, by the first rule that applies: ``max_depth=0`` is
+        one plain call (`plain`); with ``direct_share``, the direct path when it is
+        taken (`direct`); else the RLM loop, in the persistent ``session``'s REPL or in
+        a fresh one (`root`)."""
+        if self.run.limits.max_depth == 0:
+            return await self.plain(context, root_prompt, state, tally)
+        if direct_share is not None:
+            answered = await self.direct(context, root_prompt, state, tally, direct_share)
+            if answered is not None:
+                return answered
+        if session is None:
+            return await self.root(context, root_prompt, state, tally)
+        env, index = await session.begin(context)
+        outcome = await self.root(
+            context, root_prompt, state, tally, env=env, proxy=session.proxy, index=index
+        )
+        await session.end(self.run, state)
+        return outcome
+
     async def root(
         self,
         context: Any,
@@ -158,22 +131,22 @@ class RLMRunner:
         env: Environment | None = None,
         proxy: BridgeProxy | None = None,
         index: int = 0,
-        histories: int = 0,
     ) -> CompletionOutcome:
-        """The top-level completion; a persistent session passes its ``env`` and ``proxy``."""
+        """The top-level completion; a persistent session passes its ``env`` and ``proxy``
+        (and ``index``: the completion's number in the session, its ``context_N``)."""
         bridge = self._bridge(0, "root", tally, self.settings.tools)
         if env is None:
             async with self._environment(bridge, self.settings.tools, 0, context) as fresh:
                 return await self._complete(
                     _Completion(0, "root", None, None, tally, bridge, fresh),
-                    context, root_prompt, state, index=0, histories=0,
+                    context, root_prompt, state,
                 )
         assert proxy is not None
         proxy.target = bridge
         try:
             return await self._complete(
                 _Completion(0, "root", None, None, tally, bridge, env),
-                context, root_prompt, state, index=index, histories=histories,
+                context, root_prompt, state, index=index,
             )
         finally:
             proxy.target = None
@@ -192,7 +165,7 @@ class RLMRunner:
         """The direct path: one call when question and context fit ``share`` of the root
         model's window (see `direct_fit`); None when not taken, or when its answer did
         not match the schema (the RLM loop then answers). ``state.direct`` says why."""
-        model = self.run.router.route(None, 0)[2]
+        model = self.run.router.route(None, 0).model
         info = self.run.router.info(model)
         fit = direct_fit(
             context, root_prompt, model=model, share=share,
@@ -245,8 +218,10 @@ class RLMRunner:
             params=self.settings.sub_params,
         )
 
-    def _environment(self, bridge: CompletionBridge, tools: ToolTable, depth: int, context: Any) -> Any:
-        return _EnvironmentScope(self.env_factory, bridge, tools, depth, context, self.settings)
+    def _environment(
+        self, bridge: CompletionBridge, tools: ToolTable, depth: int, context: Any
+    ) -> Any:
+        return environment_scope(self.env_factory, self.settings, bridge, tools, depth, context)
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -258,32 +233,9 @@ class RLMRunner:
         state: CompletionState,
         *,
         index: int = 0,
-        histories: int = 0,
     ) -> CompletionOutcome:
         limits = self.run.limits
-        tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
-        schema = self._schema(c)
-        state.messages = []
-        for message in (
-            Message(
-                role="system",
-                content=system_prompt(
-                    custom=self.settings.custom_system_prompt,
-                    tools=tools,
-                    can_recurse=c.bridge.can_recurse,
-                    output_chars=self.settings.output_chars,
-                ),
-            ),
-            Message(
-                role="user",
-                content=first_user_message(
-                    context, root_prompt, index=index, histories=histories,
-                    max_iterations=limits.max_iterations,
-                    schema=schema.describe() if schema is not None else None,
-                ),
-            ),
-        ):
-            state.add(message)
+        self._open(c, context, root_prompt, state, index)
         previous: str | None = None
         for iteration in range(1, limits.max_iterations + 1):
             state.iterations = iteration
@@ -294,14 +246,37 @@ class RLMRunner:
                 return CompletionOutcome(final, None, state)
             if limits.max_errors is not None and state.consecutive_errors >= limits.max_errors:
                 return CompletionOutcome(state.partial(), "max_errors", state)
-        previous = await self._compact(c, state, limits.max_iterations + 1, previous)
-        state.add(
-            Message(
-                role="user",
-                content=final_answer_prompt(limits.max_iterations, typed=schema is not None),
-            )
-        )
-        reply, _ = await self._turn(c, state, limits.max_iterations + 1, previous)
+        return await self._last_turn(c, state, previous)
+
+    def _open(
+        self, c: _Completion, context: Any, root_prompt: str | None, state: CompletionState,
+        index: int,
+    ) -> None:
+        """The conversation's start: the system prompt and the first user message (a
+        persistent session's completion ``index`` also names its earlier histories)."""
+        tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
+        schema = self._schema(c)
+        state.messages = []
+        state.add(Message(role="system", content=system_prompt(
+            custom=self.settings.custom_system_prompt, tools=tools,
+            can_recurse=c.bridge.can_recurse, output_chars=self.settings.output_chars,
+        )))
+        state.add(Message(role="user", content=first_user_message(
+            context, root_prompt, index=index, histories=index,
+            max_iterations=self.run.limits.max_iterations,
+            schema=schema.describe() if schema is not None else None,
+        )))
+
+    async def _last_turn(
+        self, c: _Completion, state: CompletionState, previous: str | None
+    ) -> CompletionOutcome:
+        """After ``max_iterations`` turns: the model is asked once for its final answer,
+        and that is the answer (``stop_reason="max_iterations"``)."""
+        last = self.run.limits.max_iterations + 1
+        schema = self._schema(c)
+        previous = await self._compact(c, state, last, previous)
+        state.add(Message(role="user", content=final_answer_prompt(last - 1, typed=schema is not None)))
+        reply, _ = await self._turn(c, state, last, previous)
         if schema is not None:
             try:
                 return CompletionOutcome(self._accept(schema, state, reply), "max_iterations", state)
@@ -369,17 +344,13 @@ class RLMRunner:
         self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
     ) -> tuple[str, str]:
         record = self._record(c, NodeKind.ROOT_TURN, f"turn-{iteration}", iteration)
-        messages = list(state.messages)
-
-        async def body(rec: NodeRecord) -> str:
-            params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
-            response = await call_model(
-                self.run, rec, messages, model=c.model, params=params, tally=c.tally
-            )
-            return response.content
-
+        params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
+        call = ModelCall(
+            self.run, record, list(state.messages), model=c.model, params=params, tally=c.tally
+        )
         reply = await self.run.execute(
-            record, body, after=[previous] if previous else [], parent=c.parent
+            record, call.text, after=[previous] if previous else [], parent=c.parent,
+            journal=call.journaled,
         )
         state.last_reply = reply
         state.add(Message(role="assistant", content=reply))
@@ -396,7 +367,7 @@ class RLMRunner:
         strategy = self.settings.compaction
         if strategy is None:
             return previous
-        model = self.run.router.route(c.model, c.depth)[2]
+        model = self.run.router.route(c.model, c.depth).model
         info = self.run.router.info(model)
         window = info.context_window if info and info.context_window else DEFAULT_CONTEXT_WINDOW
         tokens = state.history_tokens()
@@ -415,17 +386,22 @@ class RLMRunner:
             call = _CompactionCall(self.run, rec, c, model, window)
             rewritten = list(await strategy.compact(messages, call))
             rec.output_preview = f"{len(messages)} -> {len(rewritten)} messages"
-            tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
-            if "history" not in tools:  # a user's tool of that name wins
-                await c.env.set_variable("history", [m.model_dump() for m in state.trajectory])
             return rewritten
 
+        journal = Journaled(
+            value_hash("compaction", type(strategy).__name__, model, _messages_text(messages)),
+            _messages_text, _messages_of,
+        )
         try:
             state.messages = await self.run.execute(
-                record, body, after=[previous] if previous else [], parent=c.parent
+                record, body, after=[previous] if previous else [], parent=c.parent,
+                journal=journal,
             )
         except ProviderError:  # recorded on the node; the turn goes on uncompacted
             return record.id
+        tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
+        if "history" not in tools:  # a user's tool of that name wins
+            await c.env.set_variable("history", [m.model_dump() for m in state.trajectory])
         state.counted_tokens = None
         return record.id
 
@@ -481,7 +457,6 @@ class RLMRunner:
         record = self._record(
             c, NodeKind.REPL_BLOCK, f"turn-{iteration}/block-{number}", iteration, preview(code)
         )
-
         journal = self.run.journal
 
         async def body(rec: NodeRecord) -> ExecResult:
@@ -492,15 +467,15 @@ class RLMRunner:
             result = await self._check_final(c, state, await c.env.execute(code))
             rec.output_preview = preview(result.stdout or result.stderr)
             if not result.ok:
-                rec.status = NodeStatus.ERROR
-                rec.error = result.error or "the block timed out"
-                rec.error_type = (result.error or "Timeout").split(":", 1)[0]
-            if journal is not None:
-                journal.record(rec, value_hash("repl_block", code), None)
+                rec.fail((result.error or "Timeout").split(":", 1)[0], result.error or "the block timed out")
             return result
 
         try:
-            result = await self.run.execute(record, body, after=[previous], span_parent=turn_id)
+            result = await self.run.execute(
+                record, body, after=[previous], span_parent=turn_id,
+                # Recorded, never replayed: a block runs again to rebuild the REPL's state.
+                journal=Journaled(value_hash("repl_block", code), read=None),
+            )
         except BaseException:  # cut by a limit or a cancel (possibly inside a group)
             await _salvage_answer(c.env, state)
             raise
@@ -544,15 +519,25 @@ class _CompactionCall:
 
     async def complete(self, messages: Sequence[Message]) -> ChatResponse:
         before, cost = self.record.usage, self.record.cost
-        response = await call_model(
+        call = ModelCall(
             self.run, self.record, messages, model=self.completion.model,
             tally=self.completion.tally,
         )
+        response = await call_model(call)
         if before is not None and self.record.usage is not None:  # a second call adds up
             self.record.usage = before + self.record.usage
             if cost is not None:
                 self.record.cost = cost + (self.record.cost or 0.0)
         return response
+
+
+def _messages_text(messages: list[Message]) -> str:
+    """A compaction's result as the journal keeps it."""
+    return json.dumps([m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default)
+
+
+def _messages_of(text: str) -> list[Message]:
+    return [Message.model_validate(m) for m in json.loads(text, object_hook=image_json_hook)]
 
 
 async def _salvage_answer(env: Environment, state: CompletionState) -> None:
@@ -562,52 +547,3 @@ async def _salvage_answer(env: Environment, state: CompletionState) -> None:
         content = await env.answer_content()
         if content:
             state.answer_content = content
-
-
-def make_environment(
-    factory: Any, settings: LoopSettings, bridge: Any, tools: ToolTable, depth: int
-) -> Environment:
-    """An environment for one completion (or a persistent session), not yet started."""
-    bound = {
-        name: (value.bind(bridge), text) if isinstance(value, JournaledTool) else (value, text)
-        for name, (value, text) in tools.items()
-    }
-    env: Environment = factory(
-        bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
-    )
-    return env
-
-
-class _EnvironmentScope:
-    """``async with``: make, start, load and always close a completion's environment."""
-
-    def __init__(
-        self, factory: Any, bridge: CompletionBridge, tools: ToolTable, depth: int,
-        context: Any, settings: LoopSettings,
-    ) -> None:
-        self.factory = factory
-        self.bridge = bridge
-        self.tools = tools
-        self.depth = depth
-        self.context = context
-        self.settings = settings
-        self.env: Environment | None = None
-
-    async def __aenter__(self) -> Environment:
-        self.env = make_environment(
-            self.factory, self.settings, self.bridge, self.tools, self.depth
-        )
-        try:
-            await self.env.start()
-            await self.env.add_context(self.context, 0)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await self.env.aclose()
-            raise
-        return self.env
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.env is not None:
-            with trio.CancelScope(shield=True):
-                await self.env.aclose()
-            self.bridge.run.leaked_threads += getattr(self.env, "leaked_threads", 0)

@@ -1,45 +1,46 @@
 """A run's journal on the scheduler's side: replay recorded nodes, record finished ones.
 
-`Replayer` is attached to a `Run` as ``run.journal`` (None without a journal). The
-executors ask it before doing work (`Replayer.lookup`: a recorded node whose request hash
-matches is answered from the journal) and hand it what they finished
-(`Replayer.record`). Writes are batched: a system task wakes when rows are waiting,
-lets more gather for `FLUSH_DELAY` seconds (or until `FLUSH_ROWS` are waiting), and
-writes them in one transaction from a worker thread, so the scheduler never waits on
-the disk.
+`Replayer` is attached to a `Run` as ``run.journal`` (None without a journal). It is a
+seam of `Run.execute`: a node that says how it is journaled (a `Journaled`: its request
+hash, how its result is kept as text and read back) goes through `Replayer.run`, which
+answers it from the journal when a record with the same request hash is there, and
+otherwise runs its body and records what it returned. Every node kind is journaled this
+way; the executors only say how their nodes are keyed and encoded.
+
+Writes are batched: a system task wakes when rows are waiting, lets more gather for
+`FLUSH_DELAY` seconds (or until `FLUSH_ROWS` are waiting), and writes them in one
+transaction from a worker thread, so the scheduler never waits on the disk.
 
 Invariants:
-    - A row is taken for writing only after its node finished: `record` is called from
-      a node's body with no checkpoint before the body returns, and the writer runs in
-      another task, so by the time it reads the record ``Run.execute`` has finished it.
+    - A row is taken for writing only after its node finished: `Replayer.run` records
+      with no checkpoint between the body's return and `Run.execute` finishing the
+      record, and the writer runs in another task, so by the time it reads the record
+      ``Run.execute`` has finished it.
     - Once a node diverged (its request differs from its record), nothing more is
       replayed in this run: what follows a changed request cannot be trusted.
+    - A node whose body raised is not recorded: it runs again on resume.
     - `close` writes whatever is left, even when the run was cancelled.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 import trio
 
-from ..contracts import ChatRequest, Message
 from ..errors import ConfigError
-from ..graph import NodeKind, NodeRecord, NodeStatus
-from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode, value_hash
-from ..journal.keys import call_hash
+from ..graph import Graph, NodeKind, NodeRecord
+from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode
+from ..journal.tools import MISSING
 from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
 
-if TYPE_CHECKING:
-    from .context import Run
-
-__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "JournaledTool", "Replayer", "open_journal", "seed_code"]
+__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "JournalTarget", "Journaled", "Replayer", "open_journal"]
 
 logger = logging.getLogger("rlm_graph")
 
@@ -49,89 +50,72 @@ FLUSH_DELAY = 0.05
 FLUSH_ROWS = 512
 """Rows that start a write at once."""
 
-_COMPACTION = NodeKind.COMPACTION
-
-COUNTED = COUNTED_KINDS
+T = TypeVar("T")
 
 
-def _put_back_times(record: NodeRecord, was: NodeRecord, offset: float) -> None:
-    """Give a replayed ``record`` the recorded times, moved onto this run's clock (see
-    `rlm_graph.journal.store.retimed`; without a copy: this runs once per replayed node)."""
-    if was.wall_start is None or was.start is None:
-        return
-    shift = (was.wall_start - was.start) - offset
-    record.submitted = was.submitted + shift if was.submitted is not None else None
-    record.start = was.start + shift
-    record.end = was.end + shift if was.end is not None else None
-    record.wall_start = was.wall_start
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
-class JournaledTool:
-    """A custom tool given as ``{"tool": fn, "journal": True}``: in a journaled run each
-    call's result (JSON only) is recorded, keyed ``<block>/tool-<ordinal>`` and by a hash
-    of the arguments, and replayed on resume instead of calling ``fn`` again.
+def _as_is(text: str) -> Any:
+    return text
 
-    Called outside a journaled run it is just ``fn``.
+
+@dataclass(frozen=True, slots=True)
+class Journaled(Generic[T]):
+    """How a node is kept in the run's journal (given to `Run.execute` as ``journal=``).
+
+    Attributes:
+        request: the hash of what the node asks (`rlm_graph.journal.value_hash`,
+            `rlm_graph.journal.keys.call_hash`): a record replays only under the same one.
+        keep: the node's result as the text replay will return (None: it cannot be kept
+            faithfully, so the node is not recorded and runs again on resume).
+        read: the stored text back as the node's result; None for a node that is
+            recorded but never replayed (a REPL block runs again, to rebuild its state).
+        replayed: called with the record after a replay adopted the stored one (a
+            model call counts its usage in its completion's tally; a child puts its
+            nodes back in the graph).
     """
 
-    def __init__(self, fn: Any, name: str) -> None:
-        self.fn = fn
-        self.name = name
-        functools.update_wrapper(self, fn)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(*args, **kwargs)
-
-    def bind(self, bridge: Any) -> Any:
-        """The tool as one completion's REPL calls it (``bridge``: its bridge, or the
-        proxy of a persistent session)."""
-
-        @functools.wraps(self.fn)
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self.call(getattr(bridge, "target", None) or bridge, args, kwargs)
-
-        return call
-
-    def call(self, bridge: Any, args: Any, kwargs: Any) -> Any:
-        """Call the tool for code of ``bridge``'s current block (any thread)."""
-        journal: Replayer | None = getattr(getattr(bridge, "run", None), "journal", None)
-        if journal is None or bridge.block is None:
-            return self.fn(*args, **kwargs)
-        node_id = f"{bridge.block}/tool-{bridge._ordinal()}"
-        request = value_hash("tool", self.name, list(args), dict(kwargs))
-        stored = journal.nodes.get(node_id)
-        if stored is not None and journal.diverged_at is None and stored.hash == request and stored.value is not None:
-            journal.tools_replayed += 1
-            return json.loads(stored.value)
-        if stored is not None and journal.diverged_at is None:
-            journal.diverged_at = node_id
-        value = self.fn(*args, **kwargs)
-        try:
-            text = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):
-            return value  # JSON cannot hold it: the tool runs again on resume
-        record = NodeRecord(
-            id=node_id, kind=NodeKind.FUNCTION, depth=bridge.depth, completion=bridge.completion,
-            status=NodeStatus.OK, wall_start=time.time(), input_preview=f"{self.name}(...)",
-        )
-        journal._tool_rows.append((record, request, text))
-        return value
+    request: str
+    keep: Callable[[T], str | None] = _text
+    read: Callable[[str], T] | None = _as_is
+    replayed: Callable[[NodeRecord], None] | None = None
 
 
-def seed_code(key: str, block_id: str) -> str:
-    """Code that seeds the REPL's `random` for one block of a journaled run: the same
-    block of the same run draws the same numbers in every attempt."""
-    seed = int(value_hash("seed", key, block_id)[:16], 16)
-    return f"__import__('random').seed({seed})"
+@dataclass(frozen=True, slots=True)
+class JournalTarget:
+    """Where a run is journaled: the file, the run's key (its inputs and configuration,
+    `rlm_graph.journal.run_key`), its kind (``"rlm"``, ``"workflow"``) and a label."""
+
+    path: str | os.PathLike[str]
+    key: str
+    kind: str
+    label: str
 
 
 class Replayer:
-    """The journal of one run (one run key) in one attempt."""
+    """The journal of one run (one run key) in one attempt.
+
+    Args:
+        graph: the run's graph (edges of recorded nodes; a replayed child's nodes go in).
+        redact: scrubs known secrets out of what is written (None: nothing to scrub).
+        store, key, number, before: the open journal file, the run's key, its number in
+            the file and its earlier attempt's row (None for a first attempt).
+    """
 
     def __init__(
-        self, run: Run, store: JournalStore, key: str, number: int, before: RunRow | None
+        self,
+        graph: Graph,
+        redact: Callable[[str], str] | None,
+        store: JournalStore,
+        key: str,
+        number: int,
+        before: RunRow | None,
     ) -> None:
-        self.run = run
+        self.graph = graph
+        self.redact = redact
         self.store = store
         self.key = key
         self.number = number
@@ -148,7 +132,6 @@ class Replayer:
         self._tool_rows: list[tuple[NodeRecord, str, str | None]] = []
         self._wake = trio.Event()
         self._replayed: list[tuple[NodeRecord, StoredNode]] = []
-        self._calls: dict[str, int] = {}
         self._stop = trio.CancelScope()
         self._stopped = trio.Event()
         self._failed: BaseException | None = None
@@ -158,39 +141,42 @@ class Replayer:
         self.tokens_saved = 0
         self.tools_replayed = 0
 
-    # -- replay -------------------------------------------------------------------------
+    # -- the seam of Run.execute --------------------------------------------------------
 
-    def call_id(self, record: NodeRecord) -> str:
-        """The journal id of a model call on ``record``: the node's id, and ``#n`` for
-        the n-th call (n >= 2) of a node that makes several (a compaction)."""
-        if record.kind != NodeKind.COMPACTION:
-            return record.id
-        n = self._calls[record.id] = self._calls.get(record.id, 0) + 1
-        return record.id if n == 1 else f"{record.id}#{n}"
+    async def run(
+        self,
+        record: NodeRecord,
+        body: Callable[[NodeRecord], Awaitable[T]],
+        journaled: Journaled[T],
+    ) -> T:
+        """Answer ``record`` from the journal if it holds this request, else run
+        ``body`` and record its result (called by `Run.execute`, inside the node)."""
+        read = journaled.read
+        if read is not None:
+            stored = self.lookup(record, journaled.request)
+            if stored is not None:
+                value = read(stored.value or "")
+                if journaled.replayed is not None:
+                    journaled.replayed(record)
+                return value
+        result = await body(record)
+        if read is None:
+            self.record(record, journaled.request, None)
+        else:
+            text = journaled.keep(result)
+            if text is not None:
+                self.record(record, journaled.request, text)
+        return result
 
-    def model_call(
-        self, record: NodeRecord, model: str, messages: Sequence[Message], settings: ChatRequest | None
-    ) -> tuple[str, str, StoredNode | None]:
-        """A model call on ``record`` about to ask ``model`` with ``messages`` (and the
-        parameters or schema of ``settings``, see `rlm_graph.journal.keys.call_hash`):
-        its journal id (see `call_id`), its request hash, and its journaled result if it
-        has one that matches (see `lookup`; None: the call goes live)."""
-        node_id = record.id if record.kind is not _COMPACTION else self.call_id(record)
-        key = call_hash(model, messages, settings)
-        if not self.nodes:  # a first attempt: nothing to look up
-            self.live += record.kind in COUNTED and node_id == record.id
-            return node_id, key, None
-        return node_id, key, self.lookup(record, key, node_id)
-
-    def lookup(self, record: NodeRecord, request: str, node_id: str | None = None) -> StoredNode | None:
+    def lookup(self, record: NodeRecord, request: str) -> StoredNode | None:
         """The journaled result of ``record`` if its request hash matches, else None
         (the node then runs live and is counted live or diverged).
 
         A replayed node's record takes the recorded usage, cost, model and previews, and
         is marked ``replayed``; its recorded times are put back when the run closes.
         """
-        stored = self.nodes.get(node_id or record.id)
-        counted = record.kind in COUNTED and (node_id is None or node_id == record.id)
+        counted = record.kind in COUNTED_KINDS
+        stored = self.nodes.get(record.id) if self.nodes else None
         if stored is None:
             self.live += counted
             return None
@@ -204,52 +190,55 @@ class Replayer:
                 )
             self.diverged += counted
             return None
-        self._adopt(record, stored)
+        was = stored.record
+        record.adopt(was)
+        self._replayed.append((record, stored))
         self.replayed += counted
+        if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
+            self._saved(was)
         return stored
 
-    def _adopt(self, record: NodeRecord, stored: StoredNode) -> None:
-        was = stored.record
-        record.replayed = True
-        record.model = was.model
-        record.response_model = was.response_model
-        record.provider = was.provider
-        record.usage = was.usage
-        record.cost = was.cost
-        record.finish_reason = was.finish_reason
-        record.attempts = was.attempts
-        record.note = was.note
-        record.output_preview = was.output_preview
-        self._replayed.append((record, stored))
-        if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
-            self.cost_saved += was.cost or 0.0
-            self.tokens_saved += was.usage.total_tokens if was.usage is not None else 0
+    def _saved(self, was: NodeRecord) -> None:
+        self.cost_saved += was.cost or 0.0
+        self.tokens_saved += was.usage.total_tokens if was.usage is not None else 0
 
     def restore_child(self, record: NodeRecord) -> list[NodeRecord]:
         """Put the journaled nodes of the child completion of ``record`` (a replayed
         ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
         prefix = record.id + "/"
         inside = sorted((n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq)
-        inside = [n for n in inside if n.id not in self.run.graph and "#" not in n.id and not is_tool_call(n.id)]
-        added = restore(self.run.graph, inside, offset=time.time() - trio.current_time())
+        inside = [n for n in inside if n.id not in self.graph and "#" not in n.id and not is_tool_call(n.id)]
+        added = restore(self.graph, inside, offset=time.time() - trio.current_time())
         for node in added:
-            if node.kind in COUNTED:
+            if node.kind in COUNTED_KINDS:
                 self.replayed += 1
                 if node.kind != NodeKind.RLM_CALL:
-                    self.cost_saved += node.cost or 0.0
-                    self.tokens_saved += node.usage.total_tokens if node.usage is not None else 0
+                    self._saved(node)
         return added
+
+    # -- journaled tools (REPL threads) -------------------------------------------------
+
+    def tool_result(self, node_id: str, request: str) -> Any:
+        """The journaled result of the tool call ``node_id`` if its arguments match (a
+        JSON value), else `MISSING` (the tool runs; a changed call is a divergence)."""
+        stored = self.nodes.get(node_id)
+        if stored is None or self.diverged_at is not None:
+            return MISSING
+        if stored.hash != request or stored.value is None:
+            self.diverged_at = node_id
+            return MISSING
+        self.tools_replayed += 1
+        return json.loads(stored.value)
+
+    def record_tool(self, record: NodeRecord, request: str, text: str) -> None:
+        """Record one journaled tool call (from a REPL thread: one list append)."""
+        self._tool_rows.append((record, request, text))
 
     # -- recording ----------------------------------------------------------------------
 
-    def record(self, record: NodeRecord, request: str, value: str | None, node_id: str | None = None) -> None:
+    def record(self, record: NodeRecord, request: str, value: str | None) -> None:
         """Journal ``record`` (finishing now) with its request hash and ``value`` (what
         replay returns: a reply, an answer, a function's JSON; None for a REPL block)."""
-        if node_id is not None and node_id != record.id:
-            # A second call of one node: its own row, on a copy that keeps the id.
-            copy = NodeRecord.model_validate(record.model_dump())
-            copy.id = node_id
-            record = copy
         records = self._records
         records.append(record)
         self._requests.append(request)
@@ -269,7 +258,7 @@ class Replayer:
                 values.append(value)
             del self._tool_rows[:tools]
         chunks = encode_nodes(
-            self._seq, records, requests, values, self.run.graph.incoming, trio.current_time(), self.run._redact
+            self._seq, records, requests, values, self.graph.incoming, trio.current_time(), self.redact
         )
         self._seq += len(records)
         return chunks
@@ -316,13 +305,13 @@ class Replayer:
             await self._stopped.wait()
             offset = time.time() - trio.current_time()
             for record, stored in self._replayed:
-                _put_back_times(record, stored.record, offset)
+                record.retime(stored.record, offset)
             try:
                 if self._failed is None:
                     self.store.write(self.number, self.attempt, self._chunks())
                 keep = None
                 if self.diverged_at is not None and status == "finished":
-                    keep = [r.id for r in self.run.graph.records()]
+                    keep = [r.id for r in self.graph.records()]
                 self.store.finish(self.key, status, answer, keep)
             except Exception as exc:  # the run itself is done: its answer stands
                 self._failed = self._failed or exc
@@ -332,21 +321,24 @@ class Replayer:
         return self.summary()
 
 
-async def open_journal(run: Run, path: str | os.PathLike[str], key: str, kind: str, label: str) -> Replayer:
-    """Open the journal at ``path`` for run ``key`` and attach it to ``run``.
+async def open_journal(
+    graph: Graph, redact: Callable[[str], str] | None, target: JournalTarget
+) -> Replayer:
+    """Open the journal ``target`` names for a run whose graph is ``graph``.
 
     Raises:
         ConfigError: the file is not a journal, or cannot be opened.
     """
-    if not isinstance(path, str | os.PathLike):
-        raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(path).__name__}")
-    store = JournalStore(path, threads=True)
+    if not isinstance(target.path, str | os.PathLike):
+        raise ConfigError(
+            f"journal must be a file path such as 'run.sqlite', not {type(target.path).__name__}"
+        )
+    store = JournalStore(target.path, threads=True)
     try:
-        number, before = store.begin(key, kind, label)
-        replayer = Replayer(run, store, key, number, before)
+        number, before = store.begin(target.key, target.kind, target.label)
+        replayer = Replayer(graph, redact, store, target.key, number, before)
     except BaseException:
         store.close()
         raise
     trio.lowlevel.spawn_system_task(replayer._writer, name="rlm_graph.journal.writer")
-    run.journal = replayer
     return replayer

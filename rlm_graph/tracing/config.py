@@ -168,7 +168,7 @@ def _resource(service_name: str | None) -> Resource:
     detected = Resource.create({})
     if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         detected = detected.merge(Resource({SERVICE_NAME: service_name or DEFAULT_SERVICE_NAME}))
-    from .. import __version__
+    from .._version import __version__
 
     return detected.merge(Resource({SERVICE_VERSION: __version__}))
 

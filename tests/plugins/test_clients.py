@@ -12,7 +12,7 @@ from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import RLM, Engine, Workflow
-from rlm_graph.runtime.http import JSONProvider
+from rlm_graph._http.provider import JSONProvider
 from rlm_graph.testing import FakeOpenAIServer
 
 

@@ -11,7 +11,7 @@ from http_support import KEY, openai_kwargs
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.graph import NodeStatus, to_json
-from rlm_graph.runtime.batch import run_batch
+from rlm_graph.runtime.slots import run_slots
 from rlm_graph.testing import FakeOpenAIServer, Reply
 
 
@@ -29,7 +29,7 @@ async def test_64_calls_under_max_concurrent_8_never_exceed_8_at_the_server() ->
     assert server.connections_opened <= 8
 
 
-async def test_run_batch_through_a_provider_also_holds_the_limit() -> None:
+async def test_batch_slots_through_a_provider_also_hold_the_limit() -> None:
     with FakeOpenAIServer(latency=0.01) as server:
         async with Engine("openai", openai_kwargs(server, max_concurrent=8)) as engine:
 
@@ -38,7 +38,7 @@ async def test_run_batch_through_a_provider_also_holds_the_limit() -> None:
                 ref = wf.llm(prompt)
                 return str((await engine.arun(wf))[ref])
 
-            results = await run_batch([f"p{i}" for i in range(64)], one, limit=64)
+            results = await run_slots([f"p{i}" for i in range(64)], one, limit=64)
     assert results == [f"echo: p{i}" for i in range(64)]
     assert server.peak_in_flight <= 8
 

@@ -21,7 +21,7 @@ from rlm_graph.errors import (
     ProviderTimeout,
     RateLimited,
 )
-from rlm_graph.runtime.http import parse_duration, parse_retry_after, retry_delay_from_headers
+from rlm_graph._http.provider import parse_duration, parse_retry_after, retry_delay_from_headers
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")

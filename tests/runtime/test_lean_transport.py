@@ -18,7 +18,7 @@ import pytest
 import trio
 from rlm_graph_openai import OpenAIProvider
 
-from rlm_graph.runtime.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
+from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
 from rlm_graph.testing import FakeOpenAIServer
 
 Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]

@@ -11,8 +11,8 @@ from rlm_graph.contracts import Message
 from rlm_graph.errors import NodeFailed, ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, peak_concurrency
 from rlm_graph.hooks import hookimpl
-from rlm_graph.runtime.batch import run_batch
-from rlm_graph.runtime.providers import call_model
+from rlm_graph.runtime.slots import run_slots
+from rlm_graph.runtime.calls import ModelCall
 
 L = 1.0  # simulated latency of one model call
 
@@ -102,13 +102,10 @@ async def test_two_concurrent_batches_share_the_provider_limit(
     async def batch(name: str) -> None:
         async def one(index: int, prompt: str) -> str:
             record = NodeRecord(id=run.new_id("llm"), kind=NodeKind.LLM_CALL)
-            reply = await run.execute(
-                record,
-                lambda rec: call_model(run, rec, [Message(role="user", content=prompt)]),
-            )
-            return reply.content
+            call = ModelCall(run, record, [Message(role="user", content=prompt)])
+            return await run.execute(record, call.text)
 
-        outputs[name] = await run_batch(
+        outputs[name] = await run_slots(
             [f"{name}{i}" for i in range(16)], one, limit=16
         )
 

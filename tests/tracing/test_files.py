@@ -59,7 +59,7 @@ async def traced_workflow(memory: Memory, directory: Path) -> tuple[Graph, Trace
     joined = wf.function(lambda *parts: "|".join(parts), *maps, bad, id="join")
     wf.llm(lambda text: f"final over {len(text)}", joined, id="final")
     with run.tracer.run_span("invoke_workflow", {}):
-        await run_workflow(run, wf)
+        await run_workflow(run, wf, {}, {})
     memory.provider.force_flush()
     return run.graph, exporter
 

@@ -157,7 +157,7 @@ async def test_after_edges_become_span_links_when_the_tracer_has_the_graph(memor
     run = engine.new_run()
     run.tracer = NodeTracer(memory.provider, graph=run.graph)
     with run.tracer.run_span("invoke_workflow", {}):
-        await run_workflow(run, map_reduce(3))
+        await run_workflow(run, map_reduce(3), {}, {})
     spans = memory.by_node()
     linked = {span_id(spans[n]) for n in run.graph.predecessors("reduce", "after")}
     assert {link.context.span_id for link in spans["reduce"].links} == linked

@@ -17,7 +17,7 @@ What it does:
       was written (even with no byte of an answer), the server may have acted on it;
       that is an ``httpx.RemoteProtocolError`` or ``ReadError``, and whether to send the
       request again (a POST can bill a completion twice) is the caller's decision, made
-      and counted in one place (`rlm_graph.runtime.http`);
+      and counted in one place (`rlm_graph._http.provider`);
     - TLS for ``https`` (``trio.SSLStream``, certificate checks on by default);
     - httpx timeouts (``connect``, ``read``, ``write``, ``pool``), as httpx exceptions.
 

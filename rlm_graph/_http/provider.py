@@ -19,7 +19,7 @@ Invariants:
       date), ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps
       with ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
     - Every retry is one more attempt: logged at DEBUG and counted on the node and in
-      the run's summary (`rlm_graph.runtime.attempts`); nothing is re-sent silently.
+      the run's summary (`rlm_graph._http.attempts`); nothing is re-sent silently.
     - Each attempt has a deadline: ``timeout``, doubled after every attempt that timed
       out in a row, up to ``8 * timeout`` (docs/providers.md says why). ``max_timeouts``
       timeouts in a row fail the call (3: 60 + 120 + 240 s by default), so a server that
@@ -48,13 +48,11 @@ from typing import Any
 import httpx
 import trio
 from opentelemetry.propagate import inject
-from pydantic import ValidationError
 
 from ..contracts import ChatRequest, ChatResponse
 from ..tracing.scrub import Scrubber
 from ..errors import (
     BadResponse,
-    ConfigError,
     ContextLengthExceeded,
     ProviderAuthError,
     ProviderError,
@@ -64,6 +62,7 @@ from ..errors import (
     is_context_length_error,
 )
 from .attempts import note_retry
+from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret
 from .retry import (
     RETRY_STATUSES,
@@ -119,34 +118,6 @@ def _shared_ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def _checked_base_url(provider: str, base_url: object) -> str:
-    """``base_url`` without its trailing slash, or a `ConfigError` saying what is wrong."""
-    if not isinstance(base_url, str) or not base_url.strip():
-        raise ConfigError(f"{provider}: base_url must be a URL like 'http://localhost:8000/v1'")
-    try:
-        url = httpx.URL(base_url.strip())
-    except (httpx.InvalidURL, TypeError, ValueError) as exc:
-        raise ConfigError(f"{provider}: base_url {base_url!r} is not a valid URL ({exc})") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ConfigError(
-            f"{provider}: base_url {base_url!r} must be an http:// or https:// URL with a host, "
-            "e.g. 'http://localhost:8000/v1'"
-        )
-    return base_url.strip().rstrip("/")
-
-
-def _checked_policy(provider: str, **settings: Any) -> RetryPolicy:
-    """A `RetryPolicy`, with a one-line `ConfigError` for a bad value (not pydantic's)."""
-    try:
-        return RetryPolicy(jitter=0.25, **settings)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc']))} {e['msg'].lower()} (got {e.get('input')!r})"
-            for e in exc.errors()
-        )
-        raise ConfigError(f"{provider}: {problems}") from None
-
-
 class JSONProvider:
     """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
 
@@ -170,7 +141,7 @@ class JSONProvider:
             provider, shared by every run of the engine.
         headers: extra headers sent with every request.
         extra_body: body fields sent with every request (a request's ``extra`` wins).
-        http_transport: ``"lean"`` (the default: `rlm_graph.runtime.transport.LeanTransport`,
+        http_transport: ``"lean"`` (the default: `rlm_graph._http.transport.LeanTransport`,
             trio streams and h11; about half the CPU per call of httpx's pool and no
             slowdown with many connections, see docs/benchmarks.md) or ``"httpx"``
             (httpx's own pool). Either way httpx is the client API; with a proxy
@@ -183,7 +154,13 @@ class JSONProvider:
     name = "http"
     path = "/"
     key_rule = ""
-    """Which key rule applied (`rlm_graph.runtime.keys`), quoted by a 401's message."""
+    """Which key rule applied (`rlm_graph._http.keys`), quoted by a 401's message."""
+    # The optional capabilities (`rlm_graph.contracts.ProviderCapabilities`) a subclass
+    # may change: a server that prices its own replies sets ``reports_cost = True``.
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    default_max_tokens: int | None = None
+    reports_cost = False
 
     def __init__(
         self,
@@ -205,25 +182,14 @@ class JSONProvider:
         http_transport: str = "lean",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        if not model_name or not isinstance(model_name, str):
-            raise ConfigError(
-                f"{self.name}: no model name; pass backend_kwargs={{'model_name': ...}}"
-            )
-        if max_concurrent < 1:
-            raise ConfigError(f"{self.name}: max_concurrent must be at least 1")
-        if http_transport not in ("httpx", "lean"):
-            raise ConfigError(
-                f"{self.name}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"
-            )
-        if timeout is not None and timeout <= 0:
-            raise ConfigError(f"{self.name}: timeout must be > 0 seconds, or None")
+        check_settings(self.name, model_name, max_concurrent, http_transport, timeout)
         self.model = model_name
-        self.base_url = _checked_base_url(self.name, base_url)
+        self.base_url = checked_base_url(self.name, base_url)
         self.max_concurrent = max_concurrent
         self.timeout = timeout
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
-        self.retry = _checked_policy(
+        self.retry = checked_policy(
             self.name,
             max_attempts=max_attempts,
             max_timeouts=max_timeouts,

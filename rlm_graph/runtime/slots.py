@@ -1,4 +1,6 @@
-"""Batches: many independent slots at once, results in input order, failures in their slot."""
+"""The slots of one ``*_batched`` call: many independent slots at once, results in input
+order, failures in their slot (not to be confused with `rlm_graph.batch`, which runs many
+completions)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ import trio
 
 from ..errors import error_slot
 
-__all__ = ["run_batch"]
+__all__ = ["run_slots"]
 
 X = TypeVar("X")
 
 
-async def run_batch(
+async def run_slots(
     items: Sequence[X],
     one: Callable[[int, X], Awaitable[Any]],
     *,

@@ -1,6 +1,6 @@
 """How a provider retries: the policy, and the waits a server's response headers ask for.
 
-Pure: no trio, no httpx. `rlm_graph.runtime.http` applies it; provider authors get it
+Pure: no trio, no httpx. `rlm_graph._http.provider` applies it; provider authors get it
 through `rlm_graph.http`.
 """
 

@@ -1,0 +1,56 @@
+"""Configuration checks of an HTTP provider's keywords: one-line `ConfigError`s that
+say what to pass instead (never pydantic's dump or httpx's traceback)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from ..errors import ConfigError, config_error
+from .retry import RetryPolicy
+
+__all__ = ["check_settings", "checked_base_url", "checked_policy"]
+
+
+def check_settings(
+    provider: str, model_name: object, max_concurrent: int, http_transport: str,
+    timeout: float | None,
+) -> None:
+    """Refuse a missing model name, a concurrency below 1, an unknown transport or a
+    timeout that is not positive."""
+    if not model_name or not isinstance(model_name, str):
+        raise ConfigError(f"{provider}: no model name; pass backend_kwargs={{'model_name': ...}}")
+    if max_concurrent < 1:
+        raise ConfigError(f"{provider}: max_concurrent must be at least 1")
+    if http_transport not in ("httpx", "lean"):
+        raise ConfigError(
+            f"{provider}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"
+        )
+    if timeout is not None and timeout <= 0:
+        raise ConfigError(f"{provider}: timeout must be > 0 seconds, or None")
+
+
+def checked_base_url(provider: str, base_url: object) -> str:
+    """``base_url`` without its trailing slash, or a `ConfigError` saying what is wrong."""
+    if not isinstance(base_url, str) or not base_url.strip():
+        raise ConfigError(f"{provider}: base_url must be a URL like 'http://localhost:8000/v1'")
+    try:
+        url = httpx.URL(base_url.strip())
+    except (httpx.InvalidURL, TypeError, ValueError) as exc:
+        raise ConfigError(f"{provider}: base_url {base_url!r} is not a valid URL ({exc})") from None
+    if url.scheme not in ("http", "https") or not url.host:
+        raise ConfigError(
+            f"{provider}: base_url {base_url!r} must be an http:// or https:// URL with a host, "
+            "e.g. 'http://localhost:8000/v1'"
+        )
+    return base_url.strip().rstrip("/")
+
+
+def checked_policy(provider: str, **settings: Any) -> RetryPolicy:
+    """A `RetryPolicy`, with a one-line `ConfigError` for a bad value (not pydantic's)."""
+    try:
+        return RetryPolicy(jitter=0.25, **settings)
+    except ValidationError as exc:
+        raise config_error(provider, exc) from None

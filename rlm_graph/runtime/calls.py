@@ -1,0 +1,298 @@
+"""Model calls: the one path every call takes, in named stages.
+
+Every model call of a run (root turn, sub-call, compaction, workflow node) is a
+`ModelCall` made by its node's body, and goes through `call_model`:
+
+    call_model -> _check_priced -> _reserve -> _send -> _account
+
+route the call and check it can be priced, wait until its estimate fits the run's token
+and dollar limits, wait for the provider's rate buckets and a slot of its shared capacity
+limiter and send it, then price the reply, note what was wrong with it, count it in the
+completion's tally and settle the budget. Replay is not here: a model call's node is
+journaled by `Run.execute`, keyed by `ModelCall.journaled`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import trio
+
+from .._http.attempts import CallAttempts
+from ..contracts import ChatRequest, ChatResponse, Message, ResponseSchema, Usage, estimate_tokens
+from ..errors import ConfigError
+from ..graph import NodeRecord, preview
+from ..journal.keys import call_hash
+from ..limits import Reservation, Tally
+from .replay import Journaled
+from ..routing import Route
+
+if TYPE_CHECKING:
+    from .context import Run
+
+__all__ = [
+    "DEFAULT_OUTPUT_ESTIMATE",
+    "ModelCall",
+    "call_model",
+    "estimate_tokens",
+    "estimated_usage",
+    "reply_note",
+]
+
+T = TypeVar("T")
+
+# finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
+_CUT_OFF = frozenset({"length", "max_tokens"})
+
+DEFAULT_OUTPUT_ESTIMATE = 1024
+"""Output tokens reserved for a call that sets no ``max_tokens`` (and whose provider
+names no ``default_max_tokens``)."""
+
+
+def reply_note(response: ChatResponse) -> str | None:
+    """What the model (and the node) should be told about a reply that is not whole.
+
+    A reply cut off by the output-token limit, or one with no text at all (OpenAI's
+    ``content: null``), is still a reply; passing it on as if it were complete (or as a
+    silent ``""``) hides the problem from the model's code and from the user.
+    """
+    reason = response.finish_reason
+    if reason in _CUT_OFF:
+        return (
+            f"the reply was cut off by the output-token limit (finish_reason={reason}); "
+            "ask for less, or raise max_tokens"
+        )
+    if not response.content:
+        return f"the model returned no text (finish_reason={reason or 'none'})"
+    return None
+
+
+def estimated_usage(messages: Sequence[Message], reply: str) -> Usage:
+    """The usage of a call whose server reported none (or only zeros): `estimate_tokens`
+    of what was sent and of the reply, marked ``estimated`` so the user can tell."""
+    return Usage(
+        input_tokens=sum(estimate_tokens(m.content) for m in messages),
+        output_tokens=estimate_tokens(reply),
+        estimated=True,
+    )
+
+
+class ModelCall:
+    """One model call of a node: what it asks, of which model, counted in which tally.
+
+    Where it goes and the request are worked out on first use, inside the node, so that
+    a bad parameter fails the node (and its slot), not the code that made the call.
+
+    Args:
+        run: the run the call belongs to.
+        node: the record of the node making the call (its depth routes a call naming
+            no model; it gets the call's model, usage, cost and previews).
+        messages: the conversation to send.
+        model: the model asked for by name (None: the default for ``depth``).
+        params: request parameters (``temperature``, ``max_tokens``...).
+        tally: the calling completion's, which passes usage up to its parents.
+        response_schema: structured output asked of the server.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        node: NodeRecord,
+        messages: Sequence[Message],
+        *,
+        model: str | None = None,
+        params: Mapping[str, Any] | None = None,
+        tally: Tally | None = None,
+        response_schema: ResponseSchema | None = None,
+    ) -> None:
+        self.run = run
+        self.node = node
+        self.messages = tuple(messages)
+        self.model = model
+        self.params = params
+        self.tally = tally
+        self.response_schema = response_schema
+        self._route: Route | None = None
+        self._request: ChatRequest | None = None
+
+    @property
+    def route(self) -> Route:
+        if self._route is None:
+            self._route = self.run.router.route(self.model, self.node.depth)
+        return self._route
+
+    @property
+    def request(self) -> ChatRequest:
+        """The request, as the provider gets it."""
+        if self._request is None:
+            self._request = ChatRequest(
+                messages=self.messages,
+                model=self.route.model,
+                depth=self.node.depth,
+                node_id=self.node.id,
+                response_schema=self.response_schema,
+                **dict(self.params or {}),
+            )
+        return self._request
+
+    def journaled(
+        self,
+        keep: Callable[[T], str | None] | None = None,
+        read: Callable[[str], T] | None = None,
+    ) -> Journaled[T]:
+        """How the node of this call is journaled: by the request's hash (model,
+        messages, and parameters or schema where set). By default its result is the
+        reply's text; ``keep``/``read`` convert a node's own result (a typed value) to
+        that text and back. A replayed call still counts its usage in its tally (a
+        child's totals stay whole) but charges nothing: it cost nothing now."""
+        settled = None
+        if self.params or self.response_schema is not None:
+            settled = self.request
+        request = call_hash(self.route.model, self.messages, settled)
+        return Journaled(
+            request,
+            keep if keep is not None else _text_of,
+            read if read is not None else _same_text,
+            self._replayed,
+        )
+
+    def _replayed(self, record: NodeRecord) -> None:
+        if self.tally is not None:
+            self.tally.add(record.usage or Usage(), record.cost)
+
+    async def text(self, _node: NodeRecord) -> str:
+        """`call_model`, the reply's text: the body of a node that is one call."""
+        return (await call_model(self)).content
+
+
+def _text_of(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _same_text(text: str) -> Any:
+    return text
+
+
+async def call_model(call: ModelCall) -> ChatResponse:
+    """Make ``call`` as its node (inside `Run.execute`).
+
+    Fills the record's model, provider, usage, cost, attempts and previews, adds the
+    usage to the call's tally and charges the run's budget; a passed token or dollar
+    limit stops the whole tree. A reply cut off by the token limit or without text comes
+    back with a note appended (``[rlm-graph: ...]``, see `reply_note`), also kept on
+    ``record.note``. A server that reports no usage is counted at about four characters
+    per token, marked estimated.
+
+    Raises:
+        ConfigError: ``max_budget`` is set and the model has no price.
+        ProviderError: the provider failed (after its retries).
+    """
+    run, record, route = call.run, call.node, call.route
+    record.model = route.model
+    record.provider = route.provider.name
+    _check_priced(run, route)
+    if not record.input_preview and call.messages:
+        record.input_preview = preview(call.messages[-1].content)
+    request = call.request
+    reservation = await _reserve(run, route, request)
+    try:
+        response, usage = await _send(run, route, request, record)
+    except BaseException:
+        if reservation is not None:
+            run.spend.release(reservation)
+        raise
+    return _account(run, record, call, response, usage, reservation)
+
+
+def _check_priced(run: Run, route: Route) -> None:
+    """Refuse a call ``max_budget`` could not see. The configuration check covers every
+    configured model; this catches a name a workflow gave, before it costs money."""
+    if run.limits.max_budget is not None and not run.router.can_price(route):
+        raise ConfigError(
+            f"max_budget is set but model {route.model!r} has no price; add it to "
+            f"models={{{route.model!r}: {{'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}}}"
+        )
+
+
+async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation | None:
+    """Wait until the call's estimate fits the run's token and dollar limits; hold it.
+
+    The estimate: the prompt at four characters per token, plus the request's
+    ``max_tokens`` (else the provider's ``default_max_tokens``, else
+    `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the table (else at the largest
+    cost a call of this run has had).
+    """
+    if not run.budget.limited:
+        return None
+    output = request.max_tokens or route.capabilities.default_max_tokens or DEFAULT_OUTPUT_ESTIMATE
+    guess = Usage(
+        input_tokens=sum(estimate_tokens(m.content) for m in request.messages),
+        output_tokens=int(output),
+    )
+    cost = run.router.price(route.model, guess)
+    return await run.spend.reserve(guess.total_tokens, run.spend.largest_cost if cost is None else cost)
+
+
+async def _send(
+    run: Run, route: Route, request: ChatRequest, record: NodeRecord
+) -> tuple[ChatResponse, Usage]:
+    """Wait for the provider's rate buckets and a slot, call it; the response and its
+    usage (estimated when the server reported none)."""
+    provider, capabilities = route.provider, route.capabilities
+    rate = run.limiters.rate(
+        route.key, capabilities.requests_per_minute, capabilities.tokens_per_minute
+    )
+    estimate = 0
+    if rate is not None:
+        estimate = sum(estimate_tokens(m.content) for m in request.messages)
+        await rate.acquire(estimate)
+    async with (
+        run.limiters.provider(route.key, provider.max_concurrent),
+        run.limiters.gate(route.key, provider.max_concurrent),
+    ):
+        record.began(trio.current_time(), time.time())
+        attempts = CallAttempts(run.retries, provider.name)
+        try:
+            # The node's span is current: the request carries its traceparent.
+            with attempts, run.tracer.activate(record.id):
+                response = await provider.complete(request)
+        finally:
+            record.attempts = attempts.attempts
+    usage = response.usage
+    if usage.total_tokens == 0:
+        usage = estimated_usage(request.messages, response.content)
+    if rate is not None:
+        rate.settle(estimate, usage.total_tokens)
+    return response, usage
+
+
+def _account(
+    run: Run,
+    record: NodeRecord,
+    call: ModelCall,
+    response: ChatResponse,
+    usage: Usage,
+    reservation: Reservation | None,
+) -> ChatResponse:
+    """Price the reply, note what is wrong with it, count it in the tally, settle the
+    budget (a passed limit stops the tree); the reply as the caller gets it."""
+    cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
+    note = reply_note(response)
+    if note is not None:
+        text = f"{response.content}\n[rlm-graph: {note}]" if response.content else f"[rlm-graph: {note}]"
+        response = response.model_copy(update={"content": text})
+    record.answered(
+        usage=usage, cost=cost, response_model=response.model or None,
+        finish_reason=response.finish_reason, note=note, output=response.content,
+    )
+    if call.tally is not None:
+        call.tally.add(usage, cost)
+    if reservation is not None:
+        exceeded = run.spend.settle(reservation, usage, cost)
+    else:
+        exceeded = run.budget.charge(usage, cost)
+    if exceeded is not None:
+        run.stop(exceeded)
+    return response

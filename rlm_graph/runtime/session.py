@@ -1,0 +1,133 @@
+"""A completion's REPL environment: made, started, loaded and always closed; and the
+REPL a persistent RLM keeps across completions.
+
+Invariants:
+    - A completion's own environment (`environment_scope`) is closed when the completion
+      ends, however it ends (shielded: a cancelled run still closes its guest).
+    - A `PersistentSession` owns one environment for many completions, one at a time
+      (`PersistentSession.claim`); completion ``n`` finds ``context_n`` and ``history_k``
+      (k < n) in it. It outlives the trio loop it was started in: its bridge is a
+      `BridgeProxy` pointed at the running completion's bridge, and at nothing between.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..contracts import Environment
+from ..errors import ConfigError
+from .bridge import BridgeProxy, CompletionBridge
+from ..journal.tools import JournaledTool
+
+from .state import CompletionState, LoopSettings, ToolTable
+
+if TYPE_CHECKING:
+    from .context import Run
+
+__all__ = ["PersistentSession", "environment_scope", "make_environment"]
+
+
+def make_environment(
+    factory: Any, settings: LoopSettings, bridge: Any, tools: ToolTable, depth: int
+) -> Environment:
+    """An environment for one completion (or a persistent session), not yet started."""
+    bound = {
+        name: (value.bind(bridge), text) if isinstance(value, JournaledTool) else (value, text)
+        for name, (value, text) in tools.items()
+    }
+    env: Environment = factory(
+        bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
+    )
+    return env
+
+
+@asynccontextmanager
+async def environment_scope(
+    factory: Any, settings: LoopSettings, bridge: CompletionBridge, tools: ToolTable,
+    depth: int, context: Any,
+) -> AsyncIterator[Environment]:
+    """Make, start and load (``context`` as ``context_0``) one completion's
+    environment; close it on the way out, and count the threads it left behind."""
+    env = make_environment(factory, settings, bridge, tools, depth)
+    try:
+        try:
+            await env.start()
+            await env.add_context(context, 0)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await env.aclose()
+            raise
+        yield env
+    finally:
+        with trio.CancelScope(shield=True):
+            await env.aclose()
+        bridge.run.leaked_threads += getattr(env, "leaked_threads", 0)
+
+
+class PersistentSession:
+    """The REPL of ``RLM(persistent=True)``: one conversation over many completions.
+
+    Args:
+        factory: the environment factory.
+        settings: the loop's settings (the root's tools, the environment's keywords).
+    """
+
+    def __init__(self, factory: Any, settings: LoopSettings) -> None:
+        self.factory = factory
+        self.settings = settings
+        self.proxy = BridgeProxy()
+        self.env: Environment | None = None
+        self.completions = 0  # finished completions: the next one's context_N
+        self._leaked = 0
+        self._busy = threading.Lock()
+
+    @contextmanager
+    def claim(self) -> Iterator[None]:
+        """Hold the session for one completion.
+
+        Raises:
+            ConfigError: a completion of this session is already running (in another
+                thread or task): a session's turns must come one at a time.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise ConfigError(
+                "persistent=True: this RLM is already running a completion (in another "
+                "thread or task); a persistent session is one conversation, so its "
+                "completions must come one at a time. Wait for the running one, or use one "
+                "RLM per thread (persistent=False for independent completions)"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    async def begin(self, context: Any) -> tuple[Environment, int]:
+        """Ready the REPL for the next completion (started on first use): the answer
+        reset, ``context`` loaded as ``context_N``. Returns the environment and N."""
+        if self.env is None:
+            env = make_environment(self.factory, self.settings, self.proxy, self.settings.tools, 0)
+            await env.start()
+            self.env = env
+        self._leaked = getattr(self.env, "leaked_threads", 0)
+        await self.env.reset_answer()
+        await self.env.add_context(context, self.completions)
+        return self.env, self.completions
+
+    async def end(self, run: Run, state: CompletionState) -> None:
+        """The completion begun last has answered: its history goes in as ``history_N``,
+        and the threads its blocks left behind are counted on ``run``."""
+        assert self.env is not None
+        await self.env.add_history(state.trajectory, self.completions)
+        self.completions += 1
+        run.leaked_threads += getattr(self.env, "leaked_threads", 0) - self._leaked
+
+    async def aclose(self) -> None:
+        """Close the session's REPL (a next completion starts a new one)."""
+        if self.env is not None:
+            env, self.env = self.env, None
+            await env.aclose()
