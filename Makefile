@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml examples/rlm-graph-echo-provider/pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,grpc]' -e examples/rlm-graph-echo-provider
 	touch $(STAMP)
 
-.PHONY: demo test install browser
+.PHONY: demo test quick install browser
 install: $(STAMP)
 
 # The HTML report's tests open it in a real headless Chromium (Debian's package; a
@@ -28,3 +28,8 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
+
+# The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
+# the installed command or another engine process); `make test` runs them all.
+quick: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes)"

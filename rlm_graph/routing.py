@@ -63,16 +63,22 @@ class ProviderRouter:
         self._info: dict[str, ModelInfo | None] = {}
         # Read once: a provider's optional attributes are looked up nowhere else.
         self.capabilities = {key: ProviderCapabilities.of(p) for key, p in self.providers}
+        self._routes: dict[tuple[str | None, bool], Route] = {}
 
     def route(self, model: str | None, depth: int) -> Route:
         """Where a call of ``model`` (None: the default for ``depth``) goes."""
+        cached = self._routes.get((model, depth >= 1))
+        if cached is not None:  # every call asks: one dict lookup
+            return cached
         if model:
             found = self._by_model.get(model)
             key, provider = found if found is not None else self.providers[0]
         else:
             key, provider = self.providers[1] if depth >= 1 and len(self.providers) > 1 else self.providers[0]
-            model = provider.model
-        return Route(key, provider, model, self.capabilities[key])
+        route = Route(key, provider, model or provider.model, self.capabilities[key])
+        if len(self._routes) < 1024:  # model names come from model code: bounded
+            self._routes[(model, depth >= 1)] = route
+        return route
 
     def check_allowed(self, model: str | None, caller: str = "llm_query") -> None:
         """Refuse a model name that no backend and no ``allowed_models`` entry names.

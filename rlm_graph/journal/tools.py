@@ -16,10 +16,13 @@ from typing import Any
 from ..graph import NodeKind, NodeRecord, NodeStatus
 from .keys import value_hash
 
-__all__ = ["MISSING", "JournaledTool", "seed_code"]
+__all__ = ["MISSING", "NOT_JOURNALED", "JournaledTool", "seed_code"]
 
 MISSING: Any = object()
 """What a journal answers for a tool call it holds no result for."""
+
+NOT_JOURNALED: Any = object()
+"""What a journal answers for a node it holds no result for (the node's body runs)."""
 
 
 class JournaledTool:

@@ -42,7 +42,7 @@ from ..journal import value_hash
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
-from .calls import ModelCall
+from .calls import ModelCall, call_model
 from .context import Run
 from ..journal.tools import JournaledTool
 from .replay import Journaled
@@ -241,28 +241,31 @@ class CompletionBridge:
         shape: AnswerSchema | None = None,
     ) -> Any:
         parts = prompt_parts(prompt)
-        record = self._record(NodeKind.LLM_CALL, Message.of_parts("user", parts).content, place)
-        if shape is not None:
+        message = Message.of_parts("user", parts)
+        record = self._record(NodeKind.LLM_CALL, message.content, place)
+        wanted = None
+        if shape is not None:  # the model is told the shape; the server asked for it
             parts.append(schema_instructions(shape.describe(), repl=False))
-        wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema) if shape else None
+            message = Message.of_parts("user", parts)
+            wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema)
         call = ModelCall(
-            self.run, record, [Message.of_parts("user", parts)], model=model,
-            params=self.params, tally=self.tally, response_schema=wanted,
+            self.run, record, [message], model=model, params=self.params, tally=self.tally,
+            response_schema=wanted,
         )
 
         async def body(rec: NodeRecord) -> Any:
             self.run.router.check_allowed(model, "llm_query")
-            text = await call.text(rec)
+            text = (await call_model(call)).content
             return text if shape is None else shape.parse_text(text)  # a mismatch fails the node
 
-        def journaled() -> Journaled[Any]:
-            if shape is None:
-                return call.journaled()
+        def typed() -> Journaled[Any]:
+            assert shape is not None
             return call.journaled(keep=shape.dump_json, read=shape.parse_text)
 
         try:
             return await self.run.execute(
-                record, body, after=after, parent=self.block, journal=journaled
+                record, body, after=after, parent=self.block,
+                journal=call.journaled if shape is None else typed,
             )
         finally:
             self._finished.append(record.id)

@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal.keys import call_hash
 from ..limits import Reservation, Tally
-from .replay import Journaled
+from .replay import KEEP_TEXT, READ_TEXT, Journaled
 from ..routing import Route
 
 if TYPE_CHECKING:
@@ -96,6 +96,11 @@ class ModelCall:
         response_schema: structured output asked of the server.
     """
 
+    __slots__ = (
+        "_request", "messages", "model", "node", "params", "response_schema", "route", "run",
+        "tally",
+    )
+
     def __init__(
         self,
         run: Run,
@@ -114,26 +119,25 @@ class ModelCall:
         self.params = params
         self.tally = tally
         self.response_schema = response_schema
-        self._route: Route | None = None
+        self.route: Route = run.router.route(model, node.depth)
         self._request: ChatRequest | None = None
+        if not params and response_schema is None:  # nothing in it can be refused: now
+            self.request()
 
-    @property
-    def route(self) -> Route:
-        if self._route is None:
-            self._route = self.run.router.route(self.model, self.node.depth)
-        return self._route
-
-    @property
     def request(self) -> ChatRequest:
-        """The request, as the provider gets it."""
-        if self._request is None:
+        """The request, as the provider gets it (built once; with parameters, on first
+        use inside the node, so that a bad one fails the node)."""
+        if self._request is not None:
+            return self._request
+        node, model = self.node, self.route.model
+        if not self.params and self.response_schema is None:  # most calls: the least to validate
             self._request = ChatRequest(
-                messages=self.messages,
-                model=self.route.model,
-                depth=self.node.depth,
-                node_id=self.node.id,
-                response_schema=self.response_schema,
-                **dict(self.params or {}),
+                messages=self.messages, model=model, depth=node.depth, node_id=node.id
+            )
+        else:
+            self._request = ChatRequest(
+                messages=self.messages, model=model, depth=node.depth, node_id=node.id,
+                response_schema=self.response_schema, **dict(self.params or {}),
             )
         return self._request
 
@@ -149,14 +153,11 @@ class ModelCall:
         child's totals stay whole) but charges nothing: it cost nothing now."""
         settled = None
         if self.params or self.response_schema is not None:
-            settled = self.request
+            settled = self.request()
         request = call_hash(self.route.model, self.messages, settled)
-        return Journaled(
-            request,
-            keep if keep is not None else _text_of,
-            read if read is not None else _same_text,
-            self._replayed,
-        )
+        if keep is None or read is None:  # the result is the reply's text
+            return Journaled(request, KEEP_TEXT, READ_TEXT, self._replayed)
+        return Journaled(request, keep, read, self._replayed)
 
     def _replayed(self, record: NodeRecord) -> None:
         if self.tally is not None:
@@ -165,14 +166,6 @@ class ModelCall:
     async def text(self, _node: NodeRecord) -> str:
         """`call_model`, the reply's text: the body of a node that is one call."""
         return (await call_model(self)).content
-
-
-def _text_of(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _same_text(text: str) -> Any:
-    return text
 
 
 async def call_model(call: ModelCall) -> ChatResponse:
@@ -192,10 +185,11 @@ async def call_model(call: ModelCall) -> ChatResponse:
     run, record, route = call.run, call.node, call.route
     record.model = route.model
     record.provider = route.provider.name
-    _check_priced(run, route)
+    if run.limits.max_budget is not None:
+        _check_priced(run, route)
     if not record.input_preview and call.messages:
         record.input_preview = preview(call.messages[-1].content)
-    request = call.request
+    request = call._request if call._request is not None else call.request()
     reservation = await _reserve(run, route, request)
     try:
         response, usage = await _send(run, route, request, record)
@@ -209,7 +203,7 @@ async def call_model(call: ModelCall) -> ChatResponse:
 def _check_priced(run: Run, route: Route) -> None:
     """Refuse a call ``max_budget`` could not see. The configuration check covers every
     configured model; this catches a name a workflow gave, before it costs money."""
-    if run.limits.max_budget is not None and not run.router.can_price(route):
+    if not run.router.can_price(route):
         raise ConfigError(
             f"max_budget is set but model {route.model!r} has no price; add it to "
             f"models={{{route.model!r}: {{'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}}}"
@@ -252,7 +246,8 @@ async def _send(
         run.limiters.provider(route.key, provider.max_concurrent),
         run.limiters.gate(route.key, provider.max_concurrent),
     ):
-        record.began(trio.current_time(), time.time())
+        record.start = trio.current_time()  # queueing for the slot was not service
+        record.wall_start = time.time()
         attempts = CallAttempts(run.retries, provider.name)
         try:
             # The node's span is current: the request carries its traceparent.

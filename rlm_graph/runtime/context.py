@@ -31,6 +31,7 @@ import trio
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
+from ..journal.tools import NOT_JOURNALED
 from ..limits import Budget, Limits
 from .._http.attempts import RetryLog
 from .capacity import BudgetGate
@@ -54,6 +55,14 @@ def _is_cancellation(exc: BaseException) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return all(_is_cancellation(inner) for inner in exc.exceptions)
     return False
+
+
+def _mark_failed(record: NodeRecord, exc: BaseException) -> None:
+    """Record how a node's body ended when it raised: cancelled, or failed with ``exc``."""
+    if _is_cancellation(exc):
+        record.status = NodeStatus.CANCELLED
+    elif isinstance(exc, Exception):
+        record.fail(type(exc).__name__, str(exc))
 
 
 class Run:
@@ -117,7 +126,8 @@ class Run:
         added: bool = False,
         journal: Journaled[T] | Callable[[], Journaled[T]] | None = None,
     ) -> T:
-        """Run ``body(record)`` as the node ``record``.
+        """Run ``body(record)`` as the node ``record``; what ``body`` raises is recorded
+        on the node, then raised.
 
         Args:
             record: the node's record; ``body`` may fill in usage, model, previews.
@@ -128,13 +138,9 @@ class Run:
                 ``None`` for both means the run's own span).
             added: the record is already in the graph (planned workflows add every node
                 before running any).
-            journal: how the node is journaled (or a function that says, called inside
-                the node, only when the run has a journal): with one, a recorded result
-                of the same request is the node's result and ``body`` does not run;
-                otherwise what ``body`` returns is recorded.
-
-        Raises:
-            Whatever ``body`` raises, after recording it on the node.
+            journal: how the node is journaled (or a function that says, called in the
+                node when the run has a journal): a recorded result of the same request
+                is the node's result, else what ``body`` returns is recorded.
         """
         if not added:
             self.graph.add(record, after=after, parent=parent)
@@ -145,16 +151,20 @@ class Run:
         try:
             with self.tracer.node_span(record, parent_id):
                 try:
-                    result = await self._run_body(record, body, journal)
+                    replayer = self.journal
+                    if journal is None or replayer is None:
+                        result = await body(record)
+                    else:  # the journal's seam; no await of its own (every frame costs)
+                        key = journal if isinstance(journal, tuple) else journal()
+                        result = replayer.replay(record, key)
+                        if result is NOT_JOURNALED:
+                            result = await body(record)
+                            replayer.keep(record, key, result)
                 except BaseException as exc:
-                    if _is_cancellation(exc):
-                        record.status = NodeStatus.CANCELLED
-                    elif isinstance(exc, Exception):
-                        record.fail(type(exc).__name__, str(exc))
+                    _mark_failed(record, exc)
                     raise
                 else:
-                    # A body may mark its own node failed and still return data (a REPL
-                    # block whose code raised returns the traceback to the model).
+                    # A body may mark its own node failed and still return data (a block).
                     if record.status == NodeStatus.RUNNING:
                         record.status = NodeStatus.OK
                     return result
@@ -165,19 +175,6 @@ class Run:
                 record.redact(self.redact)
             if self._observed:
                 self.events.node_finished(record, parent_id)
-
-    async def _run_body(
-        self,
-        record: NodeRecord,
-        body: Callable[[NodeRecord], Awaitable[T]],
-        journal: Journaled[T] | Callable[[], Journaled[T]] | None,
-    ) -> T:
-        """``body(record)``, or through the journal when the run has one and the node
-        says how it is journaled."""
-        if journal is None or self.journal is None:
-            return await body(record)
-        key = journal() if callable(journal) else journal
-        return await self.journal.run(record, body, key)
 
     def finalize(self) -> None:
         """Mark every node that never finished as ``cancelled``; log the retry summary."""

@@ -2,8 +2,8 @@
 
 `Replayer` is attached to a `Run` as ``run.journal`` (None without a journal). It is a
 seam of `Run.execute`: a node that says how it is journaled (a `Journaled`: its request
-hash, how its result is kept as text and read back) goes through `Replayer.run`, which
-answers it from the journal when a record with the same request hash is there, and
+hash, how its result is kept as text and read back) is answered by `Replayer.replay`
+from the journal when a record with the same request hash is there, and
 otherwise runs its body and records what it returned. Every node kind is journaled this
 way; the executors only say how their nodes are keyed and encoded.
 
@@ -12,7 +12,7 @@ Writes are batched: a system task wakes when rows are waiting, lets more gather 
 transaction from a worker thread, so the scheduler never waits on the disk.
 
 Invariants:
-    - A row is taken for writing only after its node finished: `Replayer.run` records
+    - A row is taken for writing only after its node finished: `Replayer.keep` records
       with no checkpoint between the body's return and `Run.execute` finishing the
       record, and the writer runs in another task, so by the time it reads the record
       ``Run.execute`` has finished it.
@@ -28,19 +28,22 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 import trio
 
 from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord
 from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode
-from ..journal.tools import MISSING
+from ..journal.tools import MISSING, NOT_JOURNALED
 from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
 
-__all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "JournalTarget", "Journaled", "Replayer", "open_journal"]
+__all__ = [
+    "FLUSH_DELAY", "FLUSH_ROWS", "KEEP_TEXT", "READ_TEXT", "JournalTarget", "Journaled", "Replayer",
+    "open_journal",
+]
 
 logger = logging.getLogger("rlm_graph")
 
@@ -54,16 +57,17 @@ T = TypeVar("T")
 
 
 
-def _text(value: Any) -> str | None:
+def KEEP_TEXT(value: Any) -> str | None:  # noqa: N802 - a constant, compared by identity
+    """`Journaled.keep` of a node whose result is text: the text itself."""
     return value if isinstance(value, str) else None
 
 
-def _as_is(text: str) -> Any:
+def READ_TEXT(text: str) -> Any:  # noqa: N802 - a constant, compared by identity
+    """`Journaled.read` of a node whose result is text: the text itself."""
     return text
 
 
-@dataclass(frozen=True, slots=True)
-class Journaled(Generic[T]):
+class Journaled(NamedTuple, Generic[T]):
     """How a node is kept in the run's journal (given to `Run.execute` as ``journal=``).
 
     Attributes:
@@ -79,8 +83,8 @@ class Journaled(Generic[T]):
     """
 
     request: str
-    keep: Callable[[T], str | None] = _text
-    read: Callable[[str], T] | None = _as_is
+    keep: Callable[[T], str | None] = KEEP_TEXT
+    read: Callable[[str], T] | None = READ_TEXT
     replayed: Callable[[NodeRecord], None] | None = None
 
 
@@ -143,30 +147,40 @@ class Replayer:
 
     # -- the seam of Run.execute --------------------------------------------------------
 
-    async def run(
-        self,
-        record: NodeRecord,
-        body: Callable[[NodeRecord], Awaitable[T]],
-        journaled: Journaled[T],
-    ) -> T:
-        """Answer ``record`` from the journal if it holds this request, else run
-        ``body`` and record its result (called by `Run.execute`, inside the node)."""
-        read = journaled.read
-        if read is not None:
-            stored = self.lookup(record, journaled.request)
-            if stored is not None:
-                value = read(stored.value or "")
-                if journaled.replayed is not None:
-                    journaled.replayed(record)
-                return value
-        result = await body(record)
+    def replay(self, record: NodeRecord, journaled: Journaled[T]) -> T:
+        """The journaled result of ``record`` when the journal holds this request (the
+        record adopts what was recorded), else `NOT_JOURNALED`: then `Run.execute` runs
+        the body and hands its result to `keep`. This runs once per node of a journaled
+        run: the common case (a first attempt) calls nothing it does not need."""
+        request, _, read, replayed = journaled
+        if read is None:  # recorded, never replayed
+            return NOT_JOURNALED  # type: ignore[no-any-return]
+        if not self.nodes:  # a first attempt: nothing to look up
+            self.live += record.kind in COUNTED_KINDS
+            return NOT_JOURNALED  # type: ignore[no-any-return]
+        stored = self.lookup(record, request)
+        if stored is None:
+            return NOT_JOURNALED  # type: ignore[no-any-return]
+        value = stored.value or ""
+        result = value if read is READ_TEXT else read(value)
+        if replayed is not None:
+            replayed(record)
+        return result  # type: ignore[return-value]
+
+    def keep(self, record: NodeRecord, journaled: Journaled[T], result: T) -> None:
+        """Record what the body of ``record`` returned, as ``journaled`` says to keep it
+        (a result it cannot keep faithfully is not recorded: it runs again on resume)."""
+        request, keep, read, _ = journaled
         if read is None:
-            self.record(record, journaled.request, None)
+            self.record(record, request, None)
+            return
+        text: str | None
+        if keep is KEEP_TEXT:
+            text = result if isinstance(result, str) else None
         else:
-            text = journaled.keep(result)
-            if text is not None:
-                self.record(record, journaled.request, text)
-        return result
+            text = keep(result)
+        if text is not None:
+            self.record(record, request, text)
 
     def lookup(self, record: NodeRecord, request: str) -> StoredNode | None:
         """The journaled result of ``record`` if its request hash matches, else None

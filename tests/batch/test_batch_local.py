@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
-from batch_support import FAIL, KEY, BatchServer, expected, items, rlm_kwargs
+from tests.support.batch import (
+    FAIL, KEY, BatchServer, cli_args, expected, items, kill_and_resume, local_cli_args, read_lines,
+    rlm_kwargs, write_items,
+)
 
 from rlm_graph import ConfigError, PluginError, run_batch
 from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile
@@ -60,9 +61,11 @@ def test_closing_the_iterator_stops_the_batch() -> None:
         stream = run_batch(items(30), rlm_kwargs(server), concurrency=2)
         next(stream)
         stream.close()  # type: ignore[attr-defined]
+        # The batch's loop is over when close() returns: nothing is left to send.
+        assert not [t for t in threading.enumerate() if t.name == "rlm-graph-batch"]
         asked = len(server.requests)
-        time.sleep(0.1)
-        assert len(server.requests) == asked  # nothing more goes out
+    # The server has stopped and joined its handlers: whatever was sent has arrived.
+    assert len(server.requests) == asked
     assert sum(server.root_turns.values()) < 30
 
 
@@ -132,27 +135,6 @@ def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
 # -- the command line -------------------------------------------------------------------
 
 
-def _write_items(path: Path, batch: list[dict[str, object]]) -> None:
-    path.write_text("".join(json.dumps(item) + "\n" for item in batch))
-
-
-def _cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
-    return [
-        "batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
-        "--model", "gpt-test", "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
-        "--max-concurrent", "3", *extra,
-    ]
-
-
-def _local_cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
-    """As `_cli_args`, with the local environment: the tests that run many items stay fast."""
-    return _cli_args(server, tmp_path, "--environment", "local", *extra)
-
-
-def _lines(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_cli_writes_a_line_per_item_a_summary_and_exits_1_on_a_failed_item(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -160,11 +142,11 @@ def test_cli_writes_a_line_per_item_a_summary_and_exits_1_on_a_failed_item(
     batch = items(5, fail=(4,))
     batch[0] = {"id": "item-0", "context_file": "ctx0.txt", "query": "question item-no-0."}
     (tmp_path / "ctx0.txt").write_text("ctx0")
-    _write_items(tmp_path / "in.jsonl", batch)
+    write_items(tmp_path / "in.jsonl", batch)
     with BatchServer() as server:
-        code = main(_cli_args(server, tmp_path, "--concurrency", "2"))
+        code = main(cli_args(server, tmp_path, "--concurrency", "2"))
     assert code == 1
-    lines = {line["id"]: line for line in _lines(tmp_path / "out.jsonl")}
+    lines = {line["id"]: line for line in read_lines(tmp_path / "out.jsonl")}
     assert lines["item-0"]["answer"] == expected("item-0")  # read from its context_file
     assert lines["item-4"]["error"]["type"].startswith("Provider")  # type: ignore[index]
     err = capsys.readouterr().err
@@ -180,7 +162,7 @@ def test_cli_bad_input_lines_exit_2_naming_each_line(
         '{"id": "b", "context_file": "missing.txt", "query": "q"}\n'
     )
     with BatchServer() as server:
-        assert main(_cli_args(server, tmp_path)) == 2
+        assert main(cli_args(server, tmp_path)) == 2
         assert server.requests == []
     err = capsys.readouterr().err
     assert "in.jsonl:2: not JSON" in err
@@ -189,8 +171,9 @@ def test_cli_bad_input_lines_exit_2_naming_each_line(
     assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_text() == ""
 
 
+@pytest.mark.processes
 def test_cli_ray_without_ray_says_how_to_get_it(tmp_path: Path) -> None:
-    _write_items(tmp_path / "in.jsonl", items(1))
+    write_items(tmp_path / "in.jsonl", items(1))
     code = (
         "import sys; sys.modules['ray'] = None\n"
         "from rlm_graph.cli import main\n"
@@ -201,51 +184,7 @@ def test_cli_ray_without_ray_says_how_to_get_it(tmp_path: Path) -> None:
     assert "pip install 'rlm-graph[ray]'" in done.stderr
 
 
-def _start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
-    args = _local_cli_args(server, tmp_path, *extra)
-    # A killed run cannot remove its completions' scratch folders: keep them in tmp_path.
-    scratch = tmp_path / "tmp"
-    scratch.mkdir(exist_ok=True)
-    env = {**os.environ, "OPENAI_API_KEY": KEY, "TMPDIR": str(scratch)}
-    return subprocess.Popen(
-        [sys.executable, "-m", "rlm_graph.cli", *args], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )
-
-
-def _wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and path.read_text().count("\n") >= count:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"the batch never wrote {count} lines (exit {proc.poll()})")
-
-
-def kill_and_resume(server: BatchServer, tmp_path: Path, n: int, *extra: str) -> list[dict[str, object]]:
-    """Start the CLI, SIGKILL it once some items are written, rerun it to the end; return
-    the output lines. Checks that the rerun never asked again for an item already written."""
-    _write_items(tmp_path / "in.jsonl", items(n))
-    out = tmp_path / "out.jsonl"
-    first = _start_cli(server, tmp_path, *extra)
-    try:
-        _wait_for_lines(out, n // 4, first)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.communicate()
-    assert first.returncode == -signal.SIGKILL
-    written = {line["id"] for line in _lines(out)}
-    assert 0 < len(written) < n, "kill the run midway"
-    asked_before = dict(server.root_turns)
-    second = _start_cli(server, tmp_path, *extra)
-    _, err = second.communicate(timeout=120)
-    assert second.returncode == 0, err
-    assert f"{len(written)} of {n} items already in" in err
-    for item_id in written:
-        assert server.root_turns[item_id] == asked_before[item_id]  # not asked again
-    return _lines(out)
-
-
+@pytest.mark.processes
 def test_cli_killed_midway_then_resumed_answers_every_id_exactly_once(tmp_path: Path) -> None:
     with BatchServer(latency=0.02) as server:
         lines = kill_and_resume(server, tmp_path, 40, "--concurrency", "4")
@@ -258,15 +197,15 @@ def test_cli_rerun_skips_failed_items_unless_asked_to_retry_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
-    _write_items(tmp_path / "in.jsonl", items(3, fail=(1,)))
+    write_items(tmp_path / "in.jsonl", items(3, fail=(1,)))
     with BatchServer() as server:
-        assert main(_local_cli_args(server, tmp_path, "--quiet")) == 1
-        assert main(_local_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 1
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
         assert sum(server.root_turns.values()) == 3
         # The provider is fixed (the item's request is accepted now): retry the failure.
         (tmp_path / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text().replace(f" {FAIL}", ""))
-        assert main(_local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
-    lines = _lines(tmp_path / "out.jsonl")
+        assert main(local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
+    lines = read_lines(tmp_path / "out.jsonl")
     assert [line["id"] for line in lines].count("item-1") == 2  # the old line stays; the last wins
     assert lines[-1]["id"] == "item-1" and lines[-1]["answer"] == expected("item-1")
     assert server.root_turns == {"item-0": 1, "item-1": 2, "item-2": 1}

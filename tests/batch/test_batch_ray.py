@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from batch_support import KEY, BatchServer, expected, is_root_turn, items, rlm_kwargs
-from test_batch_local import kill_and_resume
+from tests.support.batch import (
+    KEY, BatchServer, expected, is_root_turn, items, kill_and_resume, rlm_kwargs,
+)
 
 from rlm_graph import run_batch
 from rlm_graph.testing import last_user_message
+
+pytestmark = pytest.mark.ray
 
 
 def _pids(server: BatchServer) -> set[int]:

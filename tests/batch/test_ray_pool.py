@@ -4,13 +4,17 @@ batch left early stopping its workers. A real local Ray cluster, a fake server o
 
 from __future__ import annotations
 
+import pytest
+
 import re
 from typing import Any
 
-from batch_support import BatchServer, expected, is_root_turn, items, rlm_kwargs
+from tests.support.batch import BatchServer, expected, is_root_turn, items, rlm_kwargs
 
 from rlm_graph import run_batch
 from rlm_graph.testing import last_user_message
+
+pytestmark = pytest.mark.ray
 
 
 def _pids(server: BatchServer, since: int = 0) -> set[int]:

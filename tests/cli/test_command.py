@@ -18,6 +18,8 @@ import pytest
 
 from rlm_graph.testing import FakeOpenAIServer, Reply
 
+pytestmark = pytest.mark.processes
+
 COMMAND = Path(sys.executable).with_name("rlm-graph")
 LLAMA_CPP_WINDOW_ERROR = {
     "error": {
@@ -324,17 +326,21 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
     )
     try:
-        assert process.stdout is not None
+        assert process.stdout is not None and process.stderr is not None
         seen = b""
         while b"Question:" not in seen:  # the demo prints this, then starts the run
             line = process.stdout.readline()
             assert line, "the demo ended before it could be interrupted"
             seen += line
-        time.sleep(0.3)  # inside the run's first simulated 5 s model call
+        progress = b""
+        while b" turn 1 " not in progress:  # the first turn's progress line: its 5 s call began
+            line = process.stderr.readline()
+            assert line, "the demo ended before it could be interrupted"
+            progress += line
         process.send_signal(signal.SIGINT)
         out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return process.returncode, (seen + out).decode(), err.decode()
+    return process.returncode, (seen + out).decode(), (progress + err).decode()

@@ -22,6 +22,8 @@ import pytest
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer
 
+pytestmark = pytest.mark.processes
+
 KEY = "sk-progress-test"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 

@@ -14,7 +14,7 @@ from rlm_graph.errors import PluginError, ProviderError
 from rlm_graph.hooks import hookimpl
 from rlm_graph.contracts import estimate_tokens
 
-from ..rlm.scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl, scripted
 
 WINDOW = 2_000
 THRESHOLD = 0.85
@@ -59,7 +59,7 @@ def long_run(compaction: Any, **kwargs: Any) -> RLM:
 
 
 def root_turns(rlm: RLM) -> list[ChatRequest]:
-    requests = rlm.engine.provider.requests  # type: ignore[attr-defined]
+    requests = scripted(rlm).requests
     return [r for r in requests if r.messages[-1].content != SUMMARY_PROMPT]
 
 
@@ -90,7 +90,7 @@ async def test_summarize_compacts_each_time_the_threshold_is_crossed(environment
     assert result.response == f"{sum(range(STEPS))}|True|system"
     compactions = check_compactions(rlm, result)
     summaries = [
-        r for r in rlm.engine.provider.requests  # type: ignore[attr-defined]
+        r for r in scripted(rlm).requests
         if r.messages[-1].content == SUMMARY_PROMPT
     ]
     assert len(summaries) == len(compactions)  # one model call per compaction node

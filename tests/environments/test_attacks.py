@@ -24,7 +24,9 @@ import pytest
 import trio
 from rlm_graph_subprocess.process import GUEST_PROGRAM
 
-from .test_subprocess import Spy, engine, feedback, processes_running, spy  # noqa: F401 - a fixture
+from tests.support.guests import Spy, engine, feedback, processes_running
+
+pytestmark = pytest.mark.processes
 
 ATTACKER = str(Path(__file__).with_name("attacker.py"))
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError"}

@@ -13,7 +13,7 @@ import pytest
 
 from rlm_graph import RLM
 
-from ..rlm.scripts import repl, root_and_sub
+from tests.support.scripts import repl, root_and_sub
 
 
 class Marks:
@@ -198,6 +198,7 @@ async def test_the_scratch_folder_is_removed_after_the_completion() -> None:
     assert not os.path.exists(result.response)
 
 
+@pytest.mark.processes
 def test_scratch_folders_still_pending_at_exit_are_removed(tmp_path: Path) -> None:
     import subprocess
 

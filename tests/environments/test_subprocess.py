@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
 
 import pytest
 import trio
@@ -16,71 +15,9 @@ from rlm_graph_subprocess import SubprocessEnvironment
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ConfigError
-from rlm_graph.hooks import hookimpl
 
-from ..rlm.scripts import is_root_turn, repl, root_and_sub, turn_number
-
-
-class Spy:
-    """A plugin registering ``subprocess-spy``: the real environment, kept for checks."""
-
-    def __init__(self) -> None:
-        self.envs: list[SubprocessEnvironment] = []
-
-    @hookimpl
-    def rlm_register_environments(self) -> dict[str, Any]:
-        def factory(**kwargs: Any) -> SubprocessEnvironment:
-            env = SubprocessEnvironment(**kwargs)
-            self.envs.append(env)
-            return env
-
-        return {"subprocess-spy": factory}
-
-
-@pytest.fixture
-def spy() -> Spy:
-    return Spy()
-
-
-def engine(root: Any, spy: Spy | None = None, sub: Any = None, **kwargs: Any) -> RLM:
-    respond = root_and_sub(root) if sub is None else root_and_sub(root, sub)
-    backend = {"respond": respond, **kwargs.pop("backend_kwargs", {})}
-    return RLM(
-        "scripted",
-        backend,
-        environment="subprocess-spy" if spy is not None else "subprocess",
-        plugins=[spy] if spy is not None else [],
-        **kwargs,
-    )
-
-
-def feedback(rlm: RLM, call: int) -> str:
-    """The last message of the provider's ``call``-th request (0-based)."""
-    return rlm.engine.provider.requests[call].messages[-1].content  # type: ignore[attr-defined]
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process (a zombie waiting for its reaper is dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
-
-
-def processes_running(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                    if marker.encode() in handle.read() and alive(int(entry)):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+from tests.support.guests import Spy, alive, engine, feedback, processes_running
+from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 
 # -- boundaries ------------------------------------------------------------------------
@@ -289,7 +226,7 @@ async def test_threads_in_a_block_call_the_engine_concurrently() -> None:
     rlm = engine([repl(code)], backend_kwargs={"latency": 0.3})
     result = await rlm.acompletion("ctx")
     assert result.response == "sub:q0|sub:q1|sub:q2|sub:q3"
-    assert rlm.engine.provider.peak_in_flight == 4  # type: ignore[attr-defined]
+    assert scripted(rlm).peak_in_flight == 4
     calls = list(result.graph.records(NodeKind.LLM_CALL))
     assert len(calls) == 4 and max(c.start for c in calls) < min(c.end for c in calls)  # type: ignore[type-var]
 
@@ -314,7 +251,7 @@ async def test_depth_2_sub_calls_from_guests_respect_the_provider_limit(spy: Spy
     )
     result = await rlm.acompletion("ctx")
     assert result.response == "|".join(f"sub:part {i} q7" for i in range(6))
-    assert rlm.engine.provider.peak_in_flight == 3  # type: ignore[attr-defined]
+    assert scripted(rlm).peak_in_flight == 3
     assert len(list(result.graph.records(NodeKind.LLM_CALL))) == 6 * 8
     assert len(spy.envs) == 7  # the root's guest and one per child
     assert all(not os.path.exists(env.workdir) for env in spy.envs)

@@ -4,7 +4,7 @@ a slow consumer that neither slows the run nor loses an event, limit warnings.""
 from __future__ import annotations
 
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +16,7 @@ from rlm_graph.contracts import ChatRequest
 from rlm_graph.events import LimitWarning, NodeFinished, NodeStarted, RunFinished, RunStarted
 from rlm_graph.graph import Graph
 
-from ..rlm.scripts import is_root_turn, repl, turn_number
+from tests.support.scripts import is_root_turn, repl, turn_number
 
 
 def tree_model(root_code: str, child_code: str, grandchild_code: str) -> Any:

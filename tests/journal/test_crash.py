@@ -8,7 +8,6 @@ known point; the test kills only once every answered sub-call is in the journal.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -25,7 +24,9 @@ from rlm_graph.errors import ConfigError
 from rlm_graph.journal import JournalStore
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
 
-from . import scenarios
+from tests.support import journal_scenarios as scenarios
+
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _child(mode: str, base_url: str, journal: Path, out: Path) -> subprocess.Popen[bytes]:
     with out.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.journal.scenarios", mode, base_url, str(journal), str(out)],
+            [sys.executable, "-m", "tests.support.journal_scenarios", mode, base_url, str(journal), str(out)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
         )
 

@@ -11,7 +11,7 @@ from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.journal import JournalStore
 
-from ..rlm.scripts import is_root_turn, repl, turn_number
+from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 COUNTED = {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION}
 
@@ -37,7 +37,7 @@ async def test_a_finished_run_replays_for_free(tmp_path: Path) -> None:
 
     again = RLM("scripted", {"respond": _respond}, journal=str(path))
     two = await again.acompletion("ctx", root_prompt="q")
-    assert again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert scripted(again).requests == []
     assert two.response == one.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
     assert two.replay is not None
     assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (7, 0, 0)
@@ -59,7 +59,7 @@ async def test_other_inputs_are_another_run(tmp_path: Path) -> None:
     other = RLM("scripted", {"respond": _respond}, journal=str(path))
     result = await other.acompletion("another context", root_prompt="q")
     assert result.replay is not None and result.replay.replayed == 0 and result.replay.attempt == 1
-    assert len(other.engine.provider.requests) == 7  # type: ignore[attr-defined]
+    assert len(scripted(other).requests) == 7
     store = JournalStore(path)
     try:
         assert [r.status for r in store.runs()] == ["finished", "finished"]
@@ -87,13 +87,13 @@ async def test_a_changed_request_goes_live_from_there_and_says_so(tmp_path: Path
     assert two.replay is not None
     assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (6, 0, 1)
     assert two.replay.diverged_at == "turn-2"
-    asked = rlm.engine.provider.requests  # type: ignore[attr-defined]
+    asked = scripted(rlm).requests
     assert [r.node_id for r in asked] == ["turn-2"]
     assert not two.graph["turn-2"].replayed and two.graph["turn-1"].replayed
     # The journal now holds the new path: the next run replays all of it.
     again = RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v2"}, journal=path)
     three = await again.acompletion("ctx")
-    assert three.response == "answer after v2" and again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert three.response == "answer after v2" and scripted(again).requests == []
     assert three.replay is not None and three.replay.replayed == 7
 
 
@@ -125,7 +125,7 @@ async def test_one_journal_shared_by_two_concurrent_runs_mixes_nothing(
         rlm = RLM("scripted", {"respond": _echo_context}, journal=path)
         result = await rlm.acompletion(context)
         assert result.response == answers[context]
-        assert rlm.engine.provider.requests == []  # type: ignore[attr-defined]
+        assert scripted(rlm).requests == []
         assert result.replay is not None and result.replay.replayed == 22
     store = JournalStore(path)
     try:
@@ -164,7 +164,7 @@ async def test_a_workflow_replays_model_calls_and_json_results(tmp_path: Path) -
     again = Engine("scripted", {"respond": lambda r: f"echo:{r.prompt}"})
     two = await again.arun(build(), journal=path)
     assert two["final"] == one["final"] and two["reduce"] == one["reduce"]
-    assert again.provider.requests == []  # type: ignore[attr-defined]
+    assert scripted(again).requests == []
     assert ran == ["opaque"]
     assert two.replay is not None
     assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (8, 1, 0)
@@ -192,7 +192,7 @@ async def test_a_streamed_workflow_resumes_from_its_journal(tmp_path: Path) -> N
         seen = [event async for event in events]
     two = events.result
     assert two["joined"] == one["joined"] == "echo:c0|echo:c1|echo:c2"
-    assert again.provider.requests == []  # type: ignore[attr-defined]
+    assert scripted(again).requests == []
     assert two.replay is not None and (two.replay.replayed, two.replay.live) == (4, 0)
     assert seen[-1].type == "run_finished" and seen[-1].result is two
 
@@ -267,7 +267,7 @@ async def test_a_journaled_tool_is_replayed_and_random_draws_the_same(tmp_path: 
     two = await again.acompletion("ctx")
     assert calls == ["AAPL"]  # the tool ran once; the resumed run got its recorded result
     assert two.response == one.response and "'price': 100" in two.response
-    assert again.engine.provider.requests == []  # type: ignore[attr-defined]
+    assert scripted(again).requests == []
     assert two.replay is not None and two.replay.tools_replayed == 1 and two.replay.diverged == 0
 
 
@@ -281,7 +281,7 @@ async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) ->
     cut = RLM("scripted", {"respond": _respond}, journal=path, max_tokens=limit, batch_max_concurrent=1)
     one = await cut.acompletion("ctx", root_prompt="q")
     assert one.stop_reason == "max_tokens"
-    asked_before = len(cut.engine.provider.requests)  # type: ignore[attr-defined]
+    asked_before = len(scripted(cut).requests)
     assert 1 < asked_before < 7
     store = JournalStore(path)
     try:
@@ -294,7 +294,7 @@ async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) ->
     two = await more.acompletion("ctx", root_prompt="q")
     assert two.stop_reason is None and two.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
     assert two.replay is not None and two.replay.attempt == 2 and two.replay.diverged == 0
-    asked = len(more.engine.provider.requests)  # type: ignore[attr-defined]
+    asked = len(scripted(more).requests)
     assert two.replay.live == asked and two.replay.replayed + asked == 7
     assert two.replay.replayed >= asked_before - 1  # all but the call in flight at the cut
 

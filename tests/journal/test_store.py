@@ -38,7 +38,7 @@ def _journal_a_run(path: Path, reply: str) -> str:
     from rlm_graph import RLM
     from rlm_graph.contracts import ChatRequest
 
-    from ..rlm.scripts import is_root_turn, repl, turn_number
+    from tests.support.scripts import is_root_turn, repl, turn_number
 
     def respond(request: ChatRequest) -> str:
         if not is_root_turn(request):

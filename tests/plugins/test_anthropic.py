@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from http_support import KEY, anthropic_kwargs
+from tests.support.http import KEY, anthropic_kwargs
 from rlm_graph_anthropic import AnthropicProvider
 
 from rlm_graph import Engine, Workflow

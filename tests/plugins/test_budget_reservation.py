@@ -4,7 +4,7 @@ one call's worth, not by ``max_concurrent`` calls' worth (real HTTP, calls overl
 from __future__ import annotations
 
 import pytest
-from http_support import openai_kwargs
+from tests.support.http import openai_kwargs
 
 from rlm_graph import RLM, Engine, NodeKind, Workflow
 from rlm_graph.testing import FakeOpenAIServer

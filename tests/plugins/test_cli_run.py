@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from http_support import KEY
+from tests.support.http import KEY
 
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message

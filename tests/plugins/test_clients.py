@@ -7,7 +7,7 @@ import inspect
 import threading
 from typing import Any
 
-from http_support import openai_kwargs
+from tests.support.http import openai_kwargs
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 

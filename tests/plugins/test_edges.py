@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from http_support import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 from rlm_graph import RLM, ConfigError, Engine, Workflow
 from rlm_graph.errors import ContextLengthExceeded, is_context_length_error

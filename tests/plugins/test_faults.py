@@ -8,7 +8,7 @@ import logging
 
 import httpx
 import pytest
-from http_support import openai_kwargs
+from tests.support.http import openai_kwargs
 from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import Engine, Workflow
@@ -119,6 +119,7 @@ def test_a_reply_cut_off_or_without_text_reaches_the_model_with_a_note() -> None
     assert "no text" in (records["null"].note or "") and records["fine"].note is None
 
 
+@pytest.mark.processes
 def test_ctrl_c_mid_batch_cancels_every_request_then_raises_keyboard_interrupt() -> None:
     import subprocess
     import sys

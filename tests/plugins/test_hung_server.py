@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from http_support import KEY, openai_kwargs
+from tests.support.http import KEY, openai_kwargs
 from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import RLM, NodeKind, NodeStatus

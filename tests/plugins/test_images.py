@@ -10,7 +10,7 @@ import struct
 import zlib
 from typing import Any
 
-from http_support import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 import pytest
-from http_support import KEY
+from tests.support.http import KEY
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.errors import ConfigError

@@ -7,7 +7,7 @@ import logging
 import pytest
 import trio
 import trio.testing
-from http_support import KEY, openai_kwargs
+from tests.support.http import KEY, openai_kwargs
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.graph import NodeStatus, to_json

@@ -6,7 +6,7 @@ import json
 
 import httpx
 import pytest
-from http_support import KEY, openai_kwargs
+from tests.support.http import KEY, openai_kwargs
 from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import Engine, Workflow

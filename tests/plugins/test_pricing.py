@@ -4,7 +4,7 @@ dated and ``vendor/`` ids are priced as their base model, over real HTTP."""
 from __future__ import annotations
 
 import pytest
-from http_support import KEY, openai_kwargs
+from tests.support.http import KEY, openai_kwargs
 
 from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.errors import ConfigError

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from http_support import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from http_support import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 from rlm_graph import RLM, NodeKind
 from rlm_graph.graph import to_json

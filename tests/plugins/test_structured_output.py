@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from http_support import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 from pydantic import BaseModel
 
 from rlm_graph import RLM

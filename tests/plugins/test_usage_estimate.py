@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from http_support import openai_kwargs
+from tests.support.http import openai_kwargs
 
 from rlm_graph import RLM, Engine, NodeKind, NodeStatus, Workflow
 from rlm_graph.testing import FakeOpenAIServer, last_user_message

@@ -19,7 +19,7 @@ from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import Graph, NodeKind, NodeRecord, NodeStatus, peak_concurrency, to_json
 from rlm_graph.report import render_report, report_data, write_report
 
-from ..rlm.scripts import is_root_turn, repl, turn_number
+from tests.support.scripts import is_root_turn, repl, turn_number
 
 
 def depth2_run() -> Any:
@@ -145,6 +145,7 @@ def open_in_chromium(page: Path, tmp_path: Path, fragment: str = "") -> tuple[di
 
 
 @needs_chromium
+@pytest.mark.browser
 def test_the_report_draws_every_node_in_chromium_without_a_console_error(tmp_path: Path) -> None:
     graph = depth2_run().graph
     page = write_report(graph, tmp_path / "run.html")
@@ -185,6 +186,7 @@ def ten_thousand_nodes() -> Graph:
 
 
 @needs_chromium
+@pytest.mark.browser
 def test_a_10000_node_report_opens_and_draws_every_node(tmp_path: Path) -> None:
     graph = ten_thousand_nodes()
     assert len(graph) == 10_000

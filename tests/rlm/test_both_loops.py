@@ -17,7 +17,7 @@ from rlm_graph import RLM, Engine, NodeKind, NodeRecord, NodeStatus, ProviderErr
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.testing import FakeOpenAIServer
 
-from .scripts import is_root_turn, repl, root_and_sub, turn_number
+from tests.support.scripts import is_root_turn, repl, root_and_sub, turn_number
 
 AsyncFn = Callable[[], Awaitable[Any]]
 

@@ -76,6 +76,7 @@ async def test_the_sync_api_inside_trio_points_to_the_async_one() -> None:
         engine.completion("x")
 
 
+@pytest.mark.processes
 def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
     import subprocess
     import sys
@@ -99,7 +100,7 @@ def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
 def test_reference_keywords_sampling_args_and_iteration_callbacks() -> None:
     from rlm_graph.contracts import ChatRequest
 
-    from .scripts import is_root_turn, repl
+    from tests.support.scripts import is_root_turn, repl
 
     seen: list[ChatRequest] = []
     turns: list[tuple[str, int, int]] = []

@@ -9,7 +9,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ConfigError
 
-from .scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl, scripted
 
 WINDOW = {"scripted": {"context_window": 1_000}}  # the direct path may use 500 tokens
 
@@ -33,7 +33,7 @@ async def test_taken_when_question_and_context_fit_the_share_of_the_window() -> 
     assert node.id == "direct" and node.kind == NodeKind.LLM_CALL and node.depth == 0
     assert node.reason is not None and "fit in 50% (500) of the 1,000-token window" in node.reason
     assert result.metadata == {"direct_path": "taken: " + node.reason}
-    (request,) = engine.engine.provider.requests  # type: ignore[attr-defined]
+    (request,) = scripted(engine).requests
     assert request.prompt == "what is it?\n\na short context"
     assert not any(m.role == "system" for m in request.messages)
 
@@ -75,7 +75,7 @@ async def test_a_typed_direct_answer_is_validated_and_a_mismatch_goes_to_the_loo
     )
     typed = await engine.acompletion("ctx", schema=Answer)
     assert typed.parsed == Answer(value=7)
-    assert engine.engine.provider.requests[0].response_schema is not None  # type: ignore[attr-defined]
+    assert scripted(engine).requests[0].response_schema is not None
     fallback = await engine.acompletion("ctx", schema=Answer)
     assert fallback.parsed == Answer(value=8)
     direct = next(r for r in fallback.graph.records() if r.id == "direct")

@@ -8,7 +8,7 @@ import pytest
 from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest, Image
 
-from .scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl, scripted
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
 GIF = b"GIF89a" + b"\x01" * 100
@@ -52,7 +52,7 @@ async def test_images_from_context_files_and_bytes_reach_the_sub_model(environme
         f"text:second + image/gif:{len(GIF)} + image/png:{len(PNG)}"
     )
     # The root model was told the context holds an image.
-    task = rlm.engine.provider.requests[0].messages[1].content  # type: ignore[attr-defined]
+    task = scripted(rlm).requests[0].messages[1].content
     assert "1 of them images" in task
 
 

@@ -12,7 +12,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import is_root_turn, repl, root_and_sub, turn_number
+from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted, turn_number
 
 
 @pytest.fixture
@@ -62,7 +62,7 @@ async def test_max_timeout_cancels_sub_calls_in_flight(
     assert result.stop_reason == "max_timeout"
     calls = list(result.graph.records(NodeKind.LLM_CALL))
     assert calls and all(c.status == NodeStatus.CANCELLED for c in calls)
-    assert engine.engine.provider.in_flight == 0  # type: ignore[attr-defined]
+    assert scripted(engine).in_flight == 0
 
 
 async def test_max_tokens_stops_the_tree_mid_block() -> None:

@@ -10,7 +10,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ConfigError, IterationLimitExceeded, PluginError
 from rlm_graph.graph import peak_concurrency
 
-from .scripts import repl, root_and_sub
+from tests.support.scripts import repl, root_and_sub, scripted
 
 L = 1.0
 
@@ -33,7 +33,7 @@ async def test_answer_by_the_answer_dict() -> None:
     kinds = [r.kind for r in result.graph.records()]
     assert kinds == [NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK, NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK]
     # The model saw what its first block printed.
-    second_turn = engine.engine.provider.requests[1]  # type: ignore[attr-defined]
+    second_turn = scripted(engine).requests[1]
     assert "REPL output:\n11" in second_turn.messages[-1].content
     assert "Question: shout it" in second_turn.messages[1].content
 
@@ -49,7 +49,7 @@ async def test_final_var_of_a_missing_variable_tells_the_model_and_goes_on() -> 
     engine = rlm([repl('print(FINAL_VAR("nope"))'), repl("FINAL('done')")])
     result = await engine.acompletion("ctx")
     assert result.response == "done"
-    second = engine.engine.provider.requests[1]  # type: ignore[attr-defined]
+    second = scripted(engine).requests[1]
     assert "there is no variable 'nope'" in second.messages[-1].content
 
 
@@ -113,7 +113,7 @@ async def test_code_that_raises_is_shown_to_the_model() -> None:
     engine = rlm([repl("1 / 0"), repl("FINAL('recovered')")])
     result = await engine.acompletion("ctx")
     assert result.response == "recovered"
-    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    feedback = scripted(engine).requests[1].messages[-1].content
     assert "ZeroDivisionError: division by zero" in feedback
     block = next(result.graph.records(NodeKind.REPL_BLOCK))
     assert block.status == NodeStatus.ERROR and block.error_type == "ZeroDivisionError"
@@ -123,7 +123,7 @@ async def test_printing_10_mb_is_truncated_for_the_next_turn() -> None:
     engine = rlm([repl("print('x' * 10_000_000)"), repl("FINAL('ok')")], output_chars=5_000)
     result = await engine.acompletion("ctx")
     assert result.response == "ok"
-    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    feedback = scripted(engine).requests[1].messages[-1].content
     assert len(feedback) < 6_000
     assert "characters truncated" in feedback
 
@@ -150,7 +150,7 @@ async def test_a_reply_without_code_is_told_so() -> None:
     engine = rlm(["I think the answer is 4.", repl("FINAL(4)")])
     result = await engine.acompletion("ctx")
     assert result.response == "4"
-    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    feedback = scripted(engine).requests[1].messages[-1].content
     assert "no ```repl block" in feedback
 
 
@@ -161,7 +161,7 @@ async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
     ])
     result = await engine.acompletion("original")
     assert result.response == "sub:q original"
-    feedback = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    feedback = scripted(engine).requests[1].messages[-1].content
     assert "llm_query, context are part of the REPL protocol or your tools and was restored" in feedback
 
 
@@ -184,10 +184,10 @@ async def test_show_vars_and_custom_tools() -> None:
     )
     result = await engine.acompletion("ctx")
     assert result.response == "8"
-    system = engine.engine.provider.requests[0].messages[0].content  # type: ignore[attr-defined]
+    system = scripted(engine).requests[0].messages[0].content
     assert "- `double`: doubles a number" in system
     assert "- `LOOKUP`: a dict value" in system
-    shown = engine.engine.provider.requests[1].messages[-1].content  # type: ignore[attr-defined]
+    shown = scripted(engine).requests[1].messages[-1].content
     assert "Variables: context_0: str, context: str, x: int" in shown
 
 

@@ -8,7 +8,7 @@ import trio.testing
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import is_root_turn, repl, turn_number
+from tests.support.scripts import is_root_turn, repl, turn_number
 
 
 def _model(latency_of: dict[str, float]) -> tuple[object, object]:

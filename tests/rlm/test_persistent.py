@@ -5,7 +5,7 @@ from __future__ import annotations
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl
 
 
 def test_three_completions_share_one_repl() -> None:

@@ -12,7 +12,7 @@ import trio.testing
 from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import is_root_turn, repl, turn_number
+from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 L = 1.0
 
@@ -52,7 +52,7 @@ async def test_at_max_depth_rlm_query_falls_back_to_a_plain_call() -> None:
     assert result.response == "sub:task"
     assert not list(result.graph.records(NodeKind.RLM_CALL))
     assert len(list(result.graph.records(NodeKind.LLM_CALL))) == 1
-    system = engine.engine.provider.requests[0].messages[0].content  # type: ignore[attr-defined]
+    system = scripted(engine).requests[0].messages[0].content
     assert "fall back to a plain `llm_query`" in system
 
 
@@ -73,7 +73,7 @@ async def test_depth_2_fan_out_never_exceeds_the_provider_limit(
     result = await engine.acompletion("ctx")
     assert result.response == "8"
     # 4 children in flight x 16 slots each would be 64; the provider allows 8.
-    assert engine.engine.provider.peak_in_flight == 8  # type: ignore[attr-defined]
+    assert scripted(engine).peak_in_flight == 8
     assert peak_children(result) == 4
     assert len(list(result.graph.records(NodeKind.LLM_CALL))) == 8 * 16
 
@@ -193,6 +193,7 @@ def test_children_get_custom_sub_tools_not_the_roots(depth: int) -> None:
     assert engine.completion("ctx").response == "False C R"
 
 
+@pytest.mark.processes
 def test_a_run_under_a_tracer_or_profiler_finishes() -> None:
     # Coverage tools, debuggers and profilers install a trace function; the local
     # environment's thread interrupts must not hang the process under one.

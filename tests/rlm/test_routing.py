@@ -8,7 +8,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ConfigError
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl, scripted
 
 
 def test_sub_calls_go_to_the_first_other_backend_and_named_models_to_theirs() -> None:
@@ -75,7 +75,7 @@ def test_model_code_cannot_name_a_model_nobody_configured() -> None:
         assert f"model={name!r}" in slot and "'root-model', 'cheap-model'" in slot
         assert "allowed_models" in slot
     assert d == "served:cheap-model"
-    requested = [r.model for r in rlm.engine.provider.requests]  # type: ignore[attr-defined]
+    requested = [r.model for r in scripted(rlm).requests]
     assert set(requested) == {"root-model", "cheap-model"}
     failed = [r for r in result.graph.records() if r.status == NodeStatus.ERROR]
     assert len(failed) == 4 and {r.error_type for r in failed} == {"ConfigError"}

@@ -12,7 +12,7 @@ from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ConfigError, IterationLimitExceeded
 from rlm_graph.protocol.schema import AnswerSchema
 
-from .scripts import repl, root_and_sub
+from tests.support.scripts import repl, root_and_sub, scripted
 
 
 class Person(BaseModel):
@@ -31,7 +31,7 @@ def rlm(root: object, **kwargs: object) -> RLM:
 
 
 def requests(engine: RLM) -> list[object]:
-    return engine.engine.provider.requests  # type: ignore[attr-defined, no-any-return]
+    return scripted(engine).requests  # type: ignore[no-any-return]
 
 
 async def test_a_schema_answered_right_the_first_time() -> None:

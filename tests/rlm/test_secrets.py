@@ -8,7 +8,7 @@ from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import to_json
 
-from .scripts import is_root_turn, repl
+from tests.support.scripts import is_root_turn, repl
 
 KEY = "sk-planted-key-0123456789abcdef"
 

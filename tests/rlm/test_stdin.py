@@ -7,7 +7,7 @@ import pytest
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import repl
+from tests.support.scripts import repl
 
 
 @pytest.mark.parametrize("environment", ["local", "subprocess"])

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
 
-from .scripts import repl, root_and_sub
+from tests.support.scripts import repl, root_and_sub, scripted
 
 
 class City(BaseModel):
@@ -33,7 +33,7 @@ def engine(code: str, environment: str = "local", **kwargs: object) -> RLM:
 
 
 def sub_requests(rlm: RLM) -> list[ChatRequest]:
-    return [r for r in rlm.engine.provider.requests if r.depth == 1]  # type: ignore[attr-defined]
+    return [r for r in scripted(rlm).requests if r.depth == 1]
 
 
 async def test_a_typed_sub_call_returns_an_instance_of_the_class_the_code_passed() -> None:

@@ -13,6 +13,7 @@ from rlm_graph.graph import NodeKind, NodeRecord, peak_concurrency
 from rlm_graph.hooks import hookimpl
 from rlm_graph.runtime.slots import run_slots
 from rlm_graph.runtime.calls import ModelCall
+from tests.support.scripts import scripted
 
 L = 1.0  # simulated latency of one model call
 
@@ -34,7 +35,7 @@ async def test_fan_out_of_64_under_a_limit_of_16_takes_four_latencies(
     start = trio.current_time()
     result = await engine.arun(wf)
     assert trio.current_time() - start == pytest.approx(4 * L)
-    assert engine.provider.peak_in_flight == 16  # type: ignore[attr-defined]
+    assert scripted(engine).peak_in_flight == 16
     assert peak_concurrency(result.graph, NodeKind.LLM_CALL) == 16
     assert [result[r] for r in refs] == [f"echo:chunk {i}" for i in range(64)]
 
@@ -113,7 +114,7 @@ async def test_two_concurrent_batches_share_the_provider_limit(
         nursery.start_soon(batch, "a")
         nursery.start_soon(batch, "b")
     # Each batch allows 16, together 32, but the provider allows 8: 32 calls take 4 L.
-    assert engine.provider.peak_in_flight == 8  # type: ignore[attr-defined]
+    assert scripted(engine).peak_in_flight == 8
     assert peak_concurrency(run.graph, NodeKind.LLM_CALL) == 8
     assert outputs["a"] == [f"echo:a{i}" for i in range(16)]
     assert outputs["b"] == [f"echo:b{i}" for i in range(16)]
@@ -143,7 +144,7 @@ async def test_cancelling_mid_flight_marks_every_unfinished_node_cancelled(
     assert statuses.count(NodeStatus.OK) == 4  # the first round finished at 1 L
     assert statuses.count(NodeStatus.CANCELLED) == 8
     assert all(s.finished for s in statuses)
-    assert engine.provider.in_flight == 0  # type: ignore[attr-defined]
+    assert scripted(engine).in_flight == 0
 
 
 async def test_max_timeout_stops_a_workflow_with_the_reason(
@@ -193,4 +194,4 @@ def test_parallel_sync_runs_from_threads_share_the_provider_limit() -> None:
         thread.join(timeout=60)
     assert len(outputs) == 3 and all(len(o) == 12 for o in outputs)
     # Three loops, each allowing 4, yet the provider never saw more than 4 at once.
-    assert engine.provider.peak_in_flight == 4  # type: ignore[attr-defined]
+    assert scripted(engine).peak_in_flight == 4

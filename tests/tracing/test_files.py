@@ -21,7 +21,7 @@ from rlm_graph.graph import Graph
 from rlm_graph.runtime.workflow import run_workflow
 from rlm_graph.tracing import NodeTracer, TraceFileExporter, load_trace, to_graph
 
-from .conftest import KeyedPlugin, Memory, parent_id, span_id
+from tests.support.tracing import KeyedPlugin, Memory, parent_id, span_id
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 HEX16 = re.compile(r"^[0-9a-f]{16}$")

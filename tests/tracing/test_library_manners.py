@@ -21,7 +21,7 @@ from rlm_graph import ConfigError, Engine, Workflow
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph.tracing import configure_tracing, flush_tracing
 
-from .conftest import Memory
+from tests.support.tracing import Memory
 
 GLOBAL_PROVIDER_SCRIPT = textwrap.dedent(
     """
@@ -63,6 +63,7 @@ GLOBAL_PROVIDER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.processes
 def test_the_applications_global_provider_is_used_and_otel_variables_build_nothing() -> None:
     """In a fresh process (a global provider can be set once): the application's provider
     gets every span, under the application's own span, with its resource; the OTLP and

@@ -11,7 +11,7 @@ from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind
 
-from .conftest import Memory, assert_nesting, parent_id, span_id
+from tests.support.tracing import Memory, assert_nesting, attrs, parent_id, span_id
 
 ROOT_CODE = (
     "parts = llm_query_batched(['alpha', 'bad', 'gamma'])\n"
@@ -116,9 +116,9 @@ async def test_a_failed_sub_call_is_an_error_span(
     errors = [s for s in memory.spans if s.status.status_code == StatusCode.ERROR]
     assert len(errors) == 1
     (failed,) = errors
-    assert failed.attributes["error.type"] == "ProviderError"  # type: ignore[index]
+    assert attrs(failed)["error.type"] == "ProviderError"
     assert failed.status.description == "sub-model refused"
-    record = result.graph[failed.attributes["rlm.node.id"]]  # type: ignore[index]
+    record = result.graph[attrs(failed)["rlm.node.id"]]
     assert record.kind == NodeKind.LLM_CALL and record.batch_index == 1
 
 

@@ -15,7 +15,7 @@ from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
 from rlm_graph.runtime.workflow import run_workflow
 from rlm_graph.tracing import NodeTracer
 
-from .conftest import KeyedPlugin, Memory, assert_nesting, parent_id, reply, span_id
+from tests.support.tracing import KeyedPlugin, Memory, assert_nesting, attrs, parent_id, reply, span_id
 
 L = 1.0
 
@@ -41,7 +41,7 @@ async def test_one_span_per_node_all_under_the_workflow_span(
     spans = memory.by_node()
     (run,) = memory.run_spans()
     assert run.name == "invoke_workflow"
-    assert run.attributes["gen_ai.operation.name"] == "invoke_workflow"  # type: ignore[index]
+    assert attrs(run)["gen_ai.operation.name"] == "invoke_workflow"
     assert sorted(spans) == sorted(r.id for r in result.graph.records())
     assert len(memory.spans) == len(result.graph) + 1
     assert_nesting(result.graph, spans, run)
@@ -83,10 +83,10 @@ async def test_function_span_attributes(memory: Memory) -> None:
     span = memory.by_node()["reduce"]
     assert span.name == "execute_tool reduce"
     assert span.kind == SpanKind.INTERNAL
-    assert span.attributes["gen_ai.operation.name"] == "execute_tool"  # type: ignore[index]
-    assert span.attributes["gen_ai.tool.name"] == "reduce"  # type: ignore[index]
-    assert span.attributes["gen_ai.tool.type"] == "function"  # type: ignore[index]
-    assert span.attributes["rlm.node.kind"] == "function"  # type: ignore[index]
+    assert attrs(span)["gen_ai.operation.name"] == "execute_tool"
+    assert attrs(span)["gen_ai.tool.name"] == "reduce"
+    assert attrs(span)["gen_ai.tool.type"] == "function"
+    assert attrs(span)["rlm.node.kind"] == "function"
 
 
 async def test_a_failed_call_is_an_error_span_and_the_others_are_not(memory: Memory) -> None:
@@ -103,8 +103,8 @@ async def test_a_failed_call_is_an_error_span_and_the_others_are_not(memory: Mem
     failed = spans[refs[2].id]
     assert failed.status.status_code == StatusCode.ERROR
     assert failed.status.description == "upstream exploded"
-    assert failed.attributes["error.type"] == "ProviderError"  # type: ignore[index]
-    assert failed.attributes["rlm.node.status"] == "error"  # type: ignore[index]
+    assert attrs(failed)["error.type"] == "ProviderError"
+    assert attrs(failed)["rlm.node.status"] == "error"
     assert "gen_ai.response.model" not in failed.attributes  # type: ignore[operator]
     others = [spans[r.id] for r in refs if r is not refs[2]]
     assert all(s.status.status_code == StatusCode.UNSET for s in others)
@@ -120,15 +120,15 @@ async def test_cancelled_nodes_say_so(
         wf.llm(f"c{i}")
     result = await engine.arun(wf)
     assert result.stop_reason == "max_timeout"
-    statuses = sorted(s.attributes["rlm.node.status"] for s in memory.by_node().values())  # type: ignore[index]
+    statuses = sorted(attrs(s)["rlm.node.status"] for s in memory.by_node().values())
     # One finished; one was cut off mid-call, one while waiting for the provider's slot.
     assert statuses == ["cancelled", "cancelled", "ok"]
     cancelled = next(
         s
         for s in memory.by_node().values()
-        if s.attributes["rlm.node.status"] == "cancelled"  # type: ignore[index]
+        if attrs(s)["rlm.node.status"] == "cancelled"
     )
-    assert cancelled.attributes["error.type"] == "cancelled"  # type: ignore[index]
+    assert attrs(cancelled)["error.type"] == "cancelled"
 
 
 async def test_span_times_are_the_run_clock_queueing_included(
@@ -204,7 +204,7 @@ def test_content_is_captured_only_on_request_truncated_and_scrubbed(
     assert messages[0]["role"] == "user"
     assert len(text) == 100 and text.endswith("…")
     assert text.startswith("use [REDACTED] and [REDACTED] and [REDACTED] ")
-    output = with_.attributes["gen_ai.output.messages"]  # type: ignore[index]
+    output = attrs(with_)["gen_ai.output.messages"]
     assert "abcdefghijklmnop" not in output  # type: ignore[operator]
 
 
@@ -241,9 +241,9 @@ def test_server_address_and_port_come_from_the_provider(memory: Memory) -> None:
     with tracer.node_span(record, None):
         pass
     (span,) = memory.spans
-    assert span.attributes["server.address"] == "api.example.com"  # type: ignore[index]
-    assert span.attributes["server.port"] == 8443  # type: ignore[index]
-    assert span.attributes["rlm.iteration"] == 1  # type: ignore[index]
+    assert attrs(span)["server.address"] == "api.example.com"
+    assert attrs(span)["server.port"] == 8443
+    assert attrs(span)["rlm.iteration"] == 1
     assert span.name == "chat scripted"
 
 
@@ -253,7 +253,7 @@ def test_a_non_exception_escape_still_ends_the_span_as_an_error(memory: Memory) 
         raise KeyboardInterrupt
     (span,) = memory.spans
     assert span.status.status_code == StatusCode.ERROR
-    assert span.attributes["error.type"] == "KeyboardInterrupt"  # type: ignore[index]
+    assert attrs(span)["error.type"] == "KeyboardInterrupt"
     assert span.name == "execute_tool repl"
 
 
@@ -263,7 +263,7 @@ async def test_run_span_names_the_agent_and_records_a_failure(memory: Memory) ->
         raise RuntimeError("boom with sk-abcdefghijklmnopqrst")
     (span,) = memory.spans
     assert span.name == "invoke_agent rlm"
-    assert span.attributes["gen_ai.operation.name"] == "invoke_agent"  # type: ignore[index]
-    assert span.attributes["gen_ai.agent.name"] == "rlm"  # type: ignore[index]
-    assert span.attributes["error.type"] == "RuntimeError"  # type: ignore[index]
+    assert attrs(span)["gen_ai.operation.name"] == "invoke_agent"
+    assert attrs(span)["gen_ai.agent.name"] == "rlm"
+    assert attrs(span)["error.type"] == "RuntimeError"
     assert span.status.description == "boom with [REDACTED]"

@@ -1,8 +1,11 @@
-"""Scripted models for end-to-end RLM runs."""
+"""Scripted models for end-to-end RLM runs, and the scripted provider behind an engine."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from rlm_graph_scripted import ScriptedProvider
 
 from rlm_graph.contracts import ChatRequest
 
@@ -36,3 +39,12 @@ def root_and_sub(
         return root[min(n, len(root)) - 1]
 
     return respond
+
+
+def scripted(engine: Any, index: int = 0) -> ScriptedProvider:
+    """The scripted provider of an `RLM` or an `Engine` (``index``: 0 the main backend,
+    1 the first of ``other_backends``...): its ``requests``, ``peak_in_flight``..."""
+    core = getattr(engine, "engine", engine)
+    provider = core.providers[index]
+    assert isinstance(provider, ScriptedProvider), provider
+    return cast(ScriptedProvider, provider)
