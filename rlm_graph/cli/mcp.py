@@ -161,10 +161,17 @@ class _Tools:
         from .. import RLM
 
         context, files, size, skipped = await self._context(paths, text)
-        report = self._new_report()
+        try:
+            report = self._new_report()
+        except OSError as exc:
+            raise ToolError(f"cannot write a report in {self.report_dir}: {exc.strerror or exc}") from None
         writer = ReportWriter(report, f"rlm-graph mcp: {question[:80]}", _log)
-        rlm = RLM(**self.kwargs, tracer_provider=self.provider, trace_content=self.trace_content,
-                  listeners=[writer])
+        try:
+            rlm = RLM(**self.kwargs, tracer_provider=self.provider,
+                      trace_content=self.trace_content, listeners=[writer])
+        except BaseException:
+            report.unlink(missing_ok=True)
+            raise
         try:
             result = await rlm.acompletion(context, root_prompt=question)
         except ProviderError as exc:
