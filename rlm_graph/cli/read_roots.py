@@ -13,8 +13,9 @@ Invariants:
       ``/proc/self/environ`` would hand the server's API keys to the model.
     - A file is opened without following a link (``O_NOFOLLOW``, non-blocking), must be a
       regular file (no FIFO, device or socket, which could block or never end), and the
-      file the descriptor holds is checked again against the roots, so a link swapped in
-      between the check and the open is refused as well.
+      file the descriptor holds (``/proc/self/fd``, where ``/proc`` is mounted) is checked
+      again against the roots, so a link swapped in between the check and the open is
+      refused as well.
     - A named path that is outside every root, missing or not a file or folder fails the
       whole call with one message naming it, before anything is read. A file met while
       walking a named folder that is a link out of the roots, binary or unreadable is
@@ -143,7 +144,10 @@ class ReadRoots:
         return docs
 
     def _walk(self, folder: str, docs: Documents) -> Iterator[str]:
-        for parent, dirs, files in os.walk(folder, followlinks=False):
+        def unreadable(error: OSError) -> None:
+            docs.skipped.append(f"{error.filename}: {error.strerror or error}")
+
+        for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
             dirs[:] = sorted(
                 d for d in dirs
                 if d not in SKIPPED_FOLDERS and self.contains(os.path.join(parent, d))

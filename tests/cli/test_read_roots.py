@@ -60,3 +60,18 @@ def test_a_file_read_twice_is_one_document_and_text_is_decoded_with_replacement(
     (tmp_path / "same.txt").symlink_to(tmp_path / "a.txt")
     docs = roots(tmp_path).read(["a.txt", ".", "same.txt"])
     assert docs.files == {str(tmp_path / "a.txt"): "caf\ufffd ok"}
+
+
+def test_a_folder_the_server_cannot_open_is_listed_not_silently_dropped(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root opens any folder, whatever its mode")
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "closed" / "x.txt").write_text("hidden")
+    (tmp_path / "open.txt").write_text("seen")
+    (tmp_path / "closed").chmod(0)
+    try:
+        docs = roots(tmp_path).read(["."])
+    finally:
+        (tmp_path / "closed").chmod(0o700)
+    assert list(docs.files.values()) == ["seen"]
+    assert any("closed" in s for s in docs.skipped)
