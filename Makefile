@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml examples/rlm-graph-echo-provider/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,grpc]' -e examples/rlm-graph-echo-provider
+	$(BIN)/python -m pip install --quiet -e '.[test,grpc,mcp,docs]' -e examples/rlm-graph-echo-provider
 	touch $(STAMP)
 
 .PHONY: demo test quick install browser

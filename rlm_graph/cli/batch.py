@@ -22,7 +22,7 @@ from rich.text import Text
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE
-from .run import LIMIT_FLAGS, _add_provider_arguments, _add_window_arguments, _rlm_kwargs
+from .run import LIMIT_FLAGS, _add_provider_arguments, _add_window_arguments, rlm_kwargs
 
 __all__ = ["register", "run"]
 
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         finished: list[BatchResult] = []
         try:
             results = run_batch(
-                read_items(args.input), _rlm_kwargs(args), concurrency=args.concurrency,
+                read_items(args.input), rlm_kwargs(args), concurrency=args.concurrency,
                 executor=args.executor, executor_kwargs=_executor_kwargs(args), skip_ids=done,
             )
             with BatchProgress(total, quiet=args.quiet, stream=sys.stderr) as progress:

@@ -6,11 +6,15 @@ run of any size costs the same), updated by each event on the scheduler's thread
 JSON with ``--json``):
 
 - stderr is a terminal: one live line (rich), redrawn a few times a second: elapsed
-  time, the root's turn, the deepest depth reached, sub-calls done / running / failed,
-  tokens and cost so far;
+  time, the root's turn, the deepest depth reached, sub-calls done / running / failed
+  (and cancelled, once any was), tokens and cost so far;
 - otherwise (a pipe, a log file): one plain line each time the root starts a turn, and
   one at the end;
 - ``--verbose``: also a line per node as it finishes; ``--quiet``: nothing.
+
+The end says how the run ended (`RunProgress.outcome`): ``done``, ``interrupted``
+(Ctrl-C, a cancellation), ``stopped by <limit>`` or ``failed (<error type>)``. A sub-call
+cut by the end of the run is counted as cancelled, never as failed.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ __all__ = ["ProgressDisplay", "RunProgress", "add_progress_arguments", "progress
 
 Mode = Literal["live", "plain", "off"]
 _SUB_CALLS = (NodeKind.LLM_CALL, NodeKind.RLM_CALL)
+# The error types of a run that was cut from outside rather than failing on its own.
+_INTERRUPTIONS = frozenset({"KeyboardInterrupt", "Cancelled", "CancelledError"})
 
 
 def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,8 +63,8 @@ class RunProgress:
     """What a run has done so far, from its events."""
 
     __slots__ = (
-        "cost", "depth", "done", "failed", "finished", "running", "started", "stop_reason",
-        "tokens", "turn", "warnings",
+        "cancelled", "cost", "depth", "done", "error", "failed", "finished", "running",
+        "started", "stop_reason", "tokens", "turn", "warnings",
     )
 
     def __init__(self) -> None:
@@ -68,10 +74,12 @@ class RunProgress:
         self.done = 0
         self.running = 0
         self.failed = 0
+        self.cancelled = 0
         self.tokens = 0
         self.cost = 0.0
         self.warnings: list[str] = []
         self.stop_reason: str | None = None
+        self.error: str | None = None
         self.finished = False
 
     def update(self, event: Any) -> None:
@@ -91,29 +99,44 @@ class RunProgress:
                 self.running -= 1
                 if event.status == NodeStatus.OK:
                     self.done += 1
+                elif event.status == NodeStatus.CANCELLED:
+                    self.cancelled += 1
                 else:
                     self.failed += 1
         elif isinstance(event, LimitWarning):
             self.warnings.append(f"{event.limit} {event.fraction:.0%} used")
         elif isinstance(event, RunFinished):
             self.stop_reason = event.stop_reason
+            self.error = event.error
             self.finished = True
 
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
+    @property
+    def outcome(self) -> str:
+        """How the run ended: ``running`` until it has, then ``done``, ``interrupted``
+        (Ctrl-C or another cancellation), ``stopped by <limit>`` or ``failed (<type>)``."""
+        if not self.finished:
+            return "running"
+        if self.error is not None:
+            kind = self.error.split(":", 1)[0]
+            return "interrupted" if kind in _INTERRUPTIONS else f"failed ({kind})"
+        if self.stop_reason:
+            return f"stopped by {self.stop_reason}"
+        return "done"
+
     def line(self) -> str:
         """The totals as one line of plain text."""
+        cancelled = f", {self.cancelled} cancelled" if self.cancelled else ""
         text = (
             f"{self.elapsed:6.1f}s  turn {self.turn}  depth {self.depth}  "
-            f"sub-calls {self.done} done, {self.running} running, {self.failed} failed  "
-            f"{self.tokens:,} tokens  ${self.cost:.4f}"
+            f"sub-calls {self.done} done, {self.running} running, {self.failed} failed"
+            f"{cancelled}  {self.tokens:,} tokens  ${self.cost:.4f}"
         )
         if self.warnings:
             text += "  (" + "; ".join(self.warnings) + ")"
-        if self.stop_reason:
-            text += f"  stopped by {self.stop_reason}"
         return text
 
 
@@ -147,7 +170,7 @@ class ProgressDisplay:
             if isinstance(event, NodeStarted) and event.kind == NodeKind.ROOT_TURN and event.depth == 0:
                 self._say("rlm-graph: " + self.progress.line())
             elif isinstance(event, RunFinished):
-                self._say("rlm-graph: " + self.progress.line() + "  done")
+                self._say("rlm-graph: " + self.progress.line() + "  " + self.progress.outcome)
 
     def say(self, text: str) -> None:
         """Print a line on the display's stream (above the live line, if one is drawn)."""
@@ -160,7 +183,7 @@ class ProgressDisplay:
             print(text, file=self.stream, flush=True)
 
     def _render(self) -> Text:
-        state = "done" if self.progress.finished else "running"
+        state = self.progress.outcome
         return Text.assemble(("rlm-graph ", "bold"), (f"[{state}] ", "cyan"), self.progress.line())
 
     def __enter__(self) -> ProgressDisplay:

@@ -34,7 +34,7 @@ from .progress import ProgressDisplay, add_progress_arguments, progress_for
 from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
-__all__ = ["register", "run"]
+__all__ = ["LIMIT_FLAGS", "add_engine_arguments", "provider_message", "register", "rlm_kwargs", "run"]
 
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_depth", int, "deepest child completion (1: rlm_query is a plain call)"),
@@ -64,6 +64,27 @@ def register(subparsers: Any) -> None:
         "--encoding", default="utf-8", help="the context file's text encoding (default utf-8)"
     )
     parser.add_argument("--query", required=True, help="the question to answer over the context")
+    parser.add_argument(
+        "--schema", metavar="FILE.json",
+        help="a JSON Schema the answer must match: the model is told it, refused answers go "
+        "back to it, and the answer is printed as JSON (exit 3 if none ever matched)",
+    )
+    add_engine_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
+    parser.add_argument(
+        "--journal", metavar="PATH",
+        help="record finished nodes in this SQLite file; rerunning the same command resumes "
+        "from it (see docs/durability.md, `rlm-graph journal ls`)",
+    )
+    add_trace_argument(parser)
+    add_progress_arguments(parser)
+    add_report_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the backend, model, environment, provider, context-window and limit flags:
+    what `rlm_kwargs` turns into ``RLM(...)`` keywords (``run`` and ``mcp`` share them)."""
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
     parser.add_argument("--model", required=True, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
@@ -75,26 +96,11 @@ def register(subparsers: Any) -> None:
         "process, apart from the engine and its keys; 'local' runs it in this process, "
         "faster, for trusted documents and models only; see docs/environments.md)",
     )
-    parser.add_argument(
-        "--schema", metavar="FILE.json",
-        help="a JSON Schema the answer must match: the model is told it, refused answers go "
-        "back to it, and the answer is printed as JSON (exit 3 if none ever matched)",
-    )
     _add_provider_arguments(parser)
     _add_window_arguments(parser)
     limits = parser.add_argument_group("limits")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
-    parser.add_argument(
-        "--journal", metavar="PATH",
-        help="record finished nodes in this SQLite file; rerunning the same command resumes "
-        "from it (see docs/durability.md, `rlm-graph journal ls`)",
-    )
-    add_trace_argument(parser)
-    add_progress_arguments(parser)
-    add_report_argument(parser)
-    parser.set_defaults(func=run)
 
 
 def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
@@ -191,7 +197,13 @@ def _models(args: argparse.Namespace) -> dict[str, dict[str, Any]] | None:
     return {name: {"context_window": args.context_window} for name in names}
 
 
-def _rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``RLM(...)`` keywords of the flags `add_engine_arguments` added (and
+    ``--journal``, where a subcommand has it), ``on_limit="return"``.
+
+    Raises:
+        ConfigError: a flag's value that cannot work (``--context-window 10``).
+    """
     kwargs: dict[str, Any] = {
         "backend": args.backend,
         "backend_kwargs": _backend_kwargs(args, args.model),
@@ -230,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         schema = _read_schema(args.schema)
         provider = tracer_provider_for(args)
         display = progress_for(args)
-        rlm = RLM(**_rlm_kwargs(args), tracer_provider=provider,
+        rlm = RLM(**rlm_kwargs(args), tracer_provider=provider,
                   trace_content=getattr(args, "trace_content", False),
                   listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph run: " + args.query[:80])])
     except ConfigError as exc:
@@ -275,7 +287,7 @@ def _complete(
             stop_reason="provider_error" if exc.result is not None else None,
             result=exc.result,
             error=exc,
-            message=_provider_message(exc),
+            message=provider_message(exc),
         )
     except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
         return out.result(EXIT_LIMIT, answer=exc.partial, stop_reason=exc.reason,
@@ -294,7 +306,7 @@ def _complete(
     return out.result(code, answer=result.response, stop_reason=result.stop_reason, result=result)
 
 
-def _provider_message(exc: ProviderError) -> str:
+def provider_message(exc: ProviderError) -> str:
     """The error line: the provider's message, plus what to do in this command's flags."""
     if isinstance(exc, ContextLengthExceeded):
         said = exc.server_message or str(exc)

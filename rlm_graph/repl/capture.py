@@ -2,11 +2,26 @@
 
 ``sys.stdout`` and ``sys.stderr`` belong to the whole process. Concurrent REPLs that swap
 them get each other's prints, and a lock around the swap serialises them (design trap 2).
-Instead, a dispatcher is installed once as ``sys.stdout``/``sys.stderr``: a write goes to
-the buffer the *current thread* registered, or to the original stream when the thread
-registered none. Each REPL block registers its buffers on its own worker thread.
-``sys.stdin`` gets the same treatment: a block reads an empty stream, so model code that
-reads stdin gets end-of-file instead of waiting for a terminal.
+Instead, a dispatcher stands in for ``sys.stdout``/``sys.stderr`` while blocks run: a
+write goes to the buffer the *current thread* registered, or to the stream the dispatcher
+wraps when the thread registered none. Each REPL block registers its buffers on its own
+worker thread. ``sys.stdin`` gets the same treatment: a block reads an empty stream, so
+model code that reads stdin gets end-of-file instead of waiting for a terminal.
+
+Invariants:
+    - The dispatchers are reference-counted by the blocks capturing at the moment: the
+      first block to start installs them, the last to end removes them, so once no block
+      runs (after the last completion of the process, say) ``sys.stdout``,
+      ``sys.stderr`` and ``sys.stdin`` are the caller's own objects again. Installing
+      and removing happen under a short lock, never around a block.
+    - A stream the caller put in place while blocks ran is respected: the next block to
+      start wraps it (so that its prints are still captured) and the end unwraps it
+      again; a stream that is not one of ours is never replaced at the end. (A block
+      already running when the caller swaps prints to the caller's new stream: nothing
+      can intercept that swap.)
+    - Every dispatcher routes by thread, so one that outlived its period (a caller kept
+      it and put it back later) still sends a thread without a capture to the stream it
+      wraps; the next block to start adopts it and the end removes it.
 """
 
 from __future__ import annotations
@@ -88,6 +103,14 @@ class _Dispatch(io.TextIOBase):
     def fileno(self) -> int:
         return self.fallback.fileno()
 
+    def __getattr__(self, name: str) -> object:
+        # What a text stream has and this class does not (``buffer``, ``reconfigure``...):
+        # the real stream's for every thread but a capturing one, so that the caller's
+        # code sees its own stream and a block cannot reach around its capture.
+        if name.startswith("_"):  # not forwarded (and no recursion before __init__)
+            raise AttributeError(name)
+        return getattr(self._target(), name)
+
 
 class _StdinDispatch:
     """Stands in for ``sys.stdin``: a REPL thread reads an empty stream (nobody is there
@@ -105,10 +128,16 @@ class _StdinDispatch:
         return iter(empty if empty is not None else self.fallback)
 
 
-def _ensure_installed() -> None:
-    # Something else (a test runner, a notebook) may replace sys.stdout later; wrap
-    # whatever is there now, once.
+_capturing = 0  # blocks inside `capture_output` now, over all threads
+
+
+def _install() -> None:
+    """Count one more capturing block; put the dispatchers in place if they are not.
+
+    A dispatcher already there (ours, from an earlier period) is adopted, not wrapped."""
+    global _capturing
     with _install_lock:
+        _capturing += 1
         if not isinstance(sys.stdout, _Dispatch):
             sys.stdout = _Dispatch("stdout", sys.stdout)
         if not isinstance(sys.stderr, _Dispatch):
@@ -117,18 +146,39 @@ def _ensure_installed() -> None:
             sys.stdin = cast(TextIO, _StdinDispatch(sys.stdin))
 
 
+def _uninstall() -> None:
+    """Count one capturing block less; the last one hands the streams back."""
+    global _capturing
+    with _install_lock:
+        _capturing -= 1
+        if _capturing:
+            return
+        # Only our own dispatchers are taken away: a stream the caller put in place
+        # meanwhile stays where it is.
+        while isinstance(sys.stdout, _Dispatch):
+            sys.stdout = sys.stdout.fallback
+        while isinstance(sys.stderr, _Dispatch):
+            sys.stderr = sys.stderr.fallback
+        while isinstance(sys.stdin, _StdinDispatch):
+            sys.stdin = sys.stdin.fallback
+
+
 @contextmanager
 def capture_output(cap: int) -> Iterator[tuple[CappedBuffer, CappedBuffer]]:
-    """Capture what the current thread prints, for the duration of the block."""
-    _ensure_installed()
+    """Capture what the current thread prints, for the duration of the block.
+
+    The first capture of the process to start installs the dispatchers, the last to end
+    removes them (see the module's invariants)."""
+    _install()
     out, err = CappedBuffer(cap), CappedBuffer(cap)
     saved = (
         getattr(_local, "stdout", None),
         getattr(_local, "stderr", None),
         getattr(_local, "stdin", None),
     )
-    _local.stdout, _local.stderr, _local.stdin = out, err, io.StringIO("")
     try:
+        _local.stdout, _local.stderr, _local.stdin = out, err, io.StringIO("")
         yield out, err
     finally:
         _local.stdout, _local.stderr, _local.stdin = saved
+        _uninstall()

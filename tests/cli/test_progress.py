@@ -9,11 +9,13 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
 import termios
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,61 @@ def test_verbose_prints_each_node_and_quiet_prints_none(
     _, out, quiet = _run_in_process(context_file, "--quiet", capsys=capsys, monkeypatch=monkeypatch)
     assert out.strip() == "all done"
     assert "rlm-graph:" not in quiet and "root_turn" not in quiet
+
+
+def test_ctrl_c_ends_the_progress_with_interrupted_and_counts_cancelled_calls(
+    context_file: Path,
+) -> None:
+    """A real SIGINT to the installed command while three sub-calls are in flight: the
+    last progress line says ``interrupted`` (not ``done``) and counts them as cancelled
+    (not failed)."""
+    command = Path(sys.executable).with_name("rlm-graph")
+    release = threading.Event()
+
+    def model(body: dict[str, Any]) -> str:
+        if not any(m.get("role") == "system" for m in body["messages"]):
+            release.wait(60)  # a sub-call: still in flight when Ctrl-C comes
+            return "sub-answer"
+        return "```repl\nparts = llm_query_batched(['a', 'b', 'c'])\nprint(parts)\n```"
+
+    with FakeOpenAIServer(model, api_key=KEY) as server:
+        proc = subprocess.Popen(
+            [str(command), *_command(server, context_file)[3:]], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while len(server.requests) < 4 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)  # the root turn, then the three sub-calls of its block
+            assert proc.poll() is None, "the command ended before it could be interrupted"
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            release.set()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130
+    lines = [line for line in err.decode().splitlines() if line.startswith("rlm-graph: ")]
+    assert lines, err
+    last = lines[-1]
+    assert last.endswith("  interrupted"), last
+    assert "sub-calls 0 done, 0 running, 0 failed, 3 cancelled" in last, last
+    assert err.decode().rstrip().endswith("rlm-graph run: interrupted")
+
+
+def test_the_end_of_the_progress_names_how_the_run_ended() -> None:
+    from rlm_graph.cli.progress import RunProgress
+    from rlm_graph.events import RunFinished
+
+    def ended(**fields: Any) -> str:
+        progress = RunProgress()
+        progress.update(RunFinished(seq=1, run_id="r", time=0.0, elapsed=0.0, **fields))
+        return progress.outcome
+
+    assert RunProgress().outcome == "running"
+    assert ended() == "done"
+    assert ended(stop_reason="max_tokens") == "stopped by max_tokens"
+    assert ended(error="KeyboardInterrupt: ") == "interrupted"
+    assert ended(error="Cancelled: cancelled") == "interrupted"
+    assert ended(error="ProviderError: 500") == "failed (ProviderError)"

@@ -3,6 +3,8 @@
 The attacks that would kill or freeze the engine when they work (signals to the engine,
 reads of its ``/proc``) run in a separate engine process (``attacker.py``): once as the
 test's own user (root in CI) and once as uid 65534 (``setpriv``). The others run here.
+The engine run as uid 65534 gets a copy of itself that it can read (`readable`): the
+checkout may be in a private folder (tests/test_private_clone.py runs these tests so).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import trio
 from rlm_graph_subprocess.process import GUEST_PROGRAM
 
 from tests.support.guests import Spy, engine, feedback, processes_running
+from tests.support.readable import ReadableEngine, interpreters_for_others, probe
 
 pytestmark = pytest.mark.processes
 
@@ -32,13 +35,15 @@ ATTACKER = str(Path(__file__).with_name("attacker.py"))
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError"}
 
 
-async def run_attacker(command: list[str], extra_env: dict[str, str]) -> dict[str, Any]:
+async def run_attacker(
+    command: list[str], extra_env: dict[str, str], attacker: str = ATTACKER
+) -> dict[str, Any]:
     """Run attacker.py; return what it printed (``{"skip": ...}`` or the run's outputs)."""
     key = f"sk-test-planted-{secrets.token_hex(8)}"
     env = {**os.environ, **extra_env, "OPENAI_API_KEY": key}
     with trio.fail_after(180):  # a frozen engine (SIGSTOP) fails here instead of hanging
         done = await trio.run_process(
-            [*command, ATTACKER], env=env, cwd="/", check=False,
+            [*command, attacker], env=env, cwd="/", check=False,
             capture_stdout=True, capture_stderr=True,
         )
     out, err = done.stdout.decode(), done.stderr.decode()
@@ -81,24 +86,38 @@ def interpreters() -> list[str]:
     return list(dict.fromkeys(p for p in found if p))
 
 
-async def test_the_guest_cannot_signal_or_read_the_engine_run_by_an_unprivileged_user() -> None:
-    setpriv = shutil.which("setpriv")
-    if os.geteuid() != 0 or setpriv is None:
-        pytest.skip("needs root and setpriv to run the engine as uid 65534 (the test "
-                    "above already runs it as this unprivileged user)")
-    site_packages = sysconfig.get_paths()["purelib"]
-    drop = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
-    skipped = []
-    # uid 65534 may not reach this interpreter (a pyenv under /root): try the system's.
-    for python in interpreters():
-        found = await run_attacker(
-            [*drop, python], {"ATTACK_SITE": site_packages, "PYTHONPATH": site_packages}
-        )
-        if "skip" not in found:
-            check_attacks_failed(found)
-            return
-        skipped.append(f"{python}: {found['skip']}")
-    pytest.skip(" | ".join(skipped))
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="needs root and setpriv to run the engine as uid 65534 (the test above already "
+    "runs it as this unprivileged user)",
+)
+def test_the_guest_cannot_signal_or_read_the_engine_run_by_an_unprivileged_user() -> None:
+    # A sync test (trio.run inside): a skip from a trio test loses its reason in pytest's
+    # summary, and this one's says what the machine lacks.
+    drop = [str(shutil.which("setpriv")), "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+    # Neither this checkout nor its venv may be open to uid 65534 (a clone in a 0700
+    # folder): the engine it runs gets a copy it can read, and an interpreter outside the
+    # venv (uid 65534 may not reach this one's either: a pyenv under /root).
+    readable = ReadableEngine([ATTACKER])
+    try:
+        refused = []
+        for python in interpreters_for_others():
+            why = probe([*drop, python], readable, ATTACKER)
+            if why is not None:
+                refused.append(why)
+                continue
+            site = str(readable.site)
+            found = trio.run(
+                run_attacker, [*drop, python], {"ATTACK_SITE": site, "PYTHONPATH": site},
+                readable.path(ATTACKER),
+            )
+            if "skip" not in found:
+                check_attacks_failed(found)
+                return
+            refused.append(f"{python}: {found['skip']}")
+    finally:
+        readable.remove()
+    pytest.skip("uid 65534 cannot run the engine here: " + " | ".join(refused))
 
 
 async def test_a_guest_flooding_its_pipe_is_killed_at_the_message_cap(spy: Spy) -> None:

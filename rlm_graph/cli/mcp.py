@@ -1,0 +1,289 @@
+"""``rlm-graph mcp``: a Model Context Protocol server over stdio, for coding agents.
+
+One tool, ``rlm_answer(question, paths=[...] | text=...)``: it reads the files (or takes
+the text), runs one completion over them (`RLM.acompletion`, with the engine flags of
+``rlm-graph run``) and returns the answer, the stop reason, usage, cost and the path of
+the run's HTML report. A thin adapter from a tool call to the public API: everything
+else is the engine's.
+
+Invariants:
+    - Files are read only inside the ``--read-path`` roots (`rlm_graph.cli.read_roots`):
+      a path outside them, a ``..`` out of them or a link out of them is refused with a
+      tool error before any model is called.
+    - stdout carries the protocol and nothing else: while it serves, the SDK points file
+      descriptor 1 at stderr, so a stray print (ours, a plugin's, a child process's)
+      lands in the agent's log instead of corrupting the wire.
+    - Each call is a run of its own (its own `RLM`, closed after it): the limits hold
+      per call, as they do per ``rlm-graph run``. The engine runs on its trio thread
+      (`RLM.acompletion` from asyncio), never on the server's event loop; a call the
+      client cancels cancels its run.
+    - API keys come from the environment only, as for ``run``; they are never in a
+      tool's result or error.
+    - A report is a file of its own (mode 0600) in ``--report-dir`` (mode 0700 when
+      created here): it holds previews of the documents.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, Field
+
+from .. import __version__
+from ..errors import ConfigError, LimitExceeded, ProviderError, RLMGraphError
+from . import EXIT_OK, EXIT_USAGE
+from .output import Output
+from .read_roots import ReadRoots
+from .report import ReportWriter
+from .run import add_engine_arguments, provider_message, rlm_kwargs
+from .trace import add_trace_argument, finish_tracing, tracer_provider_for
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from opentelemetry.trace import TracerProvider
+
+__all__ = ["AnswerResult", "build_server", "register", "run"]
+
+MISSING_SDK = (
+    "rlm-graph mcp needs the MCP Python SDK, which is not installed: "
+    "pip install 'rlm-graph[mcp]' (or pip install 'mcp>=2,<3')"
+)
+DEFAULT_MAX_READ_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_READ_FILES = 20_000
+
+
+class AnswerResult(BaseModel):
+    """What ``rlm_answer`` returns (its structured content)."""
+
+    answer: str = Field(description="the answer; when stop_reason is set, the best partial answer")
+    stop_reason: str | None = Field(
+        description="null when the model finished; else the limit that stopped it "
+        "(max_iterations, max_timeout, max_tokens, max_budget, max_errors)"
+    )
+    usage: dict[str, Any] = Field(description="calls, tokens and cost per model, children included")
+    cost_usd: float | None = Field(description="the run's cost in USD (null: a model without a price)")
+    execution_time: float = Field(description="seconds the run took")
+    report: str | None = Field(description="path of the run's one-file HTML report (null: none written)")
+    files_read: int = Field(description="files given to the model (0 for text)")
+    bytes_read: int = Field(description="bytes of those files, or of the text")
+    skipped: list[str] = Field(description="files of the folders named that were not read, and why")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "mcp",
+        help="serve the tool rlm_answer to coding agents over MCP (stdio)",
+        allow_abbrev=False,  # "--api-key SECRET" must fail, not pass as --api-key-env
+        description="A Model Context Protocol server on stdin/stdout with one tool, "
+        "rlm_answer(question, paths or text): a completion over the files named (inside "
+        "--read-path only) or the text given, returning the answer, usage, cost and the "
+        "path of the run's HTML report. Configure it in the agent (see docs/mcp.md); API "
+        "keys come from the environment only.",
+    )
+    parser.add_argument(
+        "--read-path", action="append", default=[], metavar="PATH", required=True,
+        help="a folder (or file) the tool may read; repeat for more. Paths outside every "
+        "one (after resolving links and '..') are refused; relative paths are taken from "
+        "the first folder",
+    )
+    parser.add_argument(
+        "--max-read-bytes", type=int, default=DEFAULT_MAX_READ_BYTES, metavar="N",
+        help=f"the most bytes one call may read (default {DEFAULT_MAX_READ_BYTES:,})",
+    )
+    parser.add_argument(
+        "--max-read-files", type=int, default=DEFAULT_MAX_READ_FILES, metavar="N",
+        help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,})",
+    )
+    parser.add_argument(
+        "--report-dir", type=Path, default=None, metavar="DIR",
+        help="where each call's HTML report goes, one file (mode 0600) per call (default: "
+        "a new private folder under the system's temporary folder)",
+    )
+    add_engine_arguments(parser)
+    add_trace_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Output("mcp", as_json=False)
+    try:
+        import mcp.server.mcpserver  # noqa: F401 - the SDK's 2.x API, checked before anything
+    except ImportError:
+        return out.error(EXIT_USAGE, MISSING_SDK, kind="ConfigError")
+    import anyio
+
+    provider = None
+    try:
+        provider = tracer_provider_for(args)
+        server = build_server(args, provider)
+    except ConfigError as exc:
+        finish_tracing(provider)
+        return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
+    try:
+        anyio.run(server.run_stdio_async)
+    finally:
+        finish_tracing(provider)
+    return EXIT_OK
+
+
+class _Tools:
+    """The state the tool needs between calls: the roots, the RLM keywords, the report
+    folder and the tracer provider."""
+
+    def __init__(self, args: argparse.Namespace, provider: TracerProvider | None) -> None:
+        self.roots = ReadRoots(
+            args.read_path, max_bytes=args.max_read_bytes, max_files=args.max_read_files
+        )
+        self.kwargs = rlm_kwargs(args)
+        self.provider = provider
+        self.trace_content = bool(getattr(args, "trace_content", False))
+        self._check_engine()
+        self.report_dir = _report_dir(args.report_dir)
+
+    def _check_engine(self) -> None:
+        """Build (and drop) one RLM now, so that a bad backend, environment or limit is a
+        usage error when the server starts, not a failure of every call."""
+        from .. import RLM
+
+        RLM(**self.kwargs).close()
+
+    async def answer(self, question: str, paths: list[str] | None, text: str | None) -> AnswerResult:
+        import anyio
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        from .. import RLM
+
+        context, files, size, skipped = await self._context(paths, text)
+        try:
+            report = self._new_report()
+        except OSError as exc:
+            raise ToolError(f"cannot write a report in {self.report_dir}: {exc.strerror or exc}") from None
+        writer = ReportWriter(report, f"rlm-graph mcp: {question[:80]}", _log)
+        try:
+            rlm = RLM(**self.kwargs, tracer_provider=self.provider,
+                      trace_content=self.trace_content, listeners=[writer])
+        except BaseException:
+            report.unlink(missing_ok=True)
+            raise
+        try:
+            result = await rlm.acompletion(context, root_prompt=question)
+        except ProviderError as exc:
+            partial = f" The partial answer so far: {exc.partial}" if exc.result is not None and exc.partial else ""
+            raise ToolError(provider_message(exc) + "." + partial) from None
+        except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
+            raise ToolError(f"stopped by {exc.reason}; the partial answer: {exc.partial}") from None
+        except RLMGraphError as exc:  # a crashed environment, a plugin's late check
+            raise ToolError(f"{type(exc).__name__}: {exc}") from None
+        finally:
+            with anyio.CancelScope(shield=True):
+                await rlm.aclose()
+            if writer.written is None:
+                report.unlink(missing_ok=True)
+        summary = result.usage_summary
+        return AnswerResult(
+            answer=result.response, stop_reason=result.stop_reason, usage=summary.to_dict(),
+            cost_usd=summary.total_cost, execution_time=result.execution_time,
+            report=str(writer.written) if writer.written is not None else None,
+            files_read=files, bytes_read=size, skipped=skipped,
+        )
+
+    async def _context(
+        self, paths: list[str] | None, text: str | None
+    ) -> tuple[str | dict[str, str], int, int, list[str]]:
+        import anyio
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        if (paths is None) == (text is None):
+            raise ToolError("give either paths (files or folders to read) or text, not both and not neither")
+        if text is not None:
+            size = len(text.encode("utf-8", errors="replace"))
+            if size > self.roots.max_bytes:
+                raise ToolError(f"the text is more than {self.roots.max_bytes:,} bytes (--max-read-bytes)")
+            return text, 0, size, []
+        assert paths is not None
+        try:
+            docs = await anyio.to_thread.run_sync(self.roots.read, paths)
+        except ConfigError as exc:
+            raise ToolError(str(exc)) from None
+        if not docs.files:
+            raise ToolError("no text file to read in the paths given: " + "; ".join(docs.skipped[:20]))
+        return docs.files, len(docs.files), docs.size, docs.skipped[:200]
+
+    def _new_report(self) -> Path:
+        name = f"rlm-answer-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.html"
+        path = self.report_dir / name
+        # Created here, private, before the report is written into it.
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+        return path
+
+
+def _report_dir(chosen: Path | None) -> Path:
+    if chosen is None:
+        return Path(tempfile.mkdtemp(prefix="rlm-graph-mcp-reports-"))
+    try:
+        chosen.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--report-dir {chosen}: {exc.strerror or exc}") from None
+    if not os.access(chosen, os.W_OK | os.X_OK):
+        raise ConfigError(f"--report-dir {chosen} is not a folder this server can write in")
+    return chosen.resolve()
+
+
+def _log(text: str) -> None:
+    print(f"rlm-graph mcp: {text}", file=sys.stderr, flush=True)
+
+
+def build_server(args: argparse.Namespace, provider: TracerProvider | None = None) -> MCPServer[Any]:
+    """The MCP server of the parsed ``rlm-graph mcp`` flags (not yet serving); its runs
+    send spans to ``provider``.
+
+    Raises:
+        ImportError: the MCP SDK (2.x) is not installed.
+        ConfigError: a flag that cannot work (a missing --read-path, a bad limit, an
+            unknown backend or environment).
+    """
+    from mcp.server.mcpserver import MCPServer
+
+    tools = _Tools(args, provider)
+    roots = ", ".join(tools.roots.roots)
+    server: MCPServer[Any] = MCPServer(
+        "rlm-graph",
+        version=__version__,
+        instructions=(
+            "rlm_answer answers a question over files or text too large to read whole: a "
+            "Recursive Language Model reads them in a Python REPL and calls sub-models on "
+            f"the parts. It may read only inside: {roots}."
+        ),
+    )
+
+    async def rlm_answer(
+        question: Annotated[str, Field(description="the question to answer over the documents")],
+        paths: Annotated[
+            list[str] | None,
+            Field(description="files or folders to read (a folder: every text file in it), "
+                  "inside the server's read roots (the tool's description names them)"),
+        ] = None,
+        text: Annotated[str | None, Field(description="the document itself, instead of paths")] = None,
+    ) -> AnswerResult:
+        return await tools.answer(question, paths, text)
+
+    server.add_tool(
+        rlm_answer,
+        title="Answer a question over large documents (RLM)",
+        description=(
+            "Answer a question over files, a folder (a repository) or a text too large for "
+            "one model call. A Recursive Language Model loads them as `context` in a Python "
+            "REPL (a dict of path to text, or the text), writes code over them and calls "
+            "sub-models on the parts. Give paths or text. Returns the answer, the limit "
+            "that stopped the run if one did, usage, cost and the path of an HTML report "
+            f"of the run. Readable paths: {roots}."
+        ),
+    )
+    return server

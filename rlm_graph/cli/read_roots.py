@@ -1,0 +1,216 @@
+"""What ``rlm-graph mcp`` may read: files inside its ``--read-path`` roots, nothing else.
+
+A tool call names the paths, and whoever writes the agent's prompt may be hostile: it can
+ask for ``/etc/shadow``, for ``../../`` out of a root, or for a symlink inside a root that
+points out of it.
+
+Invariants:
+    - A path is resolved (every symlink and ``..``, `os.path.realpath`) before it is
+      checked, and it is inside a root when its resolved form is the root's resolved form
+      or below it, compared by whole components (``/data-2`` is not inside ``/data``). A
+      relative path is taken from the first folder among the roots, never from the server's working folder.
+    - ``/proc``, ``/sys`` and ``/dev`` are never read, whatever the roots (even ``/``):
+      ``/proc/self/environ`` would hand the server's API keys to the model.
+    - A file is opened without following a link (``O_NOFOLLOW``, non-blocking), must be a
+      regular file (no FIFO, device or socket, which could block or never end), and the
+      file the descriptor holds (``/proc/self/fd``, where ``/proc`` is mounted) is checked
+      again against the roots, so a link swapped in between the check and the open is
+      refused as well.
+    - A named path that is outside every root, missing or not a file or folder fails the
+      whole call with one message naming it, before anything is read. A file met while
+      walking a named folder that is a link out of the roots, binary or unreadable is
+      skipped and listed (a repository may hold such links innocently); folders of
+      version control, caches and virtual environments are not walked.
+    - Reading stops at ``max_bytes`` in total and ``max_files`` files: past either the
+      call fails and says which flag raises it. Nothing is cut silently.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+__all__ = ["NEVER_READ", "SKIPPED_FOLDERS", "Documents", "ReadRoots"]
+
+SKIPPED_FOLDERS = frozenset({
+    ".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox",
+    ".mypy_cache", ".pytest_cache", ".ruff_cache",
+})
+"""Folders a walk does not enter (named explicitly, their files are still read)."""
+
+NEVER_READ = ("/proc", "/sys", "/dev")
+"""Pseudo-filesystems refused inside any root: their files are the live state of the
+machine and of this process (its environment, its memory), not documents."""
+
+_BINARY_PROBE = 8192  # bytes looked at for a NUL: the sign of a binary file
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+@dataclass
+class Documents:
+    """What a call read.
+
+    Attributes:
+        files: the text of each file read, by its resolved path, in the order read.
+        skipped: ``"path: why"`` for each file of a walked folder that was not read.
+        size: the bytes read.
+    """
+
+    files: dict[str, str] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+    size: int = 0
+
+
+class ReadRoots:
+    """The folders (or files) a server may read, resolved once when it starts.
+
+    Args:
+        roots: the ``--read-path`` values.
+        max_bytes: the most bytes one call may read in total.
+        max_files: the most files one call may read.
+
+    Raises:
+        ConfigError: no root, or a root that does not exist.
+    """
+
+    def __init__(self, roots: Sequence[str], *, max_bytes: int, max_files: int) -> None:
+        if not roots:
+            raise ConfigError("give at least one --read-path: the server reads nothing outside them")
+        resolved = []
+        for root in roots:
+            path = os.path.realpath(os.path.expanduser(root))
+            if not os.path.exists(path):
+                raise ConfigError(f"--read-path {root!r} does not exist")
+            resolved.append(path)
+        self.roots = list(dict.fromkeys(resolved))
+        # Relative paths are taken from here, never from the server's working folder.
+        self.base = next((r for r in self.roots if os.path.isdir(r)), os.path.dirname(self.roots[0]))
+        if max_bytes < 1 or max_files < 1:
+            raise ConfigError("--max-read-bytes and --max-read-files must be at least 1")
+        self.max_bytes = max_bytes
+        self.max_files = max_files
+
+    def contains(self, resolved: str) -> bool:
+        """Whether a resolved path is one of the roots or below one (and not in one of the
+        `NEVER_READ` folders)."""
+        if any(_below(resolved, never) for never in NEVER_READ):
+            return False
+        return any(_below(resolved, root) for root in self.roots)
+
+    def resolve(self, path: str) -> str:
+        """The resolved form of a path a caller named, checked against the roots.
+
+        Raises:
+            ConfigError: the path is outside every root, or does not exist.
+        """
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ConfigError(f"not a path: {path!r}")
+        resolved = os.path.realpath(os.path.join(self.base, path))
+        if any(_below(resolved, never) for never in NEVER_READ):
+            raise ConfigError(
+                f"refused {path!r}: {', '.join(NEVER_READ)} are never read (they hold the "
+                "live state of the machine and of this server, its keys among it)"
+            )
+        if not self.contains(resolved):
+            raise ConfigError(
+                f"refused {path!r}: it is outside the folders this server may read "
+                f"({', '.join(self.roots)}); name a file or folder inside them"
+            )
+        if not os.path.exists(resolved):
+            raise ConfigError(f"{path!r} does not exist (inside the read roots)")
+        return resolved
+
+    def read(self, paths: Sequence[str]) -> Documents:
+        """Read the files and folders ``paths`` name (see the module's invariants).
+
+        Raises:
+            ConfigError: a named path that is refused or missing, a named file that
+                cannot be read, or more than ``max_bytes``/``max_files`` in all.
+        """
+        if not paths:
+            raise ConfigError("paths is empty: name at least one file or folder")
+        named = [(path, self.resolve(path)) for path in paths]  # every check before any read
+        docs = Documents()
+        for path, resolved in named:
+            if os.path.isdir(resolved):
+                for found in self._walk(resolved, docs):
+                    self._read_file(found, docs, named=False)
+            else:
+                self._read_file(resolved, docs, named=True, shown=path)
+        return docs
+
+    def _walk(self, folder: str, docs: Documents) -> Iterator[str]:
+        def unreadable(error: OSError) -> None:
+            docs.skipped.append(f"{error.filename}: {error.strerror or error}")
+
+        for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
+            dirs[:] = sorted(
+                d for d in dirs
+                if d not in SKIPPED_FOLDERS and self.contains(os.path.join(parent, d))
+            )
+            for name in sorted(files):
+                path = os.path.join(parent, name)
+                resolved = os.path.realpath(path)
+                if not self.contains(resolved):
+                    docs.skipped.append(f"{path}: a link out of the read roots")
+                elif resolved not in docs.files:
+                    yield resolved
+
+    def _read_file(self, path: str, docs: Documents, *, named: bool, shown: str = "") -> None:
+        if path in docs.files:
+            return
+        if len(docs.files) >= self.max_files:
+            raise ConfigError(
+                f"more than {self.max_files:,} files; name fewer, or start the server with a "
+                "larger --max-read-files"
+            )
+        try:
+            data = self._read_bytes(path, self.max_bytes - docs.size)
+        except OSError as exc:
+            if named:
+                raise ConfigError(f"cannot read {shown or path}: {exc.strerror or exc}") from None
+            docs.skipped.append(f"{path}: {exc.strerror or exc}")
+            return
+        if b"\0" in data[:_BINARY_PROBE]:
+            if named:
+                raise ConfigError(f"{shown or path} is a binary file, not text")
+            docs.skipped.append(f"{path}: binary")
+            return
+        docs.size += len(data)
+        docs.files[path] = data.decode("utf-8", errors="replace")
+
+    def _read_bytes(self, path: str, room: int) -> bytes:
+        fd = os.open(path, _OPEN_FLAGS)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise OSError(0, "not a regular file")
+            held = f"/proc/self/fd/{fd}"
+            if os.path.exists(held) and not self.contains(os.path.realpath(held)):
+                raise OSError(0, "it moved out of the read roots while being opened")
+            if info.st_size > room:
+                raise ConfigError(self._too_large())
+            chunks, size = [], 0
+            while chunk := os.read(fd, min(1 << 20, room + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > room:  # it grew since fstat
+                    raise ConfigError(self._too_large())
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _too_large(self) -> str:
+        return (
+            f"the files come to more than {self.max_bytes:,} bytes; name fewer, or start the "
+            "server with a larger --max-read-bytes"
+        )
+
+
+def _below(path: str, folder: str) -> bool:
+    """Whether ``path`` is ``folder`` or inside it, by whole components."""
+    return path == folder or os.path.commonpath([path, folder]) == folder

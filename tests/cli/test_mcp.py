@@ -1,0 +1,204 @@
+"""``rlm-graph mcp`` as an agent meets it: the installed command started by the MCP SDK's
+own stdio client, its tool listed and called, over a fake OpenAI server; and every way a
+hostile prompt could ask it for a file outside its ``--read-path``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+mcp = pytest.importorskip("mcp", reason="the MCP SDK (pip install 'rlm-graph[mcp]')")
+
+from mcp import ClientSession, StdioServerParameters  # noqa: E402
+from mcp.client.stdio import stdio_client  # noqa: E402
+
+from rlm_graph.cli import main  # noqa: E402
+from rlm_graph.testing import FakeOpenAIServer  # noqa: E402
+
+COMMAND = Path(sys.executable).with_name("rlm-graph")
+KEY = "sk-mcp-test-key"
+SECRET = "the-secret-outside-the-root"
+# The root model's one turn: name each document and its text (context is a dict of path
+# to text for paths=, the text itself for text=).
+ROOT_CODE = (
+    "```repl\n"
+    "if isinstance(context, dict):\n"
+    "    FINAL(' | '.join(f\"{k.rsplit('/', 1)[-1]}={v.strip()}\" for k, v in sorted(context.items())))\n"
+    "else:\n"
+    "    FINAL('text:' + context.strip())\n"
+    "```"
+)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A read root holding docs/ (two files, a link out of the root, a binary file), and
+    beside it, outside the root, a secret file and a sibling folder whose name starts
+    like the root's."""
+    root = tmp_path / "root"
+    (root / "docs").mkdir(parents=True)
+    (root / "docs" / "a.txt").write_text("alpha fact\n")
+    (root / "docs" / "b.md").write_text("beta fact\n")
+    (root / "docs" / "image.bin").write_bytes(b"\x89PNG\0\0\0")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "secret.txt").write_text(SECRET)
+    (tmp_path / "root-2").mkdir()
+    (tmp_path / "root-2" / "secret.txt").write_text(SECRET)
+    (root / "docs" / "link.txt").symlink_to(tmp_path / "outside" / "secret.txt")
+    (root / "escape").symlink_to(tmp_path / "outside")
+    return root
+
+
+@contextmanager
+def model_server() -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(lambda body: ROOT_CODE, api_key=KEY) as server:
+        yield server
+
+
+@asynccontextmanager
+async def session(
+    server: FakeOpenAIServer, root: Path, log: Path, *extra: str
+) -> AsyncIterator[ClientSession]:
+    """The installed command, started and spoken to by the SDK's stdio client."""
+    assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
+    params = StdioServerParameters(
+        command=str(COMMAND),
+        args=["mcp", "--read-path", str(root), "--model", "gpt-test", "--base-url",
+              server.base_url, "--api-key-env", "OPENAI_API_KEY", *extra],
+        env={"OPENAI_API_KEY": KEY},
+    )
+    with log.open("w") as errlog:
+        async with stdio_client(params, errlog=errlog) as (read, write):
+            async with ClientSession(read, write) as client:
+                await client.initialize()
+                yield client
+
+
+def text_of(result: Any) -> str:
+    return "\n".join(getattr(part, "text", "") for part in result.content)
+
+
+async def test_the_tool_is_listed_and_answers_over_the_files_named(tree: Path, tmp_path: Path) -> None:
+    reports = tmp_path / "reports"
+    with model_server() as server:
+        async with session(server, tree, tmp_path / "server.log", "--report-dir", str(reports)) as client:
+            listed = await client.list_tools()
+            result = await client.call_tool(
+                "rlm_answer", {"question": "Which facts?", "paths": ["docs", str(tree / "docs" / "a.txt")]}
+            )
+            text_result = await client.call_tool(
+                "rlm_answer", {"question": "Shout it.", "text": "a small document"}
+            )
+        bodies = json.dumps(server.bodies)
+    log = (tmp_path / "server.log").read_text()
+    tool = {t.name: t for t in listed.tools}["rlm_answer"]
+    assert {"question", "paths", "text"} <= set(tool.input_schema["properties"])
+    assert tool.input_schema["required"] == ["question"]
+    assert str(tree) in (tool.description or "")  # the agent is told what it may read
+
+    assert not result.is_error, text_of(result) + log
+    found = result.structured_content
+    assert found is not None
+    assert found["answer"] == "a.txt=alpha fact | b.md=beta fact"
+    assert found["stop_reason"] is None and found["files_read"] == 2
+    assert found["usage"]["model_usage_summaries"]["gpt-test"]["total_calls"] == 1
+    assert "cost_usd" in found and found["execution_time"] > 0
+    assert any("link.txt" in s and "out of the read roots" in s for s in found["skipped"])
+    assert any("image.bin" in s and "binary" in s for s in found["skipped"])
+    assert json.loads(text_of(result))["answer"] == found["answer"]  # the text form too
+
+    report = Path(found["report"])
+    assert report.parent == reports.resolve()
+    assert stat.S_IMODE(report.stat().st_mode) == 0o600
+    assert stat.S_IMODE(reports.stat().st_mode) == 0o700
+    assert report.read_text().lstrip().lower().startswith("<!doctype html")
+
+    assert not text_result.is_error, text_of(text_result)
+    assert text_result.structured_content is not None
+    assert text_result.structured_content["answer"] == "text:a small document"
+    assert SECRET not in bodies and "refs/heads" not in bodies  # no link out, no .git
+    assert KEY not in text_of(result) + text_of(text_result)
+
+
+async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
+    tree: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside" / "secret.txt"
+    attempts = [
+        ["/etc/shadow"],
+        ["/etc/passwd"],
+        [str(outside)],
+        ["../outside/secret.txt"],
+        [f"{tree}/docs/../../outside/secret.txt"],
+        [str(tree / "docs" / "link.txt")],  # a link in the root to a file out of it
+        ["escape/secret.txt"],  # through a linked folder
+        ["escape"],
+        [str(tmp_path / "root-2" / "secret.txt")],  # a sibling whose name starts the same
+        ["docs/a.txt", "/etc/hostname"],  # one bad path fails the whole call
+    ]
+    with model_server() as server:
+        async with session(server, tree, tmp_path / "server.log", "--report-dir", str(tmp_path / "r")) as client:
+            results = [
+                await client.call_tool("rlm_answer", {"question": "Read it.", "paths": paths})
+                for paths in attempts
+            ]
+            neither = await client.call_tool("rlm_answer", {"question": "Read it."})
+            both = await client.call_tool(
+                "rlm_answer", {"question": "Read it.", "paths": ["docs"], "text": "x"}
+            )
+            missing = await client.call_tool("rlm_answer", {"question": "Read it.", "paths": ["nope.txt"]})
+        requests = len(server.requests)
+    for paths, result in zip(attempts, results, strict=True):
+        assert result.is_error, (paths, text_of(result))
+        assert "refused" in text_of(result) and "outside the folders" in text_of(result), text_of(result)
+        assert SECRET not in text_of(result)
+    assert neither.is_error and "either paths" in text_of(neither)
+    assert both.is_error and "not both" in text_of(both)
+    assert missing.is_error and "does not exist" in text_of(missing)
+    assert requests == 0  # nothing was ever sent to a model
+    assert not list((tmp_path / "r").iterdir())  # and no report was left behind
+
+
+def test_without_the_sdk_the_command_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setitem(sys.modules, "mcp", None)  # `import mcp` now fails
+    monkeypatch.setitem(sys.modules, "mcp.server", None)
+    monkeypatch.setitem(sys.modules, "mcp.server.mcpserver", None)
+    code = main(["mcp", "--read-path", str(tmp_path), "--model", "m"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "pip install 'rlm-graph[mcp]'" in err and "Traceback" not in err
+
+
+def test_a_bad_flag_is_a_usage_error_before_serving(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = main(["mcp", "--read-path", str(tmp_path / "missing"), "--model", "m"])
+    assert code == 2 and "does not exist" in capsys.readouterr().err
+    code = main(["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m", "--environment", "nowhere"])
+    assert code == 2 and "nowhere" in capsys.readouterr().err
+
+
+def test_a_report_dir_made_here_is_private(tmp_path: Path) -> None:
+    # Through the parser, as the command does, without serving.
+    from rlm_graph.cli import build_parser
+    from rlm_graph.cli.mcp import build_server
+
+    reports = tmp_path / "new" / "reports"
+    args = build_parser().parse_args(
+        ["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m", "--report-dir", str(reports)]
+    )
+    build_server(args)
+    assert stat.S_IMODE(reports.stat().st_mode) == 0o700
+    assert os.access(reports, os.W_OK)

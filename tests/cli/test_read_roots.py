@@ -1,0 +1,77 @@
+"""`rlm_graph.cli.read_roots`: what ``rlm-graph mcp`` reads, in-process (no server)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rlm_graph.cli.read_roots import ReadRoots
+from rlm_graph.errors import ConfigError
+
+
+def roots(*paths: Path, max_bytes: int = 1 << 20, max_files: int = 100) -> ReadRoots:
+    return ReadRoots([str(p) for p in paths], max_bytes=max_bytes, max_files=max_files)
+
+
+def test_a_fifo_a_device_and_the_proc_files_are_never_read(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")  # opening it for reading would block forever
+    with pytest.raises(ConfigError, match="not a regular file"):
+        roots(tmp_path).read(["pipe"])
+    everything = roots(Path("/"))
+    for path in ("/proc/self/environ", "/proc/1/mem", "/dev/zero", "/sys/kernel/notes"):
+        with pytest.raises(ConfigError, match="never read"):
+            everything.read([path])
+    (tmp_path / "env").symlink_to("/proc/self/environ")
+    with pytest.raises(ConfigError, match="never read"):
+        roots(tmp_path).read(["env"])
+    # Met in a walk, the FIFO is skipped, not waited on.
+    (tmp_path / "note.txt").write_text("a note")
+    docs = roots(tmp_path).read(["."])
+    assert list(docs.files.values()) == ["a note"]
+    assert any("pipe" in s and "not a regular file" in s for s in docs.skipped)
+
+
+def test_the_byte_and_file_limits_fail_the_call_and_name_their_flag(tmp_path: Path) -> None:
+    for i in range(3):
+        (tmp_path / f"{i}.txt").write_text("x" * 100)
+    assert roots(tmp_path).read(["."]).size == 300
+    with pytest.raises(ConfigError, match="--max-read-bytes"):
+        roots(tmp_path, max_bytes=250).read(["."])
+    with pytest.raises(ConfigError, match="--max-read-files"):
+        roots(tmp_path, max_files=2).read(["."])
+
+
+def test_a_prefix_of_a_root_is_not_inside_it_and_roots_must_exist(tmp_path: Path) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data-2").mkdir()
+    (tmp_path / "data-2" / "x.txt").write_text("no")
+    with pytest.raises(ConfigError, match="outside the folders"):
+        roots(tmp_path / "data").read([str(tmp_path / "data-2" / "x.txt")])
+    with pytest.raises(ConfigError, match="does not exist"):
+        roots(tmp_path / "nowhere")
+    with pytest.raises(ConfigError, match="at least one --read-path"):
+        ReadRoots([], max_bytes=1, max_files=1)
+
+
+def test_a_file_read_twice_is_one_document_and_text_is_decoded_with_replacement(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_bytes(b"caf\xe9 ok")  # latin-1, not UTF-8
+    (tmp_path / "same.txt").symlink_to(tmp_path / "a.txt")
+    docs = roots(tmp_path).read(["a.txt", ".", "same.txt"])
+    assert docs.files == {str(tmp_path / "a.txt"): "caf\ufffd ok"}
+
+
+def test_a_folder_the_server_cannot_open_is_listed_not_silently_dropped(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root opens any folder, whatever its mode")
+    (tmp_path / "closed").mkdir()
+    (tmp_path / "closed" / "x.txt").write_text("hidden")
+    (tmp_path / "open.txt").write_text("seen")
+    (tmp_path / "closed").chmod(0)
+    try:
+        docs = roots(tmp_path).read(["."])
+    finally:
+        (tmp_path / "closed").chmod(0o700)
+    assert list(docs.files.values()) == ["seen"]
+    assert any("closed" in s for s in docs.skipped)
