@@ -12,7 +12,12 @@ from rlm_graph.hooks import HookSpecs
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlm_graph"
-PURE = ["graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py"]
+PURE = [
+    "graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py",
+    # the evaluation's data, scoring, statistics and pages (its runner uses the batch layer)
+    "eval/items.py", "eval/scoring.py", "eval/stats.py", "eval/tasks", "eval/convert", "eval/table.py",
+    "eval/page.py",
+]
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
 
 
