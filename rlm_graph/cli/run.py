@@ -34,7 +34,7 @@ from .progress import ProgressDisplay, add_progress_arguments, progress_for
 from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
-__all__ = ["register", "run"]
+__all__ = ["LIMIT_FLAGS", "add_backend_arguments", "register", "run"]
 
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_depth", int, "deepest child completion (1: rlm_query is a plain call)"),
@@ -64,17 +64,7 @@ def register(subparsers: Any) -> None:
         "--encoding", default="utf-8", help="the context file's text encoding (default utf-8)"
     )
     parser.add_argument("--query", required=True, help="the question to answer over the context")
-    parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
-    parser.add_argument("--model", required=True, help="the root model's name")
-    parser.add_argument("--base-url", help="the API root (default: the backend's)")
-    parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
-    parser.add_argument(
-        "--environment",
-        default="subprocess",
-        help="the REPL environment (default subprocess: the model's code runs in a child "
-        "process, apart from the engine and its keys; 'local' runs it in this process, "
-        "faster, for trusted documents and models only; see docs/environments.md)",
-    )
+    add_backend_arguments(parser)
     parser.add_argument(
         "--schema", metavar="FILE.json",
         help="a JSON Schema the answer must match: the model is told it, refused answers go "
@@ -95,6 +85,22 @@ def register(subparsers: Any) -> None:
     add_progress_arguments(parser)
     add_report_argument(parser)
     parser.set_defaults(func=run)
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    """``--backend``, ``--model``, ``--base-url``, ``--sub-model``, ``--environment``: the
+    models and the REPL (``run``, ``batch`` and ``eval`` share them)."""
+    parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
+    parser.add_argument("--model", required=model_required, help="the root model's name")
+    parser.add_argument("--base-url", help="the API root (default: the backend's)")
+    parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
+    parser.add_argument(
+        "--environment",
+        default="subprocess",
+        help="the REPL environment (default subprocess: the model's code runs in a child "
+        "process, apart from the engine and its keys; 'local' runs it in this process, "
+        "faster, for trusted documents and models only; see docs/environments.md)",
+    )
 
 
 def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
