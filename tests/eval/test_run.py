@@ -228,3 +228,17 @@ def test_a_bad_keyword_of_a_method_fails_at_configuration(tmp_path: Path) -> Non
 
 def test_items_marked_to_fail_never_leak_the_marker_into_other_items() -> None:
     assert all(FAIL not in item["question"] for item in items())
+
+
+def test_the_ray_executor_runs_an_evaluation_and_a_rerun_asks_nothing(ray_cluster: Any, tmp_path: Path) -> None:
+    with EvalServer(constant=True, cost_per_call=0.01) as server:
+        kwargs = rlm_kwargs(server)
+        outcome = run_eval(items(), kwargs, methods=["rlm", "summary"], out=tmp_path, executor="ray",
+                           concurrency=4, max_budget=1.0)
+        asked = len(server.requests)
+        again = run_eval(items(), kwargs, methods=["rlm", "summary"], out=tmp_path, executor="ray",
+                         concurrency=4, max_budget=1.0)
+        assert len(server.requests) == asked == 6 + 12  # one root turn; one note and one answer
+    assert again.written == 0 and outcome.written == 12 and math.isclose(outcome.spent, 0.18)
+    for (item_id, _), row in _rows(tmp_path).items():
+        assert math.isclose(row["score"], CONSTANT_SCORES[item_id])
