@@ -64,7 +64,10 @@ class ItemsFile:
     def ids(self) -> list[str]:
         """Every id, the file checked whole first."""
         ids = scan_items(self.path)
-        return ids if self.only is None else [i for i in ids if i in set(self.only)]
+        if self.only is None:
+            return ids
+        keep = set(self.only)
+        return [i for i in ids if i in keep]
 
 
 class Estimate(BaseModel):

@@ -15,7 +15,7 @@ from rlm_graph import hookimpl
 from rlm_graph.errors import ConfigError, PluginError
 from rlm_graph.eval import Call, EvalItem, MethodSetup, NotRun, item_call, run_eval
 
-from .eval_support import CONSTANT_SCORES, FAIL, KEY, EvalServer, items, rlm_kwargs
+from .eval_support import CONSTANT_SCORES, KEY, EvalServer, items, rlm_kwargs
 
 METHODS = ["rlm", "rlm-no-subcalls", "base", "summary"]
 
@@ -224,10 +224,6 @@ def test_a_bad_keyword_of_a_method_fails_at_configuration(tmp_path: Path) -> Non
     with EvalServer() as server:
         with pytest.raises(ConfigError, match="method 'rlm' \\(root\\): RLM\\(\\) got unknown keyword"):
             run_eval(items(), rlm_kwargs(server, max_iteratons=3), methods=["rlm"], out=tmp_path)
-
-
-def test_items_marked_to_fail_never_leak_the_marker_into_other_items() -> None:
-    assert all(FAIL not in item["question"] for item in items())
 
 
 def test_the_ray_executor_runs_an_evaluation_and_a_rerun_asks_nothing(ray_cluster: Any, tmp_path: Path) -> None:
