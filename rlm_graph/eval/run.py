@@ -458,6 +458,7 @@ class Evaluation:
         except OSError as exc:
             raise ConfigError(f"cannot make --out {str(self.out)!r}: {exc.strerror}") from None
         self.log.open()
+        self.todo = {m.name: set(self.ids) - self.log.done(m.name, retry_failed=self.retry_failed) for m in self.methods}
         try:
             for method in self.methods:
                 if not self.todo[method.name]:
