@@ -25,6 +25,8 @@ Layout (bottom to top):
   items and methods; `table` and `page` write ``summary.md`` and ``report.html``.
 
 Invariants:
+    - ``import rlm_graph.eval`` is cheap: each name loads its module on first use, so the
+      entry point of the methods plugin (loaded by every engine) costs nothing.
     - A user of the public API only: completions run through `rlm_graph.batch`, never
       through ``rlm_graph.runtime``.
     - Rerunning the same evaluation asks nothing already answered: ``results.jsonl``
@@ -33,35 +35,94 @@ Invariants:
 
 from __future__ import annotations
 
-from .convert import CONVERTERS as CONVERTERS, convert as convert, write_items as write_items
-from .items import (
-    ANSWER_TYPES as ANSWER_TYPES,
-    EvalItem as EvalItem,
-    context_tokens as context_tokens,
-    read_items as read_items,
-    sample_items as sample_items,
-    scan_items as scan_items,
-)
-from .methods import (
-    Call as Call,
-    EvalMethod as EvalMethod,
-    MethodSetup as MethodSetup,
-    NotRun as NotRun,
-    Solver as Solver,
-    item_call as item_call,
-    lookup_methods as lookup_methods,
-)
-from .results import EvalRow as EvalRow, ResultsLog as ResultsLog, SharedBudget as SharedBudget
-from .run import (
-    EvalOutcome as EvalOutcome,
-    Estimate as Estimate,
-    Evaluation as Evaluation,
-    ItemsFile as ItemsFile,
-    run_eval as run_eval,
-)
-from .scoring import score as score
-from .stats import EvalSummary as EvalSummary, MethodSummary as MethodSummary, summarize as summarize
-from .tasks import TASKS as TASKS, TaskItems as TaskItems, parse_lengths as parse_lengths, task_items as task_items
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .convert import (
+        CONVERTERS as CONVERTERS,
+        convert as convert,
+        write_items as write_items,
+    )
+    from .items import (
+        ANSWER_TYPES as ANSWER_TYPES,
+        EvalItem as EvalItem,
+        context_tokens as context_tokens,
+        read_items as read_items,
+        sample_items as sample_items,
+        scan_items as scan_items,
+    )
+    from .methods import (
+        Call as Call,
+        EvalMethod as EvalMethod,
+        MethodSetup as MethodSetup,
+        NotRun as NotRun,
+        Solver as Solver,
+        item_call as item_call,
+        lookup_methods as lookup_methods,
+    )
+    from .results import (
+        EvalRow as EvalRow,
+        ResultsLog as ResultsLog,
+        SharedBudget as SharedBudget,
+    )
+    from .run import (
+        Estimate as Estimate,
+        EvalOutcome as EvalOutcome,
+        Evaluation as Evaluation,
+        ItemsFile as ItemsFile,
+        run_eval as run_eval,
+    )
+    from .scoring import (
+        score as score,
+    )
+    from .stats import (
+        EvalSummary as EvalSummary,
+        MethodSummary as MethodSummary,
+        summarize as summarize,
+    )
+    from .tasks import (
+        TASKS as TASKS,
+        TaskItems as TaskItems,
+        parse_lengths as parse_lengths,
+        task_items as task_items,
+    )
+
+# name -> the module that defines it, imported on first use (PEP 562).
+_EXPORTS: dict[str, str] = {
+    "ANSWER_TYPES": ".items",
+    "CONVERTERS": ".convert",
+    "Call": ".methods",
+    "Estimate": ".run",
+    "EvalItem": ".items",
+    "EvalMethod": ".methods",
+    "EvalOutcome": ".run",
+    "EvalRow": ".results",
+    "EvalSummary": ".stats",
+    "Evaluation": ".run",
+    "ItemsFile": ".run",
+    "MethodSetup": ".methods",
+    "MethodSummary": ".stats",
+    "NotRun": ".methods",
+    "ResultsLog": ".results",
+    "SharedBudget": ".results",
+    "Solver": ".methods",
+    "TASKS": ".tasks",
+    "TaskItems": ".tasks",
+    "context_tokens": ".items",
+    "convert": ".convert",
+    "item_call": ".methods",
+    "lookup_methods": ".methods",
+    "parse_lengths": ".tasks",
+    "read_items": ".items",
+    "run_eval": ".run",
+    "sample_items": ".items",
+    "scan_items": ".items",
+    "score": ".scoring",
+    "summarize": ".stats",
+    "task_items": ".tasks",
+    "write_items": ".convert",
+}
 
 __all__ = [
     "ANSWER_TYPES",
@@ -97,3 +158,16 @@ __all__ = [
     "task_items",
     "write_items",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rlm_graph.eval' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
