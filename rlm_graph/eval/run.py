@@ -363,7 +363,7 @@ class Evaluation:
         if self.plugins:
             kwargs["plugins"] = self.plugins
         if journal and "journal" not in kwargs:
-            kwargs["journal"] = str(self.out / "journal.sqlite")
+            kwargs["journal"] = str((self.out / "journal.sqlite").resolve())  # workers elsewhere too
         self.budget = SharedBudget(max_budget, per_call=kwargs.get("max_budget"))
         if max_budget is not None:
             if kwargs.get("max_budget") is None:
