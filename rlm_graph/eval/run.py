@@ -100,7 +100,8 @@ class EvalOutcome(BaseModel):
     Attributes:
         summary: the summary of every row of the evaluation's items.
         written: rows written by this run.
-        spent: USD spent by this run's calls.
+        spent: USD of this run's calls (the part of a call replayed from the journal
+            counts at its recorded cost, though it was paid by an earlier run).
         unfinished: (item, method) pairs left for a rerun: the budget ran out first.
         out: the output folder.
     """
