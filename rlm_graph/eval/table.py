@@ -33,7 +33,7 @@ def _pct(value: float | None) -> str:
 
 
 def _seconds(value: float | None) -> str:
-    return "N/A" if value is None else f"{value:.1f} s"
+    return "N/A" if value is None else f"{value:.2f} s"
 
 
 def cost_cell(method: MethodSummary) -> str:
