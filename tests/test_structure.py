@@ -15,6 +15,9 @@ PACKAGE = ROOT / "rlm_graph"
 PURE = [
     "graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py",
     "routing.py", "journal", "runtime/state.py",
+    # the evaluation's data, scoring, statistics and pages (its runner uses the batch layer)
+    "eval/items.py", "eval/scoring.py", "eval/stats.py", "eval/tasks", "eval/convert", "eval/table.py",
+    "eval/page.py",
 ]
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
 

@@ -214,6 +214,8 @@ class LocalEnvironment:
         output_cap: the most characters of printed output kept per block.
         stop_grace: seconds a stopped block's thread gets to end before it is counted as
             leaked (it is interrupted again and again meanwhile).
+        subcalls: ``False`` leaves ``llm_query``, ``llm_query_batched``, ``rlm_query``
+            and ``rlm_query_batched`` out of the REPL (the "no sub-calls" ablation).
 
     Attributes:
         leaked_threads: how many stopped blocks' threads were still running after
@@ -230,9 +232,11 @@ class LocalEnvironment:
         scratch_dir: str | None = None,
         output_cap: int = 1_000_000,
         stop_grace: float = 1.0,
+        subcalls: bool = True,
     ) -> None:
         self.check_kwargs(
-            timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap, stop_grace=stop_grace
+            timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap,
+            stop_grace=stop_grace, subcalls=subcalls,
         )
         self.bridge = bridge
         self.depth = depth
@@ -242,7 +246,8 @@ class LocalEnvironment:
         self._own_dir = scratch_dir is None
         self.scratch_dir = scratch_dir or tempfile.mkdtemp(prefix="rlm-graph-")
         self.session = ReplSession(
-            _ThreadCaller(self), scratch_dir=self.scratch_dir, tools=tools, output_cap=output_cap
+            _ThreadCaller(self), scratch_dir=self.scratch_dir, tools=tools, output_cap=output_cap,
+            subcalls=subcalls,
         )
         self._control: _BlockControl | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -256,6 +261,7 @@ class LocalEnvironment:
         scratch_dir: str | None = None,
         output_cap: int = 1_000_000,
         stop_grace: float = 1.0,
+        subcalls: bool = True,
     ) -> None:
         """Validate ``environment_kwargs`` without making anything (called when an `RLM`
         is configured).
@@ -274,6 +280,8 @@ class LocalEnvironment:
             raise ConfigError("local environment: output_cap must be a positive int")
         if isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or stop_grace < 0:
             raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
+        if not isinstance(subcalls, bool):
+            raise ConfigError("local environment: subcalls must be True or False")
 
     async def start(self) -> None:
         self._token = trio.lowlevel.current_trio_token()

@@ -84,6 +84,9 @@ class SubprocessEnvironment:
             name are run in the guest, anything else must be JSON-able data.
         depth: the depth of the completion it serves.
         output_cap: the most characters of printed output kept per block.
+        subcalls: ``False`` leaves ``llm_query``, ``llm_query_batched``, ``rlm_query`` and
+            ``rlm_query_batched`` out of the guest's REPL, and the engine refuses such a
+            request should a guest send one anyway (the "no sub-calls" ablation).
         **limits: the boundaries (see `GuestLimits`): ``timeout``, ``memory_limit_mb``,
             ``cpu_seconds``, ``max_open_files``, ``max_file_size_mb``, ``network``,
             ``env``, ``start_timeout``, ``close_grace``.
@@ -109,9 +112,12 @@ class SubprocessEnvironment:
         tools: Mapping[str, tuple[Any, str | None]] | None = None,
         depth: int = 0,
         output_cap: int = 1_000_000,
+        subcalls: bool = True,
         **limits: Any,
     ) -> None:
+        self.check_kwargs(output_cap=output_cap, subcalls=subcalls)
         self.bridge = bridge
+        self.subcalls = subcalls
         self.depth = depth
         self.limits = GuestLimits.from_kwargs(limits)
         self._tools = split_tools(tools or {})
@@ -135,7 +141,7 @@ class SubprocessEnvironment:
         self._closed = False
 
     @classmethod
-    def check_kwargs(cls, output_cap: int = 1_000_000, **limits: Any) -> None:
+    def check_kwargs(cls, output_cap: int = 1_000_000, subcalls: bool = True, **limits: Any) -> None:
         """Validate ``environment_kwargs`` without starting anything (called when an
         `RLM` is configured).
 
@@ -144,6 +150,8 @@ class SubprocessEnvironment:
         """
         if not isinstance(output_cap, int) or output_cap < 1:
             raise ConfigError("subprocess environment: output_cap must be a positive int")
+        if not isinstance(subcalls, bool):
+            raise ConfigError("subprocess environment: subcalls must be True or False")
         GuestLimits.from_kwargs(limits)
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -188,6 +196,7 @@ class SubprocessEnvironment:
         init = Init(
             scratch_dir=self.workdir,
             output_cap=self.output_cap,
+            subcalls=self.subcalls,
             cpu_seconds=self.limits.cpu_seconds,
             data_tools=self._tools.data,
             code_tools=self._tools.code,
@@ -374,6 +383,8 @@ class SubprocessEnvironment:
     async def _dispatch(self, call: Subcall | ToolCall) -> Any:
         if isinstance(call, ToolCall):
             return await self.bridge.call_tool(call.name, call.args, call.kwargs)
+        if not self.subcalls:  # the guest has no such function: its code wrote to the pipe
+            raise PermissionError(f"{call.fn} is not available in this REPL (subcalls=False)")
         if call.fn == "llm_query":
             return await self.bridge.llm_query(call.prompt or "", call.model, call.json_schema)
         if call.fn == "rlm_query":

@@ -96,6 +96,7 @@ class Init(BaseModel):
     op: Literal["init"] = "init"
     scratch_dir: str
     output_cap: int = 1_000_000
+    subcalls: bool = True
     cpu_seconds: float | None = None
     data_tools: dict[str, Any] = Field(default_factory=dict)
     code_tools: dict[str, str] = Field(default_factory=dict)
@@ -489,7 +490,8 @@ class Guest:
         for name, description in init.proxy_tools.items():
             tools[name] = (_proxy(caller, name, description), description)
         session = ReplSession(
-            caller, scratch_dir=init.scratch_dir, tools=tools, output_cap=init.output_cap
+            caller, scratch_dir=init.scratch_dir, tools=tools, output_cap=init.output_cap,
+            subcalls=init.subcalls,
         )
         for name, code in init.code_tools.items():
             # Each tool's code runs in its own copy of the namespace, so its helpers and

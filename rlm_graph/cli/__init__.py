@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-SUBCOMMANDS = ("batch", "demo", "journal", "mcp", "plugins", "report", "run", "trace")
+SUBCOMMANDS = ("batch", "demo", "eval", "journal", "mcp", "plugins", "report", "run", "trace")
 
 EXIT_OK = 0
 EXIT_FAILED = 1

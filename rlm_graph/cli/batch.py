@@ -22,9 +22,15 @@ from rich.text import Text
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE
-from .run import LIMIT_FLAGS, _add_provider_arguments, _add_window_arguments, rlm_kwargs
+from .run import (
+    LIMIT_FLAGS,
+    _add_provider_arguments,
+    _add_window_arguments,
+    add_backend_arguments,
+    rlm_kwargs,
+)
 
-__all__ = ["register", "run"]
+__all__ = ["add_executor_arguments", "register", "run"]
 
 EXIT_FAILED_ITEMS = 1
 EXIT_INTERRUPTED = 130
@@ -40,11 +46,8 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--input", required=True, type=Path, metavar="FILE", help="items, one JSON object a line")
     parser.add_argument("--output", required=True, type=Path, metavar="FILE", help="results, appended as items finish")
-    parser.add_argument("--concurrency", type=int, default=8, help="completions at once (default 8)")
+    add_executor_arguments(parser)
     parser.add_argument("--retry-failed", action="store_true", help="on resume, run failed items again too")
-    parser.add_argument("--executor", default="local", help="where completions run: local (default) or ray")
-    parser.add_argument("--ray-address", default=None, help="with --executor ray: the cluster (auto, ray://host:10001); default: start one here")
-    parser.add_argument("--ray-task-cpus", type=float, default=None, help="with --executor ray: CPUs reserved per completion (default 0.25)")
     parser.add_argument("--quiet", action="store_true", help="no line per finished item, only the summary")
     parser.add_argument(
         "--journal", metavar="PATH",
@@ -52,21 +55,22 @@ def register(subparsers: Any) -> None:
         "items); a completion run again (a retry after a worker died, a resumed batch) "
         "replays what was recorded instead of paying again (docs/durability.md)",
     )
-    parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
-    parser.add_argument("--model", required=True, help="the root model's name")
-    parser.add_argument("--base-url", help="the API root (default: the backend's)")
-    parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
-    parser.add_argument(
-        "--environment", default="subprocess",
-        help="the REPL environment (default subprocess, as for `run`; 'local' is faster, for "
-        "trusted documents and models only; see docs/environments.md)",
-    )
+    add_backend_arguments(parser)
     _add_provider_arguments(parser)  # --max-concurrent and --requests-per-minute: batch-wide
     _add_window_arguments(parser)
     limits = parser.add_argument_group("limits (per completion; an item may override them)")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     parser.set_defaults(func=run)
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--concurrency``, ``--executor``, ``--ray-address``, ``--ray-task-cpus``: how many
+    completions run at once, and where (``batch`` and ``eval`` share them)."""
+    parser.add_argument("--concurrency", type=int, default=8, help="completions at once (default 8)")
+    parser.add_argument("--executor", default="local", help="where completions run: local (default) or ray")
+    parser.add_argument("--ray-address", default=None, help="with --executor ray: the cluster (auto, ray://host:10001); default: start one here")
+    parser.add_argument("--ray-task-cpus", type=float, default=None, help="with --executor ray: CPUs reserved per completion (default 0.25)")
 
 
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -34,7 +34,10 @@ from .progress import ProgressDisplay, add_progress_arguments, progress_for
 from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
-__all__ = ["LIMIT_FLAGS", "add_engine_arguments", "provider_message", "register", "rlm_kwargs", "run"]
+__all__ = [
+    "LIMIT_FLAGS", "add_backend_arguments", "add_engine_arguments", "provider_message", "register",
+    "rlm_kwargs", "run",
+]
 
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("max_depth", int, "deepest child completion (1: rlm_query is a plain call)"),
@@ -85,8 +88,19 @@ def register(subparsers: Any) -> None:
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the backend, model, environment, provider, context-window and limit flags:
     what `rlm_kwargs` turns into ``RLM(...)`` keywords (``run`` and ``mcp`` share them)."""
+    add_backend_arguments(parser)
+    _add_provider_arguments(parser)
+    _add_window_arguments(parser)
+    limits = parser.add_argument_group("limits")
+    for name, kind, text in LIMIT_FLAGS:
+        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+
+
+def add_backend_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
+    """``--backend``, ``--model``, ``--base-url``, ``--sub-model``, ``--environment``: the
+    models and the REPL (``run``, ``batch`` and ``eval`` share them)."""
     parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
-    parser.add_argument("--model", required=True, help="the root model's name")
+    parser.add_argument("--model", required=model_required, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
     parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
     parser.add_argument(
@@ -96,11 +110,6 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "process, apart from the engine and its keys; 'local' runs it in this process, "
         "faster, for trusted documents and models only; see docs/environments.md)",
     )
-    _add_provider_arguments(parser)
-    _add_window_arguments(parser)
-    limits = parser.add_argument_group("limits")
-    for name, kind, text in LIMIT_FLAGS:
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
 
 
 def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:

@@ -35,6 +35,7 @@ _SINGULAR = {
     "environments": "environment",
     "compaction_strategies": "compaction strategy",
     "executors": "executor",
+    "eval_methods": "eval method",
 }
 
 
@@ -133,7 +134,7 @@ class PluginHost:
         entry_points: load installed entry points of group ``rlm_graph`` (default on).
     """
 
-    CATEGORIES = ("providers", "environments", "compaction_strategies", "executors")
+    CATEGORIES = ("providers", "environments", "compaction_strategies", "executors", "eval_methods")
 
     def __init__(self, plugins: Iterable[object] = (), *, entry_points: bool = True) -> None:
         self.pm = pluggy.PluginManager(PROJECT)

@@ -73,6 +73,17 @@ class HookSpecs:
         """
 
     @hookspec
+    def rlm_register_eval_methods(self) -> Mapping[str, Any]:
+        """Called when an evaluation starts (``rlm-graph eval``, `rlm_graph.eval.run_eval`),
+        to collect the ways of answering an item by name.
+
+        Returns:
+            ``{"name": factory}`` where ``factory()`` returns an
+            `rlm_graph.eval.EvalMethod`: the ``RLM(...)`` keywords of its completions
+            and a solver that turns an item into calls and a prediction.
+        """
+
+    @hookspec
     def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:
         """Called when a node starts running (its record is ``running``)."""
 

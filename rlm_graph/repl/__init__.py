@@ -7,10 +7,18 @@ Pure Python, no trio: shared by the in-process (``local``) and child-process
 from __future__ import annotations
 
 from .capture import CappedBuffer, capture_output
-from .session import RESERVED_NAMES, BlockInterrupted, LimitStop, ReplSession, SubcallCaller
+from .session import (
+    RESERVED_NAMES,
+    SUBCALL_NAMES,
+    BlockInterrupted,
+    LimitStop,
+    ReplSession,
+    SubcallCaller,
+)
 
 __all__ = [
     "RESERVED_NAMES",
+    "SUBCALL_NAMES",
     "BlockInterrupted",
     "CappedBuffer",
     "LimitStop",

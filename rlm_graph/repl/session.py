@@ -12,6 +12,8 @@ Invariants:
       ``__import__`` hands out (see `paths`).
     - The protocol's names (``llm_query``..., ``answer``, ``context``) are restored after
       every block, so a model that overwrites one cannot break the next block.
+    - A session made with ``subcalls=False`` has no `SUBCALL_NAMES` at all (the paper's
+      "REPL, no sub-calls" ablation): code that calls one gets a ``NameError``.
     - Errors in model code are data: the traceback goes to the block's stderr and the
       block's ``error``; only `BlockInterrupted` (cancellation) propagates.
     - Once `ReplSession.stop_thread` named a thread, every ``except`` handler and
@@ -43,6 +45,7 @@ from .paths import scratch_import
 __all__ = [
     "REPL_FILENAME",
     "RESERVED_NAMES",
+    "SUBCALL_NAMES",
     "BlockInterrupted",
     "LimitStop",
     "ReplSession",
@@ -62,6 +65,9 @@ RESERVED_NAMES = (
     "context",
     "SCRATCH_DIR",
 )
+
+SUBCALL_NAMES = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
+"""The protocol's doors to other models; absent from a session made with ``subcalls=False``."""
 
 REPL_FILENAME = "<repl>"
 """The file name of the model's code in tracebacks and frames (``co_filename``)."""
@@ -204,6 +210,9 @@ class ReplSession:
         scratch_dir: this session's own folder; relative paths given to ``open`` land here.
         tools: custom tools and data, ``{name: (value, description)}``.
         output_cap: most characters of printed output kept per block.
+        subcalls: put ``llm_query``, ``llm_query_batched``, ``rlm_query`` and
+            ``rlm_query_batched`` in the namespace (default); ``False`` leaves them out,
+            so the model's code can reach no other model.
     """
 
     def __init__(
@@ -213,6 +222,7 @@ class ReplSession:
         scratch_dir: str,
         tools: Mapping[str, tuple[Any, str | None]] | None = None,
         output_cap: int = 1_000_000,
+        subcalls: bool = True,
     ) -> None:
         self.caller = caller
         self.scratch_dir = scratch_dir
@@ -230,6 +240,9 @@ class ReplSession:
             sys.modules[_REPL_MODULE] = types.ModuleType(_REPL_MODULE, "classes of REPL code")
         self.ns: dict[str, Any] = {"__name__": _REPL_MODULE, "__builtins__": self._builtins()}
         self._protocol = self._protocol_names()
+        if not subcalls:
+            for name in SUBCALL_NAMES:
+                del self._protocol[name]
         self.ns.update(self._protocol)
         for name, (value, _) in self.tools.items():
             self.ns[name] = value

@@ -4,10 +4,7 @@ nothing fetched), the CLI, and the page in a real headless Chromium."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +16,7 @@ from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import Graph, NodeKind, NodeRecord, NodeStatus, peak_concurrency, to_json
 from rlm_graph.report import render_report, report_data, write_report
 
+from tests.support.chromium import needs_chromium, open_in_chromium
 from tests.support.scripts import is_root_turn, repl, turn_number
 
 
@@ -116,33 +114,6 @@ def _data(path: Path) -> Any:
 
 
 # -- in a real browser ---------------------------------------------------------------------
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-if CHROMIUM is None and os.environ.get("CI"):
-    raise RuntimeError("CI must have chromium for the report's browser tests: `make test` installs it")
-needs_chromium = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="no chromium on this machine (`make test` installs Debian's package when missing)",
-)
-
-
-def open_in_chromium(page: Path, tmp_path: Path, fragment: str = "") -> tuple[dict[str, str], list[str]]:
-    """Load ``page`` in headless Chromium; return <body>'s attributes once the page's
-    script has run, and the console messages (errors included) it logged."""
-    assert CHROMIUM is not None
-    done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", page.resolve().as_uri() + fragment],
-        capture_output=True, text=True, timeout=180, check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    body = re.search(r"<body([^>]*)>", done.stdout)
-    assert body is not None, done.stdout[:500]
-    attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
-    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    return attributes, console
-
 
 @needs_chromium
 @pytest.mark.browser

@@ -1,0 +1,541 @@
+"""Running an evaluation: items x methods through `rlm_graph.batch.run_batch`.
+
+Stages (`Evaluation`): the methods are looked up and their keywords checked, the items
+read once (ids, and tokens for the cost estimate), then each method runs its items not
+yet in ``results.jsonl``, and the summary, table and report are written from every row.
+
+A method's items run in *rounds*: a round is one `run_batch` per role of the method
+(``root``, ``sub``), each carrying the next call of every item that has one of that role.
+A one-call method (``rlm``, ``base``) is one round; the summary agent takes one round per
+chunk of its longest context. Each call is one completion, journaled in
+``DIR/journal.sqlite`` (keyed by the call's own inputs), so an item cut by a crash or a
+Ctrl-C replays its finished calls and nodes on the rerun instead of paying again.
+
+Invariants:
+    - Items are read lazily: a call is made from its item when the executor asks for it,
+      and no more than the calls in flight and the solvers between calls are held.
+    - A call starts only while the budget is not spent (`SharedBudget`); an item whose
+      call the evaluation's budget cut is not written, so a rerun with a larger budget
+      finishes it.
+    - A failing item (its provider, its context file, its method) is a row with
+      ``error`` set; the other items go on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from ..batch import BatchError, BatchItem, BatchResult, run_batch
+from ..errors import ConfigError
+from .items import EvalItem, coerce_items, context_tokens, read_items, scan_items
+from .methods import Call, EvalMethod, MethodSetup, NotRun, Solver, lookup_methods
+from .page import render_eval_page
+from .results import EvalRow, ResultsLog, SharedBudget
+from .scoring import score
+from .stats import EvalSummary, summarize
+from .table import render_table
+
+__all__ = ["EvalOutcome", "Estimate", "Evaluation", "ItemsFile", "run_eval"]
+
+RowHook = Callable[[EvalRow], None]
+
+
+class ItemsFile:
+    """An items file, read again each time it is iterated (optionally only some ids).
+
+    Args:
+        path: the JSONL items file.
+        only: the ids to keep (``None``: all).
+    """
+
+    def __init__(self, path: Path, only: Iterable[str] | None = None) -> None:
+        self.path = path
+        self.only = None if only is None else list(only)
+
+    def __iter__(self) -> Iterator[EvalItem]:
+        return read_items(self.path, self.only)
+
+    def ids(self) -> list[str]:
+        """Every id, the file checked whole first."""
+        ids = scan_items(self.path)
+        if self.only is None:
+            return ids
+        keep = set(self.only)
+        return [i for i in ids if i in keep]
+
+
+class Estimate(BaseModel):
+    """What an evaluation should cost before it starts, from the price table.
+
+    Attributes:
+        items: items of the evaluation.
+        tokens: their questions and contexts, in tokens (four characters each).
+        methods: USD per method over the items it has still to run (``None``: a model
+            without a price).
+        total: their sum (``None`` if any is unknown).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    items: int
+    tokens: int
+    methods: dict[str, float | None]
+    todo: dict[str, int]
+
+    @property
+    def total(self) -> float | None:
+        values = list(self.methods.values())
+        return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+class EvalOutcome(BaseModel):
+    """What a run of an evaluation did.
+
+    Attributes:
+        summary: the summary of every row of the evaluation's items.
+        written: rows written by this run.
+        spent: USD of this run's calls (the part of a call replayed from the journal
+            counts at its recorded cost, though it was paid by an earlier run).
+        unfinished: (item, method) pairs left for a rerun: the budget ran out first.
+        out: the output folder.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    summary: EvalSummary
+    written: int
+    spent: float
+    unfinished: int
+    errors: int
+    out: Path
+
+
+class _Pending:
+    """An item being solved: its solver, its next call, and what its calls added up to."""
+
+    __slots__ = ("budget_cut", "call", "calls", "cost", "item", "latency", "solver", "stop_reason", "tokens_in", "tokens_out")
+
+    def __init__(self, item: EvalItem, solver: Solver) -> None:
+        self.item, self.solver = item, solver
+        self.call: Call | None = None
+        self.calls = 0
+        self.cost: float | None = None
+        self.latency = 0.0
+        self.tokens_in = self.tokens_out = 0
+        self.stop_reason: str | None = None
+        self.budget_cut = False
+
+    def add(self, result: BatchResult) -> None:
+        self.calls += 1
+        if result.cost is not None:
+            self.cost = (self.cost or 0.0) + result.cost
+        self.latency += result.seconds
+        self.tokens_in += result.usage.input_tokens
+        self.tokens_out += result.usage.output_tokens
+        self.stop_reason = result.stop_reason or self.stop_reason
+
+
+def _failure(exc: Exception) -> BatchError:
+    return BatchError(type=type(exc).__name__, message=str(exc) or type(exc).__name__)
+
+
+class _MethodRun:
+    """One method over the items it has still to do, in rounds (see the module docstring).
+
+    The call generator (`_calls`) runs in the executor's thread, results are taken in
+    the caller's: ``_lock`` guards what both touch (the waiting calls, the calls in
+    flight, the rows made on the generator's side).
+    """
+
+    def __init__(self, evaluation: Evaluation, method: EvalMethod, todo: set[str], on_row: RowHook | None) -> None:
+        self.ev = evaluation
+        self.method = method
+        self.todo = todo
+        self.on_row = on_row
+        self.kwargs = evaluation.role_kwargs[method.name]
+        self._lock = threading.Lock()
+        self._waiting: dict[str, list[_Pending]] = {role: [] for role in self.kwargs}
+        self._in_flight: dict[str, _Pending] = {}
+        self._made: list[EvalRow] = []
+        self.written = 0
+
+    # -- the rounds (caller's thread) -----------------------------------------------------
+
+    def run(self) -> int:
+        fresh: Iterator[EvalItem] | None = (i for i in coerce_items(self.ev.source) if i.id in self.todo)
+        while True:
+            for role in self.kwargs:
+                with self._lock:
+                    batch, self._waiting[role] = self._waiting[role], []
+                if batch or fresh is not None:
+                    self._batch(role, batch, fresh)
+                    fresh = None
+            with self._lock:
+                left = sum(map(len, self._waiting.values()))
+            if left == 0 or self.ev.budget.exhausted:
+                self._flush()
+                return self.written
+
+    def _batch(self, role: str, batch: list[_Pending], fresh: Iterator[EvalItem] | None) -> None:
+        results = run_batch(
+            self._calls(role, batch, fresh), self.kwargs[role], concurrency=self.ev.concurrency,
+            executor=self.ev.executor, executor_kwargs=self.ev.executor_kwargs,
+        )
+        try:
+            for result in results:
+                self._finished(result)
+                self._flush()
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:  # Ctrl-C or an error here: stop the batch's calls now
+                close()
+            self._flush()
+
+    def _finished(self, result: BatchResult) -> None:
+        with self._lock:
+            pending = self._in_flight.pop(result.id)
+        self.ev.budget.charge(result.cost)
+        pending.add(result)
+        if result.error is not None:
+            self._row(pending, error=result.error)
+        elif result.stop_reason == "max_budget" and pending.budget_cut:
+            pending.solver.close()  # the evaluation's budget ran out: left for a rerun
+        else:
+            self._advance(pending, result.answer or "")
+
+    def _flush(self) -> None:
+        with self._lock:
+            made, self._made = self._made, []
+        for row in made:
+            self.ev.log.append(row)
+            self.written += 1
+            if self.on_row is not None:
+                self.on_row(row)
+
+    # -- solvers (either thread) ----------------------------------------------------------
+
+    def _advance(self, pending: _Pending, answer: str | None) -> bool:
+        """Move the solver on (``answer=None``: start it); queue its next call or record
+        its row. Returns whether a next call is waiting."""
+        try:
+            pending.call = next(pending.solver) if answer is None else pending.solver.send(answer)
+        except StopIteration as stop:
+            value = stop.value
+            if isinstance(value, NotRun):
+                self._row(pending, stop_reason=value.stop_reason)
+            else:
+                self._row(pending, prediction=str(value) if value is not None else None)
+            return False
+        except Exception as exc:  # the method's code or the item's context file: this item's error
+            self._row(pending, error=_failure(exc))
+            return False
+        if pending.call.role not in self._waiting:
+            self._row(pending, error=BatchError(
+                type="ConfigError",
+                message=f"method {self.method.name!r} asked for role {pending.call.role!r}; its "
+                f"rlm_kwargs() has {', '.join(self._waiting)}",
+            ))
+            return False
+        with self._lock:
+            self._waiting[pending.call.role].append(pending)
+        return True
+
+    def _row(self, pending: _Pending, *, prediction: str | None = None, error: BatchError | None = None,
+             stop_reason: str | None = None) -> None:
+        item = pending.item
+        row = EvalRow(
+            id=item.id, method=self.method.name, prediction=prediction,
+            score=score(item.answer_type, item.answer, prediction) if error is None else 0.0,
+            cost=pending.cost, latency_s=round(pending.latency, 6), input_tokens=pending.tokens_in,
+            output_tokens=pending.tokens_out, stop_reason=stop_reason or pending.stop_reason, error=error,
+        )
+        with self._lock:
+            self._made.append(row)
+
+    # -- the calls of one batch (executor's thread) -----------------------------------------
+
+    def _calls(self, role: str, batch: list[_Pending], fresh: Iterator[EvalItem] | None) -> Iterator[BatchItem]:
+        for pending in batch:
+            item = self._submit(pending)
+            if item is None:
+                return
+            yield item
+        if fresh is None:
+            return
+        for eval_item in fresh:
+            if self.ev.budget.exhausted:
+                return
+            pending = _Pending(eval_item, self.method.solve(eval_item, self.ev.setup))
+            if not self._advance(pending, None):
+                continue
+            assert pending.call is not None
+            if pending.call.role != role:
+                continue  # waits for its role's batch
+            with self._lock:
+                self._waiting[role].remove(pending)
+            item = self._submit(pending)
+            if item is None:
+                return
+            yield item
+
+    def _submit(self, pending: _Pending) -> BatchItem | None:
+        """The batch item of ``pending``'s call, registered as in flight; ``None`` once
+        the budget is spent."""
+        if self.ev.budget.exhausted:
+            return None
+        call = pending.call
+        assert call is not None
+        cap, remainder = self.ev.budget.call_cap()
+        limits = dict(call.limits)
+        if cap is not None:
+            limits["max_budget"] = min(cap, limits.get("max_budget", cap))
+        pending.budget_cut = remainder
+        with self._lock:
+            self._in_flight[pending.item.id] = pending
+        return BatchItem(
+            id=pending.item.id, query=call.query, context=call.context,
+            context_file=call.context_file, limits=limits,
+        )
+
+
+class Evaluation:
+    """An evaluation, checked and estimated, ready to run.
+
+    Args:
+        items: `EvalItem`\\ s or dicts shaped as items-file lines (an iterable that can be
+            walked again, such as a list, an `ItemsFile` or a task's items; a one-pass
+            iterator is read into a list), or the path of an items file.
+        rlm_kwargs: the ``RLM(...)`` keywords of the evaluation: the root model's backend,
+            the sub-model as ``other_backends[0]``, limits (per completion), environment.
+        methods: method names (hook ``rlm_register_eval_methods``), in the order run.
+        out: the output folder (created); ``results.jsonl`` there makes a rerun resume.
+        concurrency: completions at once.
+        executor, executor_kwargs: where completions run (``local``, ``ray``...).
+        seed: the bootstrap's seed.
+        max_budget: USD for the whole evaluation (see `SharedBudget`).
+        retry_failed: run rows with an error again.
+        journal: journal every completion in ``out/journal.sqlite`` (unless ``rlm_kwargs``
+            names a journal of its own).
+        title: the evaluation's name in the table and the report.
+        plugins: plugins besides the installed ones (methods registered in code).
+        check: build each role's ``RLM(...)`` now, so that a bad keyword (or a missing
+            API key) fails before any call; off for an estimate alone.
+
+    Raises:
+        ConfigError: a bad keyword of any method's completions, a bad item, an ``out``
+            that is not an evaluation's folder.
+        PluginError: an unknown method or executor.
+    """
+
+    def __init__(
+        self,
+        items: Iterable[EvalItem | Mapping[str, Any]] | str | Path,
+        rlm_kwargs: Mapping[str, Any],
+        *,
+        methods: Sequence[str] = ("rlm",),
+        out: str | Path,
+        concurrency: int = 8,
+        executor: str = "local",
+        executor_kwargs: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        max_budget: float | None = None,
+        retry_failed: bool = False,
+        journal: bool = True,
+        title: str | None = None,
+        plugins: Iterable[object] = (),
+        check: bool = True,
+    ) -> None:
+        self.out = Path(out)
+        self.concurrency = concurrency
+        self.executor = executor
+        self.executor_kwargs = dict(executor_kwargs or {})
+        self.seed = seed
+        self.retry_failed = retry_failed
+        self.source = self._source(items)
+        self.title = title or self._title(self.source)
+        kwargs = dict(rlm_kwargs)
+        self.plugins = [*plugins, *kwargs.get("plugins", ())]
+        if self.plugins:
+            kwargs["plugins"] = self.plugins
+        if journal and "journal" not in kwargs:
+            kwargs["journal"] = str((self.out / "journal.sqlite").resolve())  # workers elsewhere too
+        self.budget = SharedBudget(max_budget, per_call=kwargs.get("max_budget"))
+        if max_budget is not None:
+            if kwargs.get("max_budget") is None:
+                kwargs["max_budget"] = max_budget  # so that an unpriced model is refused now
+            kwargs["listeners"] = [*kwargs.get("listeners", ()), self.budget.listener()]
+        self.setup = MethodSetup.of(kwargs)
+        self.methods = lookup_methods(list(methods), self.plugins)
+        self.role_kwargs = {m.name: self._roles(m, check) for m in self.methods}
+        self.ids, self.tokens, estimate_items = self._scan()
+        self.log = ResultsLog(self.out / "results.jsonl")
+        self._prepare_out()
+        self.todo = {m.name: set(self.ids) - self.log.done(m.name, retry_failed=retry_failed) for m in self.methods}
+        self.estimate = Estimate(
+            items=len(self.ids), tokens=sum(self.tokens.values()),
+            methods={m.name: self._estimate(m, estimate_items) for m in self.methods},
+            todo={name: len(ids) for name, ids in self.todo.items()},
+        )
+
+    # -- configuration ----------------------------------------------------------------------
+
+    @staticmethod
+    def _source(items: Iterable[EvalItem | Mapping[str, Any]] | str | Path) -> Iterable[EvalItem | Mapping[str, Any]]:
+        if isinstance(items, str | Path):
+            return ItemsFile(Path(items))
+        if iter(items) is items:  # one pass only: keep what it gives
+            return list(coerce_items(items))
+        return items
+
+    @staticmethod
+    def _title(source: object) -> str:
+        if isinstance(source, ItemsFile):
+            return source.path.name
+        title = getattr(source, "title", None)
+        return title if isinstance(title, str) else "evaluation"
+
+    def _roles(self, method: EvalMethod, check: bool) -> dict[str, dict[str, Any]]:
+        from .. import RLM  # the facade: builds the engine to check, runs nothing
+
+        roles = {str(role): dict(kw) for role, kw in method.rlm_kwargs(self.setup).items()}
+        if not roles:
+            raise ConfigError(f"method {method.name!r} returned no RLM keywords from rlm_kwargs()")
+        for role, kwargs in roles.items() if check else ():
+            try:
+                RLM(**kwargs)
+            except ConfigError as exc:
+                raise ConfigError(f"method {method.name!r} ({role}): {exc}") from None
+        return roles
+
+    def _scan(self) -> tuple[list[str], dict[str, int], dict[str, EvalItem]]:
+        """Ids in order and tokens per item; the items themselves only when small
+        enough to keep for the estimate."""
+        if isinstance(self.source, ItemsFile):
+            self.source.ids()  # every bad line, with its number, before anything else
+        ids: list[str] = []
+        tokens: dict[str, int] = {}
+        kept: dict[str, EvalItem] = {}
+        for item in coerce_items(self.source):
+            ids.append(item.id)
+            tokens[item.id] = context_tokens(item.load_context(), item.question)
+            kept[item.id] = item.model_copy(update={"context": None, "context_path": None})
+        if not ids:
+            raise ConfigError("the evaluation has no item")
+        return ids, tokens, kept
+
+    def _estimate(self, method: EvalMethod, items: Mapping[str, EvalItem]) -> float | None:
+        total = 0.0
+        for item_id in self.ids:
+            if item_id not in self.todo[method.name]:
+                continue
+            cost = method.estimate(items[item_id], self.tokens[item_id], self.setup)
+            if cost is None:
+                return None
+            total += cost
+        return total
+
+    def _prepare_out(self) -> None:
+        if self.out.exists() and not self.out.is_dir():
+            raise ConfigError(f"--out {str(self.out)!r} is a file; give a folder for the evaluation's results")
+        self.log.read()  # nothing is written before run()
+
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, on_row: RowHook | None = None) -> EvalOutcome:
+        """Run every method over its items not done yet; write the summary files.
+
+        Args:
+            on_row: called with each row as it is written (the caller's thread).
+        """
+        written = errors = 0
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot make --out {str(self.out)!r}: {exc.strerror}") from None
+        self.log.open()
+        self.todo = {m.name: set(self.ids) - self.log.done(m.name, retry_failed=self.retry_failed) for m in self.methods}
+        try:
+            for method in self.methods:
+                if not self.todo[method.name]:
+                    continue
+                counted = _Counting(on_row)
+                written += _MethodRun(self, method, self.todo[method.name], counted).run()
+                errors += counted.errors
+        finally:
+            self.log.close()
+        done = {(str(r["id"]), str(r["method"])) for r in self.log.rows()}
+        unfinished = sum(1 for m in self.methods for i in self.ids if (i, m.name) not in done)
+        summary = self.write_summary()
+        return EvalOutcome(
+            summary=summary, written=written, spent=self.budget.spent, unfinished=unfinished,
+            errors=errors, out=self.out,
+        )
+
+    def write_summary(self) -> EvalSummary:
+        """Summarise every row of this evaluation's items: ``summary.json``, ``summary.md``
+        and ``report.html`` in the output folder."""
+        wanted = set(self.ids)
+        rows = [r for r in self.log.rows() if str(r["id"]) in wanted]
+        names = [m.name for m in self.methods]
+        summary = summarize(rows, methods=names, seed=self.seed, title=self.title)
+        data = summary.public()
+        data["models"] = {"root": self.setup.root_model, "sub": self.setup.sub_model}
+        (self.out / "summary.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        descriptions = {m.name: m.description for m in self.methods}
+        (self.out / "summary.md").write_text(
+            render_table(summary, root_model=self.setup.root_model, sub_model=self.setup.sub_model,
+                         descriptions=descriptions),
+            encoding="utf-8",
+        )
+        (self.out / "report.html").write_text(
+            render_eval_page(summary, rows, root_model=self.setup.root_model,
+                             sub_model=self.setup.sub_model, descriptions=descriptions),
+            encoding="utf-8",
+        )
+        return summary
+
+
+class _Counting:
+    """Passes rows on and counts the failed ones."""
+
+    def __init__(self, on_row: RowHook | None) -> None:
+        self.on_row = on_row
+        self.errors = 0
+
+    def __call__(self, row: EvalRow) -> None:
+        self.errors += row.error is not None
+        if self.on_row is not None:
+            self.on_row(row)
+
+
+def run_eval(
+    items: Iterable[EvalItem | Mapping[str, Any]] | str | Path,
+    rlm_kwargs: Mapping[str, Any],
+    *,
+    methods: Sequence[str] = ("rlm",),
+    out: str | Path,
+    on_row: RowHook | None = None,
+    **options: Any,
+) -> EvalOutcome:
+    """Evaluate ``methods`` over ``items``; write ``results.jsonl``, ``summary.json``,
+    ``summary.md`` and ``report.html`` in ``out``. Rerun to resume.
+
+    Args:
+        items, rlm_kwargs, methods, out: see `Evaluation`.
+        on_row: called with each row as it is written.
+        **options: the other keywords of `Evaluation` (``concurrency``, ``executor``,
+            ``seed``, ``max_budget``, ``retry_failed``, ``journal``, ``title``, ``plugins``).
+
+    Returns:
+        An `EvalOutcome`: the summary, the rows written, what was spent.
+
+    Raises:
+        ConfigError, PluginError: as `Evaluation`, before any call.
+    """
+    return Evaluation(items, rlm_kwargs, methods=methods, out=out, **options).run(on_row)

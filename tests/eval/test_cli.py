@@ -1,0 +1,107 @@
+"""``rlm-graph eval`` on the command line, against a fake OpenAI server over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm_graph.cli import main
+from rlm_graph.testing import FakeOpenAIServer
+
+from tests.support.eval import KEY, MODEL, EvalServer, items
+
+
+def _args(server: FakeOpenAIServer, out: Path, *extra: str) -> list[str]:
+    return ["eval", "--model", MODEL, "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
+            "--environment", "local", "--out", str(out), *extra]
+
+
+def _data(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "items.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+
+def test_a_data_file_gives_the_four_outputs_and_the_same_command_again_asks_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data, out = _data(tmp_path, items()), tmp_path / "run"
+    with EvalServer(constant=True) as server:
+        assert main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3")) == 0
+        asked = len(server.requests)
+        first = capsys.readouterr()
+        summary = json.loads((out / "summary.json").read_text())
+        assert main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3")) == 0
+        assert len(server.requests) == asked > 0
+    again = capsys.readouterr()
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith("journal")) == [
+        "report.html", "results.jsonl", "summary.json", "summary.md"]
+    assert set(summary["methods"]) == {"rlm", "base"}
+    assert set(summary["methods"]["rlm"]) >= {"n", "score", "ci95", "cost", "latency_s"}
+    assert "| RLM | 37.98 ($" in first.out and "| Base model | 37.98 ($" in first.out  # the table on stdout
+    assert "estimated cost $" in first.err and first.err.count("/12] ") == 12
+    assert "12 already in" in again.err and "wrote 0 rows" in again.err
+
+
+def test_a_task_is_generated_and_answered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    find = "import re\nanswer['content'] = re.search(r'magic number for \\S+ is (\\d+)', context).group(1)\nanswer['ready'] = True"
+
+    def needle(body: dict[str, Any]) -> str:
+        if any(m["role"] == "system" for m in body["messages"]):
+            return f"```repl\n{find}\n```"
+        found = re.search(r"magic number for \S+ is (\d+)", json.dumps(body))
+        return found.group(1) if found else "?"
+
+    with FakeOpenAIServer(needle) as server:
+        code = main(_args(server, tmp_path / "sniah", "--task", "sniah", "--lengths", "1k,2k", "--n", "2",
+                          "--method", "rlm,base", "--quiet"))
+    assert code == 0
+    summary = json.loads((tmp_path / "sniah" / "summary.json").read_text())
+    assert summary["methods"]["rlm"]["n"] == 4 and summary["methods"]["rlm"]["score"] == 1.0
+    assert summary["methods"]["base"]["score"] == 1.0
+    assert "sniah (1k, 2k; seed 0)" in summary["title"]
+    assert "/4] " not in capsys.readouterr().err  # --quiet
+
+
+def test_an_estimate_runs_nothing_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with EvalServer() as server:
+        code = main(_args(server, tmp_path / "est", "--task", "sniah", "--lengths", "64k", "--n", "3",
+                          "--method", "rlm,base,summary", "--estimate", "--max-budget", "2"))
+        assert server.requests == []
+    assert code == 0 and not (tmp_path / "est").exists()
+    err = capsys.readouterr().err
+    assert "3 items (" in err and "x 3 methods; 9 to run" in err
+    assert re.search(r"estimated cost \$\d+\.\d\d \(rlm \$\d+\.\d\d, base \$\d+\.\d\d, summary \$\d+\.\d\d\)", err)
+    assert "--max-budget $2.00 holds across the whole evaluation" in err
+
+
+def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = _data(tmp_path, items(fail=("n1",)))
+    with EvalServer(cost_per_call=0.01) as server:
+        assert main(_args(server, tmp_path / "a", "--data", str(data), "--method", "base")) == 1
+        assert "FAILED Provider" in capsys.readouterr().err
+        assert main(_args(server, tmp_path / "b", "--data", str(data), "--method", "base",
+                          "--concurrency", "1", "--max-budget", "0.025")) == 3
+        assert "rerun with a larger --max-budget" in capsys.readouterr().err
+        asked = len(server.requests)
+        assert main(_args(server, tmp_path / "c", "--data", str(data), "--method", "rlm,best")) == 2
+        assert "unknown eval method 'best'; registered: base, rlm" in capsys.readouterr().err
+        assert main(["eval", "--model", MODEL, "--data", str(data), "--method", "base"]) == 2
+        assert "--out DIR is missing" in capsys.readouterr().err
+        assert main(_args(server, tmp_path / "d", "--data", str(data), "--task", "sniah")) == 2
+        assert "give one of --task NAME and --data FILE.jsonl" in capsys.readouterr().err
+        assert len(server.requests) == asked  # none of the refused commands asked anything
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "results.jsonl").write_text('{"id": "q-1", "answer": "from a batch"}\n')
+    assert main(_args(server, tmp_path / "e", "--data", str(data), "--method", "base")) == 2
+    assert "is not a row of rlm-graph eval" in capsys.readouterr().err

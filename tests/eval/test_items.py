@@ -1,0 +1,62 @@
+"""Items files: every bad line named before anything runs; contexts in files; the draw."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlm_graph.errors import ConfigError
+from rlm_graph.eval import read_items, sample_items, scan_items
+
+
+def test_every_bad_line_is_reported_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join([
+        json.dumps({"id": "a", "question": "q", "answer": "x", "answer_type": "exact", "context": "c"}),
+        "not json",
+        json.dumps({"id": "b", "question": "q", "answer": "many", "answer_type": "numeric", "context": "c"}),
+        json.dumps({"id": "c", "question": "q", "answer": [[1]], "answer_type": "pairs", "context": "c"}),
+        json.dumps({"id": "d", "question": "q", "answer": "AB", "answer_type": "choice", "context": "c"}),
+        json.dumps({"id": "a", "question": "q", "answer": "x", "answer_type": "exact", "context": "c"}),
+        json.dumps({"id": "e", "question": "q", "answer": "x", "answer_type": "fuzzy", "context": "c"}),
+        json.dumps({"id": "f", "question": "q", "answer": "x", "answer_type": "exact", "context_path": "nope.txt"}),
+        json.dumps({"id": "g", "question": "q", "answer": "x", "answer_type": "exact", "context": "c", "extra": 1}),
+    ]) + "\n")
+    with pytest.raises(ConfigError) as info:
+        scan_items(path)
+    message = str(info.value)
+    for expected in (
+        "items.jsonl:2: not JSON",
+        "items.jsonl:3: a numeric answer must be a number",
+        "items.jsonl:4: a pairs answer must be a list of two-element lists",
+        "items.jsonl:5: a choice answer is one letter",
+        "items.jsonl:6: id 'a' already used on line 1",
+        "items.jsonl:7: 'answer_type' must be one of exact, numeric, label, pairs, choice",
+        "items.jsonl:8: context_path",
+        "items.jsonl:9: unknown key(s) 'extra'",
+    ):
+        assert expected in message
+
+
+def test_contexts_in_text_and_json_files_are_read_when_used(tmp_path: Path) -> None:
+    (tmp_path / "doc.txt").write_text("plain text")
+    (tmp_path / "docs.json").write_text(json.dumps(["first document", "second document"]))
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(
+        json.dumps({"id": i, "question": "q", "answer": "x", "answer_type": "exact", "context_path": name})
+        for i, name in ((1, "doc.txt"), (2, "docs.json"))
+    ) + "\n")
+    assert scan_items(path) == ["1", "2"]
+    text, docs = read_items(path)
+    assert text.load_context() == "plain text" and text.text_file == str(tmp_path / "doc.txt")
+    assert docs.load_context() == ["first document", "second document"] and docs.text_file is None
+
+
+def test_the_draw_is_seeded_and_keeps_the_file_order() -> None:
+    ids = [f"q{i}" for i in range(50)]
+    drawn = sample_items(ids, 10, seed=4)
+    assert drawn == sample_items(ids, 10, seed=4) and drawn != sample_items(ids, 10, seed=5)
+    assert drawn == sorted(drawn, key=ids.index) and len(drawn) == 10
+    assert sample_items(ids, None, seed=4) == ids == sample_items(ids, 80, seed=4)

@@ -1,0 +1,84 @@
+"""Scoring, against values computed by hand from the papers' definitions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from rlm_graph.eval.scoring import (
+    answer_part,
+    choice_letter,
+    normalize,
+    number_in,
+    parse_pairs,
+    score,
+)
+
+
+def test_exact_match_after_normalisation() -> None:
+    assert normalize("  The Eiffel-Tower! ") == "eiffeltower"
+    assert normalize("Café") == "cafe"
+    assert score("exact", "4821337", "4821337.") == 1.0
+    assert score("exact", "Ms. Ortiz", "ms ortiz") == 1.0
+    assert score("exact", "the answer", "An answer") == 1.0  # articles go
+    assert score("exact", "4821337", "The number is 4821337.") == 0.0  # exact, not containment
+    assert score("exact", "4821337", None) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        ("Answer: 12", 12, 1.0),
+        ("12", 15, 0.75**3),  # 0.421875
+        ("**Answer:** 9", 12, 0.75**3),
+        ("There are 1,204 of them", 1200, 0.75**4),  # 0.31640625
+        ("Answer: 12.5", 12, 0.75**0.5),
+        ("no idea", 12, 0.0),
+    ],
+)
+def test_numeric_is_three_quarters_to_the_power_of_the_error(prediction: str, gold: int, expected: float) -> None:
+    assert math.isclose(score("numeric", gold, prediction), expected)
+
+
+def test_numeric_reads_the_answer_part_first() -> None:
+    assert answer_part("I counted lines 1 to 40.\nAnswer: 7") == "7"
+    assert number_in("I counted lines 1 to 40.\nAnswer: 7") == 7.0
+    assert number_in("7 of the 40") == 40.0  # no colon: the last number of the reply
+
+
+def test_label_matches_the_answer_part_and_oolongs_comparison_phrases() -> None:
+    assert score("label", "location", "Label: Location") == 1.0
+    assert score("label", "numeric value", "The most common is:\n**numeric value**") == 1.0
+    assert score("label", "human being", "Label: entity") == 0.0
+    assert score("label", "more common than", "Answer: more common") == 1.0
+    assert score("label", "less common than", "Answer: more common") == 0.0
+
+
+def test_pairs_f1_of_a_known_overlap() -> None:
+    gold = [[1, 2], [1, 3], [2, 3]]
+    # One of two predicted pairs is right: precision 1/2, recall 1/3, F1 = 2PR/(P+R) = 0.4.
+    assert math.isclose(score("pairs", gold, "[[2, 1], [2, 4]]"), 0.4)
+    assert score("pairs", gold, "[[3, 2], [1, 2], [1, 3]]") == 1.0  # order inside a pair is free
+    assert math.isclose(score("pairs", gold, "Pairs: (1, 2) and (1, 3)"), 0.8)  # P=1, R=2/3
+    assert score("pairs", gold, "[]") == 0.0
+    assert score("pairs", [], "[]") == 1.0
+    assert parse_pairs('here: [["10001", 10002]]') == {("10001", "10002")}
+
+
+def test_choice_reads_longbench_v2s_form_first() -> None:
+    assert choice_letter("The correct answer is (B)") == "B"
+    assert choice_letter("**The correct answer is C**") == "C"
+    assert choice_letter("Answer: D") == "D"
+    assert choice_letter("(a)") == "A"
+    assert choice_letter("the answer is a function of x") is None  # 'a' is not a choice here
+    assert score("choice", "B", "The correct answer is (B).") == 1.0
+    assert score("choice", "B", "The correct answer is (A).") == 0.0
+
+
+def test_every_score_is_in_zero_one_and_an_unknown_type_is_refused() -> None:
+    for answer_type, gold in (("exact", "x"), ("label", "x"), ("numeric", 3), ("pairs", [[1, 2]]), ("choice", "A")):
+        for prediction in (None, "", "x", "Answer: -1000000", "[[1,2]]", "(A)"):
+            assert 0.0 <= score(answer_type, gold, prediction) <= 1.0
+    with pytest.raises(ValueError, match="unknown answer_type"):
+        score("fuzzy", "x", "x")
