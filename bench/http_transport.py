@@ -28,10 +28,10 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import trio
-from rlm_graph_openai import OpenAIProvider
 
-from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph._http.transport import LeanTransport
+from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph_openai import OpenAIProvider
 
 SERVER = """
 import sys, time

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
-import scenarios
+import scenarios  # noqa: E402 - from this folder, on the path above
 
 OURS_PYTHON = sys.executable
 REF_VENV = HERE / ".venv-rlms"
@@ -283,7 +283,7 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
         xs = [float(r["nodes"]) for r in ours]
         ys = [float(r["mem_peak"]) for r in ours]
         slope, intercept = statistics.linear_regression(xs, ys)
-        fit = max(abs(y - (slope * x + intercept)) / y for x, y in zip(xs, ys))
+        fit = max(abs(y - (slope * x + intercept)) / y for x, y in zip(xs, ys, strict=True))
         lines.append("")
         lines.append(
             f"Linear fit of ours (direct) peak over nodes: {slope / 1024:.2f} KB per node "

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import trio
+
 from rlm_graph_subprocess import SubprocessEnvironment, isolation
 
 

@@ -22,20 +22,19 @@ from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
 from .contracts import ModelInfo, Provider
-from .errors import ConfigError, PluginError, config_error
-from .events import DEFAULT_CAPACITY, Listener
-from .graph import Workflow
-from .hooks import PluginHost
-from .limits import Limits
 from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
-from .graph import Graph
+from .errors import ConfigError, PluginError, config_error
+from .events import DEFAULT_CAPACITY, Listener
+from .graph import Graph, Workflow
+from .hooks import PluginHost
+from .limits import Limits
+from .routing import ProviderRouter
 from .runtime.capacity import InProcessLimiter, LoopLimiters, SharedLimiter
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.replay import JournalTarget
-from .routing import ProviderRouter
 from .runtime.workflow import WorkflowResult, WorkflowRun, workflow_key
 from .tracing import (
     NodeTracer,

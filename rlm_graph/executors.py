@@ -23,9 +23,9 @@ third parties') import from here, never from ``rlm_graph.runtime``.
 from __future__ import annotations
 
 from .batch import BatchError, BatchItem, BatchResult, Executor
+from .batch.complete import complete_item
 from .batch.heap import frozen_heap
 from .limits import RateBucket
-from .batch.complete import complete_item
 from .runtime.capacity import InProcessLimiter, RateGate, SharedLimiter
 
 __all__ = [

@@ -18,8 +18,8 @@ from .contracts import ChatRequest
 from .errors import ConfigError, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
-from .repl import RESERVED_NAMES
 from .journal.tools import JournaledTool
+from .repl import RESERVED_NAMES
 
 __all__ = [
     "Callbacks", "check_direct", "check_environment_kwargs", "compaction_strategy",

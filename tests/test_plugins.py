@@ -109,9 +109,8 @@ def test_a_failing_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCapt
 
 
 def test_a_provider_object_can_be_the_backend() -> None:
-    from rlm_graph_scripted import ScriptedProvider
-
     from rlm_graph import RLM
+    from rlm_graph_scripted import ScriptedProvider
 
     main = ScriptedProvider(respond=lambda r: "```repl\nFINAL(llm_query('x'))\n```")
     sub = ScriptedProvider(model_name="sub", respond=lambda r: "from sub")

@@ -28,12 +28,13 @@ from rlm_graph.http import (
     ChatResponse,
     ConfigError,
     JSONProvider,
+    KeyPolicy,
     Message,
     Usage,
     content_text,
+    resolve_key,
     token_count,
 )
-from rlm_graph.http import KeyPolicy, resolve_key
 
 __all__ = ["BACKENDS", "OpenAIProvider", "factory"]
 

@@ -19,7 +19,7 @@ import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Union
+from typing import Any
 
 import trio
 
@@ -28,8 +28,8 @@ from rlm_graph.errors import ConfigError, ProviderError
 
 __all__ = ["Rule", "ScriptExhausted", "ScriptedProvider"]
 
-Reply = Union[str, ChatResponse, BaseException, Callable[..., Any]]
-Rule = tuple[Union[str, "re.Pattern[str]"], Reply]
+Reply = str | ChatResponse | BaseException | Callable[..., Any]
+Rule = tuple[str | re.Pattern[str], Reply]
 
 
 class ScriptExhausted(ProviderError):

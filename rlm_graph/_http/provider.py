@@ -50,7 +50,6 @@ import trio
 from opentelemetry.propagate import inject
 
 from ..contracts import ChatRequest, ChatResponse
-from ..tracing.scrub import Scrubber
 from ..errors import (
     BadResponse,
     ContextLengthExceeded,
@@ -61,6 +60,7 @@ from ..errors import (
     RateLimited,
     is_context_length_error,
 )
+from ..tracing.scrub import Scrubber
 from .attempts import note_retry
 from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret

@@ -33,7 +33,7 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Generator, Iterable, Mapping, Sequence
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -91,7 +91,7 @@ class NotRun(BaseModel):
     note: str
 
 
-Solver = Generator[Call, str, Union[str, NotRun]]
+Solver = Generator[Call, str, str | NotRun]
 """``solve(item, setup)``: yields calls, is sent each call's answer, returns the
 prediction (or `NotRun`)."""
 

@@ -23,15 +23,14 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
-
 import base64
 import binascii
 import functools
 import inspect
 import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import trio
 
@@ -39,12 +38,12 @@ from ..contracts import Image, Message, ResponseSchema
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
+from ..journal.tools import JournaledTool
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
 from .calls import ModelCall, call_model
 from .context import Run
-from ..journal.tools import JournaledTool
 from .replay import Journaled
 from .slots import run_slots
 

@@ -26,8 +26,8 @@ from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal.keys import call_hash
 from ..limits import Reservation, Tally
-from .replay import KEEP_TEXT, READ_TEXT, Journaled
 from ..routing import Route
+from .replay import KEEP_TEXT, READ_TEXT, Journaled
 
 if TYPE_CHECKING:
     from .context import Run

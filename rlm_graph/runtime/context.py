@@ -28,20 +28,20 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import trio
 
+from .._http.attempts import RetryLog
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hooks.listener import HookListener, has_observers
 from ..journal.tools import NOT_JOURNALED
 from ..limits import Budget, Limits
-from .._http.attempts import RetryLog
 from .capacity import BudgetGate
 
 if TYPE_CHECKING:
     from ..hooks import PluginHost
+    from ..routing import ProviderRouter
     from ..tracing import NodeTracer
     from .capacity import LoopLimiters
     from .replay import Journaled, Replayer
-    from ..routing import ProviderRouter
 
 __all__ = ["Run"]
 

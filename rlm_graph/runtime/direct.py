@@ -28,8 +28,8 @@ from ..graph import NodeKind, NodeRecord, preview
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
-from .context import Run
 from .calls import ModelCall, estimate_tokens
+from .context import Run
 
 __all__ = ["Fit", "OneAnswer", "direct_fit", "one_call", "task_text"]
 

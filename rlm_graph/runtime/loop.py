@@ -43,6 +43,7 @@ from ..contracts import (
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
+from ..journal.tools import seed_code
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
 from ..protocol.prompts import (
@@ -58,7 +59,6 @@ from .bridge import BridgeProxy, CompletionBridge, node_path
 from .calls import ModelCall, call_model
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
-from ..journal.tools import seed_code
 from .replay import Journaled
 from .session import PersistentSession, environment_scope
 from .state import CompletionOutcome, CompletionState, LoopSettings, ToolTable

@@ -37,8 +37,8 @@ import trio
 from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord
 from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode
-from ..journal.tools import MISSING, NOT_JOURNALED
 from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
+from ..journal.tools import MISSING, NOT_JOURNALED
 
 __all__ = [
     "FLUSH_DELAY", "FLUSH_ROWS", "KEEP_TEXT", "READ_TEXT", "JournalTarget", "Journaled", "Replayer",

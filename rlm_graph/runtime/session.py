@@ -21,9 +21,8 @@ import trio
 
 from ..contracts import Environment
 from ..errors import ConfigError
-from .bridge import BridgeProxy, CompletionBridge
 from ..journal.tools import JournaledTool
-
+from .bridge import BridgeProxy, CompletionBridge
 from .state import CompletionState, LoopSettings, ToolTable
 
 if TYPE_CHECKING:

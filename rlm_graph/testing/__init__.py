@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from .servers import (
     FakeAnthropicServer as FakeAnthropicServer,
+)
+from .servers import (
     FakeOpenAIServer as FakeOpenAIServer,
+)
+from .servers import (
     FakeServer as FakeServer,
+)
+from .servers import (
     RecordedRequest as RecordedRequest,
+)
+from .servers import (
     Reply as Reply,
+)
+from .servers import (
     last_user_message as last_user_message,
 )
 

@@ -29,6 +29,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import json
 import select
 import socket
@@ -538,7 +539,7 @@ class FakeAnthropicServer(FakeServer):
         roles = [m.get("role") for m in body["messages"]]
         if "system" in roles:
             return Reply(400, "messages: Unexpected role \"system\". Use the top-level `system` parameter")
-        if any(a == b for a, b in zip(roles, roles[1:])) or roles[:1] != ["user"]:
+        if any(a == b for a, b in itertools.pairwise(roles)) or roles[:1] != ["user"]:
             return Reply(400, "messages: roles must alternate between \"user\" and \"assistant\"")
         if self.models is not None and body.get("model") not in self.models:
             return Reply(404, f"model: {body.get('model')}")

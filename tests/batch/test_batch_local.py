@@ -10,14 +10,23 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.support.batch import (
-    FAIL, KEY, BatchServer, cli_args, expected, items, kill_and_resume, local_cli_args, read_lines,
-    rlm_kwargs, write_items,
-)
 
 from rlm_graph import ConfigError, PluginError, run_batch
 from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile
 from rlm_graph.cli import main
+from tests.support.batch import (
+    FAIL,
+    KEY,
+    BatchServer,
+    cli_args,
+    expected,
+    items,
+    kill_and_resume,
+    local_cli_args,
+    read_lines,
+    rlm_kwargs,
+    write_items,
+)
 
 
 def test_forty_items_each_get_their_own_answer_and_the_provider_limit_holds() -> None:

@@ -14,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.support.batch import (
-    KEY, BatchServer, expected, is_root_turn, items, kill_and_resume, rlm_kwargs,
-)
 
 from rlm_graph import run_batch
 from rlm_graph.testing import last_user_message
+from tests.support.batch import (
+    KEY,
+    BatchServer,
+    expected,
+    is_root_turn,
+    items,
+    kill_and_resume,
+    rlm_kwargs,
+)
 
 pytestmark = pytest.mark.ray
 

@@ -4,15 +4,14 @@ batch left early stopping its workers. A real local Ray cluster, a fake server o
 
 from __future__ import annotations
 
-import pytest
-
 import re
 from typing import Any
 
-from tests.support.batch import BatchServer, expected, is_root_turn, items, rlm_kwargs
+import pytest
 
 from rlm_graph import run_batch
 from rlm_graph.testing import last_user_message
+from tests.support.batch import BatchServer, expected, is_root_turn, items, rlm_kwargs
 
 pytestmark = pytest.mark.ray
 

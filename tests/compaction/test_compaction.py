@@ -6,14 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from rlm_graph_compaction import SUMMARY_PROMPT
 
 from rlm_graph import RLM, NodeKind, NodeStatus
-from rlm_graph.contracts import ChatRequest, CompactionContext, Message
+from rlm_graph.contracts import ChatRequest, CompactionContext, Message, estimate_tokens
 from rlm_graph.errors import PluginError, ProviderError
 from rlm_graph.hooks import hookimpl
-from rlm_graph.contracts import estimate_tokens
-
+from rlm_graph_compaction import SUMMARY_PROMPT
 from tests.support.scripts import is_root_turn, repl, scripted
 
 WINDOW = 2_000

@@ -128,9 +128,8 @@ def leftovers(marks: list[str]) -> list[str]:
 
 
 async def main() -> None:
-    from rlm_graph_subprocess.isolation import choose_isolation
-
     from rlm_graph import RLM
+    from rlm_graph_subprocess.isolation import choose_isolation
 
     planted = os.environ["OPENAI_API_KEY"]
     api_key = planted.encode()  # noqa: F841 - in this process's memory, as an api_key= is

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 import trio
-from rlm_graph_subprocess.process import GUEST_PROGRAM
 
+from rlm_graph_subprocess.process import GUEST_PROGRAM
 from tests.support.guests import Spy, engine, feedback, processes_running
 from tests.support.readable import ReadableEngine, interpreters_for_others, probe
 

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from pydantic import TypeAdapter, ValidationError
+
 from rlm_graph_subprocess.boundaries import guest_environ
 from rlm_graph_subprocess.guest import (
     Execute,

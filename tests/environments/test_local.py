@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 
 from rlm_graph import RLM
-
 from tests.support.scripts import repl, root_and_sub
 
 

@@ -8,7 +8,6 @@ import pytest
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ConfigError
-
 from tests.support.scripts import is_root_turn, repl, turn_number
 
 PROBE = """

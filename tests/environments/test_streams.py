@@ -12,7 +12,6 @@ from contextlib import contextmanager
 
 from rlm_graph import RLM, RLMChatCompletion
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import repl, root_and_sub, turn_number
 
 

@@ -10,15 +10,13 @@ import time
 
 import pytest
 import trio
-from rlm_graph_subprocess import SubprocessEnvironment
 
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ConfigError
-
+from rlm_graph_subprocess import SubprocessEnvironment
 from tests.support.guests import Spy, alive, engine, feedback, processes_running
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
-
 
 # -- boundaries ------------------------------------------------------------------------
 

@@ -11,7 +11,6 @@ import pytest
 
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer
-
 from tests.support.eval import KEY, MODEL, EvalServer, items
 
 

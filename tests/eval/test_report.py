@@ -12,7 +12,6 @@ import pytest
 from rlm_graph.eval import run_eval
 from rlm_graph.eval.page import render_eval_page
 from rlm_graph.eval.stats import summarize
-
 from tests.support.chromium import needs_chromium, open_in_chromium
 from tests.support.eval import EvalServer, items, rlm_kwargs
 

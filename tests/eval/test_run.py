@@ -14,7 +14,6 @@ import pytest
 from rlm_graph import hookimpl
 from rlm_graph.errors import ConfigError, PluginError
 from rlm_graph.eval import Call, EvalItem, MethodSetup, NotRun, item_call, run_eval
-
 from tests.support.eval import CONSTANT_SCORES, KEY, EvalServer, items, rlm_kwargs
 
 METHODS = ["rlm", "rlm-no-subcalls", "base", "summary"]

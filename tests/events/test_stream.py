@@ -15,7 +15,6 @@ from rlm_graph import RLM, Engine, NodeKind, ProviderError, Workflow
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.events import LimitWarning, NodeFinished, NodeStarted, RunFinished, RunStarted
 from rlm_graph.graph import Graph
-
 from tests.support.scripts import is_root_turn, repl, turn_number
 
 

@@ -23,7 +23,6 @@ import pytest
 from rlm_graph.errors import ConfigError
 from rlm_graph.journal import JournalStore
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
-
 from tests.support import journal_scenarios as scenarios
 
 pytestmark = pytest.mark.processes

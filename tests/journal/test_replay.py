@@ -10,7 +10,6 @@ import trio.testing
 from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.journal import JournalStore
-
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 COUNTED = {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION}

@@ -16,7 +16,7 @@ def test_workers_opening_one_new_journal_at_once_all_succeed(tmp_path: Path) -> 
         start = threading.Barrier(8)
         outcomes: list[str] = []
 
-        def open_it() -> None:
+        def open_it(start: threading.Barrier = start, path: Path = path, outcomes: list[str] = outcomes) -> None:
             start.wait()
             try:
                 JournalStore(path).begin("key", "rlm", "label")
@@ -37,7 +37,6 @@ def _journal_a_run(path: Path, reply: str) -> str:
     """Journal one finished run whose sub-call answered ``reply``; its run key."""
     from rlm_graph import RLM
     from rlm_graph.contracts import ChatRequest
-
     from tests.support.scripts import is_root_turn, repl, turn_number
 
     def respond(request: ChatRequest) -> str:

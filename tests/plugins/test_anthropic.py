@@ -6,13 +6,13 @@ import json
 
 import httpx
 import pytest
-from tests.support.http import KEY, anthropic_kwargs
-from rlm_graph_anthropic import AnthropicProvider
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError
 from rlm_graph.testing import FakeAnthropicServer, Reply, last_user_message
+from rlm_graph_anthropic import AnthropicProvider
+from tests.support.http import KEY, anthropic_kwargs
 
 
 async def test_system_split_out_turns_merged_and_max_tokens_defaulted() -> None:

@@ -4,10 +4,10 @@ one call's worth, not by ``max_concurrent`` calls' worth (real HTTP, calls overl
 from __future__ import annotations
 
 import pytest
-from tests.support.http import openai_kwargs
 
 from rlm_graph import RLM, Engine, NodeKind, Workflow
 from rlm_graph.testing import FakeOpenAIServer
+from tests.support.http import openai_kwargs
 
 PROMPT = "y" * 4_000  # 1,000 input tokens
 REPLY = "x" * 400  # 100 output tokens

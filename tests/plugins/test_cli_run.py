@@ -8,10 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.support.http import KEY
 
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
+from tests.support.http import KEY
 
 
 def respond(body: dict[str, object]) -> str:

@@ -7,13 +7,12 @@ import inspect
 import threading
 from typing import Any
 
-from tests.support.http import openai_kwargs
-from rlm_graph_anthropic import AnthropicProvider
-from rlm_graph_openai import OpenAIProvider
-
 from rlm_graph import RLM, Engine, Workflow
 from rlm_graph._http.provider import JSONProvider
 from rlm_graph.testing import FakeOpenAIServer
+from rlm_graph_anthropic import AnthropicProvider
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import openai_kwargs
 
 
 def _chain(length: int) -> tuple[Workflow, str]:

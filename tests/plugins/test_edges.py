@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 from rlm_graph import RLM, ConfigError, Engine, Workflow
 from rlm_graph.errors import ContextLengthExceeded, is_context_length_error
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 # -- configuration that cannot work: one ConfigError line, before any request ----------
 

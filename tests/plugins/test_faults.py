@@ -8,13 +8,13 @@ import logging
 
 import httpx
 import pytest
-from tests.support.http import openai_kwargs
-from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import BadResponse
 from rlm_graph.testing import FakeOpenAIServer, Reply
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import openai_kwargs
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 

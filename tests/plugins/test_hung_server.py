@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
-from tests.support.http import KEY, openai_kwargs
-from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError, ProviderTimeout
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import KEY, openai_kwargs
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 

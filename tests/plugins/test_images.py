@@ -10,7 +10,6 @@ import struct
 import zlib
 from typing import Any
 
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,6 +19,7 @@ from rlm_graph.contracts import Image
 from rlm_graph.graph import to_json
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer
 from rlm_graph.testing.servers import IMAGE_TOKENS
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 
 def png(width: int = 64, height: int = 64) -> bytes:

@@ -8,7 +8,6 @@ import logging
 from typing import Any
 
 import pytest
-from tests.support.http import KEY
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.errors import ConfigError
@@ -17,6 +16,7 @@ from rlm_graph.http import resolve_key
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, FakeServer, Reply
 from rlm_graph_anthropic.provider import KEYS as ANTHROPIC_KEYS
 from rlm_graph_openai.provider import BACKENDS
+from tests.support.http import KEY
 
 FAST = {"backoff_base": 0.001, "timeout": 5.0, "max_attempts": 1}
 # backend -> (fake server class, key variable, base-URL variable, header that carries the key)

@@ -7,12 +7,12 @@ import logging
 import pytest
 import trio
 import trio.testing
-from tests.support.http import KEY, openai_kwargs
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.graph import NodeStatus, to_json
 from rlm_graph.runtime.slots import run_slots
 from rlm_graph.testing import FakeOpenAIServer, Reply
+from tests.support.http import KEY, openai_kwargs
 
 
 async def test_64_calls_under_max_concurrent_8_never_exceed_8_at_the_server() -> None:

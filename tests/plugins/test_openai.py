@@ -6,13 +6,13 @@ import json
 
 import httpx
 import pytest
-from tests.support.http import KEY, openai_kwargs
-from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import KEY, openai_kwargs
 
 
 def _request(**fields: object) -> ChatRequest:

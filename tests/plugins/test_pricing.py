@@ -4,11 +4,11 @@ dated and ``vendor/`` ids are priced as their base model, over real HTTP."""
 from __future__ import annotations
 
 import pytest
-from tests.support.http import KEY, openai_kwargs
 
 from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.errors import ConfigError
 from rlm_graph.testing import FakeOpenAIServer
+from tests.support.http import KEY, openai_kwargs
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,8 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
-from rlm_graph_anthropic import AnthropicProvider
-from rlm_graph_openai import OpenAIProvider
 
+from rlm_graph._http.provider import parse_duration, parse_retry_after, retry_delay_from_headers
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import (
     ProviderAuthError,
@@ -21,8 +19,10 @@ from rlm_graph.errors import (
     ProviderTimeout,
     RateLimited,
 )
-from rlm_graph._http.provider import parse_duration, parse_retry_after, retry_delay_from_headers
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
+from rlm_graph_anthropic import AnthropicProvider
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 from rlm_graph import RLM, NodeKind
 from rlm_graph.graph import to_json
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, last_user_message
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 ROOT_CODE = """
 part = rlm_query("child task")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 from pydantic import BaseModel
 
 from rlm_graph import RLM
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, last_user_message
+from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 
 class Fact(BaseModel):

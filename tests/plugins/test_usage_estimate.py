@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.support.http import openai_kwargs
-
 from rlm_graph import RLM, Engine, NodeKind, NodeStatus, Workflow
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
+from tests.support.http import openai_kwargs
 
 REPLY = "z" * 8_000  # 2,000 tokens at four characters per token
 

@@ -15,7 +15,6 @@ from rlm_graph.cli import main
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import Graph, NodeKind, NodeRecord, NodeStatus, peak_concurrency, to_json
 from rlm_graph.report import render_report, report_data, write_report
-
 from tests.support.chromium import needs_chromium, open_in_chromium
 from tests.support.scripts import is_root_turn, repl, turn_number
 

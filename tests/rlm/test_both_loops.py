@@ -13,10 +13,18 @@ from typing import Any
 import pytest
 import trio
 
-from rlm_graph import RLM, Engine, NodeKind, NodeRecord, NodeStatus, ProviderError, Workflow, hookimpl
+from rlm_graph import (
+    RLM,
+    Engine,
+    NodeKind,
+    NodeRecord,
+    NodeStatus,
+    ProviderError,
+    Workflow,
+    hookimpl,
+)
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.testing import FakeOpenAIServer
-
 from tests.support.scripts import is_root_turn, repl, root_and_sub, turn_number
 
 AsyncFn = Callable[[], Awaitable[Any]]

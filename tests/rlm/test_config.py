@@ -99,7 +99,6 @@ def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
 
 def test_reference_keywords_sampling_args_and_iteration_callbacks() -> None:
     from rlm_graph.contracts import ChatRequest
-
     from tests.support.scripts import is_root_turn, repl
 
     seen: list[ChatRequest] = []

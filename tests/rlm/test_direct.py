@@ -8,7 +8,6 @@ from pydantic import BaseModel
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ConfigError
-
 from tests.support.scripts import is_root_turn, repl, scripted
 
 WINDOW = {"scripted": {"context_window": 1_000}}  # the direct path may use 500 tokens

@@ -7,7 +7,6 @@ import pytest
 
 from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest, Image
-
 from tests.support.scripts import is_root_turn, repl, scripted
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8

@@ -9,9 +9,8 @@ import trio
 import trio.testing
 
 from rlm_graph import RLM, NodeKind, NodeStatus
-from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
 from rlm_graph.contracts import ChatRequest
-
+from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
 from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted, turn_number
 
 

@@ -9,7 +9,6 @@ import trio.testing
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ConfigError, IterationLimitExceeded, PluginError
 from rlm_graph.graph import peak_concurrency
-
 from tests.support.scripts import repl, root_and_sub, scripted
 
 L = 1.0

@@ -7,7 +7,6 @@ import trio.testing
 
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import is_root_turn, repl, turn_number
 
 

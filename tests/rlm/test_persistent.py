@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import is_root_turn, repl
 
 

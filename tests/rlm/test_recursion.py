@@ -11,7 +11,6 @@ import trio.testing
 
 from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 L = 1.0

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rlm_graph import RLM, NodeKind, NodeStatus
-from rlm_graph.errors import ConfigError
 from rlm_graph.contracts import ChatRequest
-
+from rlm_graph.errors import ConfigError
 from tests.support.scripts import is_root_turn, repl, scripted
 
 

@@ -11,7 +11,6 @@ from pydantic import BaseModel
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ConfigError, IterationLimitExceeded
 from rlm_graph.protocol.schema import AnswerSchema
-
 from tests.support.scripts import repl, root_and_sub, scripted
 
 

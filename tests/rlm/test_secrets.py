@@ -7,7 +7,6 @@ import pytest
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import to_json
-
 from tests.support.scripts import is_root_turn, repl
 
 KEY = "sk-planted-key-0123456789abcdef"

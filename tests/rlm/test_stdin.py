@@ -6,7 +6,6 @@ import pytest
 
 from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import repl
 
 

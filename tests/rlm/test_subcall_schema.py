@@ -8,7 +8,6 @@ from pydantic import BaseModel
 
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest
-
 from tests.support.scripts import repl, root_and_sub, scripted
 
 

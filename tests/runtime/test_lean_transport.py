@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from rlm_graph_openai import OpenAIProvider
 
 from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
 from rlm_graph.testing import FakeOpenAIServer
+from rlm_graph_openai import OpenAIProvider
 
 Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]
 """``handler(stream, index) -> keep_open``: answer one request read from ``stream``."""

@@ -11,8 +11,8 @@ from rlm_graph.contracts import Message
 from rlm_graph.errors import NodeFailed, ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, peak_concurrency
 from rlm_graph.hooks import hookimpl
-from rlm_graph.runtime.slots import run_slots
 from rlm_graph.runtime.calls import ModelCall
+from rlm_graph.runtime.slots import run_slots
 from tests.support.scripts import scripted
 
 L = 1.0  # simulated latency of one model call

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rlm_graph_subprocess import SubprocessEnvironment
-
 from rlm_graph import RLM
 from rlm_graph.hooks import hookimpl
+from rlm_graph_subprocess import SubprocessEnvironment
 from tests.support.scripts import root_and_sub, scripted
 
 

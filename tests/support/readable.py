@@ -50,7 +50,7 @@ def _required(name: str) -> Iterator[str]:
 
 
 def _open_to_all(path: Path) -> None:
-    for folder, dirs, files in os.walk(path):
+    for folder, _dirs, files in os.walk(path):
         os.chmod(folder, 0o755)
         for name in files:
             file = os.path.join(folder, name)

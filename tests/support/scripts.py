@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
-from rlm_graph_scripted import ScriptedProvider
-
 from rlm_graph.contracts import ChatRequest
+from rlm_graph_scripted import ScriptedProvider
 
 
 def repl(code: str) -> str:

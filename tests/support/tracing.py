@@ -9,11 +9,11 @@ from typing import Any
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from rlm_graph_scripted import ScriptedProvider
 
 from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
 from rlm_graph.graph import Graph
 from rlm_graph.hooks import hookimpl
+from rlm_graph_scripted import ScriptedProvider
 
 
 class Memory:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,7 +21,6 @@ from rlm_graph.errors import ProviderAuthError
 from rlm_graph.graph import Graph
 from rlm_graph.runtime.workflow import run_workflow
 from rlm_graph.tracing import NodeTracer, TraceFileExporter, load_trace, to_graph
-
 from tests.support.tracing import KeyedPlugin, Memory, parent_id, span_id
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -144,7 +144,9 @@ async def test_both_formats_read_back_to_the_same_spans_and_graph(
     jaeger, otlp = files(exporter)
     from_jaeger, from_otlp = load_trace(jaeger), load_trace(otlp)
     assert len(from_jaeger) == len(memory.spans)
-    key = lambda s: (s.span_id, s.parent_id, s.name, s.start_us, s.duration_us, s.links, s.status)
+    def key(s: Any) -> tuple[Any, ...]:
+        return (s.span_id, s.parent_id, s.name, s.start_us, s.duration_us, s.links, s.status)
+
     assert sorted(map(key, from_jaeger)) == sorted(map(key, from_otlp))
     for a, b in zip(from_jaeger, from_otlp, strict=True):
         assert a.attributes == b.attributes, {

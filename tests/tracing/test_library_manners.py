@@ -20,7 +20,6 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from rlm_graph import ConfigError, Engine, Workflow
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph.tracing import configure_tracing, flush_tracing
-
 from tests.support.tracing import Memory
 
 GLOBAL_PROVIDER_SCRIPT = textwrap.dedent(

@@ -10,7 +10,6 @@ from rlm_graph import RLM
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind
-
 from tests.support.tracing import Memory, assert_nesting, attrs, parent_id, span_id
 
 ROOT_CODE = (

@@ -14,8 +14,15 @@ from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
 from rlm_graph.runtime.workflow import run_workflow
 from rlm_graph.tracing import NodeTracer
-
-from tests.support.tracing import KeyedPlugin, Memory, assert_nesting, attrs, parent_id, reply, span_id
+from tests.support.tracing import (
+    KeyedPlugin,
+    Memory,
+    assert_nesting,
+    attrs,
+    parent_id,
+    reply,
+    span_id,
+)
 
 L = 1.0
 

@@ -13,8 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlm_graph.http import BadResponse, ChatRequest, ChatResponse, JSONProvider, Usage
-from rlm_graph.http import KeyPolicy, resolve_key
+from rlm_graph.http import (
+    BadResponse,
+    ChatRequest,
+    ChatResponse,
+    JSONProvider,
+    KeyPolicy,
+    Usage,
+    resolve_key,
+)
 
 __all__ = ["EchoProvider"]
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from rlm_graph_echo import FakeEchoServer
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.errors import ProviderAuthError
 from rlm_graph.testing import Reply
+from rlm_graph_echo import FakeEchoServer
 
 
 async def test_answers_by_backend_name() -> None:
