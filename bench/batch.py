@@ -62,32 +62,60 @@ def backend(provider: str, server: Server, sub_calls: int, concurrency: int) -> 
     if provider == "scripted":
         # In-process model: trio.sleep(0.1) per call, no HTTP (runs in Ray workers too:
         # this script is __main__, so Ray pickles scripted_reply by value).
-        return {"backend": "scripted", "backend_kwargs": {
-            "model_name": model, "respond": scripted_reply, "latency": 0.1,
+        return {
+            "backend": "scripted",
+            "backend_kwargs": {
+                "model_name": model,
+                "respond": scripted_reply,
+                "latency": 0.1,
+                "max_concurrent": concurrency * (sub_calls + 1),
+            },
+        }
+    return {
+        "backend": "openai",
+        "backend_kwargs": {
+            "model_name": model,
+            "base_url": server.base_url,
+            "api_key": "sk-bench-not-a-key",
             "max_concurrent": concurrency * (sub_calls + 1),
-        }}
-    return {"backend": "openai", "backend_kwargs": {
-        "model_name": model, "base_url": server.base_url, "api_key": "sk-bench-not-a-key",
-        "max_concurrent": concurrency * (sub_calls + 1),
-    }}
+        },
+    }
 
 
 def one_batch(
-    server: Server, executor: str, n: int, sub_calls: int, concurrency: int, run_id: str,
-    executor_kwargs: dict[str, Any], provider: str,
+    server: Server,
+    executor: str,
+    n: int,
+    sub_calls: int,
+    concurrency: int,
+    run_id: str,
+    executor_kwargs: dict[str, Any],
+    provider: str,
 ) -> dict[str, Any]:
     rlm_kwargs = backend(provider, server, sub_calls, concurrency)
     cpu, wall = time.process_time(), time.perf_counter()
     results = list(
-        run_batch(make_items(n, sub_calls, run_id), rlm_kwargs, concurrency=concurrency,
-                  executor=executor, executor_kwargs=executor_kwargs)
+        run_batch(
+            make_items(n, sub_calls, run_id),
+            rlm_kwargs,
+            concurrency=concurrency,
+            executor=executor,
+            executor_kwargs=executor_kwargs,
+        )
     )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     wrong = [r.id for r in results if r.answer != expected(r.id, sub_calls)]
     if wrong or len(results) != n:
-        raise SystemExit(f"{executor}: {len(wrong)} wrong answers ({wrong[:3]}), {len(results)} of {n} results")
+        raise SystemExit(
+            f"{executor}: {len(wrong)} wrong answers ({wrong[:3]}), {len(results)} of {n} results"
+        )
     summary = BatchSummary.of(results)
-    return {"wall": wall, "cpu_per_completion_ms": 1000 * cpu / n, "p50": summary.p50_seconds, "p95": summary.p95_seconds}
+    return {
+        "wall": wall,
+        "cpu_per_completion_ms": 1000 * cpu / n,
+        "p50": summary.p50_seconds,
+        "p95": summary.p95_seconds,
+    }
 
 
 def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[str, Any]]:
@@ -96,14 +124,34 @@ def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[
         import ray
 
         cpus = os.cpu_count() or 1
-        ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        ray.init(
+            num_cpus=cpus, include_dashboard=False, log_to_driver=False, configure_logging=False
+        )
         kwargs = {"task_cpus": cpus / args.concurrency}
-    one_batch(server, executor, args.concurrency * 2, args.sub_calls, args.concurrency,
-              f"warm-{executor}", kwargs, args.provider)
+    one_batch(
+        server,
+        executor,
+        args.concurrency * 2,
+        args.sub_calls,
+        args.concurrency,
+        f"warm-{executor}",
+        kwargs,
+        args.provider,
+    )
     runs = []
     for rep in range(args.repeat):
-        runs.append(one_batch(server, executor, args.items, args.sub_calls, args.concurrency,
-                              f"{executor}-{rep}", kwargs, args.provider))
+        runs.append(
+            one_batch(
+                server,
+                executor,
+                args.items,
+                args.sub_calls,
+                args.concurrency,
+                f"{executor}-{rep}",
+                kwargs,
+                args.provider,
+            )
+        )
         print(f"  {executor} run {rep + 1}: {runs[-1]['wall']:.3f} s", flush=True)
     return runs
 
@@ -117,7 +165,11 @@ def _probe_task(rlm_kwargs: dict[str, Any], actor: Any, n: int) -> tuple[float, 
     from rlm_graph.executors import BatchItem, InProcessLimiter, complete_item
     from rlm_graph_ray.limits_actor import RayLimiter
 
-    limiter = RayLimiter(actor, batch="probe", owner=f"probe/{n}") if actor is not None else InProcessLimiter()
+    limiter = (
+        RayLimiter(actor, batch="probe", owner=f"probe/{n}")
+        if actor is not None
+        else InProcessLimiter()
+    )
     item = BatchItem(id=f"b{n}", context=str(1000 * n), query=f"{scenarios.marker('probe')} q")
 
     async def answer() -> Any:
@@ -136,8 +188,12 @@ def probe_ray(args: argparse.Namespace, server: Server) -> None:
 
     from rlm_graph_ray.limits_actor import ClusterLimits
 
-    ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
+    ray.init(
+        num_cpus=os.cpu_count() or 1,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
     actor = ray.remote(ClusterLimits).options(num_cpus=0).remote()
     ray.get(actor.statistics.remote())
     task = ray.remote(_probe_task).options(num_cpus=(os.cpu_count() or 1) / args.concurrency)
@@ -146,8 +202,10 @@ def probe_ray(args: argparse.Namespace, server: Server) -> None:
         for name, handle in (("in-process limiter", None), ("limits actor", actor)):
             runs = ray.get([task.remote(rlm_kwargs, handle, n) for n in range(args.items)])
             if rep:
-                print(f"| {name} | {statistics.median(r[0] for r in runs):.3f} s | "
-                      f"{1000 * statistics.median(r[1] for r in runs):.1f} ms |")
+                print(
+                    f"| {name} | {statistics.median(r[0] for r in runs):.3f} s | "
+                    f"{1000 * statistics.median(r[1] for r in runs):.1f} ms |"
+                )
 
 
 def main() -> None:
@@ -158,20 +216,25 @@ def main() -> None:
     parser.add_argument("--executor", default="local,ray")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
-        "--probe-ray-tasks", action="store_true",
+        "--probe-ray-tasks",
+        action="store_true",
         help="instead: --items bare Ray tasks, --concurrency at once, each one completion "
         "with an in-process limiter, then with the limits actor (p50 inside, worker CPU)",
     )
     parser.add_argument(
-        "--provider", choices=("http", "scripted"), default="http",
+        "--provider",
+        choices=("http", "scripted"),
+        default="http",
         help="http: the fake OpenAI server sleeps 100 ms per answer; scripted: the "
         "in-process scripted provider sleeps 100 ms (trio.sleep), no HTTP",
     )
     args = parser.parse_args()
     ideal = math.ceil(args.items / args.concurrency) * 0.2
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
-    print(f"{args.items} completions x {args.sub_calls} sub-calls, concurrency {args.concurrency}, "
-          f"{args.provider} provider, ideal {ideal:.2f} s")
+    print(
+        f"{args.items} completions x {args.sub_calls} sub-calls, concurrency {args.concurrency}, "
+        f"{args.provider} provider, ideal {ideal:.2f} s"
+    )
     table = {}
     if args.probe_ray_tasks:
         with Server() as server:
@@ -182,7 +245,9 @@ def main() -> None:
     with Server() as server:
         for executor in args.executor.split(","):
             table[executor] = bench(executor, args, server)
-    print("\n| executor | wall s (best / median) | wall / ideal (best / median) | p50 / p95 s per completion | driver CPU ms per completion |")
+    print(
+        "\n| executor | wall s (best / median) | wall / ideal (best / median) | p50 / p95 s per completion | driver CPU ms per completion |"
+    )
     print("| --- | ---: | ---: | ---: | ---: |")
     for executor, runs in table.items():
         best = min(runs, key=lambda r: r["wall"])
@@ -193,8 +258,9 @@ def main() -> None:
         )
     if "local" in table and "ray" in table:
         ratio = min(r["wall"] for r in table["ray"]) / min(r["wall"] for r in table["local"])
-        middle = (statistics.median(r["wall"] for r in table["ray"])
-                  / statistics.median(r["wall"] for r in table["local"]))
+        middle = statistics.median(r["wall"] for r in table["ray"]) / statistics.median(
+            r["wall"] for r in table["local"]
+        )
         print(f"\nray / local: {ratio:.2f} (best walls), {middle:.2f} (median walls)")
     print(f"load average (1 min) at the end: {os.getloadavg()[0]:.2f}")
 

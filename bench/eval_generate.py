@@ -39,7 +39,9 @@ def main() -> None:
                 item = make(index, tokens, 0)
                 times.append(time.perf_counter() - started)
                 size = len(item.context) if isinstance(item.context, str) else 0
-            print(f"| {name} | {length_label(tokens)} | {size:,} | {statistics.median(times):.3f} | {times[0]:.3f} |")
+            print(
+                f"| {name} | {length_label(tokens)} | {size:,} | {statistics.median(times):.3f} | {times[0]:.3f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,11 @@ def completion_body(model: str, text: str) -> bytes:
             "created": 0,
             "model": model,
             "choices": [
-                {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}
+                {
+                    "index": 0,
+                    "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
             ],
             "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
         }
@@ -106,7 +110,9 @@ async def serve_connection(reader: asyncio.StreamReader, writer: asyncio.StreamW
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
             if "content-length" not in headers and headers.get("transfer-encoding"):
-                writer.write(b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 411 Length Required\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
                 await writer.drain()
                 return
             body = await reader.readexactly(int(headers.get("content-length", "0")))

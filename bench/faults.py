@@ -95,7 +95,9 @@ def fault(kind: str) -> Reply:
     return Reply.hang(120.0)
 
 
-def run_one(prompts: int, rate: float, seed: int, max_attempts: int | None, timeout: float) -> dict[str, Any]:
+def run_one(
+    prompts: int, rate: float, seed: int, max_attempts: int | None, timeout: float
+) -> dict[str, Any]:
     model = FaultyModel(prompts, rate, seed)
     kwargs: dict[str, Any] = {"model_name": "bench", "timeout": timeout}
     if max_attempts is not None:
@@ -109,8 +111,13 @@ def run_one(prompts: int, rate: float, seed: int, max_attempts: int | None, time
         requests = len(server.requests)
     correct, errors = (int(x) for x in result.response.split())
     return {
-        "rate": rate, "correct": correct, "errors": errors, "requests": requests,
-        "duplicates": model.duplicates, "wall": wall, "faults": model.faults,
+        "rate": rate,
+        "correct": correct,
+        "errors": errors,
+        "requests": requests,
+        "duplicates": model.duplicates,
+        "wall": wall,
+        "faults": model.faults,
     }
 
 
@@ -125,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     # The engine's one summary line per run shows what was retried.
     logging.basicConfig(level=logging.WARNING, format="  log: %(message)s", stream=sys.stdout)
     attempts = args.max_attempts if args.max_attempts is not None else "default"
-    print(f"{args.prompts} prompts, seed {args.seed}, max_attempts {attempts}, timeout {args.timeout} s")
+    print(
+        f"{args.prompts} prompts, seed {args.seed}, max_attempts {attempts}, timeout {args.timeout} s"
+    )
     print("| faults | correct | [ERROR] | requests | duplicate POSTs | wall |")
     print("| --- | --- | --- | --- | --- | --- |")
     for rate in args.rates:

@@ -92,7 +92,9 @@ async def bench_client(base_url: str, n: int, c: int, lean: bool) -> None:
         url = base_url + "/chat/completions"
 
         async def one(i: int) -> None:
-            response = await client.post(url, content=BODY, headers={"Content-Type": "application/json"})
+            response = await client.post(
+                url, content=BODY, headers={"Content-Type": "application/json"}
+            )
             response.json()
 
         await _fan_out(n, c, one)
@@ -101,8 +103,13 @@ async def bench_client(base_url: str, n: int, c: int, lean: bool) -> None:
 async def bench_provider(base_url: str, n: int, c: int, lean: bool) -> None:
     # The provider's own choice of transport: "lean" (the default, sent straight to the
     # transport) or httpx's pool through the client.
-    provider = OpenAIProvider(backend="vllm", model_name="m", base_url=base_url,
-                              max_concurrent=c, http_transport="lean" if lean else "httpx")
+    provider = OpenAIProvider(
+        backend="vllm",
+        model_name="m",
+        base_url=base_url,
+        max_concurrent=c,
+        http_transport="lean" if lean else "httpx",
+    )
     request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
 
     async def one(i: int) -> None:
@@ -130,8 +137,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
     args = parser.parse_args()
-    server = subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None
         base_url = server.stdout.readline().strip()

@@ -37,12 +37,26 @@ from run import OURS_PYTHON, Server  # noqa: E402
 
 
 def one(
-    mode: str, n: int, out: str, base_url: str | None, journal: str | None, *, instructions: bool = False
+    mode: str,
+    n: int,
+    out: str,
+    base_url: str | None,
+    journal: str | None,
+    *,
+    instructions: bool = False,
 ) -> int | None:
     """Run the scenario once in a process of its own; with ``instructions``, under
     callgrind, and return the instructions the completion took."""
-    command = [OURS_PYTHON, str(HERE / "ours.py"), "--mode", "http" if mode == "lean" else mode,
-               "--scenario", f"overhead-batched:{n}", "--out", out]
+    command = [
+        OURS_PYTHON,
+        str(HERE / "ours.py"),
+        "--mode",
+        "http" if mode == "lean" else mode,
+        "--scenario",
+        f"overhead-batched:{n}",
+        "--out",
+        out,
+    ]
     if mode == "lean":
         command += ["--base-url", str(base_url), "--transport", "lean"]
     if journal is not None:
@@ -50,8 +64,15 @@ def one(
     if not instructions:
         subprocess.run(command, check=True)
         return None
-    valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null"]
-    done = subprocess.run([*valgrind, *command, "--callgrind"], check=True, capture_output=True, text=True)
+    valgrind = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--callgrind-out-file=/dev/null",
+    ]
+    done = subprocess.run(
+        [*valgrind, *command, "--callgrind"], check=True, capture_output=True, text=True
+    )
     found = re.search(r"Collected : ([\d,]+)", done.stderr)
     if found is None:
         raise SystemExit(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
@@ -93,7 +114,9 @@ def table(rows: list[dict[str, Any]], n: int) -> str:
             if journaled:
                 assert all(r["replay_correct"] and not r["replay_requests"] for r in picked)
                 size = statistics.median(r["journal_bytes"] / r["journal_nodes"] for r in picked)
-                rwall = statistics.median(r["replay_wall"] / r["journal_nodes"] for r in picked) * 1e3
+                rwall = (
+                    statistics.median(r["replay_wall"] / r["journal_nodes"] for r in picked) * 1e3
+                )
                 rcpu = statistics.median(r["replay_cpu"] / r["journal_nodes"] for r in picked) * 1e3
                 cells += [f"{size:.0f} B", f"{rwall:.3f} ms", f"{rcpu:.3f} ms"]
             else:
@@ -108,7 +131,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--modes", default="direct,lean")
     parser.add_argument("--out", default=None)
-    parser.add_argument("--instructions", action="store_true", help="count instructions under valgrind")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions under valgrind"
+    )
     args = parser.parse_args()
     if args.instructions:
         with Server() as server:

@@ -66,7 +66,9 @@ class DirectProvider:
 
     name = "bench-direct"
 
-    def __init__(self, *, model_name: str, max_concurrent: int = 64, first: FirstRequest | None = None) -> None:
+    def __init__(
+        self, *, model_name: str, max_concurrent: int = 64, first: FirstRequest | None = None
+    ) -> None:
         self.model = model_name
         self.max_concurrent = max_concurrent
         self.requests_per_minute = None
@@ -77,7 +79,10 @@ class DirectProvider:
         if self._first is not None:
             self._first.stamp()
         if is_sub_call(request):
-            text, latency = scenarios.sub_answer(request.prompt), scenarios.get(self.model).sub_latency
+            text, latency = (
+                scenarios.sub_answer(request.prompt),
+                scenarios.get(self.model).sub_latency,
+            )
         else:
             text, latency = scenarios.model_reply(self.model, as_dicts(request))
         if latency:
@@ -111,7 +116,11 @@ def scripted_kwargs(key: str, first: FirstRequest) -> dict[str, Any]:
 
 
 def make_rlm(
-    key: str, mode: str, base_url: str | None, transport: str, first: FirstRequest,
+    key: str,
+    mode: str,
+    base_url: str | None,
+    transport: str,
+    first: FirstRequest,
     journal: str | None = None,
 ) -> RLM:
     scenario = scenarios.get(key)
@@ -169,11 +178,18 @@ def callgrind(state: str) -> None:
     """Switch valgrind's instruction counting on or off for this process (the run is
     under ``valgrind --tool=callgrind --instr-atstart=no``; see bench/journal.py)."""
     if CALLGRIND:
-        subprocess.run(["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True)
+        subprocess.run(
+            ["callgrind_control", "-i", state, str(os.getpid())], check=True, capture_output=True
+        )
 
 
 def run_once(
-    key: str, mode: str, rep: int, base_url: str | None, transport: str, memory: bool,
+    key: str,
+    mode: str,
+    rep: int,
+    base_url: str | None,
+    transport: str,
+    memory: bool,
     journal_dir: str | None = None,
 ) -> dict[str, Any]:
     scenario = scenarios.get(key)
@@ -189,7 +205,9 @@ def run_once(
         SAMPLER.active = True
     callgrind("on")
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    result = rlm.completion("bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total.")
+    result = rlm.completion(
+        "bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total."
+    )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     callgrind("off")
     if SAMPLER is not None:
@@ -198,7 +216,11 @@ def run_once(
     if memory:
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        row = {"mem_peak": peak - base, "mem_retained": current - base, "payload": payload_bytes(key)}
+        row = {
+            "mem_peak": peak - base,
+            "mem_retained": current - base,
+            "payload": payload_bytes(key),
+        }
     row.update(
         engine="ours",
         mode=mode if mode != "http" else f"http/{transport}",
@@ -225,11 +247,15 @@ def journal_facts(
 ) -> dict[str, Any]:
     """The journal's size per node, and the same completion again: a resume that
     replays every node without a request."""
-    size = sum(os.path.getsize(journal + ext) for ext in ("", "-wal") if os.path.exists(journal + ext))
+    size = sum(
+        os.path.getsize(journal + ext) for ext in ("", "-wal") if os.path.exists(journal + ext)
+    )
     first = FirstRequest()
     again = make_rlm(key, mode, base_url, transport, first, journal)
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    result = again.completion("bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total.")
+    result = again.completion(
+        "bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total."
+    )
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     replay = result.replay
     assert replay is not None and replay.live == 0, replay
@@ -253,10 +279,18 @@ def main() -> None:
     parser.add_argument("--scenario", action="append", required=True)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--memory", action="store_true", help="trace memory (tracemalloc)")
-    parser.add_argument("--profile", help="sample the runs' stacks (bench/sampler.py); write the report here")
+    parser.add_argument(
+        "--profile", help="sample the runs' stacks (bench/sampler.py); write the report here"
+    )
     parser.add_argument("--out", required=True)
-    parser.add_argument("--journal", metavar="DIR", help="journal each run to a new file in DIR, then time its replay")
-    parser.add_argument("--callgrind", action="store_true", help="under valgrind: count only the timed completion")
+    parser.add_argument(
+        "--journal",
+        metavar="DIR",
+        help="journal each run to a new file in DIR, then time its replay",
+    )
+    parser.add_argument(
+        "--callgrind", action="store_true", help="under valgrind: count only the timed completion"
+    )
     args = parser.parse_args()
     global SAMPLER, CALLGRIND
     CALLGRIND = args.callgrind
@@ -269,7 +303,9 @@ def main() -> None:
     with open(args.out, "a") as out:
         for key in args.scenario:
             for rep in range(args.reps):
-                row = run_once(key, args.mode, rep, args.base_url, args.transport, args.memory, args.journal)
+                row = run_once(
+                    key, args.mode, rep, args.base_url, args.transport, args.memory, args.journal
+                )
                 out.write(json.dumps(row) + "\n")
                 out.flush()
     if SAMPLER is not None:

@@ -55,7 +55,9 @@ def run_once(key: str, base_url: str, rep: int, memory: bool = False) -> dict[st
     wall0, cpu0 = time.perf_counter(), time.process_time()
     error = None
     try:
-        result = rlm.completion("bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total.")
+        result = rlm.completion(
+            "bench context", root_prompt=f"{scenarios.marker(run_id)} Compute the total."
+        )
         response = result if isinstance(result, str) else result.response
     except Exception as exc:  # noqa: BLE001 - a reference failure is a table row, not a crash
         response, error = "", f"{type(exc).__name__}: {exc}"[:300]

@@ -40,16 +40,45 @@ def synthetic(nodes: int) -> Graph:
     while len(graph) < nodes:
         turn += 1
         turn_id = f"turn-{turn}"
-        graph.add(NodeRecord(id=turn_id, kind=NodeKind.ROOT_TURN, iteration=turn, status=NodeStatus.OK,
-                             start=t, end=t + 1.0, model="root"), after=[previous] if previous else [])
+        graph.add(
+            NodeRecord(
+                id=turn_id,
+                kind=NodeKind.ROOT_TURN,
+                iteration=turn,
+                status=NodeStatus.OK,
+                start=t,
+                end=t + 1.0,
+                model="root",
+            ),
+            after=[previous] if previous else [],
+        )
         block = f"{turn_id}/block-1"
-        graph.add(NodeRecord(id=block, kind=NodeKind.REPL_BLOCK, iteration=turn, status=NodeStatus.OK,
-                             start=t + 1.0, end=t + 3.0), after=[turn_id])
+        graph.add(
+            NodeRecord(
+                id=block,
+                kind=NodeKind.REPL_BLOCK,
+                iteration=turn,
+                status=NodeStatus.OK,
+                start=t + 1.0,
+                end=t + 3.0,
+            ),
+            after=[turn_id],
+        )
         for slot in range(min(98, nodes - len(graph))):
-            graph.add(NodeRecord(id=f"{block}/llm-1.{slot}", kind=NodeKind.LLM_CALL, depth=1,
-                                 status=NodeStatus.OK, start=t + 1.0 + slot % 16 * 0.1,
-                                 end=t + 1.5 + slot % 16 * 0.1, model="sub",
-                                 input_preview="x" * 200, output_preview="y" * 200), parent=block)
+            graph.add(
+                NodeRecord(
+                    id=f"{block}/llm-1.{slot}",
+                    kind=NodeKind.LLM_CALL,
+                    depth=1,
+                    status=NodeStatus.OK,
+                    start=t + 1.0 + slot % 16 * 0.1,
+                    end=t + 1.5 + slot % 16 * 0.1,
+                    model="sub",
+                    input_preview="x" * 200,
+                    output_preview="y" * 200,
+                ),
+                parent=block,
+            )
         t += 3.0
         previous = block
     return graph
@@ -59,8 +88,13 @@ def load_seconds(page: Path, profile: Path) -> tuple[float, float]:
     """(seconds from navigation start to both views drawn, as the page measures it;
     seconds of the whole chromium process, start-up and DOM dump included)."""
     started = time.perf_counter()
-    done = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
-                          capture_output=True, check=True, timeout=300, text=True)
+    done = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        check=True,
+        timeout=300,
+        text=True,
+    )
     whole = time.perf_counter() - started
     found = re.search(r'data-drawn-ms="(\d+)"', done.stdout)
     return (int(found.group(1)) / 1000 if found else float("nan")), whole
@@ -73,7 +107,9 @@ def measure(sizes: list[int]) -> None:
         empty.write_text("<!DOCTYPE html><html><body></body></html>")
         base = statistics.median(load_seconds(empty, root / "p")[1] for _ in range(3))
         print(f"a chromium process opening an empty page: {base:.2f} s")
-        print("| nodes | build page (s) | file (MB) | navigation to drawn (s) | whole chromium process (s) |")
+        print(
+            "| nodes | build page (s) | file (MB) | navigation to drawn (s) | whole chromium process (s) |"
+        )
         print("| ---: | ---: | ---: | ---: | ---: |")
         for size in sizes:
             graph = synthetic(size)
@@ -94,11 +130,23 @@ def screenshot(target: Path) -> None:
     result = depth2_run()
     failed = next(r.id for r in result.graph.records() if r.status == NodeStatus.ERROR)
     with tempfile.TemporaryDirectory() as folder:
-        page = write_report(result.graph, Path(folder) / "run.html", title="rlm-graph run: a depth-2 RLM")
+        page = write_report(
+            result.graph, Path(folder) / "run.html", title="rlm-graph run: a depth-2 RLM"
+        )
         target.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={folder}/p", "--window-size=1400,820",
-                        f"--screenshot={target.resolve()}", page.as_uri() + f"#node={failed}"],
-                       capture_output=True, check=True, timeout=120)
+        subprocess.run(
+            [
+                CHROMIUM,
+                *FLAGS,
+                f"--user-data-dir={folder}/p",
+                "--window-size=1400,820",
+                f"--screenshot={target.resolve()}",
+                page.as_uri() + f"#node={failed}",
+            ],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
     print(f"screenshot written to {target}")
 
 

@@ -105,8 +105,14 @@ def scenario_args(keys: list[str], reps: int) -> list[str]:
     return [*args, "--reps", str(reps)]
 
 
-def plan(groups: set[str], engines: set[str], transports: list[str], reps: int,
-         memory_n: list[int], memory_http_n: int) -> list[tuple[str, list[str]]]:
+def plan(
+    groups: set[str],
+    engines: set[str],
+    transports: list[str],
+    reps: int,
+    memory_n: list[int],
+    memory_http_n: int,
+) -> list[tuple[str, list[str]]]:
     """(name, command) of every driver process to run, in order."""
     jobs: list[tuple[str, list[str]]] = []
     ours = [OURS_PYTHON, str(HERE / "ours.py")]
@@ -128,20 +134,57 @@ def plan(groups: set[str], engines: set[str], transports: list[str], reps: int,
                 jobs.append((f"ours-{mode}", [*ours, "--mode", mode, *args]))
         for transport in transports:
             for args in batches(True, True):
-                jobs.append((f"ours-http-{transport}", [*ours, "--mode", "http", "--transport", transport, "{base_url}", *args]))
+                jobs.append(
+                    (
+                        f"ours-http-{transport}",
+                        [*ours, "--mode", "http", "--transport", transport, "{base_url}", *args],
+                    )
+                )
         if "memory" in groups:
             for n in memory_n:
-                jobs.append(("ours-memory", [*ours, "--mode", "direct", "--memory",
-                                              *scenario_args([f"overhead-batched:{n}"], 1)]))
+                jobs.append(
+                    (
+                        "ours-memory",
+                        [
+                            *ours,
+                            "--mode",
+                            "direct",
+                            "--memory",
+                            *scenario_args([f"overhead-batched:{n}"], 1),
+                        ],
+                    )
+                )
             for transport in transports:
-                jobs.append((f"ours-memory-http-{transport}", [*ours, "--mode", "http", "--transport", transport, "{base_url}",
-                                                                "--memory", *scenario_args([f"overhead-batched:{memory_http_n}"], 1)]))
+                jobs.append(
+                    (
+                        f"ours-memory-http-{transport}",
+                        [
+                            *ours,
+                            "--mode",
+                            "http",
+                            "--transport",
+                            transport,
+                            "{base_url}",
+                            "--memory",
+                            *scenario_args([f"overhead-batched:{memory_http_n}"], 1),
+                        ],
+                    )
+                )
     if "reference" in engines:
         for args in batches(True, True):
             jobs.append(("reference", [*ref, "{base_url}", *args]))
         if "memory" in groups:
-            jobs.append(("reference-memory", [*ref, "{base_url}", "--memory",
-                                              *scenario_args([f"overhead-batched:{memory_http_n}"], 1)]))
+            jobs.append(
+                (
+                    "reference-memory",
+                    [
+                        *ref,
+                        "{base_url}",
+                        "--memory",
+                        *scenario_args([f"overhead-batched:{memory_http_n}"], 1),
+                    ],
+                )
+            )
     return jobs
 
 
@@ -257,7 +300,9 @@ def first_table(rows: list[dict[str, Any]], arrivals: dict[str, float]) -> str:
         cold = [v for rep, v in values if rep == 0]
         warm = [v for rep, v in values if rep > 0]
         ok = sum(1 for r in rows if r["scenario"] == "first" and label(r) == name and r["correct"])
-        lines.append(f"| {name} | {1000 * cold[0]:.1f} ms | {1000 * median(warm):.1f} ms | {ok}/{len(values)} |")
+        lines.append(
+            f"| {name} | {1000 * cold[0]:.1f} ms | {1000 * median(warm):.1f} ms | {ok}/{len(values)} |"
+        )
     return "\n".join(lines)
 
 
@@ -271,7 +316,9 @@ def memory_table(rows: list[dict[str, Any]]) -> str:
     for row in mem:
         n = scenarios.get(row["scenario"]).sub_calls
         nodes = row.get("nodes") or n
-        payload = row.get("payload") or sum(sys.getsizeof(f"sq {i}") + sys.getsizeof(str(i * i)) for i in range(n))
+        payload = row.get("payload") or sum(
+            sys.getsizeof(f"sq {i}") + sys.getsizeof(str(i * i)) for i in range(n)
+        )
         lines.append(
             f"| {label(row)} | {n:,} | {nodes:,}{'' if row.get('nodes') else ' (sub-calls)'} "
             f"| {row['mem_peak'] / 1e6:.1f} MB | {payload / 1e6:.2f} MB "
@@ -298,21 +345,35 @@ def errors(rows: list[dict[str, Any]]) -> str:
         return "Every answer checked correct."
     lines = ["Wrong answers:"]
     for r in bad:
-        lines.append(f"- {label(r)} {r['scenario']} rep {r['rep']}: got {r['response'][:80]!r}, "
-                     f"expected {r['expected']!r} ({r.get('error')})")
+        lines.append(
+            f"- {label(r)} {r['scenario']} rep {r['rep']}: got {r['response'][:80]!r}, "
+            f"expected {r['expected']!r} ({r.get('error')})"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scenario", default="all", help="all, or a comma list of timed,overhead,first,memory")
+    parser.add_argument(
+        "--scenario", default="all", help="all, or a comma list of timed,overhead,first,memory"
+    )
     parser.add_argument("--engine", choices=("ours", "reference", "both"), default="both")
-    parser.add_argument("--reps", type=int, default=3, help="runs per timed/overhead scenario (median)")
+    parser.add_argument(
+        "--reps", type=int, default=3, help="runs per timed/overhead scenario (median)"
+    )
     parser.add_argument("--transports", default="httpx,lean", help="our HTTP transports to run")
-    parser.add_argument("--memory-n", default="2500,5000,10000", help="sub-calls for our in-process memory runs")
-    parser.add_argument("--memory-http-n", type=int, default=2000, help="sub-calls for the HTTP memory runs")
+    parser.add_argument(
+        "--memory-n", default="2500,5000,10000", help="sub-calls for our in-process memory runs"
+    )
+    parser.add_argument(
+        "--memory-http-n", type=int, default=2000, help="sub-calls for the HTTP memory runs"
+    )
     args = parser.parse_args()
-    groups = {"timed", "overhead", "first", "memory"} if args.scenario == "all" else set(args.scenario.split(","))
+    groups = (
+        {"timed", "overhead", "first", "memory"}
+        if args.scenario == "all"
+        else set(args.scenario.split(","))
+    )
     engines = {"ours", "reference"} if args.engine == "both" else {args.engine}
     if "reference" in engines:
         ensure_reference_venv()
@@ -322,11 +383,20 @@ def main() -> None:
     started = time.perf_counter()
     with Server() as server:
         print(f"fake server {server.base_url} (own process)", flush=True)
-        jobs = plan(groups, engines, args.transports.split(","), args.reps,
-                    [int(n) for n in args.memory_n.split(",")], args.memory_http_n)
+        jobs = plan(
+            groups,
+            engines,
+            args.transports.split(","),
+            args.reps,
+            [int(n) for n in args.memory_n.split(",")],
+            args.memory_http_n,
+        )
         for i, (name, command) in enumerate(jobs):
-            command = [c for part in command for c in
-                       (["--base-url", server.base_url] if part == "{base_url}" else [part])]
+            command = [
+                c
+                for part in command
+                for c in (["--base-url", server.base_url] if part == "{base_url}" else [part])
+            ]
             rows += drive(command, RESULTS / f"{stamp}-{i}-{name}.jsonl")
         arrivals = server.stats()["first_arrival"]
     took = time.perf_counter() - started

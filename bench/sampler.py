@@ -27,7 +27,9 @@ from types import FrameType
 __all__ = ["Sampler"]
 
 # Functions on top of a stack that mean "waiting", not "working".
-IDLE = frozenset({"get_events", "wait", "_work", "_send_message_to_trio", "select", "poll", "acquire"})
+IDLE = frozenset(
+    {"get_events", "wait", "_work", "_send_message_to_trio", "select", "poll", "acquire"}
+)
 
 
 def _where(frame: FrameType) -> str:
@@ -43,8 +45,12 @@ def _where(frame: FrameType) -> str:
 class Sampler:
     def __init__(self, interval: float = 0.0005) -> None:
         self.interval = interval
-        self.self_counts: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
-        self.inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        self.self_counts: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
+        self.inclusive: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self.samples: collections.Counter[str] = collections.Counter()
         self.idle: collections.Counter[str] = collections.Counter()
         self.active = True

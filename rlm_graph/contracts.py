@@ -514,4 +514,3 @@ class CompactionStrategy(Protocol):
     async def compact(
         self, messages: Sequence[Message], ctx: CompactionContext
     ) -> list[Message]: ...
-

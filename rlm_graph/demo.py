@@ -39,8 +39,10 @@ def build_document(size: int = 2_000_000, seed: int = 7) -> DemoSetup:
     """A deterministic document of about ``size`` characters with one hidden fact."""
     rng = random.Random(seed)
     alphabet = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
-    code = "".join(rng.choice(alphabet) for _ in range(4)) + "-" + "".join(
-        rng.choice(alphabet) for _ in range(4)
+    code = (
+        "".join(rng.choice(alphabet) for _ in range(4))
+        + "-"
+        + "".join(rng.choice(alphabet) for _ in range(4))
     )
     lines = []
     total = 0
@@ -57,10 +59,10 @@ def build_document(size: int = 2_000_000, seed: int = 7) -> DemoSetup:
     return DemoSetup(document=document, code=code, position=document.index(code))
 
 
-_PROBE = '''print(type(context).__name__, len(context))
-print(context[:300])'''
+_PROBE = """print(type(context).__name__, len(context))
+print(context[:300])"""
 
-_MAP = '''size, overlap = 100_000, 200
+_MAP = """size, overlap = 100_000, 200
 chunks = [context[i:i + size] for i in range(0, len(context), size - overlap)]
 prompts = [
     "Find the vault access code in this text. Reply with the code only, or NONE.\\n\\n" + c
@@ -68,10 +70,10 @@ prompts = [
 ]
 found = llm_query_batched(prompts)
 hits = sorted({f.strip() for f in found if f.strip() != "NONE" and not f.startswith("[ERROR]")})
-print(f"{len(chunks)} chunks read, hits: {hits}")'''
+print(f"{len(chunks)} chunks read, hits: {hits}")"""
 
-_ANSWER = '''answer["content"] = hits[0] if len(hits) == 1 else "not found: " + repr(hits)
-answer["ready"] = True'''
+_ANSWER = """answer["content"] = hits[0] if len(hits) == 1 else "not found: " + repr(hits)
+answer["ready"] = True"""
 
 
 def _fence(code: str, note: str) -> str:

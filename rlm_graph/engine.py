@@ -373,7 +373,9 @@ class Engine:
         if journal is not None:
             providers = [(key, p.name, p.model) for key, p in self.router.providers]
             target = JournalTarget(
-                journal, workflow_key(workflow, providers), "workflow",
+                journal,
+                workflow_key(workflow, providers),
+                "workflow",
                 f"workflow of {len(workflow)} nodes",
             )
         return await run_lifecycle(run, WorkflowRun(workflow, target), flush=self.flush_spans)
@@ -397,7 +399,9 @@ class Engine:
         """
         return EventStream(
             lambda listener: self._closing(self._arun(workflow, limits, [listener], journal)),
-            capacity=capacity, sync_name="Engine.stream", async_name="engine.astream",
+            capacity=capacity,
+            sync_name="Engine.stream",
+            async_name="engine.astream",
         )
 
     def astream(
@@ -418,6 +422,7 @@ class Engine:
     ) -> WorkflowResult:
         """Run a `Workflow` from sync code (starts and ends its own trio loop); the
         arguments are those of `arun`."""
+
         async def run_and_close() -> WorkflowResult:
             return await self._closing(self._arun(workflow, limits, (), journal))
 

@@ -269,6 +269,10 @@ def config_error(
     for error in exc.errors(include_url=False):
         field = ".".join(map(str, error["loc"])) or unnamed
         given = error.get("input")
-        shown = f" (got {given!r})" if isinstance(given, int | float | str) and len(repr(given)) <= 40 else ""
+        shown = (
+            f" (got {given!r})"
+            if isinstance(given, int | float | str) and len(repr(given)) <= 40
+            else ""
+        )
         problems.append(f"{field}: {error['msg']}{shown}")
     return ConfigError(f"{where}: {'; '.join(problems)}{hint}")

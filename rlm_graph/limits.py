@@ -119,7 +119,12 @@ class _Counts:
     `Usage` per addition would cost a validation each (see docs/benchmarks.md)."""
 
     __slots__ = (
-        "cached_tokens", "cost", "estimated", "input_tokens", "output_tokens", "reasoning_tokens",
+        "cached_tokens",
+        "cost",
+        "estimated",
+        "input_tokens",
+        "output_tokens",
+        "reasoning_tokens",
     )
 
     def __init__(self) -> None:
@@ -192,7 +197,9 @@ class Budget(_Counts):
         spent = self.input_tokens + self.output_tokens + self.reserved_tokens + tokens
         if limits.max_tokens is not None and spent > limits.max_tokens:
             return False
-        return limits.max_budget is None or self.cost + self.reserved_cost + cost <= limits.max_budget
+        return (
+            limits.max_budget is None or self.cost + self.reserved_cost + cost <= limits.max_budget
+        )
 
     def reserve(self, tokens: int, cost: float) -> Reservation:
         self.reserved_tokens += tokens

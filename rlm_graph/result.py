@@ -50,13 +50,16 @@ class UsageSummary(BaseModel):
 
     @property
     def total_cost(self) -> float | None:
-        costs = [m.total_cost for m in self.model_usage_summaries.values() if m.total_cost is not None]
+        costs = [
+            m.total_cost for m in self.model_usage_summaries.values() if m.total_cost is not None
+        ]
         return sum(costs) if costs else None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model_usage_summaries": {
-                name: m.model_dump(exclude_none=True) for name, m in self.model_usage_summaries.items()
+                name: m.model_dump(exclude_none=True)
+                for name, m in self.model_usage_summaries.items()
             }
         }
         if self.total_cost is not None:

@@ -212,7 +212,11 @@ class RLM:
         self.env_factory = self.engine.host.lookup("environments", environment)
         check_environment_kwargs(self.env_factory, environment, environment_kwargs)
         tools = normalise_tools(custom_tools, "custom_tools")
-        sub_tools = tools if custom_sub_tools is None else normalise_tools(custom_sub_tools, "custom_sub_tools")
+        sub_tools = (
+            tools
+            if custom_sub_tools is None
+            else normalise_tools(custom_sub_tools, "custom_sub_tools")
+        )
         strategy = compaction_strategy(self.engine.host, compaction, compaction_kwargs)
         self.settings = LoopSettings(
             environment=environment,
@@ -232,7 +236,9 @@ class RLM:
         )
         self.persistent = persistent
         if journal is not None and not isinstance(journal, str | os.PathLike):
-            raise ConfigError(f"journal must be a file path such as 'run.sqlite', not {type(journal).__name__}")
+            raise ConfigError(
+                f"journal must be a file path such as 'run.sqlite', not {type(journal).__name__}"
+            )
         self.journal = journal
         self.direct_share = direct_share if direct_if_fits else None
         # A persistent session is one conversation: one completion at a time.
@@ -265,8 +271,12 @@ class RLM:
             ProviderError: the root model could not be called.
         """
         return run_sync(
-            self._sync_completion, prompt, root_prompt, schema,
-            sync_name="RLM.completion", async_name="rlm.acompletion",
+            self._sync_completion,
+            prompt,
+            root_prompt,
+            schema,
+            sync_name="RLM.completion",
+            async_name="rlm.acompletion",
         )
 
     def stream(
@@ -289,7 +299,9 @@ class RLM:
         """
         return EventStream(
             lambda listener: self._sync_completion(prompt, root_prompt, schema, (listener,)),
-            capacity=capacity, sync_name="RLM.stream", async_name="rlm.astream",
+            capacity=capacity,
+            sync_name="RLM.stream",
+            async_name="rlm.astream",
         )
 
     def astream(
@@ -384,9 +396,14 @@ class RLM:
                 self.journal, run, settings, self.environment, prompt, root_prompt, number
             )
         operation = CompletionRun(
-            RLMRunner(run, settings, self.env_factory), prompt, root_prompt,
-            root_model=self.engine.provider.model, journal=journal,
-            direct_share=self.direct_share, session=self._session, started=started,
+            RLMRunner(run, settings, self.env_factory),
+            prompt,
+            root_prompt,
+            root_model=self.engine.provider.model,
+            journal=journal,
+            direct_share=self.direct_share,
+            session=self._session,
+            started=started,
         )
         return await run_lifecycle(run, operation, flush=self.engine.flush_spans)
 

@@ -22,12 +22,18 @@ from .journal.tools import JournaledTool
 from .repl import RESERVED_NAMES
 
 __all__ = [
-    "Callbacks", "check_direct", "check_environment_kwargs", "compaction_strategy",
-    "normalise_tools", "sampling_params",
+    "Callbacks",
+    "check_direct",
+    "check_environment_kwargs",
+    "compaction_strategy",
+    "normalise_tools",
+    "sampling_params",
 ]
 
 
-def normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, tuple[Any, str | None]]:
+def normalise_tools(
+    tools: Mapping[str, Any] | None, keyword: str
+) -> dict[str, tuple[Any, str | None]]:
     table: dict[str, tuple[Any, str | None]] = {}
     if tools is not None and not isinstance(tools, Mapping):
         raise ConfigError(
@@ -51,7 +57,9 @@ def normalise_tools(tools: Mapping[str, Any] | None, keyword: str) -> dict[str, 
             tool = entry["tool"]
             if entry.get("journal"):
                 if not callable(tool):
-                    raise ConfigError(f"{keyword}[{name!r}]: 'journal' is for functions; {name!r} is data")
+                    raise ConfigError(
+                        f"{keyword}[{name!r}]: 'journal' is for functions; {name!r} is data"
+                    )
                 tool = JournaledTool(tool, name)
             table[name] = (tool, entry.get("description"))
         else:

@@ -74,7 +74,9 @@ class ProviderRouter:
             found = self._by_model.get(model)
             key, provider = found if found is not None else self.providers[0]
         else:
-            key, provider = self.providers[1] if depth >= 1 and len(self.providers) > 1 else self.providers[0]
+            key, provider = (
+                self.providers[1] if depth >= 1 and len(self.providers) > 1 else self.providers[0]
+            )
         route = Route(key, provider, model or provider.model, self.capabilities[key])
         if len(self._routes) < 1024:  # model names come from model code: bounded
             self._routes[(model, depth >= 1)] = route

@@ -36,9 +36,24 @@ def test_the_docs_site_builds_strictly_without_the_network(tmp_path: Path) -> No
     # about these pages.
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [*without_network(), sys.executable, "-m", "mkdocs", "build", "--strict",
-         "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+        [
+            *without_network(),
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(site),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]

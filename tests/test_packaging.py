@@ -26,10 +26,17 @@ def run(*command: str | Path, cwd: Path, timeout: float = 600) -> str:
     # No PYTHONPATH and a working folder outside the checkout: the venv must stand alone.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     done = subprocess.run(
-        [str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True,
-        timeout=timeout, check=False,
+        [str(c) for c in command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
-    assert done.returncode == 0, f"{command} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, (
+        f"{command} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    )
     return done.stdout + done.stderr
 
 
@@ -56,7 +63,9 @@ def test_the_sdist_and_the_wheel_pass_twine_check_and_hold_what_they_should(dist
     assert all(f"{name} = rlm_graph_{name}" in points for name in PLUGINS)
     assert not any(n.startswith(("tests/", "bench/", "docs/")) for n in names)
     with tarfile.open(sdist) as archive:
-        members = {Path(m).relative_to(Path(m).parts[0]).as_posix() for m in archive.getnames() if "/" in m}
+        members = {
+            Path(m).relative_to(Path(m).parts[0]).as_posix() for m in archive.getnames() if "/" in m
+        }
     assert {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml"} <= members
 
 
@@ -68,8 +77,22 @@ def test_the_wheel_installs_in_a_clean_venv_where_demo_and_plugins_run(
     run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
     python = venv / "bin" / "python"
     # With its dependencies, from the package index as pip is set up here (and its cache).
-    run(python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", wheel, cwd=tmp_path)
-    where = run(python, "-c", "import rlm_graph, rlm_graph_local; print(rlm_graph.__file__, rlm_graph_local.__file__)", cwd=tmp_path)
+    run(
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        wheel,
+        cwd=tmp_path,
+    )
+    where = run(
+        python,
+        "-c",
+        "import rlm_graph, rlm_graph_local; print(rlm_graph.__file__, rlm_graph_local.__file__)",
+        cwd=tmp_path,
+    )
     assert all(Path(p).is_relative_to(venv) for p in where.split()), where
 
     command = venv / "bin" / "rlm-graph"

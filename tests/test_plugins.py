@@ -91,7 +91,9 @@ def test_a_misspelled_hook_is_refused_with_the_real_names() -> None:
         def rlm_node_finishd(self, record: object, graph: object) -> None:
             pass
 
-    with pytest.raises(PluginError, match="rlm_node_finishd.*rlm-graph hooks are: .*rlm_node_finished"):
+    with pytest.raises(
+        PluginError, match="rlm_node_finishd.*rlm-graph hooks are: .*rlm_node_finished"
+    ):
         Engine("scripted", {"responses": []}, observers=[Typo()])
 
 

@@ -36,21 +36,47 @@ def private_checkout() -> Path:
 
 def test_the_attack_tests_pass_from_a_checkout_in_a_0700_folder() -> None:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv: the attack test it runs starts the engine as uid 65534")
+        pytest.skip(
+            "needs root and setpriv: the attack test it runs starts the engine as uid 65534"
+        )
     checkout = private_checkout()
     # This venv's interpreter with the private copy first on the path: the code under
     # test is the copy's, which uid 65534 cannot read.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(checkout), str(checkout / "plugins")])}
     try:
         where = subprocess.run(
-            [sys.executable, "-c", "import rlm_graph, rlm_graph_subprocess as s; print(rlm_graph.__file__, s.__file__)"],
-            env=env, cwd=checkout, capture_output=True, text=True, timeout=60, check=True,
+            [
+                sys.executable,
+                "-c",
+                "import rlm_graph, rlm_graph_subprocess as s; print(rlm_graph.__file__, s.__file__)",
+            ],
+            env=env,
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
         )
         assert all(path.startswith(str(checkout)) for path in where.stdout.split()), where.stdout
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-             "tests/environments/test_attacks.py", "-k", "engine_run"],
-            env=env, cwd=checkout, capture_output=True, text=True, timeout=540, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-rA",
+                "-p",
+                "no:cacheprovider",
+                "tests/environments/test_attacks.py",
+                "-k",
+                "engine_run",
+            ],
+            env=env,
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            timeout=540,
+            check=False,
         )
     finally:
         shutil.rmtree(checkout.parent, ignore_errors=True)

@@ -26,6 +26,8 @@ def test_readme_example_runs_as_written(index: int, capsys: pytest.CaptureFixtur
 def test_the_readme_opens_with_two_setup_commands_that_ci_runs() -> None:
     first_block = re.search(r"```sh\n(.*?)```", README, re.DOTALL)
     assert first_block is not None
-    commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
+    commands = [
+        line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()
+    ]
     assert commands == ["make demo", "make test"]
     assert "make test" in (ROOT / ".ci" / "run").read_text()

@@ -13,10 +13,24 @@ from rlm_graph.hooks import HookSpecs
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "rlm_graph"
 PURE = [
-    "graph", "protocol", "repl", "events", "report", "limits.py", "contracts.py", "errors.py",
-    "routing.py", "journal", "runtime/state.py",
+    "graph",
+    "protocol",
+    "repl",
+    "events",
+    "report",
+    "limits.py",
+    "contracts.py",
+    "errors.py",
+    "routing.py",
+    "journal",
+    "runtime/state.py",
     # the evaluation's data, scoring, statistics and pages (its runner uses the batch layer)
-    "eval/items.py", "eval/scoring.py", "eval/stats.py", "eval/tasks", "eval/convert", "eval/table.py",
+    "eval/items.py",
+    "eval/scoring.py",
+    "eval/stats.py",
+    "eval/tasks",
+    "eval/convert",
+    "eval/table.py",
     "eval/page.py",
 ]
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
@@ -45,11 +59,15 @@ def _imports(path: Path) -> set[str]:
 def test_the_pure_layer_imports_no_runtime() -> None:
     offenders = []
     for entry in PURE:
-        paths = [PACKAGE / entry] if entry.endswith(".py") else sorted((PACKAGE / entry).rglob("*.py"))
+        paths = (
+            [PACKAGE / entry] if entry.endswith(".py") else sorted((PACKAGE / entry).rglob("*.py"))
+        )
         for path in paths:
             imported = _imports(path)
             bad = (imported & FORBIDDEN) | {
-                m for m in imported if m.lstrip(".").split(".")[0] in ("runtime", "engine", "rlm", "tracing", "cli")
+                m
+                for m in imported
+                if m.lstrip(".").split(".")[0] in ("runtime", "engine", "rlm", "tracing", "cli")
             }
             if bad:
                 offenders.append(f"{path.relative_to(ROOT)}: {sorted(bad)}")
@@ -58,8 +76,15 @@ def test_the_pure_layer_imports_no_runtime() -> None:
 
 def test_only_the_runtime_and_facade_import_trio() -> None:
     allowed = (
-        "runtime", "_http", "doors", "batch/complete.py", "engine.py", "rlm.py", "cli",
-        "testing", "tracing",
+        "runtime",
+        "_http",
+        "doors",
+        "batch/complete.py",
+        "engine.py",
+        "rlm.py",
+        "cli",
+        "testing",
+        "tracing",
     )
     offenders = []
     for path in PACKAGE.rglob("*.py"):
@@ -99,7 +124,8 @@ def test_plugins_and_examples_use_only_the_public_api() -> None:
         f"{path.relative_to(ROOT)}: {name}"
         for path in files
         for name in sorted(_imported_modules(path))
-        if name.split(".")[:2] in (["rlm_graph", "runtime"], ["rlm_graph", "_http"], ["rlm_graph", "doors"])
+        if name.split(".")[:2]
+        in (["rlm_graph", "runtime"], ["rlm_graph", "_http"], ["rlm_graph", "doors"])
     ]
     assert not offenders, offenders
 
@@ -109,7 +135,9 @@ HEAVY = ("trio", "httpx", "opentelemetry", "networkx", "h11", "pluggy")
 
 def _loaded_after(statement: str) -> list[str]:
     script = f"import sys; {statement}; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     return [m for m in done.stdout.strip().split(",") if m]
 
@@ -160,7 +188,9 @@ def test_no_import_cycle_in_rlm_graph() -> None:
     modules = {_module_name(path) for path in paths}
     graph = nx.DiGraph()
     for path in paths:
-        graph.add_edges_from((_module_name(path), target) for target in _internal_imports(path, modules))
+        graph.add_edges_from(
+            (_module_name(path), target) for target in _internal_imports(path, modules)
+        )
     cycles = sorted((sorted(c) for c in nx.simple_cycles(graph)), key=len)
     assert not cycles, [" -> ".join(c) for c in cycles[:10]]
 

@@ -131,7 +131,9 @@ class AnthropicProvider(JSONProvider):
                 provider=self.name,
             )
         text = "".join(
-            str(b.get("text", "")) for b in blocks if isinstance(b, Mapping) and b.get("type") == "text"
+            str(b.get("text", ""))
+            for b in blocks
+            if isinstance(b, Mapping) and b.get("type") == "text"
         )
         if request.response_schema is not None:
             text = _tool_answer(blocks, request.response_schema.json_schema) or text

@@ -67,7 +67,9 @@ class SummarizeStrategy:
     def should_compact(
         self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
     ) -> bool:
-        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(tokens, context_window, threshold_pct)
+        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(
+            tokens, context_window, threshold_pct
+        )
 
     async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
         response = await ctx.complete([*messages, Message(role="user", content=SUMMARY_PROMPT)])
@@ -101,7 +103,9 @@ class TruncateStrategy:
     def should_compact(
         self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
     ) -> bool:
-        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(tokens, context_window, threshold_pct)
+        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(
+            tokens, context_window, threshold_pct
+        )
 
     async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
         head, turns = list(messages[:2]), list(messages[2:])

@@ -15,7 +15,13 @@ from typing import Any
 
 from rlm_graph.hooks import hookimpl
 
-__all__ = ["BaseMethod", "NoSubcallsMethod", "RLMMethod", "SummaryMethod", "rlm_register_eval_methods"]
+__all__ = [
+    "BaseMethod",
+    "NoSubcallsMethod",
+    "RLMMethod",
+    "SummaryMethod",
+    "rlm_register_eval_methods",
+]
 
 _CLASSES = {
     "rlm": "RLMMethod",

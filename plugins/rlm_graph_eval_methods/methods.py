@@ -119,7 +119,8 @@ class NoSubcallsMethod:
         environment["subcalls"] = False
         return {
             "root": setup.root_kwargs(
-                environment_kwargs=environment, custom_system_prompt=NO_SUBCALLS_PROMPT,
+                environment_kwargs=environment,
+                custom_system_prompt=NO_SUBCALLS_PROMPT,
             )
         }
 
@@ -162,7 +163,9 @@ def _text(context: Any) -> str:
     if isinstance(context, str):
         return context
     if isinstance(context, list):
-        return "\n\n".join(doc if isinstance(doc, str) else json.dumps(doc, default=str) for doc in context)
+        return "\n\n".join(
+            doc if isinstance(doc, str) else json.dumps(doc, default=str) for doc in context
+        )
     return json.dumps(context, default=str)
 
 
@@ -188,7 +191,9 @@ class SummaryMethod:
     """The iterative summarising agent: notes over chunks, then an answer from the notes."""
 
     name = "summary"
-    description = "summary agent: the sub-model keeps notes chunk by chunk; the root answers from them"
+    description = (
+        "summary agent: the sub-model keeps notes chunk by chunk; the root answers from them"
+    )
 
     def rlm_kwargs(self, setup: MethodSetup) -> dict[str, dict[str, Any]]:
         return {"sub": setup.sub_kwargs(max_depth=0), "root": setup.root_kwargs(max_depth=0)}
@@ -208,7 +213,10 @@ class SummaryMethod:
         for part, (start, end) in enumerate(bounds, start=1):
             chunk = _text(item.load_context())[start:end]
             query = _STEP.format(
-                question=item.question, notes=notes, part=part, parts=len(bounds),
+                question=item.question,
+                notes=notes,
+                part=part,
+                parts=len(bounds),
                 words=NOTES_TOKENS * 3 // 4,
             )
             notes = yield Call(query=query, context=chunk, role="sub")

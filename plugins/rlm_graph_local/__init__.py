@@ -16,7 +16,12 @@ from rlm_graph.hooks import hookimpl
 from .environment import LocalEnvironment
 from .executor import LocalExecutor
 
-__all__ = ["LocalEnvironment", "LocalExecutor", "rlm_register_environments", "rlm_register_executors"]
+__all__ = [
+    "LocalEnvironment",
+    "LocalExecutor",
+    "rlm_register_environments",
+    "rlm_register_executors",
+]
 
 
 @hookimpl

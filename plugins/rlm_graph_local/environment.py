@@ -235,8 +235,11 @@ class LocalEnvironment:
         subcalls: bool = True,
     ) -> None:
         self.check_kwargs(
-            timeout=timeout, scratch_dir=scratch_dir, output_cap=output_cap,
-            stop_grace=stop_grace, subcalls=subcalls,
+            timeout=timeout,
+            scratch_dir=scratch_dir,
+            output_cap=output_cap,
+            stop_grace=stop_grace,
+            subcalls=subcalls,
         )
         self.bridge = bridge
         self.depth = depth
@@ -246,7 +249,10 @@ class LocalEnvironment:
         self._own_dir = scratch_dir is None
         self.scratch_dir = scratch_dir or tempfile.mkdtemp(prefix="rlm-graph-")
         self.session = ReplSession(
-            _ThreadCaller(self), scratch_dir=self.scratch_dir, tools=tools, output_cap=output_cap,
+            _ThreadCaller(self),
+            scratch_dir=self.scratch_dir,
+            tools=tools,
+            output_cap=output_cap,
             subcalls=subcalls,
         )
         self._control: _BlockControl | None = None
@@ -278,7 +284,11 @@ class LocalEnvironment:
             raise ConfigError(f"local environment: scratch_dir {scratch_dir!r} is not a folder")
         if isinstance(output_cap, bool) or not isinstance(output_cap, int) or output_cap < 1:
             raise ConfigError("local environment: output_cap must be a positive int")
-        if isinstance(stop_grace, bool) or not isinstance(stop_grace, int | float) or stop_grace < 0:
+        if (
+            isinstance(stop_grace, bool)
+            or not isinstance(stop_grace, int | float)
+            or stop_grace < 0
+        ):
             raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
         if not isinstance(subcalls, bool):
             raise ConfigError("local environment: subcalls must be True or False")
@@ -331,7 +341,9 @@ class LocalEnvironment:
             "local environment: the thread (id %s) of a stopped block is still running "
             "%g s later (inside a long C call?) and is leaked; it is interrupted until it "
             "ends. The block began: %r. The subprocess environment can kill such code.",
-            control.thread_id, self.stop_grace, first_line[:80],
+            control.thread_id,
+            self.stop_grace,
+            first_line[:80],
         )
         watcher = threading.Thread(
             target=control.keep_interrupting, name="rlm-graph-local-stopper", daemon=True

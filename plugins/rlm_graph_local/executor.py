@@ -44,8 +44,10 @@ class LocalExecutor:
         out: queue.SimpleQueue[object] = queue.SimpleQueue()
         state: dict[str, Any] = {}
         thread = threading.Thread(
-            target=self._thread, args=(items, dict(rlm_kwargs), concurrency, out, state),
-            name="rlm-graph-batch", daemon=True,
+            target=self._thread,
+            args=(items, dict(rlm_kwargs), concurrency, out, state),
+            name="rlm-graph-batch",
+            daemon=True,
         )
         thread.start()
         return self._results(out, state, thread)
@@ -71,8 +73,12 @@ class LocalExecutor:
             thread.join()
 
     def _thread(
-        self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int,
-        out: queue.SimpleQueue[object], state: dict[str, Any],
+        self,
+        items: Iterator[BatchItem],
+        rlm_kwargs: dict[str, Any],
+        concurrency: int,
+        out: queue.SimpleQueue[object],
+        state: dict[str, Any],
     ) -> None:
         try:
             trio.run(self._batch, items, rlm_kwargs, concurrency, out, state)
@@ -82,8 +88,12 @@ class LocalExecutor:
             out.put(_DONE)
 
     async def _batch(
-        self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int,
-        out: queue.SimpleQueue[object], state: dict[str, Any],
+        self,
+        items: Iterator[BatchItem],
+        rlm_kwargs: dict[str, Any],
+        concurrency: int,
+        out: queue.SimpleQueue[object],
+        state: dict[str, Any],
     ) -> None:
         from rlm_graph import RLM
 

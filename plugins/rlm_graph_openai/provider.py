@@ -40,7 +40,10 @@ __all__ = ["BACKENDS", "OpenAIProvider", "factory"]
 
 
 def _policy(
-    name: str, base_url: str, key_env: str | None = None, url_env: str | None = None,
+    name: str,
+    base_url: str,
+    key_env: str | None = None,
+    url_env: str | None = None,
     hosts: tuple[str, ...] = (),
 ) -> KeyPolicy:
     return KeyPolicy(
@@ -55,10 +58,17 @@ def _policy(
 
 BACKENDS: dict[str, KeyPolicy] = {
     "openai": _policy(
-        "openai", "https://api.openai.com/v1", "OPENAI_API_KEY", "OPENAI_BASE_URL", ("api.openai.com",)
+        "openai",
+        "https://api.openai.com/v1",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+        ("api.openai.com",),
     ),
     "openrouter": _policy(
-        "openrouter", "https://openrouter.ai/api/v1", "OPENROUTER_API_KEY", "OPENROUTER_BASE_URL",
+        "openrouter",
+        "https://openrouter.ai/api/v1",
+        "OPENROUTER_API_KEY",
+        "OPENROUTER_BASE_URL",
         ("openrouter.ai",),
     ),
     "vllm": _policy("vllm", "http://localhost:8000/v1"),
@@ -171,7 +181,10 @@ def _content(message: Message) -> str | list[dict[str, Any]]:
     return [
         {"type": "text", "text": part}
         if isinstance(part, str)
-        else {"type": "image_url", "image_url": {"url": f"data:{part.media_type};base64,{part.base64()}"}}
+        else {
+            "type": "image_url",
+            "image_url": {"url": f"data:{part.media_type};base64,{part.base64()}"},
+        }
         for part in message.parts
     ]
 
@@ -209,7 +222,9 @@ def factory(backend: str) -> Any:
 
     def make(**kwargs: Any) -> OpenAIProvider:
         if "backend" in kwargs:
-            raise ConfigError(f"{backend}: 'backend' is not a backend_kwargs key; pick the backend by name")
+            raise ConfigError(
+                f"{backend}: 'backend' is not a backend_kwargs key; pick the backend by name"
+            )
         return OpenAIProvider(backend=backend, **kwargs)
 
     make.__name__ = f"{backend}_provider"

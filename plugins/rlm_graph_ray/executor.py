@@ -115,11 +115,15 @@ class RayExecutor:
 
             here = ray.get_runtime_context().get_node_id()
             # On the driver's node, with no CPU: it lives and dies with the driver.
-            actor = ray.remote(ClusterLimits).options(
-                num_cpus=0,
-                max_concurrency=10_000,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
-            ).remote()
+            actor = (
+                ray.remote(ClusterLimits)
+                .options(
+                    num_cpus=0,
+                    max_concurrency=10_000,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                )
+                .remote()
+            )
             ray.get(actor.statistics.remote())  # started: completions never wait for it
             _ACTORS[job] = actor
         return actor
@@ -169,10 +173,16 @@ class RayExecutor:
         before it runs the item again, on a new worker.
         """
         # Two threads more than completions: the limits actor's recalls never wait.
-        return self._ray.remote(CompletionWorker).options(
-            num_cpus=self._worker_cpus(per_worker), max_concurrency=per_worker + 2,
-            max_restarts=0, max_task_retries=0,
-        ).remote()
+        return (
+            self._ray.remote(CompletionWorker)
+            .options(
+                num_cpus=self._worker_cpus(per_worker),
+                max_concurrency=per_worker + 2,
+                max_restarts=0,
+                max_task_retries=0,
+            )
+            .remote()
+        )
 
     def _run(
         self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int
@@ -211,8 +221,13 @@ class RayExecutor:
         exceptions = ray.exceptions
         try:
             return BatchResult(**ray.get(ref)), False
-        except (exceptions.RayActorError, exceptions.WorkerCrashedError, exceptions.NodeDiedError,
-                exceptions.ObjectLostError, exceptions.OwnerDiedError) as exc:
+        except (
+            exceptions.RayActorError,
+            exceptions.WorkerCrashedError,
+            exceptions.NodeDiedError,
+            exceptions.ObjectLostError,
+            exceptions.OwnerDiedError,
+        ) as exc:
             # The worker died mid-completion: free its slots, then run the item again.
             ray.get(actor.release_owner.remote(holder))
             if attempt <= self.max_retries:
@@ -227,7 +242,9 @@ class _Calls:
     """The calls of one batch in flight on the pool: at most ``concurrency``, each to
     the worker with the fewest; a dead worker replaced and its items sent again."""
 
-    def __init__(self, executor: RayExecutor, pool: list[Any], kwargs: Any, concurrency: int) -> None:
+    def __init__(
+        self, executor: RayExecutor, pool: list[Any], kwargs: Any, concurrency: int
+    ) -> None:
         ray = executor._ray
         self.executor = executor
         self.pool = pool
@@ -282,13 +299,20 @@ class _Calls:
 
 
 def _driver_keys() -> dict[str, str]:
-    return {name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value}
+    return {
+        name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value
+    }
 
 
 def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:
     now = time.time()
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return BatchResult(
-        id=item.id, started_at=now, finished_at=now, seconds=0.0, attempts=attempt,
-        executor="ray", error=BatchError(type=type(exc).__name__, message=message),
+        id=item.id,
+        started_at=now,
+        finished_at=now,
+        seconds=0.0,
+        attempts=attempt,
+        executor="ray",
+        error=BatchError(type=type(exc).__name__, message=message),
     )

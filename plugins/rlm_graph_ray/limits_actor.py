@@ -231,7 +231,12 @@ class ClusterLimits:
     async def statistics(self) -> dict[str, dict[str, int]]:
         """Per key: capacity, slots held now, the peak held, waiters (for tests and debugging)."""
         return {
-            key: {"capacity": g.capacity, "in_use": len(g.holders), "peak": g.peak, "waiting": len(g.waiters)}
+            key: {
+                "capacity": g.capacity,
+                "in_use": len(g.holders),
+                "peak": g.peak,
+                "waiting": len(g.waiters),
+            }
             for key, g in self._gates.items()
         }
 
@@ -268,7 +273,9 @@ class _RayRate:
         self._limiter, self._key, self._rpm, self._tpm = limiter, key, rpm, tpm
 
     async def acquire(self, tokens: int = 0) -> None:
-        await wait_ref(self._limiter.actor.take_rate.remote(self._key, self._rpm, self._tpm, tokens))
+        await wait_ref(
+            self._limiter.actor.take_rate.remote(self._key, self._rpm, self._tpm, tokens)
+        )
 
     def settle(self, estimated: int, actual: int) -> None:
         self._limiter.actor.settle.remote(self._key, estimated, actual)
@@ -408,7 +415,9 @@ class RayLimiter:
         if self.keeper is None:
             future = self.actor.acquire_many.remote(key, capacity, self.owner, tickets).future()
         else:
-            future = self.actor.acquire_kept.remote(key, capacity, self.owner, tickets, self.keeper).future()
+            future = self.actor.acquire_kept.remote(
+                key, capacity, self.owner, tickets, self.keeper
+            ).future()
 
         def arrived(done: Any) -> None:
             try:

@@ -115,9 +115,13 @@ class ScriptedProvider:
                 raise ConfigError(f"scripted: rule {index} must be a (pattern, reply) pair")
             pattern, reply = rule
             try:
-                compiled.append((re.compile(pattern) if isinstance(pattern, str) else pattern, reply))
+                compiled.append(
+                    (re.compile(pattern) if isinstance(pattern, str) else pattern, reply)
+                )
             except re.error as exc:
-                raise ConfigError(f"scripted: rule {index} has a bad regex {pattern!r}: {exc}") from None
+                raise ConfigError(
+                    f"scripted: rule {index} has a bad regex {pattern!r}: {exc}"
+                ) from None
         return compiled
 
     def __repr__(self) -> str:

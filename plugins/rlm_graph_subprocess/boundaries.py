@@ -115,7 +115,9 @@ class GuestLimits(BaseModel):
             return cls(**kwargs)
         except ValidationError as exc:
             raise config_error(
-                "subprocess environment", exc, unnamed="environment_kwargs",
+                "subprocess environment",
+                exc,
+                unnamed="environment_kwargs",
                 hint=f". Known keywords: {', '.join(cls.model_fields)}, output_cap",
             ) from None
 

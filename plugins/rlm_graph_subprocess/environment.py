@@ -141,7 +141,9 @@ class SubprocessEnvironment:
         self._closed = False
 
     @classmethod
-    def check_kwargs(cls, output_cap: int = 1_000_000, subcalls: bool = True, **limits: Any) -> None:
+    def check_kwargs(
+        cls, output_cap: int = 1_000_000, subcalls: bool = True, **limits: Any
+    ) -> None:
         """Validate ``environment_kwargs`` without starting anything (called when an
         `RLM` is configured).
 

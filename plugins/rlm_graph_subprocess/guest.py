@@ -391,9 +391,7 @@ class _PipeCaller:
         return list(self._many("rlm_query_batched", list[str | list[Any]](prompts), model))
 
     def call_tool(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
-        return self.protocol.call(
-            lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs)
-        )
+        return self.protocol.call(lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs))
 
     def _one(
         self,
@@ -490,7 +488,10 @@ class Guest:
         for name, description in init.proxy_tools.items():
             tools[name] = (_proxy(caller, name, description), description)
         session = ReplSession(
-            caller, scratch_dir=init.scratch_dir, tools=tools, output_cap=init.output_cap,
+            caller,
+            scratch_dir=init.scratch_dir,
+            tools=tools,
+            output_cap=init.output_cap,
             subcalls=init.subcalls,
         )
         for name, code in init.code_tools.items():

@@ -151,7 +151,9 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
         plans.append(
             Isolation(
                 [*_setpriv(setpriv), *user],
-                pid_namespace=True, network=network, user_namespace=True,
+                pid_namespace=True,
+                network=network,
+                user_namespace=True,
                 drops_to=UNPRIVILEGED_ID,
             )
         )
@@ -159,7 +161,9 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
             plans.append(
                 Isolation(
                     [unshare, *_PID, *net, *_setpriv(setpriv, everything)],
-                    pid_namespace=True, network=network, drops_to=UNPRIVILEGED_ID,
+                    pid_namespace=True,
+                    network=network,
+                    drops_to=UNPRIVILEGED_ID,
                     reads_everything=everything,
                 )
             )
@@ -168,14 +172,17 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
             plans.append(
                 Isolation(
                     _setpriv(setpriv, everything),
-                    drops_to=UNPRIVILEGED_ID, reads_everything=everything,
+                    drops_to=UNPRIVILEGED_ID,
+                    reads_everything=everything,
                 )
             )
     if not root and unshare:
         plans.append(
             Isolation(
                 [unshare, "--user", "--map-current-user", *_PID, *net],
-                pid_namespace=True, network=network, user_namespace=True,
+                pid_namespace=True,
+                network=network,
+                user_namespace=True,
             )
         )
         if network:

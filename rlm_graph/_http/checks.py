@@ -15,7 +15,10 @@ __all__ = ["check_settings", "checked_base_url", "checked_policy"]
 
 
 def check_settings(
-    provider: str, model_name: object, max_concurrent: int, http_transport: str,
+    provider: str,
+    model_name: object,
+    max_concurrent: int,
+    http_transport: str,
     timeout: float | None,
 ) -> None:
     """Refuse a missing model name, a concurrency below 1, an unknown transport or a

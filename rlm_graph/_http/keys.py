@@ -144,7 +144,9 @@ def resolve_key(
             raise ConfigError(f"{name}: api_key must be a string")
         return ResolvedKey(url, api_key, "the key passed as api_key")
     if api_key_env is not None:
-        return ResolvedKey(url, _from_named_variable(name, api_key_env, env), f"${api_key_env} (api_key_env)")
+        return ResolvedKey(
+            url, _from_named_variable(name, api_key_env, env), f"${api_key_env} (api_key_env)"
+        )
     env_key = env.get(policy.key_env) if policy.key_env else None
     if env_key and (url_from_env or policy.is_official(url)):
         where = f"${policy.base_url_env}" if url_from_env else "the official host"
@@ -167,13 +169,17 @@ def _base_url(policy: KeyPolicy, base_url: str | None, env: Mapping[str, str]) -
     if base_url is None:
         return (from_env, True) if from_env else (policy.default_base_url, False)
     if not isinstance(base_url, str) or not base_url.strip():
-        raise ConfigError(f"{policy.backend}: base_url must be a URL string, e.g. 'http://127.0.0.1:8000/v1'")
+        raise ConfigError(
+            f"{policy.backend}: base_url must be a URL string, e.g. 'http://127.0.0.1:8000/v1'"
+        )
     return base_url, bool(from_env) and _same_url(base_url, from_env or "")
 
 
 def _from_named_variable(backend: str, variable: str, env: Mapping[str, str]) -> str:
     if not isinstance(variable, str) or not variable.strip():
-        raise ConfigError(f"{backend}: api_key_env must name an environment variable, e.g. 'OPENAI_API_KEY'")
+        raise ConfigError(
+            f"{backend}: api_key_env must name an environment variable, e.g. 'OPENAI_API_KEY'"
+        )
     value = env.get(variable)
     if not value:
         raise ConfigError(

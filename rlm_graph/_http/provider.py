@@ -349,7 +349,10 @@ class JSONProvider:
                 wait = self._wait_before_retry(retry, attempt)
                 logger.debug(
                     "%s; retrying in %.2f s (attempt %d of %d)",
-                    retry.error, wait, attempt + 1, attempts,
+                    retry.error,
+                    wait,
+                    attempt + 1,
+                    attempts,
                 )
                 # Said once per run (once per call outside a run).
                 first = note_retry(retry.reason)
@@ -380,7 +383,9 @@ class JSONProvider:
         logger.warning(
             "%s; retrying with a %g s deadline (a call fails after max_timeouts=%d "
             "timeouts in a row; later timeouts of this run are counted in its summary)",
-            error, self._attempt_timeout(timeouts), self.retry.max_timeouts,
+            error,
+            self._attempt_timeout(timeouts),
+            self.retry.max_timeouts,
         )
 
     def _timed_out(self, timeouts: int, attempts: int) -> ProviderTimeout:
@@ -429,7 +434,9 @@ class JSONProvider:
             ) from None
         return self.retry.spread(retry.wait)
 
-    async def _post(self, loop: _LoopClient, content: bytes, timeout: float | None) -> httpx.Response:
+    async def _post(
+        self, loop: _LoopClient, content: bytes, timeout: float | None
+    ) -> httpx.Response:
         """POST ``content`` and read the whole answer.
 
         Through the lean transport the request goes straight to it: the client's
@@ -444,9 +451,14 @@ class JSONProvider:
         inject(headers)
         timeouts = httpx.Timeout(timeout)
         if loop.lean is None:
-            return await loop.client.post(self.url, content=content, headers=headers, timeout=timeouts)
+            return await loop.client.post(
+                self.url, content=content, headers=headers, timeout=timeouts
+            )
         request = httpx.Request(
-            "POST", self._url, headers={**self._default_headers, **headers}, content=content,
+            "POST",
+            self._url,
+            headers={**self._default_headers, **headers},
+            content=content,
             extensions={"timeout": timeouts.as_dict()},
         )
         response = await loop.lean.handle_async_request(request)
@@ -456,7 +468,9 @@ class JSONProvider:
             await response.aclose()
         return response
 
-    async def _attempt(self, content: bytes, request: ChatRequest, timeout: float | None) -> ChatResponse:
+    async def _attempt(
+        self, content: bytes, request: ChatRequest, timeout: float | None
+    ) -> ChatResponse:
         """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
         loop = self._get_client()
         try:
@@ -545,7 +559,9 @@ class JSONProvider:
         if status == 429:
             wait = retry_delay_from_headers(response.headers)
             error: ProviderError = RateLimited(
-                f"{where} (rate limited): {said}", provider=self.name, status_code=status,
+                f"{where} (rate limited): {said}",
+                provider=self.name,
+                status_code=status,
                 retryable=True,
             )
             raise _Retry(error, wait, str(status))

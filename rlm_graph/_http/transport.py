@@ -233,7 +233,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise
 
     async def _exchange(
-        self, conn: _Connection, request: httpx.Request, body: bytes,
+        self,
+        conn: _Connection,
+        request: httpx.Request,
+        body: bytes,
         timeouts: dict[str, float | None],
     ) -> httpx.Response:
         headers = [(k, v) for k, v in request.headers.raw]
@@ -298,7 +301,9 @@ class _timeout:
 
     __slots__ = ("_error", "_scope", "_seconds", "_what")
 
-    def __init__(self, seconds: float | None, error: type[httpx.TimeoutException], what: str) -> None:
+    def __init__(
+        self, seconds: float | None, error: type[httpx.TimeoutException], what: str
+    ) -> None:
         self._seconds = seconds
         self._error = error
         self._what = what

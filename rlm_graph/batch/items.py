@@ -104,8 +104,11 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
         Limits.from_kwargs(**limits)  # a bad value is reported here, with its line
     try:
         return BatchItem(
-            id=str(item_id), query=raw["query"], context=raw.get("context"),
-            context_file=context_file, limits=limits,
+            id=str(item_id),
+            query=raw["query"],
+            context=raw.get("context"),
+            context_file=context_file,
+            limits=limits,
         )
     except ValidationError as exc:
         raise config_error(where, exc) from None

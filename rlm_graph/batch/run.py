@@ -52,7 +52,9 @@ def check_rlm_kwargs(rlm_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     if rlm_kwargs is None:
         return {}
     if not isinstance(rlm_kwargs, Mapping):
-        raise ConfigError(f"rlm_kwargs must be a dict of RLM(...) keywords, not {type(rlm_kwargs).__name__}")
+        raise ConfigError(
+            f"rlm_kwargs must be a dict of RLM(...) keywords, not {type(rlm_kwargs).__name__}"
+        )
     for key, why in _RESERVED.items():
         if key in rlm_kwargs:
             raise ConfigError(f"rlm_kwargs may not set {key!r}: {why}")

@@ -44,13 +44,26 @@ def register(subparsers: Any) -> None:
         allow_abbrev=False,
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
-    parser.add_argument("--input", required=True, type=Path, metavar="FILE", help="items, one JSON object a line")
-    parser.add_argument("--output", required=True, type=Path, metavar="FILE", help="results, appended as items finish")
-    add_executor_arguments(parser)
-    parser.add_argument("--retry-failed", action="store_true", help="on resume, run failed items again too")
-    parser.add_argument("--quiet", action="store_true", help="no line per finished item, only the summary")
     parser.add_argument(
-        "--journal", metavar="PATH",
+        "--input", required=True, type=Path, metavar="FILE", help="items, one JSON object a line"
+    )
+    parser.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="results, appended as items finish",
+    )
+    add_executor_arguments(parser)
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="on resume, run failed items again too"
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no line per finished item, only the summary"
+    )
+    parser.add_argument(
+        "--journal",
+        metavar="PATH",
         help="record every completion's finished nodes in this SQLite file (shared by all "
         "items); a completion run again (a retry after a worker died, a resumed batch) "
         "replays what was recorded instead of paying again (docs/durability.md)",
@@ -67,10 +80,23 @@ def register(subparsers: Any) -> None:
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
     """``--concurrency``, ``--executor``, ``--ray-address``, ``--ray-task-cpus``: how many
     completions run at once, and where (``batch`` and ``eval`` share them)."""
-    parser.add_argument("--concurrency", type=int, default=8, help="completions at once (default 8)")
-    parser.add_argument("--executor", default="local", help="where completions run: local (default) or ray")
-    parser.add_argument("--ray-address", default=None, help="with --executor ray: the cluster (auto, ray://host:10001); default: start one here")
-    parser.add_argument("--ray-task-cpus", type=float, default=None, help="with --executor ray: CPUs reserved per completion (default 0.25)")
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="completions at once (default 8)"
+    )
+    parser.add_argument(
+        "--executor", default="local", help="where completions run: local (default) or ray"
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        help="with --executor ray: the cluster (auto, ray://host:10001); default: start one here",
+    )
+    parser.add_argument(
+        "--ray-task-cpus",
+        type=float,
+        default=None,
+        help="with --executor ray: CPUs reserved per completion (default 0.25)",
+    )
 
 
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -105,8 +131,11 @@ class BatchProgress:
     def __enter__(self) -> BatchProgress:
         if self.mode == "live":
             self._live = Live(
-                console=self._console, get_renderable=self._render, refresh_per_second=8,
-                redirect_stdout=False, redirect_stderr=False,
+                console=self._console,
+                get_renderable=self._render,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
             )
             self._live.start()
         return self
@@ -141,7 +170,9 @@ class BatchProgress:
 def _item_line(result: BatchResult, number: int, total: int) -> str:
     width = len(str(total))
     if result.ok:
-        note = f"ok {result.seconds:.2f} s" + (f" (stopped by {result.stop_reason})" if result.stop_reason else "")
+        note = f"ok {result.seconds:.2f} s" + (
+            f" (stopped by {result.stop_reason})" if result.stop_reason else ""
+        )
     else:
         assert result.error is not None
         note = f"FAILED {result.error.type}: {result.error.message[:120]}"
@@ -162,12 +193,19 @@ def run(args: argparse.Namespace) -> int:
         done = results_file.done(retry_failed=args.retry_failed) & set(ids)
         total = len(ids) - len(done)
         if done:
-            print(f"rlm-graph batch: {len(done)} of {len(ids)} items already in {args.output}; running the other {total}", file=sys.stderr)
+            print(
+                f"rlm-graph batch: {len(done)} of {len(ids)} items already in {args.output}; running the other {total}",
+                file=sys.stderr,
+            )
         finished: list[BatchResult] = []
         try:
             results = run_batch(
-                read_items(args.input), rlm_kwargs(args), concurrency=args.concurrency,
-                executor=args.executor, executor_kwargs=_executor_kwargs(args), skip_ids=done,
+                read_items(args.input),
+                rlm_kwargs(args),
+                concurrency=args.concurrency,
+                executor=args.executor,
+                executor_kwargs=_executor_kwargs(args),
+                skip_ids=done,
             )
             with BatchProgress(total, quiet=args.quiet, stream=sys.stderr) as progress:
                 for result in results:
@@ -178,7 +216,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"rlm-graph batch: {exc}", file=sys.stderr)
             return EXIT_USAGE
         except KeyboardInterrupt:
-            print(f"\nrlm-graph batch: interrupted after {len(finished)} items; rerun the same command to resume", file=sys.stderr)
+            print(
+                f"\nrlm-graph batch: interrupted after {len(finished)} items; rerun the same command to resume",
+                file=sys.stderr,
+            )
             return EXIT_INTERRUPTED
     summary = BatchSummary.of(finished, skipped=len(done))
     print(f"rlm-graph batch: {summary.text()}", file=sys.stderr)

@@ -18,7 +18,9 @@ def register(subparsers: Any) -> None:
         "demo", help="find a needle in a 2 MB document with a scripted RLM (offline)"
     )
     parser.add_argument("--size", type=int, default=2_000_000, help="document size in characters")
-    parser.add_argument("--latency", type=float, default=0.2, help="simulated seconds per model call")
+    parser.add_argument(
+        "--latency", type=float, default=0.2, help="simulated seconds per model call"
+    )
     parser.add_argument("--max-concurrent", type=int, default=16, help="provider concurrency limit")
     parser.add_argument("--seed", type=int, default=7, help="seed of the generated document")
     parser.add_argument(
@@ -37,7 +39,9 @@ def run(args: argparse.Namespace) -> int:
         print("rlm-graph demo: --size must be >= 10000, --latency >= 0, --max-concurrent >= 1")
         return 2
     setup = build_document(args.size, args.seed)
-    print(f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}.")
+    print(
+        f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}."
+    )
     print(f"Question: {QUESTION}\n")
     provider = tracer_provider_for(args)
     display = progress_for(args)
@@ -64,15 +68,21 @@ def run(args: argparse.Namespace) -> int:
             f"and {usage.total_output_tokens:,} output tokens"
         )
     print(f"Makespan: {makespan(graph):.3f} s (wall clock {result.execution_time:.3f} s)")
-    print(f"Critical path: {result.critical_path.length:.3f} s through {' -> '.join(result.critical_path.nodes)}")
+    print(
+        f"Critical path: {result.critical_path.length:.3f} s through {' -> '.join(result.critical_path.nodes)}"
+    )
     print(f"Parallel efficiency: {result.parallel_efficiency:.1%} (critical path / makespan)")
     calls = len(list(graph.records(NodeKind.LLM_CALL)))
     serial = calls * args.latency
-    print(f"The {calls} sub-calls would take {serial:.1f} s one after another, as in the RLM paper.")
+    print(
+        f"The {calls} sub-calls would take {serial:.1f} s one after another, as in the RLM paper."
+    )
     folder = os.path.dirname(args.out)
     if folder:
         os.makedirs(folder, exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:
         handle.write(to_json(graph, indent=1))
-    print(f"Graph written to {args.out} (rlm-graph trace export, or load it with rlm_graph.graph.from_json).")
+    print(
+        f"Graph written to {args.out} (rlm-graph trace export, or load it with rlm_graph.graph.from_json)."
+    )
     return 0 if ok else 1

@@ -44,27 +44,64 @@ def register(subparsers: Any) -> None:
     )
     source = parser.add_argument_group("items (one of --task and --data)")
     source.add_argument("--task", help="a generated task: sniah, synth-oolong, synth-oolong-pairs")
-    source.add_argument("--data", type=Path, metavar="FILE.jsonl", help="items, one JSON object a line (docs/eval.md)")
-    source.add_argument("--n", type=int, help="items: per length of a --task (default 10), or drawn from --data with --seed (default all)")
-    source.add_argument("--lengths", help="a --task's context lengths in tokens, e.g. 8k,64k,1m (k = 1,024)")
-    source.add_argument("--seed", type=int, default=0, help="seed of the task, of the draw from --data and of the bootstrap (default 0)")
-    parser.add_argument("--method", default="rlm", help="comma-separated eval methods (default rlm; see `rlm-graph plugins`)")
-    parser.add_argument("--out", type=Path, metavar="DIR", help="the evaluation's folder (resumed when it holds results)")
-    parser.add_argument("--retry-failed", action="store_true", help="on resume, run items that failed again too")
-    parser.add_argument("--estimate", action="store_true", help="print the cost estimate and exit without running")
-    parser.add_argument("--no-journal", action="store_true", help="do not journal completions in DIR/journal.sqlite")
-    parser.add_argument("--quiet", action="store_true", help="no line per finished item, only the summary")
+    source.add_argument(
+        "--data",
+        type=Path,
+        metavar="FILE.jsonl",
+        help="items, one JSON object a line (docs/eval.md)",
+    )
+    source.add_argument(
+        "--n",
+        type=int,
+        help="items: per length of a --task (default 10), or drawn from --data with --seed (default all)",
+    )
+    source.add_argument(
+        "--lengths", help="a --task's context lengths in tokens, e.g. 8k,64k,1m (k = 1,024)"
+    )
+    source.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the task, of the draw from --data and of the bootstrap (default 0)",
+    )
+    parser.add_argument(
+        "--method",
+        default="rlm",
+        help="comma-separated eval methods (default rlm; see `rlm-graph plugins`)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="the evaluation's folder (resumed when it holds results)",
+    )
+    parser.add_argument(
+        "--retry-failed", action="store_true", help="on resume, run items that failed again too"
+    )
+    parser.add_argument(
+        "--estimate", action="store_true", help="print the cost estimate and exit without running"
+    )
+    parser.add_argument(
+        "--no-journal", action="store_true", help="do not journal completions in DIR/journal.sqlite"
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no line per finished item, only the summary"
+    )
     add_backend_arguments(parser, model_required=False)  # not for `eval convert`
     add_executor_arguments(parser)
     _add_provider_arguments(parser)
     _add_window_arguments(parser)
-    limits = parser.add_argument_group("limits (per completion, but --max-budget: the whole evaluation)")
+    limits = parser.add_argument_group(
+        "limits (per completion, but --max-budget: the whole evaluation)"
+    )
     for name, kind, text in LIMIT_FLAGS:
         if name == "max_budget":
             text = "USD for the whole evaluation, every item and method (docs/eval.md: the rule and its bound)"
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
     parser.set_defaults(func=run, journal=None)
-    actions = parser.add_subparsers(dest="action", metavar="[convert]", help="convert a published file to items")
+    actions = parser.add_subparsers(
+        dest="action", metavar="[convert]", help="convert a published file to items"
+    )
     _register_convert(actions)
 
 
@@ -77,14 +114,45 @@ def _register_convert(actions: Any) -> None:
         description="Convert a downloaded benchmark file into an items file for `rlm-graph eval "
         "--data`. Nothing is downloaded. See docs/eval.md for each source's columns.",
     )
-    parser.add_argument("--from", dest="source", required=True, choices=CONVERTERS, help="the file's benchmark")
-    parser.add_argument("file", type=Path, metavar="FILE", help="the file as published (.jsonl, .json or .parquet)")
-    parser.add_argument("-o", "--output", type=Path, metavar="ITEMS.jsonl", help="where to write the items (default stdout)")
-    parser.add_argument("--filter", action="append", metavar="COLUMN=VALUE", help="keep rows whose column has this value, e.g. dataset=trec_coarse (repeatable)")
-    parser.add_argument("--corpus", type=Path, metavar="CORPUS.jsonl", help="browsecomp-plus: the corpus (docid, text, url) to fill each context from")
-    parser.add_argument("--docs", type=int, help="browsecomp-plus: documents per context (default 1,000 with --corpus)")
-    parser.add_argument("--seed", type=int, default=0, help="browsecomp-plus: the shuffle and the corpus draw (default 0)")
-    parser.add_argument("--all-domains", action="store_true", help="longbench-v2: every domain, not only CodeQA's")
+    parser.add_argument(
+        "--from", dest="source", required=True, choices=CONVERTERS, help="the file's benchmark"
+    )
+    parser.add_argument(
+        "file", type=Path, metavar="FILE", help="the file as published (.jsonl, .json or .parquet)"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        metavar="ITEMS.jsonl",
+        help="where to write the items (default stdout)",
+    )
+    parser.add_argument(
+        "--filter",
+        action="append",
+        metavar="COLUMN=VALUE",
+        help="keep rows whose column has this value, e.g. dataset=trec_coarse (repeatable)",
+    )
+    parser.add_argument(
+        "--corpus",
+        type=Path,
+        metavar="CORPUS.jsonl",
+        help="browsecomp-plus: the corpus (docid, text, url) to fill each context from",
+    )
+    parser.add_argument(
+        "--docs",
+        type=int,
+        help="browsecomp-plus: documents per context (default 1,000 with --corpus)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="browsecomp-plus: the shuffle and the corpus draw (default 0)",
+    )
+    parser.add_argument(
+        "--all-domains", action="store_true", help="longbench-v2: every domain, not only CodeQA's"
+    )
     parser.set_defaults(func=run_convert)
 
 
@@ -96,8 +164,13 @@ def run_convert(args: argparse.Namespace) -> int:
 
     try:
         items = convert(
-            args.source, args.file, filters=parse_filters(args.filter), corpus=args.corpus,
-            docs=args.docs, seed=args.seed, all_domains=args.all_domains,
+            args.source,
+            args.file,
+            filters=parse_filters(args.filter),
+            corpus=args.corpus,
+            docs=args.docs,
+            seed=args.seed,
+            all_domains=args.all_domains,
         )
         if args.output is None:
             count = write_items(items, sys.stdout)
@@ -110,10 +183,15 @@ def run_convert(args: argparse.Namespace) -> int:
         print(f"rlm-graph eval convert: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
-        print(f"rlm-graph eval convert: cannot write {args.output}: {exc.strerror}", file=sys.stderr)
+        print(
+            f"rlm-graph eval convert: cannot write {args.output}: {exc.strerror}", file=sys.stderr
+        )
         return EXIT_USAGE
     where = args.output if args.output is not None else "stdout"
-    print(f"rlm-graph eval convert: {count} items from {args.file.name} written to {where}", file=sys.stderr)
+    print(
+        f"rlm-graph eval convert: {count} items from {args.file.name} written to {where}",
+        file=sys.stderr,
+    )
     return EXIT_OK
 
 
@@ -127,7 +205,9 @@ def _items(args: argparse.Namespace) -> Any:
         raise ConfigError("give one of --task NAME and --data FILE.jsonl")
     if args.task is not None:
         lengths = parse_lengths(args.lengths) if args.lengths else None
-        return TaskItems(args.task, n=args.n if args.n is not None else 10, lengths=lengths, seed=args.seed)
+        return TaskItems(
+            args.task, n=args.n if args.n is not None else 10, lengths=lengths, seed=args.seed
+        )
     if args.lengths:
         raise ConfigError("--lengths goes with --task (the lengths of --data items are theirs)")
     ids = sample_items(scan_items(args.data), args.n, args.seed)
@@ -145,9 +225,17 @@ def _evaluation(args: argparse.Namespace) -> Any:
     kwargs.pop("max_budget", None)  # the evaluation's, not each completion's: see SharedBudget
     methods = [m.strip() for m in args.method.split(",") if m.strip()]
     return Evaluation(
-        _items(args), kwargs, methods=methods, out=args.out, concurrency=args.concurrency,
-        executor=args.executor, executor_kwargs=_executor_kwargs(args), seed=args.seed,
-        max_budget=args.max_budget, retry_failed=args.retry_failed, journal=not args.no_journal,
+        _items(args),
+        kwargs,
+        methods=methods,
+        out=args.out,
+        concurrency=args.concurrency,
+        executor=args.executor,
+        executor_kwargs=_executor_kwargs(args),
+        seed=args.seed,
+        max_budget=args.max_budget,
+        retry_failed=args.retry_failed,
+        journal=not args.no_journal,
         check=not args.estimate,  # an estimate needs no key
     )
 
@@ -162,11 +250,16 @@ def _say_plan(evaluation: Any, args: argparse.Namespace, stream: TextIO) -> None
     done = estimate.items * len(estimate.methods) - todo
     print(
         f"rlm-graph eval: {evaluation.title}: {estimate.items} items ({estimate.tokens:,} tokens) x "
-        f"{len(estimate.methods)} methods; {todo} to run" + (f", {done} already in {args.out}" if done else ""),
+        f"{len(estimate.methods)} methods; {todo} to run"
+        + (f", {done} already in {args.out}" if done else ""),
         file=stream,
     )
     parts = ", ".join(f"{name} {_money(cost)}" for name, cost in estimate.methods.items())
-    budget = f"; --max-budget ${args.max_budget:,.2f} holds across the whole evaluation" if args.max_budget else ""
+    budget = (
+        f"; --max-budget ${args.max_budget:,.2f} holds across the whole evaluation"
+        if args.max_budget
+        else ""
+    )
     print(
         f"rlm-graph eval: estimated cost {_money(estimate.total)} ({parts}): a rough floor from the "
         f"price table{budget}",
@@ -202,18 +295,32 @@ def _say_outcome(outcome: Any, args: argparse.Namespace, stream: TextIO) -> None
             print(f"rlm-graph eval: {name}: no row yet", file=stream)
             continue
         ci = f" [{100 * m.ci95[0]:.1f}, {100 * m.ci95[1]:.1f}]" if m.ci95 else ""
-        cost = f", ${m.cost.mean:.4f} mean, ${m.cost.p95:.4f} p95" if m.cost.mean is not None and m.cost.p95 is not None else ""
+        cost = (
+            f", ${m.cost.mean:.4f} mean, ${m.cost.p95:.4f} p95"
+            if m.cost.mean is not None and m.cost.p95 is not None
+            else ""
+        )
         latency = f", {m.latency_s.median:.1f} s median" if m.latency_s.median is not None else ""
         notes = "".join(
-            f", {count} {what}" for count, what in ((m.errors, "failed"), (m.does_not_fit, "did not fit")) if count
+            f", {count} {what}"
+            for count, what in ((m.errors, "failed"), (m.does_not_fit, "did not fit"))
+            if count
         )
-        print(f"rlm-graph eval: {name}: {100 * m.score:.1f}%{ci} over {m.n} items{cost}{latency}{notes}", file=stream)
-    print(f"rlm-graph eval: spent ${outcome.spent:.4f}; wrote {outcome.written} rows; table in {outcome.out / 'summary.md'}, "
-          f"report in {outcome.out / 'report.html'}", file=stream)
+        print(
+            f"rlm-graph eval: {name}: {100 * m.score:.1f}%{ci} over {m.n} items{cost}{latency}{notes}",
+            file=stream,
+        )
+    print(
+        f"rlm-graph eval: spent ${outcome.spent:.4f}; wrote {outcome.written} rows; table in {outcome.out / 'summary.md'}, "
+        f"report in {outcome.out / 'report.html'}",
+        file=stream,
+    )
     if outcome.unfinished:
-        print(f"rlm-graph eval: the budget (--max-budget ${args.max_budget:,.2f}) ran out with {outcome.unfinished} "
-              "item x method runs left; rerun with a larger --max-budget to finish them (nothing done is asked again)",
-              file=stream)
+        print(
+            f"rlm-graph eval: the budget (--max-budget ${args.max_budget:,.2f}) ran out with {outcome.unfinished} "
+            "item x method runs left; rerun with a larger --max-budget to finish them (nothing done is asked again)",
+            file=stream,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,15 +334,19 @@ def run(args: argparse.Namespace) -> int:
     _say_plan(evaluation, args, sys.stderr)
     if args.estimate:
         return EXIT_OK
-    progress = _Progress(sum(evaluation.estimate.todo.values()), quiet=args.quiet, stream=sys.stderr)
+    progress = _Progress(
+        sum(evaluation.estimate.todo.values()), quiet=args.quiet, stream=sys.stderr
+    )
     try:
         outcome = evaluation.run(progress)
     except ConfigError as exc:
         print(f"rlm-graph eval: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"\nrlm-graph eval: interrupted after {progress.done} rows; rerun the same command to resume",
-              file=sys.stderr)
+        print(
+            f"\nrlm-graph eval: interrupted after {progress.done} rows; rerun the same command to resume",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     _say_outcome(outcome, args, sys.stderr)
     print(Path(outcome.out / "summary.md").read_text(encoding="utf-8"), end="")

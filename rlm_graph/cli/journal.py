@@ -24,7 +24,9 @@ def register(subparsers: Any) -> None:
     ls = commands.add_parser(
         "ls", help="runs, newest first: key, kind, status, attempts, nodes, cost, question"
     )
-    ls.add_argument("path", type=Path, metavar="PATH", help="a journal (RLM(journal=...), --journal)")
+    ls.add_argument(
+        "path", type=Path, metavar="PATH", help="a journal (RLM(journal=...), --journal)"
+    )
     ls.add_argument("--json", action="store_true", help="one JSON object per run")
     ls.set_defaults(func=run_ls)
 
@@ -51,16 +53,28 @@ def run_ls(args: argparse.Namespace) -> int:
         store.close()
     if args.json:
         for run in runs:
-            print(json.dumps({
-                "key": run.key, "kind": run.kind, "status": run.status, "attempts": run.attempts,
-                "nodes": run.nodes, "cost": run.cost, "label": run.label,
-                "created": run.created, "updated": run.updated,
-            }))
+            print(
+                json.dumps(
+                    {
+                        "key": run.key,
+                        "kind": run.kind,
+                        "status": run.status,
+                        "attempts": run.attempts,
+                        "nodes": run.nodes,
+                        "cost": run.cost,
+                        "label": run.label,
+                        "created": run.created,
+                        "updated": run.updated,
+                    }
+                )
+            )
         return EXIT_OK
     if not runs:
         print(f"{args.path}: no runs yet")
         return EXIT_OK
-    print(f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<8}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION")
+    print(
+        f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<8}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION"
+    )
     for run in runs:
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.updated))
         print(

@@ -68,9 +68,13 @@ class AnswerResult(BaseModel):
         "(max_iterations, max_timeout, max_tokens, max_budget, max_errors)"
     )
     usage: dict[str, Any] = Field(description="calls, tokens and cost per model, children included")
-    cost_usd: float | None = Field(description="the run's cost in USD (null: a model without a price)")
+    cost_usd: float | None = Field(
+        description="the run's cost in USD (null: a model without a price)"
+    )
     execution_time: float = Field(description="seconds the run took")
-    report: str | None = Field(description="path of the run's one-file HTML report (null: none written)")
+    report: str | None = Field(
+        description="path of the run's one-file HTML report (null: none written)"
+    )
     files_read: int = Field(description="files given to the model (0 for text)")
     bytes_read: int = Field(description="bytes of those files, or of the text")
     skipped: list[str] = Field(description="files of the folders named that were not read, and why")
@@ -88,21 +92,34 @@ def register(subparsers: Any) -> None:
         "keys come from the environment only.",
     )
     parser.add_argument(
-        "--read-path", action="append", default=[], metavar="PATH", required=True,
+        "--read-path",
+        action="append",
+        default=[],
+        metavar="PATH",
+        required=True,
         help="a folder (or file) the tool may read; repeat for more. Paths outside every "
         "one (after resolving links and '..') are refused; relative paths are taken from "
         "the first folder",
     )
     parser.add_argument(
-        "--max-read-bytes", type=int, default=DEFAULT_MAX_READ_BYTES, metavar="N",
+        "--max-read-bytes",
+        type=int,
+        default=DEFAULT_MAX_READ_BYTES,
+        metavar="N",
         help=f"the most bytes one call may read (default {DEFAULT_MAX_READ_BYTES:,})",
     )
     parser.add_argument(
-        "--max-read-files", type=int, default=DEFAULT_MAX_READ_FILES, metavar="N",
+        "--max-read-files",
+        type=int,
+        default=DEFAULT_MAX_READ_FILES,
+        metavar="N",
         help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,})",
     )
     parser.add_argument(
-        "--report-dir", type=Path, default=None, metavar="DIR",
+        "--report-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
         help="where each call's HTML report goes, one file (mode 0600) per call (default: "
         "a new private folder under the system's temporary folder)",
     )
@@ -154,7 +171,9 @@ class _Tools:
 
         RLM(**self.kwargs).close()
 
-    async def answer(self, question: str, paths: list[str] | None, text: str | None) -> AnswerResult:
+    async def answer(
+        self, question: str, paths: list[str] | None, text: str | None
+    ) -> AnswerResult:
         import anyio
         from mcp.server.mcpserver.exceptions import ToolError
 
@@ -164,18 +183,28 @@ class _Tools:
         try:
             report = self._new_report()
         except OSError as exc:
-            raise ToolError(f"cannot write a report in {self.report_dir}: {exc.strerror or exc}") from None
+            raise ToolError(
+                f"cannot write a report in {self.report_dir}: {exc.strerror or exc}"
+            ) from None
         writer = ReportWriter(report, f"rlm-graph mcp: {question[:80]}", _log)
         try:
-            rlm = RLM(**self.kwargs, tracer_provider=self.provider,
-                      trace_content=self.trace_content, listeners=[writer])
+            rlm = RLM(
+                **self.kwargs,
+                tracer_provider=self.provider,
+                trace_content=self.trace_content,
+                listeners=[writer],
+            )
         except BaseException:
             report.unlink(missing_ok=True)
             raise
         try:
             result = await rlm.acompletion(context, root_prompt=question)
         except ProviderError as exc:
-            partial = f" The partial answer so far: {exc.partial}" if exc.result is not None and exc.partial else ""
+            partial = (
+                f" The partial answer so far: {exc.partial}"
+                if exc.result is not None and exc.partial
+                else ""
+            )
             raise ToolError(provider_message(exc) + "." + partial) from None
         except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
             raise ToolError(f"stopped by {exc.reason}; the partial answer: {exc.partial}") from None
@@ -188,10 +217,15 @@ class _Tools:
                 report.unlink(missing_ok=True)
         summary = result.usage_summary
         return AnswerResult(
-            answer=result.response, stop_reason=result.stop_reason, usage=summary.to_dict(),
-            cost_usd=summary.total_cost, execution_time=result.execution_time,
+            answer=result.response,
+            stop_reason=result.stop_reason,
+            usage=summary.to_dict(),
+            cost_usd=summary.total_cost,
+            execution_time=result.execution_time,
             report=str(writer.written) if writer.written is not None else None,
-            files_read=files, bytes_read=size, skipped=skipped,
+            files_read=files,
+            bytes_read=size,
+            skipped=skipped,
         )
 
     async def _context(
@@ -201,11 +235,15 @@ class _Tools:
         from mcp.server.mcpserver.exceptions import ToolError
 
         if (paths is None) == (text is None):
-            raise ToolError("give either paths (files or folders to read) or text, not both and not neither")
+            raise ToolError(
+                "give either paths (files or folders to read) or text, not both and not neither"
+            )
         if text is not None:
             size = len(text.encode("utf-8", errors="replace"))
             if size > self.roots.max_bytes:
-                raise ToolError(f"the text is more than {self.roots.max_bytes:,} bytes (--max-read-bytes)")
+                raise ToolError(
+                    f"the text is more than {self.roots.max_bytes:,} bytes (--max-read-bytes)"
+                )
             return text, 0, size, []
         assert paths is not None
         try:
@@ -213,7 +251,9 @@ class _Tools:
         except ConfigError as exc:
             raise ToolError(str(exc)) from None
         if not docs.files:
-            raise ToolError("no text file to read in the paths given: " + "; ".join(docs.skipped[:20]))
+            raise ToolError(
+                "no text file to read in the paths given: " + "; ".join(docs.skipped[:20])
+            )
         return docs.files, len(docs.files), docs.size, docs.skipped[:200]
 
     def _new_report(self) -> Path:
@@ -240,7 +280,9 @@ def _log(text: str) -> None:
     print(f"rlm-graph mcp: {text}", file=sys.stderr, flush=True)
 
 
-def build_server(args: argparse.Namespace, provider: TracerProvider | None = None) -> MCPServer[Any]:
+def build_server(
+    args: argparse.Namespace, provider: TracerProvider | None = None
+) -> MCPServer[Any]:
     """The MCP server of the parsed ``rlm-graph mcp`` flags (not yet serving); its runs
     send spans to ``provider``.
 
@@ -267,10 +309,14 @@ def build_server(args: argparse.Namespace, provider: TracerProvider | None = Non
         question: Annotated[str, Field(description="the question to answer over the documents")],
         paths: Annotated[
             list[str] | None,
-            Field(description="files or folders to read (a folder: every text file in it), "
-                  "inside the server's read roots (the tool's description names them)"),
+            Field(
+                description="files or folders to read (a folder: every text file in it), "
+                "inside the server's read roots (the tool's description names them)"
+            ),
         ] = None,
-        text: Annotated[str | None, Field(description="the document itself, instead of paths")] = None,
+        text: Annotated[
+            str | None, Field(description="the document itself, instead of paths")
+        ] = None,
     ) -> AnswerResult:
         return await tools.answer(question, paths, text)
 

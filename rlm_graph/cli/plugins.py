@@ -11,7 +11,8 @@ from ..hooks import PluginHost
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "plugins", help="list registered providers, environments, compaction strategies, executors and eval methods"
+        "plugins",
+        help="list registered providers, environments, compaction strategies, executors and eval methods",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=run)

@@ -63,8 +63,19 @@ class RunProgress:
     """What a run has done so far, from its events."""
 
     __slots__ = (
-        "cancelled", "cost", "depth", "done", "error", "failed", "finished", "running",
-        "started", "stop_reason", "tokens", "turn", "warnings",
+        "cancelled",
+        "cost",
+        "depth",
+        "done",
+        "error",
+        "failed",
+        "finished",
+        "running",
+        "started",
+        "stop_reason",
+        "tokens",
+        "turn",
+        "warnings",
     )
 
     def __init__(self) -> None:
@@ -167,7 +178,11 @@ class ProgressDisplay:
         if self.verbose and isinstance(event, NodeFinished):
             self._say(_node_line(event))
         if self.mode == "plain":
-            if isinstance(event, NodeStarted) and event.kind == NodeKind.ROOT_TURN and event.depth == 0:
+            if (
+                isinstance(event, NodeStarted)
+                and event.kind == NodeKind.ROOT_TURN
+                and event.depth == 0
+            ):
                 self._say("rlm-graph: " + self.progress.line())
             elif isinstance(event, RunFinished):
                 self._say("rlm-graph: " + self.progress.line() + "  " + self.progress.outcome)

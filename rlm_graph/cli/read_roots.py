@@ -36,10 +36,22 @@ from ..errors import ConfigError
 
 __all__ = ["NEVER_READ", "SKIPPED_FOLDERS", "Documents", "ReadRoots"]
 
-SKIPPED_FOLDERS = frozenset({
-    ".git", ".hg", ".svn", "__pycache__", "node_modules", ".venv", "venv", ".tox", ".nox",
-    ".mypy_cache", ".pytest_cache", ".ruff_cache",
-})
+SKIPPED_FOLDERS = frozenset(
+    {
+        ".git",
+        ".hg",
+        ".svn",
+        "__pycache__",
+        "node_modules",
+        ".venv",
+        "venv",
+        ".tox",
+        ".nox",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+    }
+)
 """Folders a walk does not enter (named explicitly, their files are still read)."""
 
 NEVER_READ = ("/proc", "/sys", "/dev")
@@ -79,7 +91,9 @@ class ReadRoots:
 
     def __init__(self, roots: Sequence[str], *, max_bytes: int, max_files: int) -> None:
         if not roots:
-            raise ConfigError("give at least one --read-path: the server reads nothing outside them")
+            raise ConfigError(
+                "give at least one --read-path: the server reads nothing outside them"
+            )
         resolved = []
         for root in roots:
             path = os.path.realpath(os.path.expanduser(root))
@@ -88,7 +102,9 @@ class ReadRoots:
             resolved.append(path)
         self.roots = list(dict.fromkeys(resolved))
         # Relative paths are taken from here, never from the server's working folder.
-        self.base = next((r for r in self.roots if os.path.isdir(r)), os.path.dirname(self.roots[0]))
+        self.base = next(
+            (r for r in self.roots if os.path.isdir(r)), os.path.dirname(self.roots[0])
+        )
         if max_bytes < 1 or max_files < 1:
             raise ConfigError("--max-read-bytes and --max-read-files must be at least 1")
         self.max_bytes = max_bytes
@@ -149,7 +165,8 @@ class ReadRoots:
 
         for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
             dirs[:] = sorted(
-                d for d in dirs
+                d
+                for d in dirs
                 if d not in SKIPPED_FOLDERS and self.contains(os.path.join(parent, d))
             )
             for name in sorted(files):

@@ -35,13 +35,17 @@ def register(subparsers: Any) -> None:
         "errors and limit stops, and each node's previews on click. It opens offline.",
     )
     parser.add_argument(
-        "run", type=Path, metavar="RUN",
+        "run",
+        type=Path,
+        metavar="RUN",
         help="a trace file (.otlp.jsonl or .jaeger.json) or a graph JSON (rlm-graph demo --out)",
     )
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="PATH",
-                        help="the HTML file to write")
     parser.add_argument(
-        "--trace-id", default=None,
+        "-o", "--output", type=Path, required=True, metavar="PATH", help="the HTML file to write"
+    )
+    parser.add_argument(
+        "--trace-id",
+        default=None,
         help="which trace, if the file has several (for a journal: which run, by the start of its key)",
     )
     parser.add_argument("--title", default=None, help="the page's title (default: the file's name)")
@@ -51,7 +55,10 @@ def register(subparsers: Any) -> None:
 def add_report_argument(parser: argparse.ArgumentParser) -> None:
     """Add ``--report PATH`` to a subcommand that runs something."""
     parser.add_argument(
-        "--report", type=Path, default=None, metavar="PATH",
+        "--report",
+        type=Path,
+        default=None,
+        metavar="PATH",
         help="write a one-file HTML report of the run here when it ends",
     )
 
@@ -73,7 +80,9 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
     except OSError as exc:
         raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise TraceFileError(f"{path} is not a text file: give a trace file or a graph JSON") from None
+        raise TraceFileError(
+            f"{path} is not a text file: give a trace file or a graph JSON"
+        ) from None
     if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
         try:
             return from_json(path.read_text(encoding="utf-8")), None
@@ -81,7 +90,9 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
             raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
     spans = load_trace(path)
     graph = to_graph(spans, trace_id)
-    stops = [s.attributes.get("rlm.stop_reason") for s in spans if "rlm.stop_reason" in s.attributes]
+    stops = [
+        s.attributes.get("rlm.stop_reason") for s in spans if "rlm.stop_reason" in s.attributes
+    ]
     return graph, str(stops[0]) if stops else None
 
 
@@ -92,10 +103,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"rlm-graph report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        path = write_report(graph, args.output, title=args.title or f"rlm-graph run: {args.run.name}",
-                            stop_reason=stop_reason)
+        path = write_report(
+            graph,
+            args.output,
+            title=args.title or f"rlm-graph run: {args.run.name}",
+            stop_reason=stop_reason,
+        )
     except OSError as exc:
-        print(f"rlm-graph report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        print(
+            f"rlm-graph report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr
+        )
         return EXIT_USAGE
     print(f"report written to {path} ({len(graph):,} nodes)", file=sys.stderr)
     return EXIT_OK

@@ -35,8 +35,13 @@ from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 __all__ = [
-    "LIMIT_FLAGS", "add_backend_arguments", "add_engine_arguments", "provider_message", "register",
-    "rlm_kwargs", "run",
+    "LIMIT_FLAGS",
+    "add_backend_arguments",
+    "add_engine_arguments",
+    "provider_message",
+    "register",
+    "rlm_kwargs",
+    "run",
 ]
 
 LIMIT_FLAGS: tuple[tuple[str, type, str], ...] = (
@@ -62,20 +67,26 @@ def register(subparsers: Any) -> None:
         "ANTHROPIC_API_KEY). Exit codes: 0 answered, 1 failed, 2 bad usage, 3 limit reached "
         "(partial answer printed), 4 provider error (partial answer printed), 130 Ctrl-C.",
     )
-    parser.add_argument("--context", required=True, metavar="FILE|-", help="the context; '-' reads stdin")
+    parser.add_argument(
+        "--context", required=True, metavar="FILE|-", help="the context; '-' reads stdin"
+    )
     parser.add_argument(
         "--encoding", default="utf-8", help="the context file's text encoding (default utf-8)"
     )
     parser.add_argument("--query", required=True, help="the question to answer over the context")
     parser.add_argument(
-        "--schema", metavar="FILE.json",
+        "--schema",
+        metavar="FILE.json",
         help="a JSON Schema the answer must match: the model is told it, refused answers go "
         "back to it, and the answer is printed as JSON (exit 3 if none ever matched)",
     )
     add_engine_arguments(parser)
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (errors too)")
     parser.add_argument(
-        "--journal", metavar="PATH",
+        "--json", action="store_true", help="print one JSON object instead of text (errors too)"
+    )
+    parser.add_argument(
+        "--journal",
+        metavar="PATH",
         help="record finished nodes in this SQLite file; rerunning the same command resumes "
         "from it (see docs/durability.md, `rlm-graph journal ls`)",
     )
@@ -99,10 +110,16 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 def add_backend_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
     """``--backend``, ``--model``, ``--base-url``, ``--sub-model``, ``--environment``: the
     models and the REPL (``run``, ``batch`` and ``eval`` share them)."""
-    parser.add_argument("--backend", default="openai", help="provider name (default openai; see `rlm-graph plugins`)")
+    parser.add_argument(
+        "--backend",
+        default="openai",
+        help="provider name (default openai; see `rlm-graph plugins`)",
+    )
     parser.add_argument("--model", required=model_required, help="the root model's name")
     parser.add_argument("--base-url", help="the API root (default: the backend's)")
-    parser.add_argument("--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend")
+    parser.add_argument(
+        "--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend"
+    )
     parser.add_argument(
         "--environment",
         default="subprocess",
@@ -121,17 +138,25 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         "backend's key variable goes only to the provider's official host)",
     )
     group.add_argument("--max-concurrent", type=int, help="requests in flight to the provider")
-    group.add_argument("--requests-per-minute", type=float, help="the provider's request rate limit")
     group.add_argument(
-        "--max-attempts", type=int, metavar="N",
+        "--requests-per-minute", type=float, help="the provider's request rate limit"
+    )
+    group.add_argument(
+        "--max-attempts",
+        type=int,
+        metavar="N",
         help="tries per request, the first included (retries on 429, 5xx, timeouts)",
     )
     group.add_argument(
-        "--timeout", type=float, metavar="S",
+        "--timeout",
+        type=float,
+        metavar="S",
         help="seconds the first attempt of a request may take (doubled after each timeout)",
     )
     group.add_argument(
-        "--max-timeouts", type=int, metavar="N",
+        "--max-timeouts",
+        type=int,
+        metavar="N",
         help="attempts of a request that may time out before it fails (default 3)",
     )
 
@@ -139,26 +164,39 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("context window")
     group.add_argument(
-        "--context-window", type=int, metavar="TOKENS",
+        "--context-window",
+        type=int,
+        metavar="TOKENS",
         help="the model's context window in tokens (e.g. 2048 for a default llama.cpp "
         "server); the history is compacted before it fills up",
     )
     group.add_argument(
-        "--compaction", choices=("summarize", "truncate", "none"), default=None,
+        "--compaction",
+        choices=("summarize", "truncate", "none"),
+        default=None,
         help="how the history is kept under the window: summarize (an LM summary), "
         "truncate (drop the oldest turns) or none; default summarize with "
         "--context-window, else none",
     )
     group.add_argument(
-        "--max-output-tokens", type=int, metavar="TOKENS",
+        "--max-output-tokens",
+        type=int,
+        metavar="TOKENS",
         help="the most tokens one model answer may have (max_tokens)",
     )
 
 
 def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"model_name": model}
-    for flag in ("base_url", "api_key_env", "max_concurrent", "requests_per_minute",
-                 "max_attempts", "timeout", "max_timeouts"):
+    for flag in (
+        "base_url",
+        "api_key_env",
+        "max_concurrent",
+        "requests_per_minute",
+        "max_attempts",
+        "timeout",
+        "max_timeouts",
+    ):
         value = getattr(args, flag)
         if value is not None:
             kwargs[flag] = value
@@ -251,9 +289,15 @@ def run(args: argparse.Namespace) -> int:
         schema = _read_schema(args.schema)
         provider = tracer_provider_for(args)
         display = progress_for(args)
-        rlm = RLM(**rlm_kwargs(args), tracer_provider=provider,
-                  trace_content=getattr(args, "trace_content", False),
-                  listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph run: " + args.query[:80])])
+        rlm = RLM(
+            **rlm_kwargs(args),
+            tracer_provider=provider,
+            trace_content=getattr(args, "trace_content", False),
+            listeners=[
+                *display.listeners(),
+                *report_writers(args, display.say, "rlm-graph run: " + args.query[:80]),
+            ],
+        )
     except ConfigError as exc:
         finish_tracing(provider)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
@@ -277,13 +321,19 @@ def _read_schema(path: str | None) -> dict[str, Any] | None:
     except ValueError as exc:
         raise ConfigError(f"--schema: {path} is not JSON ({exc})") from None
     if not isinstance(schema, dict):
-        raise ConfigError(f"--schema: {path} must hold a JSON Schema object, not a {type(schema).__name__}")
+        raise ConfigError(
+            f"--schema: {path} must hold a JSON Schema object, not a {type(schema).__name__}"
+        )
     AnswerSchema.of(schema)  # an invalid schema fails here, before any call
     return schema
 
 
 def _complete(
-    out: Output, rlm: Any, context: str, query: str, display: ProgressDisplay,
+    out: Output,
+    rlm: Any,
+    context: str,
+    query: str,
+    display: ProgressDisplay,
     schema: dict[str, Any] | None = None,
 ) -> int:
     try:
@@ -299,8 +349,7 @@ def _complete(
             message=provider_message(exc),
         )
     except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
-        return out.result(EXIT_LIMIT, answer=exc.partial, stop_reason=exc.reason,
-                          result=exc.result)
+        return out.result(EXIT_LIMIT, answer=exc.partial, stop_reason=exc.reason, result=exc.result)
     except ConfigError as exc:  # found at the first use (a plugin's late check)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
     except RLMGraphError as exc:  # a crashed environment, a broken graph
@@ -308,8 +357,11 @@ def _complete(
     code = EXIT_OK if result.stop_reason is None else EXIT_LIMIT
     if schema is not None and result.parsed is None and result.error is not None:
         return out.result(  # no answer ever matched --schema: the last reply, and why
-            EXIT_LIMIT if result.stop_reason else EXIT_FAILED, answer=result.response,
-            stop_reason=result.stop_reason, result=result, message=result.error,
+            EXIT_LIMIT if result.stop_reason else EXIT_FAILED,
+            answer=result.response,
+            stop_reason=result.stop_reason,
+            result=result,
+            message=result.error,
             kind="SchemaMismatch",
         )
     return out.result(code, answer=result.response, stop_reason=result.stop_reason, result=result)

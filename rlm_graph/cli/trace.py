@@ -100,7 +100,10 @@ def register(subparsers: Any) -> None:
         "show", help="the span tree with durations, models, tokens, status and a timeline"
     )
     show.add_argument(
-        "files", type=Path, nargs="+", metavar="FILE",
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
         help="trace files (.otlp.jsonl or .jaeger.json); each is shown in turn",
     )
     show.add_argument("--width", type=int, default=None, help="line width (default: terminal)")
@@ -110,14 +113,19 @@ def register(subparsers: Any) -> None:
 
     export = commands.add_parser("export", help="rebuild the run's graph as DOT or GraphML")
     export.add_argument(
-        "files", type=Path, nargs="+", metavar="FILE",
+        "files",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
         help="a trace file (.otlp.jsonl or .jaeger.json), a graph JSON (rlm-graph demo "
         "--out) or a journal (--journal); given several (a shell glob), the newest is used",
     )
     export.add_argument("--format", choices=("dot", "graphml"), default="dot")
     export.add_argument("--trace-id", default=None, help="which trace, if the file has several")
     export.add_argument(
-        "--run", default=None, metavar="KEY",
+        "--run",
+        default=None,
+        metavar="KEY",
         help="for a journal (.sqlite): which run, by the start of its key (`rlm-graph "
         "journal ls`); default the newest",
     )
@@ -152,7 +160,10 @@ def _newest(paths: list[Path]) -> Path:
     existing = [p for p in paths if p.exists()]
     if len(paths) > 1 and existing:
         newest = max(existing, key=lambda p: p.stat().st_mtime)
-        print(f"rlm-graph trace export: {len(paths)} files given; using the newest, {newest}", file=sys.stderr)
+        print(
+            f"rlm-graph trace export: {len(paths)} files given; using the newest, {newest}",
+            file=sys.stderr,
+        )
         return newest
     return paths[0]
 

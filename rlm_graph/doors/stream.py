@@ -59,7 +59,9 @@ class EventStream(Generic[T]):
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
-        self._thread = threading.Thread(target=self._main, name=f"rlm-graph {sync_name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._main, name=f"rlm-graph {sync_name}", daemon=True
+        )
         self._thread.start()
 
     @property

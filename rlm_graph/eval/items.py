@@ -86,15 +86,21 @@ class EvalItem(BaseModel):
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-            raise ConfigError(f"item {self.id!r}: cannot read context_path {str(path)!r}: {reason}") from None
+            raise ConfigError(
+                f"item {self.id!r}: cannot read context_path {str(path)!r}: {reason}"
+            ) from None
         if path.suffix.lower() != ".json":
             return text
         try:
             value = json.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"item {self.id!r}: context_path {str(path)!r} is not JSON ({exc})") from None
+            raise ConfigError(
+                f"item {self.id!r}: context_path {str(path)!r} is not JSON ({exc})"
+            ) from None
         if not isinstance(value, str | list | dict):
-            raise ConfigError(f"item {self.id!r}: {str(path)!r} must hold a string, a list or an object")
+            raise ConfigError(
+                f"item {self.id!r}: {str(path)!r} must hold a string, a list or an object"
+            )
         return value
 
     @property
@@ -128,9 +134,15 @@ def _check_answer(answer: Any, answer_type: str) -> str | None:
         ):
             return "a pairs answer must be a list of two-element lists, e.g. [[1, 2], [3, 4]]"
         return None
-    if not isinstance(answer, str | int | float) or isinstance(answer, bool) or str(answer).strip() == "":
+    if (
+        not isinstance(answer, str | int | float)
+        or isinstance(answer, bool)
+        or str(answer).strip() == ""
+    ):
         return f"an {answer_type} answer must be a non-empty string"
-    if answer_type == "choice" and not (len(str(answer).strip()) == 1 and str(answer).strip().isalpha()):
+    if answer_type == "choice" and not (
+        len(str(answer).strip()) == 1 and str(answer).strip().isalpha()
+    ):
         return f"a choice answer is one letter (A, B, C...), not {answer!r}"
     return None
 
@@ -151,7 +163,9 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
         raise ConfigError(f"{where}: 'question' (a non-empty string) is missing")
     answer_type = raw.get("answer_type")
     if answer_type not in ANSWER_TYPES:
-        raise ConfigError(f"{where}: 'answer_type' must be one of {', '.join(ANSWER_TYPES)}, not {answer_type!r}")
+        raise ConfigError(
+            f"{where}: 'answer_type' must be one of {', '.join(ANSWER_TYPES)}, not {answer_type!r}"
+        )
     if "answer" not in raw:
         raise ConfigError(f"{where}: 'answer' (the gold answer) is missing")
     problem = _check_answer(raw["answer"], answer_type)
@@ -167,8 +181,12 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
         context_path = str(path if path.is_absolute() or base is None else base / path)
     try:
         return EvalItem(
-            id=str(item_id), question=raw["question"], answer=raw["answer"],
-            answer_type=answer_type, context=raw.get("context"), context_path=context_path,
+            id=str(item_id),
+            question=raw["question"],
+            answer=raw["answer"],
+            answer_type=answer_type,
+            context=raw.get("context"),
+            context_path=context_path,
             meta=raw.get("meta") or {},
         )
     except ValidationError as exc:

@@ -122,12 +122,22 @@ class MethodSetup(BaseModel):
             ConfigError: ``rlm_kwargs`` is not a dict, or a ``models=`` entry is bad.
         """
         if not isinstance(rlm_kwargs, Mapping):
-            raise ConfigError(f"rlm_kwargs must be a dict of RLM(...) keywords, not {type(rlm_kwargs).__name__}")
+            raise ConfigError(
+                f"rlm_kwargs must be a dict of RLM(...) keywords, not {type(rlm_kwargs).__name__}"
+            )
         kwargs = dict(rlm_kwargs)
-        root = str((kwargs.get("backend_kwargs") or {}).get("model_name") or kwargs.get("backend") or "?")
+        root = str(
+            (kwargs.get("backend_kwargs") or {}).get("model_name") or kwargs.get("backend") or "?"
+        )
         others = list(kwargs.get("other_backend_kwargs") or [])
-        sub = str((others[0] or {}).get("model_name") or root) if kwargs.get("other_backends") and others else root
-        return cls(rlm_kwargs=kwargs, root_model=root, sub_model=sub, models=model_table(kwargs, plugins))
+        sub = (
+            str((others[0] or {}).get("model_name") or root)
+            if kwargs.get("other_backends") and others
+            else root
+        )
+        return cls(
+            rlm_kwargs=kwargs, root_model=root, sub_model=sub, models=model_table(kwargs, plugins)
+        )
 
     def info(self, model: str) -> ModelInfo | None:
         """What the model table knows of ``model`` (dated and ``vendor/`` ids resolved)."""
@@ -143,7 +153,10 @@ class MethodSetup(BaseModel):
         info = self.info(model)
         if info is None or (info.input_usd_per_mtok is None and info.output_usd_per_mtok is None):
             return None
-        return (input_tokens * (info.input_usd_per_mtok or 0.0) + output_tokens * (info.output_usd_per_mtok or 0.0)) / 1e6
+        return (
+            input_tokens * (info.input_usd_per_mtok or 0.0)
+            + output_tokens * (info.output_usd_per_mtok or 0.0)
+        ) / 1e6
 
     def root_kwargs(self, **overrides: Any) -> dict[str, Any]:
         """The evaluation's keywords with ``overrides`` (``max_depth=0``...)."""
@@ -160,7 +173,9 @@ class MethodSetup(BaseModel):
         return {**kwargs, **overrides}
 
 
-def model_table(rlm_kwargs: Mapping[str, Any], plugins: Iterable[object] = ()) -> dict[str, ModelInfo]:
+def model_table(
+    rlm_kwargs: Mapping[str, Any], plugins: Iterable[object] = ()
+) -> dict[str, ModelInfo]:
     """The plugins' model table with ``rlm_kwargs["models"]`` over it (a dict entry
     updates what the plugins know, as the engine's ``models=`` does).
 
@@ -173,9 +188,13 @@ def model_table(rlm_kwargs: Mapping[str, Any], plugins: Iterable[object] = ()) -
             table[name] = entry
         elif isinstance(entry, Mapping):
             known = table.get(name)
-            table[name] = ModelInfo(**{**(known.model_dump(exclude_unset=True) if known else {}), **entry})
+            table[name] = ModelInfo(
+                **{**(known.model_dump(exclude_unset=True) if known else {}), **entry}
+            )
         else:
-            raise ConfigError(f"models[{name!r}] must be a dict like {{'context_window': 8192}} or a ModelInfo")
+            raise ConfigError(
+                f"models[{name!r}] must be a dict like {{'context_window': 8192}} or a ModelInfo"
+            )
     return table
 
 
@@ -209,8 +228,14 @@ class EvalMethod(Protocol):
 def item_call(item: EvalItem, query: str | None = None, *, role: str = "root") -> Call:
     """A call over ``item``'s own context (a text file is read when the call starts)."""
     if item.text_file is not None:
-        return Call(query=query if query is not None else item.question, context_file=item.text_file, role=role)
-    return Call(query=query if query is not None else item.question, context=item.load_context(), role=role)
+        return Call(
+            query=query if query is not None else item.question,
+            context_file=item.text_file,
+            role=role,
+        )
+    return Call(
+        query=query if query is not None else item.question, context=item.load_context(), role=role
+    )
 
 
 def lookup_methods(names: Sequence[str], plugins: Iterable[object] = ()) -> list[EvalMethod]:
@@ -221,7 +246,9 @@ def lookup_methods(names: Sequence[str], plugins: Iterable[object] = ()) -> list
         ConfigError: no name, or a name given twice.
     """
     if not names:
-        raise ConfigError("no method: --method one or more of the registered eval methods, e.g. rlm,base")
+        raise ConfigError(
+            "no method: --method one or more of the registered eval methods, e.g. rlm,base"
+        )
     if len(set(names)) != len(names):
         raise ConfigError(f"a method is named twice in {', '.join(names)}")
     host = PluginHost(plugins)

@@ -42,25 +42,38 @@ def _score_figure(summary: EvalSummary) -> str:
     plot = _WIDTH - _LEFT - _RIGHT
     row = 30
     height = row * len(summary.methods) + 40
-    parts = [f'<svg id="scores" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img" aria-label="score per method">']
+    parts = [
+        f'<svg id="scores" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" role="img" aria-label="score per method">'
+    ]
     for tick in range(0, 101, 20):
         x = _LEFT + plot * tick / 100
         parts.append(f'<line x1="{x:.1f}" y1="10" x2="{x:.1f}" y2="{height - 25}" class="grid"/>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 8}" class="tick" text-anchor="middle">{tick}%</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{height - 8}" class="tick" text-anchor="middle">{tick}%</text>'
+        )
     for index, (name, method) in enumerate(summary.methods.items()):
         y = 14 + index * row
         color = _PALETTE[index % len(_PALETTE)]
         value = method.score or 0.0
         parts.append(f'<g class="method" data-method="{_e(name)}">')
         parts.append(f'<text x="{_LEFT - 8}" y="{y + 14}" text-anchor="end">{_e(name)}</text>')
-        parts.append(f'<rect x="{_LEFT}" y="{y + 3}" width="{plot * value:.1f}" height="16" fill="{color}" opacity="0.85"><title>{_e(name)}: {100 * value:.1f}% over {method.n} items</title></rect>')
+        parts.append(
+            f'<rect x="{_LEFT}" y="{y + 3}" width="{plot * value:.1f}" height="16" fill="{color}" opacity="0.85"><title>{_e(name)}: {100 * value:.1f}% over {method.n} items</title></rect>'
+        )
         if method.ci95 is not None:
             low, high = (_LEFT + plot * v for v in method.ci95)
-            parts.append(f'<line x1="{low:.1f}" y1="{y + 11}" x2="{high:.1f}" y2="{y + 11}" class="ci"/>')
-            parts += [f'<line x1="{x:.1f}" y1="{y + 6}" x2="{x:.1f}" y2="{y + 16}" class="ci"/>' for x in (low, high)]
+            parts.append(
+                f'<line x1="{low:.1f}" y1="{y + 11}" x2="{high:.1f}" y2="{y + 11}" class="ci"/>'
+            )
+            parts += [
+                f'<line x1="{x:.1f}" y1="{y + 6}" x2="{x:.1f}" y2="{y + 16}" class="ci"/>'
+                for x in (low, high)
+            ]
         label = "n/a" if method.score is None else f"{100 * value:.1f}%"
         right = max(value, method.ci95[1] if method.ci95 is not None else value)
-        parts.append(f'<text x="{_LEFT + plot * right + 6:.1f}" y="{y + 15}" class="value">{label}</text>')
+        parts.append(
+            f'<text x="{_LEFT + plot * right + 6:.1f}" y="{y + 15}" class="value">{label}</text>'
+        )
         parts.append("</g>")
     parts.append("</svg>")
     return "".join(parts)
@@ -70,7 +83,11 @@ def _axis(values: Sequence[float]) -> tuple[bool, float, float]:
     """(log scale?, low, high) for a cost axis over ``values``."""
     positive = [v for v in values if v > 0]
     if positive and len(positive) == len(values) and max(positive) / min(positive) > 20:
-        return True, 10 ** math.floor(math.log10(min(positive))), 10 ** math.ceil(math.log10(max(positive)))
+        return (
+            True,
+            10 ** math.floor(math.log10(min(positive))),
+            10 ** math.ceil(math.log10(max(positive))),
+        )
     high = max(values) if values and max(values) > 0 else 1.0
     return False, 0.0, high * 1.05
 
@@ -96,39 +113,59 @@ def _cost_figure(summary: EvalSummary) -> str:
 
     def x_of(value: float) -> float:
         if log:
-            return _LEFT + plot * (math.log10(max(value, low)) - math.log10(low)) / (math.log10(high) - math.log10(low))
+            return _LEFT + plot * (math.log10(max(value, low)) - math.log10(low)) / (
+                math.log10(high) - math.log10(low)
+            )
         return _LEFT + plot * (value - low) / ((high - low) or 1.0)
 
     row = 56
     height = row * len(summary.methods) + 40
     scale = "log" if log else "linear"
-    parts = [f'<svg id="costs" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" data-scale="{scale}" role="img" aria-label="cost per item, per method">']
+    parts = [
+        f'<svg id="costs" width="{_WIDTH}" height="{height}" viewBox="0 0 {_WIDTH} {height}" data-scale="{scale}" role="img" aria-label="cost per item, per method">'
+    ]
     for tick in _ticks(log, low, high):
         x = x_of(tick)
         parts.append(f'<line x1="{x:.1f}" y1="8" x2="{x:.1f}" y2="{height - 25}" class="grid"/>')
-        parts.append(f'<text x="{x:.1f}" y="{height - 8}" class="tick" text-anchor="middle">{_money(tick)}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{height - 8}" class="tick" text-anchor="middle">{_money(tick)}</text>'
+        )
     for index, (name, method) in enumerate(summary.methods.items()):
-        parts.append(_cost_row(name, method, 10 + index * row, _PALETTE[index % len(_PALETTE)], x_of))
+        parts.append(
+            _cost_row(name, method, 10 + index * row, _PALETTE[index % len(_PALETTE)], x_of)
+        )
     parts.append("</svg>")
     return "".join(parts)
 
 
 def _cost_row(name: str, method: MethodSummary, top: int, color: str, x_of: Any) -> str:
     middle = top + 22
-    parts = [f'<g class="method-costs" data-method="{_e(name)}">',
-             f'<text x="{_LEFT - 8}" y="{middle + 4}" text-anchor="end">{_e(name)}</text>']
+    parts = [
+        f'<g class="method-costs" data-method="{_e(name)}">',
+        f'<text x="{_LEFT - 8}" y="{middle + 4}" text-anchor="end">{_e(name)}</text>',
+    ]
     costs = list(method.costs)
     if not costs:
-        parts.append(f'<text x="{_LEFT + 6}" y="{middle + 4}" class="tick">no known cost</text></g>')
+        parts.append(
+            f'<text x="{_LEFT + 6}" y="{middle + 4}" class="tick">no known cost</text></g>'
+        )
         return "".join(parts)
     q1, q2, q3, p95 = (quantile(costs, q) for q in (0.25, 0.5, 0.75, 0.95))
     assert q1 is not None and q2 is not None and q3 is not None and p95 is not None
-    parts.append(f'<rect x="{x_of(q1):.1f}" y="{middle - 12}" width="{max(1.0, x_of(q3) - x_of(q1)):.1f}" height="24" class="box"/>')
-    parts.append(f'<line x1="{x_of(q2):.1f}" y1="{middle - 14}" x2="{x_of(q2):.1f}" y2="{middle + 14}" class="median"><title>median {_money(q2)}</title></line>')
-    parts.append(f'<line x1="{x_of(p95):.1f}" y1="{middle - 14}" x2="{x_of(p95):.1f}" y2="{middle + 14}" class="p95"><title>95th percentile {_money(p95)}</title></line>')
+    parts.append(
+        f'<rect x="{x_of(q1):.1f}" y="{middle - 12}" width="{max(1.0, x_of(q3) - x_of(q1)):.1f}" height="24" class="box"/>'
+    )
+    parts.append(
+        f'<line x1="{x_of(q2):.1f}" y1="{middle - 14}" x2="{x_of(q2):.1f}" y2="{middle + 14}" class="median"><title>median {_money(q2)}</title></line>'
+    )
+    parts.append(
+        f'<line x1="{x_of(p95):.1f}" y1="{middle - 14}" x2="{x_of(p95):.1f}" y2="{middle + 14}" class="p95"><title>95th percentile {_money(p95)}</title></line>'
+    )
     for i, cost in enumerate(costs):
         jitter = ((i * 7919) % 23 - 11) * 0.9
-        parts.append(f'<circle cx="{x_of(cost):.1f}" cy="{middle + jitter:.1f}" r="2.6" fill="{color}" class="point"><title>{_money(cost)}</title></circle>')
+        parts.append(
+            f'<circle cx="{x_of(cost):.1f}" cy="{middle + jitter:.1f}" r="2.6" fill="{color}" class="point"><title>{_money(cost)}</title></circle>'
+        )
     parts.append("</g>")
     return "".join(parts)
 
@@ -157,13 +194,17 @@ def _item_rows(rows: Sequence[Mapping[str, Any]]) -> str:
     out = []
     for row in sorted(rows, key=lambda r: (str(r["method"]), str(r["id"]))):
         error = row.get("error") or {}
-        note = f"{error.get('type', '')}: {error.get('message', '')}" if error else (row.get("stop_reason") or "")
+        note = (
+            f"{error.get('type', '')}: {error.get('message', '')}"
+            if error
+            else (row.get("stop_reason") or "")
+        )
         cost = "" if row.get("cost") is None else f"${row['cost']:.4f}"
         prediction = str(row.get("prediction") or "")
         out.append(
             f"<tr><td>{_e(row['method'])}</td><td>{_e(row['id'])}</td><td>{float(row.get('score') or 0):.3f}</td>"
             f"<td>{cost}</td><td>{float(row.get('latency_s') or 0):.2f}</td>"
-            f"<td class=\"text\">{_e(prediction[:200])}</td><td class=\"text\">{_e(note[:300])}</td></tr>"
+            f'<td class="text">{_e(prediction[:200])}</td><td class="text">{_e(note[:300])}</td></tr>'
         )
     return "".join(out)
 
@@ -183,7 +224,10 @@ def render_eval_page(
     return (
         _PAGE.replace("__TITLE__", _e(summary.title))
         .replace("__STYLE__", _STYLE)
-        .replace("__MODELS__", f"root model <code>{_e(root_model)}</code>, sub-model <code>{_e(sub_model)}</code>, bootstrap seed {summary.seed}")
+        .replace(
+            "__MODELS__",
+            f"root model <code>{_e(root_model)}</code>, sub-model <code>{_e(sub_model)}</code>, bootstrap seed {summary.seed}",
+        )
         .replace("__SCORES__", _score_figure(summary))
         .replace("__COSTS__", _cost_figure(summary))
         .replace("__SUMMARY__", _summary_rows(summary, described))

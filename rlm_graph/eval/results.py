@@ -231,7 +231,11 @@ class _LiveCost:
         self.budget = budget
 
     def __call__(self, event: Any) -> None:
-        if self.budget is not None and getattr(event, "type", None) == "node_finished" and event.cost:
+        if (
+            self.budget is not None
+            and getattr(event, "type", None) == "node_finished"
+            and event.cost
+        ):
             self.budget.charge_live(float(event.cost))
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -119,7 +119,18 @@ class EvalOutcome(BaseModel):
 class _Pending:
     """An item being solved: its solver, its next call, and what its calls added up to."""
 
-    __slots__ = ("budget_cut", "call", "calls", "cost", "item", "latency", "solver", "stop_reason", "tokens_in", "tokens_out")
+    __slots__ = (
+        "budget_cut",
+        "call",
+        "calls",
+        "cost",
+        "item",
+        "latency",
+        "solver",
+        "stop_reason",
+        "tokens_in",
+        "tokens_out",
+    )
 
     def __init__(self, item: EvalItem, solver: Solver) -> None:
         self.item, self.solver = item, solver
@@ -153,7 +164,9 @@ class _MethodRun:
     flight, the rows made on the generator's side).
     """
 
-    def __init__(self, evaluation: Evaluation, method: EvalMethod, todo: set[str], on_row: RowHook | None) -> None:
+    def __init__(
+        self, evaluation: Evaluation, method: EvalMethod, todo: set[str], on_row: RowHook | None
+    ) -> None:
         self.ev = evaluation
         self.method = method
         self.todo = todo
@@ -168,7 +181,9 @@ class _MethodRun:
     # -- the rounds (caller's thread) -----------------------------------------------------
 
     def run(self) -> int:
-        fresh: Iterator[EvalItem] | None = (i for i in coerce_items(self.ev.source) if i.id in self.todo)
+        fresh: Iterator[EvalItem] | None = (
+            i for i in coerce_items(self.ev.source) if i.id in self.todo
+        )
         while True:
             for role in self.kwargs:
                 with self._lock:
@@ -184,8 +199,11 @@ class _MethodRun:
 
     def _batch(self, role: str, batch: list[_Pending], fresh: Iterator[EvalItem] | None) -> None:
         results = run_batch(
-            self._calls(role, batch, fresh), self.kwargs[role], concurrency=self.ev.concurrency,
-            executor=self.ev.executor, executor_kwargs=self.ev.executor_kwargs,
+            self._calls(role, batch, fresh),
+            self.kwargs[role],
+            concurrency=self.ev.concurrency,
+            executor=self.ev.executor,
+            executor_kwargs=self.ev.executor_kwargs,
         )
         try:
             for result in results:
@@ -236,31 +254,48 @@ class _MethodRun:
             self._row(pending, error=_failure(exc))
             return False
         if pending.call.role not in self._waiting:
-            self._row(pending, error=BatchError(
-                type="ConfigError",
-                message=f"method {self.method.name!r} asked for role {pending.call.role!r}; its "
-                f"rlm_kwargs() has {', '.join(self._waiting)}",
-            ))
+            self._row(
+                pending,
+                error=BatchError(
+                    type="ConfigError",
+                    message=f"method {self.method.name!r} asked for role {pending.call.role!r}; its "
+                    f"rlm_kwargs() has {', '.join(self._waiting)}",
+                ),
+            )
             return False
         with self._lock:
             self._waiting[pending.call.role].append(pending)
         return True
 
-    def _row(self, pending: _Pending, *, prediction: str | None = None, error: BatchError | None = None,
-             stop_reason: str | None = None) -> None:
+    def _row(
+        self,
+        pending: _Pending,
+        *,
+        prediction: str | None = None,
+        error: BatchError | None = None,
+        stop_reason: str | None = None,
+    ) -> None:
         item = pending.item
         row = EvalRow(
-            id=item.id, method=self.method.name, prediction=prediction,
+            id=item.id,
+            method=self.method.name,
+            prediction=prediction,
             score=score(item.answer_type, item.answer, prediction) if error is None else 0.0,
-            cost=pending.cost, latency_s=round(pending.latency, 6), input_tokens=pending.tokens_in,
-            output_tokens=pending.tokens_out, stop_reason=stop_reason or pending.stop_reason, error=error,
+            cost=pending.cost,
+            latency_s=round(pending.latency, 6),
+            input_tokens=pending.tokens_in,
+            output_tokens=pending.tokens_out,
+            stop_reason=stop_reason or pending.stop_reason,
+            error=error,
         )
         with self._lock:
             self._made.append(row)
 
     # -- the calls of one batch (executor's thread) -----------------------------------------
 
-    def _calls(self, role: str, batch: list[_Pending], fresh: Iterator[EvalItem] | None) -> Iterator[BatchItem]:
+    def _calls(
+        self, role: str, batch: list[_Pending], fresh: Iterator[EvalItem] | None
+    ) -> Iterator[BatchItem]:
         for pending in batch:
             item = self._submit(pending)
             if item is None:
@@ -299,8 +334,11 @@ class _MethodRun:
         with self._lock:
             self._in_flight[pending.item.id] = pending
         return BatchItem(
-            id=pending.item.id, query=call.query, context=call.context,
-            context_file=call.context_file, limits=limits,
+            id=pending.item.id,
+            query=call.query,
+            context=call.context,
+            context_file=call.context_file,
+            limits=limits,
         )
 
 
@@ -364,7 +402,9 @@ class Evaluation:
         if self.plugins:
             kwargs["plugins"] = self.plugins
         if journal and "journal" not in kwargs:
-            kwargs["journal"] = str((self.out / "journal.sqlite").resolve())  # workers elsewhere too
+            kwargs["journal"] = str(
+                (self.out / "journal.sqlite").resolve()
+            )  # workers elsewhere too
         self.budget = SharedBudget(max_budget, per_call=kwargs.get("max_budget"))
         if max_budget is not None:
             if kwargs.get("max_budget") is None:
@@ -376,9 +416,13 @@ class Evaluation:
         self.ids, self.tokens, estimate_items = self._scan()
         self.log = ResultsLog(self.out / "results.jsonl")
         self._prepare_out()
-        self.todo = {m.name: set(self.ids) - self.log.done(m.name, retry_failed=retry_failed) for m in self.methods}
+        self.todo = {
+            m.name: set(self.ids) - self.log.done(m.name, retry_failed=retry_failed)
+            for m in self.methods
+        }
         self.estimate = Estimate(
-            items=len(self.ids), tokens=sum(self.tokens.values()),
+            items=len(self.ids),
+            tokens=sum(self.tokens.values()),
             methods={m.name: self._estimate(m, estimate_items) for m in self.methods},
             todo={name: len(ids) for name, ids in self.todo.items()},
         )
@@ -386,7 +430,9 @@ class Evaluation:
     # -- configuration ----------------------------------------------------------------------
 
     @staticmethod
-    def _source(items: Iterable[EvalItem | Mapping[str, Any]] | str | Path) -> Iterable[EvalItem | Mapping[str, Any]]:
+    def _source(
+        items: Iterable[EvalItem | Mapping[str, Any]] | str | Path,
+    ) -> Iterable[EvalItem | Mapping[str, Any]]:
         if isinstance(items, str | Path):
             return ItemsFile(Path(items))
         if iter(items) is items:  # one pass only: keep what it gives
@@ -442,7 +488,9 @@ class Evaluation:
 
     def _prepare_out(self) -> None:
         if self.out.exists() and not self.out.is_dir():
-            raise ConfigError(f"--out {str(self.out)!r} is a file; give a folder for the evaluation's results")
+            raise ConfigError(
+                f"--out {str(self.out)!r} is a file; give a folder for the evaluation's results"
+            )
         self.log.read()  # nothing is written before run()
 
     # -- running ----------------------------------------------------------------------------
@@ -459,7 +507,10 @@ class Evaluation:
         except OSError as exc:
             raise ConfigError(f"cannot make --out {str(self.out)!r}: {exc.strerror}") from None
         self.log.open()
-        self.todo = {m.name: set(self.ids) - self.log.done(m.name, retry_failed=self.retry_failed) for m in self.methods}
+        self.todo = {
+            m.name: set(self.ids) - self.log.done(m.name, retry_failed=self.retry_failed)
+            for m in self.methods
+        }
         try:
             for method in self.methods:
                 if not self.todo[method.name]:
@@ -473,8 +524,12 @@ class Evaluation:
         unfinished = sum(1 for m in self.methods for i in self.ids if (i, m.name) not in done)
         summary = self.write_summary()
         return EvalOutcome(
-            summary=summary, written=written, spent=self.budget.spent, unfinished=unfinished,
-            errors=errors, out=self.out,
+            summary=summary,
+            written=written,
+            spent=self.budget.spent,
+            unfinished=unfinished,
+            errors=errors,
+            out=self.out,
         )
 
     def write_summary(self) -> EvalSummary:
@@ -489,13 +544,22 @@ class Evaluation:
         (self.out / "summary.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         descriptions = {m.name: m.description for m in self.methods}
         (self.out / "summary.md").write_text(
-            render_table(summary, root_model=self.setup.root_model, sub_model=self.setup.sub_model,
-                         descriptions=descriptions),
+            render_table(
+                summary,
+                root_model=self.setup.root_model,
+                sub_model=self.setup.sub_model,
+                descriptions=descriptions,
+            ),
             encoding="utf-8",
         )
         (self.out / "report.html").write_text(
-            render_eval_page(summary, rows, root_model=self.setup.root_model,
-                             sub_model=self.setup.sub_model, descriptions=descriptions),
+            render_eval_page(
+                summary,
+                rows,
+                root_model=self.setup.root_model,
+                sub_model=self.setup.sub_model,
+                descriptions=descriptions,
+            ),
             encoding="utf-8",
         )
         return summary

@@ -124,7 +124,9 @@ def parse_pairs(prediction: str) -> set[tuple[str, str]]:
             value = None
         if isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
             return {_pair(a, b) for a, b in value}
-    return {_pair(a, b) for a, b in re.findall(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", prediction)}
+    return {
+        _pair(a, b) for a, b in re.findall(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", prediction)
+    }
 
 
 def pairs_f1(prediction: str | None, gold: Iterable[Iterable[Any]]) -> float:
@@ -186,6 +188,8 @@ def score(answer_type: str, gold: Any, prediction: str | None) -> float:
     try:
         scorer = _SCORERS[answer_type]
     except KeyError:
-        raise ValueError(f"unknown answer_type {answer_type!r}; one of {', '.join(_SCORERS)}") from None
+        raise ValueError(
+            f"unknown answer_type {answer_type!r}; one of {', '.join(_SCORERS)}"
+        ) from None
     value = float(scorer(prediction, gold))
     return min(1.0, max(0.0, value))

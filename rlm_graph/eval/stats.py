@@ -180,6 +180,7 @@ def summarize(
         if row.get("method") in by_method:
             by_method[str(row["method"])].append(row)
     return EvalSummary(
-        title=title, seed=seed,
+        title=title,
+        seed=seed,
         methods={name: _one(found, seed) for name, found in by_method.items()},
     )

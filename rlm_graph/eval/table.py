@@ -51,7 +51,11 @@ def _paper_cell(method: MethodSummary) -> str:
 
 
 def render_table(
-    summary: EvalSummary, *, root_model: str, sub_model: str, descriptions: Mapping[str, str] | None = None
+    summary: EvalSummary,
+    *,
+    root_model: str,
+    sub_model: str,
+    descriptions: Mapping[str, str] | None = None,
 ) -> str:
     """The Markdown of ``summary.md``."""
     lines = [

@@ -48,7 +48,9 @@ class EventBuffer:
         received, delivered: events queued and handed out.
     """
 
-    def __init__(self, capacity: int = DEFAULT_CAPACITY, *, wakeup: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, capacity: int = DEFAULT_CAPACITY, *, wakeup: Callable[[], None] | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError("an event buffer's capacity must be at least 1")
         self.capacity = capacity

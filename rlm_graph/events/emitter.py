@@ -50,7 +50,15 @@ class EventEmitter:
     """
 
     __slots__ = (
-        "_budget", "_clock", "_finished", "_limits", "_listeners", "_seq", "_start", "_warned", "run_id",
+        "_budget",
+        "_clock",
+        "_finished",
+        "_limits",
+        "_listeners",
+        "_seq",
+        "_start",
+        "_warned",
+        "run_id",
     )
 
     def __init__(
@@ -156,7 +164,9 @@ class EventEmitter:
         if limits.max_timeout is not None:
             self._warn("max_timeout", self._clock() - self._start, limits.max_timeout)
 
-    def _warn(self, limit: Literal["max_timeout", "max_tokens", "max_budget"], used: float, maximum: float) -> None:
+    def _warn(
+        self, limit: Literal["max_timeout", "max_tokens", "max_budget"], used: float, maximum: float
+    ) -> None:
         if used >= WARN_AT * maximum and limit not in self._warned:
             self._warned.add(limit)
             self._send(LimitWarning, limit=limit, used=used, maximum=maximum)
@@ -178,5 +188,7 @@ class EventEmitter:
             except Exception:  # a listener's bug must not fail the user's run
                 logger.exception(
                     "an rlm-graph observer failed on node %s (event %s: %s)",
-                    event.node_id or "-", event.seq, getattr(event, "type", "?"),
+                    event.node_id or "-",
+                    event.seq,
+                    getattr(event, "type", "?"),
                 )

@@ -92,7 +92,8 @@ def _hook_object(plugin: object) -> object:
     found = _HOOK_OBJECTS.get(plugin)
     if found is None:
         hooks = {
-            name: value for name, value in vars(plugin).items()
+            name: value
+            for name, value in vars(plugin).items()
             if callable(value) and hasattr(value, _MARK)
         }
         found = _HOOK_OBJECTS[plugin] = _ModuleHooks(plugin.__name__, hooks)

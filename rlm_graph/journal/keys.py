@@ -21,7 +21,9 @@ __all__ = ["call_hash", "canonical_json", "request_hash", "run_key", "value_hash
 
 def canonical_json(value: Any) -> str:
     """JSON with sorted keys and no spaces; values JSON cannot hold become their ``repr``."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False)
+    return json.dumps(
+        value, sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False
+    )
 
 
 def _digest(parts: list[str]) -> str:
@@ -35,7 +37,9 @@ def _digest(parts: list[str]) -> str:
     if text.count("\x00") == len(parts) - 1:
         return _hex(text)
     framed = "".join(f"{len(part)}:{part}" for part in parts)
-    return _blake2b(framed.encode("utf-8", "surrogatepass"), digest_size=16, person=b"rlm-framed").hexdigest()
+    return _blake2b(
+        framed.encode("utf-8", "surrogatepass"), digest_size=16, person=b"rlm-framed"
+    ).hexdigest()
 
 
 def _hex(text: str) -> str:
@@ -59,8 +63,12 @@ def request_hash(request: ChatRequest) -> str:
     journal's node id already says.
     """
     settled = (
-        request.temperature is not None or request.top_p is not None or request.max_tokens is not None
-        or request.seed is not None or request.stop is not None or bool(request.extra)
+        request.temperature is not None
+        or request.top_p is not None
+        or request.max_tokens is not None
+        or request.seed is not None
+        or request.stop is not None
+        or bool(request.extra)
         or request.response_schema is not None
     )
     return call_hash(request.model, request.messages, request if settled else None)
@@ -83,13 +91,22 @@ def call_hash(model: str, messages: Sequence[Message], settings: ChatRequest | N
         parts.append(message.content)
         if message.parts:
             # The content names an image by size and type only: its bytes tell two apart.
-            parts.append(canonical_json([_image_digest(p) if isinstance(p, Image) else p for p in message.parts]))
+            parts.append(
+                canonical_json(
+                    [_image_digest(p) if isinstance(p, Image) else p for p in message.parts]
+                )
+            )
     if settings is not None:
         schema = settings.response_schema
-        parts.append(canonical_json([
-            *(getattr(settings, name) for name in _PARAMS), dict(settings.extra),
-            None if schema is None else [schema.name, schema.json_schema],
-        ]))
+        parts.append(
+            canonical_json(
+                [
+                    *(getattr(settings, name) for name in _PARAMS),
+                    dict(settings.extra),
+                    None if schema is None else [schema.name, schema.json_schema],
+                ]
+            )
+        )
     return _digest(parts)
 
 

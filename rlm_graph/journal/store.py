@@ -48,8 +48,16 @@ from ..errors import ConfigError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
 __all__ = [
-    "CHUNK_NODES", "COUNTED_KINDS", "SCHEMA_VERSION",
-    "JournalStore", "RunRow", "StoredNode", "encode_nodes", "is_tool_call", "restore", "retimed",
+    "CHUNK_NODES",
+    "COUNTED_KINDS",
+    "SCHEMA_VERSION",
+    "JournalStore",
+    "RunRow",
+    "StoredNode",
+    "encode_nodes",
+    "is_tool_call",
+    "restore",
+    "retimed",
 ]
 
 SCHEMA_VERSION = 2
@@ -81,9 +89,26 @@ CREATE TABLE IF NOT EXISTS chunks (
 """
 
 _RECORD_FIELDS = (
-    "id", "depth", "completion", "model", "response_model", "provider", "iteration",
-    "batch_index", "batch_size", "submitted", "start", "end", "wall_start", "cost",
-    "error", "error_type", "input_preview", "finish_reason", "attempts", "note",
+    "id",
+    "depth",
+    "completion",
+    "model",
+    "response_model",
+    "provider",
+    "iteration",
+    "batch_index",
+    "batch_size",
+    "submitted",
+    "start",
+    "end",
+    "wall_start",
+    "cost",
+    "error",
+    "error_type",
+    "input_preview",
+    "finish_reason",
+    "attempts",
+    "note",
 )
 """The `NodeRecord` fields a row keeps as they are, in this order (its first item)."""
 
@@ -96,7 +121,13 @@ _END = _RECORD_FIELDS.index("end")
 _FIELDS, _KIND, _STATUS, _USAGE, _HASH, _SEQ, _OUTPUT, _AFTER, _PARENT, _VALUE, _COUNTED = range(11)
 
 COUNTED_KINDS = frozenset(
-    {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION}
+    {
+        NodeKind.ROOT_TURN,
+        NodeKind.LLM_CALL,
+        NodeKind.RLM_CALL,
+        NodeKind.COMPACTION,
+        NodeKind.FUNCTION,
+    }
 )
 """Kinds whose nodes count as a run's nodes (and costs): in `JournalStore.runs` and in a
 replay's counts. A str enum: a kind's text (``"llm_call"``) is found in it too."""
@@ -158,11 +189,23 @@ def encode_nodes(
             status = "ok"
         usage = record.usage
         out = record.output_preview
-        rows.append((
-            fields, kind, status, None if usage is None else usage.__dict__, request, seq,
-            None if out == value else out, after, parent, value,
-            kind in COUNTED_KINDS and "#" not in node_id and (kind != "function" or not is_tool_call(node_id)),
-        ))
+        rows.append(
+            (
+                fields,
+                kind,
+                status,
+                None if usage is None else usage.__dict__,
+                request,
+                seq,
+                None if out == value else out,
+                after,
+                parent,
+                value,
+                kind in COUNTED_KINDS
+                and "#" not in node_id
+                and (kind != "function" or not is_tool_call(node_id)),
+            )
+        )
         if len(rows) == CHUNK_NODES:
             chunks.append(_pack(rows))
             rows = []
@@ -180,7 +223,9 @@ class _PlainValues(pickle.Unpickler):
     only way a pickle runs code) is refused."""
 
     def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"names {module}.{name}; a journal chunk holds plain values only")
+        raise pickle.UnpicklingError(
+            f"names {module}.{name}; a journal chunk holds plain values only"
+        )
 
 
 def _storable(text: str) -> str:
@@ -247,14 +292,18 @@ class JournalStore:
     def __init__(self, path: str | os.PathLike[str], *, threads: bool = False) -> None:
         self.path = Path(path)
         if self.path.is_dir():
-            raise ConfigError(f"journal {str(self.path)!r} is a folder; give a file path such as run.sqlite")
+            raise ConfigError(
+                f"journal {str(self.path)!r} is a folder; give a file path such as run.sqlite"
+            )
         fresh = not self.path.exists()
         if fresh:
             try:
                 # Prompts and replies live here: owner-only from the first byte.
                 os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
             except OSError as exc:
-                raise ConfigError(f"cannot create journal {str(self.path)!r}: {exc.strerror}") from None
+                raise ConfigError(
+                    f"cannot create journal {str(self.path)!r}: {exc.strerror}"
+                ) from None
         try:
             self._db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=not threads
@@ -339,7 +388,9 @@ class JournalStore:
             (trace_id, span_id, key),
         )
 
-    def finish(self, key: str, status: str, answer: str | None, keep: Iterable[str] | None = None) -> None:
+    def finish(
+        self, key: str, status: str, answer: str | None, keep: Iterable[str] | None = None
+    ) -> None:
         """End an attempt with ``status``; ``keep``: the only node ids still valid (a run
         that went live after a divergence drops the records of the path it left)."""
         with self._transaction():
@@ -352,11 +403,18 @@ class JournalStore:
                 # latest row of each node still valid.
                 valid = set(keep)
                 number = self._number(key)
-                kept = [(a, row) for node_id, (a, row) in self._latest(number).items() if node_id in valid]
+                kept = [
+                    (a, row)
+                    for node_id, (a, row) in self._latest(number).items()
+                    if node_id in valid
+                ]
                 self._db.execute("DELETE FROM chunks WHERE run=?", (number,))
                 for attempt in sorted({a for a, _ in kept}):
                     rows = [row for a, row in kept if a == attempt]
-                    packed = [_pack(rows[at : at + CHUNK_NODES]) for at in range(0, len(rows), CHUNK_NODES)]
+                    packed = [
+                        _pack(rows[at : at + CHUNK_NODES])
+                        for at in range(0, len(rows), CHUNK_NODES)
+                    ]
                     self._db.executemany(
                         "INSERT INTO chunks VALUES (?, ?, ?, ?)",
                         [(number, first, attempt, data) for first, data in packed],
@@ -370,12 +428,37 @@ class JournalStore:
         ).fetchall()
         found = []
         cost_at = _RECORD_FIELDS.index("cost")
-        for number, key, kind, label, status, attempts, created, updated, trace_id, span_id, answer in rows:
+        for (
+            number,
+            key,
+            kind,
+            label,
+            status,
+            attempts,
+            created,
+            updated,
+            trace_id,
+            span_id,
+            answer,
+        ) in rows:
             counted = [r for _, r in self._latest(number).values() if r[_COUNTED]]
-            found.append(RunRow(
-                number, key, kind, label, status, attempts, created, updated, trace_id, span_id, answer,
-                nodes=len(counted), cost=sum(r[_FIELDS][cost_at] or 0.0 for r in counted),
-            ))
+            found.append(
+                RunRow(
+                    number,
+                    key,
+                    kind,
+                    label,
+                    status,
+                    attempts,
+                    created,
+                    updated,
+                    trace_id,
+                    span_id,
+                    answer,
+                    nodes=len(counted),
+                    cost=sum(r[_FIELDS][cost_at] or 0.0 for r in counted),
+                )
+            )
         return found
 
     def find(self, prefix: str) -> RunRow:
@@ -430,7 +513,9 @@ class JournalStore:
             ConfigError: a chunk cannot be read (the file was changed by hand or damaged).
         """
         latest: dict[str, tuple[int, tuple[Any, ...]]] = {}
-        cursor = self._db.execute("SELECT attempt, nodes FROM chunks WHERE run=? ORDER BY first", (number,))
+        cursor = self._db.execute(
+            "SELECT attempt, nodes FROM chunks WHERE run=? ORDER BY first", (number,)
+        )
         for attempt, data in cursor:
             try:
                 rows = _load_chunk(data)
@@ -495,7 +580,8 @@ def _stored(row: tuple[Any, ...]) -> StoredNode:
     fields = dict(zip(_RECORD_FIELDS, row[_FIELDS], strict=True))
     value, output, after, parent = row[_VALUE], row[_OUTPUT], row[_AFTER], row[_PARENT]
     if not (
-        isinstance(row[_HASH], str) and isinstance(row[_SEQ], int)
+        isinstance(row[_HASH], str)
+        and isinstance(row[_SEQ], int)
         and all(isinstance(v, str | None) for v in (value, output, parent))
         and (after is None or (isinstance(after, list) and all(isinstance(a, str) for a in after)))
     ):
@@ -508,8 +594,14 @@ def _stored(row: tuple[Any, ...]) -> StoredNode:
         output_preview=(value or "") if output is None else output,
     )
     return StoredNode(
-        id=record.id, hash=row[_HASH], record=record, after=tuple(after or ()),
-        parent=parent, value=value, seq=row[_SEQ], counted=bool(row[_COUNTED]),
+        id=record.id,
+        hash=row[_HASH],
+        record=record,
+        after=tuple(after or ()),
+        parent=parent,
+        value=value,
+        seq=row[_SEQ],
+        counted=bool(row[_COUNTED]),
     )
 
 
@@ -538,7 +630,9 @@ def restore(graph: Graph, nodes: Sequence[StoredNode], *, offset: float = 0.0) -
     return added
 
 
-def _add_replayed(graph: Graph, node: StoredNode, offset: float, *, bare: bool = False) -> NodeRecord:
+def _add_replayed(
+    graph: Graph, node: StoredNode, offset: float, *, bare: bool = False
+) -> NodeRecord:
     record = retimed(node.record, offset)
     record.replayed = True
     after = [] if bare else [d for d in node.after if d in graph]

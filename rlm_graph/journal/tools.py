@@ -68,8 +68,12 @@ class JournaledTool:
             return value  # JSON cannot hold it: the tool runs again on resume
         journal.record_tool(
             NodeRecord(
-                id=node_id, kind=NodeKind.FUNCTION, depth=bridge.depth,
-                completion=bridge.completion, status=NodeStatus.OK, wall_start=time.time(),
+                id=node_id,
+                kind=NodeKind.FUNCTION,
+                depth=bridge.depth,
+                completion=bridge.completion,
+                status=NodeStatus.OK,
+                wall_start=time.time(),
                 input_preview=f"{self.name}(...)",
             ),
             request,

@@ -9,7 +9,9 @@ __all__ = ["find_code_blocks"]
 # An opening fence whose info string is exactly `repl`, at the start of a line, up to the
 # next closing fence at the start of a line (or the end of the reply: a model cut off by
 # its token limit still gets its code run).
-_BLOCK = re.compile(r"^[ \t]*```repl[ \t]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE)
+_BLOCK = re.compile(
+    r"^[ \t]*```repl[ \t]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE
+)
 
 
 def find_code_blocks(text: str) -> list[str]:

@@ -168,9 +168,8 @@ def format_repl_output(
         header = "REPL output:" if len(results) == 1 else f"REPL output (block {index}):"
         body = "\n".join(p for p in (result.stdout.rstrip("\n"), result.stderr.rstrip("\n")) if p)
         if result.timed_out:
-            body += (
-                "\n[the block timed out and was stopped"
-                + ("; the REPL was restarted and its variables are lost]" if result.restarted else "]")
+            body += "\n[the block timed out and was stopped" + (
+                "; the REPL was restarted and its variables are lost]" if result.restarted else "]"
             )
         parts.append(f"{header}\n{truncate_output(body, limit) if body else '(no output)'}")
     left = max_iterations - turn

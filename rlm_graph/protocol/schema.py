@@ -122,9 +122,11 @@ class AnswerSchema:
         try:
             data = json.loads(body)
         except ValueError as exc:
-            not_json = f"{exc.msg} at line {exc.lineno} column {exc.colno}" if isinstance(
-                exc, json.JSONDecodeError
-            ) else str(exc)
+            not_json = (
+                f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+                if isinstance(exc, json.JSONDecodeError)
+                else str(exc)
+            )
         else:
             try:
                 return self.validate(data)
@@ -208,7 +210,9 @@ def _dict_validator(schema: dict[str, Any]) -> Any:
         cls.check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(map(str, exc.absolute_path)) or "the top level"
-        raise ConfigError(f"schema is not a valid JSON Schema: {exc.message} (at {where})") from None
+        raise ConfigError(
+            f"schema is not a valid JSON Schema: {exc.message} (at {where})"
+        ) from None
     return cls(schema)
 
 

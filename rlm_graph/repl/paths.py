@@ -38,9 +38,29 @@ __all__ = ["scratch_import"]
 # name -> indexes of the positional arguments that are paths (and keyword names).
 _OS = {
     **dict.fromkeys(
-        ["stat", "lstat", "mkdir", "makedirs", "remove", "unlink", "rmdir", "removedirs",
-         "chmod", "chown", "access", "open", "walk", "fwalk", "utime", "truncate",
-         "readlink", "statvfs", "mkfifo", "listxattr", "getxattr"],
+        [
+            "stat",
+            "lstat",
+            "mkdir",
+            "makedirs",
+            "remove",
+            "unlink",
+            "rmdir",
+            "removedirs",
+            "chmod",
+            "chown",
+            "access",
+            "open",
+            "walk",
+            "fwalk",
+            "utime",
+            "truncate",
+            "readlink",
+            "statvfs",
+            "mkfifo",
+            "listxattr",
+            "getxattr",
+        ],
         (0,),
     ),
     "rename": (0, 1),
@@ -52,14 +72,26 @@ _OS = {
 _OS_DEFAULT_HERE = ("listdir", "scandir")  # no argument means "."
 _OS_PATH = {
     **dict.fromkeys(
-        ["exists", "lexists", "isfile", "isdir", "islink", "ismount", "getsize",
-         "getmtime", "getatime", "getctime"],
+        [
+            "exists",
+            "lexists",
+            "isfile",
+            "isdir",
+            "islink",
+            "ismount",
+            "getsize",
+            "getmtime",
+            "getatime",
+            "getctime",
+        ],
         (0,),
     ),
     "samefile": (0, 1),
 }
 _SHUTIL = {
-    **dict.fromkeys(["copy", "copy2", "copyfile", "copytree", "move", "copymode", "copystat"], (0, 1)),
+    **dict.fromkeys(
+        ["copy", "copy2", "copyfile", "copytree", "move", "copymode", "copystat"], (0, 1)
+    ),
     **dict.fromkeys(["rmtree", "disk_usage"], (0,)),
     "unpack_archive": (0, 1),
 }
@@ -120,8 +152,11 @@ class _Resolver:
         return wrapped
 
     def table(self, real: types.ModuleType, spec: dict[str, tuple[int, ...]]) -> dict[str, Any]:
-        return {name: self.wrap(getattr(real, name), where) for name, where in spec.items()
-                if hasattr(real, name)}
+        return {
+            name: self.wrap(getattr(real, name), where)
+            for name, where in spec.items()
+            if hasattr(real, name)
+        }
 
 
 def _chdir(path: Any) -> None:
@@ -175,7 +210,9 @@ def _glob_view(r: _Resolver) -> _View:
         def wrapped(pathname: Any, *args: Any, root_dir: Any = None, **kwargs: Any) -> Any:
             if root_dir is None and not os.path.isabs(os.fspath(pathname)):
                 root_dir = r.scratch
-            return function(pathname, *args, root_dir=r.path(root_dir) if root_dir else None, **kwargs)
+            return function(
+                pathname, *args, root_dir=r.path(root_dir) if root_dir else None, **kwargs
+            )
 
         wrapped.__name__ = function.__name__
         wrapped.__doc__ = function.__doc__

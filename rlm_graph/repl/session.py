@@ -148,7 +148,9 @@ def _image_part(name: str, index: int, item: object, scratch_dir: str) -> dict[s
             image = Image.from_bytes(bytes(item))
         elif isinstance(item, os.PathLike):
             path = os.fspath(item)
-            image = Image.from_path(path if os.path.isabs(path) else os.path.join(scratch_dir, path))
+            image = Image.from_path(
+                path if os.path.isabs(path) else os.path.join(scratch_dir, path)
+            )
         else:
             raise TypeError(
                 f"{name}(): prompt part {index} is a {type(item).__name__}; parts are str "
@@ -350,7 +352,9 @@ class ReplSession:
             return self.final(name)
         key = name.strip().strip("\"'")
         if key not in self.ns:
-            known = ", ".join(k for k in self.ns if not k.startswith("_") and k not in self._protocol)
+            known = ", ".join(
+                k for k in self.ns if not k.startswith("_") and k not in self._protocol
+            )
             return (
                 f"FINAL_VAR: there is no variable {key!r} (variables: {known or 'none'}); "
                 "create it first, or call FINAL(value)"
@@ -429,7 +433,9 @@ class ReplSession:
             last = tree.body.pop().value  # type: ignore[attr-defined]
         exec(compile(tree, _FILENAME, "exec", dont_inherit=True), self.ns)
         if last is not None:
-            value = eval(compile(ast.Expression(last), _FILENAME, "eval", dont_inherit=True), self.ns)
+            value = eval(
+                compile(ast.Expression(last), _FILENAME, "eval", dont_inherit=True), self.ns
+            )
             if value is not None:
                 out.write(repr(value) if not isinstance(value, str) else value)
                 out.write("\n")

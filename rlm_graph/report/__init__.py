@@ -11,7 +11,9 @@ from .page import render_page
 __all__ = ["render_report", "report_data", "write_report"]
 
 
-def render_report(graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None) -> str:
+def render_report(
+    graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None
+) -> str:
     """The report of ``graph`` as one self-contained HTML document."""
     return render_page(report_data(graph, title=title, stop_reason=stop_reason))
 

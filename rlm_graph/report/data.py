@@ -26,7 +26,9 @@ __all__ = ["STATUSES", "report_data"]
 STATUSES = ("ok", "error", "cancelled", "pending", "running")
 
 
-def report_data(graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None) -> dict[str, Any]:
+def report_data(
+    graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None
+) -> dict[str, Any]:
     """The report's data for ``graph`` (JSON-ready).
 
     Args:
@@ -63,8 +65,13 @@ def report_data(graph: Graph, *, title: str = "rlm-graph run", stop_reason: str 
         "error": [f"{r.error_type or 'error'}: {r.error}" if r.error else "" for r in records],
     }
     usage = [
-        {"model": name, "calls": u.calls, "input_tokens": u.input_tokens,
-         "output_tokens": u.output_tokens, "cost": u.cost}
+        {
+            "model": name,
+            "calls": u.calls,
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cost": u.cost,
+        }
         for name, u in sorted(usage_by_model(graph).items())
     ]
     failed = [i for i, r in enumerate(records) if r.status == NodeStatus.ERROR]
@@ -113,7 +120,9 @@ def _lanes(records: list[Any], t0: float) -> list[int]:
     return lanes
 
 
-def _dag_layout(graph: Graph, records: list[Any], index: dict[str, int]) -> tuple[list[int], list[int]]:
+def _dag_layout(
+    graph: Graph, records: list[Any], index: dict[str, int]
+) -> tuple[list[int], list[int]]:
     """Column: the longest path from a source; row: the place in the column, by the mean
     row of the node's predecessors, then followers before spawned nodes, then insertion
     order."""
@@ -128,6 +137,7 @@ def _dag_layout(graph: Graph, records: list[Any], index: dict[str, int]) -> tupl
         by_column[c].append(i)
     row = [0] * len(records)
     for c in sorted(by_column):
+
         def weight(i: int) -> tuple[float, int, int]:
             # A node that follows another (a turn after a block) keeps that row; spawned
             # nodes (a batch's slots) fan out below it.

@@ -55,6 +55,7 @@ def node_path(completion: str, name: str) -> str:
     are ``turn-1``, ``turn-1/block-2``...; a child's are prefixed by its ``rlm_call`` id."""
     return name if completion == "root" else f"{completion}/{name}"
 
+
 ChildRunner = Callable[[str, "str | None", NodeRecord, Tally], Awaitable[str]]
 """``runner(prompt, model, rlm_call_record, child_tally) -> answer``: runs a child
 completion as the given node."""
@@ -94,7 +95,9 @@ def prompt_parts(prompt: Prompt) -> list[str | Image]:
                 raise ValueError(f"prompt part {index}: the image data is not base64") from None
             parts.append(Image.from_bytes(data))
         else:
-            raise ValueError(f"prompt part {index} is a {type(part).__name__}, not text or an image")
+            raise ValueError(
+                f"prompt part {index} is a {type(part).__name__}, not text or an image"
+            )
     return parts
 
 
@@ -160,7 +163,9 @@ class CompletionBridge:
     async def rlm_query(self, prompt: str, model: str | None = None) -> str:
         return str(await self._one(self._rlm, prompt, model, self._take_finished()))
 
-    async def rlm_query_batched(self, prompts: Sequence[str], model: str | None = None) -> list[str]:
+    async def rlm_query_batched(
+        self, prompts: Sequence[str], model: str | None = None
+    ) -> list[str]:
         return await self._batch(self._rlm, prompts, model)
 
     async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
@@ -248,7 +253,12 @@ class CompletionBridge:
             message = Message.of_parts("user", parts)
             wanted = ResponseSchema(name=shape.name, json_schema=shape.json_schema)
         call = ModelCall(
-            self.run, record, [message], model=model, params=self.params, tally=self.tally,
+            self.run,
+            record,
+            [message],
+            model=model,
+            params=self.params,
+            tally=self.tally,
             response_schema=wanted,
         )
 
@@ -263,7 +273,10 @@ class CompletionBridge:
 
         try:
             return await self.run.execute(
-                record, body, after=after, parent=self.block,
+                record,
+                body,
+                after=after,
+                parent=self.block,
                 journal=call.journaled if shape is None else typed,
             )
         finally:
@@ -335,7 +348,9 @@ class BridgeProxy:
     async def rlm_query(self, prompt: str, model: str | None = None) -> str:
         return await self._bridge().rlm_query(prompt, model)
 
-    async def rlm_query_batched(self, prompts: Sequence[str], model: str | None = None) -> list[str]:
+    async def rlm_query_batched(
+        self, prompts: Sequence[str], model: str | None = None
+    ) -> list[str]:
         return await self._bridge().rlm_query_batched(prompts, model)
 
     async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:

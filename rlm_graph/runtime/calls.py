@@ -97,7 +97,14 @@ class ModelCall:
     """
 
     __slots__ = (
-        "_request", "messages", "model", "node", "params", "response_schema", "route", "run",
+        "_request",
+        "messages",
+        "model",
+        "node",
+        "params",
+        "response_schema",
+        "route",
+        "run",
         "tally",
     )
 
@@ -136,8 +143,12 @@ class ModelCall:
             )
         else:
             self._request = ChatRequest(
-                messages=self.messages, model=model, depth=node.depth, node_id=node.id,
-                response_schema=self.response_schema, **dict(self.params or {}),
+                messages=self.messages,
+                model=model,
+                depth=node.depth,
+                node_id=node.id,
+                response_schema=self.response_schema,
+                **dict(self.params or {}),
             )
         return self._request
 
@@ -226,7 +237,9 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
         output_tokens=int(output),
     )
     cost = run.router.price(route.model, guess)
-    return await run.spend.reserve(guess.total_tokens, run.spend.largest_cost if cost is None else cost)
+    return await run.spend.reserve(
+        guess.total_tokens, run.spend.largest_cost if cost is None else cost
+    )
 
 
 async def _send(
@@ -276,11 +289,19 @@ def _account(
     cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
     note = reply_note(response)
     if note is not None:
-        text = f"{response.content}\n[rlm-graph: {note}]" if response.content else f"[rlm-graph: {note}]"
+        text = (
+            f"{response.content}\n[rlm-graph: {note}]"
+            if response.content
+            else f"[rlm-graph: {note}]"
+        )
         response = response.model_copy(update={"content": text})
     record.answered(
-        usage=usage, cost=cost, response_model=response.model or None,
-        finish_reason=response.finish_reason, note=note, output=response.content,
+        usage=usage,
+        cost=cost,
+        response_model=response.model or None,
+        finish_reason=response.finish_reason,
+        note=note,
+        output=response.content,
     )
     if call.tally is not None:
         call.tally.add(usage, cost)

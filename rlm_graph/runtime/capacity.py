@@ -195,9 +195,9 @@ class InProcessLimiter:
 
     def __init__(self) -> None:
         self._gates: dict[str, SharedGate] = {}
-        self._rates: weakref.WeakKeyDictionary[
-            trio.lowlevel.TrioToken, dict[str, RateLimiter]
-        ] = weakref.WeakKeyDictionary()
+        self._rates: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, dict[str, RateLimiter]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def gate(self, key: str, capacity: int) -> SharedGate:
         gate = self._gates.get(key)
@@ -224,9 +224,7 @@ class LoopLimiters:
     Provider gates and rates come from the engine's `SharedLimiter`.
     """
 
-    def __init__(
-        self, max_concurrent_subcalls: int, shared: SharedLimiter | None = None
-    ) -> None:
+    def __init__(self, max_concurrent_subcalls: int, shared: SharedLimiter | None = None) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
         self._shared: SharedLimiter = shared if shared is not None else InProcessLimiter()
         self._subcalls: dict[int, trio.CapacityLimiter] = {}
@@ -262,7 +260,9 @@ class LoopLimiters:
 
     def statistics(self) -> dict[str, object]:
         """Limiter statistics by name, for debugging a stuck or slow run."""
-        stats: dict[str, object] = {f"provider:{k}": v.statistics() for k, v in self._providers.items()}
+        stats: dict[str, object] = {
+            f"provider:{k}": v.statistics() for k, v in self._providers.items()
+        }
         for depth, limiter in self._subcalls.items():
             stats[f"subcalls:depth-{depth}"] = limiter.statistics()
         return stats

@@ -42,7 +42,9 @@ class CompletionRun:
     kind: Literal["completion", "workflow"] = "completion"
     span_name = "invoke_agent rlm"
     span_attributes: Mapping[str, Any] = {
-        "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "rlm", "rlm.depth": 0,
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": "rlm",
+        "rlm.depth": 0,
     }
 
     def __init__(
@@ -70,8 +72,12 @@ class CompletionRun:
 
     async def body(self, run: Run) -> None:
         self.outcome = await self.runner.answer(
-            self.context, self.root_prompt, self.state, Tally(),
-            direct_share=self.direct_share, session=self.session,
+            self.context,
+            self.root_prompt,
+            self.state,
+            Tally(),
+            direct_share=self.direct_share,
+            session=self.session,
         )
 
     @property
@@ -142,11 +148,19 @@ def completion_journal(
     and ``number``, its place in a persistent session) and its configuration."""
     configuration = [
         [(key, provider.name, provider.model) for key, provider in run.router.providers],
-        run.limits.max_depth, run.limits.max_iterations, environment,
-        settings.custom_system_prompt, settings.root_params, settings.sub_params,
-        sorted(settings.tools), sorted(settings.sub_tools), settings.accept_text_final,
-        settings.output_chars, type(settings.compaction).__name__,
-        settings.compaction_threshold_pct, repr(getattr(settings, "schema", None)),
+        run.limits.max_depth,
+        run.limits.max_iterations,
+        environment,
+        settings.custom_system_prompt,
+        settings.root_params,
+        settings.sub_params,
+        sorted(settings.tools),
+        sorted(settings.sub_tools),
+        settings.accept_text_final,
+        settings.output_chars,
+        type(settings.compaction).__name__,
+        settings.compaction_threshold_pct,
+        repr(getattr(settings, "schema", None)),
     ]
     inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
     label = preview(root_prompt if root_prompt is not None else context, 80)

@@ -80,8 +80,7 @@ def task_parts(context: Any, root_prompt: str | None) -> list[str | Image]:
 
 def _estimate(parts: list[str | Image]) -> int:
     return sum(
-        IMAGE_TOKEN_ESTIMATE if isinstance(part, Image) else estimate_tokens(part)
-        for part in parts
+        IMAGE_TOKEN_ESTIMATE if isinstance(part, Image) else estimate_tokens(part) for part in parts
     )
 
 
@@ -123,7 +122,10 @@ async def one_call(
     message = Message.of_parts("user", parts)
     messages.append(message)
     record = NodeRecord(
-        id=node_id, kind=NodeKind.LLM_CALL, depth=0, input_preview=preview(message.content),
+        id=node_id,
+        kind=NodeKind.LLM_CALL,
+        depth=0,
+        input_preview=preview(message.content),
         reason=note,
     )
     wanted = ResponseSchema(name=schema.name, json_schema=schema.json_schema) if schema else None

@@ -114,9 +114,7 @@ async def run_lifecycle(
     return result
 
 
-async def _journaled(
-    run: Run, operation: Operation[R], flush: Callable[[], Awaitable[None]]
-) -> R:
+async def _journaled(run: Run, operation: Operation[R], flush: Callable[[], Awaitable[None]]) -> R:
     """The body in its span and scope, with the journal open around it; the result."""
     journal = None
     if operation.journal is not None:

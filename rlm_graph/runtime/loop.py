@@ -139,14 +139,19 @@ class RLMRunner:
             async with self._environment(bridge, self.settings.tools, 0, context) as fresh:
                 return await self._complete(
                     _Completion(0, "root", None, None, tally, bridge, fresh),
-                    context, root_prompt, state,
+                    context,
+                    root_prompt,
+                    state,
                 )
         assert proxy is not None
         proxy.target = bridge
         try:
             return await self._complete(
                 _Completion(0, "root", None, None, tally, bridge, env),
-                context, root_prompt, state, index=index,
+                context,
+                root_prompt,
+                state,
+                index=index,
             )
         finally:
             proxy.target = None
@@ -159,7 +164,11 @@ class RLMRunner:
         return CompletionOutcome(answer.text, None, state)
 
     async def direct(
-        self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally,
+        self,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
+        tally: Tally,
         share: float,
     ) -> CompletionOutcome | None:
         """The direct path: one call when question and context fit ``share`` of the root
@@ -168,7 +177,10 @@ class RLMRunner:
         model = self.run.router.route(None, 0).model
         info = self.run.router.info(model)
         fit = direct_fit(
-            context, root_prompt, model=model, share=share,
+            context,
+            root_prompt,
+            model=model,
+            share=share,
             window=info.context_window if info is not None else None,
         )
         state.direct = ("taken: " if fit.taken else "not taken: ") + fit.reason
@@ -182,12 +194,24 @@ class RLMRunner:
         return CompletionOutcome(answer.text, None, state)
 
     async def _one_call(
-        self, context: Any, root_prompt: str | None, state: CompletionState, tally: Tally,
-        node_id: str, note: str | None,
+        self,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
+        tally: Tally,
+        node_id: str,
+        note: str | None,
     ) -> OneAnswer:
         answer = await one_call(
-            self.run, context, root_prompt, state.messages, tally, node_id=node_id,
-            params=self.settings.root_params, schema=self.settings.schema, note=note,
+            self.run,
+            context,
+            root_prompt,
+            state.messages,
+            tally,
+            node_id=node_id,
+            params=self.settings.root_params,
+            schema=self.settings.schema,
+            note=note,
         )
         state.trajectory.append(state.messages[-1])
         state.last_reply = answer.text
@@ -207,7 +231,9 @@ class RLMRunner:
 
     # -- set-up -------------------------------------------------------------------------
 
-    def _bridge(self, depth: int, completion: str, tally: Tally, tools: ToolTable) -> CompletionBridge:
+    def _bridge(
+        self, depth: int, completion: str, tally: Tally, tools: ToolTable
+    ) -> CompletionBridge:
         return CompletionBridge(
             self.run,
             depth=depth,
@@ -249,7 +275,11 @@ class RLMRunner:
         return await self._last_turn(c, state, previous)
 
     def _open(
-        self, c: _Completion, context: Any, root_prompt: str | None, state: CompletionState,
+        self,
+        c: _Completion,
+        context: Any,
+        root_prompt: str | None,
+        state: CompletionState,
         index: int,
     ) -> None:
         """The conversation's start: the system prompt and the first user message (a
@@ -257,15 +287,30 @@ class RLMRunner:
         tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
         schema = self._schema(c)
         state.messages = []
-        state.add(Message(role="system", content=system_prompt(
-            custom=self.settings.custom_system_prompt, tools=tools,
-            can_recurse=c.bridge.can_recurse, output_chars=self.settings.output_chars,
-        )))
-        state.add(Message(role="user", content=first_user_message(
-            context, root_prompt, index=index, histories=index,
-            max_iterations=self.run.limits.max_iterations,
-            schema=schema.describe() if schema is not None else None,
-        )))
+        state.add(
+            Message(
+                role="system",
+                content=system_prompt(
+                    custom=self.settings.custom_system_prompt,
+                    tools=tools,
+                    can_recurse=c.bridge.can_recurse,
+                    output_chars=self.settings.output_chars,
+                ),
+            )
+        )
+        state.add(
+            Message(
+                role="user",
+                content=first_user_message(
+                    context,
+                    root_prompt,
+                    index=index,
+                    histories=index,
+                    max_iterations=self.run.limits.max_iterations,
+                    schema=schema.describe() if schema is not None else None,
+                ),
+            )
+        )
 
     async def _last_turn(
         self, c: _Completion, state: CompletionState, previous: str | None
@@ -275,11 +320,15 @@ class RLMRunner:
         last = self.run.limits.max_iterations + 1
         schema = self._schema(c)
         previous = await self._compact(c, state, last, previous)
-        state.add(Message(role="user", content=final_answer_prompt(last - 1, typed=schema is not None)))
+        state.add(
+            Message(role="user", content=final_answer_prompt(last - 1, typed=schema is not None))
+        )
         reply, _ = await self._turn(c, state, last, previous)
         if schema is not None:
             try:
-                return CompletionOutcome(self._accept(schema, state, reply), "max_iterations", state)
+                return CompletionOutcome(
+                    self._accept(schema, state, reply), "max_iterations", state
+                )
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
         return CompletionOutcome(reply, "max_iterations", state)
@@ -349,7 +398,10 @@ class RLMRunner:
             self.run, record, list(state.messages), model=c.model, params=params, tally=c.tally
         )
         reply = await self.run.execute(
-            record, call.text, after=[previous] if previous else [], parent=c.parent,
+            record,
+            call.text,
+            after=[previous] if previous else [],
+            parent=c.parent,
             journal=call.journaled,
         )
         state.last_reply = reply
@@ -373,12 +425,17 @@ class RLMRunner:
         tokens = state.history_tokens()
         messages = list(state.messages)
         if not strategy.should_compact(
-            messages, tokens=tokens, context_window=window,
+            messages,
+            tokens=tokens,
+            context_window=window,
             threshold_pct=self.settings.compaction_threshold_pct,
         ):
             return previous
         record = self._record(
-            c, NodeKind.COMPACTION, f"compaction-{iteration}", iteration,
+            c,
+            NodeKind.COMPACTION,
+            f"compaction-{iteration}",
+            iteration,
             f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
         )
 
@@ -390,11 +447,15 @@ class RLMRunner:
 
         journal = Journaled(
             value_hash("compaction", type(strategy).__name__, model, _messages_text(messages)),
-            _messages_text, _messages_of,
+            _messages_text,
+            _messages_of,
         )
         try:
             state.messages = await self.run.execute(
-                record, body, after=[previous] if previous else [], parent=c.parent,
+                record,
+                body,
+                after=[previous] if previous else [],
+                parent=c.parent,
                 journal=journal,
             )
         except ProviderError:  # recorded on the node; the turn goes on uncompacted
@@ -412,7 +473,9 @@ class RLMRunner:
         codes = find_code_blocks(reply)
         text_final = find_text_final(reply) if self.settings.accept_text_final else None
         if not codes and text_final is None:
-            state.add(Message(role="user", content=no_code_message(iteration, limits.max_iterations)))
+            state.add(
+                Message(role="user", content=no_code_message(iteration, limits.max_iterations))
+            )
             return None, previous
         turn_id = previous
         results: list[ExecResult] = []
@@ -437,7 +500,9 @@ class RLMRunner:
                 Message(
                     role="user",
                     content=format_repl_output(
-                        results, limit=self.settings.output_chars, turn=iteration,
+                        results,
+                        limit=self.settings.output_chars,
+                        turn=iteration,
                         max_iterations=limits.max_iterations,
                     ),
                 )
@@ -467,12 +532,18 @@ class RLMRunner:
             result = await self._check_final(c, state, await c.env.execute(code))
             rec.output_preview = preview(result.stdout or result.stderr)
             if not result.ok:
-                rec.fail((result.error or "Timeout").split(":", 1)[0], result.error or "the block timed out")
+                rec.fail(
+                    (result.error or "Timeout").split(":", 1)[0],
+                    result.error or "the block timed out",
+                )
             return result
 
         try:
             result = await self.run.execute(
-                record, body, after=[previous], span_parent=turn_id,
+                record,
+                body,
+                after=[previous],
+                span_parent=turn_id,
                 # Recorded, never replayed: a block runs again to rebuild the REPL's state.
                 journal=Journaled(value_hash("repl_block", code), read=None),
             )
@@ -510,7 +581,9 @@ class RLMRunner:
 class _CompactionCall:
     """The `CompactionContext` a strategy gets: root-model calls on the compaction node."""
 
-    def __init__(self, run: Run, record: NodeRecord, c: _Completion, model: str, window: int) -> None:
+    def __init__(
+        self, run: Run, record: NodeRecord, c: _Completion, model: str, window: int
+    ) -> None:
         self.run = run
         self.record = record
         self.completion = c
@@ -520,7 +593,10 @@ class _CompactionCall:
     async def complete(self, messages: Sequence[Message]) -> ChatResponse:
         before, cost = self.record.usage, self.record.cost
         call = ModelCall(
-            self.run, self.record, messages, model=self.completion.model,
+            self.run,
+            self.record,
+            messages,
+            model=self.completion.model,
             tally=self.completion.tally,
         )
         response = await call_model(call)
@@ -533,7 +609,9 @@ class _CompactionCall:
 
 def _messages_text(messages: list[Message]) -> str:
     """A compaction's result as the journal keeps it."""
-    return json.dumps([m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default)
+    return json.dumps(
+        [m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default
+    )
 
 
 def _messages_of(text: str) -> list[Message]:

@@ -41,7 +41,13 @@ from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
 from ..journal.tools import MISSING, NOT_JOURNALED
 
 __all__ = [
-    "FLUSH_DELAY", "FLUSH_ROWS", "KEEP_TEXT", "READ_TEXT", "JournalTarget", "Journaled", "Replayer",
+    "FLUSH_DELAY",
+    "FLUSH_ROWS",
+    "KEEP_TEXT",
+    "READ_TEXT",
+    "JournalTarget",
+    "Journaled",
+    "Replayer",
     "open_journal",
 ]
 
@@ -54,7 +60,6 @@ FLUSH_ROWS = 512
 """Rows that start a write at once."""
 
 T = TypeVar("T")
-
 
 
 def KEEP_TEXT(value: Any) -> str | None:  # noqa: N802 - a constant, compared by identity
@@ -124,7 +129,11 @@ class Replayer:
         self.key = key
         self.number = number
         self.attempt = before.attempts + 1 if before is not None else 1
-        self.link = (before.trace_id, before.span_id) if before and before.trace_id and before.span_id else None
+        self.link = (
+            (before.trace_id, before.span_id)
+            if before and before.trace_id and before.span_id
+            else None
+        )
         self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
         self._seq = max((n.seq for n in self.nodes.values()), default=0)
         # What finished and waits for the writer, as three parallel lists (no tuple per
@@ -220,8 +229,14 @@ class Replayer:
         """Put the journaled nodes of the child completion of ``record`` (a replayed
         ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
         prefix = record.id + "/"
-        inside = sorted((n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq)
-        inside = [n for n in inside if n.id not in self.graph and "#" not in n.id and not is_tool_call(n.id)]
+        inside = sorted(
+            (n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq
+        )
+        inside = [
+            n
+            for n in inside
+            if n.id not in self.graph and "#" not in n.id and not is_tool_call(n.id)
+        ]
         added = restore(self.graph, inside, offset=time.time() - trio.current_time())
         for node in added:
             if node.kind in COUNTED_KINDS:
@@ -272,7 +287,13 @@ class Replayer:
                 values.append(value)
             del self._tool_rows[:tools]
         chunks = encode_nodes(
-            self._seq, records, requests, values, self.graph.incoming, trio.current_time(), self.redact
+            self._seq,
+            records,
+            requests,
+            values,
+            self.graph.incoming,
+            trio.current_time(),
+            self.redact,
         )
         self._seq += len(records)
         return chunks
@@ -286,10 +307,14 @@ class Replayer:
                         await trio.sleep(FLUSH_DELAY)
                     self._wake = trio.Event()
                     chunks = self._chunks()
-                    await trio.to_thread.run_sync(self.store.write, self.number, self.attempt, chunks)
+                    await trio.to_thread.run_sync(
+                        self.store.write, self.number, self.attempt, chunks
+                    )
         except Exception as exc:  # a full disk must not fail the user's run
             self._failed = exc
-            logger.error("journal %s: writing failed (%s); the run goes on unjournaled", self.store.path, exc)
+            logger.error(
+                "journal %s: writing failed (%s); the run goes on unjournaled", self.store.path, exc
+            )
         finally:
             self._stopped.set()
 
@@ -299,13 +324,20 @@ class Replayer:
         """Remember the run span of a first attempt (later attempts link to it)."""
         context = span.get_span_context() if span is not None else None
         if context is not None and context.is_valid:
-            self.store.set_trace(self.key, format(context.trace_id, "032x"), format(context.span_id, "016x"))
+            self.store.set_trace(
+                self.key, format(context.trace_id, "032x"), format(context.span_id, "016x")
+            )
 
     def summary(self) -> ReplaySummary:
         return ReplaySummary(
-            run_key=self.key, attempt=self.attempt, replayed=self.replayed, live=self.live,
-            diverged=self.diverged, diverged_at=self.diverged_at,
-            cost_saved=self.cost_saved, tokens_saved=self.tokens_saved,
+            run_key=self.key,
+            attempt=self.attempt,
+            replayed=self.replayed,
+            live=self.live,
+            diverged=self.diverged,
+            diverged_at=self.diverged_at,
+            cost_saved=self.cost_saved,
+            tokens_saved=self.tokens_saved,
             tools_replayed=self.tools_replayed,
         )
 
@@ -329,7 +361,11 @@ class Replayer:
                 self.store.finish(self.key, status, answer, keep)
             except Exception as exc:  # the run itself is done: its answer stands
                 self._failed = self._failed or exc
-                logger.error("journal %s: writing failed (%s); the run's answer is not journaled", self.store.path, exc)
+                logger.error(
+                    "journal %s: writing failed (%s); the run's answer is not journaled",
+                    self.store.path,
+                    exc,
+                )
             finally:
                 self.store.close()
         return self.summary()

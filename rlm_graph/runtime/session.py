@@ -47,8 +47,12 @@ def make_environment(
 
 @asynccontextmanager
 async def environment_scope(
-    factory: Any, settings: LoopSettings, bridge: CompletionBridge, tools: ToolTable,
-    depth: int, context: Any,
+    factory: Any,
+    settings: LoopSettings,
+    bridge: CompletionBridge,
+    tools: ToolTable,
+    depth: int,
+    context: Any,
 ) -> AsyncIterator[Environment]:
     """Make, start and load (``context`` as ``context_0``) one completion's
     environment; close it on the way out, and count the threads it left behind."""

@@ -89,7 +89,9 @@ class WorkflowRun:
 
     def result(self, run: Run, stop_reason: str | None, cut: bool) -> WorkflowResult:
         return WorkflowResult(
-            values=self.values, errors=self.errors, graph=run.graph,
+            values=self.values,
+            errors=self.errors,
+            graph=run.graph,
             stop_reason=stop_reason or run.stop_reason,
         )
 
@@ -139,10 +141,14 @@ async def _run_node(
             await run.execute(record, _upstream_failed(failed), added=True)
         elif spec.kind == NodeKind.LLM_CALL:
             call = _LazyCall(run, record, spec, args)
-            values[spec.id] = await run.execute(record, call.text, added=True, journal=call.journaled)
+            values[spec.id] = await run.execute(
+                record, call.text, added=True, journal=call.journaled
+            )
         else:
             values[spec.id] = await run.execute(
-                record, _function_body(spec, args), added=True,
+                record,
+                _function_body(spec, args),
+                added=True,
                 journal=lambda: _function_journaled(spec, args),
             )
     except Exception as exc:
@@ -172,7 +178,10 @@ class _LazyCall:
         if self._call is None:
             spec = self.spec
             self._call = ModelCall(
-                self.run, self.record, _messages(spec, self.args), model=spec.model,
+                self.run,
+                self.record,
+                _messages(spec, self.args),
+                model=spec.model,
                 params=spec.params,
             )
         return self._call
@@ -237,9 +246,14 @@ def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> s
     parameters, functions by qualified name) and the engine's providers."""
     nodes = [
         [
-            spec.id, spec.kind.value, list(spec.deps),
+            spec.id,
+            spec.kind.value,
+            list(spec.deps),
             _qualname(spec.prompt) if callable(spec.prompt) else spec.prompt,
-            spec.system, spec.model, spec.params, _qualname(spec.fn) if spec.fn else None,
+            spec.system,
+            spec.model,
+            spec.params,
+            _qualname(spec.fn) if spec.fn else None,
         ]
         for spec in workflow
     ]

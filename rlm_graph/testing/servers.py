@@ -228,7 +228,9 @@ class FakeServer:
         host, port = server.server_address[:2]
         self._address = f"http://{host!s}:{port}"
         self._thread = threading.Thread(
-            target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True,
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            daemon=True,
             name=f"{type(self).__name__}",
         )
         self._thread.start()
@@ -464,8 +466,13 @@ class FakeOpenAIServer(FakeServer):
 
     paths = ("/v1/chat/completions",)
 
-    def __init__(self, responder: Responder | None = None, *, cost_per_call: float | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        responder: Responder | None = None,
+        *,
+        cost_per_call: float | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(responder, **kwargs)
         self.cost_per_call = cost_per_call
 
@@ -475,11 +482,17 @@ class FakeOpenAIServer(FakeServer):
 
     def check_request(self, headers: Mapping[str, str], body: Any) -> Reply | None:
         if self.api_key is not None and headers.get("authorization") != f"Bearer {self.api_key}":
-            return Reply(401, "Incorrect API key provided. You can find your API key in your account settings.")
+            return Reply(
+                401,
+                "Incorrect API key provided. You can find your API key in your account settings.",
+            )
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return Reply(400, "'messages' is a required property")
         if self.models is not None and body.get("model") not in self.models:
-            return Reply(404, f"The model `{body.get('model')}` does not exist or you do not have access to it.")
+            return Reply(
+                404,
+                f"The model `{body.get('model')}` does not exist or you do not have access to it.",
+            )
         return None
 
     def success_body(self, text: str, body: Any) -> dict[str, Any]:
@@ -496,14 +509,20 @@ class FakeOpenAIServer(FakeServer):
             "object": "chat.completion",
             "model": (body or {}).get("model", ""),
             "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
             ],
             "usage": usage,
         }
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
         kind = {401: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error"}
-        return {"error": {"message": message, "type": kind.get(status, "server_error"), "code": status}}
+        return {
+            "error": {"message": message, "type": kind.get(status, "server_error"), "code": status}
+        }
 
 
 def _forced_tool(body: Any) -> str | None:
@@ -538,9 +557,11 @@ class FakeAnthropicServer(FakeServer):
             return Reply(400, "max_tokens: Field required")
         roles = [m.get("role") for m in body["messages"]]
         if "system" in roles:
-            return Reply(400, "messages: Unexpected role \"system\". Use the top-level `system` parameter")
+            return Reply(
+                400, 'messages: Unexpected role "system". Use the top-level `system` parameter'
+            )
         if any(a == b for a, b in itertools.pairwise(roles)) or roles[:1] != ["user"]:
-            return Reply(400, "messages: roles must alternate between \"user\" and \"assistant\"")
+            return Reply(400, 'messages: roles must alternate between "user" and "assistant"')
         if self.models is not None and body.get("model") not in self.models:
             return Reply(404, f"model: {body.get('model')}")
         return None
@@ -567,6 +588,14 @@ class FakeAnthropicServer(FakeServer):
         }
 
     def error_body(self, status: int, message: str) -> dict[str, Any]:
-        kind = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                429: "rate_limit_error", 529: "overloaded_error"}
-        return {"type": "error", "error": {"type": kind.get(status, "api_error"), "message": message}}
+        kind = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+            529: "overloaded_error",
+        }
+        return {
+            "type": "error",
+            "error": {"type": kind.get(status, "api_error"), "message": message},
+        }

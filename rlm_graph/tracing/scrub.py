@@ -105,9 +105,7 @@ class SecretRuns:
             s[i : i + RUN_CHARS] for s in eligible for i in range(len(s) - RUN_CHARS + 1)
         )
         chars = "".join(sorted(set("".join(eligible))))
-        self._candidates = (
-            re.compile(f"[{re.escape(chars)}]{{{RUN_CHARS},}}") if chars else None
-        )
+        self._candidates = re.compile(f"[{re.escape(chars)}]{{{RUN_CHARS},}}") if chars else None
 
     def __bool__(self) -> bool:
         return self._candidates is not None

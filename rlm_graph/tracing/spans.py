@@ -115,7 +115,9 @@ def _resumed_links(links: Iterable[tuple[str, str]]) -> list[Link]:
     for trace_id, span_id in links:
         try:
             context = SpanContext(
-                trace_id=int(trace_id, 16), span_id=int(span_id, 16), is_remote=True,
+                trace_id=int(trace_id, 16),
+                span_id=int(span_id, 16),
+                is_remote=True,
                 trace_flags=TraceFlags(TraceFlags.SAMPLED),
             )
         except ValueError:  # a damaged journal row: no link rather than no run
@@ -123,6 +125,8 @@ def _resumed_links(links: Iterable[tuple[str, str]]) -> list[Link]:
         if context.is_valid:
             found.append(Link(context, {"rlm.link": "resumes"}))
     return found
+
+
 # Fields a newer NodeRecord may carry; looked up once, since pydantic's __getattr__ for a
 # missing field costs more than the rest of a span's attributes together.
 _HAS_RESPONSE_MODEL = "response_model" in NodeRecord.model_fields

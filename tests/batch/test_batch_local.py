@@ -45,7 +45,9 @@ def test_forty_items_each_get_their_own_answer_and_the_provider_limit_holds() ->
 
 def test_an_item_whose_provider_fails_is_recorded_and_the_others_finish() -> None:
     with BatchServer() as server:
-        results = {r.id: r for r in run_batch(items(6, fail=(2,)), rlm_kwargs(server), concurrency=3)}
+        results = {
+            r.id: r for r in run_batch(items(6, fail=(2,)), rlm_kwargs(server), concurrency=3)
+        }
     failed = results.pop("item-2")
     assert failed.answer is None and failed.error is not None
     assert failed.error.type == "ProviderError" or failed.error.type.startswith("Provider")
@@ -98,7 +100,10 @@ def test_skip_ids_resume_in_python() -> None:
     ("bad", "message"),
     [
         ([{"id": "a", "query": "q"}], "exactly one of 'context' and 'context_file'"),
-        ([{"id": "a", "context": "c", "query": "q", "temperature": 1}], "unknown key(s) 'temperature'"),
+        (
+            [{"id": "a", "context": "c", "query": "q", "temperature": 1}],
+            "unknown key(s) 'temperature'",
+        ),
         ([{"id": "a", "context": "c", "query": "q"}] * 2, "id 'a' is given twice"),
         ([{"id": "a", "context": "c", "query": "q", "max_iterations": 0}], "max_iterations"),
     ],
@@ -212,7 +217,9 @@ def test_cli_rerun_skips_failed_items_unless_asked_to_retry_them(
         assert main(local_cli_args(server, tmp_path, "--quiet")) == 0  # nothing left to run
         assert sum(server.root_turns.values()) == 3
         # The provider is fixed (the item's request is accepted now): retry the failure.
-        (tmp_path / "in.jsonl").write_text((tmp_path / "in.jsonl").read_text().replace(f" {FAIL}", ""))
+        (tmp_path / "in.jsonl").write_text(
+            (tmp_path / "in.jsonl").read_text().replace(f" {FAIL}", "")
+        )
         assert main(local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
     lines = read_lines(tmp_path / "out.jsonl")
     assert [line["id"] for line in lines].count("item-1") == 2  # the old line stays; the last wins
@@ -231,8 +238,13 @@ def test_on_a_terminal_progress_is_one_live_line_and_failures_get_their_own() ->
 
     stream = _Terminal()
     ok = BatchResult(id="a", answer="x", started_at=0, finished_at=1, seconds=1)
-    bad = BatchResult(id="b", started_at=0, finished_at=1, seconds=1,
-                      error=BatchError(type="ProviderError", message="refused"))
+    bad = BatchResult(
+        id="b",
+        started_at=0,
+        finished_at=1,
+        seconds=1,
+        error=BatchError(type="ProviderError", message="refused"),
+    )
     with BatchProgress(3, quiet=False, stream=stream) as progress:
         for result in (ok, bad, ok):
             progress.finished(result)

@@ -43,7 +43,9 @@ def _pids(server: BatchServer) -> set[int]:
 def test_forty_items_on_ray_hold_the_provider_limit_across_the_cluster(ray_cluster: Any) -> None:
     with BatchServer(latency=0.02) as server:
         results = list(
-            run_batch(items(40), rlm_kwargs(server, max_concurrent=2), concurrency=4, executor="ray")
+            run_batch(
+                items(40), rlm_kwargs(server, max_concurrent=2), concurrency=4, executor="ray"
+            )
         )
     assert sorted(r.id for r in results) == sorted(f"item-{i}" for i in range(40))
     assert all(r.ok and r.answer == expected(r.id) and r.executor == "ray" for r in results)
@@ -62,7 +64,9 @@ def test_an_item_whose_provider_fails_on_ray_is_recorded_and_the_others_finish(
         del kwargs["backend_kwargs"]["api_key"]
         # The fake server is not OpenAI's host: say that the environment's key goes there.
         kwargs["backend_kwargs"]["api_key_env"] = "OPENAI_API_KEY"
-        results = {r.id: r for r in run_batch(items(6, fail=(1,)), kwargs, concurrency=3, executor="ray")}
+        results = {
+            r.id: r for r in run_batch(items(6, fail=(1,)), kwargs, concurrency=3, executor="ray")
+        }
     failed = results.pop("item-1")
     assert failed.error is not None and "refused" in failed.error.message  # not a 401
     assert KEY not in failed.error.message
@@ -94,7 +98,9 @@ def test_a_worker_killed_mid_task_is_retried_and_frees_its_provider_slot(ray_clu
     with KillingServer("ctx3") as server:
         results = {
             r.id: r
-            for r in run_batch(items(8), rlm_kwargs(server, max_concurrent=1), concurrency=3, executor="ray")
+            for r in run_batch(
+                items(8), rlm_kwargs(server, max_concurrent=1), concurrency=3, executor="ray"
+            )
         }
     assert len(server.killed) == 1
     assert sorted(results) == sorted(f"item-{i}" for i in range(8))
@@ -110,10 +116,20 @@ def test_a_ray_batch_killed_midway_then_resumed_answers_every_id_exactly_once(
     with BatchServer(latency=0.02) as server:
         # Each driver is a Ray job with worker processes of its own: 2 keep the test short.
         lines = kill_and_resume(
-            server, tmp_path, 12, "--concurrency", "2", "--executor", "ray", "--ray-address", address
+            server,
+            tmp_path,
+            12,
+            "--concurrency",
+            "2",
+            "--executor",
+            "ray",
+            "--ray-address",
+            address,
         )
     assert sorted(line["id"] for line in lines) == sorted(f"item-{i}" for i in range(12))
-    assert all(line["answer"] == expected(str(line["id"])) and line["executor"] == "ray" for line in lines)
+    assert all(
+        line["answer"] == expected(str(line["id"])) and line["executor"] == "ray" for line in lines
+    )
 
 
 class SlowKillingServer(KillingServer):
@@ -158,7 +174,9 @@ def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_t
         kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": str(journal)}
         results = {r.id: r for r in run_batch(items(4), kwargs, concurrency=2, executor="ray")}
     assert len(server.killed) == 1
-    assert all(r.ok and r.answer == expected(r.id) for r in results.values()), [(r.id, r.ok, r.answer, r.error, r.attempts) for r in results.values()]
+    assert all(r.ok and r.answer == expected(r.id) for r in results.values()), [
+        (r.id, r.ok, r.answer, r.error, r.attempts) for r in results.values()
+    ]
     assert results["item-2"].attempts == 2
     # The retry replayed the root turn from the journal: the model was asked once.
     assert server.root_turns["item-2"] == 1

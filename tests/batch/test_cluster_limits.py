@@ -25,7 +25,12 @@ def test_the_gate_holds_capacity_and_serves_waiters_in_arrival_order() -> None:
         tasks = [asyncio.create_task(take(t)) for t in ("a", "b", "c", "d")]
         await asyncio.sleep(0)
         assert granted == ["a", "b"]
-        assert (await limits.statistics())["k"] == {"capacity": 2, "in_use": 2, "peak": 2, "waiting": 2}
+        assert (await limits.statistics())["k"] == {
+            "capacity": 2,
+            "in_use": 2,
+            "peak": 2,
+            "waiting": 2,
+        }
         await limits.release("b")
         await asyncio.sleep(0)
         await limits.release("a")

@@ -43,7 +43,11 @@ def test_workers_that_keep_slots_never_pass_the_cluster_wide_limit(ray_cluster: 
     # Two workers, six completions at once, one provider slot in the whole cluster: a
     # worker keeping its released slot would starve the other unless the actor recalls it.
     with BatchServer(latency=0.01) as server:
-        results = list(run_batch(items(24), rlm_kwargs(server, max_concurrent=1), concurrency=6, executor="ray"))
+        results = list(
+            run_batch(
+                items(24), rlm_kwargs(server, max_concurrent=1), concurrency=6, executor="ray"
+            )
+        )
     assert sorted(r.id for r in results) == sorted(f"item-{i}" for i in range(24))
     assert all(r.ok and r.answer == expected(r.id) for r in results)
     assert len(_pids(server)) == 2
@@ -59,4 +63,6 @@ def test_a_batch_left_early_stops_its_workers_and_the_next_batch_runs(ray_cluste
         results = list(run_batch(items(4), rlm_kwargs(server), concurrency=4, executor="ray"))
     assert first.ok and first.answer == expected(first.id)
     assert all(r.ok and r.answer == expected(r.id) for r in results)
-    assert before and not _pids(server, since=seen) & before  # new worker processes: the old ones were stopped
+    assert (
+        before and not _pids(server, since=seen) & before
+    )  # new worker processes: the old ones were stopped

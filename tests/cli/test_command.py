@@ -34,7 +34,9 @@ FIRST_TURN = "```repl\nanswer['content'] = 'half of the answer'\nprint(len(conte
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "ANTHROPIC_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OPENAI_", "ANTHROPIC_"))
+    }
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -44,7 +46,11 @@ def rlm_graph(
 ) -> subprocess.CompletedProcess[str]:
     assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
     done = subprocess.run(
-        [str(COMMAND), *args], input=stdin, capture_output=True, timeout=timeout, env=_env(),
+        [str(COMMAND), *args],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+        env=_env(),
         check=False,
     )
     return subprocess.CompletedProcess(
@@ -56,21 +62,39 @@ def without_progress(err: str) -> str:
     """stderr less the plain progress lines (`rlm_graph.cli.progress`) a pipe gets, and
     the subprocess environment's one warning on a machine that refuses it a namespace."""
     return "\n".join(
-        line for line in err.splitlines()
+        line
+        for line in err.splitlines()
         if not line.startswith(("rlm-graph: ", "subprocess environment: "))
     )
 
 
 def run_args(server: FakeOpenAIServer, context: str | Path, *extra: str) -> list[str]:
-    return ["run", "--context", str(context), "--query", "what?", "--model", "m",
-            "--base-url", server.base_url, *extra]
+    return [
+        "run",
+        "--context",
+        str(context),
+        "--query",
+        "what?",
+        "--model",
+        "m",
+        "--base-url",
+        server.base_url,
+        *extra,
+    ]
 
 
 def one_json(stdout: str) -> dict[str, Any]:
     """The single JSON object stdout must hold (json.loads fails on anything more)."""
     payload = json.loads(stdout)
     assert isinstance(payload, dict)
-    assert set(payload) == {"answer", "stop_reason", "usage", "execution_time", "exit_code", "error"}
+    assert set(payload) == {
+        "answer",
+        "stop_reason",
+        "usage",
+        "execution_time",
+        "exit_code",
+        "error",
+    }
     return payload
 
 
@@ -129,7 +153,9 @@ def test_json_errors_are_one_object_with_the_exit_code(
 
 
 def test_json_answers_limits_and_provider_errors(text_file: Path) -> None:
-    with FakeOpenAIServer(replies=["```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"]) as server:
+    with FakeOpenAIServer(
+        replies=["```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"]
+    ) as server:
         answered = rlm_graph(*run_args(server, text_file, "--json"))
     with FakeOpenAIServer(lambda body: FIRST_TURN) as server:
         limited = rlm_graph(*run_args(server, text_file, "--json", "--max-iterations", "2"))
@@ -138,7 +164,11 @@ def test_json_answers_limits_and_provider_errors(text_file: Path) -> None:
     ok, limit, error = (one_json(d.stdout) for d in (answered, limited, refused))
     assert (answered.returncode, ok["answer"], ok["error"]) == (0, "done", None)
     assert ok["usage"]["model_usage_summaries"]["m"]["total_calls"] == 1
-    assert (limited.returncode, limit["stop_reason"], limit["answer"]) == (3, "max_iterations", FIRST_TURN)
+    assert (limited.returncode, limit["stop_reason"], limit["answer"]) == (
+        3,
+        "max_iterations",
+        FIRST_TURN,
+    )
     assert refused.returncode == 4 == error["exit_code"]
     assert error["error"]["type"] == "ProviderAuthError" and "API key" in error["error"]["message"]
 
@@ -175,9 +205,11 @@ def test_window_flags_reach_the_requests(text_file: Path) -> None:
     sizes = {}
     for flags in [(), window]:
         with FakeOpenAIServer(replies=list(turns)) as server:
-            done = rlm_graph(*run_args(
-                server, text_file, "--max-output-tokens", "77", "--max-iterations", "5", *flags
-            ))
+            done = rlm_graph(
+                *run_args(
+                    server, text_file, "--max-output-tokens", "77", "--max-iterations", "5", *flags
+                )
+            )
             bodies = server.bodies
         assert done.returncode == 3, done.stderr
         assert {b["max_tokens"] for b in bodies} == {77}
@@ -191,7 +223,9 @@ def test_max_attempts_and_timeout(text_file: Path) -> None:
     with FakeOpenAIServer(replies=[Reply.error(500, "boom"), answer]) as server:
         once = rlm_graph(*run_args(server, text_file, "--max-attempts", "1"))
         assert len(server.requests) == 1
-    with FakeOpenAIServer(replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), answer]) as server:
+    with FakeOpenAIServer(
+        replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), answer]
+    ) as server:
         thrice = rlm_graph(*run_args(server, text_file, "--max-attempts", "3"))
         assert len(server.requests) == 3
     with FakeOpenAIServer(replies=[Reply(200, answer, delay=3)]) as server:
@@ -237,15 +271,20 @@ def test_a_non_utf8_text_file_names_encoding_and_reads_with_it(tmp_path: Path) -
 
 # -- control sequences in answers ------------------------------------------------------
 
-HOSTILE = "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ done\x9b31m\rfake"
+HOSTILE = (
+    "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ done\x9b31m\rfake"
+)
 
 
 def _run_on_a_terminal(args: Sequence[str]) -> tuple[int, bytes]:
     """Run the command with stdout on a pseudo-terminal; return its exit code and output."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
-        [str(COMMAND), *args], stdin=subprocess.DEVNULL, stdout=terminal,
-        stderr=subprocess.DEVNULL, env=_env(),
+        [str(COMMAND), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=subprocess.DEVNULL,
+        env=_env(),
     )
     os.close(terminal)
     chunks = []
@@ -276,8 +315,11 @@ def test_control_sequences_are_stripped_on_a_terminal_only(text_file: Path) -> N
 
 def _interrupt(args: Sequence[str], started: Any) -> tuple[int, str, str]:
     process = subprocess.Popen(
-        [str(COMMAND), *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=_env(),
+        [str(COMMAND), *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 60
@@ -323,7 +365,10 @@ def test_ctrl_c_during_demo_is_one_line_and_exit_130(tmp_path: Path) -> None:
 def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
     process = subprocess.Popen(
         [str(COMMAND), "demo", "--latency", "5", "--out", str(out_file), "--size", "20000"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_env(),
     )
     try:
         assert process.stdout is not None and process.stderr is not None

@@ -73,8 +73,18 @@ async def session(
     assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
     params = StdioServerParameters(
         command=str(COMMAND),
-        args=["mcp", "--read-path", str(root), "--model", "gpt-test", "--base-url",
-              server.base_url, "--api-key-env", "OPENAI_API_KEY", *extra],
+        args=[
+            "mcp",
+            "--read-path",
+            str(root),
+            "--model",
+            "gpt-test",
+            "--base-url",
+            server.base_url,
+            "--api-key-env",
+            "OPENAI_API_KEY",
+            *extra,
+        ],
         env={"OPENAI_API_KEY": KEY},
     )
     with log.open("w") as errlog:
@@ -88,13 +98,18 @@ def text_of(result: Any) -> str:
     return "\n".join(getattr(part, "text", "") for part in result.content)
 
 
-async def test_the_tool_is_listed_and_answers_over_the_files_named(tree: Path, tmp_path: Path) -> None:
+async def test_the_tool_is_listed_and_answers_over_the_files_named(
+    tree: Path, tmp_path: Path
+) -> None:
     reports = tmp_path / "reports"
     with model_server() as server:
-        async with session(server, tree, tmp_path / "server.log", "--report-dir", str(reports)) as client:
+        async with session(
+            server, tree, tmp_path / "server.log", "--report-dir", str(reports)
+        ) as client:
             listed = await client.list_tools()
             result = await client.call_tool(
-                "rlm_answer", {"question": "Which facts?", "paths": ["docs", str(tree / "docs" / "a.txt")]}
+                "rlm_answer",
+                {"question": "Which facts?", "paths": ["docs", str(tree / "docs" / "a.txt")]},
             )
             text_result = await client.call_tool(
                 "rlm_answer", {"question": "Shout it.", "text": "a small document"}
@@ -147,7 +162,9 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
         ["docs/a.txt", "/etc/hostname"],  # one bad path fails the whole call
     ]
     with model_server() as server:
-        async with session(server, tree, tmp_path / "server.log", "--report-dir", str(tmp_path / "r")) as client:
+        async with session(
+            server, tree, tmp_path / "server.log", "--report-dir", str(tmp_path / "r")
+        ) as client:
             results = [
                 await client.call_tool("rlm_answer", {"question": "Read it.", "paths": paths})
                 for paths in attempts
@@ -156,11 +173,15 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
             both = await client.call_tool(
                 "rlm_answer", {"question": "Read it.", "paths": ["docs"], "text": "x"}
             )
-            missing = await client.call_tool("rlm_answer", {"question": "Read it.", "paths": ["nope.txt"]})
+            missing = await client.call_tool(
+                "rlm_answer", {"question": "Read it.", "paths": ["nope.txt"]}
+            )
         requests = len(server.requests)
     for paths, result in zip(attempts, results, strict=True):
         assert result.is_error, (paths, text_of(result))
-        assert "refused" in text_of(result) and "outside the folders" in text_of(result), text_of(result)
+        assert "refused" in text_of(result) and "outside the folders" in text_of(result), text_of(
+            result
+        )
         assert SECRET not in text_of(result)
     assert neither.is_error and "either paths" in text_of(neither)
     assert both.is_error and "not both" in text_of(both)
@@ -186,7 +207,19 @@ def test_a_bad_flag_is_a_usage_error_before_serving(
 ) -> None:
     code = main(["mcp", "--read-path", str(tmp_path / "missing"), "--model", "m"])
     assert code == 2 and "does not exist" in capsys.readouterr().err
-    code = main(["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m", "--environment", "nowhere"])
+    code = main(
+        [
+            "mcp",
+            "--read-path",
+            str(tmp_path),
+            "--backend",
+            "scripted",
+            "--model",
+            "m",
+            "--environment",
+            "nowhere",
+        ]
+    )
     assert code == 2 and "nowhere" in capsys.readouterr().err
 
 
@@ -197,7 +230,17 @@ def test_a_report_dir_made_here_is_private(tmp_path: Path) -> None:
 
     reports = tmp_path / "new" / "reports"
     args = build_parser().parse_args(
-        ["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m", "--report-dir", str(reports)]
+        [
+            "mcp",
+            "--read-path",
+            str(tmp_path),
+            "--backend",
+            "scripted",
+            "--model",
+            "m",
+            "--report-dir",
+            str(reports),
+        ]
     )
     build_server(args)
     assert stat.S_IMODE(reports.stat().st_mode) == 0o700

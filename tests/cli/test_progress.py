@@ -49,9 +49,23 @@ class GatedModel:
 
 
 def _command(server: FakeOpenAIServer, context: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "rlm_graph.cli", "run", "--context", str(context),
-            "--query", "what?", "--model", "gpt-test", "--base-url", server.base_url,
-            "--api-key-env", "OPENAI_API_KEY", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "rlm_graph.cli",
+        "run",
+        "--context",
+        str(context),
+        "--query",
+        "what?",
+        "--model",
+        "gpt-test",
+        "--base-url",
+        server.base_url,
+        "--api-key-env",
+        "OPENAI_API_KEY",
+        *extra,
+    ]
 
 
 def _terminal() -> tuple[int, int]:
@@ -94,13 +108,18 @@ def test_progress_shows_in_a_terminal_while_the_run_goes_on(context_file: Path) 
     controller, terminal = _terminal()
     with FakeOpenAIServer(model, api_key=KEY) as server:
         proc = subprocess.Popen(
-            _command(server, context_file), stdin=subprocess.DEVNULL, stdout=terminal,
-            stderr=terminal, env=_env(),
+            _command(server, context_file),
+            stdin=subprocess.DEVNULL,
+            stdout=terminal,
+            stderr=terminal,
+            env=_env(),
         )
         os.close(terminal)
         seen: list[str] = []
         try:
-            text = _read_until(controller, r"turn 2 .*sub-calls 3 done, 0 running, 0 failed", seen, proc)
+            text = _read_until(
+                controller, r"turn 2 .*sub-calls 3 done, 0 running, 0 failed", seen, proc
+            )
             # The run is waiting on turn 2, which the test has not released: it is still going.
             assert proc.poll() is None
             assert "[running]" in text and "all done" not in text
@@ -121,8 +140,11 @@ def test_with_json_stdout_holds_only_the_json(context_file: Path) -> None:
     controller, terminal = _terminal()
     with FakeOpenAIServer(model, api_key=KEY) as server:
         proc = subprocess.Popen(
-            _command(server, context_file, "--json", "--verbose"), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=terminal, env=_env(),
+            _command(server, context_file, "--json", "--verbose"),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=terminal,
+            env=_env(),
         )
         os.close(terminal)
         seen: list[str] = []
@@ -136,8 +158,9 @@ def test_with_json_stdout_holds_only_the_json(context_file: Path) -> None:
     assert "sub-calls 3 done" in progress and "llm_call" in progress  # --verbose went to stderr
 
 
-def _run_in_process(context: Path, *extra: str, capsys: pytest.CaptureFixture[str],
-                    monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+def _run_in_process(
+    context: Path, *extra: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
     model = GatedModel()
     model.release.set()
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
@@ -162,7 +185,9 @@ def test_without_a_terminal_progress_is_one_plain_line_per_root_turn(
 def test_verbose_prints_each_node_and_quiet_prints_none(
     context_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, _, verbose = _run_in_process(context_file, "--verbose", capsys=capsys, monkeypatch=monkeypatch)
+    _, _, verbose = _run_in_process(
+        context_file, "--verbose", capsys=capsys, monkeypatch=monkeypatch
+    )
     finished = re.findall(r"^\s+(\S+)\s+(root_turn|repl_block|llm_call)\s", verbose, re.MULTILINE)
     kinds = sorted(kind for _, kind in finished)
     assert kinds == ["llm_call"] * 3 + ["repl_block"] * 2 + ["root_turn"] * 2
@@ -188,8 +213,11 @@ def test_ctrl_c_ends_the_progress_with_interrupted_and_counts_cancelled_calls(
 
     with FakeOpenAIServer(model, api_key=KEY) as server:
         proc = subprocess.Popen(
-            [str(command), *_command(server, context_file)[3:]], stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+            [str(command), *_command(server, context_file)[3:]],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
         )
         try:
             deadline = time.monotonic() + 60

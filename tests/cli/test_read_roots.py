@@ -55,7 +55,9 @@ def test_a_prefix_of_a_root_is_not_inside_it_and_roots_must_exist(tmp_path: Path
         ReadRoots([], max_bytes=1, max_files=1)
 
 
-def test_a_file_read_twice_is_one_document_and_text_is_decoded_with_replacement(tmp_path: Path) -> None:
+def test_a_file_read_twice_is_one_document_and_text_is_decoded_with_replacement(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "a.txt").write_bytes(b"caf\xe9 ok")  # latin-1, not UTF-8
     (tmp_path / "same.txt").symlink_to(tmp_path / "a.txt")
     docs = roots(tmp_path).read(["a.txt", ".", "same.txt"])

@@ -87,16 +87,15 @@ async def test_summarize_compacts_each_time_the_threshold_is_crossed(environment
     result = await rlm.acompletion("ctx", root_prompt="count the steps")
     assert result.response == f"{sum(range(STEPS))}|True|system"
     compactions = check_compactions(rlm, result)
-    summaries = [
-        r for r in scripted(rlm).requests
-        if r.messages[-1].content == SUMMARY_PROMPT
-    ]
+    summaries = [r for r in scripted(rlm).requests if r.messages[-1].content == SUMMARY_PROMPT]
     assert len(summaries) == len(compactions)  # one model call per compaction node
     assert all(node.usage is not None and node.usage.input_tokens > 0 for node in compactions)
     assert all(node.model == "scripted" for node in compactions)
     # The turn after a compaction starts from system, task, summary and a note.
     after_first = next(
-        t for t in root_turns(rlm) if t.messages[-1].content.startswith("[Your conversation was compacted")
+        t
+        for t in root_turns(rlm)
+        if t.messages[-1].content.startswith("[Your conversation was compacted")
     )
     roles = [m.role for m in after_first.messages]
     assert roles == ["system", "user", "assistant", "user"]
@@ -116,7 +115,9 @@ async def test_truncate_drops_the_oldest_turns_and_keeps_system_and_task() -> No
     assert "Question: count the steps" in last.messages[1].content
     assert "Earlier turns were dropped" in last.messages[1].content
     assert not any(m.content.startswith("REPL output:\nstep-1 ") for m in last.messages)
-    assert [m.role for m in last.messages[2:]] == ["assistant", "user"] * ((len(last.messages) - 2) // 2)
+    assert [m.role for m in last.messages[2:]] == ["assistant", "user"] * (
+        (len(last.messages) - 2) // 2
+    )
 
 
 async def test_an_unknown_model_gets_the_default_window_and_is_not_compacted() -> None:
@@ -170,5 +171,7 @@ async def test_a_strategy_registered_by_a_plugin_is_used_by_name() -> None:
 
 
 def test_an_unknown_strategy_fails_at_configuration() -> None:
-    with pytest.raises(PluginError, match="unknown compaction strategy 'zip'; registered: .*summarize"):
+    with pytest.raises(
+        PluginError, match="unknown compaction strategy 'zip'; registered: .*summarize"
+    ):
         RLM("scripted", {"responses": []}, compaction="zip")

@@ -153,7 +153,9 @@ async def main() -> None:
     from rlm_graph_subprocess.process import GUEST_PROGRAM
 
     rlm = RLM(
-        "scripted", {"respond": respond}, environment="subprocess",
+        "scripted",
+        {"respond": respond},
+        environment="subprocess",
         environment_kwargs={"max_processes": MAX_PROCESSES},
     )
     result = await rlm.acompletion(str(os.getpid()))
@@ -163,10 +165,17 @@ async def main() -> None:
         if not leftovers(marks):
             break
         await trio.sleep(0.05)
-    print(json.dumps({
-        "response": result.response, "outputs": outputs, "report": isolation.describe(),
-        "leftovers": leftovers(marks), "max_processes": MAX_PROCESSES,
-    }))
+    print(
+        json.dumps(
+            {
+                "response": result.response,
+                "outputs": outputs,
+                "report": isolation.describe(),
+                "leftovers": leftovers(marks),
+                "max_processes": MAX_PROCESSES,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ async def run_attacker(
     env = {**os.environ, **extra_env, "OPENAI_API_KEY": key}
     with trio.fail_after(180):  # a frozen engine (SIGSTOP) fails here instead of hanging
         done = await trio.run_process(
-            [*command, attacker], env=env, cwd="/", check=False,
-            capture_stdout=True, capture_stderr=True,
+            [*command, attacker],
+            env=env,
+            cwd="/",
+            check=False,
+            capture_stdout=True,
+            capture_stderr=True,
         )
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, f"the engine died ({done.returncode}): {err[-2000:]}"
@@ -75,7 +79,9 @@ async def test_the_guest_cannot_signal_or_read_the_engine_run_by_this_user() -> 
     # The system's interpreter may get a stronger plan (one uid 65534 can reach).
     site_packages = sysconfig.get_paths()["purelib"]
     for python in interpreters()[1:]:
-        found = await run_attacker([python], {"ATTACK_SITE": site_packages, "PYTHONPATH": site_packages})
+        found = await run_attacker(
+            [python], {"ATTACK_SITE": site_packages, "PYTHONPATH": site_packages}
+        )
         check_attacks_failed(found)
 
 
@@ -108,7 +114,9 @@ def test_the_guest_cannot_signal_or_read_the_engine_run_by_an_unprivileged_user(
                 continue
             site = str(readable.site)
             found = trio.run(
-                run_attacker, [*drop, python], {"ATTACK_SITE": site, "PYTHONPATH": site},
+                run_attacker,
+                [*drop, python],
+                {"ATTACK_SITE": site, "PYTHONPATH": site},
                 readable.path(ATTACKER),
             )
             if "skip" not in found:
@@ -133,8 +141,11 @@ async def test_a_guest_flooding_its_pipe_is_killed_at_the_message_cap(spy: Spy) 
         "        pass\n"
         "FINAL('flooded')"
     )
-    rlm = engine([repl_of(flood), repl_of("FINAL('after')")], spy,
-                 environment_kwargs={"max_message_mb": 2, "output_cap": 10_000})
+    rlm = engine(
+        [repl_of(flood), repl_of("FINAL('after')")],
+        spy,
+        environment_kwargs={"max_message_mb": 2, "output_cap": 10_000},
+    )
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = await rlm.acompletion("ctx")
     grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
@@ -159,7 +170,9 @@ async def test_a_fork_bomb_stays_inside_max_processes(spy: Spy) -> None:
         "except OSError as exc:\n"
         "    print(f'stopped after {n} forks: {type(exc).__name__}')"
     )
-    rlm = engine([repl_of(bomb), repl_of("FINAL(str(n))")], spy, environment_kwargs={"max_processes": 48})
+    rlm = engine(
+        [repl_of(bomb), repl_of("FINAL(str(n))")], spy, environment_kwargs={"max_processes": 48}
+    )
     result = await rlm.acompletion("ctx")
     isolation = spy.envs[0].isolation
     if not isolation.user_namespace and isolation.drops_to is None:
@@ -182,8 +195,11 @@ async def test_except_exception_does_not_catch_the_cpu_stop(spy: Spy) -> None:
         "    except Exception:\n"
         "        continue"
     )
-    rlm = engine([repl_of(spin), repl_of("FINAL(f'kept={kept}')")], spy,
-                 environment_kwargs={"cpu_seconds": 1})
+    rlm = engine(
+        [repl_of(spin), repl_of("FINAL(f'kept={kept}')")],
+        spy,
+        environment_kwargs={"cpu_seconds": 1},
+    )
     result = await rlm.acompletion("ctx")
     assert result.response == "kept=1"  # stopped by its own limit: the guest lived on
     assert "CPULimitExceeded" in feedback(rlm, 1)
@@ -199,8 +215,9 @@ async def test_except_base_exception_cannot_outlive_the_cpu_limit(spy: Spy) -> N
         "    except BaseException:\n"
         "        continue"
     )
-    rlm = engine([repl_of(stubborn), repl_of("FINAL('after')")], spy,
-                 environment_kwargs={"cpu_seconds": 1})
+    rlm = engine(
+        [repl_of(stubborn), repl_of("FINAL('after')")], spy, environment_kwargs={"cpu_seconds": 1}
+    )
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     assert "kept running past its CPU limit (1 s) and its process was killed" in feedback(rlm, 1)
@@ -256,8 +273,11 @@ async def test_without_namespaces_the_guest_still_runs_and_one_warning_names_wha
 
 async def test_the_message_cap_never_cuts_a_result_within_output_cap(spy: Spy) -> None:
     # 200,000 control characters kept: 1.2 MB of JSON escapes, past a 1 MB cap.
-    rlm = engine([repl_of("print('\\x01' * 300_000)"), repl_of("FINAL('after')")], spy,
-                 environment_kwargs={"max_message_mb": 1, "output_cap": 200_000})
+    rlm = engine(
+        [repl_of("print('\\x01' * 300_000)"), repl_of("FINAL('after')")],
+        spy,
+        environment_kwargs={"max_message_mb": 1, "output_cap": 200_000},
+    )
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     assert spy.envs[0].restarts == 0

@@ -23,8 +23,21 @@ def respond(body: dict[str, object]) -> str:
 
 def run_cli(*extra: str, capsys: pytest.CaptureFixture[str]) -> str:
     with FakeOpenAIServer(respond) as server:
-        code = main(["run", "--context", "-", "--query", "q", "--model", "gpt-test",
-                     "--base-url", server.base_url, "--json", *extra])
+        code = main(
+            [
+                "run",
+                "--context",
+                "-",
+                "--query",
+                "q",
+                "--model",
+                "gpt-test",
+                "--base-url",
+                server.base_url,
+                "--json",
+                *extra,
+            ]
+        )
     assert code == 0
     return str(json.loads(capsys.readouterr().out)["answer"])
 

@@ -21,5 +21,7 @@ def test_every_test_the_table_names_exists() -> None:
     assert len(named) >= 15
     for path, name in named:
         tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
-        functions = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        functions = {
+            n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        }
         assert name in functions, f"docs/environments.md names {path}::{name}, which does not exist"

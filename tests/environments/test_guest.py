@@ -27,7 +27,11 @@ GUEST: TypeAdapter[object] = TypeAdapter(GuestMessage)
 
 
 def test_wire_messages_round_trip_and_refuse_unknown_fields() -> None:
-    for message in (Execute(code="1 + 1"), SetVariable(name="x", value=[1, {"a": 2}]), Reply(id=3, value="v")):
+    for message in (
+        Execute(code="1 + 1"),
+        SetVariable(name="x", value=[1, {"a": 2}]),
+        Reply(id=3, value="v"),
+    ):
         assert HOST.validate_json(message.model_dump_json()) == message
     call = Subcall(id=1, fn="llm_query_batched", prompts=["a", "b"])
     assert GUEST.validate_json(call.model_dump_json()) == call
@@ -40,7 +44,9 @@ def test_tool_sources_are_recognised_by_the_name_they_define() -> None:
     assert defines_name("import math\nscale: float = math.pi", "scale")
     assert not defines_name("hello there", "greeting")
     assert not defines_name("def other(): pass", "double")
-    split = split_tools({"f": (len, "length"), "g": ("def g(): return 1", None), "d": ({"k": 1}, None)})
+    split = split_tools(
+        {"f": (len, "length"), "g": ("def g(): return 1", None), "d": ({"k": 1}, None)}
+    )
     assert split.proxies == {"f": "length"} and split.code == {"g": "def g(): return 1"}
     assert split.data == {"d": {"k": 1}}
 
@@ -74,9 +80,15 @@ def converse(
 def test_the_guest_program_answers_each_request_in_order(tmp_path: object) -> None:
     out = converse(
         tmp_path,
-        Init(scratch_dir=str(tmp_path), data_tools={"base": 40}, code_tools={"inc": "def inc(x): return x + 1"}),
+        Init(
+            scratch_dir=str(tmp_path),
+            data_tools={"base": 40},
+            code_tools={"inc": "def inc(x): return x + 1"},
+        ),
         SetVariable(name="extra", value=1),
-        Execute(code="import os\nos.write(1, b'stray\\n')\nprint(inc(base) + extra)\nFINAL('done')"),
+        Execute(
+            code="import os\nos.write(1, b'stray\\n')\nprint(inc(base) + extra)\nFINAL('done')"
+        ),
         expect=3,
         limits={"memory_limit_mb": 1024, "max_open_files": 64},
     )
@@ -95,6 +107,11 @@ def test_a_sub_call_goes_up_the_pipe_with_an_id(tmp_path: object) -> None:
         expect=2,
     )
     assert out[1] == {
-        "type": "subcall", "id": 1, "fn": "llm_query", "prompt": "what is up?",
-        "prompts": None, "model": None, "json_schema": None,
+        "type": "subcall",
+        "id": 1,
+        "fn": "llm_query",
+        "prompt": "what is up?",
+        "prompts": None,
+        "model": None,
+        "json_schema": None,
     }

@@ -60,8 +60,9 @@ STUBBORN = (
 
 async def test_a_block_catching_base_exception_in_a_loop_is_still_stopped() -> None:
     marks = Marks()
-    rlm = engine([repl(STUBBORN), repl("FINAL('after')")], marks,
-                 environment_kwargs={"timeout": 0.3})
+    rlm = engine(
+        [repl(STUBBORN), repl("FINAL('after')")], marks, environment_kwargs={"timeout": 0.3}
+    )
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     assert result.leaked_threads == 0
@@ -90,8 +91,11 @@ async def test_a_thread_stuck_in_c_is_counted_and_named_as_leaked(
         "        continue"
     )
     marks = Marks()
-    rlm = engine([repl(stuck), repl("FINAL('after')")], marks,
-                 environment_kwargs={"timeout": 0.2, "stop_grace": 0.2})
+    rlm = engine(
+        [repl(stuck), repl("FINAL('after')")],
+        marks,
+        environment_kwargs={"timeout": 0.2, "stop_grace": 0.2},
+    )
     with caplog.at_level(logging.WARNING, logger="rlm_graph.local"):
         result = await rlm.acompletion("ctx")
     assert result.response == "after"
@@ -106,6 +110,8 @@ async def test_a_thread_stuck_in_c_is_counted_and_named_as_leaked(
             break
         deadline.wait(0.1)
     assert not in_repl_code(marks.threads[0])
+
+
 async def test_relative_paths_agree_between_open_os_path_and_pathlib(tmp_path: Path) -> None:
     code = (
         "import os, os.path, pathlib, glob\n"
@@ -132,10 +138,16 @@ async def test_relative_paths_agree_between_open_os_path_and_pathlib(tmp_path: P
         "    osp.getsize('copy.txt'), size_of('copy.txt'), moved,\n"
         "]))"
     )
-    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])},
-              environment_kwargs={"scratch_dir": str(tmp_path)})
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(code)])},
+        environment_kwargs={"scratch_dir": str(tmp_path)},
+    )
     result = await rlm.acompletion("ctx")
-    assert result.response == "5|True|True|['deeper', 'p.txt']|12345|True|True|True|5|12345|True|['copy.txt', 'notes.txt']|5|5|refused"
+    assert (
+        result.response
+        == "5|True|True|['deeper', 'p.txt']|12345|True|True|True|5|12345|True|['copy.txt', 'notes.txt']|5|5|refused"
+    )
     assert (tmp_path / "notes.txt").read_text() == "12345"
     assert (tmp_path / "sub" / "p.txt").exists()
     assert not Path(os.getcwd(), "notes.txt").exists()  # nothing landed in the engine's cwd
@@ -155,8 +167,11 @@ async def test_views_are_one_module_whatever_the_import_order(tmp_path: Path) ->
         "    os.path.getsize('here.txt'),\n"
         "]))"
     )
-    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])},
-              environment_kwargs={"scratch_dir": str(tmp_path)})
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(code)])},
+        environment_kwargs={"scratch_dir": str(tmp_path)},
+    )
     result = await rlm.acompletion("ctx")
     assert result.response == "True|True|True|0"
 
@@ -166,13 +181,22 @@ async def test_a_finished_completion_leaves_no_reference_cycle() -> None:
     # of a batch; a completion's objects must go by reference counting alone.
     import gc
 
-    rlm = RLM("scripted", {"respond": root_and_sub([repl(
-        "r = llm_query_batched([f'q {i}' for i in range(4)])\n"
-        "def helper(x):\n"
-        "    return helper if x else len(r)\n"
-        "import os, shutil, glob\n"  # (pathlib's view is a class: a few objects, a cycle)
-        "FINAL(helper(0))"
-    )])})
+    rlm = RLM(
+        "scripted",
+        {
+            "respond": root_and_sub(
+                [
+                    repl(
+                        "r = llm_query_batched([f'q {i}' for i in range(4)])\n"
+                        "def helper(x):\n"
+                        "    return helper if x else len(r)\n"
+                        "import os, shutil, glob\n"  # (pathlib's view is a class: a few objects, a cycle)
+                        "FINAL(helper(0))"
+                    )
+                ]
+            )
+        },
+    )
     async with rlm:
         await rlm.acompletion("warm-up")  # first-use imports and caches
         gc.collect()
@@ -188,9 +212,14 @@ async def test_a_finished_completion_leaves_no_reference_cycle() -> None:
 async def test_the_scratch_folder_is_removed_after_the_completion() -> None:
     from rlm_graph_local.scratch import wait_removed
 
-    rlm = RLM("scripted", {"respond": root_and_sub([repl(
-        "with open('left.txt', 'w') as f:\n    f.write('x')\nFINAL(SCRATCH_DIR)"
-    )])})
+    rlm = RLM(
+        "scripted",
+        {
+            "respond": root_and_sub(
+                [repl("with open('left.txt', 'w') as f:\n    f.write('x')\nFINAL(SCRATCH_DIR)")]
+            )
+        },
+    )
     result = await rlm.acompletion("ctx")
     assert os.path.isabs(result.response)
     assert wait_removed(timeout=30)

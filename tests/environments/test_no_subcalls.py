@@ -31,8 +31,12 @@ def _run(environment: str, subcalls: bool) -> tuple[str, list[ChatRequest]]:
             return repl(PROBE)
         return repl("FINAL('done')")
 
-    rlm = RLM("scripted", {"respond": respond}, environment=environment,
-              environment_kwargs={"subcalls": subcalls})
+    rlm = RLM(
+        "scripted",
+        {"respond": respond},
+        environment=environment,
+        environment_kwargs={"subcalls": subcalls},
+    )
     rlm.completion("some context", root_prompt="q")
     second_turn = next(r for r in seen if is_root_turn(r) and turn_number(r) == 2)
     return second_turn.messages[-1].content, seen
@@ -55,4 +59,9 @@ def test_by_default_the_four_functions_are_there(environment: str) -> None:
 @pytest.mark.parametrize("environment", ["local", "subprocess"])
 def test_subcalls_must_be_a_bool(environment: str) -> None:
     with pytest.raises(ConfigError, match="subcalls must be True or False"):
-        RLM("scripted", {"responses": ["x"]}, environment=environment, environment_kwargs={"subcalls": "no"})
+        RLM(
+            "scripted",
+            {"responses": ["x"]},
+            environment=environment,
+            environment_kwargs={"subcalls": "no"},
+        )

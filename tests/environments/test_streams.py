@@ -90,11 +90,14 @@ def test_the_streams_come_back_only_when_the_last_of_concurrent_runs_ends() -> N
         return repl("FINAL('long done')")
 
     long_run = RLM(
-        "scripted", {"respond": root_and_sub(long_root)}, environment="local",
+        "scripted",
+        {"respond": root_and_sub(long_root)},
+        environment="local",
         custom_tools={"wait": {"tool": wait_inside, "description": "wait()"}},
     )
     short_run = RLM(
-        "scripted", {"respond": root_and_sub([repl("print('short')\nFINAL('short done')")])},
+        "scripted",
+        {"respond": root_and_sub([repl("print('short')\nFINAL('short done')")])},
         environment="local",
     )
     results: list[RLMChatCompletion] = []

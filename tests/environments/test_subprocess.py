@@ -72,8 +72,16 @@ async def test_the_guest_sees_no_secrets(monkeypatch: pytest.MonkeyPatch) -> Non
     assert not set(planted.values()) & set(seen.values())
     assert seen["GREETING"] == "hello"
     assert set(seen) <= {
-        "PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH", "HOME", "TMPDIR", "GREETING",
-        "PYTHONDONTWRITEBYTECODE", "MALLOC_ARENA_MAX",
+        "PATH",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "PYTHONPATH",
+        "HOME",
+        "TMPDIR",
+        "GREETING",
+        "PYTHONDONTWRITEBYTECODE",
+        "MALLOC_ARENA_MAX",
     } | {name for name in seen if name.startswith("LC_")}
 
 
@@ -236,7 +244,9 @@ async def test_depth_2_sub_calls_from_guests_respect_the_provider_limit(spy: Spy
         if turn_number(request) > 1:
             return repl("FINAL('no answer')")
         if request.depth == 0:
-            return repl("r = rlm_query_batched([f'part {i}' for i in range(6)])\nFINAL('|'.join(r))")
+            return repl(
+                "r = rlm_query_batched([f'part {i}' for i in range(6)])\nFINAL('|'.join(r))"
+            )
         return repl("r = llm_query_batched([context + f' q{i}' for i in range(8)])\nFINAL(r[-1])")
 
     rlm = RLM(

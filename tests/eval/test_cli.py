@@ -15,8 +15,20 @@ from tests.support.eval import KEY, MODEL, EvalServer, items
 
 
 def _args(server: FakeOpenAIServer, out: Path, *extra: str) -> list[str]:
-    return ["eval", "--model", MODEL, "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
-            "--environment", "local", "--out", str(out), *extra]
+    return [
+        "eval",
+        "--model",
+        MODEL,
+        "--base-url",
+        server.base_url,
+        "--api-key-env",
+        "OPENAI_API_KEY",
+        "--environment",
+        "local",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def _data(tmp_path: Path, rows: list[dict[str, Any]]) -> Path:
@@ -35,24 +47,38 @@ def test_a_data_file_gives_the_four_outputs_and_the_same_command_again_asks_noth
 ) -> None:
     data, out = _data(tmp_path, items()), tmp_path / "run"
     with EvalServer(constant=True) as server:
-        assert main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3")) == 0
+        assert (
+            main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3"))
+            == 0
+        )
         asked = len(server.requests)
         first = capsys.readouterr()
         summary = json.loads((out / "summary.json").read_text())
-        assert main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3")) == 0
+        assert (
+            main(_args(server, out, "--data", str(data), "--method", "rlm,base", "--seed", "3"))
+            == 0
+        )
         assert len(server.requests) == asked > 0
     again = capsys.readouterr()
     assert json.loads((out / "summary.json").read_text()) == summary
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("journal")) == [
-        "report.html", "results.jsonl", "summary.json", "summary.md"]
+        "report.html",
+        "results.jsonl",
+        "summary.json",
+        "summary.md",
+    ]
     assert set(summary["methods"]) == {"rlm", "base"}
     assert set(summary["methods"]["rlm"]) >= {"n", "score", "ci95", "cost", "latency_s"}
-    assert "| RLM | 37.98 ($" in first.out and "| Base model | 37.98 ($" in first.out  # the table on stdout
+    assert (
+        "| RLM | 37.98 ($" in first.out and "| Base model | 37.98 ($" in first.out
+    )  # the table on stdout
     assert "estimated cost $" in first.err and first.err.count("/12] ") == 12
     assert "12 already in" in again.err and "wrote 0 rows" in again.err
 
 
-def test_a_task_is_generated_and_answered(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_task_is_generated_and_answered(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     find = "import re\nanswer['content'] = re.search(r'magic number for \\S+ is (\\d+)', context).group(1)\nanswer['ready'] = True"
 
     def needle(body: dict[str, Any]) -> str:
@@ -62,8 +88,21 @@ def test_a_task_is_generated_and_answered(tmp_path: Path, capsys: pytest.Capture
         return found.group(1) if found else "?"
 
     with FakeOpenAIServer(needle) as server:
-        code = main(_args(server, tmp_path / "sniah", "--task", "sniah", "--lengths", "1k,2k", "--n", "2",
-                          "--method", "rlm,base", "--quiet"))
+        code = main(
+            _args(
+                server,
+                tmp_path / "sniah",
+                "--task",
+                "sniah",
+                "--lengths",
+                "1k,2k",
+                "--n",
+                "2",
+                "--method",
+                "rlm,base",
+                "--quiet",
+            )
+        )
     assert code == 0
     summary = json.loads((tmp_path / "sniah" / "summary.json").read_text())
     assert summary["methods"]["rlm"]["n"] == 4 and summary["methods"]["rlm"]["score"] == 1.0
@@ -72,15 +111,35 @@ def test_a_task_is_generated_and_answered(tmp_path: Path, capsys: pytest.Capture
     assert "/4] " not in capsys.readouterr().err  # --quiet
 
 
-def test_an_estimate_runs_nothing_and_writes_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_estimate_runs_nothing_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     with EvalServer() as server:
-        code = main(_args(server, tmp_path / "est", "--task", "sniah", "--lengths", "64k", "--n", "3",
-                          "--method", "rlm,base,summary", "--estimate", "--max-budget", "2"))
+        code = main(
+            _args(
+                server,
+                tmp_path / "est",
+                "--task",
+                "sniah",
+                "--lengths",
+                "64k",
+                "--n",
+                "3",
+                "--method",
+                "rlm,base,summary",
+                "--estimate",
+                "--max-budget",
+                "2",
+            )
+        )
         assert server.requests == []
     assert code == 0 and not (tmp_path / "est").exists()
     err = capsys.readouterr().err
     assert "3 items (" in err and "x 3 methods; 9 to run" in err
-    assert re.search(r"estimated cost \$\d+\.\d\d \(rlm \$\d+\.\d\d, base \$\d+\.\d\d, summary \$\d+\.\d\d\)", err)
+    assert re.search(
+        r"estimated cost \$\d+\.\d\d \(rlm \$\d+\.\d\d, base \$\d+\.\d\d, summary \$\d+\.\d\d\)",
+        err,
+    )
     assert "--max-budget $2.00 holds across the whole evaluation" in err
 
 
@@ -89,8 +148,23 @@ def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixt
     with EvalServer(cost_per_call=0.01) as server:
         assert main(_args(server, tmp_path / "a", "--data", str(data), "--method", "base")) == 1
         assert "FAILED Provider" in capsys.readouterr().err
-        assert main(_args(server, tmp_path / "b", "--data", str(data), "--method", "base",
-                          "--concurrency", "1", "--max-budget", "0.025")) == 3
+        assert (
+            main(
+                _args(
+                    server,
+                    tmp_path / "b",
+                    "--data",
+                    str(data),
+                    "--method",
+                    "base",
+                    "--concurrency",
+                    "1",
+                    "--max-budget",
+                    "0.025",
+                )
+            )
+            == 3
+        )
         assert "rerun with a larger --max-budget" in capsys.readouterr().err
         asked = len(server.requests)
         assert main(_args(server, tmp_path / "c", "--data", str(data), "--method", "rlm,best")) == 2

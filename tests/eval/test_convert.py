@@ -22,8 +22,17 @@ def _convert(tmp_path: Path, *args: str) -> dict[str, dict[str, Any]]:
     return {row["id"]: row for row in map(json.loads, out.read_text().splitlines())}
 
 
-def test_oolong_rows_become_numeric_and_label_items_scored_as_its_harness_scores(tmp_path: Path) -> None:
-    items = _convert(tmp_path, "--from", "oolong", str(DATA / "oolong-synth.jsonl"), "--filter", "dataset=trec_coarse")
+def test_oolong_rows_become_numeric_and_label_items_scored_as_its_harness_scores(
+    tmp_path: Path,
+) -> None:
+    items = _convert(
+        tmp_path,
+        "--from",
+        "oolong",
+        str(DATA / "oolong-synth.jsonl"),
+        "--filter",
+        "dataset=trec_coarse",
+    )
     assert sorted(items) == ["101", "102", "103", "104"]  # the agnews row is filtered out
     count, label, comparison, date = (items[i] for i in ("101", "102", "103", "104"))
     assert (count["answer"], count["answer_type"]) == (1, "numeric")
@@ -37,19 +46,46 @@ def test_oolong_rows_become_numeric_and_label_items_scored_as_its_harness_scores
     assert score("label", date["answer"], "Date: Mar 05, 2023") == 1.0
 
 
-def test_browsecomp_plus_contexts_hold_every_evidence_and_gold_document_filled_from_the_corpus(tmp_path: Path) -> None:
+def test_browsecomp_plus_contexts_hold_every_evidence_and_gold_document_filled_from_the_corpus(
+    tmp_path: Path,
+) -> None:
     source = str(DATA / "browsecomp-plus-decrypted.jsonl")
-    items = _convert(tmp_path, "--from", "browsecomp-plus", source, "--corpus",
-                     str(DATA / "browsecomp-plus-corpus.jsonl"), "--docs", "6", "--seed", "3")
+    items = _convert(
+        tmp_path,
+        "--from",
+        "browsecomp-plus",
+        source,
+        "--corpus",
+        str(DATA / "browsecomp-plus-corpus.jsonl"),
+        "--docs",
+        "6",
+        "--seed",
+        "3",
+    )
     first = items["769"]
     assert first["answer"] == "Port Alder" and first["answer_type"] == "exact"
-    assert first["question"].startswith("Which harbour town") and "exact answer only" in first["question"]
+    assert (
+        first["question"].startswith("Which harbour town")
+        and "exact answer only" in first["question"]
+    )
     assert len(first["context"]) == 6
-    assert sum("Mira Quell" in doc for doc in first["context"]) == 2  # evidence 1 and 2 (1 is gold too, once)
+    assert (
+        sum("Mira Quell" in doc for doc in first["context"]) == 2
+    )  # evidence 1 and 2 (1 is gold too, once)
     assert any(doc.startswith("Document 3 (https://example.org/3)") for doc in first["context"])
     assert first["meta"]["gold_docs"] == ["1"] and first["meta"]["evidence_docs"] == ["1", "2"]
-    again = _convert(tmp_path, "--from", "browsecomp-plus", source, "--corpus",
-                     str(DATA / "browsecomp-plus-corpus.jsonl"), "--docs", "6", "--seed", "3")
+    again = _convert(
+        tmp_path,
+        "--from",
+        "browsecomp-plus",
+        source,
+        "--corpus",
+        str(DATA / "browsecomp-plus-corpus.jsonl"),
+        "--docs",
+        "6",
+        "--seed",
+        "3",
+    )
     assert again == items  # the seed fixes the draw and the order
     alone = _convert(tmp_path, "--from", "browsecomp-plus", source)
     assert len(alone["812"]["context"]) == 2  # without a corpus: the query's own documents
@@ -60,10 +96,15 @@ def test_longbench_v2_keeps_codeqa_with_its_zero_shot_question(tmp_path: Path) -
     assert sorted(items) == ["66f36490821e116aacb2cc22", "671b3e31bb02136c067d5320"]
     item = items["66f36490821e116aacb2cc22"]
     assert (item["answer"], item["answer_type"]) == ("B", "choice")
-    assert "(B) A syntax tree" in item["question"] and "The correct answer is (insert answer here)" in item["question"]
+    assert (
+        "(B) A syntax tree" in item["question"]
+        and "The correct answer is (insert answer here)" in item["question"]
+    )
     assert item["context"].startswith("# 66f36490821e116aacb2cc22.py")
     assert item["meta"]["sub_domain"] == "Code repo QA"
-    every = _convert(tmp_path, "--from", "longbench-v2", str(DATA / "longbench-v2.json"), "--all-domains")
+    every = _convert(
+        tmp_path, "--from", "longbench-v2", str(DATA / "longbench-v2.json"), "--all-domains"
+    )
     assert len(every) == 3
 
 
@@ -73,12 +114,29 @@ def test_a_file_in_other_columns_or_still_obfuscated_is_refused_saying_why(
     wrong = tmp_path / "wrong.jsonl"
     wrong.write_text(json.dumps({"prompt": "q", "completion": "a"}) + "\n")
     assert main(["eval", "convert", "--from", "oolong", str(wrong)]) == 2
-    assert "no column 'id', 'question', 'answer', 'answer_type', 'context_window_text'" in capsys.readouterr().err
+    assert (
+        "no column 'id', 'question', 'answer', 'answer_type', 'context_window_text'"
+        in capsys.readouterr().err
+    )
     hidden = tmp_path / "obfuscated.jsonl"
-    hidden.write_text(json.dumps({"query_id": "1", "query": "QmFzZTY0IGVuY3J5cHRlZCBnYXJiYWdlIHRoYXQgaXMgbG9uZw==", "answer": "eA=="}) + "\n")
+    hidden.write_text(
+        json.dumps(
+            {
+                "query_id": "1",
+                "query": "QmFzZTY0IGVuY3J5cHRlZCBnYXJiYWdlIHRoYXQgaXMgbG9uZw==",
+                "answer": "eA==",
+            }
+        )
+        + "\n"
+    )
     assert main(["eval", "convert", "--from", "browsecomp-plus", str(hidden)]) == 2
     assert "decrypt_dataset.py" in capsys.readouterr().err
-    assert main(["eval", "convert", "--from", "oolong", str(DATA / "oolong-synth.jsonl"), "--docs", "5"]) == 2
+    assert (
+        main(
+            ["eval", "convert", "--from", "oolong", str(DATA / "oolong-synth.jsonl"), "--docs", "5"]
+        )
+        == 2
+    )
     assert "--corpus and --docs go with --from browsecomp-plus" in capsys.readouterr().err
     assert not (tmp_path / "items.jsonl").exists()
 

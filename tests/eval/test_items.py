@@ -13,17 +13,87 @@ from rlm_graph.eval import read_items, sample_items, scan_items
 
 def test_every_bad_line_is_reported_with_its_number(tmp_path: Path) -> None:
     path = tmp_path / "items.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"id": "a", "question": "q", "answer": "x", "answer_type": "exact", "context": "c"}),
-        "not json",
-        json.dumps({"id": "b", "question": "q", "answer": "many", "answer_type": "numeric", "context": "c"}),
-        json.dumps({"id": "c", "question": "q", "answer": [[1]], "answer_type": "pairs", "context": "c"}),
-        json.dumps({"id": "d", "question": "q", "answer": "AB", "answer_type": "choice", "context": "c"}),
-        json.dumps({"id": "a", "question": "q", "answer": "x", "answer_type": "exact", "context": "c"}),
-        json.dumps({"id": "e", "question": "q", "answer": "x", "answer_type": "fuzzy", "context": "c"}),
-        json.dumps({"id": "f", "question": "q", "answer": "x", "answer_type": "exact", "context_path": "nope.txt"}),
-        json.dumps({"id": "g", "question": "q", "answer": "x", "answer_type": "exact", "context": "c", "extra": 1}),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps(
+                    {
+                        "id": "a",
+                        "question": "q",
+                        "answer": "x",
+                        "answer_type": "exact",
+                        "context": "c",
+                    }
+                ),
+                "not json",
+                json.dumps(
+                    {
+                        "id": "b",
+                        "question": "q",
+                        "answer": "many",
+                        "answer_type": "numeric",
+                        "context": "c",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "c",
+                        "question": "q",
+                        "answer": [[1]],
+                        "answer_type": "pairs",
+                        "context": "c",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "d",
+                        "question": "q",
+                        "answer": "AB",
+                        "answer_type": "choice",
+                        "context": "c",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "a",
+                        "question": "q",
+                        "answer": "x",
+                        "answer_type": "exact",
+                        "context": "c",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "e",
+                        "question": "q",
+                        "answer": "x",
+                        "answer_type": "fuzzy",
+                        "context": "c",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "f",
+                        "question": "q",
+                        "answer": "x",
+                        "answer_type": "exact",
+                        "context_path": "nope.txt",
+                    }
+                ),
+                json.dumps(
+                    {
+                        "id": "g",
+                        "question": "q",
+                        "answer": "x",
+                        "answer_type": "exact",
+                        "context": "c",
+                        "extra": 1,
+                    }
+                ),
+            ]
+        )
+        + "\n"
+    )
     with pytest.raises(ConfigError) as info:
         scan_items(path)
     message = str(info.value)
@@ -44,10 +114,21 @@ def test_contexts_in_text_and_json_files_are_read_when_used(tmp_path: Path) -> N
     (tmp_path / "doc.txt").write_text("plain text")
     (tmp_path / "docs.json").write_text(json.dumps(["first document", "second document"]))
     path = tmp_path / "items.jsonl"
-    path.write_text("\n".join(
-        json.dumps({"id": i, "question": "q", "answer": "x", "answer_type": "exact", "context_path": name})
-        for i, name in ((1, "doc.txt"), (2, "docs.json"))
-    ) + "\n")
+    path.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "id": i,
+                    "question": "q",
+                    "answer": "x",
+                    "answer_type": "exact",
+                    "context_path": name,
+                }
+            )
+            for i, name in ((1, "doc.txt"), (2, "docs.json"))
+        )
+        + "\n"
+    )
     assert scan_items(path) == ["1", "2"]
     text, docs = read_items(path)
     assert text.load_context() == "plain text" and text.text_file == str(tmp_path / "doc.txt")

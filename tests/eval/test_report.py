@@ -17,8 +17,18 @@ from tests.support.eval import EvalServer, items, rlm_kwargs
 
 
 def test_the_page_fetches_nothing_and_cannot_be_broken_out_of() -> None:
-    rows = [{"id": "<x>", "method": "base", "score": 1.0, "cost": 0.01, "latency_s": 1.0, "stop_reason": None,
-             "error": None, "prediction": "</script><script>alert(1)</script>"}]
+    rows = [
+        {
+            "id": "<x>",
+            "method": "base",
+            "score": 1.0,
+            "cost": 0.01,
+            "latency_s": 1.0,
+            "stop_reason": None,
+            "error": None,
+            "prediction": "</script><script>alert(1)</script>",
+        }
+    ]
     summary = summarize(rows, methods=["base"], seed=0, title="<b>t</b>")
     page = render_eval_page(summary, rows, root_model="m", sub_model="m")
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\(", page)
@@ -40,7 +50,10 @@ def test_the_report_draws_every_method_in_chromium_without_a_console_error(tmp_p
     assert body["data-drawn"] == "1"
     assert body["data-methods"] == "4" and body["data-method-names"] == ",".join(methods)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    costs = sum(1 for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
-                if json.loads(line)["cost"] is not None)
+    costs = sum(
+        1
+        for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()
+        if json.loads(line)["cost"] is not None
+    )
     assert int(body["data-cost-points"]) == costs > 0
     assert all(summary["methods"][name]["n"] == 6 for name in methods)

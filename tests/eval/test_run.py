@@ -26,21 +26,37 @@ def _rows(out: Path) -> dict[tuple[str, str], dict[str, Any]]:
 
 def test_an_oracle_scores_one_under_every_method(tmp_path: Path) -> None:
     with EvalServer() as server:
-        outcome = run_eval(items(), rlm_kwargs(server), methods=METHODS, out=tmp_path, concurrency=3)
+        outcome = run_eval(
+            items(), rlm_kwargs(server), methods=METHODS, out=tmp_path, concurrency=3
+        )
     assert outcome.written == 6 * 4 and outcome.errors == 0 and outcome.unfinished == 0
     for name in METHODS:
         summary = outcome.summary.methods[name]
         assert (summary.n, summary.score, summary.ci95) == (6, 1.0, (1.0, 1.0))
     rows = _rows(tmp_path)
     assert len(rows) == 24 and all(row["score"] == 1.0 for row in rows.values())
-    assert set(rows["n1", "rlm"]) == {"id", "method", "prediction", "score", "cost", "latency_s",
-                                      "input_tokens", "output_tokens", "stop_reason", "error"}
+    assert set(rows["n1", "rlm"]) == {
+        "id",
+        "method",
+        "prediction",
+        "score",
+        "cost",
+        "latency_s",
+        "input_tokens",
+        "output_tokens",
+        "stop_reason",
+        "error",
+    }
     assert rows["n1", "base"]["cost"] > 0 and rows["n1", "base"]["input_tokens"] > 0
 
 
-def test_a_constant_answer_scores_what_the_formulas_give_and_the_interval_brackets_it(tmp_path: Path) -> None:
+def test_a_constant_answer_scores_what_the_formulas_give_and_the_interval_brackets_it(
+    tmp_path: Path,
+) -> None:
     with EvalServer(constant=True) as server:
-        outcome = run_eval(items(), rlm_kwargs(server), methods=["rlm", "base"], out=tmp_path, seed=5)
+        outcome = run_eval(
+            items(), rlm_kwargs(server), methods=["rlm", "base"], out=tmp_path, seed=5
+        )
     rows = _rows(tmp_path)
     for (item_id, _), row in rows.items():
         assert math.isclose(row["score"], CONSTANT_SCORES[item_id]), (item_id, row)
@@ -57,9 +73,13 @@ def test_a_constant_answer_scores_what_the_formulas_give_and_the_interval_bracke
 
 def test_a_rerun_asks_nothing_twice_and_gives_the_same_summary(tmp_path: Path) -> None:
     with EvalServer(constant=True) as server:
-        first = run_eval(items(), rlm_kwargs(server), methods=["rlm", "base", "summary"], out=tmp_path, seed=2)
+        first = run_eval(
+            items(), rlm_kwargs(server), methods=["rlm", "base", "summary"], out=tmp_path, seed=2
+        )
         asked = len(server.requests)
-        second = run_eval(items(), rlm_kwargs(server), methods=["rlm", "base", "summary"], out=tmp_path, seed=2)
+        second = run_eval(
+            items(), rlm_kwargs(server), methods=["rlm", "base", "summary"], out=tmp_path, seed=2
+        )
         assert len(server.requests) == asked  # not one request more
     assert asked > 0 and second.written == 0
     assert second.summary == first.summary
@@ -77,13 +97,17 @@ def test_a_run_cut_short_resumes_where_it_stopped(tmp_path: Path) -> None:
 
 def test_a_failing_provider_is_recorded_for_its_items_and_the_others_finish(tmp_path: Path) -> None:
     with EvalServer() as server:
-        outcome = run_eval(items(fail=("n2", "c1")), rlm_kwargs(server), methods=["rlm", "summary"], out=tmp_path)
+        outcome = run_eval(
+            items(fail=("n2", "c1")), rlm_kwargs(server), methods=["rlm", "summary"], out=tmp_path
+        )
     rows = _rows(tmp_path)
     assert outcome.errors == 4 and len(rows) == 12
     for key, row in rows.items():
         if key[0] in ("n2", "c1"):
             assert row["prediction"] is None and row["score"] == 0.0
-            assert row["error"]["type"].startswith("Provider") and KEY not in row["error"]["message"]
+            assert (
+                row["error"]["type"].startswith("Provider") and KEY not in row["error"]["message"]
+            )
         else:
             assert row["error"] is None and row["score"] == 1.0
     assert outcome.summary.methods["rlm"].errors == 2
@@ -92,20 +116,32 @@ def test_a_failing_provider_is_recorded_for_its_items_and_the_others_finish(tmp_
     with EvalServer() as server:
         run_eval(items(fail=("n2", "c1")), rlm_kwargs(server), methods=["rlm"], out=tmp_path)
         assert server.requests == []
-        run_eval(items(fail=("n2", "c1")), rlm_kwargs(server), methods=["rlm"], out=tmp_path, retry_failed=True)
+        run_eval(
+            items(fail=("n2", "c1")),
+            rlm_kwargs(server),
+            methods=["rlm"],
+            out=tmp_path,
+            retry_failed=True,
+        )
         assert sorted(server.asked) == ["c1", "n2"]
 
 
-def test_the_budget_holds_across_the_evaluation_and_a_larger_one_finishes_it(tmp_path: Path) -> None:
+def test_the_budget_holds_across_the_evaluation_and_a_larger_one_finishes_it(
+    tmp_path: Path,
+) -> None:
     with EvalServer(cost_per_call=0.01, turns=2) as server:  # $0.02 an item: two root turns
         kwargs = rlm_kwargs(server)
-        cut = run_eval(items(), kwargs, methods=["rlm"], out=tmp_path, concurrency=1, max_budget=0.025)
+        cut = run_eval(
+            items(), kwargs, methods=["rlm"], out=tmp_path, concurrency=1, max_budget=0.025
+        )
         # n1 starts at $0 and costs $0.02; n2 starts at $0.02 with $0.005 left, and its
         # first turn ($0.01) passes that: the engine stops it. Nothing starts after.
         assert len(server.requests) == 3 and math.isclose(cut.spent, 0.03)
         assert cut.written == 1 and cut.unfinished == 5
         assert list(_rows(tmp_path)) == [("n1", "rlm")]  # n2, cut by the budget, is not written
-        done = run_eval(items(), kwargs, methods=["rlm"], out=tmp_path, concurrency=1, max_budget=1.0)
+        done = run_eval(
+            items(), kwargs, methods=["rlm"], out=tmp_path, concurrency=1, max_budget=1.0
+        )
     # n2's first turn replays from the journal: one request for it, two for each of the rest.
     assert len(server.requests) == 3 + 1 + 4 * 2
     assert done.unfinished == 0 and done.summary.methods["rlm"].n == 6
@@ -114,7 +150,14 @@ def test_the_budget_holds_across_the_evaluation_and_a_larger_one_finishes_it(tmp
 
 def test_a_single_call_that_passes_the_budget_keeps_its_answer(tmp_path: Path) -> None:
     with EvalServer(cost_per_call=0.01) as server:
-        cut = run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path, concurrency=1, max_budget=0.035)
+        cut = run_eval(
+            items(),
+            rlm_kwargs(server),
+            methods=["base"],
+            out=tmp_path,
+            concurrency=1,
+            max_budget=0.035,
+        )
         # Calls start while less than $0.035 is spent: at $0, $0.01, $0.02 and $0.03. The
         # last passes the budget by one call, the bound with one call at a time.
         assert len(server.requests) == 4 and math.isclose(cut.spent, 0.04)
@@ -130,9 +173,14 @@ def test_max_budget_needs_a_price_for_every_model(tmp_path: Path) -> None:
         assert server.requests == []
 
 
-def test_an_unknown_method_fails_before_any_request_naming_the_registered_ones(tmp_path: Path) -> None:
+def test_an_unknown_method_fails_before_any_request_naming_the_registered_ones(
+    tmp_path: Path,
+) -> None:
     with EvalServer() as server:
-        with pytest.raises(PluginError, match="unknown eval method 'rlm-v2'; registered: base, rlm, rlm-no-subcalls, summary"):
+        with pytest.raises(
+            PluginError,
+            match="unknown eval method 'rlm-v2'; registered: base, rlm, rlm-no-subcalls, summary",
+        ):
             run_eval(items(), rlm_kwargs(server), methods=["rlm", "rlm-v2"], out=tmp_path)
         assert server.requests == []
     assert not (tmp_path / "results.jsonl").exists()
@@ -141,15 +189,24 @@ def test_an_unknown_method_fails_before_any_request_naming_the_registered_ones(t
 def test_base_says_does_not_fit_only_when_the_window_is_known_and_exceeded(tmp_path: Path) -> None:
     long = items(context="x" * 8000)
     with EvalServer() as server:
-        small = run_eval(long, rlm_kwargs(server, models={"gpt-5-mini": {"context_window": 1000}}),
-                         methods=["base"], out=tmp_path / "small")
+        small = run_eval(
+            long,
+            rlm_kwargs(server, models={"gpt-5-mini": {"context_window": 1000}}),
+            methods=["base"],
+            out=tmp_path / "small",
+        )
         assert server.requests == []
         unknown = rlm_kwargs(server)
         unknown["backend_kwargs"] = {**unknown["backend_kwargs"], "model_name": "some-local-model"}
         run_eval(long, unknown, methods=["base"], out=tmp_path / "unknown")
         assert len(server.requests) == 6
     row = _rows(tmp_path / "small")["n1", "base"]
-    assert (row["stop_reason"], row["prediction"], row["score"], row["error"]) == ("does_not_fit", None, 0.0, None)
+    assert (row["stop_reason"], row["prediction"], row["score"], row["error"]) == (
+        "does_not_fit",
+        None,
+        0.0,
+        None,
+    )
     assert small.summary.methods["base"].does_not_fit == 6
     assert "Base model | 0.00* (N/A)" in (tmp_path / "small" / "summary.md").read_text()
 
@@ -158,14 +215,23 @@ def test_rlm_no_subcalls_runs_a_repl_without_llm_query(tmp_path: Path) -> None:
     probe = "answer['content'] = str(sorted(n for n in ('llm_query', 'rlm_query') if n in globals()))\nanswer['ready'] = True"
     with EvalServer(root_code=probe) as server:
         run_eval(items()[:1], rlm_kwargs(server), methods=["rlm", "rlm-no-subcalls"], out=tmp_path)
-        systems = [m["content"] for body in server.bodies for m in body["messages"] if m["role"] == "system"]
+        systems = [
+            m["content"]
+            for body in server.bodies
+            for m in body["messages"]
+            if m["role"] == "system"
+        ]
     rows = _rows(tmp_path)
     assert rows["n1", "rlm"]["prediction"] == "['llm_query', 'rlm_query']"
     assert rows["n1", "rlm-no-subcalls"]["prediction"] == "[]"
-    assert any("no `llm_query`" in s for s in systems) and any("`llm_query(prompt" in s for s in systems)
+    assert any("no `llm_query`" in s for s in systems) and any(
+        "`llm_query(prompt" in s for s in systems
+    )
 
 
-def test_the_summary_agent_reads_chunk_by_chunk_with_the_sub_model_and_answers_with_the_root(tmp_path: Path) -> None:
+def test_the_summary_agent_reads_chunk_by_chunk_with_the_sub_model_and_answers_with_the_root(
+    tmp_path: Path,
+) -> None:
     with EvalServer() as server:
         kwargs = rlm_kwargs(server, models={"gpt-5-nano": {"context_window": 4096}})
         kwargs["other_backends"] = ["openai"]
@@ -212,28 +278,55 @@ def test_a_method_registered_in_code_is_run_like_the_first_party_ones(tmp_path: 
     data = items()[:3]
     data[2] = {**data[2], "meta": {"skip": True}}
     with EvalServer() as server:
-        outcome = run_eval(data, rlm_kwargs(server), methods=["two-tries"], out=tmp_path, plugins=[TwoTriesPlugin()])
+        outcome = run_eval(
+            data,
+            rlm_kwargs(server),
+            methods=["two-tries"],
+            out=tmp_path,
+            plugins=[TwoTriesPlugin()],
+        )
         assert len(server.requests) == 4 and "answer again" in json.dumps(server.bodies[-1])
     rows = _rows(tmp_path)
-    assert rows["n1", "two-tries"]["score"] == 1.0 and rows["n3", "two-tries"]["stop_reason"] == "skipped"
+    assert (
+        rows["n1", "two-tries"]["score"] == 1.0
+        and rows["n3", "two-tries"]["stop_reason"] == "skipped"
+    )
     assert outcome.summary.methods["two-tries"].n == 3
 
 
 def test_a_bad_keyword_of_a_method_fails_at_configuration(tmp_path: Path) -> None:
     with EvalServer() as server:
-        with pytest.raises(ConfigError, match="method 'rlm' \\(root\\): RLM\\(\\) got unknown keyword"):
+        with pytest.raises(
+            ConfigError, match="method 'rlm' \\(root\\): RLM\\(\\) got unknown keyword"
+        ):
             run_eval(items(), rlm_kwargs(server, max_iteratons=3), methods=["rlm"], out=tmp_path)
 
 
 @pytest.mark.ray
-def test_the_ray_executor_runs_an_evaluation_and_a_rerun_asks_nothing(ray_cluster: Any, tmp_path: Path) -> None:
+def test_the_ray_executor_runs_an_evaluation_and_a_rerun_asks_nothing(
+    ray_cluster: Any, tmp_path: Path
+) -> None:
     with EvalServer(constant=True, cost_per_call=0.01) as server:
         kwargs = rlm_kwargs(server)
-        outcome = run_eval(items(), kwargs, methods=["rlm", "summary"], out=tmp_path, executor="ray",
-                           concurrency=4, max_budget=1.0)
+        outcome = run_eval(
+            items(),
+            kwargs,
+            methods=["rlm", "summary"],
+            out=tmp_path,
+            executor="ray",
+            concurrency=4,
+            max_budget=1.0,
+        )
         asked = len(server.requests)
-        again = run_eval(items(), kwargs, methods=["rlm", "summary"], out=tmp_path, executor="ray",
-                         concurrency=4, max_budget=1.0)
+        again = run_eval(
+            items(),
+            kwargs,
+            methods=["rlm", "summary"],
+            out=tmp_path,
+            executor="ray",
+            concurrency=4,
+            max_budget=1.0,
+        )
         assert len(server.requests) == asked == 6 + 12  # one root turn; one note and one answer
     assert again.written == 0 and outcome.written == 12 and math.isclose(outcome.spent, 0.18)
     for (item_id, _), row in _rows(tmp_path).items():

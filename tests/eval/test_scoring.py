@@ -37,7 +37,9 @@ def test_exact_match_after_normalisation() -> None:
         ("no idea", 12, 0.0),
     ],
 )
-def test_numeric_is_three_quarters_to_the_power_of_the_error(prediction: str, gold: int, expected: float) -> None:
+def test_numeric_is_three_quarters_to_the_power_of_the_error(
+    prediction: str, gold: int, expected: float
+) -> None:
     assert math.isclose(score("numeric", gold, prediction), expected)
 
 
@@ -77,7 +79,13 @@ def test_choice_reads_longbench_v2s_form_first() -> None:
 
 
 def test_every_score_is_in_zero_one_and_an_unknown_type_is_refused() -> None:
-    for answer_type, gold in (("exact", "x"), ("label", "x"), ("numeric", 3), ("pairs", [[1, 2]]), ("choice", "A")):
+    for answer_type, gold in (
+        ("exact", "x"),
+        ("label", "x"),
+        ("numeric", 3),
+        ("pairs", [[1, 2]]),
+        ("choice", "A"),
+    ):
         for prediction in (None, "", "x", "Answer: -1000000", "[[1,2]]", "(A)"):
             assert 0.0 <= score(answer_type, gold, prediction) <= 1.0
     with pytest.raises(ValueError, match="unknown answer_type"):

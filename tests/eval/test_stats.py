@@ -7,9 +7,19 @@ import math
 from rlm_graph.eval.stats import bootstrap_ci, quantile, summarize
 
 
-def _row(item: str, method: str, score: float, cost: float | None = 0.1, **extra: object) -> dict[str, object]:
-    return {"id": item, "method": method, "score": score, "cost": cost, "latency_s": 1.0,
-            "stop_reason": None, "error": None, **extra}
+def _row(
+    item: str, method: str, score: float, cost: float | None = 0.1, **extra: object
+) -> dict[str, object]:
+    return {
+        "id": item,
+        "method": method,
+        "score": score,
+        "cost": cost,
+        "latency_s": 1.0,
+        "stop_reason": None,
+        "error": None,
+        **extra,
+    }
 
 
 def test_quantiles_interpolate_between_the_nearest_ranks() -> None:
@@ -50,5 +60,11 @@ def test_failures_count_zero_and_contexts_that_did_not_fit_cost_nothing() -> Non
     assert base.costs == (0.2, 0.4) and math.isclose(base.cost.mean or 0, 0.3)
     assert summary.methods["summary"].n == 0 and summary.methods["summary"].score is None
     assert list(summary.public()["methods"]["base"]) == [
-        "n", "score", "ci95", "cost", "latency_s", "errors", "does_not_fit",
+        "n",
+        "score",
+        "ci95",
+        "cost",
+        "latency_s",
+        "errors",
+        "does_not_fit",
     ]

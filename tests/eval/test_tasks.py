@@ -22,7 +22,9 @@ def test_lengths_are_powers_of_two_as_in_ruler_and_the_paper() -> None:
 
 def test_sniah_hides_one_needle_at_the_length_asked_for() -> None:
     items = list(task_items("sniah", n=3, lengths=[8192, 65536], seed=11))
-    assert [i.id for i in items] == [f"sniah-{size}-{n}" for size in ("8k", "64k") for n in range(3)]
+    assert [i.id for i in items] == [
+        f"sniah-{size}-{n}" for size in ("8k", "64k") for n in range(3)
+    ]
     for item in items:
         assert isinstance(item.context, str)
         tokens = len(item.context) / 4
@@ -85,7 +87,7 @@ def test_synth_oolong_pairs_gold_is_every_pair_of_users_with_the_label() -> None
         assert isinstance(item.context, str)
         rare = item.meta["label"]
         users = sorted({u for u, label in _records(item.context) if label == rare})
-        assert item.answer == [[a, b] for i, a in enumerate(users) for b in users[i + 1:]]
+        assert item.answer == [[a, b] for i, a in enumerate(users) for b in users[i + 1 :]]
         assert len(users) == item.meta["users"] >= 3
         assert score("pairs", item.answer, str(item.answer)) == 1.0
 

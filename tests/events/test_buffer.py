@@ -13,8 +13,14 @@ from rlm_graph.events.buffer import EMPTY, END
 
 
 def started(seq: int) -> NodeStarted:
-    return NodeStarted(seq=seq, run_id="r", time=0.0, elapsed=0.0, node_id=f"n{seq}",
-                       input_preview="p" * (seq % 50))
+    return NodeStarted(
+        seq=seq,
+        run_id="r",
+        time=0.0,
+        elapsed=0.0,
+        node_id=f"n{seq}",
+        input_preview="p" * (seq % 50),
+    )
 
 
 def test_interleaved_puts_and_gets_keep_order_through_the_spill_file() -> None:

@@ -82,7 +82,8 @@ def test_stream_gives_every_node_of_a_depth_2_run_in_order_with_its_parent() -> 
         spawn = list(graph.predecessors(record.id, kind="spawn"))
         if record.kind == NodeKind.REPL_BLOCK:  # inside its turn
             turn = next(
-                r.id for r in graph.records(NodeKind.ROOT_TURN)
+                r.id
+                for r in graph.records(NodeKind.ROOT_TURN)
                 if r.completion == record.completion and r.iteration == record.iteration
             )
             assert parents[record.id] == turn
@@ -165,8 +166,11 @@ def test_an_error_reaches_the_consumer_after_run_finished() -> None:
 
 def test_closing_the_stream_early_cancels_the_run() -> None:
     seen: list[Any] = []
-    rlm = RLM("scripted", {"respond": tree_model("FINAL('x')", "", ""), "latency": 3600.0},
-              listeners=[seen.append])
+    rlm = RLM(
+        "scripted",
+        {"respond": tree_model("FINAL('x')", "", ""), "latency": 3600.0},
+        listeners=[seen.append],
+    )
     with rlm.stream("ctx") as stream:
         events = iter(stream)
         assert isinstance(next(events), RunStarted)
@@ -210,7 +214,9 @@ async def test_the_time_warning_comes_at_80_percent_during_one_long_call(
     assert isinstance(events[-1], RunFinished) and events[-1].stop_reason == "max_timeout"
 
 
-async def test_no_time_warning_after_a_run_that_ended_early(autojump_clock: trio.testing.MockClock) -> None:
+async def test_no_time_warning_after_a_run_that_ended_early(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     wf = Workflow()
     wf.llm("quick", id="quick")
     engine = Engine("scripted", {"latency": 1.0}, max_timeout=10)
@@ -257,9 +263,14 @@ async def test_engine_astream_and_the_observers_see_the_same_nodes() -> None:
         events = [e async for e in stream]
     from_stream = [
         ("started" if isinstance(e, NodeStarted) else "finished", e.node_id)
-        for e in events if isinstance(e, NodeStarted | NodeFinished)
+        for e in events
+        if isinstance(e, NodeStarted | NodeFinished)
     ]
-    assert seen == from_stream == [("started", "a"), ("finished", "a"), ("started", "b"), ("finished", "b")]
+    assert (
+        seen
+        == from_stream
+        == [("started", "a"), ("finished", "a"), ("started", "b"), ("finished", "b")]
+    )
 
 
 def test_listeners_on_the_engine_get_every_event() -> None:

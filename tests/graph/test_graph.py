@@ -88,7 +88,10 @@ def test_json_round_trips_every_field_and_edge() -> None:
     g["b"].usage = Usage(input_tokens=10, output_tokens=3)
     g["b"].model = "m"
     g["b"].cost = 0.25
-    g.add(NodeRecord(id="x", kind=NodeKind.LLM_CALL, error="boom", status=NodeStatus.ERROR), parent="b")
+    g.add(
+        NodeRecord(id="x", kind=NodeKind.LLM_CALL, error="boom", status=NodeStatus.ERROR),
+        parent="b",
+    )
     text = to_json(g)
     back = from_json(text)
     assert [r.model_dump() for r in back.records()] == [r.model_dump() for r in g.records()]
@@ -162,7 +165,10 @@ def test_reading_a_graph_leaves_no_reference_cycle() -> None:
     g.add(node("b", 1, 2), after=["a"])
     g.add(node("c", 1, 3), parent="a")
     assert critical_path(g).nodes == ("a", "b")
-    assert list(g.predecessors("b", kind="after")) == ["a"] and list(g.successors("a")) == ["b", "c"]
+    assert list(g.predecessors("b", kind="after")) == ["a"] and list(g.successors("a")) == [
+        "b",
+        "c",
+    ]
     assert len(list(g.edges())) == 2 and g.topological_order() == ["a", "b", "c"]
     usage_by_model(g)
     makespan(g)

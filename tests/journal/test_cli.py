@@ -29,9 +29,21 @@ def test_run_twice_over_a_journal_then_list_and_export_it(
     context.write_text("x" * 99, encoding="utf-8")
     journal = tmp_path / "run.sqlite"
     with FakeOpenAIServer(respond, api_key=KEY) as server:
-        args = ["run", "--context", str(context), "--query", "what?", "--model", "gpt-test",
-                "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
-                "--journal", str(journal)]
+        args = [
+            "run",
+            "--context",
+            str(context),
+            "--query",
+            "what?",
+            "--model",
+            "gpt-test",
+            "--base-url",
+            server.base_url,
+            "--api-key-env",
+            "OPENAI_API_KEY",
+            "--journal",
+            str(journal),
+        ]
         assert main(args) == 0
         asked = len(server.requests)
         assert main(args) == 0
@@ -45,7 +57,12 @@ def test_run_twice_over_a_journal_then_list_and_export_it(
     assert table[1].split()[1:5] == ["rlm", "finished", "2", "2"] and table[1].endswith("what?")
     assert main(["journal", "ls", str(journal), "--json"]) == 0
     (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert (row["status"], row["attempts"], row["nodes"], row["label"]) == ("finished", 2, 2, "what?")
+    assert (row["status"], row["attempts"], row["nodes"], row["label"]) == (
+        "finished",
+        2,
+        2,
+        "what?",
+    )
 
     assert main(["trace", "export", str(journal), "--run", row["key"][:8]]) == 0
     dot = capsys.readouterr().out

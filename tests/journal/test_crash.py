@@ -33,8 +33,18 @@ ROOT = Path(__file__).resolve().parents[2]
 def _child(mode: str, base_url: str, journal: Path, out: Path) -> subprocess.Popen[bytes]:
     with out.with_suffix(".err").open("wb") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.support.journal_scenarios", mode, base_url, str(journal), str(out)],
-            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+            [
+                sys.executable,
+                "-m",
+                "tests.support.journal_scenarios",
+                mode,
+                base_url,
+                str(journal),
+                str(out),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
         )
 
 
@@ -107,7 +117,12 @@ def test_sigkill_mid_run_then_resume_asks_nothing_twice(
                 kinds = Counter(kind for kind, _ in _journaled(journal).values())
                 return kinds["llm_call"] >= hold_after and kinds["rlm_call"] >= children_done
 
-            _wait_for(all_answers_journaled, first, tmp_path / "first.json", "the answered sub-calls were journaled")
+            _wait_for(
+                all_answers_journaled,
+                first,
+                tmp_path / "first.json",
+                "the answered sub-calls were journaled",
+            )
             first.send_signal(signal.SIGKILL)
             first.wait()
         finally:
@@ -131,7 +146,11 @@ def test_sigkill_mid_run_then_resume_asks_nothing_twice(
         second.wait(timeout=300)
         assert second.returncode == 0, _stderr(tmp_path / "second.json")
         resumed = json.loads((tmp_path / "second.json").read_text())
-        asked = Counter(last_user_message(r.body) for r in server.requests[before:] if not scenarios.is_turn(r.body))
+        asked = Counter(
+            last_user_message(r.body)
+            for r in server.requests[before:]
+            if not scenarios.is_turn(r.body)
+        )
         total = _sub_prompts(server)
         during_resume = len(server.requests) - before
 

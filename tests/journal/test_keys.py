@@ -13,11 +13,18 @@ def _png(width: int, height: int) -> Image:
     """A real PNG of ``width`` x ``height`` (same byte count for the same area)."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     raw = b"".join(b"\x00" + b"\x00" * width for _ in range(height))
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+    data = (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
     return Image.from_bytes(data)
 
 
@@ -41,14 +48,26 @@ def test_parameters_and_the_answer_schema_are_part_of_the_request() -> None:
         request_hash(plain),
         request_hash(_ask(Message(role="user", content="q"), temperature=0.5)),
         request_hash(_ask(Message(role="user", content="q"), extra={"reasoning_effort": "low"})),
-        request_hash(_ask(Message(role="user", content="q"), response_schema=ResponseSchema(json_schema={"type": "integer"}))),
-        request_hash(_ask(Message(role="user", content="q"), response_schema=ResponseSchema(json_schema={"type": "string"}))),
+        request_hash(
+            _ask(
+                Message(role="user", content="q"),
+                response_schema=ResponseSchema(json_schema={"type": "integer"}),
+            )
+        ),
+        request_hash(
+            _ask(
+                Message(role="user", content="q"),
+                response_schema=ResponseSchema(json_schema={"type": "string"}),
+            )
+        ),
         request_hash(ChatRequest(model="other", messages=plain.messages)),
         request_hash(_ask(Message(role="system", content="q"))),
     }
     assert len(hashes) == 7
     # Where a call is (its node and depth) is the journal's key, not the request's.
-    assert request_hash(plain) == request_hash(plain.model_copy(update={"node_id": "x", "depth": 3}))
+    assert request_hash(plain) == request_hash(
+        plain.model_copy(update={"node_id": "x", "depth": 3})
+    )
 
 
 def test_text_holding_the_separator_cannot_pass_for_other_messages() -> None:

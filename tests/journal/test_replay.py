@@ -54,7 +54,9 @@ async def test_a_finished_run_replays_for_free(tmp_path: Path) -> None:
 
 async def test_other_inputs_are_another_run(tmp_path: Path) -> None:
     path = tmp_path / "run.sqlite"
-    await RLM("scripted", {"respond": _respond}, journal=str(path)).acompletion("ctx", root_prompt="q")
+    await RLM("scripted", {"respond": _respond}, journal=str(path)).acompletion(
+        "ctx", root_prompt="q"
+    )
     other = RLM("scripted", {"respond": _respond}, journal=str(path))
     result = await other.acompletion("another context", root_prompt="q")
     assert result.replay is not None and result.replay.replayed == 0 and result.replay.attempt == 1
@@ -77,7 +79,9 @@ def _versioned(request: ChatRequest) -> str:
 
 async def test_a_changed_request_goes_live_from_there_and_says_so(tmp_path: Path) -> None:
     path = str(tmp_path / "run.sqlite")
-    one = await RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v1"}, journal=path).acompletion("ctx")
+    one = await RLM(
+        "scripted", {"respond": _versioned}, custom_tools={"version": "v1"}, journal=path
+    ).acompletion("ctx")
     assert one.response == "answer after v1"
     # Same inputs, but a block now prints something else: turn 2 is asked something new.
     rlm = RLM("scripted", {"respond": _versioned}, custom_tools={"version": "v2"}, journal=path)
@@ -111,7 +115,12 @@ async def test_one_journal_shared_by_two_concurrent_runs_mixes_nothing(
     answers: dict[str, str] = {}
 
     async def one(context: str) -> None:
-        rlm = RLM("scripted", {"respond": _echo_context, "latency": 0.1}, journal=path, batch_max_concurrent=4)
+        rlm = RLM(
+            "scripted",
+            {"respond": _echo_context, "latency": 0.1},
+            journal=path,
+            batch_max_concurrent=4,
+        )
         answers[context] = (await rlm.acompletion(context)).response
 
     async with trio.open_nursery() as nursery:
@@ -131,7 +140,10 @@ async def test_one_journal_shared_by_two_concurrent_runs_mixes_nothing(
         runs = store.runs()
     finally:
         store.close()
-    assert sorted((r.label, r.nodes, r.attempts) for r in runs) == [("alpha", 22, 2), ("beta", 22, 2)]
+    assert sorted((r.label, r.nodes, r.attempts) for r in runs) == [
+        ("alpha", 22, 2),
+        ("beta", 22, 2),
+    ]
 
 
 async def test_a_workflow_replays_model_calls_and_json_results(tmp_path: Path) -> None:
@@ -236,8 +248,10 @@ async def test_a_resumed_run_links_to_the_first_attempt_trace(tmp_path: Path) ->
     assert link.context.span_id == first.context.span_id
     assert dict(link.attributes or {}) == {"rlm.link": "resumes"}
     replayed = [
-        s for s in exporter.get_finished_spans()
-        if s.context.trace_id == second.context.trace_id and (s.attributes or {}).get("rlm.replayed")
+        s
+        for s in exporter.get_finished_spans()
+        if s.context.trace_id == second.context.trace_id
+        and (s.attributes or {}).get("rlm.replayed")
     ]
     assert len(replayed) == 7  # 2 turns and 5 sub-calls; the blocks ran again
 
@@ -246,7 +260,9 @@ def _with_tool(request: ChatRequest) -> str:
     if not is_root_turn(request):
         return f"sub:{request.prompt}"
     if turn_number(request) == 1:
-        return repl("price = fetch('AAPL')\nnote = llm_query(f'judge {price}')\nlucky = random.randint(0, 10**9)")
+        return repl(
+            "price = fetch('AAPL')\nnote = llm_query(f'judge {price}')\nlucky = random.randint(0, 10**9)"
+        )
     return repl("FINAL(f'{price} {note} {lucky}')")
 
 
@@ -261,7 +277,9 @@ async def test_a_journaled_tool_is_replayed_and_random_draws_the_same(tmp_path: 
 
     path = str(tmp_path / "run.sqlite")
     tools = {"fetch": {"tool": fetch, "journal": True}, "random": random}
-    one = await RLM("scripted", {"respond": _with_tool}, custom_tools=tools, journal=path).acompletion("ctx")
+    one = await RLM(
+        "scripted", {"respond": _with_tool}, custom_tools=tools, journal=path
+    ).acompletion("ctx")
     again = RLM("scripted", {"respond": _with_tool}, custom_tools=tools, journal=path)
     two = await again.acompletion("ctx")
     assert calls == ["AAPL"]  # the tool ran once; the resumed run got its recorded result
@@ -277,7 +295,9 @@ async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) ->
     assert turn is not None and call is not None
     limit = turn.total_tokens + 2 * call.total_tokens + 1  # passed during the third sub-call
     path = str(tmp_path / "run.sqlite")
-    cut = RLM("scripted", {"respond": _respond}, journal=path, max_tokens=limit, batch_max_concurrent=1)
+    cut = RLM(
+        "scripted", {"respond": _respond}, journal=path, max_tokens=limit, batch_max_concurrent=1
+    )
     one = await cut.acompletion("ctx", root_prompt="q")
     assert one.stop_reason == "max_tokens"
     asked_before = len(scripted(cut).requests)
@@ -289,7 +309,9 @@ async def test_a_run_cut_by_a_limit_resumes_with_a_bigger_one(tmp_path: Path) ->
         store.close()
     assert run.status == "stopped"
     # The budget is not part of the run's key: the same question with more room resumes.
-    more = RLM("scripted", {"respond": _respond}, journal=path, max_tokens=100_000, batch_max_concurrent=1)
+    more = RLM(
+        "scripted", {"respond": _respond}, journal=path, max_tokens=100_000, batch_max_concurrent=1
+    )
     two = await more.acompletion("ctx", root_prompt="q")
     assert two.stop_reason is None and two.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
     assert two.replay is not None and two.replay.attempt == 2 and two.replay.diverged == 0
@@ -310,6 +332,8 @@ async def test_a_journal_that_cannot_be_written_at_the_end_keeps_the_answer(
 
     assert isinstance(monkeypatch, pytest.MonkeyPatch)
     monkeypatch.setattr(JournalStore, "finish", full)
-    result = await RLM("scripted", {"respond": _respond}, journal=str(tmp_path / "run.sqlite")).acompletion("ctx")
+    result = await RLM(
+        "scripted", {"respond": _respond}, journal=str(tmp_path / "run.sqlite")
+    ).acompletion("ctx")
     assert result.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
     assert "writing failed (database or disk is full)" in caplog.text  # type: ignore[attr-defined]

@@ -16,7 +16,9 @@ def test_workers_opening_one_new_journal_at_once_all_succeed(tmp_path: Path) -> 
         start = threading.Barrier(8)
         outcomes: list[str] = []
 
-        def open_it(start: threading.Barrier = start, path: Path = path, outcomes: list[str] = outcomes) -> None:
+        def open_it(
+            start: threading.Barrier = start, path: Path = path, outcomes: list[str] = outcomes
+        ) -> None:
             start.wait()
             try:
                 JournalStore(path).begin("key", "rlm", "label")
@@ -46,7 +48,9 @@ def _journal_a_run(path: Path, reply: str) -> str:
             return repl("said = llm_query('say it')")
         return repl("FINAL_VAR('said')")
 
-    result = RLM("scripted", {"respond": respond}, journal=str(path)).completion("ctx", root_prompt="q")
+    result = RLM("scripted", {"respond": respond}, journal=str(path)).completion(
+        "ctx", root_prompt="q"
+    )
     assert result.response == reply
     assert result.replay is not None
     return result.replay.run_key
@@ -111,7 +115,14 @@ def test_a_node_journaled_in_two_attempts_counts_once(tmp_path: Path) -> None:
     number, _ = store.begin("key", "rlm", "label")
 
     def call(cost: float, answer: str, seq: int) -> list[tuple[int, bytes]]:
-        record = NodeRecord(id="turn-1", kind=NodeKind.ROOT_TURN, status=NodeStatus.OK, cost=cost, start=1.0, end=2.0)
+        record = NodeRecord(
+            id="turn-1",
+            kind=NodeKind.ROOT_TURN,
+            status=NodeStatus.OK,
+            cost=cost,
+            start=1.0,
+            end=2.0,
+        )
         return encode_nodes(seq, [record], ["hash"], [answer], {}, 3.0)
 
     store.write(number, 1, call(0.5, "first", 0))
@@ -155,5 +166,7 @@ def test_a_journal_of_another_format_is_refused_with_what_to_do(tmp_path: Path) 
     db = sqlite3.connect(path)
     db.execute("PRAGMA user_version=1")  # the first format: one table row per node
     db.close()
-    with pytest.raises(ConfigError, match="has format 1; this rlm-graph reads format 2: start a new journal file"):
+    with pytest.raises(
+        ConfigError, match="has format 1; this rlm-graph reads format 2: start a new journal file"
+    ):
         JournalStore(path)

@@ -20,16 +20,24 @@ async def test_system_split_out_turns_merged_and_max_tokens_defaulted() -> None:
 
     def handler(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(200, json={
-            "model": "claude-test",
-            "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "ok"}],
-            "stop_reason": "end_turn",
-            "usage": {"input_tokens": 10, "output_tokens": 4, "cache_read_input_tokens": 100,
-                      "cache_creation_input_tokens": 20},
-        })
+        return httpx.Response(
+            200,
+            json={
+                "model": "claude-test",
+                "content": [{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "ok"}],
+                "stop_reason": "end_turn",
+                "usage": {
+                    "input_tokens": 10,
+                    "output_tokens": 4,
+                    "cache_read_input_tokens": 100,
+                    "cache_creation_input_tokens": 20,
+                },
+            },
+        )
 
-    provider = AnthropicProvider(model_name="claude-test", api_key=KEY,
-                                 transport=httpx.MockTransport(handler))
+    provider = AnthropicProvider(
+        model_name="claude-test", api_key=KEY, transport=httpx.MockTransport(handler)
+    )
     messages = (
         Message(role="system", content="rules"),
         Message(role="user", content="a"),
@@ -37,8 +45,9 @@ async def test_system_split_out_turns_merged_and_max_tokens_defaulted() -> None:
         Message(role="assistant", content="c"),
         Message(role="user", content="d"),
     )
-    request = ChatRequest(messages=messages, model="claude-test", temperature=0.5,
-                          stop=("X",), seed=3)
+    request = ChatRequest(
+        messages=messages, model="claude-test", temperature=0.5, stop=("X",), seed=3
+    )
     response = await provider.complete(request)
     await provider.aclose()
 

@@ -16,7 +16,9 @@ ONE_CALL = (1_000 * 1.0 + 100 * 10.0) / 1e6  # $0.002
 
 
 @pytest.mark.parametrize("max_tokens", [100, None])  # the request's output cap, or the default
-async def test_64_concurrent_calls_pass_the_budget_by_at_most_one_call(max_tokens: int | None) -> None:
+async def test_64_concurrent_calls_pass_the_budget_by_at_most_one_call(
+    max_tokens: int | None,
+) -> None:
     budget = 5.5 * ONE_CALL
     params = {"max_tokens": max_tokens} if max_tokens else {}
     with FakeOpenAIServer(lambda body: REPLY, latency=0.02) as server:
@@ -57,8 +59,12 @@ async def test_model_code_fanning_out_a_batch_cannot_spend_around_max_budget() -
 
     with FakeOpenAIServer(respond, latency=0.02) as server:
         async with RLM(
-            "openai", openai_kwargs(server, max_concurrent=32), models=PRICES, max_budget=0.02,
-            batch_max_concurrent=32, sub_sampling_args={"max_tokens": 100},
+            "openai",
+            openai_kwargs(server, max_concurrent=32),
+            models=PRICES,
+            max_budget=0.02,
+            batch_max_concurrent=32,
+            sub_sampling_args={"max_tokens": 100},
         ) as rlm:
             result = await rlm.acompletion(PROMPT)
     assert result.stop_reason == "max_budget"

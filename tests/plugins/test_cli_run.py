@@ -31,8 +31,18 @@ def context_file(tmp_path: Path) -> Path:
 
 
 def _args(server: FakeOpenAIServer, context: Path | str, *extra: str) -> list[str]:
-    return ["run", "--context", str(context), "--query", "what?", "--model", "gpt-test",
-            "--base-url", server.base_url, *extra]
+    return [
+        "run",
+        "--context",
+        str(context),
+        "--query",
+        "what?",
+        "--model",
+        "gpt-test",
+        "--base-url",
+        server.base_url,
+        *extra,
+    ]
 
 
 KEY_ENV = ("--api-key-env", "OPENAI_API_KEY")
@@ -56,7 +66,9 @@ def test_json_output_and_stdin_context_and_sub_model(
     monkeypatch.setattr("sys.stdin", io.StringIO("y" * 10))
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     with FakeOpenAIServer(respond) as server:
-        code = main(_args(server, "-", *KEY_ENV, "--sub-model", "gpt-small", "--max-depth", "1", "--json"))
+        code = main(
+            _args(server, "-", *KEY_ENV, "--sub-model", "gpt-small", "--max-depth", "1", "--json")
+        )
         models = [b["model"] for b in server.bodies]
     payload = json.loads(capsys.readouterr().out)
     assert code == 0
@@ -85,9 +97,7 @@ def test_a_provider_error_exits_4_naming_the_key(
     assert "API key" in err and KEY not in err
 
 
-@pytest.mark.parametrize(
-    "extra", [["--backend", "no-such-backend"], ["--max-depth", "-1"]]
-)
+@pytest.mark.parametrize("extra", [["--backend", "no-such-backend"], ["--max-depth", "-1"]])
 def test_bad_configuration_exits_2(
     context_file: Path, extra: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -145,7 +155,9 @@ def test_schema_never_matched_exits_3_with_the_last_error(
     schema_file = tmp_path / "schema.json"
     schema_file.write_text(json.dumps(SCHEMA))
     with FakeOpenAIServer(_typed_respond(["1", "not json"])) as server:
-        code = main(_args(server, context_file, "--schema", str(schema_file), "--max-iterations", "1"))
+        code = main(
+            _args(server, context_file, "--schema", str(schema_file), "--max-iterations", "1")
+        )
     out, err = capsys.readouterr()
     assert code == 3
     assert out.strip() == "not json"
@@ -154,8 +166,11 @@ def test_schema_never_matched_exits_3_with_the_last_error(
 
 @pytest.mark.parametrize(
     ("content", "words"),
-    [("[1]", "must hold a JSON Schema object"), ("{", "is not JSON"),
-     ('{"type": 5}', "not a valid JSON Schema")],
+    [
+        ("[1]", "must hold a JSON Schema object"),
+        ("{", "is not JSON"),
+        ('{"type": 5}', "not a valid JSON Schema"),
+    ],
 )
 def test_a_bad_schema_file_exits_2(
     tmp_path: Path, context_file: Path, capsys: pytest.CaptureFixture[str], content: str, words: str

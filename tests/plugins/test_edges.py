@@ -37,7 +37,9 @@ def test_bad_backend_kwargs_are_one_config_error(overrides: dict[str, Any], word
 
 def test_other_backend_kwargs_must_match_other_backends() -> None:
     kwargs = {"model_name": "m", "api_key": KEY, "base_url": "http://127.0.0.1:9/v1"}
-    with pytest.raises(ConfigError, match="other_backends has 1 entries but other_backend_kwargs has 0"):
+    with pytest.raises(
+        ConfigError, match="other_backends has 1 entries but other_backend_kwargs has 0"
+    ):
         RLM("openai", kwargs, other_backends=["openai"], other_backend_kwargs=[])
     with pytest.raises(ConfigError, match="must be a list with one kwargs dict"):
         RLM("openai", kwargs, other_backends=["openai"], other_backend_kwargs={"model_name": "s"})  # type: ignore[arg-type]
@@ -57,18 +59,31 @@ def test_a_context_window_keeps_the_plugins_prices() -> None:
 
 def _answer(content: Any, usage: Any) -> dict[str, Any]:
     return {
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ],
         "usage": usage,
         "model": "gpt-test",
     }
 
 
 async def test_content_as_a_list_of_parts_is_joined_and_odd_usage_read() -> None:
-    parts = [{"type": "text", "text": "Hello, "}, {"type": "image_url", "image_url": {}},
-             {"type": "text", "text": "world"}]
-    usage = {"prompt_tokens": "12", "completion_tokens": "n/a", "total_tokens": None,
-             "prompt_tokens_details": None, "completion_tokens_details": {"reasoning_tokens": 3.0}}
+    parts = [
+        {"type": "text", "text": "Hello, "},
+        {"type": "image_url", "image_url": {}},
+        {"type": "text", "text": "world"},
+    ]
+    usage = {
+        "prompt_tokens": "12",
+        "completion_tokens": "n/a",
+        "total_tokens": None,
+        "prompt_tokens_details": None,
+        "completion_tokens_details": {"reasoning_tokens": 3.0},
+    }
     with FakeOpenAIServer(replies=[Reply(200, _answer(parts, usage))]) as server:
         async with Engine("openai", openai_kwargs(server)) as engine:
             wf = Workflow()

@@ -83,7 +83,9 @@ def test_retries_are_counted_on_the_node_and_logged_once_per_run(
     assert result.graph["first"].attempts == 5 and result.graph["second"].attempts == 1
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == ["openai: 4 retries over 2 calls: 429 x 2, 500 x 1, bad response x 1"]
-    debug = [r for r in caplog.records if r.levelno == logging.DEBUG and "retrying in" in r.getMessage()]
+    debug = [
+        r for r in caplog.records if r.levelno == logging.DEBUG and "retrying in" in r.getMessage()
+    ]
     assert len(debug) == 4
 
 
@@ -99,8 +101,12 @@ def test_a_dropped_connection_is_sent_again_only_as_a_counted_attempt() -> None:
 
 def test_a_reply_cut_off_or_without_text_reaches_the_model_with_a_note() -> None:
     def body(content: str | None, reason: str) -> dict[str, object]:
-        return {"choices": [{"message": {"role": "assistant", "content": content},
-                             "finish_reason": reason}], "model": "gpt-test"}
+        return {
+            "choices": [
+                {"message": {"role": "assistant", "content": content}, "finish_reason": reason}
+            ],
+            "model": "gpt-test",
+        }
 
     replies = [body("half an ans", "length"), body(None, "stop"), body("fine", "stop")]
     with FakeOpenAIServer(replies=replies) as server:
@@ -160,5 +166,7 @@ def test_ctrl_c_mid_batch_cancels_every_request_then_raises_keyboard_interrupt()
             print("in flight", server.in_flight)
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.split("\n")[:2] == ["KeyboardInterrupt", "in flight 0"], done.stderr

@@ -118,7 +118,9 @@ async def test_max_timeouts_1_fails_at_the_first_timeout(
     with FakeOpenAIServer(lambda body: Reply.hang(30)) as server:
         provider = OpenAIProvider(**openai_kwargs(server, timeout=30.0, max_timeouts=1))
         try:
-            with pytest.raises(ProviderTimeout, match=r"1 attempt timed out \(deadlines 30 s; 1 attempt in all"):
+            with pytest.raises(
+                ProviderTimeout, match=r"1 attempt timed out \(deadlines 30 s; 1 attempt in all"
+            ):
                 await provider.complete(REQUEST)
         finally:
             await provider.aclose()
@@ -161,4 +163,3 @@ async def test_a_hung_sub_call_is_an_error_slot_naming_its_timeouts(
 def test_a_bad_max_timeouts_is_a_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError, match="max_timeouts"):
         OpenAIProvider(backend="vllm", model_name="m", max_timeouts=bad)
-

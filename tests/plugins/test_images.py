@@ -26,14 +26,19 @@ def png(width: int = 64, height: int = 64) -> bytes:
     """A real PNG of noise-free grey pixels, a few KB once padded with a text chunk."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
 
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
     rows = b"".join(b"\x00" + b"\x80" * width for _ in range(height))
     padding = chunk(b"tEXt", b"Comment\x00" + bytes(range(32, 127)) * 40)
     return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + padding
-        + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + padding
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
     )
 
 
@@ -52,7 +57,10 @@ def spans() -> tuple[TracerProvider, InMemorySpanExporter]:
 def _no_bytes_anywhere(result: Any, exporter: InMemorySpanExporter) -> None:
     assert B64[:40] not in to_json(result.graph)
     (call,) = result.graph.records(NodeKind.LLM_CALL)
-    assert call.input_preview == f"What is in this picture?\n\n<image {round(len(PICTURE) / 1024)} KB png>"
+    assert (
+        call.input_preview
+        == f"What is in this picture?\n\n<image {round(len(PICTURE) / 1024)} KB png>"
+    )
     for span in exporter.get_finished_spans():
         text = json.dumps({k: str(v) for k, v in (span.attributes or {}).items()})
         assert B64[:40] not in text
@@ -67,17 +75,23 @@ async def test_openai_gets_an_image_url_data_uri_part_and_counts_its_tokens() ->
     models = {"gpt-test": {"input_usd_per_mtok": 1.0, "output_usd_per_mtok": 1.0}}
     with FakeOpenAIServer(respond, api_key=KEY) as server:
         async with RLM(
-            "openai", openai_kwargs(server), models=models,
-            tracer_provider=provider, trace_content=True,
+            "openai",
+            openai_kwargs(server),
+            models=models,
+            tracer_provider=provider,
+            trace_content=True,
         ) as rlm:
             result = await rlm.acompletion(["a caption", Image.from_bytes(PICTURE)])
     assert result.response == "a grey square"
     sub = server.bodies[1]
     assert sub["messages"] == [
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is in this picture?"},
-            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}"}},
-        ]}
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{B64}"}},
+            ],
+        }
     ]
     (call,) = result.graph.records(NodeKind.LLM_CALL)
     assert call.usage is not None
@@ -100,10 +114,16 @@ async def test_anthropic_gets_a_base64_image_block() -> None:
             result = await rlm.acompletion(["a caption", Image.from_bytes(PICTURE)])
     assert result.response == "a grey square"
     assert server.bodies[1]["messages"] == [
-        {"role": "user", "content": [
-            {"type": "text", "text": "What is in this picture?"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": B64}},
-        ]}
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {
+                    "type": "image",
+                    "source": {"type": "base64", "media_type": "image/png", "data": B64},
+                },
+            ],
+        }
     ]
     (call,) = result.graph.records(NodeKind.LLM_CALL)
     assert call.usage is not None and call.usage.input_tokens > IMAGE_TOKENS

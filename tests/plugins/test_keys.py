@@ -72,7 +72,9 @@ async def test_api_key_env_opts_in_to_sending_it_there(
     server_class, key_env, _, header = HOSTED[backend]
     monkeypatch.setenv("MY_PROXY_KEY", KEY)
     with server_class(api_key=KEY) as server:
-        value, kind = await _call(backend, {"base_url": server.base_url, "api_key_env": "MY_PROXY_KEY"})
+        value, kind = await _call(
+            backend, {"base_url": server.base_url, "api_key_env": "MY_PROXY_KEY"}
+        )
         sent = _sent(server, header)
     assert kind is None and value.endswith("hello")
     assert sent == [f"Bearer {KEY}" if header == "authorization" else KEY]
@@ -103,7 +105,9 @@ async def test_a_local_server_that_needs_no_key_works_without_one(
         value, kind = await _call(backend, {"base_url": server.base_url})
         requests = list(server.requests)
     assert kind is None and value.endswith("hello")
-    assert [r.headers.get("authorization") or r.headers.get("x-api-key") for r in requests] == [None]
+    assert [r.headers.get("authorization") or r.headers.get("x-api-key") for r in requests] == [
+        None
+    ]
 
 
 @pytest.mark.parametrize(
@@ -134,7 +138,10 @@ def test_missing_or_contradictory_key_configuration_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
         resolve_key(ANTHROPIC_KEYS, environ={})
     # An explicit key goes wherever it is told to.
-    assert resolve_key(ANTHROPIC_KEYS, api_key=KEY, base_url="http://127.0.0.1:1", environ={}).key == KEY
+    assert (
+        resolve_key(ANTHROPIC_KEYS, api_key=KEY, base_url="http://127.0.0.1:1", environ={}).key
+        == KEY
+    )
 
 
 async def test_a_server_echoing_part_of_the_key_leaks_none_of_it(
@@ -148,7 +155,13 @@ async def test_a_server_echoing_part_of_the_key_leaks_none_of_it(
         Reply.error(401, f"Incorrect API key provided: {KEY[:10]}..."),
     ]
     with FakeOpenAIServer(replies=replies) as server:
-        kwargs = {"model_name": "m", "base_url": server.base_url, "api_key": KEY, **FAST, "max_attempts": 2}
+        kwargs = {
+            "model_name": "m",
+            "base_url": server.base_url,
+            "api_key": KEY,
+            **FAST,
+            "max_attempts": 2,
+        }
         async with Engine("openai", kwargs) as engine:
             wf = Workflow()
             first = wf.llm("one")

@@ -39,11 +39,20 @@ async def test_request_carries_sampling_arguments_and_extras() -> None:
         return httpx.Response(200, json=answer)
 
     provider = OpenAIProvider(
-        backend="openrouter", model_name="gpt-test", api_key=KEY,
-        transport=httpx.MockTransport(handler), extra_body={"user": "u1"},
+        backend="openrouter",
+        model_name="gpt-test",
+        api_key=KEY,
+        transport=httpx.MockTransport(handler),
+        extra_body={"user": "u1"},
     )
-    request = _request(temperature=0.2, top_p=0.9, max_tokens=64, seed=7, stop=("END",),
-                       extra={"reasoning_effort": "low"})
+    request = _request(
+        temperature=0.2,
+        top_p=0.9,
+        max_tokens=64,
+        seed=7,
+        stop=("END",),
+        extra={"reasoning_effort": "low"},
+    )
     response = await provider.complete(request)
     await provider.aclose()
 
@@ -54,7 +63,11 @@ async def test_request_carries_sampling_arguments_and_extras() -> None:
         "user": "u1",
         "model": "gpt-test",
         "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-        "temperature": 0.2, "top_p": 0.9, "max_tokens": 64, "seed": 7, "stop": ["END"],
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "max_tokens": 64,
+        "seed": 7,
+        "stop": ["END"],
         "reasoning_effort": "low",
     }
     assert response.content == "yo"
@@ -73,7 +86,9 @@ async def test_unset_sampling_arguments_are_not_sent() -> None:
         bodies.append(json.loads(request.content))
         return httpx.Response(200, json={"choices": [{"message": {"content": None}}]})
 
-    provider = OpenAIProvider(backend="vllm", model_name="m", transport=httpx.MockTransport(handler))
+    provider = OpenAIProvider(
+        backend="vllm", model_name="m", transport=httpx.MockTransport(handler)
+    )
     response = await provider.complete(_request())
     await provider.aclose()
     assert set(bodies[0]) == {"model", "messages"}
@@ -127,7 +142,9 @@ def test_repr_hides_the_key() -> None:
 
 
 async def test_workflow_over_real_http_sums_usage_and_cost() -> None:
-    with FakeOpenAIServer(lambda body: "R:" + last_user_message(body), cost_per_call=0.01) as server:
+    with FakeOpenAIServer(
+        lambda body: "R:" + last_user_message(body), cost_per_call=0.01
+    ) as server:
         async with Engine("openrouter", openai_kwargs(server)) as engine:
             wf = Workflow()
             refs = [wf.llm(f"question {i}", temperature=0.0) for i in range(5)]

@@ -13,9 +13,15 @@ from tests.support.http import KEY, openai_kwargs
 
 @pytest.mark.parametrize(
     ("backend", "model"),
-    [("openai", "gpt-5-mini-2025-08-07"), ("openrouter", "openai/gpt-5-mini"), ("openai", "gpt-5-mini")],
+    [
+        ("openai", "gpt-5-mini-2025-08-07"),
+        ("openrouter", "openai/gpt-5-mini"),
+        ("openai", "gpt-5-mini"),
+    ],
 )
-async def test_dated_and_vendor_ids_are_priced_as_their_base_model(backend: str, model: str) -> None:
+async def test_dated_and_vendor_ids_are_priced_as_their_base_model(
+    backend: str, model: str
+) -> None:
     with FakeOpenAIServer(lambda body: "x" * 400) as server:
         kwargs = openai_kwargs(server, model_name=model)
         async with Engine(backend, kwargs, max_budget=1.0) as engine:
@@ -31,8 +37,12 @@ async def test_dated_and_vendor_ids_are_priced_as_their_base_model(backend: str,
 
 @pytest.mark.parametrize(
     ("backend", "model"),
-    [("vllm", "llama3"), ("ollama", "qwen2.5:7b"), ("openrouter", "mistralai/unlisted-model"),
-     ("openai", "gpt-6-preview")],
+    [
+        ("vllm", "llama3"),
+        ("ollama", "qwen2.5:7b"),
+        ("openrouter", "mistralai/unlisted-model"),
+        ("openai", "gpt-6-preview"),
+    ],
 )
 def test_max_budget_with_an_unpriced_model_is_refused_naming_it_and_the_fix(
     backend: str, model: str
@@ -44,7 +54,12 @@ def test_max_budget_with_an_unpriced_model_is_refused_naming_it_and_the_fix(
     assert f"{model!r} (backend {backend!r})" in message
     assert "models={" in message and "input_usd_per_mtok" in message
     # Priced, it is accepted (0 for a free local model is a price).
-    RLM(backend, kwargs, max_budget=0.5, models={model: {"input_usd_per_mtok": 0, "output_usd_per_mtok": 0}})
+    RLM(
+        backend,
+        kwargs,
+        max_budget=0.5,
+        models={model: {"input_usd_per_mtok": 0, "output_usd_per_mtok": 0}},
+    )
     # Without max_budget nothing needs a price.
     RLM(backend, kwargs)
 
@@ -52,8 +67,13 @@ def test_max_budget_with_an_unpriced_model_is_refused_naming_it_and_the_fix(
 def test_every_model_calls_could_use_needs_a_price() -> None:
     main = {"model_name": "gpt-5-mini", "base_url": "http://127.0.0.1:9/v1", "api_key": KEY}
     with pytest.raises(ConfigError, match=r"'local-sub' \(backend 'vllm'\)"):
-        RLM("openai", main, other_backends=["vllm"], other_backend_kwargs=[{"model_name": "local-sub"}],
-            max_budget=1.0)
+        RLM(
+            "openai",
+            main,
+            other_backends=["vllm"],
+            other_backend_kwargs=[{"model_name": "local-sub"}],
+            max_budget=1.0,
+        )
     with pytest.raises(ConfigError, match=r"'gpt-9' \(backend 'openai'\)"):
         RLM("openai", main, allowed_models=["gpt-4o", "gpt-9"], max_budget=1.0)
     # Set per run, the budget is checked as well.
@@ -64,7 +84,9 @@ def test_every_model_calls_could_use_needs_a_price() -> None:
 
 async def test_a_workflow_naming_an_unpriced_model_fails_that_node_before_any_request() -> None:
     with FakeOpenAIServer() as server:
-        async with Engine("openai", openai_kwargs(server, model_name="gpt-5-mini"), max_budget=1.0) as engine:
+        async with Engine(
+            "openai", openai_kwargs(server, model_name="gpt-5-mini"), max_budget=1.0
+        ) as engine:
             wf = Workflow()
             priced = wf.llm("a")
             unpriced = wf.llm("b", model="homemade-model")

@@ -49,19 +49,24 @@ async def test_429_with_retry_after_waits_then_succeeds() -> None:
 async def test_429_retry_after_is_honoured_in_mock_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    answers = iter([
-        httpx.Response(429, headers={"Retry-After": "30"}, json={"error": {"message": "slow"}}),
-        httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]}),
-    ])
-    provider = OpenAIProvider(backend="vllm", model_name="m",
-                              transport=httpx.MockTransport(lambda r: next(answers)))
+    answers = iter(
+        [
+            httpx.Response(429, headers={"Retry-After": "30"}, json={"error": {"message": "slow"}}),
+            httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]}),
+        ]
+    )
+    provider = OpenAIProvider(
+        backend="vllm", model_name="m", transport=httpx.MockTransport(lambda r: next(answers))
+    )
     start = trio.current_time()
     assert await _complete(provider) == "ok"
     assert 30 <= trio.current_time() - start <= 30 * 1.25
 
 
 async def test_500_then_success() -> None:
-    with FakeOpenAIServer(replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), "ok"]) as server:
+    with FakeOpenAIServer(
+        replies=[Reply.error(500, "boom"), Reply.error(503, "busy"), "ok"]
+    ) as server:
         assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
     assert len(server.requests) == 3
 
@@ -113,7 +118,9 @@ async def test_401_fails_at_once_naming_the_key_and_quoting_the_server() -> None
     message = str(info.value)
     assert "401" in message and "API key" in message and "Incorrect API key provided" in message
     assert KEY not in message
-    assert info.value.__cause__ is None  # raised from None: no httpx.Request (with its headers) attached
+    assert (
+        info.value.__cause__ is None
+    )  # raised from None: no httpx.Request (with its headers) attached
 
 
 async def test_anthropic_401_fails_at_once() -> None:
@@ -151,8 +158,9 @@ async def test_400_is_not_retried() -> None:
 async def test_connection_refused_is_retried_then_explained() -> None:
     with FakeOpenAIServer() as server:
         url = server.base_url
-    provider = OpenAIProvider(backend="vllm", model_name="m", base_url=url,
-                              backoff_base=0.001, max_attempts=2)
+    provider = OpenAIProvider(
+        backend="vllm", model_name="m", base_url=url, backoff_base=0.001, max_attempts=2
+    )
     with pytest.raises(ProviderError, match="check base_url"):
         await _complete(provider)
 
@@ -173,9 +181,12 @@ def test_reset_headers() -> None:
     assert parse_duration("1x") is None
     now = 1_700_000_000.0
     assert retry_delay_from_headers({"retry-after-ms": "1500"}, now) == 1.5
-    assert retry_delay_from_headers(
-        {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "6m0s"}, now
-    ) == 360
+    assert (
+        retry_delay_from_headers(
+            {"x-ratelimit-reset-requests": "2s", "x-ratelimit-reset-tokens": "6m0s"}, now
+        )
+        == 360
+    )
     assert retry_delay_from_headers({"x-ratelimit-reset": str(now + 5)}, now) == pytest.approx(5)
     anthropic = {"anthropic-ratelimit-requests-reset": "2023-11-14T22:13:30Z"}
     assert retry_delay_from_headers(anthropic, now) == pytest.approx(10)

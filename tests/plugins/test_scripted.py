@@ -43,7 +43,9 @@ async def test_rules_match_the_last_user_message_first() -> None:
 
 
 async def test_match_all_sees_the_whole_conversation() -> None:
-    provider = ScriptedProvider(rules=[("SYSTEM-MARK", "root")], match="all", respond=lambda r: "sub")
+    provider = ScriptedProvider(
+        rules=[("SYSTEM-MARK", "root")], match="all", respond=lambda r: "sub"
+    )
     assert (await provider.complete(request("q", system="SYSTEM-MARK"))).content == "root"
     assert (await provider.complete(request("q"))).content == "sub"
 

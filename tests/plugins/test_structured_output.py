@@ -54,7 +54,8 @@ async def test_openai_sends_response_format_json_schema() -> None:
         "json_schema": {"name": "Fact", "schema": Fact.model_json_schema()},
     }
     assert tags_body["response_format"]["json_schema"]["schema"] == {
-        "type": "array", "items": {"type": "string"},
+        "type": "array",
+        "items": {"type": "string"},
     }
     assert "tools" not in fact_body
     # Root turns ask for no structured output.

@@ -18,7 +18,9 @@ def without_usage(text: str, body: dict[str, Any]) -> dict[str, Any]:
         "id": "chatcmpl-no-usage",
         "object": "chat.completion",
         "model": body.get("model", ""),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+        ],
     }
 
 
@@ -51,6 +53,10 @@ async def test_model_code_looping_over_a_usage_less_server_is_stopped_and_told_e
     assert result.stop_reason == "max_tokens"
     calls = [r for r in result.graph.records(NodeKind.LLM_CALL) if r.status == NodeStatus.OK]
     assert 1 <= len(calls) <= 10  # 20,000 tokens at 2,000 a call, not 50 calls
-    assert all(r.usage is not None and r.usage.estimated for r in result.graph.records(NodeKind.LLM_CALL) if r.usage)
+    assert all(
+        r.usage is not None and r.usage.estimated
+        for r in result.graph.records(NodeKind.LLM_CALL)
+        if r.usage
+    )
     summary = result.usage_summary.to_dict()["model_usage_summaries"]["gpt-test"]
     assert summary["estimated_calls"] == summary["total_calls"] >= 2

@@ -49,7 +49,9 @@ def test_lanes_never_overlap_and_count_the_peak_in_flight() -> None:
         by_lane.setdefault(lane, []).append((start, end))
     for spans in by_lane.values():
         spans.sort()
-        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
+        assert all(
+            a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)
+        )
     assert len(by_lane) == peak_concurrency(graph)
     assert [nodes["id"][i] for i in data["critical"]] == list(result.critical_path.nodes)
     assert {u["model"] for u in data["usage"]} == set(result.usage_summary.model_usage_summaries)
@@ -71,24 +73,43 @@ def test_the_page_is_one_file_that_fetches_nothing_and_cannot_be_broken_out_of()
     assert data is not None and json.loads(data.group(1))["title"] == "<b>title</b>"
 
 
-def test_report_command_reads_a_graph_json_and_a_trace_file(tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_command_reads_a_graph_json_and_a_trace_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     graph_file = tmp_path / "graph.json"
     graph_file.write_text(to_json(depth2_run().graph))
     out = tmp_path / "from-graph.html"
     assert main(["report", str(graph_file), "-o", str(out)]) == 0
     assert "nodes)" in capsys.readouterr().err and out.read_text().startswith("<!DOCTYPE html>")
     trace_dir = tmp_path / "traces"
-    assert main(["demo", "--size", "20000", "--latency", "0", "--out", str(tmp_path / "d.json"),
-                 "--trace", "file", "--trace-dir", str(trace_dir), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--size",
+                "20000",
+                "--latency",
+                "0",
+                "--out",
+                str(tmp_path / "d.json"),
+                "--trace",
+                "file",
+                "--trace-dir",
+                str(trace_dir),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     trace = next(trace_dir.glob("*.otlp.jsonl"))
     assert main(["report", str(trace), "-o", str(tmp_path / "from-trace.html")]) == 0
     data = _data(tmp_path / "from-trace.html")
     assert len(data["nodes"]["id"]) == len(json.loads((tmp_path / "d.json").read_text())["nodes"])
 
 
-def test_report_command_rejects_what_it_cannot_read(tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_command_rejects_what_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "notes.txt"
     bad.write_text("hello")
     assert main(["report", str(bad), "-o", str(tmp_path / "x.html")]) == 2
@@ -97,13 +118,30 @@ def test_report_command_rejects_what_it_cannot_read(tmp_path: Path,
     assert "Traceback" not in err and err.count("rlm-graph report:") == 2
 
 
-def test_demo_report_flag_writes_the_report_at_the_end(tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_report_flag_writes_the_report_at_the_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     target = tmp_path / "sub" / "run.html"
-    assert main(["demo", "--size", "20000", "--latency", "0", "--out", str(tmp_path / "d.json"),
-                 "--report", str(target)]) == 0
+    assert (
+        main(
+            [
+                "demo",
+                "--size",
+                "20000",
+                "--latency",
+                "0",
+                "--out",
+                str(tmp_path / "d.json"),
+                "--report",
+                str(target),
+            ]
+        )
+        == 0
+    )
     assert f"report written to {target}" in capsys.readouterr().err
-    assert len(_data(target)["nodes"]["id"]) == len(json.loads((tmp_path / "d.json").read_text())["nodes"])
+    assert len(_data(target)["nodes"]["id"]) == len(
+        json.loads((tmp_path / "d.json").read_text())["nodes"]
+    )
 
 
 def _data(path: Path) -> Any:
@@ -113,6 +151,7 @@ def _data(path: Path) -> Any:
 
 
 # -- in a real browser ---------------------------------------------------------------------
+
 
 @needs_chromium
 @pytest.mark.browser
@@ -138,18 +177,47 @@ def ten_thousand_nodes() -> Graph:
     t, previous = 0.0, None
     for turn in range(1, 101):
         turn_id = f"turn-{turn}"
-        graph.add(NodeRecord(id=turn_id, kind=NodeKind.ROOT_TURN, iteration=turn, status=NodeStatus.OK,
-                             start=t, end=t + 1.0, model="root"), after=[previous] if previous else [])
+        graph.add(
+            NodeRecord(
+                id=turn_id,
+                kind=NodeKind.ROOT_TURN,
+                iteration=turn,
+                status=NodeStatus.OK,
+                start=t,
+                end=t + 1.0,
+                model="root",
+            ),
+            after=[previous] if previous else [],
+        )
         block = f"{turn_id}/block-1"
-        graph.add(NodeRecord(id=block, kind=NodeKind.REPL_BLOCK, iteration=turn, status=NodeStatus.OK,
-                             start=t + 1.0, end=t + 3.0), after=[turn_id])
+        graph.add(
+            NodeRecord(
+                id=block,
+                kind=NodeKind.REPL_BLOCK,
+                iteration=turn,
+                status=NodeStatus.OK,
+                start=t + 1.0,
+                end=t + 3.0,
+            ),
+            after=[turn_id],
+        )
         for slot in range(98):
             status = NodeStatus.ERROR if slot == 97 else NodeStatus.OK
-            graph.add(NodeRecord(id=f"{block}/llm-1.{slot}", kind=NodeKind.LLM_CALL, depth=1,
-                                 status=status, start=t + 1.0 + slot % 16 * 0.1,
-                                 end=t + 1.5 + slot % 16 * 0.1, model="sub",
-                                 error="boom" if status == NodeStatus.ERROR else None,
-                                 input_preview="x" * 200, output_preview="y" * 200), parent=block)
+            graph.add(
+                NodeRecord(
+                    id=f"{block}/llm-1.{slot}",
+                    kind=NodeKind.LLM_CALL,
+                    depth=1,
+                    status=status,
+                    start=t + 1.0 + slot % 16 * 0.1,
+                    end=t + 1.5 + slot % 16 * 0.1,
+                    model="sub",
+                    error="boom" if status == NodeStatus.ERROR else None,
+                    input_preview="x" * 200,
+                    output_preview="y" * 200,
+                ),
+                parent=block,
+            )
         t += 3.0
         previous = block
     return graph
@@ -181,9 +249,24 @@ def test_run_report_flag_writes_the_report_even_when_the_provider_fails(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-report-test")
     replies = ["```repl\nprint(len(context))\n```", Reply(400, "this request is malformed")]
     with FakeOpenAIServer(replies=replies) as server:
-        code = main(["run", "--context", str(context), "--query", "q?", "--model", "m",
-                     "--base-url", server.base_url, "--environment", "local",
-                     "--report", str(target), "--quiet"])
+        code = main(
+            [
+                "run",
+                "--context",
+                str(context),
+                "--query",
+                "q?",
+                "--model",
+                "m",
+                "--base-url",
+                server.base_url,
+                "--environment",
+                "local",
+                "--report",
+                str(target),
+                "--quiet",
+            ]
+        )
     assert code == 4
     assert f"report written to {target}" in capsys.readouterr().err
     data = _data(target)

@@ -188,8 +188,10 @@ def test_cancelling_the_asyncio_task_cancels_the_run() -> None:
     sub_latency = 600.0  # a sub-call that would hang the test if not cancelled
     rlm = RLM(
         "scripted",
-        {"respond": root_and_sub([repl("FINAL(llm_query('slow'))")]),
-         "latency": lambda r: 0.0 if is_root_turn(r) else sub_latency},
+        {
+            "respond": root_and_sub([repl("FINAL(llm_query('slow'))")]),
+            "latency": lambda r: 0.0 if is_root_turn(r) else sub_latency,
+        },
         observers=[statuses],
     )
 
@@ -217,8 +219,10 @@ def test_asyncio_wait_for_times_out_the_run() -> None:
     statuses = Statuses()
     rlm = RLM(
         "scripted",
-        {"respond": root_and_sub([repl("FINAL(llm_query('slow'))")]),
-         "latency": lambda r: 0.0 if is_root_turn(r) else 600.0},
+        {
+            "respond": root_and_sub([repl("FINAL(llm_query('slow'))")]),
+            "latency": lambda r: 0.0 if is_root_turn(r) else 600.0,
+        },
         observers=[statuses],
     )
 

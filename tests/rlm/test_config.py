@@ -60,11 +60,16 @@ def test_model_tables_from_two_plugins_merge_field_by_field() -> None:
         ({"max_iterations": True}, "max_iterations"),
         ({"environment_kwargs": {"bogus": 1}}, "does not take environment_kwargs \\['bogus'\\]"),
         ({"environment_kwargs": {"timeout": -1}}, "timeout must be a positive"),
-        ({"environment": "subprocess", "environment_kwargs": {"memory_limit_mb": "lots"}}, "memory_limit_mb"),
+        (
+            {"environment": "subprocess", "environment_kwargs": {"memory_limit_mb": "lots"}},
+            "memory_limit_mb",
+        ),
         ({"backend_kwargs": {"rules": {"x": "y"}}}, "rules must be a list"),
     ],
 )
-def test_bad_input_is_refused_when_the_rlm_is_built(kwargs: dict[str, object], message: str) -> None:
+def test_bad_input_is_refused_when_the_rlm_is_built(
+    kwargs: dict[str, object], message: str
+) -> None:
     backend_kwargs = kwargs.pop("backend_kwargs", {"responses": []})
     with pytest.raises(ConfigError, match=message):
         RLM("scripted", backend_kwargs, **kwargs)  # type: ignore[arg-type]
@@ -93,7 +98,9 @@ def test_ctrl_c_reaches_the_caller_as_a_plain_keyboard_interrupt() -> None:
             print("KeyboardInterrupt")
         """
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
     assert done.stdout.strip() == "KeyboardInterrupt", done.stderr
 
 
@@ -118,7 +125,11 @@ def test_reference_keywords_sampling_args_and_iteration_callbacks() -> None:
     )
     assert engine.completion("ctx").response == "sub"
     root, sub = seen
-    assert (root.temperature, root.max_tokens, dict(root.extra)) == (0.2, 50, {"reasoning_effort": "low"})
+    assert (root.temperature, root.max_tokens, dict(root.extra)) == (
+        0.2,
+        50,
+        {"reasoning_effort": "low"},
+    )
     assert sub.temperature == 0.9 and sub.max_tokens is None
     assert turns == [("start", 0, 1), ("end", 0, 1)]
     with pytest.raises(ConfigError, match="sampling_args: temperature"):

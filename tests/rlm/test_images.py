@@ -79,7 +79,9 @@ async def test_a_hostile_guest_cannot_pass_a_non_image_as_one() -> None:
 
 async def test_the_direct_path_sends_a_context_list_with_its_images() -> None:
     rlm = RLM(
-        "scripted", {"respond": seen}, direct_if_fits=True,
+        "scripted",
+        {"respond": seen},
+        direct_if_fits=True,
         models={"scripted": {"context_window": 10_000}},
     )
     result = await rlm.acompletion(["a caption", Image.from_bytes(PNG)], root_prompt="what?")

@@ -27,7 +27,11 @@ async def test_max_timeout_stops_a_block_that_never_ends(
     spins = [0]
     engine = RLM(
         "scripted",
-        {"respond": root_and_sub([repl('answer["content"] = "partial: 41"\nwhile True:\n    SPINS[0] += 1')])},
+        {
+            "respond": root_and_sub(
+                [repl('answer["content"] = "partial: 41"\nwhile True:\n    SPINS[0] += 1')]
+            )
+        },
         max_timeout=30,
         custom_tools={"SPINS": spins},
     )
@@ -77,7 +81,11 @@ async def test_max_tokens_stops_the_tree_mid_block() -> None:
     assert result.response == "so far: 3 chunks"
     calls = list(result.graph.records(NodeKind.LLM_CALL))
     assert 3 <= len(calls) < 100  # stopped during the block, not after it
-    spent = sum(r.usage.total_tokens for r in result.graph.records() if r.usage and r.kind != NodeKind.RLM_CALL)
+    spent = sum(
+        r.usage.total_tokens
+        for r in result.graph.records()
+        if r.usage and r.kind != NodeKind.RLM_CALL
+    )
     assert spent > 2_000
     assert spent < 2_000 + 200  # at most the call that crossed the line
 
@@ -122,7 +130,11 @@ async def test_max_errors_stops_after_consecutive_failing_turns() -> None:
 async def test_on_limit_raise_carries_the_partial_answer() -> None:
     engine = RLM(
         "scripted",
-        {"respond": root_and_sub([repl('answer["content"] = "p"\nllm_query("x" * 4000)\nFINAL("no")')])},
+        {
+            "respond": root_and_sub(
+                [repl('answer["content"] = "p"\nllm_query("x" * 4000)\nFINAL("no")')]
+            )
+        },
         max_tokens=1_500,
         on_limit="raise",
     )
@@ -146,7 +158,10 @@ async def test_cancelling_a_completion_cancels_every_unfinished_node(
 
     engine = RLM(
         "scripted",
-        {"respond": root_and_sub([repl("r = llm_query_batched(['q'] * 8)\nFINAL('x')")]), "latency": 5},
+        {
+            "respond": root_and_sub([repl("r = llm_query_batched(['q'] * 8)\nFINAL('x')")]),
+            "latency": 5,
+        },
         observers=[Capture()],
     )
     with trio.move_on_after(7):

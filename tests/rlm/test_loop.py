@@ -21,16 +21,23 @@ def rlm(root: object, sub: object = None, **kwargs: object) -> RLM:
 
 
 async def test_answer_by_the_answer_dict() -> None:
-    engine = rlm([
-        repl("print(len(context))"),
-        repl('answer["content"] = context.upper()\nanswer["ready"] = True'),
-    ])
+    engine = rlm(
+        [
+            repl("print(len(context))"),
+            repl('answer["content"] = context.upper()\nanswer["ready"] = True'),
+        ]
+    )
     result = await engine.acompletion("hello world", root_prompt="shout it")
     assert result.response == "HELLO WORLD"
     assert result.stop_reason is None
     assert result.iterations == 2
     kinds = [r.kind for r in result.graph.records()]
-    assert kinds == [NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK, NodeKind.ROOT_TURN, NodeKind.REPL_BLOCK]
+    assert kinds == [
+        NodeKind.ROOT_TURN,
+        NodeKind.REPL_BLOCK,
+        NodeKind.ROOT_TURN,
+        NodeKind.REPL_BLOCK,
+    ]
     # The model saw what its first block printed.
     second_turn = scripted(engine).requests[1]
     assert "REPL output:\n11" in second_turn.messages[-1].content
@@ -154,14 +161,19 @@ async def test_a_reply_without_code_is_told_so() -> None:
 
 
 async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
-    engine = rlm([
-        repl("llm_query = lambda p: 'hijacked'\ncontext = 'gone'"),
-        repl("FINAL(llm_query('q') + ' ' + context)"),
-    ])
+    engine = rlm(
+        [
+            repl("llm_query = lambda p: 'hijacked'\ncontext = 'gone'"),
+            repl("FINAL(llm_query('q') + ' ' + context)"),
+        ]
+    )
     result = await engine.acompletion("original")
     assert result.response == "sub:q original"
     feedback = scripted(engine).requests[1].messages[-1].content
-    assert "llm_query, context are part of the REPL protocol or your tools and was restored" in feedback
+    assert (
+        "llm_query, context are part of the REPL protocol or your tools and was restored"
+        in feedback
+    )
 
 
 async def test_a_custom_tool_overwritten_by_model_code_is_restored() -> None:
@@ -198,7 +210,9 @@ def test_sync_completion_returns_the_reference_result_shape() -> None:
     assert result.execution_time > 0
     usage = result.usage_summary.model_usage_summaries["root-model"]
     assert usage.total_calls == 1 and usage.total_input_tokens > 0
-    assert result.to_dict()["usage_summary"]["model_usage_summaries"]["root-model"]["total_calls"] == 1
+    assert (
+        result.to_dict()["usage_summary"]["model_usage_summaries"]["root-model"]["total_calls"] == 1
+    )
 
 
 @pytest.mark.parametrize(

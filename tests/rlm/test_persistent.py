@@ -60,7 +60,10 @@ def test_a_persistent_session_refuses_a_second_completion_from_another_thread() 
     release = threading.Event()
 
     def respond(request: ChatRequest) -> str:
-        if "`context_1`" in request.messages[1].content or "`context`" not in request.messages[1].content:
+        if (
+            "`context_1`" in request.messages[1].content
+            or "`context`" not in request.messages[1].content
+        ):
             return repl("FINAL('later')")
         started.set()
         release.wait(10)  # hold the first completion (on the scripted provider's call)

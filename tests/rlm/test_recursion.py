@@ -39,7 +39,9 @@ async def test_rlm_query_runs_a_child_completion_with_its_own_repl() -> None:
     assert result.response == "child saw: child task"
     rlm_call = next(result.graph.records(NodeKind.RLM_CALL))
     assert rlm_call.depth == 1
-    child_turns = [r for r in result.graph.records(NodeKind.ROOT_TURN) if r.completion == rlm_call.id]
+    child_turns = [
+        r for r in result.graph.records(NodeKind.ROOT_TURN) if r.completion == rlm_call.id
+    ]
     assert len(child_turns) == 1 and child_turns[0].depth == 1
     assert rlm_call.id in set(result.graph.predecessors(child_turns[0].id, kind="spawn"))
 
@@ -138,7 +140,9 @@ def test_concurrent_children_never_see_each_others_output() -> None:
             return "sub"
         if request.depth == 0:
             if turn_number(request) == 1:
-                return repl("r = rlm_query_batched([f'child-{i}' for i in range(8)])\nFINAL(','.join(r))")
+                return repl(
+                    "r = rlm_query_batched([f'child-{i}' for i in range(8)])\nFINAL(','.join(r))"
+                )
             return repl("FINAL('x')")
         if turn_number(request) == 1:
             return repl(child_code.replace("FINAL('ok')", "pass"))

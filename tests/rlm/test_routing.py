@@ -22,7 +22,11 @@ def test_sub_calls_go_to_the_first_other_backend_and_named_models_to_theirs() ->
 
     engine = RLM(
         "scripted",
-        {"model_name": "root-model", "respond": root, "rules": [("unknown", lambda r: f"root-served:{r.model}")]},
+        {
+            "model_name": "root-model",
+            "respond": root,
+            "rules": [("unknown", lambda r: f"root-served:{r.model}")],
+        },
         other_backends=["scripted", "scripted"],
         other_backend_kwargs=[
             {"model_name": "cheap-model", "respond": lambda r: f"cheap:{r.prompt}"},
@@ -33,7 +37,11 @@ def test_sub_calls_go_to_the_first_other_backend_and_named_models_to_theirs() ->
     result = engine.completion("ctx")
     assert result.response == "cheap:plain | big:pick big | root-served:some-other-model"
     models = {r.input_preview: r.model for r in result.graph.records(NodeKind.LLM_CALL)}
-    assert models == {"plain": "cheap-model", "pick big": "big-model", "unknown": "some-other-model"}
+    assert models == {
+        "plain": "cheap-model",
+        "pick big": "big-model",
+        "unknown": "some-other-model",
+    }
     usage = result.usage_summary.model_usage_summaries
     assert set(usage) == {"root-model", "cheap-model", "big-model", "some-other-model"}
     assert usage["root-model"].total_calls == 1
@@ -69,7 +77,12 @@ def test_model_code_cannot_name_a_model_nobody_configured() -> None:
     )
     result = rlm.completion("ctx")
     a, b, c, d = eval(result.response)  # the REPL's repr of the four results
-    for slot, name in [(a, "gpt-5-pro"), (b[0], "o3-pro"), (b[1], "o3-pro"), (c, "claude-opus-4-1")]:
+    for slot, name in [
+        (a, "gpt-5-pro"),
+        (b[0], "o3-pro"),
+        (b[1], "o3-pro"),
+        (c, "claude-opus-4-1"),
+    ]:
         assert slot.startswith("[ERROR] ConfigError: ")
         assert f"model={name!r}" in slot and "'root-model', 'cheap-model'" in slot
         assert "allowed_models" in slot
@@ -81,5 +94,7 @@ def test_model_code_cannot_name_a_model_nobody_configured() -> None:
 
 
 def test_allowed_models_must_be_a_list_of_names() -> None:
-    with pytest.raises(ConfigError, match=r"allowed_models must be a list of model names, e.g. \['m'\]"):
+    with pytest.raises(
+        ConfigError, match=r"allowed_models must be a list of model names, e.g. \['m'\]"
+    ):
         RLM("scripted", allowed_models="m")  # type: ignore[arg-type]

@@ -46,7 +46,9 @@ async def test_a_schema_answered_right_the_first_time() -> None:
 
 
 async def test_a_pydantic_instance_or_json_text_in_answer_content_both_count() -> None:
-    as_text = rlm([repl('answer["content"] = \'{"name": "Bo", "age": "7"}\'\nanswer["ready"] = True')])
+    as_text = rlm(
+        [repl('answer["content"] = \'{"name": "Bo", "age": "7"}\'\nanswer["ready"] = True')]
+    )
     result = await as_text.acompletion("ctx", schema=Person)
     assert result.parsed == Person(name="Bo", age=7)
     # A model that builds the value with a class of its own: its JSON is what counts.
@@ -61,10 +63,12 @@ async def test_a_pydantic_instance_or_json_text_in_answer_content_both_count() -
 
 
 async def test_a_wrong_answer_goes_back_as_the_block_error_and_is_corrected() -> None:
-    engine = rlm([
-        repl('FINAL({"name": "Ada", "age": "forty-one"})'),
-        repl('FINAL({"name": "Ada", "age": 41})'),
-    ])
+    engine = rlm(
+        [
+            repl('FINAL({"name": "Ada", "age": "forty-one"})'),
+            repl('FINAL({"name": "Ada", "age": 41})'),
+        ]
+    )
     result = await engine.acompletion("Ada Lovelace", schema=Person)
     assert result.parsed == Person(name="Ada", age=41)
     assert result.iterations == 2 and result.error is None
@@ -77,11 +81,13 @@ async def test_a_wrong_answer_goes_back_as_the_block_error_and_is_corrected() ->
 
 
 async def test_a_refused_answer_is_reset_so_a_later_block_does_not_finish_with_it() -> None:
-    engine = rlm([
-        repl('answer["content"] = {"name": "Ada"}\nanswer["ready"] = True'),
-        repl("print(answer)"),
-        repl('FINAL({"name": "Ada", "age": 1})'),
-    ])
+    engine = rlm(
+        [
+            repl('answer["content"] = {"name": "Ada"}\nanswer["ready"] = True'),
+            repl("print(answer)"),
+            repl('FINAL({"name": "Ada", "age": 1})'),
+        ]
+    )
     result = await engine.acompletion("ctx", schema=Person)
     assert result.iterations == 3
     assert result.parsed == Person(name="Ada", age=1)
@@ -165,8 +171,11 @@ async def test_max_depth_0_answers_typed_in_one_call() -> None:
 
 async def test_bad_schemas_are_config_errors() -> None:
     engine = rlm([repl("FINAL(1)")])
-    for bad, words in [(3, "is a value"), ({"type": "nonsense"}, "not a valid JSON Schema"),
-                       (object(), "not a shape")]:
+    for bad, words in [
+        (3, "is a value"),
+        ({"type": "nonsense"}, "not a valid JSON Schema"),
+        (object(), "not a shape"),
+    ]:
         with pytest.raises(ConfigError, match=words):
             await engine.acompletion("ctx", schema=bad)
 
@@ -189,12 +198,18 @@ def test_sync_completion_takes_a_schema() -> None:
 async def test_the_subprocess_environment_sends_the_final_value_as_json() -> None:
     engine = RLM(
         "scripted",
-        {"respond": root_and_sub([
-            repl('FINAL({"name": "Ada", "age": "x"})'),
-            repl("from pydantic import BaseModel\n"
-                 "class P(BaseModel):\n    name: str\n    age: int\n"
-                 'answer["content"] = P(name="Ada", age=36)\nanswer["ready"] = True'),
-        ])},
+        {
+            "respond": root_and_sub(
+                [
+                    repl('FINAL({"name": "Ada", "age": "x"})'),
+                    repl(
+                        "from pydantic import BaseModel\n"
+                        "class P(BaseModel):\n    name: str\n    age: int\n"
+                        'answer["content"] = P(name="Ada", age=36)\nanswer["ready"] = True'
+                    ),
+                ]
+            )
+        },
         environment="subprocess",
     )
     result = await engine.acompletion("ctx", schema=Person)

@@ -197,7 +197,9 @@ async def test_the_provider_s_direct_path_has_a_read_timeout() -> None:
         return False
 
     async with raw_server(handler) as (port, _):
-        provider = OpenAIProvider(backend="vllm", model_name="m", base_url=f"http://127.0.0.1:{port}")
+        provider = OpenAIProvider(
+            backend="vllm", model_name="m", base_url=f"http://127.0.0.1:{port}"
+        )
         loop = provider._get_client()
         assert loop.lean is not None  # the lean transport, called without the client
         try:
@@ -260,10 +262,26 @@ def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         pytest.skip("openssl is needed to make a throw-away certificate")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server.load_cert_chain(cert, key)
@@ -292,8 +310,13 @@ async def test_https_over_tls(tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -
 
 async def test_provider_over_the_lean_transport() -> None:
     with FakeOpenAIServer(latency=0.01) as server:
-        provider = OpenAIProvider(backend="vllm", model_name="m", base_url=server.base_url,
-                                  http_transport="lean", max_concurrent=4)
+        provider = OpenAIProvider(
+            backend="vllm",
+            model_name="m",
+            base_url=server.base_url,
+            http_transport="lean",
+            max_concurrent=4,
+        )
         from rlm_graph.contracts import ChatRequest, Message
 
         request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")

@@ -106,9 +106,7 @@ async def test_two_concurrent_batches_share_the_provider_limit(
             call = ModelCall(run, record, [Message(role="user", content=prompt)])
             return await run.execute(record, call.text)
 
-        outputs[name] = await run_slots(
-            [f"{name}{i}" for i in range(16)], one, limit=16
-        )
+        outputs[name] = await run_slots([f"{name}{i}" for i in range(16)], one, limit=16)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(batch, "a")

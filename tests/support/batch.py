@@ -32,7 +32,11 @@ answer["ready"] = True
 
 def items(n: int, *, fail: tuple[int, ...] = ()) -> list[dict[str, Any]]:
     return [
-        {"id": f"item-{i}", "context": f"ctx{i}", "query": f"question item-no-{i}." + (f" {FAIL}" if i in fail else "")}
+        {
+            "id": f"item-{i}",
+            "context": f"ctx{i}",
+            "query": f"question item-no-{i}." + (f" {FAIL}" if i in fail else ""),
+        }
         for i in range(n)
     ]
 
@@ -96,9 +100,20 @@ def write_items(path: Path, batch: list[dict[str, object]]) -> None:
 
 def cli_args(server: BatchServer, tmp_path: Path, *extra: str) -> list[str]:
     return [
-        "batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out.jsonl"),
-        "--model", "gpt-test", "--base-url", server.base_url, "--api-key-env", "OPENAI_API_KEY",
-        "--max-concurrent", "3", *extra,
+        "batch",
+        "--input",
+        str(tmp_path / "in.jsonl"),
+        "--output",
+        str(tmp_path / "out.jsonl"),
+        "--model",
+        "gpt-test",
+        "--base-url",
+        server.base_url,
+        "--api-key-env",
+        "OPENAI_API_KEY",
+        "--max-concurrent",
+        "3",
+        *extra,
     ]
 
 
@@ -118,8 +133,11 @@ def start_cli(server: BatchServer, tmp_path: Path, *extra: str) -> subprocess.Po
     scratch.mkdir(exist_ok=True)
     env = {**os.environ, "OPENAI_API_KEY": KEY, "TMPDIR": str(scratch)}
     return subprocess.Popen(
-        [sys.executable, "-m", "rlm_graph.cli", *args], env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "rlm_graph.cli", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 
@@ -132,7 +150,9 @@ def wait_for_lines(path: Path, count: int, proc: subprocess.Popen[str]) -> None:
     raise AssertionError(f"the batch never wrote {count} lines (exit {proc.poll()})")
 
 
-def kill_and_resume(server: BatchServer, tmp_path: Path, n: int, *extra: str) -> list[dict[str, object]]:
+def kill_and_resume(
+    server: BatchServer, tmp_path: Path, n: int, *extra: str
+) -> list[dict[str, object]]:
     """Start the CLI, SIGKILL it once some items are written, rerun it to the end; return
     the output lines. Checks that the rerun never asked again for an item already written."""
     write_items(tmp_path / "in.jsonl", items(n))

@@ -16,22 +16,38 @@ __all__ = ["CHROMIUM", "needs_chromium", "open_in_chromium"]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and os.environ.get("CI"):
-    raise RuntimeError("CI must have chromium for the report's browser tests: `make test` installs it")
+    raise RuntimeError(
+        "CI must have chromium for the report's browser tests: `make test` installs it"
+    )
 needs_chromium = pytest.mark.skipif(
     CHROMIUM is None,
     reason="no chromium on this machine (`make test` installs Debian's package when missing)",
 )
 
 
-def open_in_chromium(page: Path, tmp_path: Path, fragment: str = "") -> tuple[dict[str, str], list[str]]:
+def open_in_chromium(
+    page: Path, tmp_path: Path, fragment: str = ""
+) -> tuple[dict[str, str], list[str]]:
     """Load ``page`` in headless Chromium; return <body>'s attributes once the page's
     script has run, and the console messages (errors included) it logged."""
     assert CHROMIUM is not None
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--enable-logging=stderr", "--v=0", f"--user-data-dir={tmp_path / 'profile'}",
-         "--dump-dom", page.resolve().as_uri() + fragment],
-        capture_output=True, text=True, timeout=180, check=False,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            page.resolve().as_uri() + fragment,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", done.stdout)

@@ -25,19 +25,35 @@ ITEMS: list[dict[str, Any]] = [
     {"id": "c1", "answer": "B", "answer_type": "choice"},
 ]
 
-ORACLE = {"n1": "Answer: 3", "n2": "Answer: 5", "n3": "Answer: 7", "p1": "[[1, 2], [1, 3], [2, 3]]",
-          "e1": "4821337", "c1": "The correct answer is (B)"}
-CONSTANT = {"numeric": "Answer: 3", "pairs": "[[2, 1], [2, 4]]", "exact": "1234567",
-            "choice": "The correct answer is (A)"}
+ORACLE = {
+    "n1": "Answer: 3",
+    "n2": "Answer: 5",
+    "n3": "Answer: 7",
+    "p1": "[[1, 2], [1, 3], [2, 3]]",
+    "e1": "4821337",
+    "c1": "The correct answer is (B)",
+}
+CONSTANT = {
+    "numeric": "Answer: 3",
+    "pairs": "[[2, 1], [2, 4]]",
+    "exact": "1234567",
+    "choice": "The correct answer is (A)",
+}
 # What the constant answers score, by hand: 0.75 ** |y - 3| and F1 = 2 * (1/2 * 1/3) / (1/2 + 1/3).
 CONSTANT_SCORES = {"n1": 1.0, "n2": 0.75**2, "n3": 0.75**4, "p1": 0.4, "e1": 0.0, "c1": 0.0}
 
 
-def items(*, fail: tuple[str, ...] = (), context: str = "the context of {id}") -> list[dict[str, Any]]:
+def items(
+    *, fail: tuple[str, ...] = (), context: str = "the context of {id}"
+) -> list[dict[str, Any]]:
     """The data set; an item in ``fail`` gets the marker that makes the server refuse it."""
     return [
-        {**item, "question": f"[item:{item['id']}] What is asked?" + (f" {FAIL}" if item["id"] in fail else ""),
-         "context": context.format(id=item["id"])}
+        {
+            **item,
+            "question": f"[item:{item['id']}] What is asked?"
+            + (f" {FAIL}" if item["id"] in fail else ""),
+            "context": context.format(id=item["id"]),
+        }
         for item in ITEMS
     ]
 
@@ -55,8 +71,9 @@ class EvalServer(FakeOpenAIServer):
     ``turns`` > 1 the root model looks at the context in the turns before the last.
     """
 
-    def __init__(self, *, constant: bool = False, root_code: str | None = None, turns: int = 1,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *, constant: bool = False, root_code: str | None = None, turns: int = 1, **kwargs: Any
+    ) -> None:
         super().__init__(self._respond, **kwargs)
         self.constant = constant
         self.root_code = root_code
@@ -82,7 +99,10 @@ class EvalServer(FakeOpenAIServer):
             turn = 1 + sum(1 for m in body["messages"] if m.get("role") == "assistant")
             if turn < self.turns:
                 return "```repl\nprint(context[:20])\n```"
-            code = self.root_code or f"answer['content'] = {self.reply_for(item_id)!r}\nanswer['ready'] = True"
+            code = (
+                self.root_code
+                or f"answer['content'] = {self.reply_for(item_id)!r}\nanswer['ready'] = True"
+            )
             return f"```repl\n{code}\n```"
         if "Rewrite your notes" in last_user_message(body):
             return f"notes on [item:{item_id}]"
@@ -90,6 +110,12 @@ class EvalServer(FakeOpenAIServer):
 
 
 def rlm_kwargs(server: FakeOpenAIServer, **extra: Any) -> dict[str, Any]:
-    backend = {"model_name": MODEL, "base_url": server.base_url, "api_key": KEY, "max_concurrent": 4,
-               "backoff_base": 0.001, "timeout": 10.0}
+    backend = {
+        "model_name": MODEL,
+        "base_url": server.base_url,
+        "api_key": KEY,
+        "max_concurrent": 4,
+        "backoff_base": 0.001,
+        "timeout": 10.0,
+    }
     return {"backend": "openai", "backend_kwargs": backend, "environment": "local", **extra}

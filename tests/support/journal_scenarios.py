@@ -22,7 +22,13 @@ PER_CHILD = 25
 FLAT_ROOT = f"parts = llm_query_batched([f'q{{i}}' for i in range({BATCH})])"
 DEPTH2_ROOT = f"parts = rlm_query_batched([f'doc{{i}}' for i in range({CHILDREN})])"
 CHILD = f"parts = llm_query_batched([context + f'/q{{j}}' for j in range({PER_CHILD})])"
-COUNTED = {NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.RLM_CALL, NodeKind.COMPACTION, NodeKind.FUNCTION}
+COUNTED = {
+    NodeKind.ROOT_TURN,
+    NodeKind.LLM_CALL,
+    NodeKind.RLM_CALL,
+    NodeKind.COMPACTION,
+    NodeKind.FUNCTION,
+}
 
 
 def repl(code: str) -> str:
@@ -50,7 +56,13 @@ def respond(body: dict[str, Any]) -> str:
 def rlm(base_url: str, journal: str | None, mode: str) -> RLM:
     return RLM(
         "openai",
-        {"model_name": "m", "base_url": base_url, "api_key": "sk-test", "max_concurrent": 16, "timeout": 30.0},
+        {
+            "model_name": "m",
+            "base_url": base_url,
+            "api_key": "sk-test",
+            "max_concurrent": 16,
+            "timeout": 30.0,
+        },
         max_depth=2 if mode == "depth2" else 1,
         batch_max_concurrent=16,
         journal=journal,
@@ -68,20 +80,27 @@ def workflow() -> Workflow:
 def run(mode: str, base_url: str, journal: str | None) -> dict[str, Any]:
     """Run scenario ``mode``; the answer, the replay summary, and the counted nodes."""
     if mode == "workflow":
-        engine = Engine("openai", {"model_name": "m", "base_url": base_url, "api_key": "sk-test", "max_concurrent": 16})
+        engine = Engine(
+            "openai",
+            {"model_name": "m", "base_url": base_url, "api_key": "sk-test", "max_concurrent": 16},
+        )
         result = engine.run(workflow(), journal=journal)
         answer = f"{result['reduce']}#{result['final']}"
         graph, replay = result.graph, result.replay
     else:
-        done = rlm(base_url, journal, mode).completion("crash-" + mode, root_prompt="join the answers")
+        done = rlm(base_url, journal, mode).completion(
+            "crash-" + mode, root_prompt="join the answers"
+        )
         answer, graph, replay = done.response, done.graph, done.replay
     return {
         "answer": answer,
         "replay": replay.model_dump() if replay is not None else None,
         "counted": sum(1 for r in graph.records() if r.kind in COUNTED),
         "live_model_calls": sum(
-            1 for r in graph.records()
-            if r.kind in (NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.COMPACTION) and not r.replayed
+            1
+            for r in graph.records()
+            if r.kind in (NodeKind.ROOT_TURN, NodeKind.LLM_CALL, NodeKind.COMPACTION)
+            and not r.replayed
         ),
     }
 

@@ -90,14 +90,18 @@ class ReadableEngine:
     def _copy_project(self) -> None:
         # The project as it is in this checkout (an editable install's files are links
         # to it), and a dist-info with its entry points, which is how plugins are found.
-        points = [p for p in metadata.entry_points(group="rlm_graph")
-                  if p.dist is not None and _canonical(p.dist.name) == PROJECT]
+        points = [
+            p
+            for p in metadata.entry_points(group="rlm_graph")
+            if p.dist is not None and _canonical(p.dist.name) == PROJECT
+        ]
         modules = {"rlm_graph", *(p.value.split(":")[0].split(".")[0] for p in points)}
         for module in sorted(modules):
             spec = importlib.util.find_spec(module)
             assert spec is not None and spec.submodule_search_locations, module
             shutil.copytree(
-                next(iter(spec.submodule_search_locations)), self.site / module,
+                next(iter(spec.submodule_search_locations)),
+                self.site / module,
                 ignore=shutil.ignore_patterns("__pycache__"),
             )
         dist = metadata.distribution(PROJECT)
@@ -139,8 +143,13 @@ def probe(command: Sequence[str], engine: ReadableEngine, file: str) -> str | No
     check = f"import rlm_graph.cli, rlm_graph_subprocess; open({engine.path(file)!r}).close()"
     try:
         done = subprocess.run(
-            [*command, "-c", check], env={**os.environ, "PYTHONPATH": str(engine.site)},
-            cwd="/", capture_output=True, text=True, timeout=60, check=False,
+            [*command, "-c", check],
+            env={**os.environ, "PYTHONPATH": str(engine.site)},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
     except OSError as exc:
         return f"{command[-1]}: {exc}"

@@ -144,6 +144,7 @@ async def test_both_formats_read_back_to_the_same_spans_and_graph(
     jaeger, otlp = files(exporter)
     from_jaeger, from_otlp = load_trace(jaeger), load_trace(otlp)
     assert len(from_jaeger) == len(memory.spans)
+
     def key(s: Any) -> tuple[Any, ...]:
         return (s.span_id, s.parent_id, s.name, s.start_us, s.duration_us, s.links, s.status)
 

@@ -70,8 +70,11 @@ def test_the_applications_global_provider_is_used_and_otel_variables_build_nothi
     (the console exporter would print to stderr)."""
     env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     done = subprocess.run(
-        [sys.executable, "-c", GLOBAL_PROVIDER_SCRIPT], capture_output=True, text=True,
-        timeout=60, env={**_plain_env(), **env},
+        [sys.executable, "-c", GLOBAL_PROVIDER_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_plain_env(), **env},
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
@@ -94,7 +97,8 @@ def test_under_asyncio_the_run_nests_under_the_callers_span(memory: Memory) -> N
     from rlm_graph import RLM
 
     rlm = RLM(
-        "scripted", {"respond": lambda r: "```repl\nFINAL('ok')\n```"},
+        "scripted",
+        {"respond": lambda r: "```repl\nFINAL('ok')\n```"},
         tracer_provider=memory.provider,
     )
 
@@ -114,7 +118,8 @@ def test_under_asyncio_the_run_nests_under_the_callers_span(memory: Memory) -> N
 def test_provider_requests_carry_the_nodes_traceparent(memory: Memory) -> None:
     with FakeOpenAIServer(lambda body: "ok") as server:
         engine = Engine(
-            "openai", {"model_name": "m", "base_url": server.base_url, "api_key": "sk-test-x"},
+            "openai",
+            {"model_name": "m", "base_url": server.base_url, "api_key": "sk-test-x"},
             tracer_provider=memory.provider,
         )
         wf = Workflow()

@@ -131,9 +131,7 @@ async def test_cancelled_nodes_say_so(
     # One finished; one was cut off mid-call, one while waiting for the provider's slot.
     assert statuses == ["cancelled", "cancelled", "ok"]
     cancelled = next(
-        s
-        for s in memory.by_node().values()
-        if attrs(s)["rlm.node.status"] == "cancelled"
+        s for s in memory.by_node().values() if attrs(s)["rlm.node.status"] == "cancelled"
     )
     assert attrs(cancelled)["error.type"] == "cancelled"
 

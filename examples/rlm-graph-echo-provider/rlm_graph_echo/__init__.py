@@ -25,4 +25,6 @@ def rlm_register_providers() -> Mapping[str, ProviderFactory]:
 
 @hookimpl
 def rlm_register_models() -> Mapping[str, ModelInfo]:
-    return {"echo-1": ModelInfo(context_window=8_000, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0)}
+    return {
+        "echo-1": ModelInfo(context_window=8_000, input_usd_per_mtok=1.0, output_usd_per_mtok=2.0)
+    }

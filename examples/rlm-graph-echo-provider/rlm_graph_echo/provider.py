@@ -87,7 +87,9 @@ class EchoProvider(JSONProvider):
         return ChatResponse(
             content=data["text"],
             model=request.model,
-            usage=Usage(input_tokens=data.get("tokens_in", 0), output_tokens=data.get("tokens_out", 0)),
+            usage=Usage(
+                input_tokens=data.get("tokens_in", 0), output_tokens=data.get("tokens_out", 0)
+            ),
             finish_reason=data.get("done"),
         )
 

@@ -71,7 +71,9 @@ class CorpusIndex:
         try:
             return str(json.loads(line)["docid"])
         except (ValueError, KeyError, TypeError):
-            raise ConfigError(f"{self.path}:{number}: a corpus row has a 'docid' (and 'text', 'url')") from None
+            raise ConfigError(
+                f"{self.path}:{number}: a corpus row has a 'docid' (and 'text', 'url')"
+            ) from None
 
     def get(self, docid: str) -> dict[str, Any]:
         with self.path.open("rb") as handle:
@@ -134,7 +136,12 @@ def browsecomp_rows(
             "answer_type": "exact",
             "context": [_document(doc) for doc in documents],
             "meta": {
-                "source": "browsecomp-plus", "query_id": row["query_id"], "documents": len(documents),
-                **{name: [str(d.get("docid")) for d in row.get(name) or []] for name in ("evidence_docs", "gold_docs")},
+                "source": "browsecomp-plus",
+                "query_id": row["query_id"],
+                "documents": len(documents),
+                **{
+                    name: [str(d.get("docid")) for d in row.get(name) or []]
+                    for name in ("evidence_docs", "gold_docs")
+                },
             },
         }

@@ -22,7 +22,17 @@ from .source import require_columns
 __all__ = ["CODEQA_DOMAIN", "COLUMNS", "longbench_rows"]
 
 CODEQA_DOMAIN = "Code Repository Understanding"
-COLUMNS = ("_id", "domain", "question", "choice_A", "choice_B", "choice_C", "choice_D", "answer", "context")
+COLUMNS = (
+    "_id",
+    "domain",
+    "question",
+    "choice_A",
+    "choice_B",
+    "choice_C",
+    "choice_D",
+    "answer",
+    "context",
+)
 
 
 def _question(row: Mapping[str, Any]) -> str:

@@ -42,7 +42,9 @@ def _gold(answer: Any, where: str) -> Any:
     try:
         value = ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        raise ConfigError(f"{where}: answer {text[:60]!r} is not the list literal OOLONG writes") from None
+        raise ConfigError(
+            f"{where}: answer {text[:60]!r} is not the list literal OOLONG writes"
+        ) from None
     if not isinstance(value, list | tuple) or not value:
         raise ConfigError(f"{where}: answer {text[:60]!r} is an empty list")
     return value[0]
@@ -61,7 +63,9 @@ def oolong_rows(rows: Iterable[Mapping[str, Any]], *, source: str) -> Iterator[d
                 gold = int(str(gold).strip())
             except ValueError:
                 raise ConfigError(f"{where}: a NUMERIC answer {gold!r} is not a number") from None
-        meta = {k: v for k, v in row.items() if k not in ("context_window_text", "question", "answer")}
+        meta = {
+            k: v for k, v in row.items() if k not in ("context_window_text", "question", "answer")
+        }
         yield {
             "id": str(row["id"]),
             "question": str(row["question"]),

@@ -29,7 +29,9 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
             except ValueError as exc:
                 raise ConfigError(f"{path}:{number}: not JSON ({exc})") from None
             if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{number}: a row is a JSON object, not {type(row).__name__}")
+                raise ConfigError(
+                    f"{path}:{number}: a row is a JSON object, not {type(row).__name__}"
+                )
             yield row
 
 
@@ -37,7 +39,9 @@ def _json(path: Path) -> Iterator[dict[str, Any]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
-        raise ConfigError(f"{path} is not JSON ({exc}); give a .json array or a .jsonl file") from None
+        raise ConfigError(
+            f"{path} is not JSON ({exc}); give a .json array or a .jsonl file"
+        ) from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -75,10 +79,14 @@ def read_rows(path: Path) -> Iterator[dict[str, Any]]:
         return _json(path)
     if suffix == ".parquet":
         return _parquet(path)
-    raise ConfigError(f"{path}: give a .jsonl, .json or .parquet file (not {suffix or 'no suffix'})")
+    raise ConfigError(
+        f"{path}: give a .jsonl, .json or .parquet file (not {suffix or 'no suffix'})"
+    )
 
 
-def require_columns(row: Mapping[str, Any], columns: Sequence[str], where: str, source: str) -> None:
+def require_columns(
+    row: Mapping[str, Any], columns: Sequence[str], where: str, source: str
+) -> None:
     """Fail on a row without one of ``columns``, naming the published columns.
 
     Raises:

@@ -24,7 +24,15 @@ from .sniah import sniah_items
 from .synth import oolong_items, pairs_items
 from .text import CHARS_PER_TOKEN, length_label, parse_lengths
 
-__all__ = ["CHARS_PER_TOKEN", "TASKS", "Task", "TaskItems", "length_label", "parse_lengths", "task_items"]
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "TASKS",
+    "Task",
+    "TaskItems",
+    "length_label",
+    "parse_lengths",
+    "task_items",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +48,24 @@ class Task:
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
-        Task("sniah", "a single needle in a haystack (RULER-style), exact match", (8192,), sniah_items),
-        Task("synth-oolong", "counts over labelled records in OOLONG's shape, 0.75**error",
-             (131_072,), oolong_items),
-        Task("synth-oolong-pairs", "pairs of users with a label in OOLONG-Pairs' shape, F1",
-             (32_768,), pairs_items),
+        Task(
+            "sniah",
+            "a single needle in a haystack (RULER-style), exact match",
+            (8192,),
+            sniah_items,
+        ),
+        Task(
+            "synth-oolong",
+            "counts over labelled records in OOLONG's shape, 0.75**error",
+            (131_072,),
+            oolong_items,
+        ),
+        Task(
+            "synth-oolong-pairs",
+            "pairs of users with a label in OOLONG-Pairs' shape, F1",
+            (32_768,),
+            pairs_items,
+        ),
     )
 }
 
@@ -62,9 +83,13 @@ class TaskItems:
         ConfigError: an unknown task (the message lists them) or a bad ``n``.
     """
 
-    def __init__(self, name: str, n: int = 10, lengths: Sequence[int] | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, name: str, n: int = 10, lengths: Sequence[int] | None = None, seed: int = 0
+    ) -> None:
         if name not in TASKS:
-            raise ConfigError(f"unknown task {name!r}; the tasks are {', '.join(TASKS)} (or --data FILE.jsonl)")
+            raise ConfigError(
+                f"unknown task {name!r}; the tasks are {', '.join(TASKS)} (or --data FILE.jsonl)"
+            )
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"--n must be a positive number of items per length, not {n!r}")
         self.task = TASKS[name]
@@ -83,6 +108,8 @@ class TaskItems:
         return f"{self.task.name} ({', '.join(length_label(t) for t in self.lengths)}; seed {self.seed})"
 
 
-def task_items(name: str, n: int = 10, lengths: Sequence[int] | None = None, seed: int = 0) -> TaskItems:
+def task_items(
+    name: str, n: int = 10, lengths: Sequence[int] | None = None, seed: int = 0
+) -> TaskItems:
     """The items of task ``name`` (see `TaskItems`)."""
     return TaskItems(name, n, lengths, seed)

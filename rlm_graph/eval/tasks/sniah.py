@@ -21,12 +21,40 @@ from .text import CHARS_PER_TOKEN, filler, length_label
 __all__ = ["sniah_item", "sniah_items"]
 
 _KEY_FIRST = (
-    "amber", "cobalt", "crimson", "ivory", "jade", "ochre", "saffron", "scarlet", "teal",
-    "violet", "indigo", "maroon", "olive", "silver", "copper", "golden",
+    "amber",
+    "cobalt",
+    "crimson",
+    "ivory",
+    "jade",
+    "ochre",
+    "saffron",
+    "scarlet",
+    "teal",
+    "violet",
+    "indigo",
+    "maroon",
+    "olive",
+    "silver",
+    "copper",
+    "golden",
 )
 _KEY_SECOND = (
-    "falcon", "otter", "heron", "lynx", "badger", "marten", "ibis", "gecko", "bison",
-    "walrus", "condor", "jackal", "puffin", "tapir", "okapi", "dingo",
+    "falcon",
+    "otter",
+    "heron",
+    "lynx",
+    "badger",
+    "marten",
+    "ibis",
+    "gecko",
+    "bison",
+    "walrus",
+    "condor",
+    "jackal",
+    "puffin",
+    "tapir",
+    "okapi",
+    "dingo",
 )
 
 
@@ -46,8 +74,11 @@ def sniah_item(index: int, tokens: int, seed: int) -> EvalItem:
     at = cut + 2 if cut >= 0 else len(haystack)
     context = f"{haystack[:at]}{needle} {haystack[at:]}"
     return EvalItem(
-        id=f"sniah-{length_label(tokens)}-{index}", question=question, answer=value,
-        answer_type="exact", context=context,
+        id=f"sniah-{length_label(tokens)}-{index}",
+        question=question,
+        answer=value,
+        answer_type="exact",
+        context=context,
         meta={"task": "sniah", "tokens": tokens, "depth": round(at / max(1, len(context)), 4)},
     )
 

@@ -33,17 +33,41 @@ from .text import CHARS_PER_TOKEN, length_label
 __all__ = ["LABELS", "oolong_item", "oolong_items", "pairs_item", "pairs_items"]
 
 LABELS = (
-    "abbreviation", "description and abstract concept", "entity", "human being", "location",
+    "abbreviation",
+    "description and abstract concept",
+    "entity",
+    "human being",
+    "location",
     "numeric value",
 )
 
 _THINGS = (
-    "telescope", "compass", "printing press", "bicycle", "thermometer", "steam engine",
-    "microscope", "typewriter", "sewing machine", "barometer", "lighthouse lamp", "zipper",
+    "telescope",
+    "compass",
+    "printing press",
+    "bicycle",
+    "thermometer",
+    "steam engine",
+    "microscope",
+    "typewriter",
+    "sewing machine",
+    "barometer",
+    "lighthouse lamp",
+    "zipper",
 )
 _PLACES = (
-    "Varn", "Ostrela", "Kembridge", "Port Alder", "Mirelle", "Tolvik", "Sandor Bay", "Quennel",
-    "Brisk Hollow", "Altamar", "Fenwick", "Lake Orrin",
+    "Varn",
+    "Ostrela",
+    "Kembridge",
+    "Port Alder",
+    "Mirelle",
+    "Tolvik",
+    "Sandor Bay",
+    "Quennel",
+    "Brisk Hollow",
+    "Altamar",
+    "Fenwick",
+    "Lake Orrin",
 )
 _ANIMALS = ("heron", "otter", "lynx", "marten", "ibis", "tapir", "puffin", "gecko")
 _CONCEPTS = ("inflation", "irony", "entropy", "democracy", "photosynthesis", "gravity", "nostalgia")
@@ -51,28 +75,36 @@ _ACRONYMS = ("NASA", "UNESCO", "RADAR", "LASER", "SCUBA", "OPEC", "AWOL", "NATO"
 
 _TEMPLATES: dict[str, tuple[str, ...]] = {
     "abbreviation": (
-        "What does {acronym} stand for ?", "What is the full form of {acronym} ?",
+        "What does {acronym} stand for ?",
+        "What is the full form of {acronym} ?",
         "What is the abbreviation for the {thing} society ?",
     ),
     "description and abstract concept": (
-        "What is the meaning of {concept} ?", "Why does a {thing} need oiling ?",
-        "How does a {thing} work ?", "What is the origin of the word {concept} ?",
+        "What is the meaning of {concept} ?",
+        "Why does a {thing} need oiling ?",
+        "How does a {thing} work ?",
+        "What is the origin of the word {concept} ?",
     ),
     "entity": (
-        "What animal is drawn on the flag of {place} ?", "What metal is a {thing} made of ?",
+        "What animal is drawn on the flag of {place} ?",
+        "What metal is a {thing} made of ?",
         "What kind of bird is the {animal} of {place} ?",
     ),
     "human being": (
-        "Who invented the {thing} ?", "Who founded the city of {place} ?",
+        "Who invented the {thing} ?",
+        "Who founded the city of {place} ?",
         "Who was the first mayor of {place} ?",
     ),
     "location": (
-        "Where is {place} ?", "In which country is the {animal} museum of {place} ?",
+        "Where is {place} ?",
+        "In which country is the {animal} museum of {place} ?",
         "What river runs through {place} ?",
     ),
     "numeric value": (
-        "How many people live in {place} ?", "When was the {thing} invented ?",
-        "How far is {place} from {place2} ?", "How much does a {thing} weigh ?",
+        "How many people live in {place} ?",
+        "When was the {thing} invented ?",
+        "How far is {place} from {place2} ?",
+        "How much does a {thing} weigh ?",
     ),
 }
 
@@ -89,8 +121,12 @@ def _instance(rng: random.Random, label: str) -> str:
     template = rng.choice(_TEMPLATES[label])
     place, place2 = rng.sample(_PLACES, 2)
     return template.format(
-        acronym=rng.choice(_ACRONYMS), thing=rng.choice(_THINGS), concept=rng.choice(_CONCEPTS),
-        place=place, place2=place2, animal=rng.choice(_ANIMALS),
+        acronym=rng.choice(_ACRONYMS),
+        thing=rng.choice(_THINGS),
+        concept=rng.choice(_CONCEPTS),
+        place=place,
+        place2=place2,
+        animal=rng.choice(_ANIMALS),
     )
 
 
@@ -99,8 +135,9 @@ def _line(rng: random.Random, user: int, label: str) -> str:
     return f"Date: {date} || User: {user} || Instance: {_instance(rng, label)}"
 
 
-def _records(rng: random.Random, tokens: int, users: list[int], weights: list[float],
-             labels: Sequence[str]) -> list[tuple[int, str, str]]:
+def _records(
+    rng: random.Random, tokens: int, users: list[int], weights: list[float], labels: Sequence[str]
+) -> list[tuple[int, str, str]]:
     """(user, label, line) records filling about ``tokens`` tokens."""
     budget = tokens * CHARS_PER_TOKEN - len(_HEADER) - 40
     records: list[tuple[int, str, str]] = []
@@ -133,7 +170,9 @@ def oolong_item(index: int, tokens: int, seed: int) -> EvalItem:
     kind = rng.choices(("count", "user count", "most common"), weights=(2, 1, 1))[0]
     label = rng.choice(LABELS)
     if kind == "count":
-        question = f"In the above data, how many data points should be classified as label '{label}'?"
+        question = (
+            f"In the above data, how many data points should be classified as label '{label}'?"
+        )
         answer: object = counts[label]
     elif kind == "user count":
         user = rng.choice(sorted({u for u, _, _ in records}))
@@ -149,7 +188,8 @@ def oolong_item(index: int, tokens: int, seed: int) -> EvalItem:
     return EvalItem(
         id=f"synth-oolong-{length_label(tokens)}-{index}",
         question=f"{question} Give your final answer in the form '{form}'.",
-        answer=answer, answer_type="numeric" if kind != "most common" else "label",
+        answer=answer,
+        answer_type="numeric" if kind != "most common" else "label",
         context=_context(records),
         meta={"task": "synth-oolong", "tokens": tokens, "kind": kind, "lines": len(records)},
     )
@@ -181,8 +221,11 @@ def pairs_item(index: int, tokens: int, seed: int) -> EvalItem:
         "[10001, 10003]]."
     )
     return EvalItem(
-        id=f"synth-oolong-pairs-{length_label(tokens)}-{index}", question=question,
-        answer=pairs, answer_type="pairs", context=_context(records),
+        id=f"synth-oolong-pairs-{length_label(tokens)}-{index}",
+        question=question,
+        answer=pairs,
+        answer_type="pairs",
+        context=_context(records),
         meta={"task": "synth-oolong-pairs", "tokens": tokens, "label": rare, "users": len(chosen)},
     )
 

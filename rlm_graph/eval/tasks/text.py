@@ -21,31 +21,131 @@ CHARS_PER_TOKEN = 4
 """Lengths are in tokens at the engine's estimate: four characters a token."""
 
 _ADJECTIVES = (
-    "quiet", "broad", "narrow", "early", "late", "heavy", "light", "distant", "nearby", "old",
-    "young", "bright", "dull", "warm", "cold", "gentle", "rough", "smooth", "tall", "short",
-    "busy", "empty", "crowded", "plain", "curious", "careful", "simple", "steady", "sudden",
-    "wooden", "stone", "paper", "northern", "southern", "eastern", "western", "open", "hidden",
+    "quiet",
+    "broad",
+    "narrow",
+    "early",
+    "late",
+    "heavy",
+    "light",
+    "distant",
+    "nearby",
+    "old",
+    "young",
+    "bright",
+    "dull",
+    "warm",
+    "cold",
+    "gentle",
+    "rough",
+    "smooth",
+    "tall",
+    "short",
+    "busy",
+    "empty",
+    "crowded",
+    "plain",
+    "curious",
+    "careful",
+    "simple",
+    "steady",
+    "sudden",
+    "wooden",
+    "stone",
+    "paper",
+    "northern",
+    "southern",
+    "eastern",
+    "western",
+    "open",
+    "hidden",
 )
 _NOUNS = (
-    "river", "valley", "market", "village", "harbor", "bridge", "garden", "library", "station",
-    "orchard", "kitchen", "meadow", "workshop", "school", "museum", "forest", "tower", "field",
-    "road", "window", "letter", "teacher", "farmer", "painter", "sailor", "baker", "student",
-    "traveler", "neighbor", "clerk", "musician", "cart", "lantern", "basket", "notebook", "coat",
+    "river",
+    "valley",
+    "market",
+    "village",
+    "harbor",
+    "bridge",
+    "garden",
+    "library",
+    "station",
+    "orchard",
+    "kitchen",
+    "meadow",
+    "workshop",
+    "school",
+    "museum",
+    "forest",
+    "tower",
+    "field",
+    "road",
+    "window",
+    "letter",
+    "teacher",
+    "farmer",
+    "painter",
+    "sailor",
+    "baker",
+    "student",
+    "traveler",
+    "neighbor",
+    "clerk",
+    "musician",
+    "cart",
+    "lantern",
+    "basket",
+    "notebook",
+    "coat",
 )
 _VERBS = (
-    "crossed", "visited", "repaired", "painted", "described", "followed", "passed", "watched",
-    "cleaned", "opened", "carried", "measured", "noticed", "admired", "built", "left", "found",
-    "studied", "sketched", "remembered", "ignored", "weighed", "moved", "sorted", "counted",
+    "crossed",
+    "visited",
+    "repaired",
+    "painted",
+    "described",
+    "followed",
+    "passed",
+    "watched",
+    "cleaned",
+    "opened",
+    "carried",
+    "measured",
+    "noticed",
+    "admired",
+    "built",
+    "left",
+    "found",
+    "studied",
+    "sketched",
+    "remembered",
+    "ignored",
+    "weighed",
+    "moved",
+    "sorted",
+    "counted",
 )
 _ENDINGS = (
-    "before the rain came", "after a long morning", "without a word", "in the afternoon",
-    "as the bells rang", "while the others rested", "for the second time", "at the end of summer",
-    "on the way home", "during the fair", "under a grey sky", "with great care", "once again",
+    "before the rain came",
+    "after a long morning",
+    "without a word",
+    "in the afternoon",
+    "as the bells rang",
+    "while the others rested",
+    "for the second time",
+    "at the end of summer",
+    "on the way home",
+    "during the fair",
+    "under a grey sky",
+    "with great care",
+    "once again",
 )
 
 
 def _sentence(rng: random.Random) -> str:
-    subject = f"{rng.choice(('The', 'A', 'One', 'Every'))} {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
+    subject = (
+        f"{rng.choice(('The', 'A', 'One', 'Every'))} {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
+    )
     middle = f"{rng.choice(_VERBS)} the {rng.choice(_ADJECTIVES)} {rng.choice(_NOUNS)}"
     return f"{subject} {middle} {rng.choice(_ENDINGS)}."
 
@@ -89,7 +189,9 @@ def parse_lengths(text: str) -> tuple[int, ...]:
     for part in text.split(","):
         found = _LENGTH.match(part)
         if not found:
-            raise ConfigError(f"--lengths: {part.strip()!r} is not a length; write e.g. 8k,64k,1m or 5000")
+            raise ConfigError(
+                f"--lengths: {part.strip()!r} is not a length; write e.g. 8k,64k,1m or 5000"
+            )
         value = float(found.group(1)) * {"": 1, "k": 1024, "m": 1024 * 1024}[found.group(2).lower()]
         if value < 256:
             raise ConfigError(f"--lengths: {part.strip()!r} is too short; at least 256 tokens")
