@@ -17,126 +17,58 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .batch import (
         BatchItem as BatchItem,
-    )
-    from .batch import (
         BatchResult as BatchResult,
-    )
-    from .batch import (
         run_batch as run_batch,
     )
     from .contracts import (
         ChatRequest as ChatRequest,
-    )
-    from .contracts import (
         ChatResponse as ChatResponse,
-    )
-    from .contracts import (
         ExecResult as ExecResult,
-    )
-    from .contracts import (
         Image as Image,
-    )
-    from .contracts import (
         Message as Message,
-    )
-    from .contracts import (
         ModelInfo as ModelInfo,
-    )
-    from .contracts import (
         Usage as Usage,
     )
     from .engine import Engine as Engine
     from .errors import (
         BudgetExceeded as BudgetExceeded,
-    )
-    from .errors import (
         ConfigError as ConfigError,
-    )
-    from .errors import (
         ContextLengthExceeded as ContextLengthExceeded,
-    )
-    from .errors import (
         DeadlineExceeded as DeadlineExceeded,
-    )
-    from .errors import (
         EnvironmentCrashed as EnvironmentCrashed,
-    )
-    from .errors import (
         ErrorLimitExceeded as ErrorLimitExceeded,
-    )
-    from .errors import (
         GraphError as GraphError,
-    )
-    from .errors import (
         IterationLimitExceeded as IterationLimitExceeded,
-    )
-    from .errors import (
         LimitExceeded as LimitExceeded,
-    )
-    from .errors import (
         NodeFailed as NodeFailed,
-    )
-    from .errors import (
         PluginError as PluginError,
-    )
-    from .errors import (
         ProviderAuthError as ProviderAuthError,
-    )
-    from .errors import (
         ProviderError as ProviderError,
-    )
-    from .errors import (
         ProviderNotFound as ProviderNotFound,
-    )
-    from .errors import (
         ProviderTimeout as ProviderTimeout,
-    )
-    from .errors import (
         RateLimited as RateLimited,
-    )
-    from .errors import (
         RLMGraphError as RLMGraphError,
-    )
-    from .errors import (
         SchemaMismatch as SchemaMismatch,
-    )
-    from .errors import (
         TokenLimitExceeded as TokenLimitExceeded,
     )
     from .graph import (
         Graph as Graph,
-    )
-    from .graph import (
         NodeKind as NodeKind,
-    )
-    from .graph import (
         NodeRecord as NodeRecord,
-    )
-    from .graph import (
         NodeRef as NodeRef,
-    )
-    from .graph import (
         NodeStatus as NodeStatus,
-    )
-    from .graph import (
         Workflow as Workflow,
     )
     from .hooks import hookimpl as hookimpl
     from .journal.summary import ReplaySummary as ReplaySummary
     from .limits import Limits as Limits
+    from .result import WorkflowResult as WorkflowResult
     from .rlm import (
         RLM as RLM,
-    )
-    from .rlm import (
         ModelUsageSummary as ModelUsageSummary,
-    )
-    from .rlm import (
         RLMChatCompletion as RLMChatCompletion,
-    )
-    from .rlm import (
         UsageSummary as UsageSummary,
     )
-    from .runtime.workflow import WorkflowResult as WorkflowResult
 
 from ._version import __version__ as __version__
 
@@ -183,7 +115,7 @@ _EXPORTS: dict[str, str] = {
     "Usage": ".contracts",
     "UsageSummary": ".rlm",
     "Workflow": ".graph",
-    "WorkflowResult": ".runtime.workflow",
+    "WorkflowResult": ".result",
     "hookimpl": ".hooks",
     "run_batch": ".batch",
 }

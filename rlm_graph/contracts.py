@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -40,6 +41,8 @@ __all__ = [
     "Provider",
     "ProviderCapabilities",
     "ProviderFactory",
+    "RateGate",
+    "SharedLimiter",
     "ResponseSchema",
     "SubcallBridge",
     "Usage",
@@ -514,3 +517,29 @@ class CompactionStrategy(Protocol):
     async def compact(
         self, messages: Sequence[Message], ctx: CompactionContext
     ) -> list[Message]: ...
+
+
+class RateGate(Protocol):
+    """A provider's request and token buckets, as `call_model` uses them."""
+
+    async def acquire(self, tokens: int = 0) -> None:
+        """Wait until one request of about ``tokens`` tokens may go out, then take it."""
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token bucket once the real usage of a request is known."""
+
+
+class SharedLimiter(Protocol):
+    """Provider limits that hold for every run that shares this object, whatever its loop.
+
+    An engine holds one (``Engine(limiter=...)``; default `InProcessLimiter`). Every
+    model call passes the provider's gate (at most ``capacity`` requests in flight under
+    one ``key``) and its rate buckets. A batch executor supplies one shared by all its
+    completions: in-process for ``local``, a Ray actor for ``ray``.
+    """
+
+    def gate(self, key: str, capacity: int) -> AbstractAsyncContextManager[object]:
+        """The concurrency gate of provider ``key``: hold it for the request's duration."""
+
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
+        """The rate buckets of provider ``key`` (called only when ``rpm`` or ``tpm`` is set)."""

@@ -29,13 +29,15 @@ from .errors import ConfigError, PluginError, config_error
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Graph, Workflow
 from .hooks import PluginHost
+from .journal.keys import workflow_key
+from .journal.seam import JournalTarget
 from .limits import Limits
+from .result import WorkflowResult
 from .routing import ProviderRouter
 from .runtime.capacity import InProcessLimiter, LoopLimiters, SharedLimiter
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
-from .runtime.replay import JournalTarget
-from .runtime.workflow import WorkflowResult, WorkflowRun, workflow_key
+from .runtime.workflow import WorkflowRun
 from .tracing import (
     NodeTracer,
     Scrubber,

@@ -30,74 +30,34 @@ from collections.abc import Mapping, Sequence
 from ._http.attempts import note_retry as note_retry
 from ._http.keys import (
     KeyPolicy as KeyPolicy,
-)
-from ._http.keys import (
     ResolvedKey as ResolvedKey,
-)
-from ._http.keys import (
     resolve_key as resolve_key,
 )
 from ._http.provider import (
     JSONProvider as JSONProvider,
-)
-from ._http.provider import (
     RetryPolicy as RetryPolicy,
-)
-from ._http.provider import (
     Secret as Secret,
-)
-from ._http.provider import (
     parse_duration as parse_duration,
-)
-from ._http.provider import (
     parse_retry_after as parse_retry_after,
-)
-from ._http.provider import (
     retry_delay_from_headers as retry_delay_from_headers,
 )
 from .contracts import (
     ChatRequest as ChatRequest,
-)
-from .contracts import (
     ChatResponse as ChatResponse,
-)
-from .contracts import (
     Message as Message,
-)
-from .contracts import (
     ModelInfo as ModelInfo,
-)
-from .contracts import (
     Usage as Usage,
-)
-from .contracts import (
     estimate_tokens as estimate_tokens,
 )
 from .errors import (
     BadResponse as BadResponse,
-)
-from .errors import (
     ConfigError as ConfigError,
-)
-from .errors import (
     ContextLengthExceeded as ContextLengthExceeded,
-)
-from .errors import (
     ProviderAuthError as ProviderAuthError,
-)
-from .errors import (
     ProviderError as ProviderError,
-)
-from .errors import (
     ProviderNotFound as ProviderNotFound,
-)
-from .errors import (
     ProviderTimeout as ProviderTimeout,
-)
-from .errors import (
     RateLimited as RateLimited,
-)
-from .errors import (
     is_context_length_error as is_context_length_error,
 )
 

@@ -1,7 +1,9 @@
-"""What a completion returns: the reference library's result shape, plus the graph.
+"""What a run returns: a completion's result (the reference library's shape, plus the
+graph) and a workflow's.
 
 `RLMChatCompletion` and `UsageSummary` mirror the reference's fields and ``to_dict()``
 shape, so code written against it keeps working; usage includes every depth of the tree.
+`WorkflowResult` is a user's workflow's outcome, indexed by node.
 """
 
 from __future__ import annotations
@@ -10,10 +12,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .graph import CriticalPath, Graph, usage_by_model
+from .errors import NodeFailed
+from .graph import CriticalPath, Graph, NodeRef, critical_path, makespan, usage_by_model
 from .journal.summary import ReplaySummary
 
-__all__ = ["ModelUsageSummary", "RLMChatCompletion", "UsageSummary"]
+__all__ = [
+    "ModelUsageSummary",
+    "RLMChatCompletion",
+    "UsageSummary",
+    "WorkflowResult",
+    "timing",
+]
 
 
 class ModelUsageSummary(BaseModel):
@@ -138,3 +147,40 @@ class RLMChatCompletion(BaseModel):
             "leaked_threads": self.leaked_threads,
         }
         return {k: v for k, v in out.items() if v is not None}
+
+
+class WorkflowResult(BaseModel):
+    """The outcome of a workflow run.
+
+    Index it with a `NodeRef` or a node id for that node's result. ``graph`` has a record
+    for every node; ``errors`` maps failed node ids to their error text; ``replay``
+    (with ``journal=``) says what came from the journal.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    values: dict[str, Any]
+    errors: dict[str, str]
+    graph: Graph
+    stop_reason: str | None = None
+    replay: ReplaySummary | None = None
+
+    def __getitem__(self, node: NodeRef | str) -> Any:
+        key = node.id if isinstance(node, NodeRef) else node
+        if key in self.values:
+            return self.values[key]
+        if key in self.errors:
+            raise NodeFailed(f"node {key!r} failed: {self.errors[key]}", node_id=key)
+        raise KeyError(f"no result for node {key!r} (it never ran, or no such node)")
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and self.stop_reason is None
+
+
+def timing(graph: Graph) -> tuple[CriticalPath, float]:
+    """A run's critical path and its parallel efficiency (critical path / makespan; 1.0
+    for a run with no time at all)."""
+    path = critical_path(graph)
+    span = makespan(graph)
+    return path, path.length / span if span > 0 else 1.0

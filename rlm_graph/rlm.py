@@ -24,6 +24,9 @@ from .doors.sync import run_sync
 from .engine import Engine
 from .errors import ConfigError
 from .events import DEFAULT_CAPACITY, Listener
+from .graph import preview
+from .journal import run_key
+from .journal.seam import JournalTarget
 from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
@@ -36,7 +39,8 @@ from .rlm_options import (
     sampling_params,
 )
 from .runtime.capacity import SharedLimiter
-from .runtime.completion import CompletionRun, completion_journal
+from .runtime.completion import CompletionRun
+from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.loop import RLMRunner
 from .runtime.session import PersistentSession
@@ -392,7 +396,7 @@ class RLM:
         journal = None
         if self.journal is not None:
             number = self._session.completions if self._session is not None else 0
-            journal = completion_journal(
+            journal = _completion_journal(
                 self.journal, run, settings, self.environment, prompt, root_prompt, number
             )
         operation = CompletionRun(
@@ -431,3 +435,35 @@ class RLM:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _completion_journal(
+    path: Any,
+    run: Run,
+    settings: LoopSettings,
+    environment: str,
+    context: Any,
+    root_prompt: str | None,
+    number: int,
+) -> JournalTarget:
+    """Where a completion is journaled: its run key is its inputs (context, question,
+    and ``number``, its place in a persistent session) and its configuration."""
+    configuration = [
+        [(key, provider.name, provider.model) for key, provider in run.router.providers],
+        run.limits.max_depth,
+        run.limits.max_iterations,
+        environment,
+        settings.custom_system_prompt,
+        settings.root_params,
+        settings.sub_params,
+        sorted(settings.tools),
+        sorted(settings.sub_tools),
+        settings.accept_text_final,
+        settings.output_chars,
+        type(settings.compaction).__name__,
+        settings.compaction_threshold_pct,
+        repr(getattr(settings, "schema", None)),
+    ]
+    inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
+    label = preview(root_prompt if root_prompt is not None else context, 80)
+    return JournalTarget(path, run_key("rlm", inputs, configuration), "rlm", label)

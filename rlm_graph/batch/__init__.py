@@ -9,37 +9,19 @@ from __future__ import annotations
 
 from .items import (
     ITEM_LIMITS as ITEM_LIMITS,
-)
-from .items import (
     BatchItem as BatchItem,
-)
-from .items import (
     coerce_items as coerce_items,
-)
-from .items import (
     read_items as read_items,
-)
-from .items import (
     scan_items as scan_items,
 )
 from .results import (
     BatchError as BatchError,
-)
-from .results import (
     BatchResult as BatchResult,
-)
-from .results import (
     BatchSummary as BatchSummary,
-)
-from .results import (
     ItemUsage as ItemUsage,
-)
-from .results import (
     ResultsFile as ResultsFile,
 )
-from .run import Executor as Executor
-from .run import make_executor as make_executor
-from .run import run_batch as run_batch
+from .run import Executor as Executor, make_executor as make_executor, run_batch as run_batch
 
 __all__ = [
     "ITEM_LIMITS",

@@ -42,6 +42,27 @@ def register(subparsers: Any) -> None:
         allow_abbrev=False,  # "--api-key SECRET" must fail, not pass as --api-key-env
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
     )
+    _add_source_arguments(parser)
+    _add_run_arguments(parser)
+    add_backend_arguments(parser, model_required=False)  # not for `eval convert`
+    add_executor_arguments(parser)
+    _add_provider_arguments(parser)
+    _add_window_arguments(parser)
+    limits = parser.add_argument_group(
+        "limits (per completion, but --max-budget: the whole evaluation)"
+    )
+    for name, kind, text in LIMIT_FLAGS:
+        if name == "max_budget":
+            text = "USD for the whole evaluation, every item and method (docs/eval.md: the rule and its bound)"
+        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    parser.set_defaults(func=run, journal=None)
+    actions = parser.add_subparsers(
+        dest="action", metavar="[convert]", help="convert a published file to items"
+    )
+    _register_convert(actions)
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_argument_group("items (one of --task and --data)")
     source.add_argument("--task", help="a generated task: sniah, synth-oolong, synth-oolong-pairs")
     source.add_argument(
@@ -64,6 +85,9 @@ def register(subparsers: Any) -> None:
         default=0,
         help="seed of the task, of the draw from --data and of the bootstrap (default 0)",
     )
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--method",
         default="rlm",
@@ -87,22 +111,6 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="no line per finished item, only the summary"
     )
-    add_backend_arguments(parser, model_required=False)  # not for `eval convert`
-    add_executor_arguments(parser)
-    _add_provider_arguments(parser)
-    _add_window_arguments(parser)
-    limits = parser.add_argument_group(
-        "limits (per completion, but --max-budget: the whole evaluation)"
-    )
-    for name, kind, text in LIMIT_FLAGS:
-        if name == "max_budget":
-            text = "USD for the whole evaluation, every item and method (docs/eval.md: the rule and its bound)"
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    parser.set_defaults(func=run, journal=None)
-    actions = parser.add_subparsers(
-        dest="action", metavar="[convert]", help="convert a published file to items"
-    )
-    _register_convert(actions)
 
 
 def _register_convert(actions: Any) -> None:

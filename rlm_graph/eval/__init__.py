@@ -41,74 +41,36 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .convert import (
         CONVERTERS as CONVERTERS,
-    )
-    from .convert import (
         convert as convert,
-    )
-    from .convert import (
         write_items as write_items,
     )
     from .items import (
         ANSWER_TYPES as ANSWER_TYPES,
-    )
-    from .items import (
         EvalItem as EvalItem,
-    )
-    from .items import (
         context_tokens as context_tokens,
-    )
-    from .items import (
         read_items as read_items,
-    )
-    from .items import (
         sample_items as sample_items,
-    )
-    from .items import (
         scan_items as scan_items,
     )
     from .methods import (
         Call as Call,
-    )
-    from .methods import (
         EvalMethod as EvalMethod,
-    )
-    from .methods import (
         MethodSetup as MethodSetup,
-    )
-    from .methods import (
         NotRun as NotRun,
-    )
-    from .methods import (
         Solver as Solver,
-    )
-    from .methods import (
         item_call as item_call,
-    )
-    from .methods import (
         lookup_methods as lookup_methods,
     )
     from .results import (
         EvalRow as EvalRow,
-    )
-    from .results import (
         ResultsLog as ResultsLog,
-    )
-    from .results import (
         SharedBudget as SharedBudget,
     )
     from .run import (
         Estimate as Estimate,
-    )
-    from .run import (
         EvalOutcome as EvalOutcome,
-    )
-    from .run import (
         Evaluation as Evaluation,
-    )
-    from .run import (
         ItemsFile as ItemsFile,
-    )
-    from .run import (
         run_eval as run_eval,
     )
     from .scoring import (
@@ -116,23 +78,13 @@ if TYPE_CHECKING:
     )
     from .stats import (
         EvalSummary as EvalSummary,
-    )
-    from .stats import (
         MethodSummary as MethodSummary,
-    )
-    from .stats import (
         summarize as summarize,
     )
     from .tasks import (
         TASKS as TASKS,
-    )
-    from .tasks import (
         TaskItems as TaskItems,
-    )
-    from .tasks import (
         parse_lengths as parse_lengths,
-    )
-    from .tasks import (
         task_items as task_items,
     )
 

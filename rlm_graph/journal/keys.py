@@ -15,8 +15,18 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contracts import ChatRequest, Image, Message
+from ..graph import Workflow
 
-__all__ = ["call_hash", "canonical_json", "request_hash", "run_key", "value_hash"]
+__all__ = [
+    "call_hash",
+    "canonical_json",
+    "json_value",
+    "qualname",
+    "request_hash",
+    "run_key",
+    "value_hash",
+    "workflow_key",
+]
 
 
 def canonical_json(value: Any) -> str:
@@ -125,3 +135,36 @@ def run_key(kind: str, inputs: Mapping[str, Any], configuration: Sequence[Any]) 
     Two runs with the same key are the same run; the journal resumes one with the other.
     """
     return _digest([kind, canonical_json(dict(inputs)), canonical_json(list(configuration))])
+
+
+def qualname(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+def json_value(value: Any) -> str | None:
+    """``value`` as JSON when it comes back equal (so replay returns what the function
+    did: a tuple, which comes back a list, is not journaled)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return text if json.loads(text) == value and type(json.loads(text)) is type(value) else None
+
+
+def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> str:
+    """The run key of a workflow: its nodes (ids, kinds, dependencies, prompts, models,
+    parameters, functions by qualified name) and the engine's providers."""
+    nodes = [
+        [
+            spec.id,
+            spec.kind.value,
+            list(spec.deps),
+            qualname(spec.prompt) if callable(spec.prompt) else spec.prompt,
+            spec.system,
+            spec.model,
+            spec.params,
+            qualname(spec.fn) if spec.fn else None,
+        ]
+        for spec in workflow
+    ]
+    return run_key("workflow", {"nodes": nodes}, providers)

@@ -7,7 +7,7 @@ Layout (``PRAGMA user_version`` = `SCHEMA_VERSION`):
     chunks  finished nodes of a run, written together: ``(run, first, attempt, nodes)``
             with ``first`` the ``seq`` of its first node and ``nodes`` a pickle of plain
             values only (tuples, lists, dicts, str, int, float, bool, None): one row per
-            node, see `encode_nodes`. It is read back by `_load_chunk`, which refuses
+            node, see `rlm_graph.journal.rows`. It is read back by `load_chunk`, which refuses
             anything naming a class or a function, so a crafted file cannot run code.
 
 Each node row holds the node's structural id, the hash of its request, its record's
@@ -32,20 +32,31 @@ Invariants:
 
 from __future__ import annotations
 
-import io
-import operator
 import os
-import pickle
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..contracts import Usage
 from ..errors import ConfigError
-from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
+from ..graph import Graph
+from .rows import (
+    _COUNTED,
+    _FIELDS,
+    _RECORD_FIELDS,
+    CHUNK_NODES,
+    COUNTED_KINDS,
+    StoredNode,
+    encode_nodes,
+    is_tool_call,
+    load_chunk,
+    pack,
+    restore,
+    retimed,
+    stored,
+)
 
 __all__ = [
     "CHUNK_NODES",
@@ -62,7 +73,6 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 
-CHUNK_NODES = 512
 """Nodes per chunk row at most (a write of more makes several rows, one transaction)."""
 
 _SCHEMA = """
@@ -88,145 +98,6 @@ CREATE TABLE IF NOT EXISTS chunks (
 );
 """
 
-_RECORD_FIELDS = (
-    "id",
-    "depth",
-    "completion",
-    "model",
-    "response_model",
-    "provider",
-    "iteration",
-    "batch_index",
-    "batch_size",
-    "submitted",
-    "start",
-    "end",
-    "wall_start",
-    "cost",
-    "error",
-    "error_type",
-    "input_preview",
-    "finish_reason",
-    "attempts",
-    "note",
-)
-"""The `NodeRecord` fields a row keeps as they are, in this order (its first item)."""
-
-_record_fields = operator.attrgetter(*_RECORD_FIELDS)  # one C call for all of them
-_END = _RECORD_FIELDS.index("end")
-
-# A row: (record fields, kind, status, usage fields or None, request hash, seq,
-#         output preview or None when it is the value, after ids or None, parent, value,
-#         counted)
-_FIELDS, _KIND, _STATUS, _USAGE, _HASH, _SEQ, _OUTPUT, _AFTER, _PARENT, _VALUE, _COUNTED = range(11)
-
-COUNTED_KINDS = frozenset(
-    {
-        NodeKind.ROOT_TURN,
-        NodeKind.LLM_CALL,
-        NodeKind.RLM_CALL,
-        NodeKind.COMPACTION,
-        NodeKind.FUNCTION,
-    }
-)
-"""Kinds whose nodes count as a run's nodes (and costs): in `JournalStore.runs` and in a
-replay's counts. A str enum: a kind's text (``"llm_call"``) is found in it too."""
-
-_UNFINISHED = frozenset({"pending", "running"})
-
-
-def is_tool_call(node_id: str) -> bool:
-    """A journaled tool call's row (``<block>/tool-n``): journaled, but not a graph node."""
-    return node_id.rpartition("/")[2].startswith("tool-")
-
-
-def encode_nodes(
-    seq: int,
-    records: Sequence[NodeRecord],
-    requests: Sequence[str],
-    values: Sequence[str | None],
-    incoming: Mapping[str, Mapping[str, Mapping[str, Any]]],
-    now: float,
-    redact: Callable[[str], str] | None = None,
-) -> list[tuple[int, bytes]]:
-    """Chunks ``(first seq, pickled rows)`` of finished nodes: ``records[i]`` with its
-    request hash ``requests[i]`` and ``values[i]``, numbered from ``seq + 1``.
-
-    ``incoming`` maps a node id to its edges (source -> ``{"kind"}``: `Graph.incoming`);
-    ``now`` stands in for a missing end time; ``redact`` scrubs known
-    secrets out of values. A journaled tool call (``<block>/tool-n``) and a node's second
-    model call (``id#n``) are rows but are not counted as nodes. The output preview is
-    None when it equals the value, which it does for every reply short enough to preview
-    whole: no text twice.
-
-    This runs once per node of a journaled run: fields are read in one C call and kept
-    as they are (an enum by its ``_value_``, usage as its field dict), and each chunk is
-    pickled as soon as it is full, so rows die young (the collector never walks them).
-    """
-    chunks = []
-    rows: list[tuple[Any, ...]] = []
-    for record, request, value in zip(records, requests, values, strict=True):
-        if redact is not None and value:
-            value = redact(value)  # a model that echoed a key does not put it on disk
-        seq += 1
-        node_id = record.id
-        after = parent = None
-        sources = incoming.get(node_id)
-        if sources:
-            for source, data in sources.items():
-                if data.get("kind") == "spawn":
-                    parent = source
-                elif after is None:
-                    after = [source]
-                else:
-                    after.append(source)
-        fields = _record_fields(record)
-        if record.end is None:
-            fields = (*fields[:_END], now, *fields[_END + 1 :])
-        kind = record.kind._value_
-        status = record.status._value_
-        if status in _UNFINISHED:
-            status = "ok"
-        usage = record.usage
-        out = record.output_preview
-        rows.append(
-            (
-                fields,
-                kind,
-                status,
-                None if usage is None else usage.__dict__,
-                request,
-                seq,
-                None if out == value else out,
-                after,
-                parent,
-                value,
-                kind in COUNTED_KINDS
-                and "#" not in node_id
-                and (kind != "function" or not is_tool_call(node_id)),
-            )
-        )
-        if len(rows) == CHUNK_NODES:
-            chunks.append(_pack(rows))
-            rows = []
-    if rows:
-        chunks.append(_pack(rows))
-    return chunks
-
-
-def _pack(rows: list[tuple[Any, ...]]) -> tuple[int, bytes]:
-    return rows[0][_SEQ], pickle.dumps(rows, protocol=5)
-
-
-class _PlainValues(pickle.Unpickler):
-    """Reads a chunk: plain values only. A pickle that names any class or function (the
-    only way a pickle runs code) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(
-            f"names {module}.{name}; a journal chunk holds plain values only"
-        )
-
 
 def _storable(text: str) -> str:
     """``text`` as SQLite can store it: a lone surrogate (untrusted text can carry one)
@@ -237,11 +108,6 @@ def _storable(text: str) -> str:
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
     return text
-
-
-def _load_chunk(data: bytes) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = _PlainValues(io.BytesIO(data)).load()
-    return rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,20 +127,6 @@ class RunRow:
     answer: str | None
     nodes: int = 0
     cost: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class StoredNode:
-    """A journaled node: its request hash, its record, and its value."""
-
-    id: str
-    hash: str
-    record: NodeRecord
-    after: tuple[str, ...]
-    parent: str | None
-    value: str | None
-    seq: int
-    counted: bool
 
 
 class JournalStore:
@@ -412,8 +264,7 @@ class JournalStore:
                 for attempt in sorted({a for a, _ in kept}):
                     rows = [row for a, row in kept if a == attempt]
                     packed = [
-                        _pack(rows[at : at + CHUNK_NODES])
-                        for at in range(0, len(rows), CHUNK_NODES)
+                        pack(rows[at : at + CHUNK_NODES]) for at in range(0, len(rows), CHUNK_NODES)
                     ]
                     self._db.executemany(
                         "INSERT INTO chunks VALUES (?, ?, ?, ?)",
@@ -518,7 +369,7 @@ class JournalStore:
         )
         for attempt, data in cursor:
             try:
-                rows = _load_chunk(data)
+                rows = load_chunk(data)
             except Exception as exc:
                 raise ConfigError(
                     f"journal {str(self.path)!r} has a damaged node chunk ({exc}); start a new journal file"
@@ -538,7 +389,7 @@ class JournalStore:
         found = {}
         for node_id, (_, row) in self._latest(self._number(key)).items():
             try:
-                found[node_id] = _stored(row)
+                found[node_id] = stored(row)
             except Exception as exc:  # a row that is not one: a changed or damaged file
                 raise ConfigError(
                     f"journal {str(self.path)!r} has a damaged row for node {node_id!r} ({exc}); "
@@ -569,79 +420,3 @@ class _Transaction:
 
     def __exit__(self, kind: object, *rest: object) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
-
-
-def _stored(row: tuple[Any, ...]) -> StoredNode:
-    """A row as a `StoredNode`, validated (a row is data from a file).
-
-    Raises:
-        ValueError: the row is not one `encode_nodes` writes.
-    """
-    fields = dict(zip(_RECORD_FIELDS, row[_FIELDS], strict=True))
-    value, output, after, parent = row[_VALUE], row[_OUTPUT], row[_AFTER], row[_PARENT]
-    if not (
-        isinstance(row[_HASH], str)
-        and isinstance(row[_SEQ], int)
-        and all(isinstance(v, str | None) for v in (value, output, parent))
-        and (after is None or (isinstance(after, list) and all(isinstance(a, str) for a in after)))
-    ):
-        raise ValueError("a row whose hash, seq, value, preview or edges have the wrong type")
-    record = NodeRecord(
-        **fields,
-        kind=NodeKind(row[_KIND]),
-        status=NodeStatus(row[_STATUS]),
-        usage=None if row[_USAGE] is None else Usage(**row[_USAGE]),
-        output_preview=(value or "") if output is None else output,
-    )
-    return StoredNode(
-        id=record.id,
-        hash=row[_HASH],
-        record=record,
-        after=tuple(after or ()),
-        parent=parent,
-        value=value,
-        seq=row[_SEQ],
-        counted=bool(row[_COUNTED]),
-    )
-
-
-def restore(graph: Graph, nodes: Sequence[StoredNode], *, offset: float = 0.0) -> list[NodeRecord]:
-    """Add journaled nodes to ``graph`` as replayed records, with the edges whose ends
-    are there, and return them.
-
-    Times keep their durations and are moved onto a clock that reads ``time.time() -
-    offset`` (the current run's trio clock; ``offset=0``: epoch seconds), each node by
-    its own wall-clock start, since attempts of a run ran on different clocks.
-    """
-    added = []
-    pending = list(nodes)
-    while pending:
-        waiting_ids = {n.id for n in pending}
-        later = []
-        for node in pending:
-            if any(d in waiting_ids for d in (*node.after, node.parent) if d and d not in graph):
-                later.append(node)
-                continue
-            added.append(_add_replayed(graph, node, offset))
-        if len(later) == len(pending):  # dependencies that never come: add them bare
-            added.extend(_add_replayed(graph, node, offset, bare=True) for node in later)
-            break
-        pending = later
-    return added
-
-
-def _add_replayed(
-    graph: Graph, node: StoredNode, offset: float, *, bare: bool = False
-) -> NodeRecord:
-    record = retimed(node.record, offset)
-    record.replayed = True
-    after = [] if bare else [d for d in node.after if d in graph]
-    parent = node.parent if not bare and node.parent in graph else None
-    return graph.add(record, after=after, parent=parent)
-
-
-def retimed(record: NodeRecord, offset: float) -> NodeRecord:
-    """A copy of ``record`` on the clock ``time.time() - offset`` (see `restore`)."""
-    copy = NodeRecord.model_validate(record.model_dump())
-    copy.retime(record, offset)
-    return copy

@@ -19,7 +19,7 @@ import heapq
 from collections import defaultdict
 from typing import Any
 
-from ..graph import Graph, NodeStatus, critical_path, makespan, usage_by_model
+from ..graph import Graph, NodeRecord, NodeStatus, critical_path, makespan, usage_by_model
 
 __all__ = ["STATUSES", "report_data"]
 
@@ -40,14 +40,40 @@ def report_data(
     index = {record.id: i for i, record in enumerate(records)}
     kinds = sorted({str(r.kind) for r in records})
     models = sorted({r.model for r in records if r.model})
-    starts = [r.start for r in records if r.start is not None]
-    t0 = min(starts) if starts else 0.0
     edges: list[int] = []
     for source, target, kind in graph.edges():
         edges += [index[source], index[target], 1 if kind == "spawn" else 0]
     path = critical_path(graph)
+    failed = [i for i, r in enumerate(records) if r.status == NodeStatus.ERROR]
+    return {
+        "title": title,
+        "stop_reason": stop_reason,
+        "makespan": makespan(graph),
+        "kinds": kinds,
+        "models": models,
+        "statuses": list(STATUSES),
+        "nodes": _node_columns(graph, records, index, kinds, models),
+        "edges": edges,
+        "critical": [index[n] for n in path.nodes],
+        "critical_seconds": path.length,
+        "usage": _usage_rows(graph),
+        "errors": failed,
+        "cancelled": sum(1 for r in records if r.status == NodeStatus.CANCELLED),
+    }
+
+
+def _node_columns(
+    graph: Graph,
+    records: list[NodeRecord],
+    index: dict[str, int],
+    kinds: list[str],
+    models: list[str],
+) -> dict[str, list[Any]]:
+    """The nodes as columns (one list per field, a node's place its index)."""
+    starts = [r.start for r in records if r.start is not None]
+    t0 = min(starts) if starts else 0.0
     columns, rows = _dag_layout(graph, records, index)
-    nodes = {
+    return {
         "id": [r.id for r in records],
         "kind": [kinds.index(str(r.kind)) for r in records],
         "status": [STATUSES.index(str(r.status)) for r in records],
@@ -64,7 +90,10 @@ def report_data(
         "output": [r.output_preview for r in records],
         "error": [f"{r.error_type or 'error'}: {r.error}" if r.error else "" for r in records],
     }
-    usage = [
+
+
+def _usage_rows(graph: Graph) -> list[dict[str, Any]]:
+    return [
         {
             "model": name,
             "calls": u.calls,
@@ -74,22 +103,6 @@ def report_data(
         }
         for name, u in sorted(usage_by_model(graph).items())
     ]
-    failed = [i for i, r in enumerate(records) if r.status == NodeStatus.ERROR]
-    return {
-        "title": title,
-        "stop_reason": stop_reason,
-        "makespan": makespan(graph),
-        "kinds": kinds,
-        "models": models,
-        "statuses": list(STATUSES),
-        "nodes": nodes,
-        "edges": edges,
-        "critical": [index[n] for n in path.nodes],
-        "critical_seconds": path.length,
-        "usage": usage,
-        "errors": failed,
-        "cancelled": sum(1 for r in records if r.status == NodeStatus.CANCELLED),
-    }
 
 
 def _rel(value: float | None, t0: float) -> float | None:

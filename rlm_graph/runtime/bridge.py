@@ -38,13 +38,13 @@ from ..contracts import Image, Message, ResponseSchema
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
+from ..journal.seam import Journaled
 from ..journal.tools import JournaledTool
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
 from .calls import ModelCall, call_model
 from .context import Run
-from .replay import Journaled
 from .slots import run_slots
 
 __all__ = ["BridgeProxy", "ChildRunner", "CompletionBridge", "node_path"]

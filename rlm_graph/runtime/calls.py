@@ -25,9 +25,9 @@ from ..contracts import ChatRequest, ChatResponse, Message, ResponseSchema, Usag
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal.keys import call_hash
+from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
 from ..routing import Route
-from .replay import KEEP_TEXT, READ_TEXT, Journaled
 
 if TYPE_CHECKING:
     from .context import Run

@@ -13,17 +13,15 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from ..errors import LIMIT_ERRORS, LimitExceeded, ProviderError
-from ..graph import critical_path, makespan, preview
-from ..journal import run_key
+from ..journal.seam import JournalTarget
 from ..limits import Tally
-from ..result import RLMChatCompletion, UsageSummary
+from ..result import RLMChatCompletion, UsageSummary, timing
 from .context import Run
 from .loop import RLMRunner
-from .replay import JournalTarget
 from .session import PersistentSession
-from .state import CompletionOutcome, CompletionState, LoopSettings
+from .state import CompletionOutcome, CompletionState
 
-__all__ = ["CompletionRun", "completion_journal"]
+__all__ = ["CompletionRun"]
 
 
 class CompletionRun:
@@ -113,8 +111,7 @@ class CompletionRun:
         self, run: Run, response: str, stop_reason: str | None, cut: bool
     ) -> RLMChatCompletion:
         graph, state = run.graph, self.state
-        path = critical_path(graph)
-        span = makespan(graph)
+        path, efficiency = timing(graph)
         parsed = None if cut else state.parsed
         result = RLMChatCompletion(
             metadata={"direct_path": state.direct} if state.direct is not None else None,
@@ -129,39 +126,7 @@ class CompletionRun:
             iterations=state.iterations,
             graph=graph,
             critical_path=path,
-            parallel_efficiency=path.length / span if span > 0 else 1.0,
+            parallel_efficiency=efficiency,
         )
         result.leaked_threads = run.leaked_threads
         return result
-
-
-def completion_journal(
-    path: Any,
-    run: Run,
-    settings: LoopSettings,
-    environment: str,
-    context: Any,
-    root_prompt: str | None,
-    number: int,
-) -> JournalTarget:
-    """Where a completion is journaled: its run key is its inputs (context, question,
-    and ``number``, its place in a persistent session) and its configuration."""
-    configuration = [
-        [(key, provider.name, provider.model) for key, provider in run.router.providers],
-        run.limits.max_depth,
-        run.limits.max_iterations,
-        environment,
-        settings.custom_system_prompt,
-        settings.root_params,
-        settings.sub_params,
-        sorted(settings.tools),
-        sorted(settings.sub_tools),
-        settings.accept_text_final,
-        settings.output_chars,
-        type(settings.compaction).__name__,
-        settings.compaction_threshold_pct,
-        repr(getattr(settings, "schema", None)),
-    ]
-    inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
-    label = preview(root_prompt if root_prompt is not None else context, 80)
-    return JournalTarget(path, run_key("rlm", inputs, configuration), "rlm", label)

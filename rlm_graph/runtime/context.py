@@ -38,10 +38,11 @@ from .capacity import BudgetGate
 
 if TYPE_CHECKING:
     from ..hooks import PluginHost
+    from ..journal.seam import Journaled
     from ..routing import ProviderRouter
     from ..tracing import NodeTracer
     from .capacity import LoopLimiters
-    from .replay import Journaled, Replayer
+    from .replay import Replayer
 
 __all__ = ["Run"]
 

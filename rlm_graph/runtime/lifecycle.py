@@ -32,7 +32,8 @@ import trio
 from ..doors.sync import unwrap
 from ..errors import LimitExceeded, ProviderError
 from ..journal import ReplaySummary
-from .replay import JournalTarget, open_journal
+from ..journal.seam import JournalTarget
+from .replay import open_journal
 
 if TYPE_CHECKING:
     from .context import Run

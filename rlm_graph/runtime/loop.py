@@ -25,24 +25,20 @@ Invariants:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from ..contracts import (
-    ChatResponse,
     Environment,
     ExecResult,
     Message,
-    image_json_default,
-    image_json_hook,
 )
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
+from ..journal.seam import Journaled
 from ..journal.tools import seed_code
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
@@ -56,17 +52,14 @@ from ..protocol.prompts import (
 )
 from ..protocol.schema import AnswerSchema
 from .bridge import BridgeProxy, CompletionBridge, node_path
-from .calls import ModelCall, call_model
+from .calls import ModelCall
+from .compaction import DEFAULT_CONTEXT_WINDOW, CompactionNode
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
-from .replay import Journaled
 from .session import PersistentSession, environment_scope
 from .state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
 
 __all__ = ["DEFAULT_CONTEXT_WINDOW", "RLMRunner"]
-
-DEFAULT_CONTEXT_WINDOW = 128_000
-"""The window assumed for a model the model table does not know (see docs/compaction.md)."""
 
 
 @dataclass(slots=True)
@@ -439,24 +432,14 @@ class RLMRunner:
             f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
         )
 
-        async def body(rec: NodeRecord) -> list[Message]:
-            call = _CompactionCall(self.run, rec, c, model, window)
-            rewritten = list(await strategy.compact(messages, call))
-            rec.output_preview = f"{len(messages)} -> {len(rewritten)} messages"
-            return rewritten
-
-        journal = Journaled(
-            value_hash("compaction", type(strategy).__name__, model, _messages_text(messages)),
-            _messages_text,
-            _messages_of,
-        )
+        node = CompactionNode(self.run, strategy, messages, model, window, c.model, c.tally)
         try:
             state.messages = await self.run.execute(
                 record,
-                body,
+                node.body,
                 after=[previous] if previous else [],
                 parent=c.parent,
-                journal=journal,
+                journal=node.journaled,
             )
         except ProviderError:  # recorded on the node; the turn goes on uncompacted
             return record.id
@@ -576,46 +559,6 @@ class RLMRunner:
             c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id, number
         )
         return result.final_answer, previous
-
-
-class _CompactionCall:
-    """The `CompactionContext` a strategy gets: root-model calls on the compaction node."""
-
-    def __init__(
-        self, run: Run, record: NodeRecord, c: _Completion, model: str, window: int
-    ) -> None:
-        self.run = run
-        self.record = record
-        self.completion = c
-        self.model = model
-        self.context_window = window
-
-    async def complete(self, messages: Sequence[Message]) -> ChatResponse:
-        before, cost = self.record.usage, self.record.cost
-        call = ModelCall(
-            self.run,
-            self.record,
-            messages,
-            model=self.completion.model,
-            tally=self.completion.tally,
-        )
-        response = await call_model(call)
-        if before is not None and self.record.usage is not None:  # a second call adds up
-            self.record.usage = before + self.record.usage
-            if cost is not None:
-                self.record.cost = cost + (self.record.cost or 0.0)
-        return response
-
-
-def _messages_text(messages: list[Message]) -> str:
-    """A compaction's result as the journal keeps it."""
-    return json.dumps(
-        [m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default
-    )
-
-
-def _messages_of(text: str) -> list[Message]:
-    return [Message.model_validate(m) for m in json.loads(text, object_hook=image_json_hook)]
 
 
 async def _salvage_answer(env: Environment, state: CompletionState) -> None:

@@ -17,51 +17,23 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import trio
-from pydantic import BaseModel, ConfigDict
 
 from ..contracts import Message
-from ..errors import LIMIT_ERRORS, LimitExceeded, NodeFailed, error_slot
-from ..graph import Graph, NodeKind, NodeRecord, NodeRef, Workflow, preview
+from ..errors import LIMIT_ERRORS, LimitExceeded, error_slot
+from ..graph import NodeKind, NodeRecord, Workflow, preview
 from ..graph.workflow import NodeSpec
-from ..journal import ReplaySummary, run_key, value_hash
+from ..journal import value_hash
+from ..journal.keys import json_value, qualname
+from ..journal.seam import Journaled, JournalTarget
+from ..result import WorkflowResult
 from .calls import ModelCall
 from .context import Run
-from .replay import Journaled, JournalTarget
 
-__all__ = ["UpstreamFailed", "WorkflowResult", "WorkflowRun", "run_workflow", "workflow_key"]
+__all__ = ["UpstreamFailed", "WorkflowRun", "run_workflow"]
 
 
 class UpstreamFailed(Exception):
     """A node did not run because a function it depends on failed."""
-
-
-class WorkflowResult(BaseModel):
-    """The outcome of a workflow run.
-
-    Index it with a `NodeRef` or a node id for that node's result. ``graph`` has a record
-    for every node; ``errors`` maps failed node ids to their error text; ``replay``
-    (with ``journal=``) says what came from the journal.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    values: dict[str, Any]
-    errors: dict[str, str]
-    graph: Graph
-    stop_reason: str | None = None
-    replay: ReplaySummary | None = None
-
-    def __getitem__(self, node: NodeRef | str) -> Any:
-        key = node.id if isinstance(node, NodeRef) else node
-        if key in self.values:
-            return self.values[key]
-        if key in self.errors:
-            raise NodeFailed(f"node {key!r} failed: {self.errors[key]}", node_id=key)
-        raise KeyError(f"no result for node {key!r} (it never ran, or no such node)")
-
-    @property
-    def ok(self) -> bool:
-        return not self.errors and self.stop_reason is None
 
 
 class WorkflowRun:
@@ -224,37 +196,4 @@ def _function_body(spec: NodeSpec, args: list[Any]) -> Any:
 def _function_journaled(spec: NodeSpec, args: list[Any]) -> Journaled[Any]:
     """A function node is keyed by its qualified name and its arguments; its result is
     kept as JSON when JSON gives it back equal (else it runs again on resume)."""
-    return Journaled(value_hash("function", _qualname(spec.fn), args), _as_json, json.loads)
-
-
-def _qualname(fn: Any) -> str:
-    return f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
-
-
-def _as_json(value: Any) -> str | None:
-    """``value`` as JSON when it comes back equal (so replay returns what the function
-    did: a tuple, which comes back a list, is not journaled)."""
-    try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return None
-    return text if json.loads(text) == value and type(json.loads(text)) is type(value) else None
-
-
-def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> str:
-    """The run key of a workflow: its nodes (ids, kinds, dependencies, prompts, models,
-    parameters, functions by qualified name) and the engine's providers."""
-    nodes = [
-        [
-            spec.id,
-            spec.kind.value,
-            list(spec.deps),
-            _qualname(spec.prompt) if callable(spec.prompt) else spec.prompt,
-            spec.system,
-            spec.model,
-            spec.params,
-            _qualname(spec.fn) if spec.fn else None,
-        ]
-        for spec in workflow
-    ]
-    return run_key("workflow", {"nodes": nodes}, providers)
+    return Journaled(value_hash("function", qualname(spec.fn), args), json_value, json.loads)

@@ -10,22 +10,11 @@ See docs/writing-a-provider.md for a walk-through.
 
 from __future__ import annotations
 
-from .servers import (
-    FakeAnthropicServer as FakeAnthropicServer,
-)
-from .servers import (
-    FakeOpenAIServer as FakeOpenAIServer,
-)
+from .apis import FakeAnthropicServer as FakeAnthropicServer, FakeOpenAIServer as FakeOpenAIServer
 from .servers import (
     FakeServer as FakeServer,
-)
-from .servers import (
     RecordedRequest as RecordedRequest,
-)
-from .servers import (
     Reply as Reply,
-)
-from .servers import (
     last_user_message as last_user_message,
 )
 

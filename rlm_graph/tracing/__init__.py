@@ -18,51 +18,27 @@ from __future__ import annotations
 
 from .config import (
     TraceMode as TraceMode,
-)
-from .config import (
     configure_tracing as configure_tracing,
-)
-from .config import (
     flush_tracing as flush_tracing,
-)
-from .config import (
     trace_files as trace_files,
-)
-from .config import (
     trace_mode_from_env as trace_mode_from_env,
-)
-from .config import (
     tracer_provider_from_env as tracer_provider_from_env,
 )
 from .files import TraceFileExporter as TraceFileExporter
 from .reader import (
     TraceFileError as TraceFileError,
-)
-from .reader import (
     TraceSpan as TraceSpan,
-)
-from .reader import (
     load_trace as load_trace,
-)
-from .reader import (
     to_graph as to_graph,
 )
-from .scrub import Scrubber as Scrubber
-from .scrub import secret_values as secret_values
+from .scrub import Scrubber as Scrubber, secret_values as secret_values
 from .spans import (
     SEMCONV_VERSION as SEMCONV_VERSION,
-)
-from .spans import (
     SPAN_ATTRIBUTES as SPAN_ATTRIBUTES,
-)
-from .spans import (
     SPAN_NAMES as SPAN_NAMES,
-)
-from .spans import (
     NodeTracer as NodeTracer,
 )
-from .view import render_trace as render_trace
-from .view import render_traces as render_traces
+from .view import render_trace as render_trace, render_traces as render_traces
 
 __all__ = [
     "SEMCONV_VERSION",

@@ -31,8 +31,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
     INVALID_SPAN,

@@ -18,7 +18,7 @@ from rlm_graph import RLM, NodeKind
 from rlm_graph.contracts import Image
 from rlm_graph.graph import to_json
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer
-from rlm_graph.testing.servers import IMAGE_TOKENS
+from rlm_graph.testing.apis import IMAGE_TOKENS
 from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
 
 
