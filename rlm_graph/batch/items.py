@@ -8,7 +8,6 @@ override of a completion limit (`ITEM_LIMITS`). Pure: no trio.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ConfigError, config_error
 from ..limits import Limits
+from .lines import coerce, read_lines, scan_ids
 
 __all__ = ["ITEM_LIMITS", "BatchItem", "coerce_items", "read_items", "scan_items"]
 
@@ -114,20 +114,9 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
         raise config_error(where, exc) from None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str | None]]:
-    """(line number, decoded object or None, error) for every non-blank line."""
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read --input {str(path)!r}: {exc.strerror}") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line), None
-            except ValueError as exc:
-                yield number, None, f"not JSON ({exc})"
+def _context_file_exists(item: BatchItem, where: str) -> None:
+    if item.context_file is not None and not Path(item.context_file).is_file():
+        raise ConfigError(f"{where}: context_file {item.context_file!r} is not a file")
 
 
 def scan_items(path: Path) -> list[str]:
@@ -139,36 +128,12 @@ def scan_items(path: Path) -> list[str]:
     Raises:
         ConfigError: every bad line (up to ten), with its number and the fix.
     """
-    ids: list[str] = []
-    seen: dict[str, int] = {}
-    problems: list[str] = []
-    for number, raw, error in _lines(path):
-        where = f"{path}:{number}"
-        try:
-            if error is not None:
-                raise ConfigError(f"{where}: {error}")
-            item = _parse(raw or {}, where, path.parent)
-            if item.context_file is not None and not Path(item.context_file).is_file():
-                raise ConfigError(f"{where}: context_file {item.context_file!r} is not a file")
-            if item.id in seen:
-                raise ConfigError(f"{where}: id {item.id!r} already used on line {seen[item.id]}")
-        except ConfigError as exc:
-            problems.append(str(exc))
-            continue
-        seen[item.id] = number
-        ids.append(item.id)
-    if problems:
-        more = f"\n... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ConfigError("bad input:\n" + "\n".join(problems[:10]) + more)
-    return ids
+    return scan_ids(path, _parse, what="--input", title="bad input", check=_context_file_exists)
 
 
 def read_items(path: Path) -> Iterator[BatchItem]:
     """The items of a JSONL input file, one at a time (check it first with `scan_items`)."""
-    for number, raw, error in _lines(path):
-        if error is not None:
-            raise ConfigError(f"{path}:{number}: {error}")
-        yield _parse(raw or {}, f"{path}:{number}", path.parent)
+    return read_lines(path, _parse, what="--input")
 
 
 def coerce_items(items: Iterable[BatchItem | Mapping[str, Any]]) -> Iterator[BatchItem]:
@@ -177,10 +142,4 @@ def coerce_items(items: Iterable[BatchItem | Mapping[str, Any]]) -> Iterator[Bat
     Raises:
         ConfigError: a bad item, or an id given twice.
     """
-    seen: set[str] = set()
-    for index, raw in enumerate(items):
-        item = raw if isinstance(raw, BatchItem) else _parse(raw, f"item {index}", None)
-        if item.id in seen:
-            raise ConfigError(f"item {index}: id {item.id!r} is given twice; ids must be unique")
-        seen.add(item.id)
-        yield item
+    return coerce(items, _parse, BatchItem)

@@ -22,6 +22,7 @@ from rich.text import Text
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE
+from .progress import LiveLine
 from .run import (
     LIMIT_FLAGS,
     _add_provider_arguments,
@@ -110,7 +111,7 @@ def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return kwargs
 
 
-class BatchProgress:
+class BatchProgress(LiveLine):
     """The batch's progress on stderr, one finished item at a time.
 
     On a terminal: one live line (rich), redrawn a few times a second: items done of the
@@ -127,23 +128,6 @@ class BatchProgress:
         self.started = time.monotonic()
         self._console = Console(file=stream, force_terminal=self.mode == "live", highlight=False)
         self._live: Live | None = None
-
-    def __enter__(self) -> BatchProgress:
-        if self.mode == "live":
-            self._live = Live(
-                console=self._console,
-                get_renderable=self._render,
-                refresh_per_second=8,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            live, self._live = self._live, None
-            live.stop()
 
     def finished(self, result: BatchResult) -> None:
         self.done += 1

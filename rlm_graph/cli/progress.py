@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, Self, TextIO
 
 from rich.console import Console
 from rich.live import Live
@@ -151,7 +151,36 @@ class RunProgress:
         return text
 
 
-class ProgressDisplay:
+class LiveLine:
+    """One line redrawn a few times a second on a terminal (``mode == "live"``), while
+    the ``with`` block runs; subclasses set ``mode`` and ``_console`` and draw `_render`."""
+
+    mode: str
+    _console: Console
+    _live: Live | None = None
+
+    def _render(self) -> Text:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        if self.mode == "live":
+            self._live = Live(
+                console=self._console,
+                get_renderable=self._render,
+                refresh_per_second=8,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+            self._live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            live, self._live = self._live, None
+            live.stop()
+
+
+class ProgressDisplay(LiveLine):
     """A listener that shows a run's progress; use it as ``with display:`` around the run.
 
     Args:
@@ -200,23 +229,6 @@ class ProgressDisplay:
     def _render(self) -> Text:
         state = self.progress.outcome
         return Text.assemble(("rlm-graph ", "bold"), (f"[{state}] ", "cyan"), self.progress.line())
-
-    def __enter__(self) -> ProgressDisplay:
-        if self.mode == "live":
-            self._live = Live(
-                console=self._console,
-                get_renderable=self._render,
-                refresh_per_second=8,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            )
-            self._live.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._live is not None:
-            live, self._live = self._live, None
-            live.stop()
 
 
 def _node_line(event: NodeFinished) -> str:

@@ -32,7 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import ConfigError
+from ..batch.lines import coerce, read_lines, scan_ids
+from ..errors import ConfigError, config_error
 
 __all__ = [
     "ANSWER_TYPES",
@@ -190,52 +191,24 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
             meta=raw.get("meta") or {},
         )
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(f"{where}: {problems}") from None
+        raise config_error(where, exc) from None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    try:
-        handle = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the items file {str(path)!r}: {exc.strerror}") from None
-    with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line), None
-            except ValueError as exc:
-                yield number, None, f"not JSON ({exc})"
+def _context_path_exists(item: EvalItem, where: str) -> None:
+    if item.context_path is not None and not Path(item.context_path).is_file():
+        raise ConfigError(f"{where}: context_path {item.context_path!r} is not a file")
 
 
 def scan_items(path: Path) -> list[str]:
     """Check every line of an items file; return the ids in order.
 
     Raises:
-        ConfigError: every bad line (up to ten), each with its number and the fix.
+        ConfigError: every bad line (up to ten), each with its number and the fix; a
+            file with no item.
     """
-    ids: list[str] = []
-    seen: dict[str, int] = {}
-    problems: list[str] = []
-    for number, raw, error in _lines(path):
-        where = f"{path}:{number}"
-        try:
-            if error is not None:
-                raise ConfigError(f"{where}: {error}")
-            item = _parse(raw, where, path.parent)
-            if item.context_path is not None and not Path(item.context_path).is_file():
-                raise ConfigError(f"{where}: context_path {item.context_path!r} is not a file")
-            if item.id in seen:
-                raise ConfigError(f"{where}: id {item.id!r} already used on line {seen[item.id]}")
-        except ConfigError as exc:
-            problems.append(str(exc))
-            continue
-        seen[item.id] = number
-        ids.append(item.id)
-    if problems:
-        more = f"\n... and {len(problems) - 10} more" if len(problems) > 10 else ""
-        raise ConfigError("bad items:\n" + "\n".join(problems[:10]) + more)
+    ids = scan_ids(
+        path, _parse, what="the items file", title="bad items", check=_context_path_exists
+    )
     if not ids:
         raise ConfigError(f"the items file {str(path)!r} holds no item")
     return ids
@@ -248,13 +221,7 @@ def read_items(path: Path, only: Iterable[str] | None = None) -> Iterator[EvalIt
         path: the JSONL file.
         only: ids to keep (the others are skipped without being parsed further).
     """
-    keep = None if only is None else set(only)
-    for number, raw, error in _lines(path):
-        if error is not None:
-            raise ConfigError(f"{path}:{number}: {error}")
-        if keep is not None and isinstance(raw, Mapping) and str(raw.get("id")) not in keep:
-            continue
-        yield _parse(raw, f"{path}:{number}", path.parent)
+    return read_lines(path, _parse, what="the items file", only=only)
 
 
 def coerce_items(items: Iterable[EvalItem | Mapping[str, Any]]) -> Iterator[EvalItem]:
@@ -263,13 +230,7 @@ def coerce_items(items: Iterable[EvalItem | Mapping[str, Any]]) -> Iterator[Eval
     Raises:
         ConfigError: a bad item, or an id given twice.
     """
-    seen: set[str] = set()
-    for index, raw in enumerate(items):
-        item = raw if isinstance(raw, EvalItem) else _parse(raw, f"item {index}", None)
-        if item.id in seen:
-            raise ConfigError(f"item {index}: id {item.id!r} is given twice; ids must be unique")
-        seen.add(item.id)
-        yield item
+    return coerce(items, _parse, EvalItem)
 
 
 def sample_items(ids: list[str], n: int | None, seed: int) -> list[str]:

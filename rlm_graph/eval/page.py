@@ -14,11 +14,11 @@ A small inline script counts what was drawn and sets ``data-methods``,
 from __future__ import annotations
 
 import html
-import json
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..report.page import html_document
 from .stats import EvalSummary, MethodSummary, quantile
 
 __all__ = ["render_eval_page"]
@@ -31,11 +31,6 @@ _PALETTE = ("#2f6fb0", "#d9822b", "#3a9a5b", "#b03a5b", "#7a5bb0", "#8a8a3a", "#
 
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
-
-
-def _embed(data: Any) -> str:
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
 def _score_figure(summary: EvalSummary) -> str:
@@ -221,9 +216,8 @@ def render_eval_page(
     described = dict(descriptions or {})
     legend = "".join(f"<li><code>{_e(n)}</code>: {_e(t)}</li>" for n, t in described.items())
     data = {"summary": summary.public(), "models": {"root": root_model, "sub": sub_model}}
-    return (
-        _PAGE.replace("__TITLE__", _e(summary.title))
-        .replace("__STYLE__", _STYLE)
+    body = (
+        _BODY.replace("__TITLE__", _e(summary.title))
         .replace(
             "__MODELS__",
             f"root model <code>{_e(root_model)}</code>, sub-model <code>{_e(sub_model)}</code>, bootstrap seed {summary.seed}",
@@ -234,21 +228,18 @@ def render_eval_page(
         .replace("__LEGEND__", legend)
         .replace("__ROWS__", _item_rows(rows))
         .replace("__COUNT__", str(len(rows)))
-        .replace("__SCRIPT__", _SCRIPT)
-        .replace("__DATA__", _embed(data))
+    )
+    return html_document(
+        title=summary.title,
+        style=_STYLE,
+        body=body,
+        script=_SCRIPT,
+        data=data,
+        data_id="eval-data",
     )
 
 
-_PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>__TITLE__</title>
-<style>__STYLE__</style>
-</head>
-<body data-errors="0">
-<header><h1>__TITLE__</h1><p>__MODELS__</p></header>
+_BODY = """<header><h1>__TITLE__</h1><p>__MODELS__</p></header>
 <main>
 <section><h2>Score per method <small>mean over items; whiskers: 95% bootstrap interval</small></h2>
 __SCORES__</section>
@@ -263,10 +254,6 @@ __COSTS__</section>
 <table id="rows"><thead><tr><th>method</th><th>id</th><th>score</th><th>cost</th><th>latency (s)</th>
 <th>prediction</th><th>error or stop reason</th></tr></thead><tbody>__ROWS__</tbody></table></details></section>
 </main>
-<script type="application/json" id="eval-data">__DATA__</script>
-<script>__SCRIPT__</script>
-</body>
-</html>
 """
 
 _STYLE = """

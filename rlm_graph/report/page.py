@@ -20,23 +20,41 @@ from typing import Any
 __all__ = ["render_page"]
 
 
-def _embed(data: dict[str, Any]) -> str:
-    """JSON safe inside ``<script>``: no ``</script>`` or ``<!--`` can end the block."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+def embed_json(data: Any) -> str:
+    """``data`` as JSON that can stand inside a ``<script>`` element: no ``<``, ``>`` or
+    ``&`` in it, so no text of a run can close the element or open another."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def html_document(
+    *, title: str, style: str, body: str, script: str, data: Any, data_id: str
+) -> str:
+    """One self-contained page (fetches nothing): ``body``, then ``data`` as JSON in
+    ``<script type="application/json" id=data_id>`` and the page's ``script``. ``title``
+    is escaped here; ``body`` is the caller's HTML, already escaped."""
+    return (
+        _HEAD.replace("__TITLE__", html.escape(title)).replace("__STYLE__", style)
+        + body
+        + f'<script type="application/json" id="{data_id}">{embed_json(data)}</script>\n'
+        + f"<script>{script}</script>\n</body>\n</html>\n"
+    )
 
 
 def render_page(data: dict[str, Any]) -> str:
     """The whole HTML document for `report_data` output."""
-    return (
-        _PAGE.replace("__TITLE__", html.escape(str(data.get("title", "rlm-graph run"))))
-        .replace("__STYLE__", _STYLE)
-        .replace("__SCRIPT__", _SCRIPT)
-        .replace("__DATA__", _embed(data))
+    title = str(data.get("title", "rlm-graph run"))
+    return html_document(
+        title=title,
+        style=_STYLE,
+        body=_BODY.replace("__TITLE__", html.escape(title)),
+        script=_SCRIPT,
+        data=data,
+        data_id="run-data",
     )
 
 
-_PAGE = """<!DOCTYPE html>
+_HEAD = """<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -45,7 +63,9 @@ _PAGE = """<!DOCTYPE html>
 <style>__STYLE__</style>
 </head>
 <body data-errors="0">
-<header><h1>__TITLE__</h1><div id="summary"></div></header>
+"""
+
+_BODY = """<header><h1>__TITLE__</h1><div id="summary"></div></header>
 <main>
 <section id="views">
   <div class="legend" id="legend"></div>
@@ -61,10 +81,6 @@ _PAGE = """<!DOCTYPE html>
   <h2>Errors and limit stops</h2><div id="errors"></div>
 </aside>
 </main>
-<script type="application/json" id="run-data">__DATA__</script>
-<script>__SCRIPT__</script>
-</body>
-</html>
 """
 
 _STYLE = """

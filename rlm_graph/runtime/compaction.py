@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..contracts import ChatResponse, Message, image_json_default, image_json_hook
@@ -25,28 +26,19 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 """The window assumed for a model the model table does not know (see docs/compaction.md)."""
 
 
+@dataclass(slots=True)
 class CompactionNode:
     """One compaction: ``strategy`` rewriting ``messages`` for ``model`` (whose window is
     ``window``); ``asked_model`` is the completion's own model name (None: the default),
     ``tally`` the completion's."""
 
-    def __init__(
-        self,
-        run: Run,
-        strategy: Any,
-        messages: list[Message],
-        model: str,
-        window: int,
-        asked_model: str | None,
-        tally: Tally,
-    ) -> None:
-        self.run = run
-        self.strategy = strategy
-        self.messages = messages
-        self.model = model
-        self.window = window
-        self.asked_model = asked_model
-        self.tally = tally
+    run: Run
+    strategy: Any
+    messages: list[Message]
+    model: str
+    window: int
+    asked_model: str | None
+    tally: Tally
 
     async def body(self, record: NodeRecord) -> list[Message]:
         rewritten = list(

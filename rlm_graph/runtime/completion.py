@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, ClassVar, Literal
 
 from ..errors import LIMIT_ERRORS, LimitExceeded, ProviderError
 from ..journal.seam import JournalTarget
@@ -24,10 +25,11 @@ from .state import CompletionOutcome, CompletionState
 __all__ = ["CompletionRun"]
 
 
+@dataclass(eq=False)
 class CompletionRun:
     """One completion of ``context`` (and ``root_prompt``) by ``runner``.
 
-    Args:
+    Attributes:
         runner: the RLM loop of this run.
         context, root_prompt: what the completion answers.
         root_model: the main backend's model (the result names it).
@@ -37,36 +39,25 @@ class CompletionRun:
         started: when the completion was asked for (``time.perf_counter()``).
     """
 
-    kind: Literal["completion", "workflow"] = "completion"
-    span_name = "invoke_agent rlm"
-    span_attributes: Mapping[str, Any] = {
+    kind: ClassVar[Literal["completion", "workflow"]] = "completion"
+    span_name: ClassVar[str] = "invoke_agent rlm"
+    span_attributes: ClassVar[Mapping[str, Any]] = {
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.agent.name": "rlm",
         "rlm.depth": 0,
     }
 
-    def __init__(
-        self,
-        runner: RLMRunner,
-        context: Any,
-        root_prompt: str | None,
-        *,
-        root_model: str,
-        journal: JournalTarget | None = None,
-        direct_share: float | None = None,
-        session: PersistentSession | None = None,
-        started: float | None = None,
-    ) -> None:
-        self.runner = runner
-        self.context = context
-        self.root_prompt = root_prompt
-        self.root_model = root_model
-        self.journal = journal
-        self.direct_share = direct_share
-        self.session = session
-        self.started = time.perf_counter() if started is None else started
-        self.state = CompletionState()
-        self.outcome: CompletionOutcome | None = None
+    runner: RLMRunner
+    context: Any
+    root_prompt: str | None
+    _: KW_ONLY
+    root_model: str
+    journal: JournalTarget | None = None
+    direct_share: float | None = None
+    session: PersistentSession | None = None
+    started: float = field(default_factory=time.perf_counter)
+    state: CompletionState = field(default_factory=CompletionState, init=False)
+    outcome: CompletionOutcome | None = field(default=None, init=False)
 
     async def body(self, run: Run) -> None:
         self.outcome = await self.runner.answer(

@@ -60,10 +60,14 @@ class Operation(Protocol[R]):
         journal: where the run is journaled, or None.
     """
 
-    kind: Literal["completion", "workflow"]
-    span_name: str
-    span_attributes: Mapping[str, Any]
-    journal: JournalTarget | None
+    @property
+    def kind(self) -> Literal["completion", "workflow"]: ...
+    @property
+    def span_name(self) -> str: ...
+    @property
+    def span_attributes(self) -> Mapping[str, Any]: ...
+    @property
+    def journal(self) -> JournalTarget | None: ...
 
     async def body(self, run: Run) -> None:
         """The run's work, inside its cancel scope (a limit cancels it)."""
