@@ -41,6 +41,9 @@ __all__ = [
     "Provider",
     "ProviderCapabilities",
     "ProviderFactory",
+    "SubcallFunction",
+    "SubcallRequest",
+    "WirePrompt",
     "RateGate",
     "SharedLimiter",
     "ResponseSchema",
@@ -414,38 +417,56 @@ class ExecResult(BaseModel):
         return self.error is None and not self.timed_out
 
 
+SubcallFunction = Literal["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
+"""The four doors model code has to other models."""
+
+WirePrompt = str | list[Any]
+"""A prompt as it crosses to the engine: a str, or a list of parts, each a str or an
+image as ``{"media_type": ..., "data": <base64>}`` (JSON, so it crosses a pipe too)."""
+
+
+class SubcallRequest(BaseModel):
+    """One call of model code into the engine: ``llm_query`` and friends, as every
+    environment hands it over (the local REPL from its worker thread, a subprocess guest
+    over its pipe) to `SubcallBridge.call`, the one place the engine checks what a guest
+    sends.
+
+    Attributes:
+        fn: which of the four functions.
+        prompts: the prompts, one for ``llm_query``/``rlm_query``; an ``rlm_query``
+            prompt is text.
+        model: the model asked for by name (None: the default for the depth).
+        json_schema: with ``llm_query(..., schema=...)``, the answer's JSON Schema.
+    """
+
+    model_config = _FROZEN
+
+    fn: SubcallFunction
+    prompts: tuple[WirePrompt, ...]
+    model: str | None = None
+    json_schema: dict[str, Any] | None = None
+
+    @property
+    def batched(self) -> bool:
+        return self.fn.endswith("_batched")
+
+
 class SubcallBridge(Protocol):
     """What REPL code reaches through ``llm_query`` and friends: the scheduler's side.
 
-    An environment calls these from the trio side (the local environment re-enters trio
-    from its worker thread; the subprocess environment serves them from its pipe reader).
-    Every method returns data, never raises for a failed call: a failure is an
-    ``"[ERROR] ..."`` string. An ``llm_query`` prompt is text, or a list of parts: str,
-    `Image`, or an image as ``{"media_type", "data": <base64>}``. With ``schema`` (a JSON
-    Schema dict), a call's answer is the
-    validated JSON value instead of text (a mismatch is an ``"[ERROR] SchemaMismatch:
-    ..."`` string); the REPL side turns it back into the user's type.
+    An environment calls it on the trio side (the local environment re-enters trio from
+    its worker thread; the subprocess environment serves its guest's pipe). It returns
+    data and never raises for a failed call: a failure is an ``"[ERROR] ..."`` string in
+    its slot. With ``json_schema``, an answer is the validated JSON value instead of text
+    (a mismatch is an ``"[ERROR] SchemaMismatch: ..."`` string); the REPL side turns it
+    back into the user's type.
     """
 
-    async def llm_query(
-        self,
-        prompt: str | Sequence[Any],
-        model: str | None = None,
-        schema: Mapping[str, Any] | None = None,
-    ) -> Any: ...
-
-    async def llm_query_batched(
-        self,
-        prompts: Sequence[str | Sequence[Any]],
-        model: str | None = None,
-        schema: Mapping[str, Any] | None = None,
-    ) -> list[Any]: ...
-
-    async def rlm_query(self, prompt: str, model: str | None = None) -> str: ...
-
-    async def rlm_query_batched(
-        self, prompts: Sequence[str], model: str | None = None
-    ) -> list[str]: ...
+    async def call(self, request: SubcallRequest) -> Any:
+        """The answer of ``request``: one value, or a list in input order for the
+        batched functions. Everything a guest supplies (sizes, images, model names,
+        schemas) is checked here; a refusal is each slot's ``"[ERROR] ..."``."""
+        ...
 
     async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """Run a custom tool that lives in the engine's process (subprocess guests use it)."""

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
-from rlm_graph.contracts import ExecResult, Message, SubcallBridge
+from rlm_graph.contracts import ExecResult, Message, SubcallBridge, SubcallRequest
 from rlm_graph.errors import ConfigError
 from rlm_graph.repl import BlockInterrupted, ReplSession
 
@@ -140,34 +140,16 @@ class _ThreadCaller:
             raise BlockInterrupted("the block was stopped") from exc
         return result.unwrap()
 
-    def llm_query(
-        self, prompt: str | list[Any], model: str | None, schema: dict[str, Any] | None = None
-    ) -> Any:
-        return self._call(self.env.bridge.llm_query, prompt, model, schema)
-
-    def llm_query_batched(
-        self,
-        prompts: list[str | list[Any]],
-        model: str | None,
-        schema: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        return self._call(self.env.bridge.llm_query_batched, prompts, model, schema)
-
-    def rlm_query(self, prompt: str, model: str | None) -> str:
-        return self._call(self.env.bridge.rlm_query, prompt, model)
-
-    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
-        return self._call(self.env.bridge.rlm_query_batched, prompts, model)
+    def call(self, request: SubcallRequest) -> Any:
+        return self._call(self.env.bridge.call, request)
 
 
 class _ClosedCaller:
     """The caller of a closed environment's session: it holds nothing (the live caller
     holds the environment, which holds the session: a cycle)."""
 
-    def _closed(self, *args: Any) -> Any:
+    def call(self, request: SubcallRequest) -> Any:
         raise BlockInterrupted("the environment is closed")
-
-    llm_query = llm_query_batched = rlm_query = rlm_query_batched = _closed
 
 
 _CLOSED = _ClosedCaller()

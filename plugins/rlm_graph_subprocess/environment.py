@@ -58,7 +58,7 @@ from .guest import (
     ToolCall,
 )
 from .isolation import Isolation, choose_isolation
-from .process import GuestDied, GuestProcess, MessageTooLarge
+from .process import MAX_PENDING_PROMPTS, GuestDied, GuestProcess, MessageTooLarge, Room
 from .tools import split_tools
 
 __all__ = ["SubprocessEnvironment"]
@@ -353,12 +353,17 @@ class SubprocessEnvironment:
     ) -> ExecResult | GuestDied:
         # GuestDied is returned here, not raised through the nursery, which would wrap it
         # in an exception group.
+        room = Room(MAX_PENDING_PROMPTS)
         try:
             await guest.send(Execute(code=code))
             while True:
                 message = await guest.receive()
                 if isinstance(message, Subcall | ToolCall):
-                    nursery.start_soon(self._serve, guest, message)
+                    # Backpressure, not buffering: nothing more is read from the guest
+                    # while its calls in flight hold MAX_PENDING_PROMPTS prompts.
+                    weight = len(message.request.prompts) if isinstance(message, Subcall) else 1
+                    await room.take(weight)
+                    nursery.start_soon(self._serve, guest, message, room, weight)
                 elif isinstance(message, Done):
                     return ExecResult(**message.result)
                 else:  # a guest out of step with the protocol is as good as dead
@@ -368,7 +373,9 @@ class SubprocessEnvironment:
         except (ValidationError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             return GuestDied(f"{type(exc).__name__}")  # a garbled message: as bad as dead
 
-    async def _serve(self, guest: GuestProcess, call: Subcall | ToolCall) -> None:
+    async def _serve(
+        self, guest: GuestProcess, call: Subcall | ToolCall, room: Room, weight: int
+    ) -> None:
         try:
             value = await self._dispatch(call)
             _require_json("a tool's result", value)
@@ -377,6 +384,8 @@ class SubprocessEnvironment:
             raise
         except Exception as exc:  # noqa: BLE001 - a user's tool may raise anything; the model sees it
             reply = Reply(id=call.id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            room.give(weight)
         try:
             await guest.send(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -386,18 +395,10 @@ class SubprocessEnvironment:
         if isinstance(call, ToolCall):
             return await self.bridge.call_tool(call.name, call.args, call.kwargs)
         if not self.subcalls:  # the guest has no such function: its code wrote to the pipe
-            raise PermissionError(f"{call.fn} is not available in this REPL (subcalls=False)")
-        if call.fn == "llm_query":
-            return await self.bridge.llm_query(call.prompt or "", call.model, call.json_schema)
-        if call.fn == "rlm_query":
-            return await self.bridge.rlm_query(_text(call.prompt), call.model)
-        if call.fn == "llm_query_batched":
-            return await self.bridge.llm_query_batched(
-                call.prompts or [], call.model, call.json_schema
+            raise PermissionError(
+                f"{call.request.fn} is not available in this REPL (subcalls=False)"
             )
-        return await self.bridge.rlm_query_batched(
-            [_text(p) for p in call.prompts or []], call.model
-        )
+        return await self.bridge.call(call.request)
 
     async def _salvage(self, guest: GuestProcess) -> None:
         """Ask a guest about to be killed for ``answer["content"]``, briefly."""
@@ -411,8 +412,8 @@ class SubprocessEnvironment:
                     if isinstance(message, Answer):
                         self._answer = message.content or self._answer
                         return
-            except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
-                return
+            except (GuestDied, ValidationError, trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # half a line left by a cut block, or worse: the answer kept is kept
 
     async def _crashed(self, guest: GuestProcess, died: GuestDied) -> ExecResult:
         if isinstance(died, MessageTooLarge):
@@ -431,15 +432,6 @@ class SubprocessEnvironment:
             restarted=True,
             answer_content=self._answer,
         )
-
-
-def _text(prompt: object) -> str:
-    """A child RLM's prompt: text only (its context; images go through ``llm_query``)."""
-    if prompt is None:
-        return ""
-    if not isinstance(prompt, str):
-        raise TypeError("rlm_query takes text prompts only; send images with llm_query")
-    return prompt
 
 
 class _CpuWatchdog:

@@ -51,6 +51,7 @@ from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from rlm_graph.contracts import SubcallRequest
 from rlm_graph.repl import LimitStop
 
 if TYPE_CHECKING:
@@ -194,16 +195,13 @@ class Answer(BaseModel):
 
 
 class Subcall(BaseModel):
-    """``llm_query`` and friends, to be served by the engine's scheduler."""
+    """``llm_query`` and friends, to be served by the engine's scheduler: the one
+    `SubcallRequest` every environment hands over, with the id its reply will carry."""
 
     model_config = _WIRE
     type: Literal["subcall"] = "subcall"
     id: int
-    fn: Literal["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
-    prompt: str | list[Any] | None = None  # a list: text and images (rlm_graph.repl.WirePrompt)
-    prompts: list[str | list[Any]] | None = None
-    model: str | None = None
-    json_schema: dict[str, Any] | None = None  # llm_query(..., schema=): the answer's shape
+    request: SubcallRequest
 
 
 class ToolCall(BaseModel):
@@ -360,60 +358,17 @@ class _Protocol:
             waiter.event.set()
 
 
-_SingleFn = Literal["llm_query", "rlm_query"]
-_BatchFn = Literal["llm_query_batched", "rlm_query_batched"]
-
-
 class _PipeCaller:
     """`SubcallCaller` that sends each call up the pipe and blocks for the reply."""
 
     def __init__(self, protocol: _Protocol) -> None:
         self.protocol = protocol
 
-    def llm_query(
-        self, prompt: str | list[Any], model: str | None, schema: dict[str, Any] | None = None
-    ) -> Any:
-        answer = self._one("llm_query", prompt, model, schema)
-        return answer if schema is not None else str(answer)
-
-    def llm_query_batched(
-        self,
-        prompts: list[str | list[Any]],
-        model: str | None,
-        schema: dict[str, Any] | None = None,
-    ) -> list[Any]:
-        return list(self._many("llm_query_batched", prompts, model, schema))
-
-    def rlm_query(self, prompt: str, model: str | None) -> str:
-        return str(self._one("rlm_query", prompt, model))
-
-    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]:
-        return list(self._many("rlm_query_batched", list[str | list[Any]](prompts), model))
+    def call(self, request: SubcallRequest) -> Any:
+        return self.protocol.call(lambda i: Subcall(id=i, request=request))
 
     def call_tool(self, name: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
         return self.protocol.call(lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs))
-
-    def _one(
-        self,
-        fn: _SingleFn,
-        prompt: str | list[Any],
-        model: str | None,
-        schema: dict[str, Any] | None = None,
-    ) -> Any:
-        return self.protocol.call(
-            lambda i: Subcall(id=i, fn=fn, prompt=prompt, model=model, json_schema=schema)
-        )
-
-    def _many(
-        self,
-        fn: _BatchFn,
-        prompts: list[str | list[Any]],
-        model: str | None,
-        schema: dict[str, Any] | None = None,
-    ) -> Any:
-        return self.protocol.call(
-            lambda i: Subcall(id=i, fn=fn, prompts=prompts, model=model, json_schema=schema)
-        )
 
 
 def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:

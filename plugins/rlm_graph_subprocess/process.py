@@ -282,3 +282,30 @@ def cpu_seconds_of(pid: int) -> float | None:
         return None
     # fields[0] is the state (the stat file's field 3): utime and stime are fields 14 and 15.
     return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+MAX_PENDING_PROMPTS = 1_024
+"""Prompts of a guest's sub-calls in flight at once (a batched call counts each of its
+prompts; a tool call counts one). Past it the engine reads nothing more from the guest
+until some finish: the pipe stays full and the guest's next write waits."""
+
+
+class Room:
+    """A weighted count of a guest's calls in flight: `take` waits until ``weight`` fits
+    (a single call larger than the whole room goes when the room is empty, so it can
+    never wait for good), `give` frees it."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._changed = trio.Event()
+
+    async def take(self, weight: int) -> None:
+        while self.used and self.used + weight > self.size:
+            self._changed = trio.Event()
+            await self._changed.wait()
+        self.used += weight
+
+    def give(self, weight: int) -> None:
+        self.used -= weight
+        self._changed.set()

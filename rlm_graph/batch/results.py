@@ -20,6 +20,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .._files import open_private
 from ..errors import ConfigError
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
@@ -169,7 +170,7 @@ class ResultsFile:
         try:
             if end < len(data):
                 os.truncate(self.path, end)
-            self._handle = self.path.open("a", encoding="utf-8")
+            self._handle = open_private(self.path, "a")
         except OSError as exc:
             raise ConfigError(f"cannot write --output {str(self.path)!r}: {exc.strerror}") from None
         return self

@@ -6,6 +6,7 @@ import argparse
 import os
 from typing import Any
 
+from .._files import open_private
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
 from .progress import add_progress_arguments, progress_for
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     folder = os.path.dirname(args.out)
     if folder:
         os.makedirs(folder, exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as handle:
+    with open_private(args.out) as handle:
         handle.write(to_json(graph, indent=1))
     print(
         f"Graph written to {args.out} (rlm-graph trace export, or load it with rlm_graph.graph.from_json)."

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from .._files import open_private
 from ..errors import ConfigError
 from . import EXIT_LIMIT, EXIT_OK, EXIT_USAGE
 from .batch import _executor_kwargs, add_executor_arguments
@@ -184,7 +185,7 @@ def run_convert(args: argparse.Namespace) -> int:
             count = write_items(items, sys.stdout)
         else:
             partial = args.output.with_name(args.output.name + ".partial")
-            with partial.open("w", encoding="utf-8") as handle:
+            with open_private(partial) as handle:
                 count = write_items(items, handle)
             partial.replace(args.output)
     except ConfigError as exc:

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from opentelemetry.trace import TracerProvider
 
+from .._files import write_private
 from ..errors import GraphError
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
@@ -216,5 +217,5 @@ def run_export(args: argparse.Namespace) -> int:
     if args.output is None:
         sys.stdout.write(text)
     else:
-        args.output.write_text(text, encoding="utf-8")
+        write_private(args.output, text)
     return EXIT_OK

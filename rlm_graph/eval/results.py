@@ -26,6 +26,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .._files import open_private
 from ..batch import BatchError
 from ..errors import ConfigError
 
@@ -112,7 +113,7 @@ class ResultsLog:
         try:
             if end < data_size:
                 os.truncate(self.path, end)
-            self._handle = self.path.open("a", encoding="utf-8")
+            self._handle = open_private(self.path, "a")
         except OSError as exc:
             raise ConfigError(f"cannot write {str(self.path)!r}: {exc.strerror}") from None
         return self

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .._files import write_private
 from ..errors import ConfigError
 from .items import EvalItem, coerce_items, context_tokens, read_items, scan_items
 from .methods import EvalMethod, MethodSetup, lookup_methods
@@ -311,26 +312,15 @@ class Evaluation:
         summary = summarize(rows, methods=names, seed=self.seed, title=self.title)
         data = summary.public()
         data["models"] = {"root": self.setup.root_model, "sub": self.setup.sub_model}
-        (self.out / "summary.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        write_private(self.out / "summary.json", json.dumps(data, indent=2) + "\n")
         descriptions = {m.name: m.description for m in self.methods}
-        (self.out / "summary.md").write_text(
-            render_table(
-                summary,
-                root_model=self.setup.root_model,
-                sub_model=self.setup.sub_model,
-                descriptions=descriptions,
-            ),
-            encoding="utf-8",
+        models = {"root_model": self.setup.root_model, "sub_model": self.setup.sub_model}
+        write_private(
+            self.out / "summary.md", render_table(summary, descriptions=descriptions, **models)
         )
-        (self.out / "report.html").write_text(
-            render_eval_page(
-                summary,
-                rows,
-                root_model=self.setup.root_model,
-                sub_model=self.setup.sub_model,
-                descriptions=descriptions,
-            ),
-            encoding="utf-8",
+        write_private(
+            self.out / "report.html",
+            render_eval_page(summary, rows, descriptions=descriptions, **models),
         )
         return summary
 

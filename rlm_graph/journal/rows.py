@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import operator
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 __all__ = [
     "CHUNK_NODES",
     "COUNTED_KINDS",
+    "DamagedRow",
     "StoredNode",
     "encode_nodes",
     "is_tool_call",
@@ -95,14 +96,15 @@ def encode_nodes(
     values: Sequence[str | None],
     incoming: Mapping[str, Mapping[str, Mapping[str, Any]]],
     now: float,
-    redact: Callable[[str], str] | None = None,
 ) -> list[tuple[int, bytes]]:
     """Chunks ``(first seq, pickled rows)`` of finished nodes: ``records[i]`` with its
     request hash ``requests[i]`` and ``values[i]``, numbered from ``seq + 1``.
 
     ``incoming`` maps a node id to its edges (source -> ``{"kind"}``: `Graph.incoming`);
-    ``now`` stands in for a missing end time; ``redact`` scrubs known
-    secrets out of values. A journaled tool call (``<block>/tool-n``) and a node's second
+    ``now`` stands in for a missing end time. Values are kept exactly as the node
+    returned them (the journal is the user's own 0600 file, and a resumed run must get
+    back what the first one got; traces, logs and reports are what is scrubbed). A
+    journaled tool call (``<block>/tool-n``) and a node's second
     model call (``id#n``) are rows but are not counted as nodes. The output preview is
     None when it equals the value, which it does for every reply short enough to preview
     whole: no text twice.
@@ -115,8 +117,6 @@ def encode_nodes(
     rows: list[tuple[Any, ...]] = []
     # One loop, no call per node: a helper's call costs ~5k instructions a node here.
     for record, request, value in zip(records, requests, values, strict=True):
-        if redact is not None and value:
-            value = redact(value)  # a model that echoed a key does not put it on disk
         seq += 1
         node_id = record.id
         after = parent = None
@@ -164,8 +164,65 @@ class _PlainValues(pickle.Unpickler):
 
 
 def load_chunk(data: bytes) -> list[tuple[Any, ...]]:
-    rows: list[tuple[Any, ...]] = _PlainValues(io.BytesIO(data)).load()
+    """The rows of a chunk, each checked to have the shape `encode_nodes` writes.
+
+    The check looks at each value once and never into a value where a plain one belongs,
+    so it takes time in proportion to the chunk's bytes: a chunk built of shared nested
+    references (small on disk, exponential when walked, hashed or printed) is refused,
+    not followed.
+
+    Raises:
+        ValueError: the chunk is not a list of rows.
+        DamagedRow: a row has the wrong shape (the message names its node when its id
+            is a string).
+        pickle.UnpicklingError: the pickle names a class or a function.
+    """
+    rows = _PlainValues(io.BytesIO(data)).load()
+    if type(rows) is not list:
+        raise ValueError(f"a chunk is a list of rows, not a {type(rows).__name__}")
+    for index, row in enumerate(rows):
+        problem = _shape_problem(row)
+        if problem is not None:
+            fields = row[_FIELDS] if type(row) is tuple and row else None
+            node = (
+                fields[0] if type(fields) is tuple and fields and type(fields[0]) is str else None
+            )
+            name = f"node {node!r}" if node is not None and len(node) < 300 else f"row {index}"
+            raise DamagedRow(f"{name} ({problem})")
     return rows
+
+
+class DamagedRow(ValueError):
+    """A chunk's row that is not one `encode_nodes` writes (the message names it)."""
+
+
+_SCALAR = (str, int, float, bool, type(None))
+
+
+def _shape_problem(row: object) -> str | None:
+    """What is wrong with ``row``'s shape, or None (see `load_chunk`)."""
+    if type(row) is not tuple or len(row) != 11:
+        return "not a row of 11 values"
+    fields = row[_FIELDS]
+    if type(fields) is not tuple or len(fields) != len(_RECORD_FIELDS):
+        return f"its record is not {len(_RECORD_FIELDS)} fields"
+    if type(fields[0]) is not str or not all(type(v) in _SCALAR for v in fields):
+        return "a record field that is not a plain value"
+    if not all(type(row[i]) is str for i in (_KIND, _STATUS, _HASH)) or type(row[_SEQ]) is not int:
+        return "its kind, status, hash or seq has the wrong type"
+    if not all(type(row[i]) in (str, type(None)) for i in (_OUTPUT, _PARENT, _VALUE)):
+        return "its preview, parent or value is not text"
+    usage, after = row[_USAGE], row[_AFTER]
+    if usage is not None and (
+        type(usage) is not dict
+        or not all(type(k) is str and type(v) in _SCALAR for k, v in usage.items())
+    ):
+        return "its usage is not a dict of plain values"
+    if after is not None and (type(after) is not list or not all(type(a) is str for a in after)):
+        return "its edges are not a list of node ids"
+    if type(row[_COUNTED]) is not bool:
+        return "its counted flag is not a bool"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

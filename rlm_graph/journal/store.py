@@ -48,6 +48,7 @@ from .rows import (
     _RECORD_FIELDS,
     CHUNK_NODES,
     COUNTED_KINDS,
+    DamagedRow,
     StoredNode,
     encode_nodes,
     is_tool_call,
@@ -370,6 +371,11 @@ class JournalStore:
         for attempt, data in cursor:
             try:
                 rows = load_chunk(data)
+            except DamagedRow as exc:
+                raise ConfigError(
+                    f"journal {str(self.path)!r} has a damaged row for {exc}; "
+                    "start a new journal file"
+                ) from None
             except Exception as exc:
                 raise ConfigError(
                     f"journal {str(self.path)!r} has a damaged node chunk ({exc}); start a new journal file"

@@ -74,6 +74,22 @@ class AnswerSchema:
             self.name = _identifier(getattr(source, "__name__", "") or "") or "answer"
 
     @classmethod
+    def from_guest(cls, schema: object) -> AnswerSchema:
+        """A JSON Schema that model code sent (``llm_query(p, schema=...)``): data, never
+        an instruction to fetch, and checked in bounded time (see `rlm_graph.protocol.guest_schema`).
+
+        Raises:
+            ConfigError: what about the schema was refused, and what to send instead.
+        """
+        from .guest_schema import check_guest_schema, json_validator
+
+        check_guest_schema(schema)
+        assert isinstance(schema, Mapping)
+        shape = cls(schema, check=False)
+        shape._validator = json_validator(shape.json_schema, bounded=True)
+        return shape
+
+    @classmethod
     def of(cls, schema: Any) -> AnswerSchema:
         """An `AnswerSchema` for ``schema=`` as a user gives it (or one already built).
 
@@ -102,7 +118,7 @@ class AnswerSchema:
                 raise SchemaMismatch(_pydantic_problems(exc)) from None
         if self._validator is None:
             self._validator = _dict_validator(self.json_schema)
-        errors = sorted(self._validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        errors = sorted(_errors(self._validator, value), key=lambda e: list(e.absolute_path))
         if errors:
             raise SchemaMismatch(_jsonschema_problems(errors))
         return value
@@ -203,17 +219,30 @@ def _adapter_of(source: Any) -> tuple[TypeAdapter[Any], dict[str, Any]]:
 
 
 def _dict_validator(schema: dict[str, Any]) -> Any:
-    import jsonschema
+    from .guest_schema import json_validator
 
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    return json_validator(schema)
+
+
+def _errors(validator: Any, value: Any) -> list[Any]:
+    """Every error of ``value``; a reference that goes nowhere, a schema that refers to
+    itself without end, or one too costly to check is a mismatch saying so."""
+    import referencing.exceptions
+
+    from .guest_schema import OutOfFuel, fuel
+
     try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        where = "/".join(map(str, exc.absolute_path)) or "the top level"
-        raise ConfigError(
-            f"schema is not a valid JSON Schema: {exc.message} (at {where})"
+        with fuel(validator):
+            return list(validator.iter_errors(value))
+    except referencing.exceptions.Unresolvable as exc:
+        raise SchemaMismatch(
+            f"the schema refers to {exc.ref!r}, which is not in it: references must "
+            "point into the schema itself (#/$defs/...)"
         ) from None
-    return cls(schema)
+    except RecursionError:
+        raise SchemaMismatch("the schema refers to itself without end") from None
+    except OutOfFuel as exc:
+        raise SchemaMismatch(str(exc)) from None
 
 
 # -- reporting ------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from ..contracts import ExecResult, Image
+from ..contracts import ExecResult, Image, SubcallFunction, SubcallRequest, WirePrompt
 from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
@@ -82,11 +82,6 @@ class BlockInterrupted(BaseException):
     """
 
 
-WirePrompt = str | list[Any]
-"""A prompt as it crosses to the engine: a str, or a list of parts, each a str or an
-image as ``{"media_type": ..., "data": <base64>}`` (JSON, so it crosses a pipe too)."""
-
-
 class LimitStop(BaseException):
     """Raised inside a block by the environment when the block passed one of its limits.
 
@@ -98,21 +93,11 @@ class LimitStop(BaseException):
 
 
 class SubcallCaller(Protocol):
-    """Blocking calls back into the engine; each returns text, never raises for a failed
-    model call (a failure is an ``"[ERROR] ..."`` string). With ``schema`` (a JSON Schema
-    dict), ``llm_query`` returns the validated JSON value instead of text."""
+    """The blocking door back to the engine: one `SubcallRequest` in, its answer out
+    (text, or the validated JSON value with a schema; a list for the batched functions;
+    a failure is an ``"[ERROR] ..."`` string, never an exception)."""
 
-    def llm_query(
-        self, prompt: WirePrompt, model: str | None, schema: dict[str, Any] | None = None
-    ) -> Any: ...
-
-    def llm_query_batched(
-        self, prompts: list[WirePrompt], model: str | None, schema: dict[str, Any] | None = None
-    ) -> list[Any]: ...
-
-    def rlm_query(self, prompt: str, model: str | None) -> str: ...
-
-    def rlm_query_batched(self, prompts: list[str], model: str | None) -> list[str]: ...
+    def call(self, request: SubcallRequest) -> Any: ...
 
 
 class _Answer(dict[str, Any]):
@@ -181,6 +166,23 @@ def _wire_prompts(name: str, prompts: object, scratch_dir: str) -> list[WireProm
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise TypeError(f"{name}() takes a list of prompts, got {type(prompts).__name__}")
     return [_wire_prompt(f"{name}: prompt {i}", p, scratch_dir) for i, p in enumerate(prompts)]
+
+
+def _request(
+    fn: SubcallFunction,
+    prompts: Sequence[WirePrompt],
+    model: Any,
+    shape: AnswerSchema | None = None,
+) -> SubcallRequest:
+    """The one value a call of model code becomes (what every environment hands over).
+
+    Raises:
+        TypeError: ``model`` is not a model name.
+    """
+    if model is not None and not isinstance(model, str):
+        raise TypeError(f"{fn}(model=...) takes a model name (a str), got {type(model).__name__}")
+    schema = shape.json_schema if shape is not None else None
+    return SubcallRequest(fn=fn, prompts=tuple(prompts), model=model, json_schema=schema)
 
 
 def _shape(name: str, schema: Any) -> AnswerSchema:
@@ -293,25 +295,27 @@ class ReplSession:
         def llm_query(prompt: Any, model: str | None = None, schema: Any = None) -> Any:
             checked = _wire_prompt("llm_query", prompt, self.scratch_dir)
             if schema is None:
-                return caller.llm_query(checked, model)
+                return caller.call(_request("llm_query", [checked], model))
             shape = _shape("llm_query", schema)
-            return _typed(shape, caller.llm_query(checked, model, shape.json_schema))
+            return _typed(shape, caller.call(_request("llm_query", [checked], model, shape)))
 
         def llm_query_batched(
             prompts: Sequence[str], model: str | None = None, schema: Any = None
         ) -> list[Any]:
             checked = _wire_prompts("llm_query_batched", prompts, self.scratch_dir)
             if schema is None:
-                return caller.llm_query_batched(checked, model)
+                return list(caller.call(_request("llm_query_batched", checked, model)))
             shape = _shape("llm_query_batched", schema)
-            answers = caller.llm_query_batched(checked, model, shape.json_schema)
+            answers = caller.call(_request("llm_query_batched", checked, model, shape))
             return [_typed(shape, answer) for answer in answers]
 
         def rlm_query(prompt: str, model: str | None = None) -> str:
-            return caller.rlm_query(_check_prompt("rlm_query", prompt), model)
+            checked = _check_prompt("rlm_query", prompt)
+            return str(caller.call(_request("rlm_query", [checked], model)))
 
         def rlm_query_batched(prompts: Sequence[str], model: str | None = None) -> list[str]:
-            return caller.rlm_query_batched(_check_prompts("rlm_query_batched", prompts), model)
+            checked = _check_prompts("rlm_query_batched", prompts)
+            return list(caller.call(_request("rlm_query_batched", checked, model)))
 
         return {
             "llm_query": llm_query,

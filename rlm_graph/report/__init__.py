@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._files import write_private
 from ..graph import Graph
 from .data import report_data
 from .page import render_page
@@ -25,5 +26,4 @@ def write_report(
     target = Path(path)
     if target.parent and not target.parent.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(render_report(graph, title=title, stop_reason=stop_reason), encoding="utf-8")
-    return target
+    return write_private(target, render_report(graph, title=title, stop_reason=stop_reason))

@@ -1,8 +1,11 @@
 """The scheduler's side of ``llm_query`` and friends, for one completion.
 
-An environment calls these async methods on the trio side (the local environment
-re-enters trio from its worker thread; the subprocess environment from its pipe reader).
-Each call becomes nodes of the graph:
+Every environment turns a call of model code into one `SubcallRequest` and hands it to
+`CompletionBridge.call` on the trio side (the local environment re-enters trio from its
+worker thread; the subprocess environment serves its guest's pipe). That is the one
+boundary: what a guest sent is checked there, once (`rlm_graph.protocol.subcalls`:
+sizes, images, ``rlm_query`` text; the schema, `AnswerSchema.from_guest`; the model
+name), and then becomes nodes of the graph:
 
     llm_query            -> one ``llm_call`` at depth + 1
     llm_query_batched    -> one ``llm_call`` per prompt, concurrent
@@ -18,13 +21,13 @@ Invariants:
     - Batches run at most ``batch_max_concurrent`` slots at once; the provider limiter
       and the per-depth child limiter bound them further, tree-wide.
     - Model code names only configured models (``model=``): a backend's, or one of
-      ``allowed_models``. Any other name fails its slot (and node) before any request.
+      ``allowed_models``. Any other name, and a schema that is refused, fails every slot
+      of the call (each a failed node) before any request; a call over the size caps is
+      refused whole, before any node.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import inspect
 import time
@@ -34,7 +37,7 @@ from typing import Any
 
 import trio
 
-from ..contracts import Image, Message, ResponseSchema
+from ..contracts import Message, ResponseSchema, SubcallRequest
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
@@ -43,6 +46,7 @@ from ..journal.tools import JournaledTool
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
+from ..protocol.subcalls import Prompt, check_request, prompt_parts
 from .calls import ModelCall, call_model
 from .context import Run
 from .slots import run_slots
@@ -68,37 +72,6 @@ class _Place:
     ordinal: int
     index: int | None
     size: int | None
-
-
-Prompt = str | Sequence[Any]
-"""What ``llm_query`` takes: text, or a list of parts (str, `Image`, or an image as the
-REPL sends it, ``{"media_type", "data": <base64>}``)."""
-
-
-def prompt_parts(prompt: Prompt) -> list[str | Image]:
-    """A sub-call's prompt as message parts. Images from the REPL are checked again here
-    (type by signature, size): the REPL may be a hostile guest process.
-
-    Raises:
-        ValueError: a part that is neither text nor a readable image.
-    """
-    if isinstance(prompt, str):
-        return [prompt]
-    parts: list[str | Image] = []
-    for index, part in enumerate(prompt):
-        if isinstance(part, str | Image):
-            parts.append(part)
-        elif isinstance(part, Mapping) and isinstance(part.get("data"), str):
-            try:
-                data = base64.b64decode(part["data"], validate=True)
-            except binascii.Error:
-                raise ValueError(f"prompt part {index}: the image data is not base64") from None
-            parts.append(Image.from_bytes(data))
-        else:
-            raise ValueError(
-                f"prompt part {index} is a {type(part).__name__}, not text or an image"
-            )
-    return parts
 
 
 class CompletionBridge:
@@ -145,28 +118,29 @@ class CompletionBridge:
     def can_recurse(self) -> bool:
         return self.depth + 1 < self.run.limits.max_depth
 
-    # -- the four functions -------------------------------------------------------------
+    # -- the one door ------------------------------------------------------------------
 
-    async def llm_query(
-        self, prompt: Prompt, model: str | None = None, schema: Mapping[str, Any] | None = None
-    ) -> Any:
-        return await self._one(self._llm_slot(schema), prompt, model, self._take_finished())
-
-    async def llm_query_batched(
-        self,
-        prompts: Sequence[Prompt],
-        model: str | None = None,
-        schema: Mapping[str, Any] | None = None,
-    ) -> list[Any]:
-        return await self._batch(self._llm_slot(schema), prompts, model)
-
-    async def rlm_query(self, prompt: str, model: str | None = None) -> str:
-        return str(await self._one(self._rlm, prompt, model, self._take_finished()))
-
-    async def rlm_query_batched(
-        self, prompts: Sequence[str], model: str | None = None
-    ) -> list[str]:
-        return await self._batch(self._rlm, prompts, model)
+    async def call(self, request: SubcallRequest) -> Any:
+        """The answer of one ``llm_query``/``llm_query_batched``/``rlm_query``/
+        ``rlm_query_batched`` call of model code (see the module's docstring): one value,
+        or a list in input order; every failure is an ``"[ERROR] ..."`` slot."""
+        try:
+            check_request(request)
+        except ConfigError as exc:  # refused whole: the guest's data is all it costs
+            error = error_slot(exc)
+            return [error] * len(request.prompts) if request.batched else error
+        refusal: ConfigError | None = None
+        shape = None
+        try:
+            self.run.router.check_allowed(request.model, request.fn)
+            if request.json_schema is not None and request.fn.startswith("llm"):
+                shape = AnswerSchema.from_guest(request.json_schema)
+        except ConfigError as exc:
+            refusal = exc
+        slot = self._slot(request, shape, refusal)
+        if request.batched:
+            return await self._batch(slot, request.prompts, request.model)
+        return await self._one(slot, request.prompts[0], request.model, self._take_finished())
 
     async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         """Run a custom tool of the engine's process (for guests in other processes)."""
@@ -187,21 +161,35 @@ class CompletionBridge:
 
     Slot = Callable[[Any, "str | None", list[str], "_Place"], Awaitable[Any]]
 
-    def _llm_slot(self, schema: Mapping[str, Any] | None) -> Slot:
-        """``_llm``, typed by ``schema`` when there is one (checked once per call or batch;
-        a bad schema fails every slot with the reason)."""
-        if schema is None:
-            return self._llm
+    def _slot(
+        self, request: SubcallRequest, shape: AnswerSchema | None, refusal: ConfigError | None
+    ) -> Slot:
+        """What runs one slot of ``request``: a model call (typed by ``shape``), a child,
+        or, for a refused call, a node that fails with the reason."""
+        kind = NodeKind.LLM_CALL if request.fn.startswith("llm") else NodeKind.RLM_CALL
+        if refusal is not None:
+            return functools.partial(self._refused, refusal, kind)
+        if kind == NodeKind.RLM_CALL:
+            return self._rlm
+        return self._llm if shape is None else functools.partial(self._llm, shape=shape)
+
+    async def _refused(
+        self,
+        refusal: ConfigError,
+        kind: NodeKind,
+        prompt: Any,
+        model: str | None,
+        after: list[str],
+        place: _Place,
+    ) -> Any:
+        async def body(rec: NodeRecord) -> Any:
+            raise refusal
+
+        record = self._record(kind, preview(prompt), place)
         try:
-            shape = AnswerSchema.of(dict(schema))
-        except (ConfigError, TypeError, ValueError) as exc:
-            problem = exc if isinstance(exc, ConfigError) else ConfigError(f"schema: {exc}")
-
-            async def refused(*args: Any) -> Any:
-                raise problem
-
-            return refused
-        return functools.partial(self._llm, shape=shape)
+            return await self.run.execute(record, body, after=after, parent=self.block)
+        finally:
+            self._finished.append(record.id)
 
     async def _one(self, slot: Slot, prompt: Any, model: str | None, after: list[str]) -> Any:
         try:
@@ -263,7 +251,6 @@ class CompletionBridge:
         )
 
         async def body(rec: NodeRecord) -> Any:
-            self.run.router.check_allowed(model, "llm_query")
             text = (await call_model(call)).content
             return text if shape is None else shape.parse_text(text)  # a mismatch fails the node
 
@@ -289,7 +276,6 @@ class CompletionBridge:
         child_tally = Tally(parent=self.tally)
 
         async def body(rec: NodeRecord) -> str:
-            self.run.router.check_allowed(model, "rlm_query")
             async with self.run.limiters.subcalls(rec.depth):
                 rec.began(trio.current_time(), time.time())  # queueing for a slot is not running
                 try:
@@ -332,26 +318,8 @@ class BridgeProxy:
             raise RLMGraphError("this REPL is not attached to a running completion")
         return self.target
 
-    async def llm_query(
-        self, prompt: Prompt, model: str | None = None, schema: Mapping[str, Any] | None = None
-    ) -> Any:
-        return await self._bridge().llm_query(prompt, model, schema)
-
-    async def llm_query_batched(
-        self,
-        prompts: Sequence[Prompt],
-        model: str | None = None,
-        schema: Mapping[str, Any] | None = None,
-    ) -> list[Any]:
-        return await self._bridge().llm_query_batched(prompts, model, schema)
-
-    async def rlm_query(self, prompt: str, model: str | None = None) -> str:
-        return await self._bridge().rlm_query(prompt, model)
-
-    async def rlm_query_batched(
-        self, prompts: Sequence[str], model: str | None = None
-    ) -> list[str]:
-        return await self._bridge().rlm_query_batched(prompts, model)
+    async def call(self, request: SubcallRequest) -> Any:
+        return await self._bridge().call(request)
 
     async def call_tool(self, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         return await self._bridge().call_tool(name, args, kwargs)

@@ -123,7 +123,7 @@ async def _journaled(run: Run, operation: Operation[R], flush: Callable[[], Awai
     """The body in its span and scope, with the journal open around it; the result."""
     journal = None
     if operation.journal is not None:
-        journal = run.journal = await open_journal(run.graph, run.redact, operation.journal)
+        journal = run.journal = await open_journal(run.graph, operation.journal)
     status = "failed"
     stop_reason: str | None = None
     failure: BaseException | None = None

@@ -28,7 +28,6 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import trio
@@ -58,7 +57,6 @@ class Replayer:
 
     Args:
         graph: the run's graph (edges of recorded nodes; a replayed child's nodes go in).
-        redact: scrubs known secrets out of what is written (None: nothing to scrub).
         store, key, number, before: the open journal file, the run's key, its number in
             the file and its earlier attempt's row (None for a first attempt).
     """
@@ -66,14 +64,12 @@ class Replayer:
     def __init__(
         self,
         graph: Graph,
-        redact: Callable[[str], str] | None,
         store: JournalStore,
         key: str,
         number: int,
         before: RunRow | None,
     ) -> None:
         self.graph = graph
-        self.redact = redact
         self.store = store
         self.key = key
         self.number = number
@@ -242,7 +238,6 @@ class Replayer:
             values,
             self.graph.incoming,
             trio.current_time(),
-            self.redact,
         )
         self._seq += len(records)
         return chunks
@@ -320,9 +315,7 @@ class Replayer:
         return self.summary()
 
 
-async def open_journal(
-    graph: Graph, redact: Callable[[str], str] | None, target: JournalTarget
-) -> Replayer:
+async def open_journal(graph: Graph, target: JournalTarget) -> Replayer:
     """Open the journal ``target`` names for a run whose graph is ``graph``.
 
     Raises:
@@ -335,7 +328,7 @@ async def open_journal(
     store = JournalStore(target.path, threads=True)
     try:
         number, before = store.begin(target.key, target.kind, target.label)
-        replayer = Replayer(graph, redact, store, target.key, number, before)
+        replayer = Replayer(graph, store, target.key, number, before)
     except BaseException:
         store.close()
         raise

@@ -38,6 +38,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from .._files import open_private, write_private
 from ..errors import ConfigError
 from .scrub import Scrubber
 
@@ -281,7 +282,7 @@ class TraceFileExporter(SpanExporter):
     def _write(self, trace_id: str, group: Sequence[ReadableSpan]) -> None:
         if "otlp" in self.formats:
             line = json.dumps(otlp_json(group, self._scrub), separators=(",", ":"))
-            with self._path(trace_id, group, "otlp").open("a", encoding="utf-8") as out:
+            with open_private(self._path(trace_id, group, "otlp"), "a") as out:
                 out.write(line + "\n")
         if "jaeger" in self.formats:
             path = self._path(trace_id, group, "jaeger")
@@ -309,5 +310,5 @@ class TraceFileExporter(SpanExporter):
 def _replace(path: Path, text: str) -> None:
     """Write ``path`` atomically: a reader never sees half a file."""
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(text, encoding="utf-8")
+    write_private(temporary, text)
     os.replace(temporary, path)

@@ -9,6 +9,7 @@ import sys
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
+from rlm_graph.contracts import SubcallRequest
 from rlm_graph_subprocess.boundaries import guest_environ
 from rlm_graph_subprocess.guest import (
     Execute,
@@ -33,7 +34,7 @@ def test_wire_messages_round_trip_and_refuse_unknown_fields() -> None:
         Reply(id=3, value="v"),
     ):
         assert HOST.validate_json(message.model_dump_json()) == message
-    call = Subcall(id=1, fn="llm_query_batched", prompts=["a", "b"])
+    call = Subcall(id=1, request=SubcallRequest(fn="llm_query_batched", prompts=("a", "b")))
     assert GUEST.validate_json(call.model_dump_json()) == call
     with pytest.raises(ValidationError):
         HOST.validate_json(json.dumps({"op": "execute", "code": "1", "cwd": "/"}))
@@ -109,9 +110,10 @@ def test_a_sub_call_goes_up_the_pipe_with_an_id(tmp_path: object) -> None:
     assert out[1] == {
         "type": "subcall",
         "id": 1,
-        "fn": "llm_query",
-        "prompt": "what is up?",
-        "prompts": None,
-        "model": None,
-        "json_schema": None,
+        "request": {
+            "fn": "llm_query",
+            "prompts": ["what is up?"],
+            "model": None,
+            "json_schema": None,
+        },
     }

@@ -337,3 +337,31 @@ async def test_a_journal_that_cannot_be_written_at_the_end_keeps_the_answer(
     ).acompletion("ctx")
     assert result.response == "sub:p0 sub:p1 sub:p2 sub:p3 sub:p4"
     assert "writing failed (database or disk is full)" in caplog.text  # type: ignore[attr-defined]
+
+
+async def test_a_resumed_run_gets_back_exactly_what_the_first_got_secrets_included(
+    tmp_path: Path, monkeypatch: object
+) -> None:
+    """The journal is the user's own 0600 file: it keeps replies exactly, also one that
+    holds the value of a secret-named variable; what is scrubbed is what goes to
+    traces, logs and reports (the node's preview)."""
+    import pytest
+
+    assert isinstance(monkeypatch, pytest.MonkeyPatch)
+    monkeypatch.setenv("DEPLOY_TOKEN", "deploy-7f3a9c21e5")
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return "the deploy id is deploy-7f3a9c21e5"
+        return repl("FINAL(llm_query('which deploy?'))")
+
+    path = tmp_path / "run.sqlite"
+    first = await RLM("scripted", {"respond": respond}, journal=str(path)).acompletion("ctx")
+    assert first.response == "the deploy id is deploy-7f3a9c21e5"
+    (call,) = first.graph.records(NodeKind.LLM_CALL)
+    assert "deploy-7f3a9c21e5" not in call.output_preview  # scrubbed where it is shown
+    again = RLM("scripted", {"respond": respond}, journal=str(path))
+    second = await again.acompletion("ctx")
+    assert scripted(again).requests == []  # all of it from the journal
+    assert second.response == first.response  # before: "the deploy id is [REDACTED]"
+    assert second.replay is not None and second.replay.diverged == 0

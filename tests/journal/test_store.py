@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from rlm_graph.journal.store import JournalStore
 
 
@@ -170,3 +172,53 @@ def test_a_journal_of_another_format_is_refused_with_what_to_do(tmp_path: Path) 
         ConfigError, match="has format 1; this rlm-graph reads format 2: start a new journal file"
     ):
         JournalStore(path)
+
+
+@pytest.mark.processes
+def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(tmp_path: Path) -> None:
+    """A few hundred bytes on disk, 2**60 steps to walk, hash or print: the loader
+    refuses it at the first value that is not plain, and never follows it (run in a
+    process of its own, so that a regression fails by the timeout, not by a hang)."""
+    import pickle
+    import sqlite3
+    import subprocess
+    import sys
+
+    path = tmp_path / "run.sqlite"
+    key = _journal_a_run(path, "fine")
+    db = sqlite3.connect(path)
+    (data,) = db.execute("SELECT nodes FROM chunks LIMIT 1").fetchone()
+    rows = pickle.loads(data)
+    bomb: tuple[object, ...] = ()
+    for _ in range(60):
+        bomb = (bomb, bomb)
+    fields = rows[0][0]
+    rows[0] = ((bomb, *fields[1:]), *rows[0][1:])  # the node's id
+    rows[1] = (*rows[1][:3], {"input_tokens": [bomb, bomb]}, *rows[1][4:])  # its usage
+    crafted = pickle.dumps(rows)
+    assert len(crafted) < len(data) + 2_000
+    db.execute("UPDATE chunks SET nodes=?", (crafted,))
+    db.commit()
+    db.close()
+    script = (
+        "import sys\n"
+        "from rlm_graph.errors import ConfigError\n"
+        "from rlm_graph.journal import JournalStore\n"
+        "store = JournalStore(sys.argv[1])\n"
+        "for step in (lambda: store.load(sys.argv[2]), store.runs):\n"
+        "    try:\n"
+        "        step()\n"
+        "    except ConfigError as exc:\n"
+        "        print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("refused:") for line in lines), lines
+    assert "damaged row for row 0 (a record field that is not a plain value)" in lines[0]

@@ -1,0 +1,238 @@
+"""The one boundary between model code and the engine, played by the attacker: a real
+guest process (the ``subprocess`` environment) sends what it likes through
+``llm_query``'s schema, and writes what it likes to the engine's pipe."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from rlm_graph import RLM
+from rlm_graph.events import NodeFinished, NodeStarted
+from rlm_graph_subprocess.process import MAX_PENDING_PROMPTS
+from tests.support.guests import engine
+from tests.support.scripts import is_root_turn, repl, scripted
+
+
+class _Listening(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.seen.append(self.path)  # type: ignore[attr-defined]
+        body = json.dumps({"type": "string"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def listening() -> Iterator[tuple[str, list[str]]]:
+    """A server on 127.0.0.1 that serves a schema to anyone who asks, and counts who did."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listening)
+    server.seen = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.seen  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+async def test_a_schema_reference_sends_nothing_to_any_server_and_the_run_goes_on() -> None:
+    with listening() as (url, seen):
+        code = (
+            f"a = llm_query('q', schema={{'$ref': {url!r} + '/x?d=' + context}})\n"
+            f"b = llm_query_batched(['q'], schema={{'$defs': {{'s': {{'$ref': {url!r}}}}}, "
+            "'$ref': '#/$defs/s'})\n"
+            "FINAL(repr([a, b[0]]))"
+        )
+        rlm = engine([repl(code)], sub=lambda r: '"fine"')
+        result = await rlm.acompletion("the secret document")
+    assert seen == []  # nothing went out, the context least of all
+    a, b = eval(result.response)
+    for slot in (a, b):
+        assert slot.startswith("[ERROR] ConfigError: schema: $ref")
+        assert "points outside the schema" in slot and "nothing is ever fetched" in slot
+    assert all(r.model == "scripted" for r in scripted(rlm).requests)
+    assert len(scripted(rlm).requests) == 1  # the root turn only: no slot called a model
+
+
+def test_a_users_schema_is_never_fetched_either() -> None:
+    with listening() as (url, seen):
+        rlm = RLM(
+            "scripted",
+            {"respond": lambda r: repl("FINAL('\"x\"')")},
+            environment="local",
+            max_iterations=1,
+        )
+        result = rlm.completion("ctx", schema={"$ref": url + "/answer.json"})
+    assert seen == []
+    assert result.parsed is None
+    told = "\n".join(m.content for m in scripted(rlm).requests[1].messages)
+    assert "is not in it: references must point into the schema itself" in told
+
+
+# -- schemas that would stall the engine's loop (each run in a process of its own, so
+#    that a regression fails by the timeout instead of hanging the suite) ------------------
+
+STALLING = {
+    "a backtracking pattern": (
+        {"type": "string", "pattern": "^(a+)+$"},
+        '"' + "a" * 60 + '!"',
+        "does not match",
+    ),
+    "an exploding anyOf": (
+        {
+            "$defs": {
+                **{f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(40)},
+                "d40": {"type": "integer"},
+            },
+            "$ref": "#/$defs/d0",
+        },
+        '"text"',
+        "too costly to check",
+    ),
+}
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("case", sorted(STALLING))
+def test_a_schema_built_to_stall_is_a_mismatch_in_bounded_time(case: str) -> None:
+    schema, reply, told = STALLING[case]
+    script = (
+        "import json, sys\n"
+        "from rlm_graph import RLM\n"
+        "schema, reply = json.loads(sys.argv[1]), sys.argv[2]\n"
+        "def respond(request):\n"
+        "    if any(m.role == 'system' for m in request.messages):\n"
+        "        code = f'FINAL(llm_query(\"x\", schema={schema!r}))'\n"
+        "        return '```repl\\n' + code + '\\n```'\n"
+        "    return reply\n"
+        "rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=30)\n"
+        "result = rlm.completion('ctx')\n"
+        "print(json.dumps([result.response, result.stop_reason]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(schema), reply],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    response, stop_reason = json.loads(done.stdout.strip().splitlines()[-1])
+    assert stop_reason is None  # answered, not cut by the deadline
+    assert response.startswith("[ERROR] SchemaMismatch") and told in response
+
+
+async def test_patterns_re2_cannot_run_and_pattern_properties_are_refused_up_front() -> None:
+    code = (
+        "a = llm_query('q', schema={'type': 'string', 'pattern': '(a)\\\\1'})\n"
+        "b = llm_query('q', schema={'type': 'object', 'patternProperties': {'^x': {}}})\n"
+        "c = llm_query('q', schema={'type': 'object', 'properties': {'patternProperties': {}}})\n"
+        "FINAL(repr([a, b, c]))"
+    )
+    rlm = engine([repl(code)], sub=lambda r: '{"patternProperties": 1}')
+    a, b, c = eval((await rlm.acompletion("ctx")).response)
+    assert a.startswith("[ERROR] ConfigError") and "not one RE2 takes" in a
+    assert b.startswith("[ERROR] ConfigError") and "patternProperties is not taken" in b
+    assert c == {"patternProperties": 1}  # a property of that name is only a name
+
+
+# -- the pipe -----------------------------------------------------------------------------
+
+
+def _forging(count: int) -> str:
+    """A block that writes ``count`` forged sub-call lines straight to the engine's pipe,
+    then asks once for real (read only after every forged line was read)."""
+    line = {
+        "type": "subcall",
+        "id": 0,
+        "request": {"fn": "llm_query", "prompts": ["forged"], "model": None, "json_schema": None},
+    }
+    return (
+        "import json, os, stat\n"
+        f"line = {line!r}\n"
+        "out = [fd for fd in map(int, os.listdir('/proc/self/fd'))\n"
+        "       if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISFIFO(os.fstat(fd).st_mode)]\n"
+        "for fd in out:\n"
+        "    try:\n"
+        f"        for i in range({count}):\n"
+        "            line['id'] = 10_000_000 + i\n"
+        "            os.write(fd, (json.dumps(line) + '\\n').encode())\n"
+        "    except OSError:\n"  # the read end of a pipe
+        "        pass\n"
+        "FINAL(llm_query('real'))"
+    )
+
+
+async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
+    in_flight, peak = 0, 0
+
+    def listen(event: object) -> None:
+        nonlocal in_flight, peak
+        if isinstance(event, NodeStarted) and event.kind == "llm_call":
+            in_flight += 1
+            peak = max(peak, in_flight)
+        elif isinstance(event, NodeFinished) and event.kind == "llm_call":
+            in_flight -= 1
+
+    forged = MAX_PENDING_PROMPTS * 3
+    rlm = engine(
+        [repl(_forging(forged))],
+        sub=lambda r: f"answered {r.prompt}",
+        backend_kwargs={"latency": 0.001, "max_concurrent": 8},
+        listeners=[listen],
+        environment_kwargs={"timeout": 120},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "answered real"
+    served = [r for r in scripted(rlm).requests if not is_root_turn(r)]
+    assert len(served) > forged - MAX_PENDING_PROMPTS  # the forged ones were served, in turn
+    assert peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
+
+
+async def test_half_a_message_on_the_pipe_when_a_run_is_cut_keeps_the_partial_answer() -> None:
+    blocks = [
+        repl("answer['content'] = 'the partial answer'"),
+        repl(
+            "import os, stat, time\n"
+            "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+            "    try:\n"
+            "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+            '            os.write(fd, b\'{"type": "subc\')\n'  # half a line, never ended
+            "    except OSError:\n"
+            "        pass\n"
+            "time.sleep(60)"
+        ),
+    ]
+    rlm = engine(blocks, max_timeout=3)
+    result = await rlm.acompletion("ctx")  # before: pydantic's ValidationError
+    assert result.stop_reason == "max_timeout"
+    assert result.response == "the partial answer"
+
+
+def test_check_request_refuses_a_call_over_the_caps_before_any_node() -> None:
+    from rlm_graph.protocol.subcalls import MAX_PROMPTS
+
+    code = f"r = llm_query_batched(['p'] * {MAX_PROMPTS + 1})\nFINAL(r[0])"
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment="local",
+    )
+    result = rlm.completion("ctx")
+    assert result.response.startswith("[ERROR] ConfigError") and "split the list" in result.response
+    assert len(list(result.graph.records("llm_call"))) == 0

@@ -1,0 +1,66 @@
+"""Files that hold a run's content are created readable by their owner only (0600):
+trace files, reports, graph exports, batch and evaluation results, the journal. A file
+the user made beforehand keeps its own mode."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from rlm_graph import RLM
+from rlm_graph.batch import BatchResult, ResultsFile
+from rlm_graph.cli import main
+from rlm_graph.report import write_report
+from rlm_graph.tracing import TraceFileExporter
+from tests.support.scripts import repl
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def _completion(**kwargs: object) -> object:
+    rlm = RLM(
+        "scripted", {"respond": lambda r: repl("FINAL('done')")}, environment="local", **kwargs
+    )
+    return rlm.completion("a private document")
+
+
+def test_trace_files_reports_and_the_journal_are_0600(tmp_path: Path) -> None:
+    old = os.umask(0o022)  # the usual umask: without care, files come out 0644
+    try:
+        exporter = TraceFileExporter(tmp_path / "traces")
+        provider = TracerProvider(shutdown_on_exit=False)
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        result = _completion(tracer_provider=provider, journal=str(tmp_path / "run.sqlite"))
+        provider.shutdown()
+        report = write_report(result.graph, tmp_path / "run.html")  # type: ignore[attr-defined]
+    finally:
+        os.umask(old)
+    written = [*exporter.paths, report, tmp_path / "run.sqlite"]
+    assert len(written) >= 4
+    assert {p.name: _mode(p) for p in written} == {p.name: 0o600 for p in written}
+
+
+def test_batch_results_are_0600_and_a_file_made_beforehand_keeps_its_mode(
+    tmp_path: Path,
+) -> None:
+    fresh, shared = tmp_path / "out.jsonl", tmp_path / "shared.jsonl"
+    shared.touch(mode=0o644)
+    shared.chmod(0o644)
+    result = BatchResult(id="a", answer="x", started_at=0.0, finished_at=1.0, seconds=1.0)
+    for path in (fresh, shared):
+        results = ResultsFile(path).open()
+        results.append(result)
+        results.close()
+    assert (_mode(fresh), _mode(shared)) == (0o600, 0o644)
+
+
+def test_the_demos_graph_export_is_0600(tmp_path: Path) -> None:
+    out = tmp_path / "graph.json"
+    assert main(["demo", "--latency", "0", "--out", str(out), "--quiet"]) == 0
+    assert _mode(out) == 0o600
