@@ -172,6 +172,9 @@ class Engine:
             resource and exporters; tracing costs nothing while none is set). Build one
             with `rlm_graph.tracing.configure_tracing` or ``tracer_provider_from_env()``.
         trace_content: put prompt, code and output text (truncated) on spans.
+        record_content: keep every node's whole input and output on its record
+            (``content_in``/``content_out``: the report's trajectory). Off by default:
+            documents are private.
         entry_points: load installed plugins of entry-point group ``rlm_graph``.
         limiter: where providers' concurrency gates and rate buckets live, shared with
             every engine given the same object (default: this engine's own, in-process);
@@ -198,6 +201,7 @@ class Engine:
         allowed_models: Sequence[str] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
+        record_content: bool = False,
         entry_points: bool = True,
         listeners: Iterable[Listener] = (),
         limiter: SharedLimiter | None = None,
@@ -215,6 +219,7 @@ class Engine:
         # does not build its own from OTEL_* variables; the CLI and configure_tracing do).
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
+        self.record_content = bool(record_content)
         other_kwargs = _other_kwargs(other_backends, other_backend_kwargs)
         main = _make_provider(self.host, backend, backend_kwargs)
         providers = [(f"{backend if isinstance(backend, str) else main.name}/0", main)]
@@ -292,6 +297,7 @@ class Engine:
             graph=graph,
             redact=self._redact,
             listeners=[*self.listeners, *listeners],
+            record_content=self.record_content,
         )
 
     async def flush_spans(self) -> None:

@@ -103,8 +103,10 @@ class RLM:
         allowed_models: more model names the model's code may name in
             ``llm_query(p, model=...)`` / ``rlm_query``; other names fail that slot with
             an ``[ERROR]`` naming the allowed ones. The backends' models are always allowed.
-        plugins, observers, listeners, models, tracer_provider, trace_content, limiter: as
-            for `Engine`.
+        plugins, observers, listeners, models, tracer_provider, trace_content,
+            record_content, limiter: as for `Engine` (``record_content=True`` puts each
+            turn's reply, each block's code and output, each sub-call's prompt and answer
+            in the report: docs/observing.md).
         journal: an SQLite file recording every finished node; a completion with the
             same inputs and configuration over it resumes (replays what was recorded,
             goes live from the first node with no record). See docs/durability.md.
@@ -159,6 +161,7 @@ class RLM:
         allowed_models: Sequence[str] | None = None,
         tracer_provider: TracerProvider | None = None,
         trace_content: bool = False,
+        record_content: bool = False,
         limiter: SharedLimiter | None = None,
         logger: None = None,
         journal: str | os.PathLike[str] | None = None,
@@ -200,6 +203,7 @@ class RLM:
             allowed_models=allowed_models,
             tracer_provider=tracer_provider,
             trace_content=trace_content,
+            record_content=record_content,
             limiter=limiter,
             max_depth=max_depth,
             max_iterations=max_iterations,

@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
         **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
         tracer_provider=provider,
         trace_content=args.trace_content,
+        record_content=args.trace_content,
         listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph demo")],
     )
     try:

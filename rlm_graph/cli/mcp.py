@@ -192,6 +192,7 @@ class _Tools:
                 **self.kwargs,
                 tracer_provider=self.provider,
                 trace_content=self.trace_content,
+                record_content=self.trace_content,
                 listeners=[writer],
             )
         except BaseException:

@@ -293,6 +293,7 @@ def run(args: argparse.Namespace) -> int:
             **rlm_kwargs(args),
             tracer_provider=provider,
             trace_content=getattr(args, "trace_content", False),
+            record_content=getattr(args, "trace_content", False),
             listeners=[
                 *display.listeners(),
                 *report_writers(args, display.say, "rlm-graph run: " + args.query[:80]),

@@ -61,7 +61,8 @@ def add_trace_argument(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--trace-content",
         action="store_true",
-        help="put prompts, code and outputs (truncated, secrets redacted) on spans",
+        help="record prompts, code and outputs: whole in --report's trajectory, truncated on "
+        "spans (secrets redacted); off by default, since documents are private",
     )
 
 

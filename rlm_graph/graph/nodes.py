@@ -86,6 +86,10 @@ class NodeRecord:
             limit, no text); the model saw the same note after the reply.
         replayed: the node's result came from a journal (docs/durability.md): it made no
             request in this run, and its times are those of the run that recorded it.
+        content_in, content_out: the node's whole input and output (a turn's new message
+            and its reply, a block's code and what it printed, a sub-call's prompt and
+            answer), kept only when the run records content (``record_content=True``:
+            off by default, since documents are private); secrets redacted.
     """
 
     id: str
@@ -114,6 +118,8 @@ class NodeRecord:
     note: str | None = None
     reason: str | None = None
     replayed: bool = False
+    content_in: str | None = None
+    content_out: str | None = None
 
     model_fields: ClassVar[Mapping[str, object]]
 
@@ -203,12 +209,23 @@ class NodeRecord:
         self.end = was.end + shift if was.end is not None else None
         self.wall_start = was.wall_start
 
+    def keep_content(self, given: str | None, made: str | None) -> None:
+        """Keep the node's whole input (``given``) and output (``made``): for runs that
+        record content (the report's trajectory)."""
+        self.content_in = given
+        self.content_out = made
+
     def redact(self, scrub: Callable[[str], str]) -> None:
-        """Pass the previews and the error through ``scrub`` (known secrets out)."""
+        """Pass the previews, the content and the error through ``scrub`` (known
+        secrets out)."""
         self.input_preview = scrub(self.input_preview)
         self.output_preview = scrub(self.output_preview)
         if self.error:
             self.error = scrub(self.error)
+        if self.content_in:
+            self.content_in = scrub(self.content_in)
+        if self.content_out:
+            self.content_out = scrub(self.content_out)
 
 
 _ADAPTER: TypeAdapter[NodeRecord] = TypeAdapter(NodeRecord)

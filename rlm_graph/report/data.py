@@ -16,10 +16,19 @@ Layout, decided here rather than in the browser:
 from __future__ import annotations
 
 import heapq
+import re
 from collections import defaultdict
 from typing import Any
 
-from ..graph import Graph, NodeRecord, NodeStatus, critical_path, makespan, usage_by_model
+from ..graph import (
+    Graph,
+    NodeKind,
+    NodeRecord,
+    NodeStatus,
+    critical_path,
+    makespan,
+    usage_by_model,
+)
 
 __all__ = ["STATUSES", "report_data"]
 
@@ -45,6 +54,11 @@ def report_data(
         edges += [index[source], index[target], 1 if kind == "spawn" else 0]
     path = critical_path(graph)
     failed = [i for i, r in enumerate(records) if r.status == NodeStatus.ERROR]
+    nodes = _node_columns(graph, records, index, kinds, models)
+    trajectory = _trajectory(graph, records, index)
+    if trajectory is not None:
+        nodes["content_in"] = [r.content_in for r in records]
+        nodes["content_out"] = [r.content_out for r in records]
     return {
         "title": title,
         "stop_reason": stop_reason,
@@ -52,7 +66,8 @@ def report_data(
         "kinds": kinds,
         "models": models,
         "statuses": list(STATUSES),
-        "nodes": _node_columns(graph, records, index, kinds, models),
+        "nodes": nodes,
+        "trajectory": trajectory,
         "edges": edges,
         "critical": [index[n] for n in path.nodes],
         "critical_seconds": path.length,
@@ -90,6 +105,58 @@ def _node_columns(
         "output": [r.output_preview for r in records],
         "error": [f"{r.error_type or 'error'}: {r.error}" if r.error else "" for r in records],
     }
+
+
+_STEPS = (NodeKind.ROOT_TURN, NodeKind.COMPACTION)
+
+
+def _trajectory(
+    graph: Graph, records: list[NodeRecord], index: dict[str, int]
+) -> list[list[int]] | None:
+    """The run as it unfolded, for a run that recorded content (else None): ``[node,
+    level]`` rows in reading order: each turn of a completion, then its blocks, each
+    block followed by the sub-calls it made; a child completion's rows come under its
+    ``rlm_call``, one level deeper; a node no block made (a one-call answer, a
+    workflow's node) in its own row."""
+    if not any(r.content_in is not None or r.content_out is not None for r in records):
+        return None
+    by_completion: dict[str, list[NodeRecord]] = defaultdict(list)
+    for record in records:
+        by_completion[record.completion].append(record)
+    rows: list[list[int]] = []
+    stack: list[tuple[str, int]] = [("root", 0)]
+    seen: set[str] = set()
+    while stack:  # completions, depth first; a loop: a deep tree must not recurse
+        completion, level = stack.pop()
+        if completion in seen:
+            continue
+        seen.add(completion)
+        pending: list[tuple[str, int]] = []
+        for record in _in_order(by_completion.get(completion, [])):
+            spawned = next(graph.predecessors(record.id, "spawn"), None) is not None
+            if spawned and record.kind not in _STEPS:
+                continue  # a sub-call: it comes under the block that made it
+            rows.append([index[record.id], level + (record.kind == NodeKind.REPL_BLOCK)])
+            if record.kind != NodeKind.REPL_BLOCK:
+                continue
+            for call in sorted(graph.successors(record.id, "spawn"), key=_natural):
+                rows.append([index[call], level + 2])
+                if graph[call].kind == NodeKind.RLM_CALL:
+                    pending.append((call, level + 3))
+        stack.extend(reversed(pending))
+    return rows
+
+
+def _in_order(records: list[NodeRecord]) -> list[NodeRecord]:
+    """A completion's turns, compactions and blocks in the order they ran."""
+    return sorted(
+        records, key=lambda r: (r.iteration or 0, r.kind != NodeKind.COMPACTION, _natural(r.id))
+    )
+
+
+def _natural(node_id: str) -> list[Any]:
+    """``turn-1/block-10`` after ``turn-1/block-9``."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", node_id)]
 
 
 def _usage_rows(graph: Graph) -> list[dict[str, Any]]:

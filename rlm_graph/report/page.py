@@ -81,6 +81,13 @@ _BODY = """<header><h1>__TITLE__</h1><div id="summary"></div></header>
   <h2>Errors and limit stops</h2><div id="errors"></div>
 </aside>
 </main>
+<section id="trajectory" hidden>
+  <h2>Trajectory <small>every turn's reply, every block's code and output, every sub-call's
+    prompt and answer, in the order they ran</small>
+    <input id="trajectory-search" type="search" placeholder="search the run" aria-label="search the run">
+    <span id="trajectory-count" class="muted"></span></h2>
+  <div id="steps"></div>
+</section>
 """
 
 _STYLE = """
@@ -108,6 +115,12 @@ pre{white-space:pre-wrap;overflow-wrap:anywhere;background:#f6f8fa;padding:6px;m
 button{margin-left:6px;min-width:24px;font:inherit;cursor:pointer}
 .err{color:#cf222e}
 #errors li{cursor:pointer}
+#trajectory{padding:0 16px 24px}
+#trajectory-search{margin-left:12px;font:inherit;padding:2px 6px;width:260px}
+.step{border-left:3px solid #d0d7de;margin:6px 0;padding:2px 0 2px 8px}
+.step h3{font-size:12px;margin:0;font-weight:600;cursor:pointer}
+.step pre{max-height:24em}
+.step .label{color:#656d76;font-size:11px;margin:4px 0 0}
 """
 
 _SCRIPT = r"""
@@ -372,6 +385,54 @@ _SCRIPT = r"""
     body.setAttribute("data-hit-exact", String(exact));
     body.setAttribute("data-hit-misses", String(misses));
   }
+  // -- the trajectory (runs that recorded content) --------------------------------------
+  var LABELS = {root_turn: ["new message", "reply"], repl_block: ["code", "output"],
+                llm_call: ["prompt", "answer"], rlm_call: ["prompt", "answer"],
+                compaction: ["history", "rewritten"], function: ["input", "output"]};
+  var steps = [];
+  if (D.trajectory) {
+    var box = document.getElementById("steps");
+    document.getElementById("trajectory").hidden = false;
+    D.trajectory.forEach(function (row) {
+      var i = row[0], kind = D.kinds[N.kind[i]], labels = LABELS[kind] || ["input", "output"];
+      var step = el("div", undefined, "step");
+      step.style.marginLeft = (row[1] * 18) + "px";
+      step.style.borderLeftColor = kindColor[N.kind[i]];
+      step.setAttribute("data-node", N.id[i]);
+      var title = el("h3", kind + " " + N.id[i] + (N.model[i] >= 0 ? "  " + D.models[N.model[i]] : "") +
+                     "  " + D.statuses[N.status[i]]);
+      title.addEventListener("click", function () { select(i); });
+      step.appendChild(title);
+      [[labels[0], N.content_in[i]], [labels[1], N.content_out[i]]].forEach(function (part) {
+        if (part[1] == null) return;
+        step.appendChild(el("p", part[0], "label"));
+        step.appendChild(el("pre", part[1] === "" ? "(empty)" : part[1]));
+      });
+      if (N.error[i]) step.appendChild(el("pre", N.error[i], "err"));
+      box.appendChild(step);
+      steps.push(step);
+    });
+    var count = document.getElementById("trajectory-count");
+    var search = document.getElementById("trajectory-search");
+    function filter() {
+      var q = search.value.toLowerCase(), shown = 0;
+      steps.forEach(function (s) {
+        var hit = !q || s.textContent.toLowerCase().indexOf(q) >= 0;
+        s.hidden = !hit; shown += hit ? 1 : 0;
+      });
+      count.textContent = shown + " of " + steps.length + " steps";
+      body.setAttribute("data-trajectory-shown", String(shown));
+    }
+    search.addEventListener("input", filter);
+    var query = /[?&]q=([^&#]*)/.exec(location.search);  // run.html?q=... opens searched
+    if (query) search.value = decodeURIComponent(query[1]);
+    filter();
+  }
+  body.setAttribute("data-trajectory-steps", String(steps.length));
+  window.rlmReport.search = function (q) {
+    var s = document.getElementById("trajectory-search"); s.value = q; s.dispatchEvent(new Event("input"));
+  };
+
   var wanted = decodeURIComponent(location.hash.replace(/^#node=/, ""));
   if (location.hash.indexOf("#node=") === 0) {
     var at = N.id.indexOf(wanted);

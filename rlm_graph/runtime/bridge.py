@@ -252,6 +252,8 @@ class CompletionBridge:
 
         async def body(rec: NodeRecord) -> Any:
             text = (await call_model(call)).content
+            if self.run.record_content:
+                rec.keep_content(message.content, text)
             return text if shape is None else shape.parse_text(text)  # a mismatch fails the node
 
         def typed() -> Journaled[Any]:
@@ -284,6 +286,8 @@ class CompletionBridge:
                     rec.usage = child_tally.usage
                     rec.cost = child_tally.cost
             rec.output_preview = preview(answer)
+            if self.run.record_content:
+                rec.keep_content(prompt, answer)
             return answer
 
         def replayed(rec: NodeRecord) -> None:

@@ -80,6 +80,7 @@ class Run:
         graph: Graph | None = None,
         redact: Callable[[str], str] | None = None,
         listeners: Iterable[Listener] = (),
+        record_content: bool = False,
     ) -> None:
         self.limits = limits
         self.host = host
@@ -90,6 +91,7 @@ class Run:
         self.budget = Budget(limits)
         self.spend = BudgetGate(self.budget)
         self.redact = redact
+        self.record_content = record_content  # keep whole inputs and outputs on records
         self.scope = trio.CancelScope()
         self._time_warning = trio.CancelScope()
         self.stop_reason: str | None = None

@@ -87,7 +87,10 @@ async def one_call(
         return OneAnswer(schema.dump_json(parsed), parsed, raw=text)
 
     async def body(rec: NodeRecord) -> OneAnswer:
-        return answer(await call.text(rec))
+        text = await call.text(rec)
+        if run.record_content:
+            rec.keep_content(message.content, text)
+        return answer(text)
 
     return await run.execute(
         record, body, journal=lambda: call.journaled(keep=lambda a: a.raw, read=answer)

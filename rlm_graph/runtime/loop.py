@@ -390,9 +390,15 @@ class RLMRunner:
         call = ModelCall(
             self.run, record, list(state.messages), model=c.model, params=params, tally=c.tally
         )
+
+        async def keeping(rec: NodeRecord) -> str:
+            reply = await call.text(rec)
+            rec.keep_content(state.messages[-1].content, reply)  # what is new, and its reply
+            return reply
+
         reply = await self.run.execute(
             record,
-            call.text,
+            keeping if self.run.record_content else call.text,
             after=[previous] if previous else [],
             parent=c.parent,
             journal=call.journaled,
@@ -514,6 +520,8 @@ class RLMRunner:
                 await c.env.execute(seed_code(journal.key, rec.id))
             result = await self._check_final(c, state, await c.env.execute(code))
             rec.output_preview = preview(result.stdout or result.stderr)
+            if self.run.record_content:
+                rec.keep_content(code, result.stdout + result.stderr)
             if not result.ok:
                 rec.fail(
                     (result.error or "Timeout").split(":", 1)[0],

@@ -159,7 +159,10 @@ class _LazyCall:
         return self._call
 
     async def text(self, record: NodeRecord) -> str:
-        return await self.call.text(record)
+        reply = await self.call.text(record)
+        if self.run.record_content:
+            record.keep_content(self.call.messages[-1].content, reply)
+        return reply
 
     def journaled(self) -> Journaled[str]:
         return self.call.journaled()

@@ -3,6 +3,7 @@ nothing fetched), the CLI, and the page in a real headless Chromium."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -15,7 +16,7 @@ from rlm_graph.cli import main
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.graph import Graph, NodeKind, NodeRecord, NodeStatus, peak_concurrency, to_json
 from rlm_graph.report import render_report, report_data, write_report
-from tests.support.chromium import needs_chromium, open_in_chromium
+from tests.support.chromium import dump_in_chromium, needs_chromium, open_in_chromium
 from tests.support.scripts import is_root_turn, repl, turn_number
 
 
@@ -273,3 +274,58 @@ def test_run_report_flag_writes_the_report_even_when_the_provider_fails(
     assert data["stop_reason"] == "provider_error"
     failed = [data["nodes"]["id"][i] for i in data["errors"]]
     assert failed == ["turn-2"] and "malformed" in data["nodes"]["error"][data["errors"][0]]
+
+
+def _recorded_run(record_content: bool) -> Any:
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return f"summary of {request.prompt}"
+        if turn_number(request) == 1:
+            return repl(
+                "parts = llm_query_batched(['chapter one', 'chapter two'])\nprint('got', len(parts), 'parts')"
+            )
+        return repl("FINAL(' / '.join(parts))")
+
+    rlm = RLM("scripted", {"respond": respond}, environment="local", record_content=record_content)
+    return rlm.completion("the whole book", root_prompt="Summarise it.")
+
+
+def test_the_trajectory_holds_whole_replies_code_outputs_prompts_and_answers() -> None:
+    data = report_data(_recorded_run(True).graph)
+    steps = [(data["kinds"][data["nodes"]["kind"][i]], level) for i, level in data["trajectory"]]
+    assert steps == [
+        ("root_turn", 0),
+        ("repl_block", 1),
+        ("llm_call", 2),
+        ("llm_call", 2),
+        ("root_turn", 0),
+        ("repl_block", 1),
+    ]
+    code = data["nodes"]["content_in"][data["trajectory"][1][0]]
+    assert code.startswith("parts = llm_query_batched(") and "print('got'" in code
+    assert data["nodes"]["content_out"][data["trajectory"][1][0]] == "got 2 parts\n"
+    assert data["nodes"]["content_out"][data["trajectory"][2][0]] == "summary of chapter one"
+
+
+def test_without_recorded_content_there_is_no_trajectory_and_no_text() -> None:
+    data = report_data(_recorded_run(False).graph)
+    assert data["trajectory"] is None and "content_in" not in data["nodes"]
+
+
+@needs_chromium
+@pytest.mark.browser
+def test_the_trajectory_is_drawn_and_searchable_in_chromium(tmp_path: Path) -> None:
+    page = write_report(_recorded_run(True).graph, tmp_path / "run.html")
+    body, console, dom = dump_in_chromium(page, tmp_path)
+    assert body["data-errors"] == "0" and not [c for c in console if "Uncaught" in c]
+    assert body["data-trajectory-steps"] == "6" and body["data-trajectory-shown"] == "6"
+    steps = re.findall(r'<div class="step"[^>]*data-node="([^"]+)"', dom)
+    assert steps[:3] == ["turn-1", "turn-1/block-1", "turn-1/block-1/llm-1.0"]
+    block = dom.split('data-node="turn-1/block-1"', 1)[1].split('class="step"', 1)[0]
+    assert "parts = llm_query_batched([" in html.unescape(block)  # the block's code
+    assert "got 2 parts" in block  # and its output
+    # Searching: ?q= opens the page searched; only the steps that hold the text stay.
+    searched, _, _ = dump_in_chromium(page, tmp_path, "?q=chapter%20two")
+    # The first reply and its block (the code names it), the slot that asked it, and the
+    # last block (its output is the answer); not the other slot, nor the second reply.
+    assert searched["data-trajectory-shown"] == "4"

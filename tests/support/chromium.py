@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["CHROMIUM", "needs_chromium", "open_in_chromium"]
+__all__ = ["CHROMIUM", "dump_in_chromium", "needs_chromium", "open_in_chromium"]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None and os.environ.get("CI"):
@@ -30,6 +30,14 @@ def open_in_chromium(
 ) -> tuple[dict[str, str], list[str]]:
     """Load ``page`` in headless Chromium; return <body>'s attributes once the page's
     script has run, and the console messages (errors included) it logged."""
+    attributes, console, _ = dump_in_chromium(page, tmp_path, fragment)
+    return attributes, console
+
+
+def dump_in_chromium(
+    page: Path, tmp_path: Path, fragment: str = ""
+) -> tuple[dict[str, str], list[str], str]:
+    """`open_in_chromium`, and the whole DOM as the page's script left it (HTML)."""
     assert CHROMIUM is not None
     done = subprocess.run(
         [
@@ -54,4 +62,4 @@ def open_in_chromium(
     assert body is not None, done.stdout[:500]
     attributes = dict(re.findall(r'([\w-]+)="([^"]*)"', body.group(1)))
     console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
-    return attributes, console
+    return attributes, console, done.stdout
