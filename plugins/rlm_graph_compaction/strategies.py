@@ -54,7 +54,19 @@ def _over(tokens: int, context_window: int, threshold_pct: float) -> bool:
     return tokens >= threshold_pct * context_window
 
 
-class SummarizeStrategy:
+class _PastThreshold:
+    """Compacts once the history passes ``threshold_pct`` of the window and holds at
+    least `MIN_TURN_PAIRS` turns to rewrite."""
+
+    def should_compact(
+        self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
+    ) -> bool:
+        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(
+            tokens, context_window, threshold_pct
+        )
+
+
+class SummarizeStrategy(_PastThreshold):
     """Replace the history with the root model's own summary of it.
 
     The new history is: system prompt, task, the summary (as the model's message), and a
@@ -63,13 +75,6 @@ class SummarizeStrategy:
     """
 
     name = "summarize"
-
-    def should_compact(
-        self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
-    ) -> bool:
-        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(
-            tokens, context_window, threshold_pct
-        )
 
     async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
         response = await ctx.complete([*messages, Message(role="user", content=SUMMARY_PROMPT)])
@@ -81,7 +86,7 @@ class SummarizeStrategy:
         ]
 
 
-class TruncateStrategy:
+class TruncateStrategy(_PastThreshold):
     """Drop the oldest turn pairs until the history fits ``target_pct`` of the window.
 
     No model call; no state, so one instance serves every completion. The most recent
@@ -99,13 +104,6 @@ class TruncateStrategy:
         if not 0 < target_pct < 1:
             raise ConfigError("truncate: target_pct must be in (0, 1), e.g. 0.5")
         self.target_pct = target_pct
-
-    def should_compact(
-        self, messages: Sequence[Message], *, tokens: int, context_window: int, threshold_pct: float
-    ) -> bool:
-        return _turn_pairs(messages) >= MIN_TURN_PAIRS and _over(
-            tokens, context_window, threshold_pct
-        )
 
     async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
         head, turns = list(messages[:2]), list(messages[2:])

@@ -41,75 +41,67 @@ class LocalExecutor:
     def run(
         self, items: Iterator[BatchItem], rlm_kwargs: Mapping[str, Any], *, concurrency: int
     ) -> Iterator[BatchResult]:
-        out: queue.SimpleQueue[object] = queue.SimpleQueue()
-        state: dict[str, Any] = {}
-        thread = threading.Thread(
-            target=self._thread,
-            args=(items, dict(rlm_kwargs), concurrency, out, state),
-            name="rlm-graph-batch",
-            daemon=True,
-        )
+        batch = _LocalBatch(items, dict(rlm_kwargs), concurrency, self.name)
+        thread = threading.Thread(target=batch.thread, name="rlm-graph-batch", daemon=True)
         thread.start()
-        return self._results(out, state, thread)
+        return batch.results(thread)
 
-    @staticmethod
-    def _results(
-        out: queue.SimpleQueue[object], state: dict[str, Any], thread: threading.Thread
-    ) -> Iterator[BatchResult]:
+
+class _LocalBatch:
+    """One batch: its loop's thread puts results in ``out``, the caller's takes them."""
+
+    def __init__(
+        self, items: Iterator[BatchItem], rlm_kwargs: dict[str, Any], concurrency: int, name: str
+    ) -> None:
+        self.items, self.rlm_kwargs, self.concurrency, self.name = (
+            items, rlm_kwargs, concurrency, name,
+        )  # fmt: skip
+        self.out: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.scope: trio.CancelScope | None = None
+
+    def results(self, thread: threading.Thread) -> Iterator[BatchResult]:
+        """The results as they come (the caller's thread); leaving early cancels the
+        loop and joins its thread."""
         try:
-            while (got := out.get()) is not _DONE:
+            while (got := self.out.get()) is not _DONE:
                 assert isinstance(got, BatchResult)
                 yield got
-            if "error" in state:
-                raise state["error"]
+            if self.error is not None:
+                raise self.error
         finally:
-            token = state.get("token")
-            scope = state.get("scope")
-            if thread.is_alive() and token is not None and scope is not None:
+            if thread.is_alive() and self.token is not None and self.scope is not None:
                 try:
-                    token.run_sync_soon(scope.cancel)
+                    self.token.run_sync_soon(self.scope.cancel)
                 except trio.RunFinishedError:
                     pass
             thread.join()
 
-    def _thread(
-        self,
-        items: Iterator[BatchItem],
-        rlm_kwargs: dict[str, Any],
-        concurrency: int,
-        out: queue.SimpleQueue[object],
-        state: dict[str, Any],
-    ) -> None:
+    def thread(self) -> None:
         try:
-            trio.run(self._batch, items, rlm_kwargs, concurrency, out, state)
+            trio.run(self._batch)
         except BaseException as exc:  # handed to the caller's thread, raised there
-            state["error"] = _single(exc)
+            self.error = _single(exc)
         finally:
-            out.put(_DONE)
+            self.out.put(_DONE)
 
-    async def _batch(
-        self,
-        items: Iterator[BatchItem],
-        rlm_kwargs: dict[str, Any],
-        concurrency: int,
-        out: queue.SimpleQueue[object],
-        state: dict[str, Any],
-    ) -> None:
+    async def _batch(self) -> None:
         from rlm_graph import RLM
 
         with trio.CancelScope() as scope:
-            state["token"], state["scope"] = trio.lowlevel.current_trio_token(), scope
-            async with RLM(**rlm_kwargs, limiter=InProcessLimiter()) as rlm:
+            self.token, self.scope = trio.lowlevel.current_trio_token(), scope
+            async with RLM(**self.rlm_kwargs, limiter=InProcessLimiter()) as rlm:
 
                 async def worker() -> None:
-                    for item in items:  # one shared iterator: each worker takes the next item
-                        out.put(await complete_item(rlm, item, executor=self.name))
+                    for item in self.items:  # one shared iterator: each takes the next item
+                        self.out.put(await complete_item(rlm, item, executor=self.name))
 
                 # The engine is built and its plugins imported: that heap is frozen for
                 # the batch, so no full collection stalls every completion to walk it.
                 with frozen_heap():
                     async with trio.open_nursery() as nursery:
-                        for _ in range(concurrency):
+                        for _ in range(self.concurrency):
                             nursery.start_soon(worker)
 
 

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
-from . import EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from .progress import LiveLine
 from .run import (
     LIMIT_FLAGS,
@@ -32,9 +32,6 @@ from .run import (
 )
 
 __all__ = ["add_executor_arguments", "register", "run"]
-
-EXIT_FAILED_ITEMS = 1
-EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: Any) -> None:
@@ -207,4 +204,4 @@ def run(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
     summary = BatchSummary.of(finished, skipped=len(done))
     print(f"rlm-graph batch: {summary.text()}", file=sys.stderr)
-    return EXIT_OK if summary.failed == 0 else EXIT_FAILED_ITEMS
+    return EXIT_OK if summary.failed == 0 else EXIT_FAILED

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 from .._files import open_private
 from ..errors import ConfigError
-from . import EXIT_LIMIT, EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE
 from .batch import _executor_kwargs, add_executor_arguments
 from .output import strip_control
 from .run import (
@@ -31,9 +31,6 @@ from .run import (
 )
 
 __all__ = ["register", "run"]
-
-EXIT_FAILED_ITEMS = 1
-EXIT_INTERRUPTED = 130
 
 
 def register(subparsers: Any) -> None:
@@ -361,4 +358,4 @@ def run(args: argparse.Namespace) -> int:
     print(Path(outcome.out / "summary.md").read_text(encoding="utf-8"), end="")
     if outcome.unfinished:
         return EXIT_LIMIT
-    return EXIT_OK if outcome.errors == 0 else EXIT_FAILED_ITEMS
+    return EXIT_OK if outcome.errors == 0 else EXIT_FAILED

@@ -18,12 +18,10 @@ from ..events import RunFinished
 from ..graph import Graph, from_json
 from ..report import write_report
 from ..tracing import TraceFileError, load_trace, to_graph
+from . import EXIT_OK, EXIT_USAGE
 from .trace import SQLITE_MAGIC, journal_graph
 
 __all__ = ["ReportWriter", "add_report_argument", "load_run", "register", "report_writers"]
-
-EXIT_OK = 0
-EXIT_USAGE = 2
 
 
 def register(subparsers: Any) -> None:

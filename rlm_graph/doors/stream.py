@@ -21,10 +21,9 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
-from ..errors import ConfigError
 from ..events import DEFAULT_CAPACITY, EventBuffer, Listener
 from ..events.buffer import EMPTY, END
-from .sync import unwrap
+from .sync import refuse_inside_trio, unwrap
 
 __all__ = ["AsyncEventStream", "EventStream", "open_event_stream"]
 
@@ -44,15 +43,7 @@ class EventStream(Generic[T]):
     """
 
     def __init__(self, start: Start[T], *, capacity: int, sync_name: str, async_name: str) -> None:
-        try:
-            trio.lowlevel.current_trio_token()
-        except RuntimeError:
-            pass  # not inside trio: the normal case
-        else:
-            raise ConfigError(
-                f"{sync_name}() runs its own trio loop and cannot be called from trio code; "
-                f"use `async with {async_name}(...) as events` there"
-            )
+        refuse_inside_trio(sync_name, f"async with {async_name}(...) as events")
         self.buffer = EventBuffer(capacity)
         self.result: T | None = None
         self._start = start

@@ -14,7 +14,7 @@ import trio
 
 from ..errors import ConfigError
 
-__all__ = ["run_sync", "unwrap"]
+__all__ = ["refuse_inside_trio", "run_sync", "unwrap"]
 
 T = TypeVar("T")
 
@@ -33,17 +33,25 @@ def unwrap(exc: BaseExceptionGroup[Any]) -> BaseException | None:
     return None
 
 
-def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, sync_name: str, async_name: str) -> T:
-    """``trio.run(fn, *args)``, refusing to nest inside a running trio loop."""
+def refuse_inside_trio(sync_name: str, instead: str) -> None:
+    """Refuse a sync door called from trio code (it would nest a second trio loop).
+
+    Raises:
+        ConfigError: naming ``instead``, what to write there.
+    """
     try:
         trio.lowlevel.current_trio_token()
     except RuntimeError:
-        pass  # not inside trio: the normal case
-    else:
-        raise ConfigError(
-            f"{sync_name}() runs its own trio loop and cannot be called from trio code; "
-            f"use `await {async_name}(...)` there"
-        )
+        return  # not inside trio: the normal case
+    raise ConfigError(
+        f"{sync_name}() runs its own trio loop and cannot be called from trio code; "
+        f"use `{instead}` there"
+    )
+
+
+def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, sync_name: str, async_name: str) -> T:
+    """``trio.run(fn, *args)``, refusing to nest inside a running trio loop."""
+    refuse_inside_trio(sync_name, f"await {async_name}(...)")
     try:
         return trio.run(fn, *args)
     except BaseExceptionGroup as group:

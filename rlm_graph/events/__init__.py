@@ -6,32 +6,9 @@ Pure: no trio. The runtime's `Run` owns an `EventEmitter`; `RLM.stream`/`astream
 
 from __future__ import annotations
 
-from .buffer import DEFAULT_CAPACITY, EventBuffer
-from .emitter import WARN_AT, EventEmitter
-from .models import (
-    Event,
-    EventBase,
-    LimitWarning,
-    Listener,
-    NodeFinished,
-    NodeStarted,
-    RunFinished,
-    RunStarted,
-    parse_event,
-)
+from . import models
+from .buffer import DEFAULT_CAPACITY as DEFAULT_CAPACITY, EventBuffer as EventBuffer
+from .emitter import WARN_AT as WARN_AT, EventEmitter as EventEmitter
+from .models import *  # noqa: F403 - the events and `parse_event`, as models.__all__ lists them
 
-__all__ = [
-    "DEFAULT_CAPACITY",
-    "WARN_AT",
-    "Event",
-    "EventBase",
-    "EventBuffer",
-    "EventEmitter",
-    "LimitWarning",
-    "Listener",
-    "NodeFinished",
-    "NodeStarted",
-    "RunFinished",
-    "RunStarted",
-    "parse_event",
-]
+__all__ = sorted(["DEFAULT_CAPACITY", "WARN_AT", "EventBuffer", "EventEmitter", *models.__all__])

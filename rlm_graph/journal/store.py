@@ -111,6 +111,12 @@ def _storable(text: str) -> str:
     return text
 
 
+_RUN_COLUMNS = (
+    "number", "key", "kind", "label", "status", "attempts", "created", "updated", "trace_id",
+    "span_id", "answer",
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class RunRow:
     """One run of a journal, as ``rlm-graph journal ls`` shows it."""
@@ -275,41 +281,15 @@ class JournalStore:
     def runs(self) -> list[RunRow]:
         """Every run, newest first, with its node count and the cost of its model calls."""
         rows = self._db.execute(
-            "SELECT number, key, kind, label, status, attempts, created, updated, trace_id, "
-            "span_id, answer FROM runs ORDER BY updated DESC, number DESC"
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY updated DESC, number DESC"
         ).fetchall()
         found = []
         cost_at = _RECORD_FIELDS.index("cost")
-        for (
-            number,
-            key,
-            kind,
-            label,
-            status,
-            attempts,
-            created,
-            updated,
-            trace_id,
-            span_id,
-            answer,
-        ) in rows:
-            counted = [r for _, r in self._latest(number).values() if r[_COUNTED]]
+        for row in rows:
+            counted = [r for _, r in self._latest(row[0]).values() if r[_COUNTED]]
+            cost = sum(r[_FIELDS][cost_at] or 0.0 for r in counted)
             found.append(
-                RunRow(
-                    number,
-                    key,
-                    kind,
-                    label,
-                    status,
-                    attempts,
-                    created,
-                    updated,
-                    trace_id,
-                    span_id,
-                    answer,
-                    nodes=len(counted),
-                    cost=sum(r[_FIELDS][cost_at] or 0.0 for r in counted),
-                )
+                RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)), nodes=len(counted), cost=cost)
             )
         return found
 
@@ -333,11 +313,9 @@ class JournalStore:
 
     def _run(self, key: str) -> RunRow | None:
         row = self._db.execute(
-            "SELECT number, key, kind, label, status, attempts, created, updated, trace_id, "
-            "span_id, answer FROM runs WHERE key=?",
-            (key,),
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)
         ).fetchone()
-        return RunRow(*row) if row else None
+        return RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True))) if row else None
 
     def _number(self, key: str) -> int:
         found = self._run(key)
