@@ -23,7 +23,7 @@ from ..graph import Graph, NodeRecord, NodeStatus, critical_path, makespan, usag
 
 __all__ = ["STATUSES", "report_data"]
 
-STATUSES = ("ok", "error", "cancelled", "pending", "running")
+STATUSES = ("ok", "error", "cancelled", "pending", "running", "skipped")
 
 
 def report_data(
