@@ -87,12 +87,17 @@ async def run_on_asyncio(
 ) -> Any:
     """``await fn(*args, **kwargs)`` on a new asyncio loop in a worker thread."""
     finished = threading.Event()
+    lock = threading.Lock()  # the node's cancellation and the coroutine's start, in order
     running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+    cancelled: list[bool] = []
 
     async def main() -> Any:
         task = asyncio.current_task()
         assert task is not None
-        running.append((asyncio.get_running_loop(), task))
+        with lock:
+            if cancelled:  # cancelled before it could start: it never does
+                raise asyncio.CancelledError
+            running.append((asyncio.get_running_loop(), task))
         return await fn(*args, **kwargs)
 
     def work() -> Any:
@@ -104,11 +109,13 @@ async def run_on_asyncio(
     try:
         return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
     except trio.Cancelled:
-        for loop, task in running:
-            try:
-                loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop closed meanwhile: the coroutine is done
-                pass
+        with lock:
+            cancelled.append(True)
+            for loop, task in running:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop closed meanwhile: the coroutine is done
+                    pass
         if not finished.is_set():
             abandoned.append(finished)
         raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -222,17 +223,25 @@ async def test_an_async_function_may_be_written_for_asyncio() -> None:
 async def test_an_asyncio_function_is_cancelled_in_its_own_loop(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    cancelled = threading.Event()
+    autojump_clock.autojump_threshold = math.inf  # the clock moves when the test says
+    started, cancelled = threading.Event(), threading.Event()
 
     async def forever() -> None:
+        started.set()
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
             cancelled.set()
             raise
 
+    async def past_the_timeout() -> None:
+        await trio.to_thread.run_sync(started.wait)
+        autojump_clock.jump(10)
+
     wf = Workflow()
     node = wf.function(forever, loop="asyncio", timeout=5)
-    result = await Engine("scripted").arun(wf)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(past_the_timeout)
+        result = await Engine("scripted").arun(wf)
     assert result.graph[node.id].error_type == "TimeoutError"
-    assert cancelled.wait(timeout=10)
+    assert cancelled.wait(timeout=10)  # the coroutine saw CancelledError in its own loop
