@@ -56,3 +56,48 @@ def test_the_graph_executor_page_prints_what_its_comments_say(
         "join small: part 0 | small: part 1 | small: part 2",
     ]:
         assert expected in out, expected
+
+
+def _page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def test_the_provider_page_documents_the_whole_contract() -> None:
+    import dataclasses
+
+    from rlm_graph.contracts import ChatRequest, ChatResponse, ProviderCapabilities
+    from rlm_graph.testing import FakeServer
+
+    page = _page("writing-a-provider.md")
+    names = [
+        *ChatRequest.model_fields,
+        "prompt",
+        "system",
+        *ChatResponse.model_fields,
+        *(field.name for field in dataclasses.fields(ProviderCapabilities)),
+        *("name", "model", "max_concurrent", "complete", "aclose"),
+        *("paths", "check_request", "success_body", "error_body", "responder", "replies"),
+        *("requests", "bodies", "responses", "peak_in_flight", "connections_opened"),
+        "base_url",
+    ]
+    missing = [name for name in names if f"`{name}" not in page]
+    assert not missing, missing
+    assert all(hasattr(FakeServer, hook) for hook in ("check_request", "success_body"))
+    assert "request.messages" in page
+
+
+def test_the_executor_page_documents_every_option_and_result_field() -> None:
+    import inspect
+
+    from rlm_graph import Workflow, WorkflowResult
+
+    page = _page("graph-executor.md")
+    options = {
+        *inspect.signature(Workflow.llm).parameters,
+        *inspect.signature(Workflow.function).parameters,
+    } - {"self", "prompt", "fn", "args", "params"}
+    fields = set(WorkflowResult.model_fields) - {"failures"}
+    missing = [name for name in sorted(options | fields) if f"`{name}" not in page]
+    assert not missing, missing
+    for needed in ("parallel_efficiency", "diverged_at", "NodeCancelled", "other_backends"):
+        assert needed in page

@@ -14,7 +14,7 @@ import trio.testing
 
 from rlm_graph import Engine, NodeCancelled, NodeFailed, NodeStatus, Workflow
 from rlm_graph.errors import ProviderAuthError, ProviderError
-from rlm_graph.testing import FakeOpenAIServer
+from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from tests.support.http import KEY, openai_kwargs
 from tests.support.scripts import scripted
 
@@ -81,6 +81,25 @@ async def test_a_failed_node_skips_its_dependents_which_send_nothing() -> None:
     assert isinstance(skipped.value.__cause__, NodeFailed)
     assert result["map-0"] == "summary of part 0"
     assert set(result.errors) == {"map-3", "merge", "both", "final"}
+
+
+async def test_over_http_a_failed_summary_sends_nothing_after_it() -> None:
+    def respond(body: dict[str, object]) -> object:
+        prompt = last_user_message(body)
+        return Reply.error(500, "overloaded") if prompt == "Summarize part 3" else "fine"
+
+    with FakeOpenAIServer(respond) as server:
+        async with Engine("openai", openai_kwargs(server, max_attempts=1)) as engine:
+            wf = Workflow()
+            nodes = summaries(wf)
+            result = await engine.arun(wf)
+        prompts = [last_user_message(body) for body in server.bodies]
+    # The six summaries were asked; nothing built on the failed one was sent.
+    assert sorted(prompts) == [f"Summarize part {i}" for i in range(6)]
+    assert result.stop_reason is None
+    assert result.graph["final"].status == NodeStatus.SKIPPED
+    with pytest.raises(NodeFailed, match="skipped"):
+        result[nodes["final"]]  # type: ignore[index]
 
 
 async def test_a_node_that_receives_failures_runs_and_sees_the_error() -> None:

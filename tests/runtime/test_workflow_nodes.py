@@ -17,6 +17,8 @@ import trio.testing
 from rlm_graph import ConfigError, Engine, NodeFailed, NodeStatus, Workflow
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ProviderAuthError, ProviderError
+from rlm_graph.testing import FakeOpenAIServer, Reply
+from tests.support.http import openai_kwargs
 from tests.support.scripts import scripted
 
 
@@ -41,6 +43,18 @@ async def test_retries_try_a_failed_model_call_again() -> None:
     assert result[node] == "ok after 3"
     assert result.graph[node.id].attempts == 3
     assert result.graph[node.id].status == NodeStatus.OK
+
+
+async def test_retries_over_http_after_the_provider_s_own_ran_out() -> None:
+    replies = [Reply.error(500, "overloaded"), Reply.error(500, "overloaded"), "answer"]
+    with FakeOpenAIServer(replies=replies) as server:
+        async with Engine("openai", openai_kwargs(server, max_attempts=1)) as engine:
+            wf = Workflow()
+            node = wf.llm("q", retries=2)
+            result = await engine.arun(wf)
+    assert result[node] == "answer"
+    assert [status for status, _ in server.responses] == [500, 500, 200]
+    assert result.graph[node.id].attempts == 3
 
 
 async def test_retries_run_out_and_do_not_retry_a_rejected_key() -> None:
