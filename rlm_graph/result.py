@@ -233,9 +233,9 @@ class WorkflowResult(BaseModel):
             return node_failure(key, self.graph, self.failures, self.errors)
         if key not in self.graph:
             raise KeyError(f"no node {key!r} in this workflow")
+        what = "was cancelled" if self.graph[key].start is not None else "never ran"
         return NodeCancelled(
-            f"node {key!r} {'was cancelled' if self.graph[key].start is not None else 'never ran'}: "
-            f"the run stopped ({_stopped(self.stop_reason, self.failures)})",
+            f"node {key!r} {what}: the run stopped ({_stopped(self.stop_reason, self.failures)})",
             node_id=key,
             stop_reason=self.stop_reason,
         )

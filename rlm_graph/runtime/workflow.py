@@ -184,7 +184,7 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
                 record.attempts = total
             if tries > spec.retries:
                 raise error
-            logger.debug("node %s failed (%s); try %d of %d", spec.id, error, tries + 1, tries)
+            logger.debug("node %s: %s; try %d of %d", spec.id, error, tries + 1, spec.retries + 1)
         raise AssertionError("unreachable")  # pragma: no cover
 
     return body
