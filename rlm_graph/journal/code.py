@@ -10,7 +10,7 @@ whose body changed changes the key of every function that calls it).
 Invariants:
     - Deterministic across processes: the same code over the same values gives the same
       key in a rerun. Values enter through `stable_value`, which never uses an ``id()``,
-      a memory address or a hash order: a set is sorted, a dict kept in its order, an
+      a memory address or a hash order: sets and dicts are sorted, an
       object whose ``repr`` shows an address (``<Foo object at 0x...>``) counts by its
       type alone.
     - Cheap: containers count up to `MAX_ITEMS` items each (past that, their length and
@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import itertools
 import re
 import textwrap
 import types
@@ -57,15 +58,14 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
     if isinstance(value, bytes | bytearray):
         return ["bytes", hashlib.blake2b(bytes(value), digest_size=16).hexdigest()]
     if isinstance(value, dict):
-        items = list(value.items())
-        return [
-            "dict",
-            len(items),
-            [
-                [stable_value(k, depth + 1), stable_value(v, depth + 1, hops)]
-                for k, v in items[:MAX_ITEMS]
-            ],
+        # Sorted: equal dicts are equal in any order (one built from a set is built in
+        # its hash order, which differs between processes).
+        pairs = [
+            (repr(stable_value(k, depth + 1)), stable_value(v, depth + 1, hops))
+            for k, v in itertools.islice(value.items(), MAX_ITEMS)
         ]
+        pairs.sort(key=lambda pair: pair[0])
+        return ["dict", len(value), [list(pair) for pair in pairs]]
     if isinstance(value, list | tuple):
         items = list(value[:MAX_ITEMS])
         return [type(value).__name__, len(value), [stable_value(v, depth + 1, hops) for v in items]]

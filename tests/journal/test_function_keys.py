@@ -109,12 +109,13 @@ sys.path.insert(0, {root!r})
 from rlm_graph.journal.code import function_fingerprint
 WORDS = {{"gamma", "alpha", "beta"}}
 TABLE = {{"k": [1, 2.5, None], "s": frozenset({{"x", "y", "z"}})}}
+LENGTHS = {{word: len(word) for word in WORDS}}  # built in the set's hash order
 class Box:
     pass
 BOX = Box()
 def outer(sep):
     def merge(*parts):
-        return sep.join(sorted(WORDS)) + str(TABLE) + repr(BOX) + sep.join(parts)
+        return sep.join(sorted(WORDS)) + str(TABLE) + str(LENGTHS) + repr(BOX) + sep.join(parts)
     return merge
 print(function_fingerprint(outer(", ")))
 """
