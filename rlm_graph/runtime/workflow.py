@@ -130,15 +130,12 @@ async def _run_node(
         await run.execute(record, _skip(outcome, spec.id, failed[0]), added=True)
         return
     args, kwargs = spec.arguments(lambda dep: outcome.value(dep, run.graph))
-    journal: Callable[[], Journaled[Any]] | None = None
+    if spec.kind == NodeKind.LLM_CALL:
+        body, journal = _model_call(run, record, spec, args, kwargs)
+    else:
+        body = _function(spec, args, kwargs, threads, op.abandoned)
+        journal = _function_journal(spec, args, kwargs)
     try:
-        if spec.kind == NodeKind.LLM_CALL:
-            call = _model_call(run, record, spec, args, kwargs)
-            body: Body = lambda record: call().text(record)  # noqa: E731
-            journal = lambda: call().journaled()  # noqa: E731
-        else:
-            body = _function(spec, args, kwargs, threads, op.abandoned)
-            journal = lambda: Journaled(function_key(spec, args, kwargs), json_value, json.loads)  # noqa: E731
         outcome.values[spec.id] = await run.execute(
             record, _tries(spec, body), added=True, journal=journal if spec.cache else None
         )
@@ -190,9 +187,11 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
     return body
 
 
-def _model_call(run: Run, record: NodeRecord, spec: NodeSpec, args: Any, kwargs: Any) -> Any:
-    """A model node's `ModelCall`, made on first use inside the node (so that a prompt
-    function that fails fails its node)."""
+def _model_call(
+    run: Run, record: NodeRecord, spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[Body, Callable[[], Journaled[str]]]:
+    """A model node's body and journal key, over one `ModelCall` made on first use
+    inside the node (so that a prompt function that fails fails its node)."""
     made: list[ModelCall] = []
 
     def call() -> ModelCall:
@@ -201,7 +200,19 @@ def _model_call(run: Run, record: NodeRecord, spec: NodeSpec, args: Any, kwargs:
             made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
         return made[0]
 
-    return call
+    async def body(record: NodeRecord) -> str:
+        return await call().text(record)
+
+    return body, lambda: call().journaled()
+
+
+def _function_journal(
+    spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Callable[[], Journaled[Any]]:
+    """A function node is journaled by its code, what it reads and its arguments
+    (`rlm_graph.journal.keys.function_key`); its result as JSON when JSON gives it back
+    equal (else it runs again on resume)."""
+    return lambda: Journaled(function_key(spec, args, kwargs), json_value, json.loads)
 
 
 def _function(
@@ -211,9 +222,7 @@ def _function(
     threads: trio.CapacityLimiter,
     abandoned: list[threading.Event],
 ) -> Body:
-    """One try of a function node (a function node is journaled by its code, what it
-    reads and its arguments, `rlm_graph.journal.keys.function_key`; its result as JSON
-    when JSON gives it back equal, else it runs again on resume)."""
+    """One try of a function node, where it belongs (`rlm_graph.doors.functions`)."""
     fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
     assert fn is not None
 
