@@ -22,7 +22,8 @@ names what happened and what to do about it::
     │   └── ErrorLimitExceeded    max_errors
     ├── EnvironmentCrashed       a REPL environment died under a block
     ├── SchemaMismatch           an answer that does not have the shape asked for (schema=)
-    ├── NodeFailed               a node of a user's graph failed and the run was asked to raise
+    ├── NodeFailed               a node of a workflow failed (or was skipped): ``result[node]``
+    ├── NodeCancelled            a node of a workflow was cancelled or never ran: ``result[node]``
     └── TraceFileError           a trace file that cannot be read (rlm_graph.tracing.reader)
 
 What the model should see is data, not an exception: a failed sub-call becomes an
@@ -50,6 +51,7 @@ __all__ = [
     "GraphError",
     "IterationLimitExceeded",
     "LimitExceeded",
+    "NodeCancelled",
     "NodeFailed",
     "PluginError",
     "ProviderAuthError",
@@ -59,6 +61,7 @@ __all__ = [
     "RLMGraphError",
     "RateLimited",
     "SchemaMismatch",
+    "STOPS_WORKFLOW",
     "TokenLimitExceeded",
     "error_slot",
     "is_context_length_error",
@@ -213,11 +216,52 @@ class SchemaMismatch(RLMGraphError, ValueError):
 
 
 class NodeFailed(RLMGraphError):
-    """A node of a user's graph failed and the run was asked to raise on failure."""
+    """A node of a workflow failed, or was skipped because a dependency failed; raised
+    by ``result[node]`` (``from`` the node's own exception, so the traceback shows both).
 
-    def __init__(self, message: str, *, node_id: str = "") -> None:
+    Attributes:
+        node_id: the node.
+        cause: the exception the node raised (for a skipped node, its failed
+            dependency's `NodeFailed`).
+        traceback: for a function node, the function's traceback as text.
+        upstream: for a skipped node, the id of the failed node it depended on.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node_id: str = "",
+        cause: BaseException | None = None,
+        traceback: str = "",
+        upstream: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.node_id = node_id
+        self.cause = cause
+        self.traceback = traceback
+        self.upstream = upstream
+
+
+class NodeCancelled(RLMGraphError):
+    """A node of a workflow was cancelled while it ran, or never ran, because the run
+    stopped first (a limit, Ctrl-C, or another node's error that stops the workflow);
+    raised by ``result[node]``.
+
+    Attributes:
+        node_id: the node.
+        stop_reason: why the run stopped (``"max_timeout"``, ``"interrupted"``...).
+    """
+
+    def __init__(self, message: str, *, node_id: str = "", stop_reason: str | None = None) -> None:
+        super().__init__(message)
+        self.node_id = node_id
+        self.stop_reason = stop_reason
+
+
+STOPS_WORKFLOW: tuple[type[Exception], ...] = (ProviderAuthError, ProviderNotFound, ConfigError)
+"""Errors of a workflow node that stop the whole workflow: every other node would meet
+them too (a rejected key, an unknown model or base URL, a configuration error)."""
 
 
 # The wordings of "your prompt is longer than my window" of the servers we speak to:

@@ -155,13 +155,17 @@ class _Counts:
 
 
 class Reservation:
-    """Tokens and dollars set aside for one model call until its real usage is known."""
+    """Tokens and dollars set aside for one model call until its real usage is known.
 
-    __slots__ = ("cost", "tokens")
+    ``cost`` None: the call's price cannot be estimated yet (a provider that reports its
+    own costs, before any call of ``model`` has); ``model`` names what it prices."""
 
-    def __init__(self, tokens: int, cost: float) -> None:
+    __slots__ = ("cost", "model", "tokens")
+
+    def __init__(self, tokens: int, cost: float | None, model: str = "") -> None:
         self.tokens = tokens
         self.cost = cost
+        self.model = model
 
 
 class Budget(_Counts):
@@ -171,10 +175,19 @@ class Budget(_Counts):
     it with the real usage after (`settle`, or `release` when the call failed). A call
     whose estimate does not fit beside the reservations in flight waits (the runtime's
     `rlm_graph.runtime.capacity.BudgetGate`); one that finds nothing in flight always goes.
-    So at most one call's worth passes a limit, not ``max_concurrent`` calls' worth.
+    So at most one call's worth passes a limit, not ``max_concurrent`` calls' worth. A
+    call whose cost cannot be estimated (``cost=None``) under ``max_budget`` goes only
+    alone, and nothing goes beside it: until a cost is known, calls go one at a time.
     """
 
-    __slots__ = ("exceeded", "in_flight", "limits", "reserved_cost", "reserved_tokens")
+    __slots__ = (
+        "exceeded",
+        "in_flight",
+        "limits",
+        "reserved_cost",
+        "reserved_tokens",
+        "unknown_in_flight",
+    )
 
     def __init__(self, limits: Limits) -> None:
         super().__init__()
@@ -183,35 +196,41 @@ class Budget(_Counts):
         self.reserved_tokens = 0
         self.reserved_cost = 0.0
         self.in_flight = 0
+        self.unknown_in_flight = 0
 
     @property
     def limited(self) -> bool:
         """A token or dollar limit is set (reservations are needed)."""
         return self.limits.max_tokens is not None or self.limits.max_budget is not None
 
-    def fits(self, tokens: int, cost: float) -> bool:
-        """Whether a call estimated at ``tokens`` and ``cost`` may go out now."""
+    def fits(self, tokens: int, cost: float | None) -> bool:
+        """Whether a call estimated at ``tokens`` and ``cost`` (None: not known) may go
+        out now."""
         if self.in_flight == 0:
             return True  # alone, it may pass a limit: that is the one call's worth
         limits = self.limits
         spent = self.input_tokens + self.output_tokens + self.reserved_tokens + tokens
         if limits.max_tokens is not None and spent > limits.max_tokens:
             return False
-        return (
-            limits.max_budget is None or self.cost + self.reserved_cost + cost <= limits.max_budget
-        )
+        if limits.max_budget is None:
+            return True
+        if cost is None or self.unknown_in_flight:
+            return False  # what is unknown may take the rest of the budget
+        return self.cost + self.reserved_cost + cost <= limits.max_budget
 
-    def reserve(self, tokens: int, cost: float) -> Reservation:
+    def reserve(self, tokens: int, cost: float | None, model: str = "") -> Reservation:
         self.reserved_tokens += tokens
-        self.reserved_cost += cost
+        self.reserved_cost += cost or 0.0
         self.in_flight += 1
-        return Reservation(tokens, cost)
+        self.unknown_in_flight += cost is None
+        return Reservation(tokens, cost, model)
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation (the call failed, or is settling)."""
         self.reserved_tokens -= reservation.tokens
-        self.reserved_cost -= reservation.cost
+        self.reserved_cost -= reservation.cost or 0.0
         self.in_flight -= 1
+        self.unknown_in_flight -= reservation.cost is None
 
     def settle(self, reservation: Reservation, usage: Usage, cost: float | None) -> str | None:
         """Replace a reservation by the call's real usage; see `charge`."""

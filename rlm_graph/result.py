@@ -8,19 +8,32 @@ shape, so code written against it keeps working; usage includes every depth of t
 
 from __future__ import annotations
 
+import traceback
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import NodeFailed
-from .graph import CriticalPath, Graph, NodeRef, critical_path, makespan, usage_by_model
+from .errors import STOPS_WORKFLOW, NodeCancelled, NodeFailed, error_slot
+from .graph import (
+    CriticalPath,
+    Graph,
+    NodeKind,
+    NodeRef,
+    critical_path,
+    makespan,
+    usage_by_model,
+)
 from .journal.summary import ReplaySummary
 
 __all__ = [
     "ModelUsageSummary",
     "RLMChatCompletion",
+    "UpstreamFailed",
     "UsageSummary",
+    "WorkflowOutcome",
     "WorkflowResult",
+    "node_failure",
     "timing",
 ]
 
@@ -149,12 +162,39 @@ class RLMChatCompletion(BaseModel):
         return {k: v for k, v in out.items() if v is not None}
 
 
-class WorkflowResult(BaseModel):
-    """The outcome of a workflow run.
+class UpstreamFailed(Exception):
+    """A workflow node did not run because its dependency ``upstream`` failed
+    (``origin``: the node whose own failure it was, ``upstream`` itself or further up)."""
 
-    Index it with a `NodeRef` or a node id for that node's result. ``graph`` has a record
-    for every node; ``errors`` maps failed node ids to their error text; ``replay``
-    (with ``journal=``) says what came from the journal.
+    def __init__(self, message: str, *, upstream: str, origin: str) -> None:
+        super().__init__(message)
+        self.upstream = upstream
+        self.origin = origin
+
+
+class WorkflowResult(BaseModel):
+    """The outcome of a workflow run, like a completion's: values, usage, time, graph.
+
+    Index it with a `NodeRef` or a node id for that node's value; a node that failed or
+    was skipped raises `NodeFailed`, one that was cancelled or never ran `NodeCancelled`
+    (`exception` gives either without raising).
+
+    Attributes:
+        values: node id -> value, for the nodes that succeeded.
+        errors: node id -> ``"[ERROR] <type>: <message>"``, for the nodes that failed or
+            were skipped.
+        failures: node id -> the exception a failed node raised (an `UpstreamFailed` for a
+            skipped one).
+        graph: a record for every node (status, times, usage, cost, attempts, previews).
+        stop_reason: None when every node ran; else ``"max_timeout"``, ``"max_tokens"``,
+            ``"max_budget"``, ``"interrupted"`` (Ctrl-C) or ``"fatal_error"`` (a node's
+            error that stops the workflow: a rejected key, an unknown model...).
+        usage_summary: calls, tokens and cost per model.
+        execution_time: wall-clock seconds of the run.
+        critical_path, parallel_efficiency: from the graph (see `rlm_graph.graph`).
+        leaked_threads: worker threads of cancelled function nodes still running when
+            the run ended (Python cannot stop a thread; see docs/graph-executor.md).
+        replay: with ``journal=``, what came from the journal and what went live.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -162,20 +202,154 @@ class WorkflowResult(BaseModel):
     values: dict[str, Any]
     errors: dict[str, str]
     graph: Graph
+    failures: dict[str, BaseException] = Field(default_factory=dict, repr=False)
     stop_reason: str | None = None
+    usage_summary: UsageSummary = Field(default_factory=UsageSummary)
+    execution_time: float = 0.0
+    critical_path: CriticalPath = Field(default_factory=lambda: CriticalPath(nodes=(), length=0.0))
+    parallel_efficiency: float = 1.0
+    leaked_threads: int = 0
     replay: ReplaySummary | None = None
 
     def __getitem__(self, node: NodeRef | str) -> Any:
         key = node.id if isinstance(node, NodeRef) else node
         if key in self.values:
             return self.values[key]
-        if key in self.errors:
-            raise NodeFailed(f"node {key!r} failed: {self.errors[key]}", node_id=key)
-        raise KeyError(f"no result for node {key!r} (it never ran, or no such node)")
+        error = self.exception(key)
+        if error is None:  # pragma: no cover - a node is a value or an error
+            raise KeyError(key)
+        raise error from error.__cause__
+
+    def exception(self, node: NodeRef | str) -> NodeFailed | NodeCancelled | None:
+        """What ``result[node]`` raises, or None for a node that has a value.
+
+        Raises:
+            KeyError: the workflow has no such node.
+        """
+        key = node.id if isinstance(node, NodeRef) else node
+        if key in self.values:
+            return None
+        if key in self.failures or key in self.errors:
+            return node_failure(key, self.graph, self.failures, self.errors)
+        if key not in self.graph:
+            raise KeyError(f"no node {key!r} in this workflow")
+        what = "was cancelled" if self.graph[key].start is not None else "never ran"
+        return NodeCancelled(
+            f"node {key!r} {what}: the run stopped ({_stopped(self.stop_reason, self.failures)})",
+            node_id=key,
+            stop_reason=self.stop_reason,
+        )
 
     @property
     def ok(self) -> bool:
+        """Every node ran and succeeded."""
         return not self.errors and self.stop_reason is None
+
+    @property
+    def cost(self) -> float:
+        """USD spent by the run's model calls (0.0 when none was priced)."""
+        return self.usage_summary.total_cost or 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready summary: errors, usage, time, critical path, stop reason."""
+        out = {
+            "nodes": len(self.graph),
+            "ok": self.ok,
+            "errors": dict(self.errors),
+            "stop_reason": self.stop_reason,
+            "usage_summary": self.usage_summary.to_dict(),
+            "execution_time": self.execution_time,
+            "critical_path": list(self.critical_path.nodes),
+            "critical_path_seconds": self.critical_path.length,
+            "parallel_efficiency": self.parallel_efficiency,
+            "leaked_threads": self.leaked_threads,
+        }
+        return {k: v for k, v in out.items() if v is not None}
+
+
+class WorkflowOutcome:
+    """What a workflow run has so far, node by node: the values of the nodes that
+    succeeded, the errors and exceptions of those that failed or were skipped (the
+    runtime's executor fills it in; `result` makes the `WorkflowResult`)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.errors: dict[str, str] = {}
+        self.failures: dict[str, BaseException] = {}
+
+    def fail(self, node_id: str, exc: BaseException) -> None:
+        self.failures[node_id] = exc
+        self.errors[node_id] = error_slot(exc)
+
+    def skip(self, node_id: str, upstream: str) -> str:
+        """Record that ``node_id`` did not run because ``upstream`` failed; the reason."""
+        before = self.failures[upstream]
+        origin = before.origin if isinstance(before, UpstreamFailed) else upstream
+        message = f"dependency {upstream!r} failed" + (
+            f" (it was skipped: {origin!r} failed)" if origin != upstream else ""
+        )
+        self.fail(node_id, UpstreamFailed(message, upstream=upstream, origin=origin))
+        return f"skipped: {message}"
+
+    def value(self, node_id: str, graph: Graph) -> Any:
+        """What a node gets for its dependency ``node_id``: its value, or (for a node
+        that receives failures) its `NodeFailed`."""
+        if node_id in self.values:
+            return self.values[node_id]
+        return node_failure(node_id, graph, self.failures, self.errors)
+
+    def result(
+        self, graph: Graph, stop_reason: str | None, execution_time: float, leaked_threads: int
+    ) -> WorkflowResult:
+        path, efficiency = timing(graph)
+        return WorkflowResult(
+            values=self.values,
+            errors=self.errors,
+            failures=self.failures,
+            graph=graph,
+            stop_reason=stop_reason,
+            usage_summary=UsageSummary.from_graph(graph),
+            execution_time=execution_time,
+            critical_path=path,
+            parallel_efficiency=efficiency,
+            leaked_threads=leaked_threads,
+        )
+
+
+def node_failure(
+    key: str, graph: Graph, failures: Mapping[str, BaseException], errors: Mapping[str, str]
+) -> NodeFailed:
+    """The `NodeFailed` of the failed (or skipped) workflow node ``key``: its cause is the
+    node's own exception (for a skipped node, the `NodeFailed` of the node that failed),
+    with a function's traceback as text."""
+    exc = failures.get(key)
+    if isinstance(exc, UpstreamFailed):
+        origin = node_failure(exc.origin, graph, failures, errors)
+        error = NodeFailed(
+            f"node {key!r} was skipped: {exc}", node_id=key, cause=origin, upstream=exc.origin
+        )
+        error.__cause__ = origin
+        return error
+    text = "".join(traceback.format_exception(exc)) if exc is not None else ""
+    is_function = key in graph and graph[key].kind == NodeKind.FUNCTION
+    error = NodeFailed(
+        f"node {key!r} failed: {errors.get(key) or error_slot(exc or Exception())}",
+        node_id=key,
+        cause=exc,
+        traceback=text if is_function else "",
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _stopped(reason: str | None, failures: Mapping[str, BaseException]) -> str:
+    if reason == "fatal_error":
+        for node, exc in failures.items():
+            if isinstance(exc, STOPS_WORKFLOW):
+                return f"node {node!r} failed with {type(exc).__name__}, which stops the workflow"
+    if reason == "interrupted":
+        return "interrupted: Ctrl-C"
+    return reason or "cancelled"
 
 
 def timing(graph: Graph) -> tuple[CriticalPath, float]:

@@ -28,6 +28,7 @@ from .graph import preview
 from .journal import run_key
 from .journal.seam import JournalTarget
 from .protocol.schema import AnswerSchema
+from .protocol.state import LoopSettings
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .rlm_options import (
@@ -44,7 +45,6 @@ from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.loop import RLMRunner
 from .runtime.session import PersistentSession
-from .runtime.state import LoopSettings
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
 

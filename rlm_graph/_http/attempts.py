@@ -9,6 +9,9 @@ instead of a warning per retry; each attempt is logged at DEBUG by the provider.
 Invariants:
     - `call_model` opens a `CallAttempts` around every ``provider.complete`` (a context
       variable, so a provider needs no engine handle); outside one, `note_retry` counts nothing.
+    - Each retry is also an event (`RETRY_EVENT`) on the calling node's span, which is
+      the current span while the provider works: its attempt number, its reason and the
+      wait before it. No text from the server goes on it (it could quote a key).
     - Counting never fails a call and never blocks.
 """
 
@@ -18,8 +21,14 @@ import contextvars
 import logging
 import threading
 from collections import Counter
+from typing import Any
 
-__all__ = ["CallAttempts", "RetryLog", "note_retry"]
+from opentelemetry import trace
+
+__all__ = ["RETRY_EVENT", "CallAttempts", "RetryLog", "note_retry"]
+
+RETRY_EVENT = "rlm.retry"
+"""The span event of one retry (docs/tracing.md, "Events")."""
 
 logger = logging.getLogger("rlm_graph.providers")
 
@@ -101,12 +110,14 @@ _CURRENT: contextvars.ContextVar[CallAttempts | None] = contextvars.ContextVar(
 )
 
 
-def note_retry(reason: str) -> bool:
-    """Count one more attempt of the current model call, retried because of ``reason``.
+def note_retry(reason: str, *, wait: float | None = None) -> bool:
+    """Count one more attempt of the current model call, retried because of ``reason``,
+    and put it on the node's span as an event.
 
     Args:
         reason: a short label: the HTTP status (``"429"``), ``"timeout"``,
             ``"connection"``, ``"bad response"``...
+        wait: the seconds the provider waits before the attempt, if it knows them.
 
     Returns:
         True when this is the run's first retry of this provider for ``reason`` (always
@@ -117,6 +128,15 @@ def note_retry(reason: str) -> bool:
     if current is None:
         return True
     current.attempts += 1
+    span = trace.get_current_span()
+    if span.is_recording():
+        attributes: dict[str, Any] = {
+            "rlm.retry.attempt": current.attempts,
+            "rlm.retry.reason": reason,
+        }
+        if wait is not None:
+            attributes["rlm.retry.wait_seconds"] = wait
+        span.add_event(RETRY_EVENT, attributes)
     if current.log is None:
         return True
     return current.log.add_retry(current.provider, reason) == 1

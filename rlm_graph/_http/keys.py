@@ -197,7 +197,7 @@ def _withheld_rule(policy: KeyPolicy, url: str) -> str:
         f"{policy.backend}: ${policy.key_env} is not sent to {host}: base_url is not "
         f"{official} over https{via}. Fine for a server that needs no key; to send a key "
         f"there, pass backend_kwargs={{'api_key_env': '{policy.key_env}'}} or "
-        "{'api_key': ...}"
+        f"{{'api_key': ...}} (on the command line: --api-key-env {policy.key_env})"
     )
 
 

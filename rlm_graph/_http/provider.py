@@ -355,7 +355,7 @@ class JSONProvider:
                     attempts,
                 )
                 # Said once per run (once per call outside a run).
-                first = note_retry(retry.reason)
+                first = note_retry(retry.reason, wait=wait)
                 if retry.reason == "timeout" and first and not warned:
                     warned = True
                     self._warn_timeout(retry.error, timeouts)

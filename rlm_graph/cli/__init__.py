@@ -13,12 +13,14 @@ Invariants:
       traceback (the engine has cancelled everything by the time it reaches here).
     - With ``--json`` on the command line, a usage error is a JSON object on stdout too
       (see `rlm_graph.cli.output`).
+    - A reader of stdout that goes away (``| head``) ends the command quietly, exit 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
@@ -101,6 +103,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except KeyboardInterrupt:
         return _interrupted(out)
+    except BrokenPipeError:
+        return _reader_left()
+
+
+def _reader_left() -> int:
+    """The reader of stdout went away (``rlm-graph plugins --json | head``): stop quietly,
+    as command-line tools do, with no traceback and no error at exit's flush."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no real file descriptor behind stdout
+        pass
+    return EXIT_FAILED
 
 
 def _interrupted(out: Output) -> int:

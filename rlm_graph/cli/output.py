@@ -111,7 +111,8 @@ class Output:
             print(json.dumps(payload, indent=2))
             return code
         if stop_reason is not None and answer is not None:
-            self.line(f"[stopped by {stop_reason}; partial answer]", stream=sys.stderr)
+            what = "partial answer" if answer else "no partial answer"
+            self.line(f"[stopped by {stop_reason}; {what}]", stream=sys.stderr)
         if answer:
             self.line(answer)
         if summary is not None and elapsed is not None:

@@ -121,6 +121,13 @@ def add_backend_arguments(parser: argparse.ArgumentParser, *, model_required: bo
         "--sub-model", help="a (cheaper) model for sub-calls at depth >= 1, same backend"
     )
     parser.add_argument(
+        "--backend-kwargs",
+        metavar="JSON",
+        help="more keywords for the backend, as a JSON object (a plugin's own settings, e.g. "
+        "'{\"shout\": true}'); the flags above win over it, and keys come from the "
+        "environment only (--api-key-env)",
+    )
+    parser.add_argument(
         "--environment",
         default="subprocess",
         help="the REPL environment (default subprocess: the model's code runs in a child "
@@ -186,8 +193,29 @@ def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _json_kwargs(text: str | None) -> dict[str, Any]:
+    """``--backend-kwargs``: a JSON object of backend keywords, never holding a key."""
+    if text is None:
+        return {}
+    try:
+        given = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--backend-kwargs is not JSON ({exc}); e.g. '{{\"shout\": true}}'"
+        ) from None
+    if not isinstance(given, dict):
+        raise ConfigError(f"--backend-kwargs must be a JSON object, not {type(given).__name__}")
+    if "api_key" in given:
+        raise ConfigError(
+            "--backend-kwargs cannot carry api_key (a key on a command line lands in the "
+            "shell's history); put it in an environment variable and pass --api-key-env NAME"
+        )
+    return given
+
+
 def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"model_name": model}
+    kwargs: dict[str, Any] = {**_json_kwargs(getattr(args, "backend_kwargs", None))}
+    kwargs["model_name"] = model
     for flag in (
         "base_url",
         "api_key_env",
@@ -197,7 +225,7 @@ def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
         "timeout",
         "max_timeouts",
     ):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None:
             kwargs[flag] = value
     return kwargs

@@ -78,7 +78,7 @@ def to_graphml(graph: Graph) -> str:
     return buffer.getvalue().decode("utf-8")
 
 
-def _dot_quote(text: str) -> str:
+def dot_quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
@@ -100,9 +100,9 @@ def to_dot(graph: Graph) -> str:
         if record.model:
             label += f"\n{record.model}"
         shape = _DOT_SHAPES.get(str(record.kind), "box")
-        lines.append(f"  {_dot_quote(record.id)} [label={_dot_quote(label)}, shape={shape}];")
+        lines.append(f"  {dot_quote(record.id)} [label={dot_quote(label)}, shape={shape}];")
     for source, target, kind in graph.edges():
         style = " [style=dashed]" if kind == "spawn" else ""
-        lines.append(f"  {_dot_quote(source)} -> {_dot_quote(target)}{style};")
+        lines.append(f"  {dot_quote(source)} -> {dot_quote(target)}{style};")
     lines.append("}")
     return "\n".join(lines) + "\n"

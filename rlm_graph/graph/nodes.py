@@ -1,7 +1,8 @@
 """Node records: what a node of a run is and how it went.
 
 A record is mutable state owned by the run that executes it: the executor moves it from
-``pending`` to ``running`` to one of ``ok``, ``error`` or ``cancelled`` and fills in times,
+``pending`` to ``running`` to one of ``ok``, ``error``, ``cancelled`` or (a workflow node
+whose dependency failed) ``skipped``, and fills in times,
 usage and previews. Times are seconds on trio's clock (``start``/``end``, so tests under
 ``MockClock`` see simulated time) plus wall-clock epoch seconds (``wall_start``).
 """
@@ -41,13 +42,16 @@ class NodeStatus(str, enum.Enum):
     OK = "ok"
     ERROR = "error"
     CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+    """A workflow node that did not run because a dependency failed (its ``error`` says
+    which); it sent nothing."""
 
     def __str__(self) -> str:
         return self.value
 
     @property
     def finished(self) -> bool:
-        return self in (NodeStatus.OK, NodeStatus.ERROR, NodeStatus.CANCELLED)
+        return self in (NodeStatus.OK, NodeStatus.ERROR, NodeStatus.CANCELLED, NodeStatus.SKIPPED)
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
@@ -163,6 +167,13 @@ class NodeRecord:
         self.status = NodeStatus.ERROR
         self.error = message or error_type
         self.error_type = error_type
+
+    def skip(self, upstream: str, message: str) -> None:
+        """Mark the node skipped: it did not run because its dependency ``upstream``
+        failed (``message`` says so)."""
+        self.status = NodeStatus.SKIPPED
+        self.error = message
+        self.error_type = "UpstreamFailed"
 
     def answered(
         self,

@@ -1,55 +1,45 @@
 """A user's own DAG of model calls and Python functions, built before it runs.
 
-A `Workflow` is a plan: node specs and their dependencies. The runtime's graph executor
-turns each spec into a `NodeRecord` in a `Graph` and runs it with the engine's limiters,
-observers and tracing (see ``Engine.run``).
+A `Workflow` is a plan: node specs (`rlm_graph.graph.spec.NodeSpec`) and the
+dependencies their arguments name. The runtime's graph executor turns each spec into a
+`NodeRecord` in a `Graph` and runs it with the engine's limiters, observers and tracing
+(see ``Engine.run``); ``to_json``/``to_dot`` show the plan before it runs.
 
-Dependency values flow along edges: a node receives its dependencies' results as
-positional arguments, in the order they were given. A model call's prompt is a string,
-or a function of its dependencies' results that returns one.
+Arguments are any mix of `NodeRef`s, constants, keywords and nested lists, tuples, dicts
+and sets (as ``dask.delayed`` takes them); a node receives them with each reference
+replaced by that node's result. A model call's prompt is a string, or a function of its
+arguments that returns one.
 
-Failure semantics (the same as a batch slot in an RLM):
-    - a failed ``llm`` node's result is the string ``"[ERROR] <type>: <message>"``, and
-      nodes that depend on it still run and see that string;
-    - a failed ``function`` node has no result, so nodes that depend on it do not run and
-      are recorded as failed with ``error_type="UpstreamFailed"``.
+Failure semantics (docs/graph-executor.md, "Failures"):
+    - a node whose dependency failed does not run: it is ``skipped``, its error names
+      the dependency, and it sends nothing; so are the nodes after it;
+    - unless it was added with ``receive_failures=True``: it then runs, and a failed
+      dependency's value is its `rlm_graph.errors.NodeFailed`;
+    - an error no other node can escape (a rejected key, an unknown model, a
+      configuration error) stops the whole workflow at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+import json
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import ConfigError, GraphError
 from .nodes import NodeKind
+from .plan import plan_dot, plan_jsonable
+from .spec import (
+    FunctionLoop,
+    NodeRef,
+    NodeSpec,
+    check_options,
+    check_params,
+    is_async,
+    refs_in,
+)
 
 __all__ = ["NodeRef", "NodeSpec", "Workflow"]
-
-
-@dataclass(frozen=True, slots=True)
-class NodeRef:
-    """A handle to a node of a workflow; pass it as a dependency or index a result with it."""
-
-    id: str
-
-    def __str__(self) -> str:
-        return self.id
-
-
-@dataclass(slots=True)
-class NodeSpec:
-    id: str
-    kind: NodeKind
-    deps: tuple[str, ...]
-    fn: Callable[..., Any] | None = None
-    prompt: str | Callable[..., str] | None = None
-    system: str | None = None
-    model: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-Dep = NodeRef | str
 
 
 class Workflow:
@@ -59,7 +49,7 @@ class Workflow:
 
         wf = Workflow()
         maps = [wf.llm(f"Summarize: {chunk}") for chunk in chunks]
-        notes = wf.function(lambda *parts: "\\n".join(parts), *maps, id="reduce")
+        notes = wf.function(lambda parts, sep: sep.join(parts), maps, "\\n", id="reduce")
         final = wf.llm(lambda text: f"Answer from these notes: {text}", notes, id="final")
         result = engine.run(wf)
         print(result[final])
@@ -68,6 +58,17 @@ class Workflow:
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
         self._counter = 0
+
+    @contextmanager
+    def _adding(self, prefix: str, requested: str | None) -> Iterator[str]:
+        """The id of the node being added; a node refused while it is being checked
+        takes no ordinal (the ids of the nodes after it stay as they would be)."""
+        counter = self._counter
+        try:
+            yield self._new_id(prefix, requested)
+        except BaseException:
+            self._counter = counter
+            raise
 
     def _new_id(self, prefix: str, requested: str | None) -> str:
         if requested is not None:
@@ -82,70 +83,170 @@ class Workflow:
             if candidate not in self._specs:
                 return candidate
 
-    def _deps(self, deps: tuple[Dep, ...], node_id: str) -> tuple[str, ...]:
-        names = []
-        for dep in deps:
-            name = dep.id if isinstance(dep, NodeRef) else dep
-            if not isinstance(name, str):
-                raise ConfigError(
-                    f"node {node_id!r}: dependencies must be NodeRefs returned by "
-                    f"llm()/function() (or their ids), got {type(dep).__name__}"
-                )
+    def _deps(
+        self, node_id: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> tuple[str, ...]:
+        deps = refs_in([args, dict(kwargs)])
+        for name in deps:
             if name not in self._specs:
                 raise GraphError(
-                    f"node {node_id!r} depends on {name!r}, which this workflow does not have"
+                    f"node {node_id!r} depends on {name!r}, which this workflow does not have "
+                    "(add a node before the nodes that use it)"
                 )
-            names.append(name)
-        return tuple(names)
+        return tuple(deps)
 
     def llm(
         self,
         prompt: str | Callable[..., str],
-        *deps: Dep,
+        *args: Any,
         id: str | None = None,
         model: str | None = None,
         system: str | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        retries: int = 0,
+        timeout: float | None = None,
+        cache: bool = True,
+        receive_failures: bool = False,
         **params: Any,
     ) -> NodeRef:
         """Add a model call.
 
         Args:
-            prompt: the user message, or a function of the dependencies' results
-                that returns it.
-            *deps: nodes whose results this call needs.
+            prompt: the user message, or a function of the arguments that returns it.
+            *args: the prompt function's positional arguments: node references,
+                constants, nested lists/tuples/dicts/sets of them (with a string
+                prompt, the nodes this call waits for).
             id: the node's id (default ``llm-N``).
-            model: the model to call (default: the engine's default model).
+            model: the model to call (default: the engine's default model); a model of
+                another backend (``other_backends``) is sent to that backend.
             system: an optional system message.
-            **params: request parameters (``temperature``, ``max_tokens``...).
+            kwargs: the prompt function's keyword arguments (as ``args``).
+            retries: attempts after the first when the call fails (a 401, 404 or
+                configuration error stops the workflow instead).
+            timeout: seconds each attempt may take.
+            cache: whether a journaled run may replay this call (False: always asked).
+            receive_failures: run even when a dependency failed (its value is then its
+                `NodeFailed`).
+            **params: request parameters: ``temperature``, ``top_p``, ``max_tokens``,
+                ``seed``, ``stop``, and ``extra={...}`` for the provider's own.
+
+        Raises:
+            ConfigError: an unknown parameter, a bad value or option, a bad prompt.
+            GraphError: a reference to a node this workflow does not have, a used id.
         """
         if not (isinstance(prompt, str) or callable(prompt)):
             raise ConfigError("llm() needs a prompt string or a function that returns one")
-        node_id = self._new_id("llm", id)
-        spec = NodeSpec(
+        with self._adding("llm", id) as node_id:
+            self._specs[node_id] = self._llm_spec(
+                node_id,
+                prompt,
+                args,
+                model,
+                system,
+                dict(kwargs or {}),
+                params,
+                retries=retries,
+                timeout=timeout,
+                cache=cache,
+                receive_failures=receive_failures,
+            )
+        return NodeRef(node_id)
+
+    def _llm_spec(
+        self,
+        node_id: str,
+        prompt: str | Callable[..., str],
+        args: tuple[Any, ...],
+        model: str | None,
+        system: str | None,
+        keywords: dict[str, Any],
+        params: Mapping[str, Any],
+        **options: Any,
+    ) -> NodeSpec:
+        check_options(node_id, **options)
+        return NodeSpec(
             id=node_id,
             kind=NodeKind.LLM_CALL,
-            deps=self._deps(deps, node_id),
+            deps=self._deps(node_id, args, keywords),
+            args=args,
+            kwargs=keywords,
             prompt=prompt,
             system=system,
             model=model,
-            params=params,
+            params=check_params(node_id, params),
+            **options,
         )
-        self._specs[node_id] = spec
-        return NodeRef(node_id)
 
-    def function(self, fn: Callable[..., Any], *deps: Dep, id: str | None = None) -> NodeRef:
-        """Add a Python function of its dependencies' results.
+    def function(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        id: str | None = None,
+        retries: int = 0,
+        timeout: float | None = None,
+        cache: bool = True,
+        receive_failures: bool = False,
+        loop: FunctionLoop = "trio",
+        **kwargs: Any,
+    ) -> NodeRef:
+        """Add a Python function of its arguments.
 
-        A plain function runs on the scheduler's thread and must be quick; an ``async``
-        function is awaited (use ``trio.to_thread.run_sync`` inside it for heavy work).
+        A plain function runs in a worker thread (the scheduler never waits on it); an
+        ``async`` function runs on the scheduler's trio loop, or with ``loop="asyncio"``
+        on an asyncio loop of its own in a worker thread.
+
+        Args:
+            fn: the function.
+            *args, **kwargs: its arguments: node references, constants, nested
+                lists/tuples/dicts/sets of them.
+            id: the node's id (default ``<function name>-N``).
+            retries, timeout, cache, receive_failures: as for `llm`.
+            loop: ``"trio"`` or ``"asyncio"``, for an ``async`` function.
+
+        Raises:
+            ConfigError: not a callable, a bad option.
+            GraphError: a reference to a node this workflow does not have, a used id.
         """
         if not callable(fn):
             raise ConfigError("function() needs a callable")
-        node_id = self._new_id(getattr(fn, "__name__", "fn").strip("<>") or "fn", id)
-        self._specs[node_id] = NodeSpec(
-            id=node_id, kind=NodeKind.FUNCTION, deps=self._deps(deps, node_id), fn=fn
-        )
+        prefix = getattr(fn, "__name__", "fn").strip("<>") or "fn"
+        with self._adding(prefix, id) as node_id:
+            check_options(
+                node_id,
+                retries=retries,
+                timeout=timeout,
+                cache=cache,
+                receive_failures=receive_failures,
+            )
+            _check_loop(node_id, fn, loop)
+            self._specs[node_id] = NodeSpec(
+                id=node_id,
+                kind=NodeKind.FUNCTION,
+                deps=self._deps(node_id, args, kwargs),
+                args=args,
+                kwargs=kwargs,
+                fn=fn,
+                retries=retries,
+                timeout=timeout,
+                cache=cache,
+                receive_failures=receive_failures,
+                loop=loop,
+            )
         return NodeRef(node_id)
+
+    def to_jsonable(self) -> dict[str, Any]:
+        """The plan as JSON data: every node (kind, dependencies, arguments, model,
+        parameters, options) and every edge, before anything runs."""
+        return plan_jsonable(self)
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """`to_jsonable` as JSON text."""
+        return json.dumps(self.to_jsonable(), indent=indent, ensure_ascii=False)
+
+    def to_dot(self) -> str:
+        """The plan as Graphviz DOT text (``dot -Tsvg``): a box per model call, a
+        component per function, an edge per dependency."""
+        return plan_dot(self)
 
     def __len__(self) -> int:
         return len(self._specs)
@@ -153,5 +254,18 @@ class Workflow:
     def __iter__(self) -> Iterator[NodeSpec]:
         return iter(self._specs.values())
 
-    def __getitem__(self, node_id: str) -> NodeSpec:
-        return self._specs[node_id]
+    def __contains__(self, node: object) -> bool:
+        return (node.id if isinstance(node, NodeRef) else node) in self._specs
+
+    def __getitem__(self, node_id: str | NodeRef) -> NodeSpec:
+        return self._specs[node_id.id if isinstance(node_id, NodeRef) else node_id]
+
+
+def _check_loop(node_id: str, fn: Callable[..., Any], loop: object) -> None:
+    if loop not in ("trio", "asyncio"):
+        raise ConfigError(f"node {node_id!r}: loop must be 'trio' or 'asyncio', not {loop!r}")
+    if loop == "asyncio" and not is_async(fn):
+        raise ConfigError(
+            f"node {node_id!r}: loop='asyncio' is for an async function; a plain "
+            "function already runs in a worker thread"
+        )

@@ -16,10 +16,13 @@ from typing import Any
 
 from ..contracts import ChatRequest, Image, Message
 from ..graph import Workflow
+from ..graph.spec import NodeSpec
+from .code import function_fingerprint, stable_value
 
 __all__ = [
     "call_hash",
     "canonical_json",
+    "function_key",
     "json_value",
     "qualname",
     "request_hash",
@@ -151,9 +154,28 @@ def json_value(value: Any) -> str | None:
     return text if json.loads(text) == value and type(json.loads(text)) is type(value) else None
 
 
+def function_key(spec: NodeSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """The request hash of a workflow's function node: its function's fingerprint (its
+    code, closure and the globals it reads: `rlm_graph.journal.code`) and its arguments,
+    so that a changed function or argument is a divergence, not a stale replay."""
+    assert spec.fn is not None
+    return _digest(
+        [
+            "function",
+            function_fingerprint(spec.fn),
+            canonical_json(stable_value(list(args))),
+            canonical_json(stable_value(dict(kwargs))),
+        ]
+    )
+
+
 def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> str:
     """The run key of a workflow: its nodes (ids, kinds, dependencies, prompts, models,
-    parameters, functions by qualified name) and the engine's providers."""
+    parameters, functions by qualified name) and the engine's providers.
+
+    A function's code and the nodes' arguments are not in it but in each node's own
+    key (`function_key`): a change there is a divergence the run reports, inside the
+    same run."""
     nodes = [
         [
             spec.id,

@@ -32,7 +32,7 @@ from ..graph import (
 
 __all__ = ["STATUSES", "report_data"]
 
-STATUSES = ("ok", "error", "cancelled", "pending", "running")
+STATUSES = ("ok", "error", "cancelled", "pending", "running", "skipped")
 
 
 def report_data(

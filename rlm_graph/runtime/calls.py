@@ -227,7 +227,8 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
     The estimate: the prompt at four characters per token, plus the request's
     ``max_tokens`` (else the provider's ``default_max_tokens``, else
     `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the table (else at the largest
-    cost a call of this run has had).
+    cost a call of this model has had in this run; before the first, unknown: the call
+    then goes only alone).
     """
     if not run.budget.limited:
         return None
@@ -237,9 +238,9 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
         output_tokens=int(output),
     )
     cost = run.router.price(route.model, guess)
-    return await run.spend.reserve(
-        guess.total_tokens, run.spend.largest_cost if cost is None else cost
-    )
+    if cost is None:
+        cost = run.spend.estimate(route.model)
+    return await run.spend.reserve(guess.total_tokens, cost, route.model)
 
 
 async def _send(

@@ -51,14 +51,18 @@ class BudgetGate:
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._parked = trio.lowlevel.ParkingLot()
-        self.largest_cost = 0.0
-        """The largest real cost of one call so far: the estimate for a call the price
-        table cannot price (a provider that reports its own costs)."""
+        self._largest: dict[str, float] = {}
 
-    async def reserve(self, tokens: int, cost: float) -> Reservation:
+    def estimate(self, model: str) -> float | None:
+        """The largest real cost of a call of ``model`` so far: the estimate of a call the
+        price table cannot price (a provider that reports its own costs); None before
+        the first such call has settled."""
+        return self._largest.get(model)
+
+    async def reserve(self, tokens: int, cost: float | None, model: str = "") -> Reservation:
         while not self.budget.fits(tokens, cost):
             await self._parked.park()
-        return self.budget.reserve(tokens, cost)
+        return self.budget.reserve(tokens, cost, model)
 
     def release(self, reservation: Reservation) -> None:
         self.budget.release(reservation)
@@ -67,7 +71,8 @@ class BudgetGate:
     def settle(self, reservation: Reservation, usage: Usage, cost: float | None) -> str | None:
         """Charge the call's real usage in place of its reservation; the limit now
         passed, if any."""
-        self.largest_cost = max(self.largest_cost, cost or 0.0)
+        if cost is not None:
+            self._largest[reservation.model] = max(self._largest.get(reservation.model, 0.0), cost)
         exceeded = self.budget.settle(reservation, usage, cost)
         self._parked.unpark_all()
         return exceeded

@@ -16,11 +16,11 @@ from typing import Any, ClassVar, Literal
 from ..errors import LIMIT_ERRORS, LimitExceeded, ProviderError
 from ..journal.seam import JournalTarget
 from ..limits import Tally
+from ..protocol.state import CompletionOutcome, CompletionState
 from ..result import RLMChatCompletion, UsageSummary, timing
 from .context import Run
 from .loop import RLMRunner
 from .session import PersistentSession
-from .state import CompletionOutcome, CompletionState
 
 __all__ = ["CompletionRun"]
 

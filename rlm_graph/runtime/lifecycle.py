@@ -19,7 +19,9 @@ Invariants:
       (``stopped``), before the result is built.
     - A `ProviderError` that ends the run reaches the caller carrying its partial
       result, with its spans flushed; any other error passes unchanged (a group holding
-      one real error and cancellations is that error).
+      one real error and cancellations is that error). Ctrl-C (``KeyboardInterrupt``) is
+      such an error, except for an operation that ``returns_when_interrupted`` (a
+      workflow): its run ends as a cut one, with ``stop_reason="interrupted"``.
 """
 
 from __future__ import annotations
@@ -85,8 +87,9 @@ class Operation(Protocol[R]):
     def failed(self, run: Run, failure: BaseException) -> None:
         """Give ``failure`` the partial data it carries to the caller, if any."""
 
-    def limit_error(self, result: R, reason: str) -> LimitExceeded:
-        """The error raised for ``result`` when ``on_limit="raise"``."""
+    def limit_error(self, result: R, reason: str) -> LimitExceeded | None:
+        """The error raised for ``result`` when ``on_limit="raise"`` (None: ``reason`` is
+        not a limit, and the result is returned)."""
 
 
 async def run_lifecycle(
@@ -115,7 +118,9 @@ async def run_lifecycle(
     run.run_finished(result)
     await flush()
     if result.stop_reason is not None and run.limits.on_limit == "raise":
-        raise operation.limit_error(result, result.stop_reason)
+        error = operation.limit_error(result, result.stop_reason)
+        if error is not None:
+            raise error
     return result
 
 
@@ -145,9 +150,13 @@ async def _journaled(run: Run, operation: Operation[R], flush: Callable[[], Awai
         failure = unwrap(group)
         if failure is None:
             raise
-    except ProviderError as exc:
+    except (ProviderError, KeyboardInterrupt) as exc:
         failure = exc
     finally:
+        if isinstance(failure, KeyboardInterrupt) and getattr(
+            operation, "returns_when_interrupted", False
+        ):
+            failure, stop_reason, status = None, "interrupted", "stopped"
         run.finalize()
         if journal is not None:
             replay = await journal.close(status, operation.answer(run.scope.cancelled_caught))

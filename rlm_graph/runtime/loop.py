@@ -51,13 +51,13 @@ from ..protocol.prompts import (
     system_prompt,
 )
 from ..protocol.schema import AnswerSchema
+from ..protocol.state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
 from .bridge import BridgeProxy, CompletionBridge, node_path
 from .calls import ModelCall
 from .compaction import DEFAULT_CONTEXT_WINDOW, CompactionNode
 from .context import Run
 from .direct import OneAnswer, direct_fit, one_call
 from .session import PersistentSession, environment_scope
-from .state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
 
 __all__ = ["DEFAULT_CONTEXT_WINDOW", "RLMRunner"]
 

@@ -5,35 +5,47 @@ Invariants:
     - Every node of the workflow is in the run's graph (``pending``) before any runs, so a
       cancelled run shows exactly which nodes never started.
     - A node starts as soon as its last dependency finishes; independent nodes run at once.
+    - A node whose dependency failed (or was skipped) is ``skipped`` and sends nothing,
+      unless it receives failures; an error in `STOPS_WORKFLOW` stops the run at once
+      (``stop_reason="fatal_error"``): the nodes in flight are cancelled.
+    - A node's retries and timeout are inside its one `Run.execute` (one record, one
+      span, one journal lookup): a replayed node is not retried.
+    - Function nodes that are not trio code run in worker threads
+      (`rlm_graph.doors.functions`); a cancelled one still running is counted as leaked.
     - One nursery for the whole workflow; the run's cancel scope wraps it (the run's
       lifecycle enters it: `WorkflowRun` is the workflow as a run's operation).
 """
 
 from __future__ import annotations
 
-import inspect
 import json
-from collections.abc import Mapping
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import nullcontext
 from typing import Any, Literal
 
 import trio
 
-from ..contracts import Message
-from ..errors import LIMIT_ERRORS, LimitExceeded, error_slot
+from ..doors.functions import call_function
+from ..errors import LIMIT_ERRORS, STOPS_WORKFLOW, LimitExceeded
 from ..graph import NodeKind, NodeRecord, Workflow, preview
-from ..graph.workflow import NodeSpec
-from ..journal import value_hash
-from ..journal.keys import json_value, qualname
+from ..graph.spec import NodeSpec, is_async
+from ..journal.keys import function_key, json_value
 from ..journal.seam import Journaled, JournalTarget
-from ..result import WorkflowResult
+from ..result import WorkflowOutcome, WorkflowResult
 from .calls import ModelCall
 from .context import Run
 
-__all__ = ["UpstreamFailed", "WorkflowRun", "run_workflow"]
+__all__ = ["FUNCTION_THREADS", "WorkflowRun", "run_workflow"]
 
+logger = logging.getLogger("rlm_graph")
 
-class UpstreamFailed(Exception):
-    """A node did not run because a function it depends on failed."""
+FUNCTION_THREADS = 40
+"""Worker threads a workflow's plain (and asyncio) function nodes may use at once."""
+
+Body = Callable[[NodeRecord], Awaitable[Any]]
 
 
 class WorkflowRun:
@@ -42,15 +54,17 @@ class WorkflowRun:
     kind: Literal["completion", "workflow"] = "workflow"
     span_name = "invoke_workflow"
     span_attributes: Mapping[str, Any] = {"gen_ai.operation.name": "invoke_workflow"}
+    returns_when_interrupted = True
 
     def __init__(self, workflow: Workflow, journal: JournalTarget | None) -> None:
         self.workflow = workflow
         self.journal = journal
-        self.values: dict[str, Any] = {}
-        self.errors: dict[str, str] = {}
+        self.outcome = WorkflowOutcome()
+        self.abandoned: list[threading.Event] = []  # threads of cancelled function nodes
+        self.started = time.perf_counter()
 
     async def body(self, run: Run) -> None:
-        await run_workflow(run, self.workflow, self.values, self.errors)
+        await run_workflow(run, self)
 
     @property
     def stop_reason(self) -> str | None:
@@ -60,143 +74,167 @@ class WorkflowRun:
         return None
 
     def result(self, run: Run, stop_reason: str | None, cut: bool) -> WorkflowResult:
-        return WorkflowResult(
-            values=self.values,
-            errors=self.errors,
-            graph=run.graph,
-            stop_reason=stop_reason or run.stop_reason,
+        leaked = sum(not finished.is_set() for finished in self.abandoned)
+        if leaked:
+            logger.warning(
+                "%d thread(s) of cancelled function nodes still running (Python cannot "
+                "stop a thread); their results are dropped",
+                leaked,
+            )
+        return self.outcome.result(
+            run.graph,
+            stop_reason or run.stop_reason,
+            time.perf_counter() - self.started,
+            run.leaked_threads + leaked,
         )
 
     def failed(self, run: Run, failure: BaseException) -> None:
         return None
 
-    def limit_error(self, result: WorkflowResult, reason: str) -> LimitExceeded:
-        error = LIMIT_ERRORS.get(reason, LIMIT_ERRORS["max_timeout"])
-        return error(f"workflow stopped by {reason}", result=result)
+    def limit_error(self, result: WorkflowResult, reason: str) -> LimitExceeded | None:
+        error = LIMIT_ERRORS.get(reason)
+        return None if error is None else error(f"workflow stopped by {reason}", result=result)
 
 
-async def run_workflow(
-    run: Run, workflow: Workflow, values: dict[str, Any], errors: dict[str, str]
-) -> None:
-    """Run every node of ``workflow`` inside ``run``; their results go in ``values``,
-    their failures in ``errors`` (by node id)."""
-    done = {spec.id: trio.Event() for spec in workflow}
+async def run_workflow(run: Run, op: WorkflowRun) -> None:
+    """Run every node of ``op.workflow`` inside ``run``; their values and failures go in
+    ``op.outcome`` (by node id)."""
+    done = {spec.id: trio.Event() for spec in op.workflow}
     records: dict[str, NodeRecord] = {}
-    for spec in workflow:
+    for spec in op.workflow:
         record = NodeRecord(id=spec.id, kind=spec.kind, model=spec.model)
         records[spec.id] = run.graph.add(record, after=spec.deps)
+    threads = trio.CapacityLimiter(FUNCTION_THREADS)
 
     async def run_spec(spec: NodeSpec) -> None:
         try:
             for dep in spec.deps:
                 await done[dep].wait()
-            await _run_node(run, spec, records[spec.id], values, errors)
+            await _run_node(run, op, spec, records[spec.id], threads)
         finally:
             done[spec.id].set()
 
     async with trio.open_nursery() as nursery:
-        for spec in workflow:
+        for spec in op.workflow:
             nursery.start_soon(run_spec, spec, name=f"node:{spec.id}")
 
 
 async def _run_node(
-    run: Run,
-    spec: NodeSpec,
-    record: NodeRecord,
-    values: dict[str, Any],
-    errors: dict[str, str],
+    run: Run, op: WorkflowRun, spec: NodeSpec, record: NodeRecord, threads: trio.CapacityLimiter
 ) -> None:
-    failed = [dep for dep in spec.deps if dep not in values]
-    args = [values[dep] for dep in spec.deps if dep in values]
+    outcome = op.outcome
+    if any(dep not in outcome.values and dep not in outcome.failures for dep in spec.deps):
+        return  # a dependency was cancelled: so is this node (the run is stopping)
+    failed = [dep for dep in spec.deps if dep in outcome.failures]
+    if failed and not spec.receive_failures:
+        await run.execute(record, _skip(outcome, spec.id, failed[0]), added=True)
+        return
+    args, kwargs = spec.arguments(lambda dep: outcome.value(dep, run.graph))
+    if spec.kind == NodeKind.LLM_CALL:
+        body, journal = _model_call(run, record, spec, args, kwargs)
+    else:
+        body = _function(spec, args, kwargs, threads, op.abandoned)
+        journal = _function_journal(spec, args, kwargs)
     try:
-        if failed:
-            await run.execute(record, _upstream_failed(failed), added=True)
-        elif spec.kind == NodeKind.LLM_CALL:
-            call = _LazyCall(run, record, spec, args)
-            values[spec.id] = await run.execute(
-                record, call.text, added=True, journal=call.journaled
-            )
-        else:
-            values[spec.id] = await run.execute(
-                record,
-                _function_body(spec, args),
-                added=True,
-                journal=lambda: _function_journaled(spec, args),
-            )
+        outcome.values[spec.id] = await run.execute(
+            record, _tries(spec, body), added=True, journal=journal if spec.cache else None
+        )
     except Exception as exc:
-        errors[spec.id] = error_slot(exc)
-        if spec.kind == NodeKind.LLM_CALL and not failed:
-            # A failed model call is a failed slot: dependents see the error string.
-            values[spec.id] = errors[spec.id]
+        outcome.fail(spec.id, exc)
+        if isinstance(exc, STOPS_WORKFLOW):
+            run.stop("fatal_error")
 
 
-def _upstream_failed(failed: list[str]) -> Any:
+def _skip(outcome: WorkflowOutcome, node_id: str, upstream: str) -> Body:
+    """The body of a node that does not run: its dependency ``upstream`` failed."""
+
     async def body(record: NodeRecord) -> None:
-        raise UpstreamFailed(f"not run: it depends on {', '.join(failed)}, which failed")
+        record.skip(upstream, outcome.skip(node_id, upstream))
 
     return body
 
 
-class _LazyCall:
-    """A model node's call, made on first use inside the node (a prompt function that
-    fails fails its node)."""
+def _tries(spec: NodeSpec, attempt: Body) -> Body:
+    """``attempt`` under the node's ``timeout``, tried again on failure up to ``retries``
+    times (never for an error that stops the workflow); the record's ``attempts`` counts
+    the requests (or calls) of every try."""
+    if not spec.retries and spec.timeout is None:
+        return attempt
 
-    def __init__(self, run: Run, record: NodeRecord, spec: NodeSpec, args: list[Any]) -> None:
-        self.run, self.record, self.spec, self.args = run, record, spec, args
-        self._call: ModelCall | None = None
+    async def body(record: NodeRecord) -> Any:
+        total = 0
+        for tries in range(1, spec.retries + 2):
+            record.attempts = 1
+            try:
+                with trio.fail_after(spec.timeout) if spec.timeout else nullcontext():
+                    return await attempt(record)
+            except trio.TooSlowError:
+                error: Exception = TimeoutError(
+                    f"node {spec.id!r} did not finish within timeout={spec.timeout:g} s"
+                )
+            except Exception as exc:
+                if isinstance(exc, STOPS_WORKFLOW) or tries > spec.retries:
+                    raise
+                error = exc
+            finally:
+                total += record.attempts
+                record.attempts = total
+            if tries > spec.retries:
+                raise error
+            logger.debug("node %s: %s; try %d of %d", spec.id, error, tries + 1, spec.retries + 1)
+        raise AssertionError("unreachable")  # pragma: no cover
 
-    @property
-    def call(self) -> ModelCall:
-        if self._call is None:
-            spec = self.spec
-            self._call = ModelCall(
-                self.run,
-                self.record,
-                _messages(spec, self.args),
-                model=spec.model,
-                params=spec.params,
-            )
-        return self._call
+    return body
 
-    async def text(self, record: NodeRecord) -> str:
-        reply = await self.call.text(record)
-        if self.run.record_content:
-            record.keep_content(self.call.messages[-1].content, reply)
+
+def _model_call(
+    run: Run, record: NodeRecord, spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[Body, Callable[[], Journaled[str]]]:
+    """A model node's body and journal key, over one `ModelCall` made on first use
+    inside the node (so that a prompt function that fails fails its node)."""
+    made: list[ModelCall] = []
+
+    def call() -> ModelCall:
+        if not made:
+            messages = spec.messages(args, kwargs)
+            made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
+        return made[0]
+
+    async def body(record: NodeRecord) -> str:
+        reply = await call().text(record)
+        if run.record_content:
+            record.keep_content(call().messages[-1].content, reply)
         return reply
 
-    def journaled(self) -> Journaled[str]:
-        return self.call.journaled()
+    return body, lambda: call().journaled()
 
 
-def _messages(spec: NodeSpec, args: list[Any]) -> list[Message]:
-    """A model node's messages: its system text, and its prompt (built from its
-    dependencies' results when it is a function)."""
-    prompt = spec.prompt(*args) if callable(spec.prompt) else spec.prompt
-    if not isinstance(prompt, str):
-        raise TypeError(
-            f"the prompt function of node {spec.id!r} returned {type(prompt).__name__}; "
-            "it must return a string"
-        )
-    messages = [Message(role="user", content=prompt)]
-    if spec.system:
-        messages.insert(0, Message(role="system", content=spec.system))
-    return messages
+def _function_journal(
+    spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> Callable[[], Journaled[Any]]:
+    """A function node is journaled by its code, what it reads and its arguments
+    (`rlm_graph.journal.keys.function_key`); its result as JSON when JSON gives it back
+    equal (else it runs again on resume)."""
+    return lambda: Journaled(function_key(spec, args, kwargs), json_value, json.loads)
 
 
-def _function_body(spec: NodeSpec, args: list[Any]) -> Any:
+def _function(
+    spec: NodeSpec,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    threads: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> Body:
+    """One try of a function node, where it belongs (`rlm_graph.doors.functions`)."""
+    fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
+    assert fn is not None
+
     async def body(record: NodeRecord) -> Any:
-        assert spec.fn is not None
-        record.input_preview = preview(args)
-        result = spec.fn(*args)
-        if inspect.isawaitable(result):
-            result = await result
+        record.input_preview = preview([*args, *kwargs.values()])
+        result = await call_function(
+            fn, args, kwargs, native=native, loop=spec.loop, limiter=threads, abandoned=abandoned
+        )
         record.output_preview = preview(result)
         return result
 
     return body
-
-
-def _function_journaled(spec: NodeSpec, args: list[Any]) -> Journaled[Any]:
-    """A function node is keyed by its qualified name and its arguments; its result is
-    kept as JSON when JSON gives it back equal (else it runs again on resume)."""
-    return Journaled(value_hash("function", qualname(spec.fn), args), json_value, json.loads)

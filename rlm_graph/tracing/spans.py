@@ -199,6 +199,7 @@ class NodeTracer:
         self.content_limit = content_limit
         self.graph = graph
         self._contexts: dict[str, SpanContext] = {}
+        self._live: dict[str, Span] = {}  # the spans of the nodes running now
         self._root: Any = None
         self._anchor: tuple[float, int] | None = None
         self._last_end_ns = 0
@@ -264,9 +265,16 @@ class NodeTracer:
         `call_model` wraps the provider's ``complete()`` in it, so that a provider can
         propagate the trace on its requests (``opentelemetry.propagate.inject(headers)``;
         `JSONProvider` does): a gateway's or vLLM's own spans then join the node's trace
-        as its children. Does nothing when tracing is off or the node has no span.
+        as its children; and so that what the provider notes (a retry's event) lands on
+        the node's span while it is open. Does nothing when tracing is off or the node
+        has no span.
         """
-        found = self._contexts.get(node_id) if self.enabled else None
+        if not self.enabled:
+            return nullcontext()
+        live = self._live.get(node_id)
+        if live is not None:
+            return _Current(trace.set_span_in_context(live))
+        found = self._contexts.get(node_id)
         if found is None:
             return nullcontext()
         return _Current(trace.set_span_in_context(NonRecordingSpan(found)))
@@ -310,6 +318,7 @@ class NodeTracer:
             start_time=self._ns(record.submitted),
         )
         self._contexts[record.id] = span.get_span_context()
+        self._live[record.id] = span
         return span
 
     def _links(self, record: NodeRecord) -> list[Link] | None:
@@ -342,6 +351,7 @@ class NodeTracer:
                 span.set_status(Status(StatusCode.ERROR, failed.__name__))
         end = self._ns(record.end)
         self._last_end_ns = max(self._last_end_ns, end)
+        self._live.pop(record.id, None)
         span.end(end_time=end)
 
     def _describe(self, text: str) -> str:

@@ -95,6 +95,38 @@ def test_a_provider_error_exits_4_naming_the_key(
     _, err = capsys.readouterr()
     assert code == 4
     assert "API key" in err and KEY not in err
+    # The first call failed: there is no partial answer, and the line says so.
+    assert "[stopped by provider_error; no partial answer]" in err
+    assert "; partial answer]" not in err
+
+
+def test_backend_kwargs_pass_a_plugin_s_own_settings(
+    context_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = json.dumps({"extra_body": {"house_setting": 7}, "base_url": "http://nowhere"})
+    with FakeOpenAIServer(respond) as server:
+        code = main(_args(server, context_file, "--backend-kwargs", settings))
+        bodies = server.bodies
+    assert code == 0, capsys.readouterr().err
+    assert bodies and all(body["house_setting"] == 7 for body in bodies)  # and --base-url won
+
+
+@pytest.mark.parametrize(
+    "given, said",
+    [
+        ("{not json", "--backend-kwargs is not JSON"),
+        ("[1, 2]", "must be a JSON object, not list"),
+        ('{"api_key": "sk-x"}', "cannot carry api_key"),
+    ],
+)
+def test_bad_backend_kwargs_exit_2(
+    context_file: Path, given: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeOpenAIServer() as server:
+        assert main(_args(server, context_file, "--backend-kwargs", given)) == 2
+        assert server.bodies == []
+    err = capsys.readouterr().err
+    assert said in err and "sk-x" not in err
 
 
 @pytest.mark.parametrize("extra", [["--backend", "no-such-backend"], ["--max-depth", "-1"]])
@@ -195,3 +227,4 @@ def test_an_environment_key_goes_to_another_base_url_only_with_api_key_env(
     assert code == 4
     assert sent == [None]
     assert "api_key_env" in err and KEY not in err
+    assert "--api-key-env OPENAI_API_KEY" in err  # the hint in this command's own words

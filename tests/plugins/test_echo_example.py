@@ -23,7 +23,7 @@ async def test_the_echo_backend_answers_over_http() -> None:
     from rlm_graph_echo import FakeEchoServer
 
     with FakeEchoServer() as server:
-        async with Engine("echo", {"base_url": server.url}) as engine:
+        async with Engine("echo", {"base_url": server.base_url}) as engine:
             wf = Workflow()
             ref = wf.llm("from the docs")
             result = await engine.arun(wf)

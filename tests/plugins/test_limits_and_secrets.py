@@ -75,19 +75,21 @@ async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixt
             wf = Workflow()
             first = wf.llm("one")
             second = wf.llm(lambda text: "two " + text, first)
-            third = wf.llm(lambda text: "three " + text, second)
-            result = await engine.arun(wf)
+            result = await engine.arun(wf)  # the 401 stops this workflow
+            wf = Workflow()
+            third = wf.llm("three")
+            later = await engine.arun(wf)
             text_of_provider = repr(engine.provider) + repr(vars(engine.provider))
     assert result[first] == "fine"
-    failed = [result.graph[second.id], result.graph[third.id]]
+    failed = [result.graph[second.id], later.graph[third.id]]
     assert [r.status for r in failed] == [NodeStatus.ERROR, NodeStatus.ERROR]
     assert failed[0].error_type == "ProviderAuthError"
     assert failed[1].error_type == "ProviderError"
     sources = {
         "log records": "\n".join(record.getMessage() for record in caplog.records),
         "log text": caplog.text,
-        "graph": to_json(result.graph),
-        "errors": "\n".join(result.errors.values()),
+        "graph": to_json(result.graph) + to_json(later.graph),
+        "errors": "\n".join([*result.errors.values(), *later.errors.values()]),
         "values": "\n".join(str(v) for v in result.values.values()),
         "provider": text_of_provider,
     }

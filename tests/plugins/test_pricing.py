@@ -89,10 +89,11 @@ async def test_a_workflow_naming_an_unpriced_model_fails_that_node_before_any_re
         ) as engine:
             wf = Workflow()
             priced = wf.llm("a")
-            unpriced = wf.llm("b", model="homemade-model")
+            unpriced = wf.llm("b", priced, model="homemade-model")
             result = await engine.arun(wf)
         models = [body["model"] for body in server.bodies]
     assert result[priced] == "echo: a"
+    assert result.stop_reason == "fatal_error"  # a configuration error stops the workflow
     assert result.graph[unpriced.id].error_type == "ConfigError"
     assert "'homemade-model' has no price" in (result.graph[unpriced.id].error or "")
     assert models == ["gpt-5-mini"]

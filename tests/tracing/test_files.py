@@ -19,7 +19,7 @@ from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.errors import ProviderAuthError
 from rlm_graph.graph import Graph
-from rlm_graph.runtime.workflow import run_workflow
+from rlm_graph.runtime.workflow import WorkflowRun, run_workflow
 from rlm_graph.tracing import NodeTracer, TraceFileExporter, load_trace, to_graph
 from tests.support.tracing import KeyedPlugin, Memory, parent_id, span_id
 
@@ -59,7 +59,7 @@ async def traced_workflow(memory: Memory, directory: Path) -> tuple[Graph, Trace
     joined = wf.function(lambda *parts: "|".join(parts), *maps, bad, id="join")
     wf.llm(lambda text: f"final over {len(text)}", joined, id="final")
     with run.tracer.run_span("invoke_workflow", {}):
-        await run_workflow(run, wf, {}, {})
+        await run_workflow(run, WorkflowRun(wf, None))
     memory.provider.force_flush()
     return run.graph, exporter
 

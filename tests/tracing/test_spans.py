@@ -12,7 +12,7 @@ from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 from rlm_graph import Engine, Workflow
 from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
-from rlm_graph.runtime.workflow import run_workflow
+from rlm_graph.runtime.workflow import WorkflowRun, run_workflow
 from rlm_graph.tracing import NodeTracer
 from tests.support.tracing import (
     KeyedPlugin,
@@ -162,7 +162,7 @@ async def test_after_edges_become_span_links_when_the_tracer_has_the_graph(memor
     run = engine.new_run()
     run.tracer = NodeTracer(memory.provider, graph=run.graph)
     with run.tracer.run_span("invoke_workflow", {}):
-        await run_workflow(run, map_reduce(3), {}, {})
+        await run_workflow(run, WorkflowRun(map_reduce(3), None))
     spans = memory.by_node()
     linked = {span_id(spans[n]) for n in run.graph.predecessors("reduce", "after")}
     assert {link.context.span_id for link in spans["reduce"].links} == linked

@@ -4,9 +4,13 @@ module only says how the Echo API's requests and answers look.
 The Echo API::
 
     POST {base_url}/echo          header  X-Echo-Key: <key>
-    {"model": "echo-1", "system": "...", "prompt": "...", "shout": false}
+    {"model": "echo-1", "system": "...", "shout": false,
+     "messages": [{"role": "user", "text": "..."}, {"role": "assistant", "text": "..."}, ...]}
     -> 200 {"text": "...", "tokens_in": 12, "tokens_out": 3, "done": "complete"}
     -> 4xx/5xx {"detail": "what went wrong"}
+
+A request carries the whole conversation: a root model's second turn is its history
+(the task, its first reply, the REPL's output), not only the last user message.
 """
 
 from __future__ import annotations
@@ -71,10 +75,14 @@ class EchoProvider(JSONProvider):
         return {"X-Echo-Key": self._api_key.reveal()} if self._api_key else {}
 
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
+        # Every message, in order: request.prompt alone (the last user message) would
+        # drop the history a root model's later turns carry.
         return {
             "model": request.model or self.model,
             "system": request.system,
-            "prompt": request.prompt,
+            "messages": [
+                {"role": m.role, "text": m.content} for m in request.messages if m.role != "system"
+            ],
             "shout": self.shout,
         }
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contracts import Message, estimate_tokens
-from ..protocol.schema import AnswerSchema
+from .schema import AnswerSchema
 
 __all__ = ["CompletionOutcome", "CompletionState", "LoopSettings", "ToolTable"]
 

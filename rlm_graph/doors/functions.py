@@ -1,0 +1,121 @@
+"""The way out: a workflow's function nodes that are not trio code, run from the scheduler.
+
+- A plain (sync) function runs in a worker thread (`run_in_thread`), so the scheduler
+  and every other node go on while it works.
+- An ``async`` function written for asyncio (``loop="asyncio"``) runs on an asyncio loop
+  of its own, ``asyncio.run`` in a worker thread (`run_on_asyncio`): the simplest way
+  that gives it a running loop, ``asyncio.current_task()`` and its libraries, without
+  tying the engine's trio loop to asyncio.
+
+Invariants:
+    - Cancelling the node (the run's deadline, the node's ``timeout``, another node's
+      fatal error, Ctrl-C) returns at once: the thread is abandoned
+      (``abandon_on_cancel``). An asyncio coroutine is also cancelled in its loop, so it
+      unwinds at its next ``await``; a plain function cannot be stopped by Python and
+      runs to its end, its result dropped. Either way a thread still running is handed
+      to ``abandoned`` (its ``finished`` event), for the run to count as leaked.
+    - Threads come from the caller's ``limiter``, not trio's default one: an abandoned
+      thread holds its token until it ends, and must not starve other users of threads
+      (the journal's writer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import trio
+
+__all__ = ["call_function", "run_in_thread", "run_on_asyncio"]
+
+
+async def call_function(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    native: bool,
+    loop: str,
+    limiter: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> Any:
+    """``fn(*args, **kwargs)`` where it belongs: awaited here when it is trio code
+    (``native``), on an asyncio loop in a thread for ``loop="asyncio"``, else in a thread."""
+    if native:
+        return await fn(*args, **kwargs)
+    door = run_on_asyncio if loop == "asyncio" else run_in_thread
+    result = await door(fn, args, kwargs, limiter=limiter, abandoned=abandoned)
+    if loop == "trio" and hasattr(result, "__await__"):
+        result = await result  # a plain function that returned a trio awaitable
+    return result
+
+
+async def run_in_thread(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    limiter: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> Any:
+    """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises."""
+    finished = threading.Event()
+
+    def work() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            finished.set()
+
+    try:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+    except trio.Cancelled:
+        if not finished.is_set():
+            abandoned.append(finished)
+        raise
+
+
+async def run_on_asyncio(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    limiter: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> Any:
+    """``await fn(*args, **kwargs)`` on a new asyncio loop in a worker thread."""
+    finished = threading.Event()
+    lock = threading.Lock()  # the node's cancellation and the coroutine's start, in order
+    running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
+    cancelled: list[bool] = []
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        with lock:
+            if cancelled:  # cancelled before it could start: it never does
+                raise asyncio.CancelledError
+            running.append((asyncio.get_running_loop(), task))
+        return await fn(*args, **kwargs)
+
+    def work() -> Any:
+        try:
+            return asyncio.run(main())
+        finally:
+            finished.set()
+
+    try:
+        return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+    except trio.Cancelled:
+        with lock:
+            cancelled.append(True)
+            for loop, task in running:
+                try:
+                    loop.call_soon_threadsafe(task.cancel)
+                except RuntimeError:  # the loop closed meanwhile: the coroutine is done
+                    pass
+        if not finished.is_set():
+            abandoned.append(finished)
+        raise

@@ -1,0 +1,226 @@
+"""The parts of a workflow node, pure: its handle (`NodeRef`), what it runs (`NodeSpec`),
+and its arguments.
+
+Arguments are any mix of node references, constants, keywords and nested lists,
+tuples, dicts and sets, as ``dask.delayed`` takes them: `refs_in` finds the references
+(the node's dependencies) when the node is added, `resolve` puts the dependencies'
+results in their place when it runs. A structure without a reference is passed as it
+is, never copied.
+
+Invariants:
+    - A spec is checked when its node is added (`Workflow.llm`, `Workflow.function`):
+      request parameters against `ChatRequest`, options by type, references against the
+      nodes already added; nothing about a node's shape fails at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from ..contracts import ChatRequest, Message
+from ..errors import ConfigError, config_error
+from .nodes import NodeKind
+
+__all__ = [
+    "REQUEST_PARAMETERS",
+    "FunctionLoop",
+    "NodeRef",
+    "NodeSpec",
+    "check_options",
+    "check_params",
+    "is_async",
+    "refs_in",
+    "resolve",
+]
+
+FunctionLoop = Literal["trio", "asyncio"]
+
+REQUEST_PARAMETERS = ("extra", "max_tokens", "seed", "stop", "temperature", "top_p")
+"""What ``wf.llm(..., **params)`` may set (`ChatRequest` fields); provider-specific
+arguments go in ``extra={...}``."""
+
+_MAX_NESTING = 100
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRef:
+    """A handle to a node of a workflow; pass it as an argument of another node (at any
+    depth of a list, tuple, dict or set) or index a result with it."""
+
+    id: str
+
+    def __str__(self) -> str:
+        return self.id
+
+
+@dataclass(slots=True)
+class NodeSpec:
+    """One node of a workflow, as it was added.
+
+    Attributes:
+        id, kind: the node's id and kind (``llm_call`` or ``function``).
+        deps: the ids of the nodes its arguments refer to, in order of first mention.
+        args, kwargs: its arguments as given (node references inside).
+        fn: a function node's function.
+        prompt, system, model, params: a model node's prompt (text, or a function of the
+            arguments), system text, model and request parameters.
+        retries: attempts after the first when the node fails (not for errors that stop
+            the workflow).
+        timeout: seconds each attempt may take (None: no limit but the run's).
+        cache: whether a journaled run may replay the node (False: it always runs).
+        receive_failures: run even when a dependency failed; a failed dependency's value
+            is then its `rlm_graph.errors.NodeFailed`.
+        loop: an ``async`` function's event loop: ``"trio"`` (the scheduler's) or
+            ``"asyncio"`` (a loop of its own in a worker thread).
+    """
+
+    id: str
+    kind: NodeKind
+    deps: tuple[str, ...]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    fn: Callable[..., Any] | None = None
+    prompt: str | Callable[..., str] | None = None
+    system: str | None = None
+    model: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    retries: int = 0
+    timeout: float | None = None
+    cache: bool = True
+    receive_failures: bool = False
+    loop: FunctionLoop = "trio"
+
+    def arguments(self, lookup: Callable[[str], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The node's arguments with each reference replaced by ``lookup(id)``."""
+        if not self.deps:
+            return self.args, self.kwargs
+        return resolve(self.args, lookup), resolve(self.kwargs, lookup)
+
+    def messages(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Message]:
+        """A model node's messages: its system text, then its prompt (the prompt
+        function's answer to the node's arguments, when it is a function).
+
+        Raises:
+            TypeError: the prompt function returned something other than a string.
+        """
+        prompt = self.prompt(*args, **kwargs) if callable(self.prompt) else self.prompt
+        if not isinstance(prompt, str):
+            raise TypeError(
+                f"the prompt function of node {self.id!r} returned {type(prompt).__name__}; "
+                "it must return a string"
+            )
+        messages = [Message(role="user", content=prompt)]
+        if self.system:
+            messages.insert(0, Message(role="system", content=self.system))
+        return messages
+
+
+def refs_in(value: Any, depth: int = 0) -> list[str]:
+    """The ids of the node references in ``value``, in order of first mention."""
+    if depth > _MAX_NESTING:
+        raise ConfigError(
+            f"node arguments nest deeper than {_MAX_NESTING} levels (a list holding itself?)"
+        )
+    if isinstance(value, NodeRef):
+        return [value.id]
+    items: Any
+    if isinstance(value, Mapping):
+        items = value.values()
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = value
+    else:
+        return []
+    found: list[str] = []
+    for item in items:
+        found.extend(ref for ref in refs_in(item, depth + 1) if ref not in found)
+    return found
+
+
+def resolve(value: Any, lookup: Callable[[str], Any]) -> Any:
+    """``value`` with every `NodeRef` replaced by ``lookup(ref.id)``; containers holding
+    no reference come back as they are (the same object)."""
+    found, changed = _resolve(value, lookup)
+    return found if changed else value
+
+
+def _resolve(value: Any, lookup: Callable[[str], Any]) -> tuple[Any, bool]:
+    if isinstance(value, NodeRef):
+        return lookup(value.id), True
+    if isinstance(value, Mapping):
+        pairs = [(key, _resolve(item, lookup)) for key, item in value.items()]
+        if not any(changed for _, (_, changed) in pairs):
+            return value, False
+        return {key: item for key, (item, _) in pairs}, True
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_resolve(item, lookup) for item in value]
+        if not any(changed for _, changed in items):
+            return value, False
+        values = [item for item, _ in items]
+        if isinstance(value, tuple) and hasattr(value, "_make"):  # a namedtuple
+            return value._make(values), True
+        if isinstance(value, set | frozenset):
+            return type(value)(values) if type(value) in (set, frozenset) else set(values), True
+        return (tuple(values) if isinstance(value, tuple) else values), True
+    return value, False
+
+
+def check_params(node_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """A model node's request parameters, checked now rather than at its call.
+
+    Raises:
+        ConfigError: an unknown parameter (with the closest known name), or a value the
+            request refuses (one line per problem).
+    """
+    for name in params:
+        if name not in REQUEST_PARAMETERS:
+            close = difflib.get_close_matches(name, REQUEST_PARAMETERS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(
+                f"node {node_id!r}: unknown request parameter {name!r}{hint}; the parameters "
+                f"are {', '.join(REQUEST_PARAMETERS)}, and a provider's own ones go in "
+                "extra={...}"
+            )
+    try:
+        ChatRequest(messages=(), model="-", **params)
+    except ValidationError as exc:
+        raise config_error(f"node {node_id!r}", exc) from None
+    return dict(params)
+
+
+def check_options(
+    node_id: str, *, retries: object, timeout: object, cache: object, receive_failures: object
+) -> None:
+    """The per-node options' types and ranges.
+
+    Raises:
+        ConfigError: naming the option and what it takes.
+    """
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise ConfigError(f"node {node_id!r}: retries must be a whole number >= 0, not {retries!r}")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ConfigError(
+            f"node {node_id!r}: timeout must be a positive number of seconds, not {timeout!r}"
+        )
+    for name, value in (("cache", cache), ("receive_failures", receive_failures)):
+        if not isinstance(value, bool):
+            raise ConfigError(f"node {node_id!r}: {name} must be True or False, not {value!r}")
+
+
+def is_async(fn: Callable[..., Any] | None) -> bool:
+    """Whether calling ``fn`` makes a coroutine (an ``async def``, a partial of one, or
+    an object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callable()
+    )

@@ -1,0 +1,148 @@
+"""What a Python function is, as the journal keys it: its code and what it reads (pure).
+
+A workflow's function node is replayed only under the same key, so the key covers what
+decides its result besides its arguments: `function_fingerprint` is the function's
+qualified name, its source (``inspect.getsource``; without a source file, its code
+object: bytecode, constants, names), the values of its closure's cells and of the
+module globals its code names, and, the same way, the functions those name (a helper
+whose body changed changes the key of every function that calls it).
+
+Invariants:
+    - Deterministic across processes: the same code over the same values gives the same
+      key in a rerun. Values enter through `stable_value`, which never uses an ``id()``,
+      a memory address or a hash order: sets and dicts are sorted, an
+      object whose ``repr`` shows an address (``<Foo object at 0x...>``) counts by its
+      type alone.
+    - Cheap: containers count up to `MAX_ITEMS` items each (past that, their length and
+      the first items), nesting up to `MAX_DEPTH` levels, functions named by functions up
+      to `MAX_HOPS` hops; a module counts by its name, a class by its qualified name.
+      What lies beyond these bounds is not seen: a change there is not a divergence.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import itertools
+import re
+import textwrap
+import types
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["MAX_DEPTH", "MAX_HOPS", "MAX_ITEMS", "function_fingerprint", "stable_value"]
+
+MAX_ITEMS = 10_000
+MAX_DEPTH = 20
+MAX_HOPS = 3
+
+# "<Foo object at 0x7f...>", "<function f at 0x...>": an address changes every run.
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+
+
+def _name(value: Any) -> str:
+    return (
+        f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__name__)}"
+    )
+
+
+def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
+    """``value`` as JSON data that is the same in every process for the same value."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return repr(value)  # nan, inf and -0.0 kept apart, as JSON cannot
+    if depth >= MAX_DEPTH:
+        return ["deep", _name(type(value))]
+    if isinstance(value, bytes | bytearray):
+        return ["bytes", hashlib.blake2b(bytes(value), digest_size=16).hexdigest()]
+    if isinstance(value, dict):
+        # Sorted: equal dicts are equal in any order (one built from a set is built in
+        # its hash order, which differs between processes).
+        pairs = [
+            (repr(stable_value(k, depth + 1)), stable_value(v, depth + 1, hops))
+            for k, v in itertools.islice(value.items(), MAX_ITEMS)
+        ]
+        pairs.sort(key=lambda pair: pair[0])
+        return ["dict", len(value), [list(pair) for pair in pairs]]
+    if isinstance(value, list | tuple):
+        items = list(value[:MAX_ITEMS])
+        return [type(value).__name__, len(value), [stable_value(v, depth + 1, hops) for v in items]]
+    if isinstance(value, set | frozenset):
+        shown = sorted(repr(stable_value(v, depth + 1, hops)) for v in value)
+        return ["set", len(value), shown[:MAX_ITEMS]]
+    if isinstance(value, types.ModuleType):
+        return ["module", value.__name__]
+    if isinstance(value, type):
+        return ["type", _name(value)]
+    if isinstance(value, types.FunctionType | functools.partial | types.MethodType):
+        if hops >= MAX_HOPS:
+            return ["function", _name(value)]
+        return ["function", function_fingerprint(value, hops + 1)]
+    text = repr(value)
+    if _ADDRESS.search(text):
+        return ["object", _name(type(value))]
+    return ["repr", _name(type(value)), text]
+
+
+def _source(fn: types.FunctionType) -> str:
+    """The function's source, or its code object's content where there is no source."""
+    try:
+        return textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return repr(_code(fn.__code__))
+
+
+def _code(code: types.CodeType) -> list[Any]:
+    """A code object's content without its place in a file (no line numbers)."""
+    consts = [
+        _code(c) if isinstance(c, types.CodeType) else stable_value(c) for c in code.co_consts
+    ]
+    return [code.co_code.hex(), consts, list(code.co_names), list(code.co_varnames)]
+
+
+def _names(code: types.CodeType) -> list[str]:
+    """The global (and attribute) names a code object and the code inside it use."""
+    found = list(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.extend(n for n in _names(const) if n not in found)
+    return found
+
+
+def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:
+    """The hash of ``fn`` as the journal keys it (see the module docstring)."""
+    parts: list[Any] = [_name(fn)]
+    if isinstance(fn, functools.partial):
+        parts += [
+            stable_value(fn.func, hops=hops),
+            stable_value(fn.args, hops=hops),
+            stable_value(fn.keywords, hops=hops),
+        ]
+    elif isinstance(fn, types.MethodType):
+        parts += [stable_value(fn.__func__, hops=hops), stable_value(fn.__self__, hops=hops)]
+    elif isinstance(fn, types.FunctionType):
+        parts += _function_parts(fn, hops)
+    elif isinstance(vars(type(fn)).get("__call__"), types.FunctionType):
+        parts += [stable_value(vars(type(fn))["__call__"], hops=hops), stable_value(fn, hops=hops)]
+    text = repr(parts)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+def _function_parts(fn: types.FunctionType, hops: int) -> list[Any]:
+    code = fn.__code__
+    cells = []
+    for name, cell in zip(code.co_freevars, fn.__closure__ or (), strict=False):
+        try:
+            cells.append([name, stable_value(cell.cell_contents, hops=hops)])
+        except ValueError:  # a cell not filled in yet
+            cells.append([name, "<empty>"])
+    module_globals = fn.__globals__
+    used = [
+        [name, stable_value(module_globals[name], hops=hops)]
+        for name in _names(code)
+        if name in module_globals and module_globals[name] is not fn
+    ]
+    defaults = stable_value(fn.__defaults__, hops=hops), stable_value(fn.__kwdefaults__, hops=hops)
+    return [_source(fn), cells, used, list(defaults)]

@@ -1,0 +1,92 @@
+"""``rlm-graph plugins`` and engines with a broken third-party plugin installed: a real
+distribution (a ``*.dist-info`` with its ``entry_points.txt``, on a ``sys.path`` entry
+of a child process) whose module fails to import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.processes
+
+COMMAND = Path(sys.executable).with_name("rlm-graph")
+
+
+@pytest.fixture
+def broken_site(tmp_path: Path) -> Path:
+    """A folder holding an installed distribution ``rlm-graph-broken``, entry point
+    ``broken = rlm_graph_broken`` of group ``rlm_graph``, whose import fails."""
+    dist = tmp_path / "rlm_graph_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: rlm-graph-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[rlm_graph]\nbroken = rlm_graph_broken\n")
+    (tmp_path / "rlm_graph_broken.py").write_text(
+        "raise ImportError('rlm_graph_broken needs libfoo, which is not installed')\n"
+    )
+    return tmp_path
+
+
+def _run(site: Path, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run(
+        list(args), capture_output=True, text=True, env=env, timeout=60, check=False, **kwargs
+    )
+
+
+def test_the_plugins_command_lists_a_broken_plugin_with_its_error(broken_site: Path) -> None:
+    done = _run(broken_site, str(COMMAND), "plugins")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "failed to load" in done.stdout
+    line = next(line for line in done.stdout.splitlines() if "rlm-graph-broken" in line)
+    assert "broken" in line and "ImportError: rlm_graph_broken needs libfoo" in line
+    assert "scripted" in done.stdout  # the plugins that load are listed as ever
+
+    done = _run(broken_site, str(COMMAND), "plugins", "--json")
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    (broken,) = [row for row in rows if row["category"] == "broken"]
+    assert broken["name"] == "broken" and "rlm-graph-broken" in broken["origin"]
+    assert broken["error"].startswith("ImportError: rlm_graph_broken needs libfoo")
+    assert ("providers", "scripted") in {(r["category"], r["name"]) for r in rows}
+
+
+ENGINES = """
+from rlm_graph import Engine, PluginError, Workflow
+wf = Workflow()
+node = wf.llm("hello")
+print(Engine("scripted", {"respond": lambda r: "works: " + r.prompt}).run(wf)[node])
+try:
+    Engine("from-the-broken-one")
+except PluginError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_engines_that_do_not_use_the_broken_plugin_work(broken_site: Path) -> None:
+    done = _run(broken_site, sys.executable, "-c", ENGINES)
+    assert done.returncode == 0, done.stderr
+    works, refused = done.stdout.strip().splitlines()
+    assert works == "works: hello"
+    assert "unknown backend 'from-the-broken-one'" in refused
+    assert "'broken' (rlm-graph-broken), which may provide it, failed to load" in refused
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(broken_site: Path) -> None:
+    process = subprocess.Popen(
+        [str(COMMAND), "plugins", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(broken_site)},
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # `| head` that has read enough: no reader left
+    with process.stderr:
+        err = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1
+    assert "Traceback" not in err and "BrokenPipeError" not in err

@@ -1,0 +1,136 @@
+"""A workflow function node's journal key covers its code, its closure and the globals
+it reads: a changed function is a divergence the run reports, never a stale replay; and
+the key is the same in every process for the same code."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from rlm_graph import Engine, Workflow
+from rlm_graph.journal.code import function_fingerprint, stable_value
+from tests.support.scripts import scripted
+
+
+def joined_by(sep: str) -> Callable[..., str]:
+    return lambda *parts: sep.join(parts)
+
+
+def summaries(merge: Callable[..., Any]) -> Workflow:
+    wf = Workflow()
+    maps = [wf.llm(f"part {i}", id=f"map-{i}") for i in range(4)]
+    wf.function(merge, *maps, id="merge")
+    return wf
+
+
+def engine() -> Engine:
+    return Engine("scripted", {"respond": lambda r: r.prompt.upper()})
+
+
+async def test_a_changed_closure_value_is_a_divergence(tmp_path: Path) -> None:
+    journal = tmp_path / "wf.sqlite"
+    first = await engine().arun(summaries(joined_by(", ")), journal=journal)
+    assert first["merge"] == "PART 0, PART 1, PART 2, PART 3"
+    same = await engine().arun(summaries(joined_by(", ")), journal=journal)
+    assert same.replay is not None and same.replay.replayed == 5 and same.replay.diverged == 0
+    changed = await engine().arun(summaries(joined_by(" | ")), journal=journal)
+    assert changed["merge"] == "PART 0 | PART 1 | PART 2 | PART 3"  # not the stale ", "
+    assert changed.replay is not None
+    assert changed.replay.diverged == 1 and changed.replay.diverged_at == "merge"
+    assert not changed.graph["merge"].replayed
+
+
+def load(tmp_path: Path, name: str, source: str) -> ModuleType:
+    """Module ``flows`` from a file of its own (as a user's edited script is)."""
+    path = tmp_path / name / "flows.py"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(source))
+    spec = importlib.util.spec_from_file_location("flows", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (  # the body
+            "def merge(*parts):\n    return '-'.join(parts)\n",
+            "def merge(*parts):\n    return '+'.join(parts)\n",
+        ),
+        (  # a global it reads
+            "SEP = '-'\ndef merge(*parts):\n    return SEP.join(parts)\n",
+            "SEP = '+'\ndef merge(*parts):\n    return SEP.join(parts)\n",
+        ),
+        (  # a helper it calls
+            "def sep():\n    return '-'\ndef merge(*parts):\n    return sep().join(parts)\n",
+            "def sep():\n    return '+'\ndef merge(*parts):\n    return sep().join(parts)\n",
+        ),
+    ],
+    ids=["body", "global", "helper"],
+)
+async def test_a_changed_function_is_a_divergence(tmp_path: Path, before: str, after: str) -> None:
+    journal = tmp_path / "wf.sqlite"
+    old = load(tmp_path, "v1", before)
+    first = await engine().arun(summaries(old.merge), journal=journal)
+    assert first["merge"] == "PART 0-PART 1-PART 2-PART 3"
+    new = load(tmp_path, "v2", after)
+    e = engine()
+    second = await e.arun(summaries(new.merge), journal=journal)
+    assert second["merge"] == "PART 0+PART 1+PART 2+PART 3"
+    assert second.replay is not None and second.replay.diverged_at == "merge"
+    assert len(scripted(e).requests) == 0  # the model calls before it still replayed
+
+
+def test_the_fingerprint_ignores_addresses_and_hash_order() -> None:
+    class Thing:
+        pass
+
+    assert stable_value(Thing()) == stable_value(Thing())  # "<... object at 0x...>"
+    assert stable_value({"b", "a"}) == stable_value({"a", "b"})
+    assert stable_value({"x": 1.0}) != stable_value({"x": 1})
+    tag = "a"
+    assert function_fingerprint(lambda: tag) == function_fingerprint(lambda: tag)
+
+
+SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+from rlm_graph.journal.code import function_fingerprint
+WORDS = {{"gamma", "alpha", "beta"}}
+TABLE = {{"k": [1, 2.5, None], "s": frozenset({{"x", "y", "z"}})}}
+LENGTHS = {{word: len(word) for word in WORDS}}  # built in the set's hash order
+class Box:
+    pass
+BOX = Box()
+def outer(sep):
+    def merge(*parts):
+        return sep.join(sorted(WORDS)) + str(TABLE) + str(LENGTHS) + repr(BOX) + sep.join(parts)
+    return merge
+print(function_fingerprint(outer(", ")))
+"""
+
+
+@pytest.mark.processes
+def test_the_key_is_the_same_in_every_process(tmp_path: Path) -> None:
+    script = tmp_path / "keys.py"
+    script.write_text(SCRIPT.format(root=str(Path(__file__).parents[2])))
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        keys.add(done.stdout.strip())
+    assert len(keys) == 1
