@@ -64,6 +64,7 @@ from .tools import split_tools
 __all__ = ["SubprocessEnvironment"]
 
 _SALVAGE_SECONDS = 0.25
+_PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # CPU seconds past cpu_seconds before the engine kills the guest: the guest's own soft
 # limit (whole seconds, signalled once a second) gets to stop the block politely first.
 _CPU_GRACE = 2.0
@@ -204,10 +205,12 @@ class SubprocessEnvironment:
             code_tools=self._tools.code,
             proxy_tools=self._tools.proxies,
         )
+        plan = self.isolation
+        tmp = "/tmp" if plan.private_tmp else None
         guest = await GuestProcess.start(
-            prefix=self.isolation.prefix,
-            rlimits=self.limits.rlimits(),
-            env=guest_environ(self.workdir, self.limits.env),
+            prefix=plan.command(self._root, self.workdir, self.limits.tmp_options()),
+            rlimits={**self.limits.rlimits(plan.private_tmp), "sandbox": self._sandbox()},
+            env=guest_environ(self.workdir, self.limits.env, tmp=tmp),
             cwd=self.workdir,
             log_path=os.path.join(self._io, "guest.log"),
             init=init,
@@ -217,6 +220,18 @@ class SubprocessEnvironment:
         if guest.guest_pid is not None:
             self.guest_pids.append(guest.guest_pid)
         return guest
+
+    def _sandbox(self) -> dict[str, Any]:
+        """The guest's Landlock ruleset (see `landlock.apply`): it writes its working
+        folder and private ``/tmp``, reads its contexts and the user's ``read_paths``."""
+        plan = self.isolation
+        return {
+            "abi": plan.landlock,
+            "write": [self.workdir, *(_PRIVATE_TMP if plan.private_tmp else ())],
+            "read": [self._io, *self.limits.read_paths],
+            "proc": plan.pid_namespace,
+            "deny_tcp": self.limits.network and not plan.network,
+        }
 
     def _max_message(self) -> int:
         """``max_message_mb``, but never below what a block's result may hold: its
