@@ -138,7 +138,7 @@ class SubprocessEnvironment:
         self._guest: GuestProcess | None = None
         self._replay: dict[tuple[str, object], Any] = {}
         self._answer = ""
-        self._lost_state = False
+        self._note: str | None = None  # for the next block: why its state was lost
         self._closed = False
 
     @classmethod
@@ -189,6 +189,9 @@ class SubprocessEnvironment:
     async def _ensure_guest(self) -> GuestProcess:
         if self._closed:
             raise EnvironmentCrashed("this subprocess environment is closed; make a new one")
+        if self._guest is not None and self._guest.killed_idle:
+            await self._replace_guest()
+            self._note = _idle_killed(self.limits.cpu_seconds or 0.0)
         if self._guest is None:
             self._guest = await self._spawn()
             for message in list(self._replay.values()):
@@ -216,6 +219,7 @@ class SubprocessEnvironment:
             init=init,
             start_timeout=self.limits.start_timeout,
             max_message=self._max_message(),
+            idle_cpu=self.limits.cpu_seconds,
         )
         if guest.guest_pid is not None:
             self.guest_pids.append(guest.guest_pid)
@@ -299,8 +303,9 @@ class SubprocessEnvironment:
     async def _request(self, guest: GuestProcess, message: Any) -> None:
         """Send one data request and check its answer."""
         try:
-            await guest.send(message)
-            answer = await guest.receive()
+            with guest.busy():
+                await guest.send(message)
+                answer = await guest.receive()
         except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
             log = guest.log_tail()
             await self._replace_guest()
@@ -319,8 +324,12 @@ class SubprocessEnvironment:
     # -- blocks -------------------------------------------------------------------------
 
     async def execute(self, code: str) -> ExecResult:
-        lost, self._lost_state = self._lost_state, False
         guest = await self._ensure_guest()
+        note, self._note = self._note, None
+        with guest.busy():
+            return await self._execute(guest, code, note)
+
+    async def _execute(self, guest: GuestProcess, code: str, note: str | None) -> ExecResult:
         timeout = self.limits.timeout if self.limits.timeout is not None else math.inf
         watchdog = _CpuWatchdog(guest, self.limits.cpu_seconds)
         finished: ExecResult | GuestDied | None = None
@@ -334,12 +343,12 @@ class SubprocessEnvironment:
             with trio.CancelScope(shield=True):
                 await self._salvage(guest)
                 await self._replace_guest()
-            self._lost_state = True
+            self._note = "[the previous block was cancelled and the REPL process killed]"
             raise
         if isinstance(finished, GuestDied):
             return await self._crashed(guest, finished)
         if finished is not None:
-            return _with_note(finished, lost)
+            return _with_note(finished, note)
         with trio.CancelScope(shield=True):
             await self._salvage(guest)
             await self._replace_guest()
@@ -546,11 +555,19 @@ def _remove_tree(path: str) -> None:
     shutil.rmtree(path, onerror=retry)
 
 
-def _with_note(result: ExecResult, lost: bool) -> ExecResult:
-    if not lost:
+def _with_note(result: ExecResult, note: str | None) -> ExecResult:
+    if note is None:
         return result
-    note = "[the previous block was cancelled and the REPL process killed]\n" + _LOST + "\n"
-    return result.model_copy(update={"stderr": note + result.stderr, "restarted": True})
+    text = note + "\n" + _LOST + "\n"
+    return result.model_copy(update={"stderr": text + result.stderr, "restarted": True})
+
+
+def _idle_killed(cpu_seconds: float) -> str:
+    return (
+        "[the REPL process was killed between blocks: a thread or process an earlier block "
+        f"left running kept using CPU with no block running (more than {cpu_seconds:g} CPU "
+        "seconds, cpu_seconds)]"
+    )
 
 
 def _describe_exit(code: int | None) -> str:

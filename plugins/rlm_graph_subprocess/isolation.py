@@ -99,6 +99,7 @@ if [ -n "$rebound" ]; then
   mount --bind "$work" "$work"
   mount -o remount,bind,rw "$work"
 fi
+unset PWD OLDPWD
 exec "$@"
 """
 """The guest's private ``/tmp``, run by ``sh`` as root of the guest's mount namespace:
