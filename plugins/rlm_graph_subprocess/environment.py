@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import trio
 from pydantic import ValidationError
 
+from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
 
@@ -123,7 +122,7 @@ class SubprocessEnvironment:
         self.limits = GuestLimits.from_kwargs(limits)
         self._tools = split_tools(tools or {})
         self.output_cap = output_cap
-        self._root = tempfile.mkdtemp(prefix=f"rlm-graph-subprocess-d{depth}-")
+        self._root = scratch.make_folder(f"subprocess-d{depth}")
         self.workdir = os.path.join(self._root, "work")
         self._io = os.path.join(self._root, "io")
         os.mkdir(self.workdir)
@@ -175,7 +174,8 @@ class SubprocessEnvironment:
                 await guest.aclose(self.limits.close_grace)
                 self._sent_by_dead += guest.bytes_sent
         finally:
-            _remove_tree(self._root)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(scratch.remove, self._root)
 
     @property
     def bytes_sent(self) -> int:
@@ -532,27 +532,6 @@ def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:
 def _readable_by_group(path: str, gid: int) -> None:
     os.chown(path, -1, gid)
     os.chmod(path, 0o640)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a folder the guest wrote into, also where it took its own rights away."""
-
-    def retry(function: Any, name: str, _: Any) -> None:
-        parent = os.path.dirname(name)
-        for folder in (parent, name):
-            try:
-                os.chmod(folder, 0o700)
-            except OSError:
-                pass
-        try:
-            if os.path.isdir(name) and not os.path.islink(name):
-                shutil.rmtree(name, ignore_errors=True)
-            else:
-                function(name)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=retry)
 
 
 def _with_note(result: ExecResult, note: str | None) -> ExecResult:

@@ -35,6 +35,7 @@ from typing import Any
 import trio
 from pydantic import BaseModel, TypeAdapter
 
+from rlm_graph import scratch
 from rlm_graph.errors import EnvironmentCrashed
 
 from . import watch
@@ -131,6 +132,8 @@ class GuestProcess:
         Raises:
             EnvironmentCrashed: the guest did not start (the message quotes its log).
         """
+        if _EXITING:
+            raise EnvironmentCrashed("the engine's process is exiting: no new guest starts")
         command = [*prefix, sys.executable, "-P", GUEST_PROGRAM, json.dumps(rlimits)]
         # A fresh log per guest, so a crash report quotes this guest only.
         with open(log_path, "wb") as log:  # noqa: ASYNC230 - creating an empty file
@@ -165,6 +168,7 @@ class GuestProcess:
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
         guest._find_guest(forked=bool(prefix))
+        _LIVE.add(guest)
         if idle_cpu is not None and guest.guest_pid is not None:
             guest.idle_cpu = idle_cpu
             watch.watch(guest)
@@ -261,6 +265,7 @@ class GuestProcess:
     async def kill(self) -> None:
         """``SIGKILL`` the guest and its launcher's process group, and reap them."""
         watch.unwatch(self)
+        _LIVE.discard(self)
         with self._state:
             pidfd, self._pidfd = self._pidfd, None
             self._signal_kill(pidfd)
@@ -303,6 +308,26 @@ class GuestProcess:
                 return handle.read().decode(errors="replace").strip()
         except OSError:
             return ""
+
+
+_LIVE: set[GuestProcess] = set()  # started and not yet killed
+_EXITING = False  # the interpreter is exiting: no guest starts any more
+
+
+def _kill_live_guests() -> None:
+    """At interpreter exit (a session never closed, a stream abandoned): kill every
+    guest still running, before its folder is removed (`rlm_graph.scratch.on_exit`)."""
+    global _EXITING
+    _EXITING = True
+    for guest in list(_LIVE):
+        with guest._state:
+            pidfd, guest._pidfd = guest._pidfd, None
+            guest._signal_kill(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+scratch.on_exit(_kill_live_guests)
 
 
 def _children_of(pid: int) -> list[int]:

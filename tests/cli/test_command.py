@@ -9,6 +9,7 @@ import pty
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -389,3 +390,35 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
             process.kill()
             process.wait()
     return process.returncode, (seen + out).decode(), (progress + err).decode()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.Signals) -> None:
+    block = "```repl\nimport time\ntime.sleep(60)\n```"
+    temp = tempfile.gettempdir()
+    with FakeOpenAIServer(lambda body: block) as server:
+        process = subprocess.Popen(
+            [str(COMMAND), *run_args(server, text_file, "--quiet")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        )
+        mine = f"rlm-graph-{process.pid}-subprocess"
+        try:
+            deadline = time.monotonic() + 60
+            while process.poll() is None and time.monotonic() < deadline:
+                if server.requests and any(n.startswith(mine) for n in os.listdir(temp)):
+                    break
+                time.sleep(0.02)
+            time.sleep(0.3)  # the block has reached its guest
+            assert process.poll() is None, "the command ended before it could be stopped"
+            process.send_signal(stop)
+            _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 128 + stop
+    assert without_progress(err.decode()).strip() == f"rlm-graph run: interrupted ({stop.name})"
+    assert [n for n in os.listdir(temp) if n.startswith(f"rlm-graph-{process.pid}-")] == []
