@@ -294,11 +294,22 @@ def _setpriv(setpriv: str, read_everything: bool = False) -> list[str]:
 
 def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
     """Every plan for this machine, strongest first."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
-    mount = shutil.which("mount")
     net = ["--net"] if network else []
+    plans = _root_plans(net) if root else _user_plans(net)
+    unshare = shutil.which("unshare")
+    if root and unshare and network:
+        plans.append(Isolation([unshare, "--net"], network=True))
+    plans.append(Isolation())
+    for plan in plans:
+        plan.landlock = landlock
+    return plans
+
+
+def _root_plans(net: list[str]) -> list[Isolation]:
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    network = bool(net)
     plans: list[Isolation] = []
-    if root and setpriv and unshare and mount:
+    if setpriv and unshare and shutil.which("mount"):
         for own_user in (True, False):
             user = [unshare, "--user", "--map-current-user", "--"] if own_user else []
             plans.append(
@@ -311,7 +322,7 @@ def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
                     drops_to=UNPRIVILEGED_ID,
                 )
             )
-    if root and setpriv and unshare:
+    if setpriv and unshare:
         user = [unshare, "--user", "--map-current-user", *_PID, *net]
         plans.append(
             Isolation(
@@ -332,7 +343,7 @@ def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
                     reads_everything=everything,
                 )
             )
-    if root and setpriv:
+    if setpriv:
         for everything in (False, True):
             plans.append(
                 Isolation(
@@ -341,8 +352,15 @@ def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
                     reads_everything=everything,
                 )
             )
-    if not root and unshare:
-        if mount:
+    return plans
+
+
+def _user_plans(net: list[str]) -> list[Isolation]:
+    unshare = shutil.which("unshare")
+    network = bool(net)
+    plans: list[Isolation] = []
+    if unshare:
+        if shutil.which("mount"):
             # Root of a first user namespace mounts the tmpfs; a second one maps the
             # user back, so nothing of root (nor a capability) is left to the guest.
             ids = [f"--map-user={os.geteuid()}", f"--map-group={os.getegid()}"]
@@ -365,11 +383,6 @@ def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
         )
         if network:
             plans.append(Isolation([unshare, "--map-root-user", "--net"], network=True))
-    if root and unshare and network:
-        plans.append(Isolation([unshare, "--net"], network=True))
-    plans.append(Isolation())
-    for plan in plans:
-        plan.landlock = landlock
     return plans
 
 
