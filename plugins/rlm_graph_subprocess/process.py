@@ -217,6 +217,7 @@ class GuestProcess:
         return self.process.returncode
 
     @contextmanager
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C must not land while _state is held
     def busy(self) -> Iterator[None]:
         """A spell in which the guest works for the engine (a request, a block): its CPU
         is not charged to ``idle_cpu``."""
@@ -262,6 +263,7 @@ class GuestProcess:
         except ProcessLookupError:  # already gone, group and all
             pass
 
+    @trio.lowlevel.enable_ki_protection
     async def kill(self) -> None:
         """``SIGKILL`` the guest and its launcher's process group, and reap them."""
         watch.unwatch(self)
