@@ -17,8 +17,8 @@ Invariants:
       handlers registered with `on_exit` (the ``subprocess`` plugin kills its guests
       there first).
     - A folder whose owner process is gone (killed by ``SIGKILL``, a crashed Ray worker)
-      is *stale*: the first `make_folder` of every process removes the stale folders of
-      its user, on a background thread (`sweep_stale`). Engines that share a temporary
+      is *stale*: the first `make_folder` of every process removes up to 16 stale
+      folders of its user (`sweep_stale`: one listing of the temporary folder). Engines that share a temporary
       folder are assumed to share a PID namespace, as on one machine.
 """
 
@@ -41,20 +41,19 @@ _lock = threading.Lock()
 _live: set[str] = set()
 _exit_hooks: list[Callable[[], None]] = []
 _swept = False
-_sweeper: threading.Thread | None = None
+_SWEEP_LIMIT = 16  # stale folders one start removes, at most (the next start goes on)
 
 
 def make_folder(kind: str) -> str:
     """A new folder ``rlm-graph-<this pid>-<kind>-...`` (mode 0700), known to be live
     until `remove`. The first call of a process also starts a sweep of stale folders."""
-    global _swept, _sweeper
+    global _swept
     path = tempfile.mkdtemp(prefix=f"rlm-graph-{os.getpid()}-{kind}-")
     with _lock:
         _live.add(path)
         sweep, _swept = not _swept, True
     if sweep:
-        _sweeper = threading.Thread(target=sweep_stale, name="rlm-graph-scratch-sweep", daemon=True)
-        _sweeper.start()
+        sweep_stale(limit=_SWEEP_LIMIT)
     return path
 
 
@@ -86,7 +85,7 @@ def on_exit(hook: Callable[[], None]) -> None:
         _exit_hooks.append(hook)
 
 
-def sweep_stale(folder: str | None = None) -> list[str]:
+def sweep_stale(folder: str | None = None, limit: int | None = None) -> list[str]:
     """Remove the folders in ``folder`` (default: the system's temporary folder) that
     this user's engines made and whose owner process is gone; returns their paths.
 
@@ -110,6 +109,8 @@ def sweep_stale(folder: str | None = None) -> list[str]:
         if not _alive(int(match.group(1))):
             _remove_tree(entry.path)
             removed.append(entry.path)
+            if limit is not None and len(removed) >= limit:
+                break
     return removed
 
 
@@ -154,5 +155,3 @@ def _remove_live() -> None:
         left = list(_live)
     for path in left:
         remove(path)
-    if _sweeper is not None:
-        _sweeper.join(timeout=10)  # a short-lived process still finishes its sweep
