@@ -26,7 +26,6 @@ import ctypes
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -35,11 +34,10 @@ from typing import Any, TypeVar
 import outcome
 import trio
 
+from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, SubcallRequest
 from rlm_graph.errors import ConfigError
 from rlm_graph.repl import BlockInterrupted, ReplSession
-
-from .scratch import remove_later
 
 __all__ = ["LocalEnvironment"]
 
@@ -229,7 +227,7 @@ class LocalEnvironment:
         self.stop_grace = stop_grace
         self.leaked_threads = 0
         self._own_dir = scratch_dir is None
-        self.scratch_dir = scratch_dir or tempfile.mkdtemp(prefix="rlm-graph-")
+        self.scratch_dir = scratch_dir or scratch.make_folder("local")
         self.session = ReplSession(
             _ThreadCaller(self),
             scratch_dir=self.scratch_dir,
@@ -375,7 +373,6 @@ class LocalEnvironment:
         else:  # no block runs or will run: let reference counting free the session
             self.session.close()
             self.session.caller = _CLOSED
-        if self._own_dir:
-            # Off the loop and off the completion's time: removing a folder costs
-            # milliseconds on some filesystems (see `scratch`).
-            remove_later(self.scratch_dir)
+        if self._own_dir and not scratch.remove_if_empty(self.scratch_dir):
+            # Before the completion returns (nothing of a run outlives it), off the loop.
+            await trio.to_thread.run_sync(scratch.remove, self.scratch_dir)

@@ -10,9 +10,12 @@ limits hold cluster-wide: every completion's engine gets a `RayLimiter` that ask
 batch's `ClusterLimits` actor, pinned to the driver's node and shared by the batches of
 one driver (each under its own keys).
 
-When a worker process or its node dies, every completion it was running fails: the
-driver releases each dead attempt's slots in the limits actor, replaces the worker, and
-submits those items again (up to ``max_retries`` times; the result says how many
+A batch the caller stops reading early stops its workers first (`CompletionWorker.stop`:
+their completions are cancelled and clean up), then kills them. When a worker process
+or its node dies, every completion it was running fails: the driver removes the folders
+the dead process left on this machine (`rlm_graph.scratch.sweep_stale`; a worker on
+another node leaves them to the next engine started there), releases each dead
+attempt's slots in the limits actor, replaces the worker, and submits those items again (up to ``max_retries`` times; the result says how many
 attempts it took). Ray's own retries are off so that this release always happens first.
 """
 
@@ -26,6 +29,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from rlm_graph import scratch
 from rlm_graph.errors import ConfigError
 from rlm_graph.executors import BatchError, BatchItem, BatchResult
 
@@ -33,6 +37,8 @@ from .limits_actor import ClusterLimits
 from .pool import CompletionWorker
 
 __all__ = ["RayExecutor"]
+
+_STOP_WAIT = 15.0  # seconds stopped workers get to clean up before they are killed
 
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 
@@ -159,9 +165,17 @@ class RayExecutor:
         return pool
 
     def _stop_pool(self, job: str) -> None:
+        """Stop the workers (their running completions cancelled and cleaned up), then
+        kill them."""
+        ray = self._ray
         _, pool = _POOLS.pop(job, ((0, 0, 0.0), []))
+        try:
+            ray.get([worker.stop.remote() for worker in pool], timeout=_STOP_WAIT)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # a worker already dead, or stuck: killed below all the same
         for worker in pool:
-            self._ray.kill(worker)
+            ray.kill(worker)
+        scratch.sweep_stale()
 
     def _worker_cpus(self, per_worker: int) -> float:
         return min(1.0, self.task_cpus * per_worker)
@@ -291,6 +305,7 @@ class _Calls:
         result, died = self.executor._outcome(ref, item, attempt, self.actor, self.holders[index])
         if died and self.pool[index] is worker:  # the first of its calls to fail
             self.executor._ray.kill(worker)
+            scratch.sweep_stale()  # what the dead process left on this machine
             self.pool[index] = self.executor._new_worker(self.per_worker)
             self.holders[index] = f"{self.batch}/worker-{next(self._names)}"
         if result is None:

@@ -17,6 +17,10 @@ the cluster-wide gate with no message to the limits actor.
 Invariants:
     - One loop per worker process, started before the first call returns; a call never
       runs outside it.
+    - `CompletionWorker.stop` cancels every completion running in the worker and waits
+      (bounded) until they have ended, their environments closed and scratch folders
+      removed: the driver calls it before it kills a worker whose completions it stopped
+      waiting for.
     - Every slot a worker holds is held under its ``holder`` name, so when the worker
       dies the driver releases all of them with one ``release_owner(holder)``.
 """
@@ -52,6 +56,8 @@ class CompletionWorker:
         threading.Thread(target=trio.run, args=(serve,), name="rlm-graph-trio", daemon=True).start()
         started.wait()
         self._limiters: dict[str, RayLimiter] = {}  # holder -> its batch's limiter here
+        self._running: set[trio.CancelScope] = set()
+        self._ended = threading.Condition()
 
     def pid(self) -> int:
         """This worker's process id (ready check; tests kill it by this)."""
@@ -63,6 +69,20 @@ class CompletionWorker:
         limiter = self._limiters.get(holder)
         if limiter is not None:
             trio.from_thread.run_sync(limiter.recall, key, news, trio_token=self._token)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """Cancel the completions running here and wait up to ``timeout`` seconds for
+        them to end (their environments close: nothing of theirs is left on disk).
+        Returns how many were still running after that."""
+
+        def cancel() -> None:
+            for scope in list(self._running):
+                scope.cancel()
+
+        trio.from_thread.run_sync(cancel, trio_token=self._token)
+        with self._ended:
+            self._ended.wait_for(lambda: not self._running, timeout)
+            return len(self._running)
 
     def forget(self, holder: str) -> None:
         """Called when ``holder``'s batch has ended: drop its limiter (the actor forgets
@@ -100,11 +120,18 @@ class CompletionWorker:
             )
 
         async def answer() -> BatchResult:
+            scope = trio.CancelScope()
+            self._running.add(scope)
             try:
-                async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
-                    return await complete_item(rlm, item, executor="ray", attempts=attempt)
+                with scope:
+                    async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
+                        return await complete_item(rlm, item, executor="ray", attempts=attempt)
+                raise RuntimeError("the worker was stopped")  # by `stop`, mid-completion
             finally:
                 limiter.flush()  # releases the loop had no time to send
+                with self._ended:
+                    self._running.discard(scope)
+                    self._ended.notify_all()
 
         # A worker process holds Ray's heap too: no full collection walks it mid-batch.
         with frozen_heap():

@@ -14,13 +14,14 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 import rlm_graph
 from rlm_graph.errors import config_error
 
 __all__ = [
     "ALLOWED_VARIABLES",
+    "GUEST_RESERVE_MB",
     "SECRET_MARKERS",
     "GuestLimits",
     "guest_environ",
@@ -29,6 +30,10 @@ __all__ = [
 ALLOWED_VARIABLES = ("PATH", "LANG", "LANGUAGE", "TZ", "PYTHONPATH")
 """Host variables the guest may see (besides ``LC_*``); ``HOME`` and ``TMPDIR`` are set
 to the guest's own working directory."""
+
+GUEST_RESERVE_MB = 192
+"""Address space the guest keeps for itself whatever ``tmp_size_mb`` takes (Python,
+pydantic and the reader thread reserve about 180 MB at start)."""
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 """A variable whose upper-cased name holds one of these never reaches the guest."""
@@ -50,6 +55,12 @@ class GuestLimits(BaseModel):
         max_message_mb: the largest protocol message the engine accepts from the guest;
             past it the guest is killed and the model told.
         network: ``True`` to cut the guest off the network where the platform allows it.
+        read_paths: files and folders the guest may read besides its runtime and its own
+            folders (where the kernel has Landlock; elsewhere it reads what its uid can).
+        tmp_size_mb: the size of the guest's private ``/tmp`` (also ``/var/tmp`` and
+            ``/dev/shm``), taken out of ``memory_limit_mb`` (default: a quarter of it,
+            leaving the guest at least `GUEST_RESERVE_MB` of address space).
+        max_files: files and folders the guest may have in its private ``/tmp``.
         env: extra variables for the guest (names holding a secret marker are refused).
         start_timeout: seconds a new guest may take to start.
         close_grace: seconds a guest gets to exit on its own at close before it is killed.
@@ -65,6 +76,9 @@ class GuestLimits(BaseModel):
     max_processes: int | None = 256
     max_message_mb: float = 16.0
     network: bool = True
+    read_paths: tuple[str, ...] = ()
+    tmp_size_mb: int | None = None
+    max_files: int = 10_000
     env: dict[str, str] = {}
     start_timeout: float = 30.0
     close_grace: float = 1.0
@@ -86,7 +100,48 @@ class GuestLimits(BaseModel):
             )
         return value
 
-    @field_validator("max_open_files", "max_file_size_mb", "max_processes")
+    @field_validator("read_paths", mode="before")
+    @classmethod
+    def _existing_paths(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str | os.PathLike):
+            value = [value]
+        paths = tuple(os.path.abspath(os.fspath(path)) for path in value)
+        missing = [path for path in paths if not os.path.exists(path)]
+        if missing:
+            raise ValueError(f"{', '.join(missing)}: no such file or folder")
+        return paths
+
+    @model_validator(mode="after")
+    def _tmp_fits(self) -> GuestLimits:
+        if self.tmp_size_mb is not None and self.tmp_size_mb < 1:
+            raise ValueError("tmp_size_mb must be at least 1")
+        if (
+            self.tmp_size_mb is not None
+            and self.memory_limit_mb is not None
+            and self.memory_limit_mb - self.tmp_size_mb < GUEST_RESERVE_MB
+        ):
+            raise ValueError(
+                f"tmp_size_mb ({self.tmp_size_mb}) is taken out of memory_limit_mb "
+                f"({self.memory_limit_mb}), which must leave the guest at least "
+                f"{GUEST_RESERVE_MB} MB"
+            )
+        return self
+
+    @property
+    def tmp_mb(self) -> int:
+        """The private ``/tmp``'s size in MB (see ``tmp_size_mb``)."""
+        if self.tmp_size_mb is not None:
+            return self.tmp_size_mb
+        if self.memory_limit_mb is None:
+            return 512
+        quarter = self.memory_limit_mb // 4
+        return max(1, min(quarter, self.memory_limit_mb - GUEST_RESERVE_MB))
+
+    def tmp_options(self) -> str:
+        """The tmpfs options of the private ``/tmp``."""
+        return f"size={self.tmp_mb}m,nr_inodes={self.max_files},mode=1777,nosuid,nodev"
+
+    @field_validator("max_open_files", "max_file_size_mb", "max_processes", "max_files")
     @classmethod
     def _at_least_one(cls, value: int | None) -> int | None:
         if value is not None and value < 16:
@@ -121,10 +176,14 @@ class GuestLimits(BaseModel):
                 hint=f". Known keywords: {', '.join(cls.model_fields)}, output_cap",
             ) from None
 
-    def rlimits(self) -> dict[str, Any]:
-        """What the guest applies to itself at start (see `guest.apply_limits`)."""
+    def rlimits(self, private_tmp: bool = False) -> dict[str, Any]:
+        """What the guest applies to itself at start (see `guest.apply_limits`); with a
+        private ``/tmp``, its size comes out of the address space."""
+        memory = self.memory_limit_mb
+        if memory is not None and private_tmp:
+            memory -= self.tmp_mb
         return {
-            "memory_limit_mb": self.memory_limit_mb,
+            "memory_limit_mb": memory,
             "max_open_files": self.max_open_files,
             "max_file_size_mb": self.max_file_size_mb,
             "max_processes": self.max_processes,
@@ -136,11 +195,14 @@ def is_secret_name(name: str) -> bool:
     return any(marker in upper for marker in SECRET_MARKERS)
 
 
-def guest_environ(workdir: str, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def guest_environ(
+    workdir: str, extra: Mapping[str, str] | None = None, tmp: str | None = None
+) -> dict[str, str]:
     """The guest's environment variables: the allow-list, never a secret.
 
     ``PYTHONPATH`` gains the folder rlm_graph was imported from, so the guest imports the
-    same code as the engine even when it was not installed.
+    same code as the engine even when it was not installed. ``TMPDIR`` is ``tmp`` (the
+    guest's private ``/tmp``) or else its working directory.
     """
     host = os.environ
     env = {
@@ -152,7 +214,8 @@ def guest_environ(workdir: str, extra: Mapping[str, str] | None = None) -> dict[
     paths = [source, *(p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("PATH", os.defpath)
-    env["HOME"] = env["TMPDIR"] = workdir
+    env["HOME"] = workdir
+    env["TMPDIR"] = tmp or workdir
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     # glibc reserves 64 MB of address space per thread arena; a few threads would eat
     # an address-space limit before the model's code allocates anything.

@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import trio
 from pydantic import ValidationError
 
+from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
 
@@ -64,6 +63,7 @@ from .tools import split_tools
 __all__ = ["SubprocessEnvironment"]
 
 _SALVAGE_SECONDS = 0.25
+_PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # CPU seconds past cpu_seconds before the engine kills the guest: the guest's own soft
 # limit (whole seconds, signalled once a second) gets to stop the block politely first.
 _CPU_GRACE = 2.0
@@ -122,7 +122,7 @@ class SubprocessEnvironment:
         self.limits = GuestLimits.from_kwargs(limits)
         self._tools = split_tools(tools or {})
         self.output_cap = output_cap
-        self._root = tempfile.mkdtemp(prefix=f"rlm-graph-subprocess-d{depth}-")
+        self._root = scratch.make_folder(f"subprocess-d{depth}")
         self.workdir = os.path.join(self._root, "work")
         self._io = os.path.join(self._root, "io")
         os.mkdir(self.workdir)
@@ -137,7 +137,7 @@ class SubprocessEnvironment:
         self._guest: GuestProcess | None = None
         self._replay: dict[tuple[str, object], Any] = {}
         self._answer = ""
-        self._lost_state = False
+        self._note: str | None = None  # for the next block: why its state was lost
         self._closed = False
 
     @classmethod
@@ -174,7 +174,8 @@ class SubprocessEnvironment:
                 await guest.aclose(self.limits.close_grace)
                 self._sent_by_dead += guest.bytes_sent
         finally:
-            _remove_tree(self._root)
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(scratch.remove, self._root)
 
     @property
     def bytes_sent(self) -> int:
@@ -188,6 +189,9 @@ class SubprocessEnvironment:
     async def _ensure_guest(self) -> GuestProcess:
         if self._closed:
             raise EnvironmentCrashed("this subprocess environment is closed; make a new one")
+        if self._guest is not None and self._guest.killed_idle:
+            await self._replace_guest()
+            self._note = _idle_killed(self.limits.cpu_seconds or 0.0)
         if self._guest is None:
             self._guest = await self._spawn()
             for message in list(self._replay.values()):
@@ -204,19 +208,34 @@ class SubprocessEnvironment:
             code_tools=self._tools.code,
             proxy_tools=self._tools.proxies,
         )
+        plan = self.isolation
+        tmp = "/tmp" if plan.private_tmp else None
         guest = await GuestProcess.start(
-            prefix=self.isolation.prefix,
-            rlimits=self.limits.rlimits(),
-            env=guest_environ(self.workdir, self.limits.env),
+            prefix=plan.command(self._root, self.workdir, self.limits.tmp_options()),
+            rlimits={**self.limits.rlimits(plan.private_tmp), "sandbox": self._sandbox()},
+            env=guest_environ(self.workdir, self.limits.env, tmp=tmp),
             cwd=self.workdir,
             log_path=os.path.join(self._io, "guest.log"),
             init=init,
             start_timeout=self.limits.start_timeout,
             max_message=self._max_message(),
+            idle_cpu=self.limits.cpu_seconds,
         )
         if guest.guest_pid is not None:
             self.guest_pids.append(guest.guest_pid)
         return guest
+
+    def _sandbox(self) -> dict[str, Any]:
+        """The guest's Landlock ruleset (see `landlock.apply`): it writes its working
+        folder and private ``/tmp``, reads its contexts and the user's ``read_paths``."""
+        plan = self.isolation
+        return {
+            "abi": plan.landlock,
+            "write": [self.workdir, *(_PRIVATE_TMP if plan.private_tmp else ())],
+            "read": [self._io, *self.limits.read_paths],
+            "proc": plan.pid_namespace,
+            "deny_tcp": self.limits.network and not plan.network,
+        }
 
     def _max_message(self) -> int:
         """``max_message_mb``, but never below what a block's result may hold: its
@@ -284,8 +303,9 @@ class SubprocessEnvironment:
     async def _request(self, guest: GuestProcess, message: Any) -> None:
         """Send one data request and check its answer."""
         try:
-            await guest.send(message)
-            answer = await guest.receive()
+            with guest.busy():
+                await guest.send(message)
+                answer = await guest.receive()
         except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
             log = guest.log_tail()
             await self._replace_guest()
@@ -304,8 +324,12 @@ class SubprocessEnvironment:
     # -- blocks -------------------------------------------------------------------------
 
     async def execute(self, code: str) -> ExecResult:
-        lost, self._lost_state = self._lost_state, False
         guest = await self._ensure_guest()
+        note, self._note = self._note, None
+        with guest.busy():
+            return await self._execute(guest, code, note)
+
+    async def _execute(self, guest: GuestProcess, code: str, note: str | None) -> ExecResult:
         timeout = self.limits.timeout if self.limits.timeout is not None else math.inf
         watchdog = _CpuWatchdog(guest, self.limits.cpu_seconds)
         finished: ExecResult | GuestDied | None = None
@@ -319,12 +343,12 @@ class SubprocessEnvironment:
             with trio.CancelScope(shield=True):
                 await self._salvage(guest)
                 await self._replace_guest()
-            self._lost_state = True
+            self._note = "[the previous block was cancelled and the REPL process killed]"
             raise
         if isinstance(finished, GuestDied):
             return await self._crashed(guest, finished)
         if finished is not None:
-            return _with_note(finished, lost)
+            return _with_note(finished, note)
         with trio.CancelScope(shield=True):
             await self._salvage(guest)
             await self._replace_guest()
@@ -502,32 +526,19 @@ def _readable_by_group(path: str, gid: int) -> None:
     os.chmod(path, 0o640)
 
 
-def _remove_tree(path: str) -> None:
-    """Remove a folder the guest wrote into, also where it took its own rights away."""
-
-    def retry(function: Any, name: str, _: Any) -> None:
-        parent = os.path.dirname(name)
-        for folder in (parent, name):
-            try:
-                os.chmod(folder, 0o700)
-            except OSError:
-                pass
-        try:
-            if os.path.isdir(name) and not os.path.islink(name):
-                shutil.rmtree(name, ignore_errors=True)
-            else:
-                function(name)
-        except OSError:
-            pass
-
-    shutil.rmtree(path, onerror=retry)
-
-
-def _with_note(result: ExecResult, lost: bool) -> ExecResult:
-    if not lost:
+def _with_note(result: ExecResult, note: str | None) -> ExecResult:
+    if note is None:
         return result
-    note = "[the previous block was cancelled and the REPL process killed]\n" + _LOST + "\n"
-    return result.model_copy(update={"stderr": note + result.stderr, "restarted": True})
+    text = note + "\n" + _LOST + "\n"
+    return result.model_copy(update={"stderr": text + result.stderr, "restarted": True})
+
+
+def _idle_killed(cpu_seconds: float) -> str:
+    return (
+        "[the REPL process was killed between blocks: a thread or process an earlier block "
+        f"left running kept using CPU with no block running (more than {cpu_seconds:g} CPU "
+        "seconds, cpu_seconds)]"
+    )
 
 
 def _describe_exit(code: int | None) -> str:

@@ -252,16 +252,6 @@ def apply_limits(limits: Mapping[str, Any]) -> None:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def _no_new_privileges() -> None:
-    """``prctl(PR_SET_NO_NEW_PRIVS, 1)``, where the platform has it."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS; it cannot be unset
-
-
 class CPULimitExceeded(LimitStop):
     """Raised in a block that used more CPU seconds than ``cpu_seconds``.
 
@@ -519,14 +509,29 @@ def _take_stdin() -> IO[bytes]:
     return os.fdopen(protocol_fd, "rb")
 
 
+def _restrict(sandbox: Mapping[str, Any]) -> None:
+    """``no_new_privs``, then the engine's Landlock ruleset, if any (``landlock.py`` beside
+    this file, loaded by path: importing the plugin's package would import trio)."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")
+    spec = importlib.util.spec_from_file_location("rlm_graph_guest_landlock", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.apply(sandbox)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the guest: limits first, then serve the engine on stdin/stdout."""
+    """Run the guest: limits and its Landlock ruleset first, then serve the engine on
+    stdin/stdout."""
     args = sys.argv[1:] if argv is None else argv
-    apply_limits(json.loads(args[0]) if args else {})
-    _no_new_privileges()
+    limits = json.loads(args[0]) if args else {}
+    apply_limits(limits)
     signal.signal(signal.SIGXCPU, _on_sigxcpu)
     out = _take_stdout()
     protocol_in = _take_stdin()
+    _restrict(limits.get("sandbox") or {})
     guest = Guest(_Protocol(out))
     reader = threading.Thread(target=guest.read, args=(protocol_in,), daemon=True)
     reader.start()

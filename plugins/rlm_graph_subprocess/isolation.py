@@ -5,13 +5,21 @@ The guest is started behind a command prefix built from util-linux's ``unshare``
 by starting the real interpreter under each plan in turn (``python -c "import pydantic"``)
 until one works:
 
-    engine as root:   setpriv --reuid=65534 ... unshare --user --pid --mount-proc [--net]
+    engine as root:   unshare --pid --mount-proc [--net], a private /tmp (`MOUNT_TMP`),
+                      setpriv --reuid=65534 ..., unshare --user
+                      the same without the inner user namespace
+                      setpriv --reuid=65534 ... unshare --user --pid --mount-proc [--net]
                       unshare --pid --mount-proc [--net] setpriv --reuid=65534 ...
                       the same, the guest keeping CAP_DAC_READ_SEARCH (when uid 65534
                       cannot reach the interpreter, e.g. a pyenv under /root)
                       setpriv --reuid=65534 alone, then unshare --net alone, then nothing
-    engine as a user: unshare --user --map-current-user --pid --mount-proc [--net]
+    engine as a user: unshare --user --map-root-user --pid --mount-proc [--net], a
+                      private /tmp, unshare --user --map-user=<the user> (no root left)
+                      unshare --user --map-current-user --pid --mount-proc [--net]
                       unshare --map-root-user --net, then nothing
+
+Whatever the plan, where the kernel has Landlock the guest restricts itself at start to
+the files it needs (`landlock`): the runtime, its own folders, the user's ``read_paths``.
 
 Invariants:
     - A guest in its own PID namespace with a private ``/proc`` cannot name the engine's
@@ -22,6 +30,10 @@ Invariants:
       its launcher; when it dies the kernel kills everything else in the namespace, so
       killing the launcher's process group ends everything the guest started, also what
       left the group with ``setsid``.
+    - A private ``/tmp`` is one tmpfs, mounted by root (real, or of the guest's first user
+      namespace) before the guest's uid is set, and seen at ``/tmp``, ``/var/tmp`` and
+      ``/dev/shm``: capped in size and files, and gone with the guest's mount namespace.
+      The guest cannot unmount it (it has no capability over that namespace).
     - Choosing never fails a run: a plan the machine refuses is skipped, and a plan short
       of the strongest is logged once, naming what is missing: a warning, or an info
       record when only the user namespace is missing (the boundary against the engine
@@ -30,10 +42,12 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Sequence
 
@@ -42,8 +56,9 @@ import trio
 import rlm_graph
 
 from .boundaries import guest_environ
+from .landlock import abi_version
 
-__all__ = ["UNPRIVILEGED_ID", "Isolation", "choose_isolation"]
+__all__ = ["MOUNT_TMP", "UNPRIVILEGED_ID", "Isolation", "choose_isolation"]
 
 logger = logging.getLogger("rlm_graph.subprocess")
 
@@ -52,21 +67,66 @@ UNPRIVILEGED_ID = 65534
 
 _PID = ("--pid", "--fork", "--kill-child", "--mount-proc")
 _REPL_DIR = os.path.join(os.path.dirname(os.path.abspath(rlm_graph.__file__)), "repl")
-# What a guest needs: its interpreter, pydantic, and rlm_graph's source.
-_PROBE = "import os, pydantic; os.listdir({repl!r})"
+_LANDLOCK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")
+
+MOUNT_TMP = """set -e
+options=$1 work=$2 count=$3 rebound=
+shift 3
+i=0
+for path do
+  [ "$i" -lt "$count" ] || break
+  eval "exec $((i + 3))<\\"\\$path\\""
+  i=$((i + 1))
+done
+mount -t tmpfs -o "$options" rlm-graph-guest /tmp
+for folder in /var/tmp /dev/shm; do
+  if [ -d "$folder" ] && [ ! -L "$folder" ]; then mount --bind /tmp "$folder"; fi
+done
+i=0
+for path do
+  [ "$i" -lt "$count" ] || break
+  if [ ! -e "$path" ]; then
+    mkdir -p "$path"
+    mount --no-canonicalize --bind "/proc/$$/fd/$((i + 3))" "$path"
+    mount -o remount,bind,ro "$path"
+    rebound=1
+  fi
+  eval "exec $((i + 3))<&-"
+  i=$((i + 1))
+done
+shift "$count"
+if [ -n "$rebound" ]; then
+  mount --bind "$work" "$work"
+  mount -o remount,bind,rw "$work"
+fi
+unset PWD OLDPWD
+exec "$@"
+"""
+"""The guest's private ``/tmp``, run by ``sh`` as root of the guest's mount namespace:
+``sh -c MOUNT_TMP sh <tmpfs options> <working folder> <count> <path>... <command...>``.
+Each ``path`` (at most `_KEPT`: the environment's folder, and the engine's interpreter,
+packages and rlm_graph where they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``) is
+held open first and bound back, read-only, at its own path once the tmpfs covers it;
+the working folder is then made writable again."""
+
+_MASKED = ("/tmp", "/var/tmp", "/dev/shm")
+_KEPT = 6  # file descriptors 3 to 8 of the mount step
 
 
 class Isolation:
     """One plan: the command prefix, and what it gives the guest.
 
     Attributes:
-        prefix: the command that goes before the interpreter.
+        prefix: the command that goes before the interpreter (for a plan with a
+            private ``/tmp``, `command` puts the mount step in the middle).
         pid_namespace: the guest has its own PID namespace and ``/proc``.
         network: the guest has its own (empty) network namespace.
         user_namespace: the guest has its own user namespace (its ``RLIMIT_NPROC``
             counts its own processes only).
         drops_to: the uid the guest runs as, when it is not the engine's.
         reads_everything: the guest keeps CAP_DAC_READ_SEARCH.
+        private_tmp: the guest gets its own ``/tmp``, ``/var/tmp`` and ``/dev/shm``.
+        landlock: the Landlock ABI the guest restricts itself with (0: none).
     """
 
     def __init__(
@@ -78,14 +138,41 @@ class Isolation:
         user_namespace: bool = False,
         drops_to: int | None = None,
         reads_everything: bool = False,
+        then: Sequence[str] = (),
+        landlock: int = 0,
     ) -> None:
-        self.prefix = tuple(prefix)
+        self.prefix = (*prefix, *then)
+        self._before_tmp = tuple(prefix)
+        self._after_tmp = tuple(then) if then else None
         self.pid_namespace = pid_namespace
         self.network = network
         self.user_namespace = user_namespace
         self.drops_to = drops_to
         self.reads_everything = reads_everything
+        self.private_tmp = self._after_tmp is not None
+        self.landlock = landlock
         self.refused: list[str] = []
+
+    def command(self, folder: str, work: str, tmp_options: str) -> list[str]:
+        """The prefix for a guest whose environment lives in ``folder`` (working in
+        ``work``); with a private ``/tmp``, the mount step (`MOUNT_TMP`, tmpfs
+        ``tmp_options``) in the middle."""
+        if self._after_tmp is None:
+            return list(self.prefix)
+        sh = shutil.which("sh") or "/bin/sh"
+        kept = kept_paths(folder)
+        return [
+            *self._before_tmp,
+            sh,
+            "-c",
+            MOUNT_TMP,
+            "sh",
+            tmp_options,
+            work,
+            str(len(kept)),
+            *kept,
+            *self._after_tmp,
+        ]
 
     def missing(self, ideal: Isolation) -> list[str]:
         """What this plan lacks compared with ``ideal``, in words."""
@@ -110,12 +197,27 @@ class Isolation:
             )
         if ideal.network and not self.network:
             gaps.append("no network namespace (the guest has the host's network)")
+        if ideal.private_tmp and not self.private_tmp:
+            gaps.append(
+                "no private /tmp (the guest cannot write /tmp, /var/tmp or /dev/shm)"
+                if self.landlock
+                else "no private /tmp (the guest's files in /tmp, /var/tmp and /dev/shm "
+                "outlive it, uncapped)"
+            )
+        if ideal.landlock and not self.landlock:
+            gaps.append(
+                "no Landlock (the guest can read every file its uid can: other users' "
+                "world-readable files, the project, other guests' folders)"
+            )
         return gaps
 
     def describe(self) -> str:
         """A sentence for ``isolation_report``."""
         if not self.prefix:
-            return "no isolation: the guest runs as the engine's user, beside it"
+            alone = "no namespaces: the guest runs as the engine's user, beside it"
+            if self.landlock:
+                alone += f"; reads only what it is granted (Landlock ABI {self.landlock})"
+            return alone
         parts = []
         if self.pid_namespace:
             parts.append("own PID namespace and /proc")
@@ -124,8 +226,57 @@ class Isolation:
             parts.append(f"uid {self.drops_to}{extra}")
         if self.user_namespace:
             parts.append("own user namespace")
+        if self.private_tmp:
+            parts.append("private /tmp")
+        if self.landlock:
+            parts.append(f"reads only what it is granted (Landlock ABI {self.landlock})")
         parts.append("network isolated" if self.network else "host network")
         return ", ".join(parts)
+
+
+def kept_paths(folder: str) -> list[str]:
+    """What a private ``/tmp`` must not hide: ``folder`` (the environment's), and the
+    interpreter, its packages and rlm_graph (with this plugin, the guest's program) where
+    they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``; outermost folders only, at
+    most `_KEPT`. A source checkout is kept as its packages, never whole."""
+    import rlm_graph_subprocess
+
+    package = os.path.dirname(os.path.abspath(rlm_graph.__file__))
+    source = os.path.dirname(package)
+    candidates = [
+        sys.prefix,
+        sys.exec_prefix,
+        sys.base_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        *sysconfig.get_paths().values(),
+        package,
+        os.path.dirname(os.path.abspath(rlm_graph_subprocess.__file__)),
+        *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+    ]
+    if not is_checkout(source):
+        candidates.append(source)
+    masked = [
+        real
+        for real in dict.fromkeys(os.path.realpath(p) for p in candidates if p)
+        if any(real == m or real.startswith(m + "/") for m in _MASKED)
+        and not is_checkout(real)
+        and real not in _MASKED
+    ]
+    kept: list[str] = [os.path.realpath(folder)]
+    for path in sorted(masked):
+        if not any(path == k or path.startswith(k + "/") for k in kept):
+            kept.append(path)
+    return kept[:_KEPT]
+
+
+def is_checkout(folder: str) -> bool:
+    """Whether ``folder`` is a project's source tree (then only its packages are granted
+    to a guest, never the whole tree)."""
+    return any(
+        os.path.exists(os.path.join(folder, name))
+        for name in ("pyproject.toml", "setup.py", "setup.cfg", ".git")
+    )
 
 
 def _setpriv(setpriv: str, read_everything: bool = False) -> list[str]:
@@ -141,12 +292,37 @@ def _setpriv(setpriv: str, read_everything: bool = False) -> list[str]:
     return [*command, "--"]
 
 
-def _plans(network: bool, root: bool) -> list[Isolation]:
+def _plans(network: bool, root: bool, landlock: int) -> list[Isolation]:
     """Every plan for this machine, strongest first."""
-    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
     net = ["--net"] if network else []
+    plans = _root_plans(net) if root else _user_plans(net)
+    unshare = shutil.which("unshare")
+    if root and unshare and network:
+        plans.append(Isolation([unshare, "--net"], network=True))
+    plans.append(Isolation())
+    for plan in plans:
+        plan.landlock = landlock
+    return plans
+
+
+def _root_plans(net: list[str]) -> list[Isolation]:
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    network = bool(net)
     plans: list[Isolation] = []
-    if root and setpriv and unshare:
+    if setpriv and unshare and shutil.which("mount"):
+        for own_user in (True, False):
+            user = [unshare, "--user", "--map-current-user", "--"] if own_user else []
+            plans.append(
+                Isolation(
+                    [unshare, *_PID, *net, "--"],
+                    then=[*_setpriv(setpriv), *user],
+                    pid_namespace=True,
+                    network=network,
+                    user_namespace=own_user,
+                    drops_to=UNPRIVILEGED_ID,
+                )
+            )
+    if setpriv and unshare:
         user = [unshare, "--user", "--map-current-user", *_PID, *net]
         plans.append(
             Isolation(
@@ -167,7 +343,7 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
                     reads_everything=everything,
                 )
             )
-    if root and setpriv:
+    if setpriv:
         for everything in (False, True):
             plans.append(
                 Isolation(
@@ -176,7 +352,27 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
                     reads_everything=everything,
                 )
             )
-    if not root and unshare:
+    return plans
+
+
+def _user_plans(net: list[str]) -> list[Isolation]:
+    unshare = shutil.which("unshare")
+    network = bool(net)
+    plans: list[Isolation] = []
+    if unshare:
+        if shutil.which("mount"):
+            # Root of a first user namespace mounts the tmpfs; a second one maps the
+            # user back, so nothing of root (nor a capability) is left to the guest.
+            ids = [f"--map-user={os.geteuid()}", f"--map-group={os.getegid()}"]
+            plans.append(
+                Isolation(
+                    [unshare, "--user", "--map-root-user", *_PID, *net, "--"],
+                    then=[unshare, "--user", *ids, "--"],
+                    pid_namespace=True,
+                    network=network,
+                    user_namespace=True,
+                )
+            )
         plans.append(
             Isolation(
                 [unshare, "--user", "--map-current-user", *_PID, *net],
@@ -187,19 +383,18 @@ def _plans(network: bool, root: bool) -> list[Isolation]:
         )
         if network:
             plans.append(Isolation([unshare, "--map-root-user", "--net"], network=True))
-    if root and unshare and network:
-        plans.append(Isolation([unshare, "--net"], network=True))
-    plans.append(Isolation())
     return plans
 
 
 def _ideal(network: bool, root: bool, user_namespace: bool = True) -> Isolation:
     return Isolation(
         ("ideal",),
+        then=("tmp",),
         pid_namespace=True,
         network=network,
         user_namespace=user_namespace,
         drops_to=UNPRIVILEGED_ID if root else None,
+        landlock=1,
     )
 
 
@@ -222,8 +417,8 @@ async def choose_isolation(network: bool) -> Isolation:
     refused: list[str] = []
     chosen = Isolation()
     if sys.platform.startswith("linux"):
-        for plan in _plans(network, root):
-            why = await _try(plan) if plan.prefix else None
+        for plan in _plans(network, root, abi_version()):
+            why = await _try(plan) if plan.prefix or plan.landlock else None
             if why is None:
                 chosen = plan
                 break
@@ -249,18 +444,33 @@ async def choose_isolation(network: bool) -> Isolation:
 
 
 async def _try(plan: Isolation) -> str | None:
-    """``None`` if the interpreter starts and imports the guest's needs under ``plan``."""
-    with tempfile.TemporaryDirectory(prefix="rlm-graph-probe-") as home:
+    """``None`` if the interpreter starts under ``plan``, restricts itself as a guest
+    would (its Landlock ruleset), and still imports the guest's needs."""
+    with tempfile.TemporaryDirectory(prefix=f"rlm-graph-{os.getpid()}-probe-") as home:
         # Root's fresh folder is closed to uid 65534; the probe must run where a guest could.
         os.chmod(home, 0o755)
+        work = os.path.join(home, "work")
+        os.mkdir(work, 0o777)
+        os.chmod(work, 0o777)
+        setup = {
+            "sandbox": {
+                "abi": plan.landlock,
+                "write": [work, *(("/tmp",) if plan.private_tmp else ())],
+                "read": [],
+                "proc": plan.pid_namespace,
+                "deny_tcp": False,
+            },
+            "probe": _REPL_DIR,
+        }
+        command = plan.command(home, work, "size=8m,nr_inodes=64,mode=1777,nosuid,nodev")
         try:
             result = await trio.run_process(
-                [*plan.prefix, sys.executable, "-P", "-c", _PROBE.format(repl=_REPL_DIR)],
+                [*command, sys.executable, "-P", _LANDLOCK_PROGRAM, json.dumps(setup)],
                 check=False,
                 capture_stdout=True,
                 capture_stderr=True,
-                cwd=home,
-                env=guest_environ(home),
+                cwd=work,
+                env=guest_environ(work),
             )
         except OSError as exc:
             return str(exc)

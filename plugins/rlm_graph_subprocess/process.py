@@ -14,6 +14,9 @@ Invariants:
       waits ``grace`` seconds, then kills.
     - Writes are serialised by a lock (several sub-call replies may be sent at once);
       ``bytes_sent`` counts every byte written to the guest's stdin.
+    - A guest with an ``idle_cpu`` limit is watched (`watch`) from start to kill: CPU its
+      process tree uses outside `GuestProcess.busy` spells is summed, and past the limit
+      the watch kills it (``killed_idle``). The pidfd is only used under ``_state``.
 """
 
 from __future__ import annotations
@@ -23,18 +26,22 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 from pydantic import BaseModel, TypeAdapter
 
+from rlm_graph import scratch
 from rlm_graph.errors import EnvironmentCrashed
 
+from . import watch
 from .guest import GuestMessage, Init, Ready
 
-__all__ = ["GUEST_PROGRAM", "GuestDied", "GuestProcess", "MessageTooLarge", "cpu_seconds_of"]
+__all__ = ["GUEST_PROGRAM", "GuestDied", "GuestProcess", "MessageTooLarge"]
 
 GUEST_PROGRAM = str(Path(__file__).with_name("guest.py"))
 
@@ -98,6 +105,12 @@ class GuestProcess:
         self.bytes_sent = 0
         self._lines = _Lines(process.stdout, max_message)  # type: ignore[arg-type]
         self._send_lock = trio.Lock()
+        self.idle_cpu: float | None = None
+        self.idle_used = 0.0
+        self.killed_idle = False
+        self._state = threading.Lock()  # the pidfd, and the idle accounting
+        self._busy = 0
+        self._last: float | None = None
 
     @classmethod
     async def start(
@@ -111,12 +124,16 @@ class GuestProcess:
         init: Init,
         start_timeout: float,
         max_message: int = 16 * 1024 * 1024,
+        idle_cpu: float | None = None,
     ) -> GuestProcess:
-        """Spawn the guest and wait until it has built its session.
+        """Spawn the guest and wait until it has built its session; with ``idle_cpu``,
+        watch it between requests from then on (see `watch`).
 
         Raises:
             EnvironmentCrashed: the guest did not start (the message quotes its log).
         """
+        if _EXITING:
+            raise EnvironmentCrashed("the engine's process is exiting: no new guest starts")
         command = [*prefix, sys.executable, "-P", GUEST_PROGRAM, json.dumps(rlimits)]
         # A fresh log per guest, so a crash report quotes this guest only.
         with open(log_path, "wb") as log:  # noqa: ASYNC230 - creating an empty file
@@ -151,6 +168,10 @@ class GuestProcess:
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
         guest._find_guest(forked=bool(prefix))
+        _LIVE.add(guest)
+        if idle_cpu is not None and guest.guest_pid is not None:
+            guest.idle_cpu = idle_cpu
+            watch.watch(guest)
         return guest
 
     def _find_guest(self, forked: bool) -> None:
@@ -195,9 +216,42 @@ class GuestProcess:
             await self.process.wait()
         return self.process.returncode
 
-    async def kill(self) -> None:
-        """``SIGKILL`` the guest and its launcher's process group, and reap them."""
-        pidfd, self._pidfd = self._pidfd, None
+    @contextmanager
+    @trio.lowlevel.enable_ki_protection  # a Ctrl-C must not land while _state is held
+    def busy(self) -> Iterator[None]:
+        """A spell in which the guest works for the engine (a request, a block): its CPU
+        is not charged to ``idle_cpu``."""
+        with self._state:
+            self._busy += 1
+        try:
+            yield
+        finally:
+            with self._state:
+                self._busy -= 1
+                self._last = None
+
+    def idle_sample(self) -> bool:
+        """Called by `watch` every few tenths of a second: charge idle CPU; past
+        ``idle_cpu`` kill the guest and return True."""
+        with self._state:
+            if self._pidfd is None or self.guest_pid is None:
+                return True  # killed already
+            if self._busy:
+                self._last = None
+                return False
+            used = watch.tree_cpu_seconds(self.guest_pid)
+            if used is None:
+                return True
+            if self._last is not None:
+                self.idle_used += max(0.0, used - self._last)
+            self._last = used
+            if self.idle_cpu is None or self.idle_used <= self.idle_cpu:
+                return False
+            self.killed_idle = True
+            self._signal_kill(self._pidfd)
+            return True
+
+    def _signal_kill(self, pidfd: int | None) -> None:
         if pidfd is not None:
             # The guest may have left the group (setsid); the pidfd cannot hit a recycled pid.
             try:
@@ -208,6 +262,15 @@ class GuestProcess:
             os.killpg(self.pid, signal.SIGKILL)
         except ProcessLookupError:  # already gone, group and all
             pass
+
+    @trio.lowlevel.enable_ki_protection
+    async def kill(self) -> None:
+        """``SIGKILL`` the guest and its launcher's process group, and reap them."""
+        watch.unwatch(self)
+        _LIVE.discard(self)
+        with self._state:
+            pidfd, self._pidfd = self._pidfd, None
+            self._signal_kill(pidfd)
         with trio.CancelScope(shield=True):
             await self.process.wait()
             if pidfd is not None:
@@ -219,8 +282,9 @@ class GuestProcess:
             await self._close_pipes()
 
     def cpu_seconds(self) -> float | None:
-        """CPU seconds the guest interpreter has used (``None`` when unknown)."""
-        return cpu_seconds_of(self.guest_pid) if self.guest_pid is not None else None
+        """CPU seconds the guest has used, every process it started included (``None``
+        when unknown)."""
+        return watch.tree_cpu_seconds(self.guest_pid) if self.guest_pid is not None else None
 
     async def aclose(self, grace: float = 1.0) -> None:
         """Let the guest exit at end of input; kill it after ``grace`` seconds."""
@@ -248,7 +312,24 @@ class GuestProcess:
             return ""
 
 
-_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_LIVE: set[GuestProcess] = set()  # started and not yet killed
+_EXITING = False  # the interpreter is exiting: no guest starts any more
+
+
+def _kill_live_guests() -> None:
+    """At interpreter exit (a session never closed, a stream abandoned): kill every
+    guest still running, before its folder is removed (`rlm_graph.scratch.on_exit`)."""
+    global _EXITING
+    _EXITING = True
+    for guest in list(_LIVE):
+        with guest._state:
+            pidfd, guest._pidfd = guest._pidfd, None
+            guest._signal_kill(pidfd)
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+scratch.on_exit(_kill_live_guests)
 
 
 def _children_of(pid: int) -> list[int]:
@@ -271,17 +352,6 @@ def _children_of(pid: int) -> list[int]:
         if int(fields[1]) == pid:  # the stat file's field 4, the parent's pid
             found.append(int(entry))
     return found
-
-
-def cpu_seconds_of(pid: int) -> float | None:
-    """User plus system CPU seconds of ``pid``, from ``/proc`` (``None`` if unreadable)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            fields = handle.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # fields[0] is the state (the stat file's field 3): utime and stime are fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / _TICKS
 
 
 MAX_PENDING_PROMPTS = 1_024

@@ -6,11 +6,15 @@ parsed arguments that returns the exit code.
 
 Exit codes: 0 done, 1 the run failed otherwise (a crashed environment), 2 bad usage or
 configuration, 3 a limit stopped the run (the partial answer is printed), 4 a provider
-failed (the partial answer and usage so far are printed), 130 interrupted (Ctrl-C).
+failed (the partial answer and usage so far are printed), 130 interrupted (Ctrl-C), 143
+and 129 stopped by SIGTERM and SIGHUP.
 
 Invariants:
     - Ctrl-C ends any subcommand with one line on stderr and exit 130, never a
       traceback (the engine has cancelled everything by the time it reaches here).
+    - SIGTERM and SIGHUP take the same path (they are turned into a SIGINT, which trio
+      delivers safely): every guest killed and every scratch folder removed before the
+      command exits, with 128 + the signal's number.
     - With ``--json`` on the command line, a usage error is a JSON object on stdout too
       (see `rlm_graph.cli.output`).
     - A reader of stdout that goes away (``| head``) ends the command quietly, exit 1.
@@ -21,9 +25,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, NoReturn
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from .output import Output
@@ -80,31 +87,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in words
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
     out = Output(command, as_json=as_json)
-    try:
-        parser = build_parser()
+    with _stops_as_interrupts() as received:
         try:
-            args = parser.parse_args(words)
-        except UsageError as exc:
-            if any(w == "--api-key" or w.startswith("--api-key=") for w in words):
-                # Not argparse's "unrecognized arguments: --api-key sk-...": no key echoed.
-                exc.message = (
-                    "there is no --api-key flag (a key on a command line lands in the shell's "
-                    "history); set OPENAI_API_KEY, ANTHROPIC_API_KEY... in the environment"
-                )
-            if as_json:
-                return out.error(EXIT_USAGE, exc.message, kind="UsageError")
-            exc.parser.print_usage(sys.stderr)
-            print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
-            return EXIT_USAGE
-        if not getattr(args, "func", None):
-            parser.print_help(sys.stderr)
-            return EXIT_USAGE
-        code: int = args.func(args)
-        return code
-    except KeyboardInterrupt:
-        return _interrupted(out)
-    except BrokenPipeError:
-        return _reader_left()
+            return _main(words, out, as_json)
+        except KeyboardInterrupt:
+            return _interrupted(out, received[-1] if received else signal.SIGINT)
+        except BrokenPipeError:
+            return _reader_left()
 
 
 def _reader_left() -> int:
@@ -118,9 +107,57 @@ def _reader_left() -> int:
     return EXIT_FAILED
 
 
-def _interrupted(out: Output) -> int:
+@contextmanager
+def _stops_as_interrupts() -> Iterator[list[int]]:
+    """SIGTERM and SIGHUP, while the command runs, become a SIGINT (the signals that
+    arrived are listed), so they stop a run the way Ctrl-C does: cleanly."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)
+
+    stops = (signal.SIGTERM, signal.SIGHUP)
+    before = {stop: signal.signal(stop, interrupt) for stop in stops}
+    try:
+        yield received
+    finally:
+        for stop, handler in before.items():
+            signal.signal(stop, handler)
+
+
+def _main(words: list[str], out: Output, as_json: bool) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(words)
+    except UsageError as exc:
+        if any(w == "--api-key" or w.startswith("--api-key=") for w in words):
+            # Not argparse's "unrecognized arguments: --api-key sk-...": no key echoed.
+            exc.message = (
+                "there is no --api-key flag (a key on a command line lands in the shell's "
+                "history); set OPENAI_API_KEY, ANTHROPIC_API_KEY... in the environment"
+            )
+        if as_json:
+            return out.error(EXIT_USAGE, exc.message, kind="UsageError")
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    code: int = args.func(args)
+    return code
+
+
+def _interrupted(out: Output, signum: int) -> int:
+    status = EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
+    how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     if out.as_json:
-        return out.error(EXIT_INTERRUPTED, "interrupted (Ctrl-C)", kind="Interrupted")
+        return out.error(status, f"interrupted ({how})", kind="Interrupted")
     name = f"rlm-graph {out.command}".rstrip()
-    print(f"{name}: interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+    suffix = "" if signum == signal.SIGINT else f" ({how})"
+    print(f"{name}: interrupted{suffix}", file=sys.stderr)
+    return status

@@ -82,6 +82,14 @@ def register(subparsers: Any) -> None:
     )
     add_engine_arguments(parser)
     parser.add_argument(
+        "--read-path",
+        action="append",
+        dest="guest_read_paths",
+        metavar="PATH",
+        help="a file or folder the model's code may read (repeatable); in the subprocess "
+        "environment it reads nothing else of yours (docs/environments.md)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print one JSON object instead of text (errors too)"
     )
     parser.add_argument(
@@ -304,6 +312,13 @@ def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["sampling_args"] = {"max_tokens": args.max_output_tokens}
     if getattr(args, "journal", None):  # `rlm-graph batch` shares these kwargs, not the flag
         kwargs["journal"] = args.journal
+    if getattr(args, "guest_read_paths", None):
+        if args.environment == "local":
+            raise ConfigError(
+                "--read-path is for the subprocess environment: code in the local one "
+                "reads every file you can"
+            )
+        kwargs["environment_kwargs"] = {"read_paths": list(args.guest_read_paths)}
     return kwargs
 
 

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sqlite3
+import tempfile
 import threading
 import time
 from contextlib import closing
@@ -107,6 +108,25 @@ def test_a_worker_killed_mid_task_is_retried_and_frees_its_provider_slot(ray_clu
     assert all(r.ok and r.answer == expected(r.id) for r in results.values())
     assert results["item-3"].attempts == 2 and server.root_turns["item-3"] == 2
     assert server.peak_in_flight == 1
+    # The killed worker's scratch folder (its context in it) was removed by the driver.
+    assert _folders_of(server.killed) == []
+
+
+def _folders_of(pids: Any) -> list[str]:
+    marks = tuple(f"rlm-graph-{pid}-" for pid in pids)
+    return [name for name in os.listdir(tempfile.gettempdir()) if name.startswith(marks)]
+
+
+def test_a_batch_read_only_partly_leaves_no_folder_of_its_workers(ray_cluster: Any) -> None:
+    with BatchServer(latency=0.5) as server:
+        batch = run_batch(items(8), rlm_kwargs(server), concurrency=4, executor="ray")
+        with closing(batch):
+            first = next(iter(batch))
+        assert first.ok
+    # The workers still running completions were stopped (and killed) when the caller
+    # stopped reading: their completions cleaned up first.
+    assert len(_pids(server)) >= 1
+    assert _folders_of(_pids(server)) == []
 
 
 def test_a_ray_batch_killed_midway_then_resumed_answers_every_id_exactly_once(

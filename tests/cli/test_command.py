@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import pty
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -389,3 +391,65 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
             process.kill()
             process.wait()
     return process.returncode, (seen + out).decode(), (progress + err).decode()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.Signals) -> None:
+    block = "```repl\nimport time\ntime.sleep(60)\n```"
+    temp = tempfile.gettempdir()
+    with FakeOpenAIServer(lambda body: block) as server:
+        process = subprocess.Popen(
+            [str(COMMAND), *run_args(server, text_file, "--quiet")],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        )
+        mine = f"rlm-graph-{process.pid}-subprocess"
+        try:
+            deadline = time.monotonic() + 60
+            while process.poll() is None and time.monotonic() < deadline:
+                if server.requests and any(n.startswith(mine) for n in os.listdir(temp)):
+                    break
+                time.sleep(0.02)
+            time.sleep(0.3)  # the block has reached its guest
+            assert process.poll() is None, "the command ended before it could be stopped"
+            process.send_signal(stop)
+            _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 128 + stop
+    assert without_progress(err.decode()).strip() == f"rlm-graph run: interrupted ({stop.name})"
+    assert [n for n in os.listdir(temp) if n.startswith(f"rlm-graph-{process.pid}-")] == []
+
+
+def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path) -> None:
+    root = Path(__file__).resolve().parents[2]
+    base = root.parent if os.access(root.parent, os.W_OK) else root
+    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-test-", dir=base))
+    try:
+        for name in ("granted", "other"):
+            (folder / name).mkdir(mode=0o755)
+            (folder / name / "notes.txt").write_text(f"{name} notes")
+            (folder / name / "notes.txt").chmod(0o644)
+        folder.chmod(0o755)
+        reads = ", ".join(
+            f"try_read({str(folder / name / 'notes.txt')!r})" for name in ("granted", "other")
+        )
+        code = (
+            "```repl\ndef try_read(path):\n    try:\n        return open(path).read()\n"
+            "    except OSError as exc:\n        return type(exc).__name__\n"
+            f"answer['content'] = ' | '.join([{reads}]); answer['ready'] = True\n```"
+        )
+        with FakeOpenAIServer(lambda body: code) as server:
+            done = rlm_graph(*run_args(server, text_file, "--read-path", str(folder / "granted")))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert done.returncode == 0, done.stderr
+    granted, other = done.stdout.strip().split(" | ")
+    assert granted == "granted notes"
+    if "Landlock" not in done.stderr and other == "other notes":
+        pytest.skip("no Landlock here: the guest reads what its uid can")
+    assert other in {"PermissionError", "FileNotFoundError"}

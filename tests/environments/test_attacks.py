@@ -32,6 +32,7 @@ from tests.support.readable import ReadableEngine, interpreters_for_others, prob
 pytestmark = pytest.mark.processes
 
 ATTACKER = str(Path(__file__).with_name("attacker.py"))
+ROOT = Path(__file__).resolve().parents[2]
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError"}
 
 
@@ -229,10 +230,13 @@ def repl_of(code: str) -> str:
 
 
 async def test_as_root_the_guest_cannot_write_the_engines_files(spy: Spy) -> None:
-    with tempfile.TemporaryDirectory() as folder:
+    # Beside the checkout, not under /tmp: a private /tmp would hide it from the guest.
+    base = ROOT.parent if os.access(ROOT.parent, os.W_OK) else ROOT
+    with tempfile.TemporaryDirectory(prefix=".rlm-graph-test-", dir=base) as folder:
         os.chmod(folder, 0o755)  # reachable by anyone: only the write permission is in play
         target = Path(folder, "engine-owned.txt")
         target.write_text("intact")
+        target.chmod(0o644)
         code = (
             f"print(open({str(target)!r}).read())\n"
             "try:\n"
@@ -241,7 +245,11 @@ async def test_as_root_the_guest_cannot_write_the_engines_files(spy: Spy) -> Non
             "except OSError as exc:\n"
             "    print(type(exc).__name__)"
         )
-        rlm = engine([repl_of(code), repl_of("FINAL('done')")], spy)
+        rlm = engine(
+            [repl_of(code), repl_of("FINAL('done')")],
+            spy,
+            environment_kwargs={"read_paths": [folder]},  # readable, never writable
+        )
         await rlm.acompletion("ctx")
         if spy.envs[0].isolation.drops_to is None:
             pytest.skip(f"the guest keeps the engine's user here ({spy.envs[0].isolation_report})")
@@ -268,7 +276,7 @@ async def test_without_namespaces_the_guest_still_runs_and_one_warning_names_wha
     assert "no PID namespace" in warnings[0].getMessage()
     if os.geteuid() == 0:
         assert "no unprivileged user" in warnings[0].getMessage()
-    assert spy.envs[0].isolation_report.startswith("no isolation")
+    assert spy.envs[0].isolation_report.startswith("no namespaces")
 
 
 async def test_the_message_cap_never_cuts_a_result_within_output_cap(spy: Spy) -> None:

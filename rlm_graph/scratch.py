@@ -1,0 +1,157 @@
+"""Scratch folders of REPL environments: named after their owner, removed before a
+completion returns, and never left behind for long.
+
+A folder holds what a run was given (its contexts) and what its code wrote. Every
+environment plugin (the first-party ``local`` and ``subprocess`` ones, and a stranger's)
+makes its folders here and removes them here, so that:
+
+Invariants:
+    - A folder is named ``rlm-graph-<pid>-<kind>-<random>`` in the system's temporary
+      folder, ``<pid>`` the engine process that made it (`make_folder`).
+    - `remove` takes a folder away at once, also where a guest took its own rights away
+      from parts of it; the environment calls it (off the trio thread for a non-empty
+      folder) before its ``aclose`` returns, so a completion's folder is gone by the
+      time ``completion()`` returns.
+    - A folder still present when the interpreter exits normally (a session never
+      closed, a stream abandoned) is removed by an ``atexit`` handler, after the
+      handlers registered with `on_exit` (the ``subprocess`` plugin kills its guests
+      there first).
+    - A folder whose owner process is gone (killed by ``SIGKILL``, a crashed Ray worker)
+      is *stale*: the first `make_folder` of every process removes up to 16 stale
+      folders of its user (`sweep_stale`: one listing of the temporary folder). Engines that share a temporary
+      folder are assumed to share a PID namespace, as on one machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["make_folder", "on_exit", "remove", "sweep_stale"]
+
+_NAME = re.compile(r"rlm-graph-(\d+)-[a-z0-9-]+$")
+
+_lock = threading.Lock()
+_live: set[str] = set()
+_exit_hooks: list[Callable[[], None]] = []
+_swept = False
+_SWEEP_LIMIT = 16  # stale folders one start removes, at most (the next start goes on)
+
+
+def make_folder(kind: str) -> str:
+    """A new folder ``rlm-graph-<this pid>-<kind>-...`` (mode 0700), known to be live
+    until `remove`. The first call of a process also starts a sweep of stale folders."""
+    global _swept
+    path = tempfile.mkdtemp(prefix=f"rlm-graph-{os.getpid()}-{kind}-")
+    with _lock:
+        _live.add(path)
+        sweep, _swept = not _swept, True
+    if sweep:
+        sweep_stale(limit=_SWEEP_LIMIT)
+    return path
+
+
+def remove(path: str) -> None:
+    """Remove the folder ``path`` and everything in it, now (a blocking call: run it off
+    the trio thread unless the folder is empty)."""
+    _remove_tree(path)
+    with _lock:
+        _live.discard(path)
+
+
+def remove_if_empty(path: str) -> bool:
+    """Remove ``path`` if it is an empty folder (one cheap system call); False if it
+    holds anything (then `remove` it off the trio thread)."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return False
+    with _lock:
+        _live.discard(path)
+    return True
+
+
+def on_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at interpreter exit before the live folders are removed."""
+    with _lock:
+        _exit_hooks.append(hook)
+
+
+def sweep_stale(folder: str | None = None, limit: int | None = None) -> list[str]:
+    """Remove the folders in ``folder`` (default: the system's temporary folder) that
+    this user's engines made and whose owner process is gone; returns their paths.
+
+    One listing of the folder, one ``kill(pid, 0)`` per candidate: bounded work.
+    """
+    root = folder or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _NAME.match(entry.name)
+        if match is None or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.geteuid():
+                continue
+        except OSError:
+            continue
+        if not _alive(int(match.group(1))):
+            _remove_tree(entry.path)
+            removed.append(entry.path)
+            if limit is not None and len(removed) >= limit:
+                break
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: alive
+        return True
+    return True
+
+
+def _remove_tree(path: str) -> None:
+    """``rmtree``, also where a guest took its own rights away from a folder in it."""
+
+    def retry(function: Any, name: str, _: Any) -> None:
+        for folder in (os.path.dirname(name), name):
+            try:
+                os.chmod(folder, 0o700)
+            except OSError:
+                pass
+        try:
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name, ignore_errors=True)
+            else:
+                function(name)
+        except OSError:
+            pass
+
+    if os.path.lexists(path):
+        shutil.rmtree(path, onerror=retry)
+
+
+@atexit.register
+def _remove_live() -> None:
+    with _lock:
+        hooks = list(_exit_hooks)
+    for hook in hooks:
+        hook()
+    with _lock:
+        left = list(_live)
+    for path in left:
+        remove(path)

@@ -1,0 +1,174 @@
+"""Model code as the attacker against the guest's file system: what it may write (a
+private, capped ``/tmp``), what it may read (its runtime, its folders, ``read_paths``)
+and what outlives it (nothing). Real guest processes, the scripted provider."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from rlm_graph_subprocess import SubprocessEnvironment
+from tests.support.guests import Spy, engine, feedback
+from tests.support.scripts import repl
+
+pytestmark = pytest.mark.processes
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+@pytest.fixture
+def outside_tmp() -> Iterator[Path]:
+    """A fresh folder, open to every user, in none of the folders a private ``/tmp``
+    covers (beside the checkout: the guest must not read it unless granted)."""
+    base = ROOT.parent if os.access(ROOT.parent, os.W_OK) else ROOT
+    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-test-", dir=base))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def leftovers(marker: str) -> list[str]:
+    found = []
+    for folder in HOST_TMP:
+        for path, _dirs, files in os.walk(folder):
+            found += [os.path.join(path, name) for name in files if marker in name]
+    return found
+
+
+PARK = """
+import errno, os
+parked = {{}}
+for folder in ('/dev/shm', '/tmp', '/var/tmp'):
+    written = 0
+    try:
+        with open(os.path.join(folder, '{marker}-' + folder.strip('/').replace('/', '-')), 'wb') as handle:
+            while written < 600 * 2**20:
+                handle.write(b'x' * 2**20)
+                handle.flush()
+                written += 2**20
+    except OSError as exc:
+        parked[folder] = (written >> 20, errno.errorcode.get(exc.errno, '?'))
+    else:
+        parked[folder] = (written >> 20, 'no error')
+print(parked)
+"""
+
+
+async def test_the_guest_parks_nothing_outside_its_memory_and_nothing_outlives_it(
+    spy: Spy,
+) -> None:
+    marker = f"park-{secrets.token_hex(4)}"
+    rlm = engine(
+        [repl(PARK.format(marker=marker)), repl("FINAL('done')")],
+        spy,
+        environment_kwargs={"memory_limit_mb": 256},
+    )
+    assert (await rlm.acompletion("ctx")).response == "done"
+    env = spy.envs[0]
+    if not env.isolation.private_tmp and not env.isolation.landlock:
+        pytest.skip(f"no private /tmp and no Landlock here ({env.isolation_report})")
+    parked = eval(feedback(rlm, 1).split("REPL output:\n", 1)[1].split("\n\n", 1)[0])
+    # One tmpfs behind the three folders: together at most its size (a quarter of 256
+    # MB), and none at all where Landlock alone keeps them closed.
+    assert sum(mb for mb, _ in parked.values()) <= env.limits.tmp_mb, parked
+    assert {why for _, why in parked.values()} <= {"ENOSPC", "EACCES"}, parked
+    assert leftovers(marker) == []
+
+
+async def test_the_guest_cannot_create_more_files_than_max_files(spy: Spy) -> None:
+    code = (
+        "n = 0\n"
+        "try:\n"
+        "    while n < 100_000:\n"
+        "        open(f'/tmp/f{n}', 'w').close()\n"
+        "        n += 1\n"
+        "except OSError as exc:\n"
+        "    print(n, type(exc).__name__)"
+    )
+    rlm = engine([repl(code), repl("FINAL('done')")], spy, environment_kwargs={"max_files": 200})
+    await rlm.acompletion("ctx")
+    if not spy.envs[0].isolation.private_tmp:
+        pytest.skip(f"no private /tmp here ({spy.envs[0].isolation_report})")
+    created, error = feedback(rlm, 1).split("REPL output:\n", 1)[1].split()[:2]
+    assert 100 < int(created) < 200 and error == "OSError"
+
+
+READ = """
+import json
+seen = {{}}
+for path in {paths!r}:
+    try:
+        with open(path) as handle:
+            seen[path] = handle.read()[:40]
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+print(json.dumps(seen))
+"""
+
+
+async def test_the_guest_reads_only_its_runtime_its_folder_and_the_granted_paths(
+    spy: Spy, outside_tmp: Path
+) -> None:
+    secret = outside_tmp / "secret.txt"
+    secret.write_text("a user's file")
+    granted = outside_tmp / "granted"
+    granted.mkdir()
+    (granted / "notes.txt").write_text("granted notes")
+    for path in (secret, granted / "notes.txt"):
+        path.chmod(0o644)
+    granted.chmod(0o755)
+    paths = ["/etc/passwd", str(ROOT / "pyproject.toml"), str(secret), str(granted / "notes.txt")]
+    rlm = engine(
+        [repl(READ.format(paths=paths) + "import numbers, decimal, fractions"), repl("FINAL('x')")],
+        spy,
+        environment_kwargs={"read_paths": [str(granted)]},
+    )
+    await rlm.acompletion("ctx")
+    env = spy.envs[0]
+    if not env.isolation.landlock:
+        pytest.skip(f"no Landlock here ({env.isolation_report})")
+    told = feedback(rlm, 1)
+    assert "Error" not in told.split("}", 1)[1], told  # the standard library still imports
+    import json
+
+    seen = json.loads(told.split("REPL output:\n", 1)[1].split("\n", 1)[0])
+    assert seen[str(granted / "notes.txt")] == "granted notes"
+    for path in paths[:3]:
+        assert seen[path] in {"PermissionError", "FileNotFoundError"}, (path, seen)
+
+
+async def test_concurrent_guests_cannot_read_each_others_folders() -> None:
+    bridge: Any = None
+    first, second = (SubprocessEnvironment(bridge=bridge) for _ in range(2))
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first.start)
+            nursery.start_soon(second.start)
+        await first.add_context("the first guest's document", 0)
+        done = await first.execute("open('mine.txt', 'w').write('the first guest notes')")
+        assert done.error is None, done
+        if not first.isolation.landlock and not first.isolation.private_tmp:
+            pytest.skip(f"no Landlock and no private /tmp here ({first.isolation_report})")
+        targets = [
+            os.path.join(first.workdir, "mine.txt"),
+            os.path.join(os.path.dirname(first.workdir), "io", "context_0.txt"),
+        ]
+        result = await second.execute(READ.format(paths=targets))
+        import json
+
+        seen = json.loads(result.stdout)
+        assert set(seen.values()) <= {"PermissionError", "FileNotFoundError"}, seen
+    finally:
+        await first.aclose()
+        await second.aclose()

@@ -1,0 +1,112 @@
+"""Nothing of a run outlives it: the ways an engine process ends (``os._exit`` right after
+``completion()``, a session never closed, a stream abandoned, ``SIGKILL``) and the
+scratch folders and guests each leaves. Each engine is a process of its own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+from rlm_graph import scratch
+from tests.support.guests import processes_running
+
+pytestmark = pytest.mark.processes
+
+ENGINE = """
+import os, sys, time
+from rlm_graph import RLM
+from tests.support.scripts import repl, root_and_sub
+
+def engine(code, environment, **kwargs):
+    return RLM("scripted", {{"respond": root_and_sub([repl(code)] * 3)}},
+               environment=environment, **kwargs)
+
+{body}
+"""
+
+
+def run_engine(body: str) -> tuple[int, str]:
+    """Run an engine program (``body`` below `ENGINE`'s preamble); its pid and output."""
+    source = ENGINE.format(body=textwrap.dedent(body))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    process = subprocess.Popen(
+        [sys.executable, "-c", source],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err[-3000:]
+    return process.pid, out
+
+
+def folders_of(pid: int) -> list[str]:
+    return [
+        name for name in os.listdir(tempfile.gettempdir()) if name.startswith(f"rlm-graph-{pid}-")
+    ]
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+def test_os_exit_right_after_completion_leaves_no_folder(environment: str) -> None:
+    pid, out = run_engine(
+        f"""
+        result = engine("open('notes.txt', 'w').write('x')\\nFINAL(SCRATCH_DIR)", {environment!r})
+        answer = result.completion("the document").response
+        print(answer, os.path.exists(answer), flush=True)
+        os._exit(0)  # no atexit: what completion() left is all there is
+        """
+    )
+    folder, existed = out.split()
+    assert existed == "False" and not os.path.exists(folder)
+    assert folders_of(pid) == []
+
+
+def test_a_session_never_closed_and_a_stream_abandoned_leave_nothing_at_exit() -> None:
+    mark = f"{secrets.randbelow(10**6)}.4343"
+    pid, out = run_engine(
+        f"""
+        spawn = "import subprocess\\nsubprocess.Popen(['sleep', '7{mark}'])\\nFINAL('kept')"
+        session = engine(spawn, "subprocess", persistent=True)
+        print(session.completion("the first document").response, flush=True)
+        stream = engine("import time\\ntime.sleep(60)", "subprocess").stream("the second")
+        for event in stream:
+            if event.type == "node_started" and event.kind == "repl_block":
+                break
+        print(len([n for n in os.listdir("/tmp") if n.startswith(f"rlm-graph-{{os.getpid()}}-")]))
+        # and exit without closing either
+        """
+    )
+    assert out.split()[0] == "kept"
+    assert int(out.split()[1]) >= 1  # the session's folder (and the stream's) were there
+    assert folders_of(pid) == []
+    assert processes_running(f"7{mark}") == []
+
+
+def test_an_engine_removes_the_stale_folders_of_a_killed_one() -> None:
+    scratch.sweep_stale()  # others' (a start removes a few at a time): ours is then the one
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed.kill()
+    killed.wait()
+    stale = tempfile.mkdtemp(prefix=f"rlm-graph-{killed.pid}-subprocess-d0-")
+    os.mkdir(os.path.join(stale, "io"))
+    with open(os.path.join(stale, "io", "context_0.txt"), "w") as handle:
+        handle.write("a document of a run whose engine was killed")
+    alive = tempfile.mkdtemp(prefix=f"rlm-graph-{os.getpid()}-local-")  # ours: kept
+    try:
+        run_engine(
+            """
+            print(engine("FINAL('x')", "local").completion("ctx").response)
+            """
+        )
+        assert not os.path.exists(stale)
+        assert os.path.exists(alive)
+    finally:
+        scratch.remove(stale)
+        scratch.remove(alive)
