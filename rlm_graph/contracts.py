@@ -44,7 +44,9 @@ __all__ = [
     "RateGate",
     "SharedLimiter",
     "ResponseSchema",
+    "StreamingProvider",
     "SubcallBridge",
+    "TextSink",
     "Usage",
     "estimate_tokens",
     "image_json_default",
@@ -199,8 +201,10 @@ class Message(BaseModel):
 class Usage(BaseModel):
     """Token usage of one call, or a sum of calls.
 
-    ``estimated`` is True when the server reported no usage and the engine counted about
-    four characters per token instead (for a sum: when any part was estimated).
+    ``input_tokens`` counts every input token, those read from the server's prompt cache
+    (``cached_tokens``) and those written to it (``cache_write_tokens``, Anthropic's cache
+    creation) included. ``estimated`` is True when the server reported no usage and the
+    engine counted about four characters per token instead (for a sum: when any part was).
     """
 
     model_config = _FROZEN
@@ -209,6 +213,7 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     estimated: bool = False
 
     @property
@@ -221,6 +226,7 @@ class Usage(BaseModel):
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             estimated=self.estimated or other.estimated,
         )
 
@@ -247,7 +253,10 @@ class ChatRequest(BaseModel):
     ``extra`` carries provider-specific arguments through untouched (for example
     ``{"reasoning_effort": "low"}``); ``depth`` and ``node_id`` tell a provider where in the
     recursion tree the call comes from (the scripted provider uses them in rules);
-    ``response_schema``, when set, is the JSON shape the answer must have.
+    ``response_schema``, when set, is the JSON shape the answer must have. ``cache_key``
+    is set on a call whose prefix the next call repeats (the turns of one completion):
+    a provider with prompt caching marks that prefix as worth caching (Anthropic's
+    ``cache_control``) or sends the key (OpenAI's ``prompt_cache_key``).
     """
 
     model_config = _FROZEN
@@ -263,6 +272,7 @@ class ChatRequest(BaseModel):
     response_schema: ResponseSchema | None = None
     depth: int = 0
     node_id: str = ""
+    cache_key: str | None = None
 
     @property
     def prompt(self) -> str:
@@ -296,9 +306,11 @@ class ChatResponse(BaseModel):
 class ModelInfo(BaseModel):
     """What the engine knows of a model: its window and its price.
 
-    Prices are USD per million tokens. Plugins contribute entries through the
-    ``rlm_register_models`` hook; users extend or override them with ``models=`` on the
-    engine.
+    Prices are USD per million tokens. Input read from the prompt cache is priced at
+    ``cached_input_usd_per_mtok`` and input written to it (Anthropic) at
+    ``cache_write_usd_per_mtok``; either one unset prices those tokens as plain input.
+    Plugins contribute entries through the ``rlm_register_models`` hook; users extend or
+    override them with ``models=`` on the engine.
     """
 
     model_config = _FROZEN
@@ -306,12 +318,22 @@ class ModelInfo(BaseModel):
     context_window: int | None = None
     input_usd_per_mtok: float | None = None
     output_usd_per_mtok: float | None = None
+    cached_input_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
 
     def price(self, usage: Usage) -> float | None:
+        """What ``usage`` is billed, in USD (None: the model has no price)."""
         if self.input_usd_per_mtok is None and self.output_usd_per_mtok is None:
             return None
+        plain_rate = self.input_usd_per_mtok or 0.0
+        read = min(usage.cached_tokens, usage.input_tokens)
+        written = min(usage.cache_write_tokens, usage.input_tokens - read)
+        read_rate = self.cached_input_usd_per_mtok
+        write_rate = self.cache_write_usd_per_mtok
         return (
-            usage.input_tokens * (self.input_usd_per_mtok or 0.0)
+            (usage.input_tokens - read - written) * plain_rate
+            + read * (plain_rate if read_rate is None else read_rate)
+            + written * (plain_rate if write_rate is None else write_rate)
             + usage.output_tokens * (self.output_usd_per_mtok or 0.0)
         ) / 1_000_000
 
@@ -344,6 +366,26 @@ class Provider(Protocol):
         ...
 
 
+TextSink = Callable[[int, str], None]
+"""``sink(offset, text)``: the text of a reply from ``offset`` on, as it streams in.
+``offset`` is the length of what the sink was given so far, except after a retried
+attempt whose text differs from what was given: everything from ``offset`` on is then
+replaced by ``text``. Called on the provider's task; must be quick and must not raise."""
+
+
+@runtime_checkable
+class StreamingProvider(Provider, Protocol):
+    """A `Provider` that can stream (it declares ``streams = True``, see
+    `ProviderCapabilities`)."""
+
+    async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        """Like ``complete``, handing the reply's text to ``sink`` as it arrives; returns
+        the same `ChatResponse` ``complete`` would (usage, cost, finish reason), whose
+        ``content`` is the text the sink was given. Retries are the provider's, as for
+        ``complete``: a retried attempt's text goes to the sink as `TextSink` says."""
+        ...
+
+
 ProviderFactory = Callable[..., Provider]
 """``factory(**backend_kwargs) -> Provider``; raise ``ConfigError`` for bad keywords."""
 
@@ -366,6 +408,8 @@ class ProviderCapabilities:
         server_address, server_port: the server, for spans (``server.address``/
             ``server.port``); derived from ``base_url`` when not given.
         base_url: the API's root URL.
+        streams: the provider has ``stream(request, sink)`` (`StreamingProvider`) and
+            streaming is on; the engine streams root turns through it.
     """
 
     requests_per_minute: float | None = None
@@ -375,6 +419,7 @@ class ProviderCapabilities:
     server_address: str | None = None
     server_port: int | None = None
     base_url: str | None = None
+    streams: bool = False
 
     @classmethod
     def of(cls, provider: object) -> ProviderCapabilities:

@@ -27,6 +27,7 @@ from .events import DEFAULT_CAPACITY, Listener
 from .graph import preview
 from .journal import run_key
 from .journal.seam import JournalTarget
+from .loop_state import LoopSettings
 from .protocol.schema import AnswerSchema
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
@@ -44,7 +45,6 @@ from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.loop import RLMRunner
 from .runtime.session import PersistentSession
-from .runtime.state import LoopSettings
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
 

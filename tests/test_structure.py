@@ -23,7 +23,7 @@ PURE = [
     "errors.py",
     "routing.py",
     "journal",
-    "runtime/state.py",
+    "loop_state.py",
     # the evaluation's data, scoring, statistics and pages (its runner uses the batch layer)
     "eval/items.py",
     "eval/scoring.py",

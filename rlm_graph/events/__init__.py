@@ -17,6 +17,7 @@ from .models import (
     NodeStarted,
     RunFinished,
     RunStarted,
+    TextDelta,
     parse_event,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "NodeStarted",
     "RunFinished",
     "RunStarted",
+    "TextDelta",
     "parse_event",
 ]

@@ -23,8 +23,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import inspect
 import time
@@ -34,13 +32,14 @@ from typing import Any
 
 import trio
 
-from ..contracts import Image, Message, ResponseSchema
+from ..contracts import Message, ResponseSchema
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
 from ..journal.seam import Journaled
 from ..journal.tools import JournaledTool
 from ..limits import Tally
+from ..protocol.parts import Prompt, prompt_parts
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
 from .calls import ModelCall, call_model
@@ -68,37 +67,6 @@ class _Place:
     ordinal: int
     index: int | None
     size: int | None
-
-
-Prompt = str | Sequence[Any]
-"""What ``llm_query`` takes: text, or a list of parts (str, `Image`, or an image as the
-REPL sends it, ``{"media_type", "data": <base64>}``)."""
-
-
-def prompt_parts(prompt: Prompt) -> list[str | Image]:
-    """A sub-call's prompt as message parts. Images from the REPL are checked again here
-    (type by signature, size): the REPL may be a hostile guest process.
-
-    Raises:
-        ValueError: a part that is neither text nor a readable image.
-    """
-    if isinstance(prompt, str):
-        return [prompt]
-    parts: list[str | Image] = []
-    for index, part in enumerate(prompt):
-        if isinstance(part, str | Image):
-            parts.append(part)
-        elif isinstance(part, Mapping) and isinstance(part.get("data"), str):
-            try:
-                data = base64.b64decode(part["data"], validate=True)
-            except binascii.Error:
-                raise ValueError(f"prompt part {index}: the image data is not base64") from None
-            parts.append(Image.from_bytes(data))
-        else:
-            raise ValueError(
-                f"prompt part {index} is a {type(part).__name__}, not text or an image"
-            )
-    return parts
 
 
 class CompletionBridge:

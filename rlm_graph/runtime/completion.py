@@ -15,11 +15,11 @@ from typing import Any, Literal
 from ..errors import LIMIT_ERRORS, LimitExceeded, ProviderError
 from ..journal.seam import JournalTarget
 from ..limits import Tally
+from ..loop_state import CompletionOutcome, CompletionState
 from ..result import RLMChatCompletion, UsageSummary, timing
 from .context import Run
 from .loop import RLMRunner
 from .session import PersistentSession
-from .state import CompletionOutcome, CompletionState
 
 __all__ = ["CompletionRun"]
 

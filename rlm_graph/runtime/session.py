@@ -22,8 +22,8 @@ import trio
 from ..contracts import Environment
 from ..errors import ConfigError
 from ..journal.tools import JournaledTool
+from ..loop_state import CompletionState, LoopSettings, ToolTable
 from .bridge import BridgeProxy, CompletionBridge
-from .state import CompletionState, LoopSettings, ToolTable
 
 if TYPE_CHECKING:
     from .context import Run

@@ -69,7 +69,7 @@ async def test_a_part_that_is_not_an_image_is_the_codes_error(environment: str) 
 
 
 async def test_a_hostile_guest_cannot_pass_a_non_image_as_one() -> None:
-    from rlm_graph.runtime.bridge import prompt_parts
+    from rlm_graph.protocol.parts import prompt_parts
 
     with pytest.raises(ValueError, match="not a PNG"):
         prompt_parts(["x", {"media_type": "image/png", "data": "aGVsbG8="}])

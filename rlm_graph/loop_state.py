@@ -1,7 +1,8 @@
 """What the RLM loop keeps: its settings, and one completion's state and outcome.
 
 Pure data (no trio): `rlm_graph.runtime.loop` runs completions over it; the persistent
-session (`rlm_graph.runtime.session`) and the completion run read it.
+session (`rlm_graph.runtime.session`) and the completion run read it. (It lived in
+``rlm_graph/runtime/state.py``; out here the runtime package holds only the scheduler.)
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contracts import Message, estimate_tokens
-from ..protocol.schema import AnswerSchema
+from .contracts import Message, estimate_tokens
+from .protocol.schema import AnswerSchema
 
 __all__ = ["CompletionOutcome", "CompletionState", "LoopSettings", "ToolTable"]
 
@@ -55,6 +56,16 @@ class CompletionState:
     def partial(self) -> str:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
         return self.answer_content or self.last_reply
+
+    def accept(self, schema: AnswerSchema, text: str) -> str:
+        """Validate a typed answer; keep the value (``parsed``) and return its JSON.
+
+        Raises:
+            SchemaMismatch: the answer does not match.
+        """
+        self.parsed = schema.parse_text(text)
+        self.schema_error = None
+        return schema.dump_json(self.parsed)
 
     def add(self, message: Message) -> None:
         """Append to the history the model sees, and to the full trajectory."""
