@@ -63,7 +63,7 @@ from .attempts import note_retry
 from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
-from .streaming import DeltaTracker, SSEDecoder, StreamParser
+from .streaming import DeltaTracker, StreamParser, read_events
 from .transport import LeanTransport, RequestNotSent, proxy_configured
 
 __all__ = [
@@ -548,7 +548,7 @@ class JSONProvider:
         every chunk, must come within ``timeout`` of the one before, so a stream that
         stalls is a timeout however long the reply. A stream that ends early (or says it
         failed) is retried like a truncated 200 (docs/providers.md)."""
-        loop, parser = self._get_client(), self._stream_parser(request)
+        loop = self._get_client()
         tracker.begin()
         with self._failures(timeout):
             with trio.CancelScope() as stall:
@@ -561,17 +561,17 @@ class JSONProvider:
                         tracker.feed(reply.content)
                         tracker.finish()
                         return reply
-                    decoder = SSEDecoder()
                     encoded = "content-encoding" in response.headers
+                    chunks = response.aiter_bytes() if encoded else response.aiter_raw()
+
+                    def heard() -> None:  # a chunk came: the silence starts again
+                        if timeout is not None:
+                            stall.deadline = trio.current_time() + timeout
+
                     try:
-                        async for chunk in (
-                            response.aiter_bytes() if encoded else response.aiter_raw()
-                        ):
-                            if timeout is not None:
-                                stall.deadline = trio.current_time() + timeout
-                            for event, data in decoder.feed(chunk):
-                                tracker.feed(parser.feed(event, data))
-                        reply = parser.result()
+                        reply = await read_events(
+                            chunks, self._stream_parser(request), tracker, heard
+                        )
                     except BadResponse as exc:
                         raise _Retry(exc, None, "cut stream") from None
             if stall.cancelled_caught:

@@ -17,11 +17,13 @@ Invariants:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 from ..contracts import ChatResponse, TextSink
+from ..errors import BadResponse
 
-__all__ = ["DeltaTracker", "SSEDecoder", "StreamParser"]
+__all__ = ["DeltaTracker", "SSEDecoder", "StreamParser", "read_events"]
 
 
 class StreamParser(Protocol):
@@ -47,6 +49,37 @@ class StreamParser(Protocol):
                 attempt is retried like a truncated 200.
         """
         ...
+
+
+async def read_events(
+    chunks: AsyncIterator[bytes],
+    parser: StreamParser,
+    tracker: DeltaTracker,
+    heard: Callable[[], None],
+) -> ChatResponse:
+    """A streamed body, chunk by chunk (``heard()`` after each), through ``parser`` into
+    ``tracker``; the reply.
+
+    The body is always read to its end, even past an event that fails the attempt:
+    leaving its (async generator) iterators half-way would leave them to the garbage
+    collector. A server closes the stream after such an event anyway.
+
+    Raises:
+        BadResponse: an event failed the attempt, or the stream ended early.
+    """
+    decoder = SSEDecoder()
+    failed: BadResponse | None = None
+    async for chunk in chunks:
+        heard()
+        if failed is None:
+            try:
+                for event, data in decoder.feed(chunk):
+                    tracker.feed(parser.feed(event, data))
+            except BadResponse as exc:
+                failed = exc
+    if failed is not None:
+        raise failed
+    return parser.result()
 
 
 class SSEDecoder:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..contracts import ChatResponse, Message, Usage, estimate_tokens
 
-__all__ = ["estimated_usage", "reply_note"]
+__all__ = ["estimated_usage", "reply_note", "with_note", "without_note"]
 
 # finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
 _CUT_OFF = frozenset({"length", "max_tokens"})
@@ -29,6 +29,22 @@ def reply_note(response: ChatResponse) -> str | None:
     if not response.content:
         return f"the model returned no text (finish_reason={reason or 'none'})"
     return None
+
+
+def with_note(text: str, note: str) -> str:
+    """A reply as the model sees it: ``text``, then ``note`` on a line of its own."""
+    return f"{text}\n[rlm-graph: {note}]" if text else f"[rlm-graph: {note}]"
+
+
+def without_note(text: str, note: str | None) -> str:
+    """``text`` without the note `with_note` put after it: what the model wrote (the
+    code of a block the output limit cut off open ends where the model stopped)."""
+    if note is None:
+        return text
+    marked = with_note("", note)
+    if text == marked:
+        return ""
+    return text.removesuffix("\n" + marked)
 
 
 def estimated_usage(messages: Sequence[Message], reply: str) -> Usage:

@@ -28,6 +28,7 @@ import trio
 from ..contracts import ExecResult
 from ..graph import NodeRecord, preview
 from ..protocol.fences import DIVERGED_NOTE, BlockCutter
+from ..protocol.replies import without_note
 
 __all__ = ["BlockRunner", "TurnBlocks"]
 
@@ -75,7 +76,7 @@ class TurnBlocks:
 
     def settle(self, record: NodeRecord, reply: str) -> str:
         """The reply the turn keeps (`BlockCutter.settled`), noted on its record."""
-        kept = self._cutter.settled(reply)
+        kept = self._cutter.settled(without_note(reply, record.note))
         if kept is None:
             return reply
         record.note, record.output_preview = DIVERGED_NOTE, preview(kept)

@@ -37,7 +37,7 @@ from ..graph import NodeRecord, preview
 from ..journal.keys import call_hash
 from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
-from ..protocol.replies import estimated_usage, reply_note
+from ..protocol.replies import estimated_usage, reply_note, with_note
 from ..routing import Route
 
 if TYPE_CHECKING:
@@ -292,12 +292,7 @@ def _account(
     cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
     note = reply_note(response)
     if note is not None:
-        text = (
-            f"{response.content}\n[rlm-graph: {note}]"
-            if response.content
-            else f"[rlm-graph: {note}]"
-        )
-        response = response.model_copy(update={"content": text})
+        response = response.model_copy(update={"content": with_note(response.content, note)})
     record.answered(
         usage=usage,
         cost=cost,

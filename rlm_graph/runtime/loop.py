@@ -54,6 +54,7 @@ from ..protocol.prompts import (
     opening_messages,
     schema_rejected_note,
 )
+from ..protocol.replies import without_note
 from ..protocol.schema import AnswerSchema
 from .blocks import TurnBlocks
 from .bridge import BridgeProxy, CompletionBridge, node_path
@@ -369,7 +370,8 @@ class RLMRunner:
         previous: str | None,
         blocks: TurnBlocks | None = None,
     ) -> tuple[str, str]:
-        """One root turn; with ``blocks``, its reply streams into them as it is written."""
+        """One root turn; with ``blocks``, its reply streams into them as it is written.
+        The reply, and its text for the blocks (without the note on a cut-off reply)."""
         record = self._record(c, NodeKind.ROOT_TURN, f"turn-{iteration}", iteration)
         params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
         call = ModelCall(
@@ -395,7 +397,7 @@ class RLMRunner:
         if record.usage is not None and record.usage.total_tokens:
             state.counted_tokens = record.usage.total_tokens
             state.counted_messages = len(state.messages)
-        return reply, record.id
+        return reply, without_note(reply, record.note)
 
     async def _compact(
         self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
@@ -458,8 +460,8 @@ class RLMRunner:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(blocks.run)
-                reply, _ = await self._turn(c, state, iteration, previous, blocks)
-                codes = find_code_blocks(reply)
+                reply, written = await self._turn(c, state, iteration, previous, blocks)
+                codes = find_code_blocks(written)
                 blocks.finish(codes)
         except BaseExceptionGroup as group:  # the turn's or a block's error, as itself
             raise single_or_group(group) from None
