@@ -266,7 +266,7 @@ class _MessageStream:
     only ``message_stop`` says the reply is whole; an ``error`` event (``overloaded_error``
     mid-stream) fails the attempt."""
 
-    __slots__ = ("_done", "_model", "_parts", "_stop", "_url", "_usage")
+    __slots__ = ("finished", "_model", "_parts", "_stop", "_url", "_usage")
 
     def __init__(self, url: str, request: ChatRequest) -> None:
         self._url = url
@@ -274,7 +274,7 @@ class _MessageStream:
         self._model = request.model
         self._usage: dict[str, Any] = {}
         self._stop: str | None = None
-        self._done = False
+        self.finished = False
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"anthropic: {self._url} {what}", provider="anthropic", retryable=True)
@@ -305,7 +305,7 @@ class _MessageStream:
             if isinstance(message.get("usage"), Mapping):
                 self._usage.update(message["usage"])
         elif kind == "message_stop":
-            self._done = True
+            self.finished = True
         elif kind == "error":
             error = message.get("error")
             said = error.get("message") if isinstance(error, Mapping) else error
@@ -313,7 +313,7 @@ class _MessageStream:
         return ""
 
     def result(self) -> ChatResponse:
-        if not self._done:
+        if not self.finished:
             raise self._bad("ended the stream before message_stop")
         return ChatResponse(
             content="".join(self._parts),

@@ -197,7 +197,7 @@ class _ChunkStream:
     the text, the last chunk before ``data: [DONE]`` carries the usage (asked for with
     ``stream_options.include_usage``; a server that sends none is estimated)."""
 
-    __slots__ = ("_cost", "_done", "_finish", "_model", "_name", "_parts", "_url", "_usage")
+    __slots__ = ("_cost", "finished", "_finish", "_model", "_name", "_parts", "_url", "_usage")
 
     def __init__(self, name: str, url: str, request: ChatRequest) -> None:
         self._name, self._url = name, url
@@ -206,14 +206,14 @@ class _ChunkStream:
         self._usage: Usage = Usage()
         self._cost: float | None = None
         self._finish: str | None = None
-        self._done = False
+        self.finished = False
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"{self._name}: {self._url} {what}", provider=self._name, retryable=True)
 
     def feed(self, event: str, data: str) -> str:
         if data == "[DONE]":
-            self._done = True
+            self.finished = True
             return ""
         try:
             chunk = json.loads(data)
@@ -243,7 +243,7 @@ class _ChunkStream:
         return ""
 
     def result(self) -> ChatResponse:
-        if not self._done and self._finish is None:
+        if not self.finished and self._finish is None:
             raise self._bad("ended the stream before its last chunk (no finish_reason, no [DONE])")
         return ChatResponse(
             content="".join(self._parts),

@@ -64,7 +64,7 @@ from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
 from .streaming import DeltaTracker, StreamParser, read_events
-from .transport import LeanTransport, RequestNotSent, proxy_configured
+from .transport import PACE, LeanTransport, RequestNotSent, proxy_configured
 
 __all__ = [
     "JSONProvider",
@@ -145,6 +145,9 @@ class JSONProvider:
     reports_cost = False
     streams = False
     """On when the subclass can stream (`_stream_fields`) and ``stream=True``."""
+    stream_interval = 0.1
+    """Seconds between two reads of a streamed reply through the lean transport: what
+    arrived meanwhile is read at once, one wake-up for several tokens (docs/benchmarks.md)."""
 
     def __init__(
         self,
@@ -443,13 +446,15 @@ class JSONProvider:
         inject(headers)
         return headers
 
-    def _lean_request(self, content: bytes, headers: dict[str, str], timeouts: Any) -> Any:
+    def _lean_request(
+        self, content: bytes, headers: dict[str, str], timeouts: Any, pace: float = 0.0
+    ) -> Any:
         return httpx.Request(
             "POST",
             self._url,
             headers={**self._default_headers, **headers},
             content=content,
-            extensions={"timeout": timeouts.as_dict()},
+            extensions={"timeout": timeouts.as_dict(), PACE: pace},
         )
 
     async def _post(
@@ -481,8 +486,9 @@ class JSONProvider:
     async def _open_stream(
         self, loop: _LoopClient, content: bytes, timeout: float | None
     ) -> AsyncIterator[httpx.Response]:
-        """POST ``content`` for a streamed answer: the response, its body still to read."""
-        headers, timeouts = self._send_headers(True), httpx.Timeout(timeout)
+        """POST ``content`` for a streamed answer: the response, its body still to read.
+        Its reads have no timeout of their own: the attempt's stall deadline is theirs."""
+        headers, timeouts = self._send_headers(True), httpx.Timeout(timeout, read=None)
         if loop.lean is None:
             async with loop.client.stream(
                 "POST", self.url, content=content, headers=headers, timeout=timeouts
@@ -490,7 +496,7 @@ class JSONProvider:
                 yield response
             return
         response = await loop.lean.handle_async_request(
-            self._lean_request(content, headers, timeouts)
+            self._lean_request(content, headers, timeouts, self.stream_interval)
         )
         try:
             yield response
@@ -566,7 +572,7 @@ class JSONProvider:
 
                     def heard() -> None:  # a chunk came: the silence starts again
                         if timeout is not None:
-                            stall.deadline = trio.current_time() + timeout
+                            stall.deadline = trio.current_time() + timeout + self.stream_interval
 
                     try:
                         reply = await read_events(

@@ -32,6 +32,9 @@ class StreamParser(Protocol):
     A provider makes a fresh one per attempt (`JSONProvider._stream_parser`).
     """
 
+    finished: bool
+    """The API's end marker has come (no more events are expected)."""
+
     def feed(self, event: str, data: str) -> str:
         """The text an event adds to the reply (``""`` for none).
 
@@ -57,8 +60,8 @@ async def read_events(
     tracker: DeltaTracker,
     heard: Callable[[], None],
 ) -> ChatResponse:
-    """A streamed body, chunk by chunk (``heard()`` after each), through ``parser`` into
-    ``tracker``; the reply.
+    """A streamed body, chunk by chunk (``heard()`` after each: the provider's stall
+    deadline), through ``parser`` into ``tracker``; the reply.
 
     The body is always read to its end, even past an event that fails the attempt:
     leaving its (async generator) iterators half-way would leave them to the garbage
@@ -72,9 +75,8 @@ async def read_events(
     async for chunk in chunks:
         heard()
         if failed is None:
-            try:
-                for event, data in decoder.feed(chunk):
-                    tracker.feed(parser.feed(event, data))
+            try:  # one piece of text per read: the sink's work is per read, not per token
+                tracker.feed("".join([parser.feed(e, d) for e, d in decoder.feed(chunk)]))
             except BadResponse as exc:
                 failed = exc
     if failed is not None:
