@@ -113,7 +113,8 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, pending, read_at = self._conn, [], -math.inf
+        conn, read_at = self._conn, -math.inf
+        pending: list[bytes] = []
         while True:
             try:
                 event = conn.h11.next_event()

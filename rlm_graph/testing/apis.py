@@ -173,8 +173,8 @@ class FakeOpenAIServer(FakeServer):
         tail = [self._chunk(body, {}, "stop")]
         options = (body or {}).get("stream_options") or {}
         if isinstance(options, dict) and options.get("include_usage"):
-            usage = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "choices": []}
-            usage["usage"] = self._usage(text, body)
+            usage: dict[str, Any] = {"id": "chatcmpl-fake", "object": "chat.completion.chunk"}
+            usage.update(choices=[], usage=self._usage(text, body))
             tail.append(f"data: {json.dumps(usage)}\n\n")
         tail.append("data: [DONE]\n\n")
         return [self._chunk(body, {"role": "assistant", "content": ""})], tail
