@@ -130,6 +130,8 @@ def _uncached(usage: Usage | None) -> Usage:
 
 def run_reference(key: str, base_url: str, out: Path) -> dict[str, Any] | None:
     ensure_reference_venv()
+    if out.exists():
+        out.unlink()
     command = [str(REF_PYTHON), str(HERE / "reference_driver.py"), "--base-url", base_url]
     command += ["--scenario", key]
     done = subprocess.run([*command, "--reps", "1", "--out", str(out)], timeout=900, check=False)

@@ -366,11 +366,12 @@ class Provider(Protocol):
         ...
 
 
-TextSink = Callable[[int, str], None]
+TextSink = Callable[[int, str], "bool | None"]
 """``sink(offset, text)``: the text of a reply from ``offset`` on, as it streams in.
 ``offset`` is the length of what the sink was given so far, except after a retried
 attempt whose text differs from what was given: everything from ``offset`` on is then
-replaced by ``text``. Called on the provider's task; must be quick and must not raise."""
+replaced by ``text``. True back means the rest is not wanted: the provider may stop the
+generation (and reply with what it has). Called on the provider's task; quick; no raise."""
 
 
 @runtime_checkable

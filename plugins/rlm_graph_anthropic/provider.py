@@ -37,6 +37,7 @@ from rlm_graph.http import (
     Message,
     StreamParser,
     Usage,
+    estimate_tokens,
     resolve_key,
     token_count,
 )
@@ -311,6 +312,16 @@ class _MessageStream:
             said = error.get("message") if isinstance(error, Mapping) else error
             raise self._bad(f"failed mid-stream: {str(said)[:300]}")
         return ""
+
+    def partial(self) -> ChatResponse:
+        """A stopped reply: message_start's input usage, the output estimated."""
+        text = "".join(self._parts)
+        usage = _usage(self._usage).model_copy(
+            update={"output_tokens": estimate_tokens(text), "estimated": True}
+        )
+        return ChatResponse(
+            content=text, model=self._model, usage=usage, finish_reason="engine_stop"
+        )
 
     def result(self) -> ChatResponse:
         if not self.finished:

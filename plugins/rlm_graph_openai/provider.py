@@ -242,6 +242,11 @@ class _ChunkStream:
             return text
         return ""
 
+    def partial(self) -> ChatResponse:
+        # The usage comes in the last chunk: a stopped reply's is estimated by the engine.
+        text, model = "".join(self._parts), self._model
+        return ChatResponse(content=text, model=model, finish_reason="engine_stop")
+
     def result(self) -> ChatResponse:
         if not self.finished and self._finish is None:
             raise self._bad("ended the stream before its last chunk (no finish_reason, no [DONE])")

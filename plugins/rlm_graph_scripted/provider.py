@@ -153,14 +153,23 @@ class ScriptedProvider:
         return self._as_response(reply, request)
 
     async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
-        """`complete`, the reply's text handed to ``sink`` in ``stream_chunk`` pieces."""
+        """`complete`, the reply's text handed to ``sink`` in ``stream_chunk`` pieces (up
+        to the piece after which the sink asks to stop)."""
         response = await self.complete(request)
         text, step = response.content, max(1, self._chunk)
         self.in_flight += 1  # still in flight while the reply streams
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
             for start in range(0, len(text), step):
-                sink(start, text[start : start + step])
+                if sink(start, text[start : start + step]):  # the engine wants no more
+                    stopped = text[: start + step]
+                    return response.model_copy(
+                        update={
+                            "content": stopped,
+                            "usage": self._as_response(stopped, request).usage,
+                            "finish_reason": "engine_stop",
+                        }
+                    )
                 if self._delay and start + step < len(text):
                     await trio.sleep(self._delay)
         finally:

@@ -574,12 +574,14 @@ class JSONProvider:
                         if timeout is not None:
                             stall.deadline = trio.current_time() + timeout + self.stream_interval
 
-                    try:
-                        reply = await read_events(
-                            chunks, self._stream_parser(request), tracker, heard
-                        )
-                    except BadResponse as exc:
-                        raise _Retry(exc, None, "cut stream") from None
+                    parser = self._stream_parser(request)
+                    with trio.CancelScope() as halt:  # cancelled: the sink has what it wants
+                        try:
+                            reply = await read_events(chunks, parser, tracker, heard, halt.cancel)
+                        except BadResponse as exc:
+                            raise _Retry(exc, None, "cut stream") from None
+                    if halt.cancelled_caught:
+                        reply = parser.partial()
             if stall.cancelled_caught:
                 raise trio.TooSlowError
         tracker.finish()

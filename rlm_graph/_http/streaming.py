@@ -12,6 +12,8 @@ Invariants:
       call returns, the sink has been given exactly the reply's ``content``.
     - Usage, the finish reason and the model are the parser's, read from the attempt
       that completed; a cut attempt's partial usage counts nowhere (as a truncated 200).
+    - A sink that answers True has what it wants: the reading stops (`read_events` calls
+      ``halt``), and the reply is what came so far (`StreamParser.partial`).
     - Pure parsing, no I/O: the attempt itself (deadlines, retries) is the provider's.
 """
 
@@ -44,6 +46,11 @@ class StreamParser(Protocol):
         """
         ...
 
+    def partial(self) -> ChatResponse:
+        """The reply so far, for a stream the engine stopped (``finish_reason``
+        ``"engine_stop"``; usage as far as the server said, else none: estimated)."""
+        ...
+
     def result(self) -> ChatResponse:
         """The reply, once the stream has ended.
 
@@ -59,9 +66,12 @@ async def read_events(
     parser: StreamParser,
     tracker: DeltaTracker,
     heard: Callable[[], None],
+    halt: Callable[[], None],
 ) -> ChatResponse:
     """A streamed body, chunk by chunk (``heard()`` after each: the provider's stall
-    deadline), through ``parser`` into ``tracker``; the reply.
+    deadline), through ``parser`` into ``tracker``; the reply. When the sink says it has
+    what it wants, ``halt()`` (the provider cancels the reading, then takes
+    ``parser.partial()``).
 
     The body is always read to its end, even past an event that fails the attempt:
     leaving its (async generator) iterators half-way would leave them to the garbage
@@ -76,9 +86,12 @@ async def read_events(
         heard()
         if failed is None:
             try:  # one piece of text per read: the sink's work is per read, not per token
-                tracker.feed("".join([parser.feed(e, d) for e, d in decoder.feed(chunk)]))
+                text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
             except BadResponse as exc:
                 failed = exc
+            else:
+                if tracker.feed(text):
+                    halt()
     if failed is not None:
         raise failed
     return parser.result()
@@ -147,17 +160,18 @@ class DeltaTracker:
             self._pieces = [self._given]
             self._matching, self._position = True, 0
 
-    def feed(self, text: str) -> None:
-        """The next text of the current attempt."""
+    def feed(self, text: str) -> bool:
+        """The next text of the current attempt; True when the sink wants no more."""
         if not text:
-            return
+            return False
         if self._matching:
             text = self._match(text)
             if not text:
-                return
-        self._sink(self._length, text)
+                return False
+        stop = self._sink(self._length, text)
         self._pieces.append(text)
         self._length += len(text)
+        return bool(stop)
 
     def _match(self, text: str) -> str:
         """Swallow what agrees with what was given; what is left to hand on (after a

@@ -113,8 +113,8 @@ class EventEmitter:
         self.check_limits()
 
     def text_sink(
-        self, record: NodeRecord, then: Callable[[int, str], None] | None
-    ) -> Callable[[int, str], None] | None:
+        self, record: NodeRecord, then: Callable[[int, str], bool | None] | None
+    ) -> Callable[[int, str], bool | None] | None:
         """Where the streamed reply of ``record``'s call goes: ``then`` (the caller's
         `rlm_graph.contracts.TextSink`) and, when someone listens, a ``text_delta``
         event per piece. None when neither wants it (the call need not stream)."""
@@ -122,10 +122,9 @@ class EventEmitter:
             return then
         parent = None if record.completion == "root" else record.completion
 
-        def sink(offset: int, text: str) -> None:
-            if then is not None:
-                then(offset, text)
+        def sink(offset: int, text: str) -> bool | None:
             self.text_delta(record, parent, offset, text)
+            return then(offset, text) if then is not None else None
 
         return sink
 

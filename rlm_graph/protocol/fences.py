@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["DIVERGED_NOTE", "BlockCutter", "find_code_blocks"]
+__all__ = ["DIVERGED_NOTE", "INVENTED_NOTE", "BlockCutter", "find_code_blocks", "invented_output"]
 
 # An opening fence whose info string is exactly `repl`, at the start of a line, up to the
 # next closing fence at the start of a line (or the end of the reply: a model cut off by
@@ -15,6 +15,14 @@ _BLOCK = re.compile(
 # The same fences, one line at a time (a line without its "\n").
 _OPENING = re.compile(r"[ \t]*```repl[ \t]*")
 _CLOSING = re.compile(r"[ \t]*```[ \t]*")
+# The first line after a block, when the model goes on to write the block's output
+# itself: a bare or output-like fence (```, ```output, ```text...) or a label line
+# (Output:, **REPL output:**, ### Result).
+_INVENTED = re.compile(
+    r"[ \t]*```[ \t]*(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?[ \t]*"
+    r"|[ \t>#*_]*(?:(?:repl|execution|console|code)[ \t]+)?(?:output|result|stdout)[ \t]*:?[ \t*_]*",
+    re.IGNORECASE,
+)
 
 
 DIVERGED_NOTE = (
@@ -22,6 +30,22 @@ DIVERGED_NOTE = (
     "something else; the reply ends after the last block that ran"
 )
 """The note that ends a reply kept as `BlockCutter.settled` says."""
+
+INVENTED_NOTE = (
+    "the reply went on to write its block's output itself; that part was left out, and "
+    "the REPL's own output follows"
+)
+"""The note that ends a reply that invented its block's output (`invented_output`)."""
+
+
+def invented_output(text: str) -> int | None:
+    """Where ``text`` starts to invent a block's output: the start of the first
+    non-blank line after a ```` ```repl ```` block's closing fence, when that line opens
+    a bare or output-like fence or is an output label (see `BlockCutter`). None when it
+    does not. The reply's end counts as the end of its last line."""
+    cutter = BlockCutter()
+    cutter.feed(0, text + "\n")
+    return cutter.invented
 
 
 def find_code_blocks(text: str) -> list[str]:
@@ -56,17 +80,22 @@ class BlockCutter:
             last cut block's closing line); text before it may no longer change.
         diverged: a rewind (`feed` with an offset before ``committed``) said that text
             the cut blocks came from has changed.
+        invented: where the reply starts to invent the output of its last cut block (the
+            first non-blank line after the block is a bare or output-like fence, or an
+            "Output:" label), or None; nothing after it is cut.
     """
 
-    __slots__ = ("_open", "_scan", "blocks", "committed", "diverged", "text")
+    __slots__ = ("_after", "_open", "_scan", "blocks", "committed", "diverged", "invented", "text")
 
     def __init__(self) -> None:
         self.text = ""
         self.blocks: list[str] = []
         self.committed = 0
         self.diverged = False
+        self.invented: int | None = None
         self._scan = 0  # the start of the first line not yet looked at
         self._open: int | None = None  # where the open block's code starts, if one is open
+        self._after = False  # only blank lines since the last closing fence
 
     def feed(self, offset: int, text: str) -> list[str]:
         """Take the reply's text from ``offset`` on (a `rlm_graph.contracts.TextSink`'s
@@ -77,25 +106,31 @@ class BlockCutter:
                 return []
             self.text = self.text[:offset]
             self._scan, self._open = self.committed, None
-        if self.diverged:
+            self.invented, self._after = None, self.committed > 0
+        if self.diverged or self.invented is not None:
             return []
         self.text += text
         if "\n" not in text:
             return []
         return self._cut()
 
-    def settled(self, reply: str) -> str | None:
-        """The reply to keep instead of the whole ``reply`` (None: ``reply`` itself).
+    def settled(self, reply: str) -> tuple[str, str] | None:
+        """The reply to keep instead of the whole ``reply``, and the note that ends it
+        (None: keep ``reply``), the same whether it streamed or not.
 
-        ``reply`` is kept when the blocks cut so far are its first blocks. Otherwise (a
-        retried attempt said something else than the text they were cut from) the kept
-        reply is the text up to the last cut block, then `DIVERGED_NOTE`: code that ran
-        is never attributed to a reply that does not contain it.
+        When the blocks cut so far are not its first blocks (a retried attempt said
+        something else than the text they were cut from), the text up to the last cut
+        block, then `DIVERGED_NOTE`: code that ran is never attributed to a reply that
+        does not contain it. When it invents a block's output (`invented_output`), the
+        text before that, then `INVENTED_NOTE`.
         """
         blocks = self.blocks
-        if not blocks or (not self.diverged and find_code_blocks(reply)[: len(blocks)] == blocks):
+        if blocks and (self.diverged or find_code_blocks(reply)[: len(blocks)] != blocks):
+            return self.text[: self.committed] + f"\n[rlm-graph: {DIVERGED_NOTE}]", DIVERGED_NOTE
+        cut = invented_output(reply)
+        if cut is None:
             return None
-        return self.text[: self.committed] + f"\n[rlm-graph: {DIVERGED_NOTE}]"
+        return reply[:cut] + f"[rlm-graph: {INVENTED_NOTE}]", INVENTED_NOTE
 
     def _cut(self) -> list[str]:
         cut: list[str] = []
@@ -104,11 +139,16 @@ class BlockCutter:
         while end != -1:
             line = text[scan:end]
             if self._open is None:
+                if self._after and line.strip():
+                    self._after = False
+                    if _INVENTED.fullmatch(line):
+                        self.invented = scan
+                        break
                 if "```" in line and _OPENING.fullmatch(line):
                     self._open = end + 1
             elif "```" in line and _CLOSING.fullmatch(line):
                 code = text[self._open : scan].rstrip()
-                self._open = None
+                self._open, self._after = None, True
                 self.committed = end + 1
                 if code.strip():
                     self.blocks.append(code)

@@ -11,6 +11,8 @@ Invariants:
       (a block is cut only once no later text can change it).
     - A block that sets the final answer is the last to run; blocks after it are skipped,
       as they are without streaming. The reply still streams to its end.
+    - A reply that goes on to invent its block's output is stopped there (the sink says
+      so) and kept up to that point, streamed or not (`BlockCutter.settled`).
     - The turn's reply is what the blocks were cut from: if a retried attempt's text
       differs from what a started block was cut from, the reply ends after the last
       started block, with a note (`BlockCutter.settled`).
@@ -27,7 +29,7 @@ import trio
 
 from ..contracts import ExecResult
 from ..graph import NodeRecord, preview
-from ..protocol.fences import DIVERGED_NOTE, BlockCutter
+from ..protocol.fences import BlockCutter
 from ..protocol.replies import without_note
 
 __all__ = ["BlockRunner", "TurnBlocks"]
@@ -57,13 +59,15 @@ class TurnBlocks:
         self.final: str | None = None
         self.last = turn_id
 
-    def feed(self, offset: int, text: str) -> None:
-        """The turn's `TextSink`: a block whose closing fence arrived is queued to run."""
+    def feed(self, offset: int, text: str) -> bool:
+        """The turn's `TextSink`: a block whose closing fence arrived is queued to run.
+        True (stop the generation) once the reply invents its block's output."""
         for code in self._cutter.feed(offset, text):
             try:
                 self._send.send_nowait(code)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return  # the runner is gone (the turn is being cancelled)
+                break  # the runner is gone (the turn is being cancelled)
+        return self._cutter.invented is not None
 
     def body(self, text: Callable[[NodeRecord], Awaitable[str]]) -> Callable[..., Awaitable[str]]:
         """The turn node's body: ``text`` (the model call), then `settle`, inside the node,
@@ -76,10 +80,11 @@ class TurnBlocks:
 
     def settle(self, record: NodeRecord, reply: str) -> str:
         """The reply the turn keeps (`BlockCutter.settled`), noted on its record."""
-        kept = self._cutter.settled(without_note(reply, record.note))
-        if kept is None:
+        settled = self._cutter.settled(without_note(reply, record.note))
+        if settled is None:
             return reply
-        record.note, record.output_preview = DIVERGED_NOTE, preview(kept)
+        kept, record.note = settled
+        record.output_preview = preview(kept)
         return kept
 
     def finish(self, codes: list[str]) -> None:

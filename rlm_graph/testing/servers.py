@@ -230,6 +230,9 @@ class FakeServer:
         self.cache_min_tokens = cache_min_tokens
         self._prefixes: set[str] = set()  # the prompt cache: prefixes seen (or written)
         self._local = threading.local()
+        self.streamed: list[tuple[int, int]] = []
+        """Per streamed answer: the tokens sent before it ended (or the client hung up),
+        and the tokens it had."""
         self.replies: list[Any] = list(replies)
         self.api_key = api_key
         self.models = set(models) if models is not None else None
@@ -426,6 +429,7 @@ class FakeServer:
             with self._lock:
                 self.responses.append((reply.status, self.success_body(text, body)))
         handler.close_connection = reply.fault in ("stall", "reset")
+        sent = 0
         try:
             handler.send_response(200)
             handler.send_header("Content-Type", "text/event-stream")
@@ -439,11 +443,15 @@ class FakeServer:
             gap = 1.0 / self.stream_rate if self.stream_rate else 0.0
             for token in tokens:
                 self._chunks(handler, [self.token_event(token, body)])
+                sent += 1
                 if gap:
                     time.sleep(gap)
             self._stream_end(handler, reply, tail)
-        except OSError:
+        except OSError:  # the client hung up (or stopped the stream)
             handler.close_connection = True
+        finally:
+            with self._lock:
+                self.streamed.append((sent, len(tokens)))
 
     def _stream_end(self, handler: _Handler, reply: Reply, tail: list[str]) -> None:
         if reply.fault == "stall":

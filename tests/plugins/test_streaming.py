@@ -13,7 +13,7 @@ from rlm_graph import RLM, NodeKind
 from rlm_graph.errors import ProviderError
 from rlm_graph.events import NodeFinished, TextDelta
 from rlm_graph.journal import JournalStore
-from rlm_graph.protocol.fences import DIVERGED_NOTE
+from rlm_graph.protocol.fences import DIVERGED_NOTE, INVENTED_NOTE
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from tests.support.http import anthropic_kwargs, openai_kwargs
 from tests.support.streams import COMMENTARY, FINISH, TurnScript, is_turn, repl
@@ -218,3 +218,19 @@ async def test_a_server_that_ignores_stream_is_read_as_a_plain_answer() -> None:
             result = await rlm.acompletion("ctx", root_prompt="q")
     assert result.response == "done:x"
     assert server.bodies[0]["stream"] is True
+
+
+@APIS
+async def test_a_reply_that_invents_its_blocks_output_is_stopped_at_the_server(api: str) -> None:
+    invented = repl("x = llm_query('first')\nprint(x)", after="Output:\n```\n" + "made up\n" * 80)
+    script = TurnScript([invented, repl(FINISH)])
+    with SERVERS[api](script, stream_rate=400) as server:
+        async with RLM(api, KWARGS[api](server)) as rlm:
+            result = await rlm.acompletion("ctx", root_prompt="q")
+        streamed = server.streamed
+    assert result.response == "done:sub:first"
+    turn = result.graph["turn-1"]
+    assert turn.finish_reason == "engine_stop" and turn.note == INVENTED_NOTE
+    assert turn.usage is not None and turn.usage.estimated  # the server's count never came
+    sent, total = streamed[0]
+    assert sent < total / 2  # the rest was never generated for us

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from rlm_graph.protocol import find_code_blocks
-from rlm_graph.protocol.fences import BlockCutter
+from rlm_graph.protocol.fences import INVENTED_NOTE, BlockCutter, invented_output
 
 PIECES = [
     "```repl\n",
@@ -60,11 +60,15 @@ def _check(rng: random.Random) -> None:
         seen += cutter.feed(len(cutter.text), chunk)
         # At every point, what was cut is what the whole reply's parse starts with.
         assert seen == find_code_blocks(reply)[: len(seen)]
-    assert cutter.text == reply
+    assert cutter.text == reply or cutter.invented is not None
     whole = find_code_blocks(reply)
     assert seen == cutter.blocks == whole[: len(seen)]
-    # Only a block still open at the end (or closed by the reply's last line) is left.
-    assert len(whole) - len(seen) <= 1
+    # What the reply keeps (up to any invented output, found the same way whole) has
+    # the cut blocks and at most one more: open at the end, or closed by its last line.
+    cut = invented_output(reply)
+    assert cutter.invented is None or cutter.invented == cut
+    kept = find_code_blocks(reply if cut is None else reply[:cut])
+    assert kept[: len(seen)] == seen and len(kept) - len(seen) <= 1
 
 
 def test_a_block_is_cut_when_its_closing_line_ends() -> None:
@@ -89,3 +93,38 @@ def test_a_rewind_into_a_cut_block_is_divergence() -> None:
     cutter.feed(0, "```repl\na\n```\n")
     assert cutter.feed(3, "other text\n```repl\nz\n```\n") == []
     assert cutter.diverged and cutter.blocks == ["a"]
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "Output:\n```\n2\n```\n",
+        "```\n2\n```\n",
+        "\n```output\n2\n```",
+        "**REPL output:**\n2",
+        "### Result\n",
+    ],
+)
+def test_a_reply_that_writes_its_blocks_output_is_cut_there(after: str) -> None:
+    reply = "Let me see.\n```repl\nprint(1 + 1)\n```\n" + after
+    start = reply.index("```\n", reply.index("```repl")) + 4
+    cut = invented_output(reply)
+    assert cut is not None and reply[start:cut].strip() == ""
+    cutter = BlockCutter()
+    stops = [cutter.feed(len(cutter.text), piece) or cutter.invented for piece in reply]
+    assert cutter.invented == cut and any(stops)
+    kept, note = cutter.settled(reply) or ("", "")
+    assert kept == reply[:cut] + f"[rlm-graph: {INVENTED_NOTE}]" and note == INVENTED_NOTE
+
+
+@pytest.mark.parametrize(
+    "after",
+    [
+        "The output will tell.\n",
+        "```python\nprint(2)\n```\n",
+        "```repl\nprint(2)\n```\n",
+        "Output: 2 is next\n",
+    ],
+)
+def test_words_code_and_more_blocks_after_a_block_are_not_output(after: str) -> None:
+    assert invented_output("```repl\nx = 1\n```\n" + after) is None

@@ -11,6 +11,7 @@ import trio.testing
 
 from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.contracts import ChatRequest, ChatResponse
+from rlm_graph.protocol.fences import INVENTED_NOTE
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
 SCRIPTS: dict[str, list[Any]] = {
@@ -27,6 +28,11 @@ SCRIPTS: dict[str, list[Any]] = {
         repl("FINAL('recovered')"),
     ],
     "no block at all, then one": ["Just words, no code.", repl("FINAL(6 * 7)")],
+    "output invented after the block, and a block after that": [
+        "```repl\nx = llm_query('a')\nprint(x)\n```\nOutput:\n```\nsub:a\n```\n"
+        "So x is known, and I finish.\n```repl\nFINAL(x)\n```\nThat is all.",
+        repl("FINAL('turn 2 says ' + x)"),
+    ],
     "a reply cut off by max_tokens inside its second block": [
         ChatResponse(
             content="```repl\nx = 40\n```\nnow the next one\n```repl\nx += 2\nprint(x)",
@@ -128,3 +134,19 @@ async def test_a_reply_cut_off_by_max_tokens_runs_its_open_block_once_it_has_end
     second = scripted(engine).requests[-1].messages
     assert second[-2].content.endswith("[rlm-graph: " + turn.note + "]")
     assert "42" in second[-1].content
+
+
+async def test_a_reply_that_invents_its_blocks_output_is_stopped_there(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    script = SCRIPTS["output invented after the block, and a block after that"]
+    result, engine = await _complete(script, True)
+    turn = result.graph["turn-1"]
+    assert turn.finish_reason == "engine_stop" and turn.note == INVENTED_NOTE
+    assert [b.id for b in result.graph.records(NodeKind.REPL_BLOCK)] == [
+        "turn-1/block-1",
+        "turn-2/block-1",
+    ]
+    assert result.response == "turn 2 says sub:a"  # the invented part's FINAL never ran
+    said = scripted(engine).requests[-1].messages[2].content
+    assert said.endswith("```\n[rlm-graph: " + INVENTED_NOTE + "]") and "Output:" not in said
