@@ -234,3 +234,49 @@ async def test_a_reply_that_invents_its_blocks_output_is_stopped_at_the_server(a
     assert turn.usage is not None and turn.usage.estimated  # the server's count never came
     sent, total = streamed[0]
     assert sent < total / 2  # the rest was never generated for us
+
+
+async def test_streaming_through_httpx_own_pool() -> None:
+    cut = Reply(body=FIRST, fault="truncated", keep=BLOCK_END + 10)
+    script = TurnScript([[cut, FIRST], repl(FINISH)])
+    with FakeOpenAIServer(script, stream_rate=2000) as server:
+        async with RLM("openai", openai_kwargs(server, http_transport="httpx")) as rlm:
+            result = await rlm.acompletion("ctx", root_prompt="q")
+    assert result.response == "done:sub:first"
+    assert script.subcalls == ["first"] and result.graph["turn-1"].attempts == 2
+
+
+def test_a_streamed_run_replays_from_its_journal(tmp_path: Path) -> None:
+    journal = str(tmp_path / "run.sqlite")
+    script = TurnScript([FIRST, repl(FINISH)])
+    with FakeOpenAIServer(script, stream_rate=2000) as server:
+        first = RLM("openai", openai_kwargs(server), journal=journal).completion(
+            "ctx", root_prompt="q"
+        )
+        asked = len(server.requests)
+        again = RLM("openai", openai_kwargs(server), journal=journal).completion(
+            "ctx", root_prompt="q"
+        )
+        assert len(server.requests) == asked  # all of it from the journal
+    assert first.response == again.response == "done:sub:first"
+    assert again.replay is not None and again.replay.live == 0
+
+
+def test_no_stream_on_the_command_line_asks_for_whole_replies() -> None:
+    import argparse
+
+    from rlm_graph.cli.run import _backend_kwargs
+
+    flags = dict.fromkeys(
+        [
+            "base_url",
+            "api_key_env",
+            "max_concurrent",
+            "requests_per_minute",
+            "max_attempts",
+            "timeout",
+            "max_timeouts",
+        ]
+    )
+    assert _backend_kwargs(argparse.Namespace(**flags, no_stream=True), "m")["stream"] is False
+    assert "stream" not in _backend_kwargs(argparse.Namespace(**flags, no_stream=False), "m")
