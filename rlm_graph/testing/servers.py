@@ -18,7 +18,7 @@ hang; see `Reply.fault`).
 
 A request that asks for a stream (``"stream": true``) gets the reply text as the API's
 server-sent events, a token (about four characters) per event: the first after
-``latency``, the next ones ``1 / stream_rate`` seconds apart (``stream_rate=None``: at
+``latency`` (and the reply's ``delay``), the next ones ``1 / stream_rate`` seconds apart (``stream_rate=None``: at
 once), chunked on the wire. Faults apply to a stream too: ``truncated`` ends it cleanly
 but early (no end marker), ``reset`` resets the connection midway, ``stall`` goes silent
 midway for ``delay`` seconds, ``error`` sends the API's error event midway.
@@ -70,7 +70,8 @@ class Reply:
             else an error message in the API's error format) or a dict sent as JSON.
         headers: extra response headers (``{"Retry-After": "2"}``).
         drop: close the connection without answering (a lost connection).
-        delay: seconds to wait before answering (on the server's thread).
+        delay: seconds to wait before answering (on the server's thread); for a streamed
+            answer, before its first token (with ``"stall"``: the silence midway).
         fault: a broken answer instead of this one: ``"truncated"`` (a complete HTTP
             message whose JSON body is cut in half), ``"empty"`` (a 200 with an empty
             body), ``"reset"`` (headers and half the body, then a TCP reset), ``"hang"``
@@ -438,8 +439,9 @@ class FakeServer:
                 handler.send_header(name, value)
             handler.end_headers()
             self._chunks(handler, head)
-            if self.latency:
-                time.sleep(self.latency)
+            wait = self.latency + (reply.delay if reply.fault != "stall" else 0.0)
+            if wait:  # to the first token
+                time.sleep(wait)
             gap = 1.0 / self.stream_rate if self.stream_rate else 0.0
             for token in tokens:
                 self._chunks(handler, [self.token_event(token, body)])
