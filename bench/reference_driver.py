@@ -38,7 +38,7 @@ def make_rlm(key: str, base_url: str) -> RLM:
         },
         environment="local",
         max_depth=scenario.max_depth,
-        max_iterations=5,
+        max_iterations=int(scenario.extra.get("max_iterations", 5)),
         max_concurrent_subcalls=4,
     )
 

@@ -38,6 +38,7 @@ __all__ = [
     "marker",
     "model_reply",
     "run_id_of",
+    "tokens",
 ]
 
 ROOT_LATENCY = 0.1  # seconds per root (or child) turn in the timed scenarios
@@ -94,6 +95,36 @@ class Scenario:
     sub_latency: float = SUB_LATENCY
     max_depth: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    first_token: float = 0.0
+    """Seconds to a root reply's first token, where root replies stream (``rate``)."""
+    rate: float | None = None
+    """Root replies are generated at this many tokens a second (None: all at once, after
+    ``root_latency``); streamed when asked, else sent whole once generated."""
+
+
+_TOKEN = re.compile(r"\s*\S{1,4}|\s+")
+
+
+def tokens(text: str) -> list[str]:
+    """A reply cut into tokens the way the fake servers stream it (about four characters:
+    a run of spaces goes with the word after it)."""
+    return _TOKEN.findall(text)
+
+
+def generation(scenario: Scenario, text: str) -> tuple[float, float]:
+    """How long a root reply takes to generate at ``scenario.rate``: to the end of its
+    first ```repl block (the token that ends the closing fence line), and in all."""
+    pieces = tokens(text)
+    gap = 1.0 / scenario.rate if scenario.rate else 0.0
+    start = text.find("```repl")
+    close = text.find("```\n", start + 7) + 4 if start >= 0 else len(text)
+    seen, upto = 0, len(pieces)
+    for index, piece in enumerate(pieces, start=1):
+        seen += len(piece)
+        if seen >= close:
+            upto = index
+            break
+    return scenario.first_token + upto * gap, scenario.first_token + len(pieces) * gap
 
 
 def sub_answer(prompt: str) -> str:
@@ -231,6 +262,50 @@ def _first() -> Scenario:
     )
 
 
+REAL_FIRST_TOKEN = 0.5  # seconds to a root reply's first token
+REAL_RATE = 50.0  # root tokens generated per second
+REAL_SUB = 1.5  # seconds per sub-call
+COMMENTARY = (
+    "While the sub-model reads that part, here is how the pieces will fit: each part gives "
+    "a total, the totals add up, and the last turn checks the sum against the context "
+    "before it answers, so a wrong part shows up as a mismatch rather than a silent error."
+)
+
+
+def _realistic(turns: int) -> Scenario:
+    """A trajectory like a real run: each root reply is a block of code and then some
+    commentary, streamed at 50 tokens/s; each block waits for a round of sub-calls."""
+    replies, total = [], 0
+    for i in range(1, turns):
+        code = f"""
+parts = llm_query_batched([f"sq {{j}}" for j in range({8 * i}, {8 * i + 8})])
+total_{i} = sum(int(p) for p in parts)
+print("part {i}:", total_{i}, "|", context[{600 * (i - 1)}:{600 * i}])
+"""
+        total += sum(j * j for j in range(8 * i, 8 * i + 8))
+        replies.append(
+            f"Turn {i}: part {i} of the context goes to the sub-model.\n```repl\n"
+            f"{code.strip()}\n```\n{COMMENTARY}\n"
+        )
+    finish = " + ".join(f"total_{i}" for i in range(1, turns))
+    replies.append(f"All parts are in.\n```repl\ntotal = {finish}\n{ANSWER_TOTAL}\n```\nDone.\n")
+    return Scenario(
+        key=f"realistic:{turns}",
+        root_turns=tuple(replies),
+        expected=str(total),
+        sub_calls=8 * (turns - 1),
+        root_latency=REAL_FIRST_TOKEN,
+        sub_latency=REAL_SUB,
+        first_token=REAL_FIRST_TOKEN,
+        rate=REAL_RATE,
+        extra={"max_iterations": turns + 2, "context_chars": 600 * turns},
+        description=(
+            f"{turns} root turns, each a block and commentary at {REAL_RATE:g} tokens/s "
+            f"(first token after {REAL_FIRST_TOKEN:g} s), 8 sub-calls of {REAL_SUB:g} s per block"
+        ),
+    )
+
+
 def _batch(n: int) -> Scenario:
     """One completion of a batch (bench/batch.py): ``n`` sub-calls in one batch over the
     item's own context (an integer), so every item's answer is its own."""
@@ -273,6 +348,8 @@ def get(key: str) -> Scenario:
         return _overhead(name.split("-")[1], int(arg))
     if name == "batch" and arg.isdigit():
         return _batch(int(arg))
+    if name == "realistic" and arg.isdigit() and int(arg) >= 2:
+        return _realistic(int(arg))
     raise KeyError(f"no bench scenario {key!r}; known: {sorted(_FIXED)} and overhead-batched:N")
 
 

@@ -11,8 +11,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -24,6 +22,14 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     model_serializer,
+)
+
+from .images import (
+    MAX_IMAGE_BYTES,
+    Image,
+    image_json_default,
+    image_json_hook,
+    image_media_type,
 )
 
 __all__ = [
@@ -47,7 +53,9 @@ __all__ = [
     "RateGate",
     "SharedLimiter",
     "ResponseSchema",
+    "StreamingProvider",
     "SubcallBridge",
+    "TextSink",
     "Usage",
     "estimate_tokens",
     "image_json_default",
@@ -64,103 +72,6 @@ def estimate_tokens(text: str) -> int:
     """A tokenizer-free estimate: about four characters per token (documented in
     docs/limits.md); used for rate buckets and compaction where no usage is known yet."""
     return max(1, (len(text) + 3) // 4)
-
-
-_IMAGE_TYPES = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"GIF87a", "image/gif"),
-    (b"GIF89a", "image/gif"),
-)
-
-MAX_IMAGE_BYTES = 20 * 1024 * 1024
-"""The largest image a call may carry (OpenAI's limit; Anthropic's is 5 MB)."""
-
-
-def image_media_type(data: bytes) -> str | None:
-    """The media type of PNG, JPEG, GIF or WebP bytes, from their signature; else None."""
-    for magic, media_type in _IMAGE_TYPES:
-        if data.startswith(magic):
-            return media_type
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "image/webp"
-    return None
-
-
-class Image(BaseModel):
-    """An image in a sub-call (``llm_query([text, image])``) or in a context list.
-
-    Its ``str()`` and ``repr()`` are a placeholder (``<image 12 KB png>``), so previews,
-    records, traces and REPL output never carry its bytes. In JSON, ``data`` is base64.
-    """
-
-    model_config = ConfigDict(
-        frozen=True, extra="forbid", ser_json_bytes="base64", val_json_bytes="base64"
-    )
-
-    media_type: str
-    data: bytes = Field(repr=False)
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> Image:
-        """An image from PNG, JPEG, GIF or WebP bytes.
-
-        Raises:
-            ValueError: the bytes are none of those, or larger than `MAX_IMAGE_BYTES`.
-        """
-        media_type = image_media_type(bytes(data[:16]))
-        if media_type is None:
-            raise ValueError("the bytes are not a PNG, JPEG, GIF or WebP image")
-        if len(data) > MAX_IMAGE_BYTES:
-            raise ValueError(
-                f"the image is {len(data) / 1e6:.1f} MB; the most a call may carry is "
-                f"{MAX_IMAGE_BYTES / 1e6:.0f} MB"
-            )
-        return cls(media_type=media_type, data=bytes(data))
-
-    @classmethod
-    def from_path(cls, path: str | os.PathLike[str]) -> Image:
-        """An image read from a file (PNG, JPEG, GIF or WebP, by its bytes)."""
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_IMAGE_BYTES + 1)
-        try:
-            return cls.from_bytes(data)
-        except ValueError as exc:
-            raise ValueError(f"{os.fspath(path)}: {exc}") from None
-
-    def base64(self) -> str:
-        return base64.b64encode(self.data).decode("ascii")
-
-    def __str__(self) -> str:
-        size = len(self.data)
-        amount = f"{size / 1024:.0f} KB" if size >= 1024 else f"{size} bytes"
-        return f"<image {amount} {self.media_type.rsplit('/', 1)[-1]}>"
-
-    def __repr__(self) -> str:
-        return str(self)
-
-
-_IMAGE_KEY = "$rlm_image"
-
-
-def image_json_default(value: Any) -> Any:
-    """``json.dump``'s ``default`` for values holding images: an `Image` becomes
-    ``{"$rlm_image": {"media_type", "data": <base64>}}`` (`image_json_hook` reverses it)."""
-    if isinstance(value, Image):
-        return {_IMAGE_KEY: {"media_type": value.media_type, "data": value.base64()}}
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def image_json_hook(obj: dict[str, Any]) -> Any:
-    """``json.load``'s ``object_hook`` that turns `image_json_default`'s dicts back into
-    images (checked: a dict that is not a readable image stays a dict)."""
-    found = obj.get(_IMAGE_KEY) if len(obj) == 1 else None
-    if isinstance(found, dict) and isinstance(found.get("data"), str):
-        try:
-            return Image.from_bytes(base64.b64decode(found["data"], validate=True))
-        except ValueError:
-            return obj
-    return obj
 
 
 class Message(BaseModel):
@@ -202,8 +113,10 @@ class Message(BaseModel):
 class Usage(BaseModel):
     """Token usage of one call, or a sum of calls.
 
-    ``estimated`` is True when the server reported no usage and the engine counted about
-    four characters per token instead (for a sum: when any part was estimated).
+    ``input_tokens`` counts every input token, those read from the server's prompt cache
+    (``cached_tokens``) and those written to it (``cache_write_tokens``, Anthropic's cache
+    creation) included. ``estimated`` is True when the server reported no usage and the
+    engine counted about four characters per token instead (for a sum: when any part was).
     """
 
     model_config = _FROZEN
@@ -212,6 +125,7 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    cache_write_tokens: int = 0
     estimated: bool = False
 
     @property
@@ -224,6 +138,7 @@ class Usage(BaseModel):
             output_tokens=self.output_tokens + other.output_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             reasoning_tokens=self.reasoning_tokens + other.reasoning_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
             estimated=self.estimated or other.estimated,
         )
 
@@ -250,7 +165,10 @@ class ChatRequest(BaseModel):
     ``extra`` carries provider-specific arguments through untouched (for example
     ``{"reasoning_effort": "low"}``); ``depth`` and ``node_id`` tell a provider where in the
     recursion tree the call comes from (the scripted provider uses them in rules);
-    ``response_schema``, when set, is the JSON shape the answer must have.
+    ``response_schema``, when set, is the JSON shape the answer must have. ``cache_key``
+    is set on a call whose prefix the next call repeats (the turns of one completion):
+    a provider with prompt caching marks that prefix as worth caching (Anthropic's
+    ``cache_control``) or sends the key (OpenAI's ``prompt_cache_key``).
     """
 
     model_config = _FROZEN
@@ -266,6 +184,7 @@ class ChatRequest(BaseModel):
     response_schema: ResponseSchema | None = None
     depth: int = 0
     node_id: str = ""
+    cache_key: str | None = None
 
     @property
     def prompt(self) -> str:
@@ -299,9 +218,11 @@ class ChatResponse(BaseModel):
 class ModelInfo(BaseModel):
     """What the engine knows of a model: its window and its price.
 
-    Prices are USD per million tokens. Plugins contribute entries through the
-    ``rlm_register_models`` hook; users extend or override them with ``models=`` on the
-    engine.
+    Prices are USD per million tokens. Input read from the prompt cache is priced at
+    ``cached_input_usd_per_mtok`` and input written to it (Anthropic) at
+    ``cache_write_usd_per_mtok``; either one unset prices those tokens as plain input.
+    Plugins contribute entries through the ``rlm_register_models`` hook; users extend or
+    override them with ``models=`` on the engine.
     """
 
     model_config = _FROZEN
@@ -309,12 +230,22 @@ class ModelInfo(BaseModel):
     context_window: int | None = None
     input_usd_per_mtok: float | None = None
     output_usd_per_mtok: float | None = None
+    cached_input_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
 
     def price(self, usage: Usage) -> float | None:
+        """What ``usage`` is billed, in USD (None: the model has no price)."""
         if self.input_usd_per_mtok is None and self.output_usd_per_mtok is None:
             return None
+        plain_rate = self.input_usd_per_mtok or 0.0
+        read = min(usage.cached_tokens, usage.input_tokens)
+        written = min(usage.cache_write_tokens, usage.input_tokens - read)
+        read_rate = self.cached_input_usd_per_mtok
+        write_rate = self.cache_write_usd_per_mtok
         return (
-            usage.input_tokens * (self.input_usd_per_mtok or 0.0)
+            (usage.input_tokens - read - written) * plain_rate
+            + read * (plain_rate if read_rate is None else read_rate)
+            + written * (plain_rate if write_rate is None else write_rate)
             + usage.output_tokens * (self.output_usd_per_mtok or 0.0)
         ) / 1_000_000
 
@@ -347,6 +278,27 @@ class Provider(Protocol):
         ...
 
 
+TextSink = Callable[[int, str], "bool | None"]
+"""``sink(offset, text)``: the text of a reply from ``offset`` on, as it streams in.
+``offset`` is the length of what the sink was given so far, except after a retried
+attempt whose text differs from what was given: everything from ``offset`` on is then
+replaced by ``text``. True back means the rest is not wanted: the provider may stop the
+generation (and reply with what it has). Called on the provider's task; quick; no raise."""
+
+
+@runtime_checkable
+class StreamingProvider(Provider, Protocol):
+    """A `Provider` that can stream (it declares ``streams = True``, see
+    `ProviderCapabilities`)."""
+
+    async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        """Like ``complete``, handing the reply's text to ``sink`` as it arrives; returns
+        the same `ChatResponse` ``complete`` would (usage, cost, finish reason), whose
+        ``content`` is the text the sink was given. Retries are the provider's, as for
+        ``complete``: a retried attempt's text goes to the sink as `TextSink` says."""
+        ...
+
+
 ProviderFactory = Callable[..., Provider]
 """``factory(**backend_kwargs) -> Provider``; raise ``ConfigError`` for bad keywords."""
 
@@ -369,6 +321,8 @@ class ProviderCapabilities:
         server_address, server_port: the server, for spans (``server.address``/
             ``server.port``); derived from ``base_url`` when not given.
         base_url: the API's root URL.
+        streams: the provider has ``stream(request, sink)`` (`StreamingProvider`) and
+            streaming is on; the engine streams root turns through it.
     """
 
     requests_per_minute: float | None = None
@@ -378,6 +332,7 @@ class ProviderCapabilities:
     server_address: str | None = None
     server_port: int | None = None
     base_url: str | None = None
+    streams: bool = False
 
     @classmethod
     def of(cls, provider: object) -> ProviderCapabilities:

@@ -41,6 +41,7 @@ from ._http.provider import (
     parse_retry_after as parse_retry_after,
     retry_delay_from_headers as retry_delay_from_headers,
 )
+from ._http.streaming import StreamParser as StreamParser
 from .contracts import (
     ChatRequest as ChatRequest,
     ChatResponse as ChatResponse,
@@ -79,6 +80,7 @@ __all__ = [
     "ResolvedKey",
     "RetryPolicy",
     "Secret",
+    "StreamParser",
     "Usage",
     "content_text",
     "estimate_tokens",

@@ -47,6 +47,12 @@ class ModelUsageSummary(BaseModel):
     total_input_tokens: int = 0
     total_output_tokens: int = 0
     total_cost: float | None = None
+    cached_tokens: int | None = None
+    """Input tokens read from the prompt cache (included in ``total_input_tokens``, priced
+    at the model's cached rate); absent when none."""
+    cache_write_tokens: int | None = None
+    """Input tokens written to the prompt cache (Anthropic; included in
+    ``total_input_tokens``, priced at the cache-write rate); absent when none."""
     estimated_calls: int | None = None
     """Calls whose tokens were estimated (the server reported no usage); absent when none."""
 
@@ -97,6 +103,8 @@ class UsageSummary(BaseModel):
                     total_input_tokens=u.input_tokens,
                     total_output_tokens=u.output_tokens,
                     total_cost=u.cost if u.cost else None,
+                    cached_tokens=u.cached_tokens or None,
+                    cache_write_tokens=u.cache_write_tokens or None,
                     estimated_calls=u.estimated_calls or None,
                 )
                 for name, u in usage_by_model(graph).items()

@@ -20,6 +20,7 @@ PURE = [
     "report",
     "limits.py",
     "contracts.py",
+    "images.py",
     "errors.py",
     "routing.py",
     "journal",

@@ -1,8 +1,10 @@
 """The Anthropic Messages provider: backend ``anthropic``.
 
 Registered through the entry point group ``rlm_graph`` like any third-party plugin. The
-price table below is approximate (USD per million tokens, list prices when written):
-check Anthropic's pricing page, and override or extend it with ``Engine(models=...)``.
+price table below is approximate (USD per million tokens, list prices when written;
+prompt-cache reads at 0.1x and 5-minute cache writes at 1.25x the input price, as
+Anthropic bills them): check Anthropic's pricing page, and override or extend it with
+``Engine(models=...)``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ __all__ = ["MODELS", "AnthropicProvider", "rlm_register_models", "rlm_register_p
 
 def _info(window: int, input_usd: float, output_usd: float) -> ModelInfo:
     return ModelInfo(
-        context_window=window, input_usd_per_mtok=input_usd, output_usd_per_mtok=output_usd
+        context_window=window,
+        input_usd_per_mtok=input_usd,
+        output_usd_per_mtok=output_usd,
+        cached_input_usd_per_mtok=round(input_usd * 0.1, 6),
+        cache_write_usd_per_mtok=round(input_usd * 1.25, 6),
     )
 
 

@@ -19,6 +19,7 @@ through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ from rlm_graph.http import (
     JSONProvider,
     KeyPolicy,
     Message,
+    StreamParser,
     Usage,
     content_text,
     resolve_key,
@@ -89,8 +91,11 @@ class OpenAIProvider(JSONProvider):
         api_key_env: the name of an environment variable holding the key, sent to
             ``base_url`` whatever it is. Without either, the backend's own variable is
             sent only to the official host (or a base URL from the environment).
+        prompt_cache_key: send a completion's ``prompt_cache_key`` with its turns (OpenAI
+            routes requests with one key to the same cache); default: for ``openai``
+            only, since other servers may refuse a field they do not know.
         **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
-            ``max_attempts``, ``requests_per_minute``, ``extra_body``...).
+            ``max_attempts``, ``requests_per_minute``, ``extra_body``, ``stream``...).
     """
 
     path = "/chat/completions"
@@ -103,6 +108,7 @@ class OpenAIProvider(JSONProvider):
         base_url: str | None = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
+        prompt_cache_key: bool | None = None,
         **kwargs: Any,
     ) -> None:
         policy = BACKENDS.get(backend)
@@ -119,6 +125,9 @@ class OpenAIProvider(JSONProvider):
             **kwargs,
         )
         self.key_rule = resolved.rule
+        self.prompt_cache_key = (
+            backend == "openai" if prompt_cache_key is None else prompt_cache_key
+        )
 
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -143,8 +152,18 @@ class OpenAIProvider(JSONProvider):
                     "schema": request.response_schema.json_schema,
                 },
             }
+        if request.cache_key is not None and self.prompt_cache_key:
+            body["prompt_cache_key"] = request.cache_key
         body.update(request.extra)
         return body
+
+    def _stream_fields(self, request: ChatRequest) -> dict[str, Any] | None:
+        if request.response_schema is not None:
+            return None  # a typed call is read whole
+        return {"stream": True, "stream_options": {"include_usage": True}}
+
+    def _stream_parser(self, request: ChatRequest) -> StreamParser:
+        return _ChunkStream(self.name, self.url, request)
 
     def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         try:
@@ -170,6 +189,73 @@ class OpenAIProvider(JSONProvider):
             usage=_usage(data.get("usage")),
             cost=_cost(data.get("usage")),
             finish_reason=choice.get("finish_reason"),
+        )
+
+
+class _ChunkStream:
+    """One attempt's ``chat.completion.chunk`` events: ``choices[0].delta.content`` is
+    the text, the last chunk before ``data: [DONE]`` carries the usage (asked for with
+    ``stream_options.include_usage``; a server that sends none is estimated)."""
+
+    __slots__ = ("_cost", "finished", "_finish", "_model", "_name", "_parts", "_url", "_usage")
+
+    def __init__(self, name: str, url: str, request: ChatRequest) -> None:
+        self._name, self._url = name, url
+        self._parts: list[str] = []
+        self._model = request.model
+        self._usage: Usage = Usage()
+        self._cost: float | None = None
+        self._finish: str | None = None
+        self.finished = False
+
+    def _bad(self, what: str) -> BadResponse:
+        return BadResponse(f"{self._name}: {self._url} {what}", provider=self._name, retryable=True)
+
+    def feed(self, event: str, data: str) -> str:
+        if data == "[DONE]":
+            self.finished = True
+            return ""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            raise self._bad(f"streamed an event that is not JSON ({data[:80]!r})") from None
+        if not isinstance(chunk, Mapping):
+            raise self._bad("streamed an event that is not an object")
+        if chunk.get("error"):
+            error = chunk["error"]
+            said = error.get("message") if isinstance(error, Mapping) else error
+            raise self._bad(f"failed mid-stream: {str(said)[:300]}")
+        if isinstance(chunk.get("usage"), Mapping):
+            self._usage, self._cost = _usage(chunk["usage"]), _cost(chunk["usage"])
+        if chunk.get("model"):
+            self._model = str(chunk["model"])
+        choices = chunk.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], Mapping):
+            return ""
+        choice = choices[0]
+        if choice.get("finish_reason"):
+            self._finish = str(choice["finish_reason"])
+        delta = choice.get("delta")
+        text = content_text(delta.get("content")) if isinstance(delta, Mapping) else None
+        if text:
+            self._parts.append(text)
+            return text
+        return ""
+
+    def partial(self) -> ChatResponse:
+        # The usage comes in the last chunk: a stopped reply's is estimated by the engine.
+        text, model = "".join(self._parts), self._model
+        return ChatResponse(content=text, model=model, finish_reason="engine_stop")
+
+    def result(self) -> ChatResponse:
+        if not self.finished and self._finish is None:
+            raise self._bad("ended the stream before its last chunk (no finish_reason, no [DONE])")
+        return ChatResponse(
+            content="".join(self._parts),
+            model=self._model,
+            usage=self._usage,
+            cost=self._cost,
+            finish_reason=self._finish,
         )
 
 

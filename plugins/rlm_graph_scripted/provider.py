@@ -10,6 +10,8 @@ A response is a string, a `ChatResponse`, an exception instance (raised: a faili
 call), or a function of the request (and, for rules, the match) returning one of those.
 
 Latency is ``trio.sleep``, so trio's ``MockClock`` makes a test of a slow run instant.
+With ``stream_chunk`` set it can also stream (`ScriptedProvider.stream`): the reply's text
+in pieces of that many characters, ``stream_delay`` seconds apart, after the latency.
 The provider records every request, the number in flight, and the peak.
 """
 
@@ -23,7 +25,7 @@ from typing import Any
 
 import trio
 
-from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
+from rlm_graph.contracts import ChatRequest, ChatResponse, TextSink, Usage
 from rlm_graph.errors import ConfigError, ProviderError
 
 __all__ = ["Rule", "ScriptExhausted", "ScriptedProvider"]
@@ -59,6 +61,9 @@ class ScriptedProvider:
         match: ``"last"`` (the last user message, default) or ``"all"`` (every message).
         cost_per_call: a server-reported cost to attach to every answer, in USD.
         requests_per_minute, tokens_per_minute: rate limits the engine applies.
+        stream_chunk: stream replies (root turns) in pieces of this many characters
+            (0: do not stream).
+        stream_delay: seconds between two pieces of a streamed reply.
     """
 
     name = "scripted"
@@ -76,6 +81,8 @@ class ScriptedProvider:
         cost_per_call: float | None = None,
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
+        stream_chunk: int = 0,
+        stream_delay: float = 0.0,
     ) -> None:
         if match not in ("last", "all"):
             raise ConfigError(f"scripted: match must be 'last' or 'all', not {match!r}")
@@ -95,6 +102,11 @@ class ScriptedProvider:
         self._cost = cost_per_call
         # A cost on every answer: max_budget needs no price table for this provider.
         self.reports_cost = cost_per_call is not None
+        if stream_chunk < 0 or stream_delay < 0:
+            raise ConfigError("scripted: stream_chunk and stream_delay must be >= 0")
+        self.streams = stream_chunk > 0
+        self._chunk = stream_chunk
+        self._delay = stream_delay
         self.requests: list[ChatRequest] = []
         self.in_flight = 0
         self.peak_in_flight = 0
@@ -139,6 +151,30 @@ class ScriptedProvider:
         finally:
             self.in_flight -= 1
         return self._as_response(reply, request)
+
+    async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        """`complete`, the reply's text handed to ``sink`` in ``stream_chunk`` pieces (up
+        to the piece after which the sink asks to stop)."""
+        response = await self.complete(request)
+        text, step = response.content, max(1, self._chunk)
+        self.in_flight += 1  # still in flight while the reply streams
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            for start in range(0, len(text), step):
+                if sink(start, text[start : start + step]):  # the engine wants no more
+                    stopped = text[: start + step]
+                    return response.model_copy(
+                        update={
+                            "content": stopped,
+                            "usage": self._as_response(stopped, request).usage,
+                            "finish_reason": "engine_stop",
+                        }
+                    )
+                if self._delay and start + step < len(text):
+                    await trio.sleep(self._delay)
+        finally:
+            self.in_flight -= 1
+        return response
 
     async def _reply(self, request: ChatRequest) -> Any:
         text = (

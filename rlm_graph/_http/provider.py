@@ -5,6 +5,7 @@ A subclass says how to build a request body and read a response
 for every API:
 
     complete() -> _send_with_retries() -> _attempt() -> _post() / _read() / _parse()
+    stream()   -> _send_with_retries() -> _stream_attempt() -> _open_stream() / _stream_parser()
 
 Invariants:
     - One ``httpx.AsyncClient`` per provider *per trio loop*, created lazily on the first
@@ -25,7 +26,11 @@ Invariants:
       timeouts in a row fail the call (3: 60 + 120 + 240 s by default), so a server that
       hangs for good fails it in minutes, not after ``max_attempts`` growing deadlines;
       any other answer (even a 5xx) shows the server alive and starts the count and the
-      deadline again. The run's first timeout is a WARNING when it happens.
+      deadline again. The run's first timeout is a WARNING when it happens. A streamed
+      attempt's deadline is for silence: each chunk must come within it of the last.
+    - A streamed reply is the same `ChatResponse` as a plain one; a stream cut off (no
+      end marker, or an error event) is retried like a truncated 200
+      (`rlm_graph._http.streaming` says what the sink sees across attempts).
     - 400, 401, 403, 404 and other 4xx fail at once, with a message that says what to
       check and quotes the server's own message.
     - The API key is never part of an error message, a log line or a repr: it lives only
@@ -35,6 +40,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
@@ -42,36 +48,23 @@ import math
 import ssl
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import httpx
 import trio
 from opentelemetry.propagate import inject
 
-from ..contracts import ChatRequest, ChatResponse
-from ..errors import (
-    BadResponse,
-    ContextLengthExceeded,
-    ProviderAuthError,
-    ProviderError,
-    ProviderNotFound,
-    ProviderTimeout,
-    RateLimited,
-    is_context_length_error,
-)
+from ..contracts import ChatRequest, ChatResponse, TextSink
+from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
+from .answers import AttemptFailed as _Retry, gave_up, read_json
 from .attempts import note_retry
 from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret
-from .retry import (
-    RETRY_STATUSES,
-    RetryPolicy,
-    parse_duration,
-    parse_retry_after,
-    retry_delay_from_headers,
-)
-from .transport import LeanTransport, RequestNotSent, proxy_configured
+from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
+from .streaming import DeltaTracker, StreamParser, read_events
+from .transport import PACE, LeanTransport, RequestNotSent, proxy_configured
 
 __all__ = [
     "JSONProvider",
@@ -86,19 +79,6 @@ logger = logging.getLogger("rlm_graph.providers")
 
 # Attempt deadlines grow after each timeout, up to this many times ``timeout``.
 TIMEOUT_GROWTH_CAP = 8.0
-
-
-class _Retry(Exception):
-    """One failed attempt that may succeed when tried again (internal).
-
-    ``reason`` labels it in logs and counts (``"429"``, ``"timeout"``, ``"connection"``).
-    """
-
-    def __init__(self, error: ProviderError, wait: float | None, reason: str) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.wait = wait
-        self.reason = reason
 
 
 class _LoopClient:
@@ -149,6 +129,8 @@ class JSONProvider:
             support.
         transport: an ``httpx.AsyncBaseTransport`` to use instead (``httpx.MockTransport``
             in unit tests); wins over ``http_transport``.
+        stream: stream root turns (`stream`) where the API can; ``False`` for a server
+            that cannot.
     """
 
     name = "http"
@@ -161,6 +143,11 @@ class JSONProvider:
     tokens_per_minute: float | None = None
     default_max_tokens: int | None = None
     reports_cost = False
+    streams = False
+    """On when the subclass can stream (`_stream_fields`) and ``stream=True``."""
+    stream_interval = 0.1
+    """Seconds between two reads of a streamed reply through the lean transport: what
+    arrived meanwhile is read at once, one wake-up for several tokens (docs/benchmarks.md)."""
 
     def __init__(
         self,
@@ -181,8 +168,10 @@ class JSONProvider:
         extra_body: Mapping[str, Any] | None = None,
         http_transport: str = "lean",
         transport: httpx.AsyncBaseTransport | None = None,
+        stream: bool = True,
     ) -> None:
         check_settings(self.name, model_name, max_concurrent, http_transport, timeout)
+        self.streams = bool(stream) and type(self)._stream_fields is not JSONProvider._stream_fields
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)
         self.max_concurrent = max_concurrent
@@ -244,6 +233,16 @@ class JSONProvider:
 
     def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         """Read a 2xx JSON answer; raise `BadResponse` when it is not the API's shape."""
+        raise NotImplementedError
+
+    def _stream_fields(self, request: ChatRequest) -> dict[str, Any] | None:
+        """Body fields that ask for ``request``'s answer as server-sent events
+        (``{"stream": True}``...), or None when it cannot be streamed. A subclass that
+        returns fields also implements `_stream_parser`; the default never streams."""
+        return None
+
+    def _stream_parser(self, request: ChatRequest) -> StreamParser:
+        """A fresh reader of one attempt's events (see `StreamParser`)."""
         raise NotImplementedError
 
     def _server_message(self, data: Any) -> str:
@@ -333,19 +332,39 @@ class JSONProvider:
         body = {**self.extra_body, **self._build_body(request)}
         return await self._send_with_retries(json.dumps(body).encode(), request)
 
-    async def _send_with_retries(self, content: bytes, request: ChatRequest) -> ChatResponse:
+    async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        """`complete`, with the reply's text handed to ``sink`` as it streams in (the
+        `rlm_graph.contracts.StreamingProvider` capability; see `TextSink` for what a
+        retried attempt's text does). A request the API cannot stream (``streams`` off,
+        or `_stream_fields` says None) is answered whole and handed on at once."""
+        fields = self._stream_fields(request) if self.streams else None
+        if fields is None:
+            reply = await self.complete(request)
+            if reply.content:
+                sink(0, reply.content)
+            return reply
+        body = {**self.extra_body, **self._build_body(request), **fields}
+        tracker = DeltaTracker(sink)
+        return await self._send_with_retries(json.dumps(body).encode(), request, tracker)
+
+    async def _send_with_retries(
+        self, content: bytes, request: ChatRequest, tracker: DeltaTracker | None = None
+    ) -> ChatResponse:
         attempts = self.retry.max_attempts
         timeouts = 0  # attempts in a row that timed out
         warned = False
         for attempt in range(1, attempts + 1):
+            deadline = self._attempt_timeout(timeouts)
             try:
-                return await self._attempt(content, request, self._attempt_timeout(timeouts))
+                if tracker is None:
+                    return await self._attempt(content, request, deadline)
+                return await self._stream_attempt(content, request, deadline, tracker)
             except _Retry as retry:
                 timeouts = self._timeouts_in_a_row(timeouts, retry)
                 if retry.reason == "timeout" and timeouts >= self.retry.max_timeouts:
                     raise self._timed_out(timeouts, attempt) from None
                 if attempt == attempts:
-                    raise self._gave_up(retry.error, attempts) from None
+                    raise gave_up(retry.error, attempts) from None
                 wait = self._wait_before_retry(retry, attempt)
                 logger.debug(
                     "%s; retrying in %.2f s (attempt %d of %d)",
@@ -402,22 +421,6 @@ class JSONProvider:
             retryable=True,
         )
 
-    def _gave_up(self, error: ProviderError, attempts: int) -> ProviderError:
-        if attempts == 1:
-            return error
-        hint = (
-            "; set requests_per_minute / tokens_per_minute below your account's limits"
-            if isinstance(error, RateLimited)
-            else ""
-        )
-        return type(error)(
-            f"{error} (gave up after {attempts} attempts{hint}; raise max_attempts to keep "
-            "trying longer)",
-            provider=error.provider,
-            status_code=error.status_code,
-            retryable=error.retryable,
-        )
-
     def _wait_before_retry(self, retry: _Retry, attempt: int) -> float:
         if retry.reason == "not sent":
             return 0.0  # a dead keep-alive connection, not a struggling server
@@ -434,6 +437,26 @@ class JSONProvider:
             ) from None
         return self.retry.spread(retry.wait)
 
+    def _send_headers(self, stream: bool) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", **self._auth_headers()}
+        if stream:  # compression would hold the tokens back until a block fills
+            headers.update({"Accept": "text/event-stream", "Accept-Encoding": "identity"})
+        # W3C traceparent (or whatever propagator the application set) of the calling
+        # node's span, so a gateway's or inference server's spans join our trace.
+        inject(headers)
+        return headers
+
+    def _lean_request(
+        self, content: bytes, headers: dict[str, str], timeouts: Any, pace: float = 0.0
+    ) -> Any:
+        return httpx.Request(
+            "POST",
+            self._url,
+            headers={**self._default_headers, **headers},
+            content=content,
+            extensions={"timeout": timeouts.as_dict(), PACE: pace},
+        )
+
     async def _post(
         self, loop: _LoopClient, content: bytes, timeout: float | None
     ) -> httpx.Response:
@@ -445,22 +468,13 @@ class JSONProvider:
         transport (httpx's pool, proxies, a test's MockTransport) goes through the client.
         Either way the connect, write, read and pool timeouts are the attempt's deadline.
         """
-        headers = {"Content-Type": "application/json", **self._auth_headers()}
-        # W3C traceparent (or whatever propagator the application set) of the calling
-        # node's span, so a gateway's or inference server's spans join our trace.
-        inject(headers)
+        headers = self._send_headers(False)
         timeouts = httpx.Timeout(timeout)
         if loop.lean is None:
             return await loop.client.post(
                 self.url, content=content, headers=headers, timeout=timeouts
             )
-        request = httpx.Request(
-            "POST",
-            self._url,
-            headers={**self._default_headers, **headers},
-            content=content,
-            extensions={"timeout": timeouts.as_dict()},
-        )
+        request = self._lean_request(content, headers, timeouts)
         response = await loop.lean.handle_async_request(request)
         try:
             await response.aread()
@@ -468,14 +482,32 @@ class JSONProvider:
             await response.aclose()
         return response
 
-    async def _attempt(
-        self, content: bytes, request: ChatRequest, timeout: float | None
-    ) -> ChatResponse:
-        """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
-        loop = self._get_client()
+    @contextlib.asynccontextmanager
+    async def _open_stream(
+        self, loop: _LoopClient, content: bytes, timeout: float | None
+    ) -> AsyncIterator[httpx.Response]:
+        """POST ``content`` for a streamed answer: the response, its body still to read.
+        Its reads have no timeout of their own: the attempt's stall deadline is theirs."""
+        headers, timeouts = self._send_headers(True), httpx.Timeout(timeout, read=None)
+        if loop.lean is None:
+            async with loop.client.stream(
+                "POST", self.url, content=content, headers=headers, timeout=timeouts
+            ) as response:
+                yield response
+            return
+        response = await loop.lean.handle_async_request(
+            self._lean_request(content, headers, timeouts, self.stream_interval)
+        )
         try:
-            with trio.fail_after(timeout if timeout is not None else math.inf):
-                response = await self._post(loop, content, timeout)
+            yield response
+        finally:
+            await response.aclose()
+
+    @contextlib.contextmanager
+    def _failures(self, timeout: float | None) -> Iterator[None]:
+        """An attempt's timeouts and transport failures, as the retries they ask for."""
+        try:
+            yield
         except (trio.TooSlowError, httpx.TimeoutException):
             within = f"{timeout:g} s" if timeout is not None else "the transport's timeout"
             error: ProviderError = ProviderTimeout(
@@ -495,6 +527,18 @@ class JSONProvider:
             )
             reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
             raise _Retry(error, None, reason) from None
+
+    async def _attempt(
+        self, content: bytes, request: ChatRequest, timeout: float | None
+    ) -> ChatResponse:
+        """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
+        loop = self._get_client()
+        with self._failures(timeout), trio.fail_after(math.inf if timeout is None else timeout):
+            response = await self._post(loop, content, timeout)
+        return self._whole(response, request)
+
+    def _whole(self, response: httpx.Response, request: ChatRequest) -> ChatResponse:
+        """A read answer as a reply (or the error, or the retry, it calls for)."""
         data = self._read(response)
         try:
             return self._parse(data, request)
@@ -503,79 +547,48 @@ class JSONProvider:
             # server's stand-in answer more often than a wrong base_url (that is a 404).
             raise _Retry(exc, retry_delay_from_headers(response.headers), "bad response") from None
 
-    def _read(self, response: httpx.Response) -> Any:
-        try:
-            data = response.json()
-        except ValueError:
-            data = None
-        if response.status_code >= 300:
-            self._raise_for_status(response, data)
-        if data is None:
-            what = "an empty body" if not response.content else "a body that is not JSON"
-            web_page = "html" in response.headers.get("content-type", "")
-            error = BadResponse(
-                f"{self.name}: {self.url} answered {response.status_code} with {what} "
-                f"({self._quote(response.text)}); check that base_url points at the API root",
-                provider=self.name,
-                status_code=response.status_code,
-                retryable=not web_page,
-            )
-            if web_page:
-                raise error  # a web page, not a struggling API: retrying will not help
-            # Empty or cut-off JSON: the server (or a proxy) failed mid-answer.
-            raise _Retry(error, retry_delay_from_headers(response.headers), "bad response")
-        return data
+    async def _stream_attempt(
+        self, content: bytes, request: ChatRequest, timeout: float | None, tracker: DeltaTracker
+    ) -> ChatResponse:
+        """One streamed attempt. Its deadline is for silence: the answer's headers, then
+        every chunk, must come within ``timeout`` of the one before, so a stream that
+        stalls is a timeout however long the reply. A stream that ends early (or says it
+        failed) is retried like a truncated 200 (docs/providers.md)."""
+        loop = self._get_client()
+        tracker.begin()
+        with self._failures(timeout):
+            with trio.CancelScope() as stall:
+                stall.deadline = math.inf if timeout is None else trio.current_time() + timeout
+                async with self._open_stream(loop, content, timeout) as response:
+                    kind = response.headers.get("content-type", "")
+                    if response.status_code >= 300 or "event-stream" not in kind:
+                        await response.aread()  # an error, or a server that ignored "stream"
+                        reply = self._whole(response, request)
+                        tracker.feed(reply.content)
+                        tracker.finish()
+                        return reply
+                    encoded = "content-encoding" in response.headers
+                    chunks = response.aiter_bytes() if encoded else response.aiter_raw()
 
-    def _raise_for_status(self, response: httpx.Response, data: Any) -> None:
-        status = response.status_code
-        said = self._quote(self._server_message(data) or response.text)
-        where = f"{self.name}: POST {self.url} answered {status}"
-        if status != 429 and is_context_length_error(response.text):
-            raise ContextLengthExceeded(
-                f"{where}: {said}. The request does not fit model {self.model!r}'s context "
-                "window: turn on compaction with the server's window (RLM(compaction=True, "
-                f"models={{{self.model!r}: {{'context_window': N}}}})), ask for fewer output "
-                "tokens (sampling_args={'max_tokens': ...}), or give the server a larger "
-                "window (llama.cpp: --ctx-size; Ollama: num_ctx)",
-                provider=self.name,
-                status_code=status,
-                server_message=said,
-            )
-        if status in (401, 403):
-            raise ProviderAuthError(
-                f"{where}: {said}. Check the API key (backend_kwargs['api_key'] or the "
-                "provider's environment variable) and that it has access to "
-                f"model {self.model!r}" + (f" [key: {self.key_rule}]" if self.key_rule else ""),
-                provider=self.name,
-                status_code=status,
-            )
-        if status == 404:
-            raise ProviderNotFound(
-                f"{where}: {said}. Check the model name and the base URL "
-                f"(base_url={self.base_url!r})",
-                provider=self.name,
-                status_code=status,
-            )
-        if status == 429:
-            wait = retry_delay_from_headers(response.headers)
-            error: ProviderError = RateLimited(
-                f"{where} (rate limited): {said}",
-                provider=self.name,
-                status_code=status,
-                retryable=True,
-            )
-            raise _Retry(error, wait, str(status))
-        if status >= 500 or status in RETRY_STATUSES:
-            error = ProviderError(
-                f"{where}: {said}", provider=self.name, status_code=status, retryable=True
-            )
-            raise _Retry(error, retry_delay_from_headers(response.headers), str(status))
-        raise ProviderError(
-            f"{where}: {said}. The request was rejected as sent; check the model name and "
-            "the request arguments (temperature, max_tokens, extra)",
-            provider=self.name,
-            status_code=status,
-        )
+                    def heard() -> None:  # a chunk came: the silence starts again
+                        if timeout is not None:
+                            stall.deadline = trio.current_time() + timeout + self.stream_interval
+
+                    parser = self._stream_parser(request)
+                    with trio.CancelScope() as halt:  # cancelled: the sink has what it wants
+                        try:
+                            reply = await read_events(chunks, parser, tracker, heard, halt.cancel)
+                        except BadResponse as exc:
+                            raise _Retry(exc, None, "cut stream") from None
+                    if halt.cancelled_caught:
+                        reply = parser.partial()
+            if stall.cancelled_caught:
+                raise trio.TooSlowError
+        tracker.finish()
+        return reply
+
+    def _read(self, response: httpx.Response) -> Any:
+        return read_json(self, response)
 
     def _scrub(self, text: str) -> str:
         return self._redact(text)

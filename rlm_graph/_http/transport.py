@@ -45,7 +45,11 @@ import h11
 import httpx
 import trio
 
-__all__ = ["LeanTransport", "RequestNotSent", "proxy_configured"]
+__all__ = ["PACE", "LeanTransport", "RequestNotSent", "proxy_configured"]
+
+PACE = "rlm_graph.read_pace"
+"""The request extension that sets the seconds between two reads of the response body
+(`_ResponseStream`): a streamed reply's tokens are read in batches."""
 
 Origin = tuple[str, str, int]
 _READ_SIZE = 64 * 1024
@@ -88,20 +92,47 @@ class _Connection:
 
 
 class _ResponseStream(httpx.AsyncByteStream):
-    """The body of one response; hands its connection back when read to the end."""
+    """The body of one response; hands its connection back when read to the end.
 
-    def __init__(self, transport: LeanTransport, conn: _Connection, read_timeout: float) -> None:
+    Each piece it yields is everything one read of the socket brought (the HTTP chunks
+    in it joined), and with ``pace`` (seconds) it reads the socket at most that often:
+    a streamed reply's tokens that came meanwhile then cost one wake-up, not one each.
+    """
+
+    def __init__(
+        self,
+        transport: LeanTransport,
+        conn: _Connection,
+        read_timeout: float | None,
+        pace: float = 0.0,
+    ) -> None:
         self._transport = transport
         self._conn = conn
         self._timeout = read_timeout
+        self._pace = pace
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, read_at = self._conn, -math.inf
+        pending: list[bytes] = []
         while True:
-            event = await self._transport._next_event(self._conn, self._timeout)
+            try:
+                event = conn.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from exc
+            if event is h11.NEED_DATA:
+                if pending:
+                    yield b"".join(pending)
+                    pending = []
+                if self._pace:
+                    await trio.sleep_until(read_at + self._pace)
+                event = await self._transport._next_event(conn, self._timeout)
+                read_at = trio.current_time() if self._pace else read_at
             if isinstance(event, h11.Data):
-                yield bytes(event.data)
+                pending.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
+                if pending:
+                    yield b"".join(pending)
                 return
             elif isinstance(event, h11.ConnectionClosed):
                 raise httpx.RemoteProtocolError("the server closed the connection mid-response")
@@ -265,7 +296,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=event.status_code,
             headers=list(event.headers),
-            stream=_ResponseStream(self, conn, math.inf if read_timeout is None else read_timeout),
+            stream=_ResponseStream(self, conn, read_timeout, request.extensions.get(PACE, 0.0)),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(event.reason)},
         )
 
@@ -307,12 +338,14 @@ class _timeout:
         self._seconds = seconds
         self._error = error
         self._what = what
-        self._scope = trio.CancelScope()
+        # No limit, no scope: a streamed body is read with none (its caller keeps one
+        # deadline for the whole stream), and a scope per read costs a wake-up's worth.
+        self._scope = trio.CancelScope() if seconds is not None else None
 
     def __enter__(self) -> None:
-        if self._seconds is not None:
-            self._scope.deadline = trio.current_time() + self._seconds
-        self._scope.__enter__()
+        if self._scope is not None:
+            self._scope.deadline = trio.current_time() + (self._seconds or 0.0)
+            self._scope.__enter__()
 
     def __exit__(
         self,
@@ -320,6 +353,8 @@ class _timeout:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
+        if self._scope is None:
+            return False
         suppressed = self._scope.__exit__(exc_type, exc, tb)
         if self._scope.cancelled_caught:
             raise self._error(f"timed out {self._what} after {self._seconds} s")

@@ -10,7 +10,8 @@ JSON with ``--json``):
   (and cancelled, once any was), tokens and cost so far;
 - otherwise (a pipe, a log file): one plain line each time the root starts a turn, and
   one at the end;
-- ``--verbose``: also a line per node as it finishes; ``--quiet``: nothing.
+- ``--verbose``: also a line per node as it finishes, and the root model's replies line by
+  line as they are written (where the provider streams); ``--quiet``: nothing.
 
 The end says how the run ended (`RunProgress.outcome`): ``done``, ``interrupted``
 (Ctrl-C, a cancellation), ``stopped by <limit>`` or ``failed (<error type>)``. A sub-call
@@ -28,7 +29,14 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from ..events import LimitWarning, NodeFinished, NodeStarted, RunFinished, RunStarted
+from ..events import (
+    LimitWarning,
+    NodeFinished,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+    TextDelta,
+)
 from ..graph import NodeKind, NodeStatus
 
 __all__ = ["ProgressDisplay", "RunProgress", "add_progress_arguments", "progress_for"]
@@ -44,7 +52,10 @@ def add_progress_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("progress (on stderr)")
     quiet = group.add_mutually_exclusive_group()
     quiet.add_argument(
-        "-v", "--verbose", action="store_true", help="also print each node as it finishes"
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also print each node as it finishes, and the root model's code as it is written",
     )
     quiet.add_argument("-q", "--quiet", action="store_true", help="print no progress")
 
@@ -197,6 +208,7 @@ class ProgressDisplay(LiveLine):
         self.progress = RunProgress()
         self._console = Console(file=stream, force_terminal=mode == "live", highlight=False)
         self._live: Live | None = None
+        self._echo = ReplyEcho(self._say)
 
     def listeners(self) -> list[Any]:
         """What to pass as ``listeners=`` (nothing when the display is off)."""
@@ -204,6 +216,11 @@ class ProgressDisplay(LiveLine):
 
     def __call__(self, event: Any) -> None:
         self.progress.update(event)
+        if self.verbose and event.depth == 0 and event.kind == NodeKind.ROOT_TURN:
+            if isinstance(event, TextDelta):
+                self._echo.add(event.offset, event.text)
+            elif isinstance(event, NodeFinished):
+                self._echo.end()
         if self.verbose and isinstance(event, NodeFinished):
             self._say(_node_line(event))
         if self.mode == "plain":
@@ -229,6 +246,37 @@ class ProgressDisplay(LiveLine):
     def _render(self) -> Text:
         state = self.progress.outcome
         return Text.assemble(("rlm-graph ", "bold"), (f"[{state}] ", "cyan"), self.progress.line())
+
+
+class ReplyEcho:
+    """The root model's reply, shown a line at a time as it streams in (``--verbose``):
+    each complete line once, the last one when the turn ends; a retried attempt that
+    says something else is marked and shown again from where it differs."""
+
+    __slots__ = ("_say", "_shown", "_text")
+
+    def __init__(self, say: Any) -> None:
+        self._say = say
+        self._text = ""
+        self._shown = 0  # the text before this was printed (always at a line's start)
+
+    def add(self, offset: int, text: str) -> None:
+        if offset < len(self._text):
+            self._text = self._text[:offset]
+            if offset < self._shown:
+                self._shown = self._text.rfind("\n") + 1
+                self._say("  │ (the reply was retried and goes on differently:)")
+        self._text += text
+        end = self._text.rfind("\n")
+        if end >= self._shown:
+            for line in self._text[self._shown : end].split("\n"):
+                self._say("  │ " + line)
+            self._shown = end + 1
+
+    def end(self) -> None:
+        if self._shown < len(self._text):
+            self._say("  │ " + self._text[self._shown :])
+        self._text, self._shown = "", 0
 
 
 def _node_line(event: NodeFinished) -> str:

@@ -174,6 +174,12 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="attempts of a request that may time out before it fails (default 3)",
     )
+    group.add_argument(
+        "--no-stream",
+        action="store_true",
+        help="ask for whole replies: for a server that cannot stream (root turns stream "
+        "by default, so their blocks run as they are written)",
+    )
 
 
 def _add_window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -236,6 +242,8 @@ def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
         value = getattr(args, flag, None)
         if value is not None:
             kwargs[flag] = value
+    if getattr(args, "no_stream", False):
+        kwargs["stream"] = False
     return kwargs
 
 

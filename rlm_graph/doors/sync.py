@@ -14,7 +14,7 @@ import trio
 
 from ..errors import ConfigError
 
-__all__ = ["refuse_inside_trio", "run_sync", "unwrap"]
+__all__ = ["refuse_inside_trio", "run_sync", "single_or_group", "unwrap"]
 
 T = TypeVar("T")
 
@@ -31,6 +31,19 @@ def unwrap(exc: BaseExceptionGroup[Any]) -> BaseException | None:
     if len(real) == 1:
         return real[0]
     return None
+
+
+def single_or_group(group: BaseExceptionGroup[Any]) -> BaseException:
+    """What to raise for ``group``: its single error (`unwrap`); one of its cancellations
+    when it holds nothing else (a cancel scope outside catches it as it would the group);
+    else the group itself."""
+    single = unwrap(group)
+    if single is None:
+        leaves = _leaves(group)
+        if not all(isinstance(leaf, trio.Cancelled) for leaf in leaves):
+            return group
+        single = leaves[0]
+    return single.with_traceback(single.__traceback__)
 
 
 def refuse_inside_trio(sync_name: str, instead: str) -> None:

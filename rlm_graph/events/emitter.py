@@ -28,6 +28,7 @@ from .models import (
     NodeStarted,
     RunFinished,
     RunStarted,
+    TextDelta,
 )
 
 __all__ = ["WARN_AT", "EventEmitter"]
@@ -110,6 +111,35 @@ class EventEmitter:
             input_preview=record.input_preview,
         )
         self.check_limits()
+
+    def text_sink(
+        self, record: NodeRecord, then: Callable[[int, str], bool | None] | None
+    ) -> Callable[[int, str], bool | None] | None:
+        """Where the streamed reply of ``record``'s call goes: ``then`` (the caller's
+        `rlm_graph.contracts.TextSink`) and, when someone listens, a ``text_delta``
+        event per piece. None when neither wants it (the call need not stream)."""
+        if not self._listeners:
+            return then
+        parent = None if record.completion == "root" else record.completion
+
+        def sink(offset: int, text: str) -> bool | None:
+            self.text_delta(record, parent, offset, text)
+            return then(offset, text) if then is not None else None
+
+        return sink
+
+    def text_delta(self, record: NodeRecord, parent_id: str | None, offset: int, text: str) -> None:
+        self._send(
+            TextDelta,
+            node_id=record.id,
+            parent_id=parent_id,
+            kind=record.kind,
+            depth=record.depth,
+            completion=record.completion,
+            iteration=record.iteration,
+            offset=offset,
+            text=text,
+        )
 
     def node_finished(self, record: NodeRecord, parent_id: str | None) -> None:
         self._send(

@@ -8,7 +8,8 @@ time) and, for node events, ``node_id``, ``parent_id``, ``kind`` and ``depth``.
 Lifecycle, per run:
     run_started, then for each node that runs node_started ... node_finished (a node's
     start comes before its finish; a spawned node starts after its parent started and
-    finishes before it), limit_warning at most once per limit, run_finished last.
+    finishes before it), limit_warning at most once per limit, run_finished last. A root
+    turn whose reply streams has text_delta events between its start and its finish.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "NodeStarted",
     "RunFinished",
     "RunStarted",
+    "TextDelta",
     "parse_event",
 ]
 
@@ -105,6 +107,24 @@ class NodeFinished(EventBase):
     error_type: str | None = None
 
 
+class TextDelta(EventBase):
+    """Text of a root turn's reply, as it streams in (between the turn's ``node_started``
+    and its ``node_finished``; only for a provider that streams).
+
+    Attributes:
+        offset: where ``text`` goes in the reply: the length of the text sent so far,
+            except after a retried attempt whose text differs from what was sent: the
+            reply from ``offset`` on is then ``text`` (what came after it is void).
+        text: the new text.
+    """
+
+    type: Literal["text_delta"] = "text_delta"
+    completion: str = "root"
+    iteration: int | None = None
+    offset: int
+    text: str
+
+
 class LimitWarning(EventBase):
     """80% of a run-wide limit is used: ``max_timeout``, ``max_tokens`` or ``max_budget``."""
 
@@ -141,7 +161,7 @@ class RunFinished(EventBase):
 
 
 Event: TypeAlias = Annotated[
-    RunStarted | NodeStarted | NodeFinished | LimitWarning | RunFinished,
+    RunStarted | NodeStarted | TextDelta | NodeFinished | LimitWarning | RunFinished,
     Field(discriminator="type"),
 ]
 """Any event; ``event.type`` tells which."""

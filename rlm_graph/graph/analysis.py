@@ -6,6 +6,7 @@ it, so its time is already part of its parent's duration.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
@@ -44,6 +45,10 @@ class ModelUsage(BaseModel):
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0
+    """Input tokens read from the server's prompt cache (part of ``input_tokens``)."""
+    cache_write_tokens: int = 0
+    """Input tokens written to the prompt cache (Anthropic; part of ``input_tokens``)."""
     cost: float = 0.0
     estimated_calls: int = 0
     """Calls whose server reported no usage: their tokens are a 4-characters estimate."""
@@ -52,18 +57,25 @@ class ModelUsage(BaseModel):
 def critical_path(graph: Graph) -> CriticalPath:
     """Longest path through ``after`` edges, a node weighing its duration.
 
-    Ties go to the earlier node in topological order, so the answer is deterministic.
+    A node that runs while the chain before it still does (a block of a streamed turn
+    runs while the turn is still being written) weighs only the time it runs past the
+    latest end on that chain: the length is time the run spent, overlap never counted
+    twice, and without overlap it is the sum of durations. Ties go to the earlier node
+    in topological order, so the answer is deterministic.
     """
     best: dict[str, float] = {}
+    reach: dict[str, float] = {}  # the latest end on the best chain to a node
     via: dict[str, str | None] = {}
     for node_id in graph.topological_order():
-        weight = graph[node_id].duration
-        prev = None
-        prev_len = 0.0
+        record = graph[node_id]
+        prev, prev_len, weight = None, 0.0, record.duration
         for dep in graph.predecessors(node_id, kind="after"):
-            if best[dep] > prev_len or prev is None:
-                prev, prev_len = dep, best[dep]
+            beyond = _beyond(record, reach[dep])
+            if best[dep] + beyond > prev_len + weight or prev is None:
+                prev, prev_len, weight = dep, best[dep], beyond
         best[node_id] = prev_len + weight
+        ended = record.end if record.end is not None else -math.inf
+        reach[node_id] = max(reach[prev], ended) if prev is not None else ended
         via[node_id] = prev
     if not best:
         return CriticalPath(nodes=(), length=0.0)
@@ -74,6 +86,14 @@ def critical_path(graph: Graph) -> CriticalPath:
         path.append(node)
         node = via[node]
     return CriticalPath(nodes=tuple(reversed(path)), length=best[end])
+
+
+def _beyond(record: NodeRecord, reach: float) -> float:
+    """The time ``record`` runs past ``reach`` (the latest end on the chain before it):
+    its whole duration when it started after that."""
+    if record.start is None or record.end is None:
+        return record.duration
+    return max(0.0, record.end - max(record.start, reach))
 
 
 def _timed(records: Iterable[NodeRecord]) -> list[NodeRecord]:
@@ -136,6 +156,8 @@ def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
         entry.calls += 1
         entry.input_tokens += record.usage.input_tokens
         entry.output_tokens += record.usage.output_tokens
+        entry.cached_tokens += record.usage.cached_tokens
+        entry.cache_write_tokens += record.usage.cache_write_tokens
         entry.cost += record.cost or 0.0
         entry.estimated_calls += record.usage.estimated
     return dict(summary)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..contracts import Image, estimate_tokens
 
-__all__ = ["IMAGE_TOKEN_ESTIMATE", "Fit", "direct_fit", "task_parts", "task_text"]
+__all__ = ["IMAGE_TOKEN_ESTIMATE", "Fit", "OneAnswer", "direct_fit", "task_parts", "task_text"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +70,14 @@ def direct_fit(
     if tokens <= limit:
         return Fit(True, compared.format("fit in"))
     return Fit(False, compared.format("exceed"))
+
+
+@dataclass(frozen=True, slots=True)
+class OneAnswer:
+    """What one call answered: the reply text, and with a schema the typed value (its
+    JSON is then ``text``) or why the reply was refused."""
+
+    text: str
+    parsed: Any = None
+    refused: str | None = None
+    raw: str = ""  # the reply as the model wrote it (what the journal keeps)

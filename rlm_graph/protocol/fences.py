@@ -1,10 +1,10 @@
-"""Finding ```` ```repl ```` blocks in a model's reply."""
+"""Finding ```` ```repl ```` blocks in a model's reply, whole or as it streams in."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["find_code_blocks"]
+__all__ = ["DIVERGED_NOTE", "INVENTED_NOTE", "BlockCutter", "find_code_blocks", "invented_output"]
 
 # An opening fence whose info string is exactly `repl`, at the start of a line, up to the
 # next closing fence at the start of a line (or the end of the reply: a model cut off by
@@ -12,6 +12,40 @@ __all__ = ["find_code_blocks"]
 _BLOCK = re.compile(
     r"^[ \t]*```repl[ \t]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE
 )
+# The same fences, one line at a time (a line without its "\n").
+_OPENING = re.compile(r"[ \t]*```repl[ \t]*")
+_CLOSING = re.compile(r"[ \t]*```[ \t]*")
+# The first line after a block, when the model goes on to write the block's output
+# itself: a bare or output-like fence (```, ```output, ```text...) or a label line
+# (Output:, **REPL output:**, ### Result).
+_INVENTED = re.compile(
+    r"[ \t]*```[ \t]*(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?[ \t]*"
+    r"|[ \t>#*_]*(?:(?:repl|execution|console|code)[ \t]+)?(?:output|result|stdout)[ \t]*:?[ \t*_]*",
+    re.IGNORECASE,
+)
+
+
+DIVERGED_NOTE = (
+    "the reply's stream broke off after a block had started, and the retried reply says "
+    "something else; the reply ends after the last block that ran"
+)
+"""The note that ends a reply kept as `BlockCutter.settled` says."""
+
+INVENTED_NOTE = (
+    "the reply went on to write its block's output itself; that part was left out, and "
+    "the REPL's own output follows"
+)
+"""The note that ends a reply that invented its block's output (`invented_output`)."""
+
+
+def invented_output(text: str) -> int | None:
+    """Where ``text`` starts to invent a block's output: the start of the first
+    non-blank line after a ```` ```repl ```` block's closing fence, when that line opens
+    a bare or output-like fence or is an output label (see `BlockCutter`). None when it
+    does not. The reply's end counts as the end of its last line."""
+    cutter = BlockCutter()
+    cutter.feed(0, text + "\n")
+    return cutter.invented
 
 
 def find_code_blocks(text: str) -> list[str]:
@@ -26,3 +60,100 @@ def find_code_blocks(text: str) -> list[str]:
         if code.strip():
             blocks.append(code)
     return blocks
+
+
+class BlockCutter:
+    """Cuts ```` ```repl ```` blocks out of a reply while it streams in.
+
+    A block is cut once the line of its closing fence is complete (its ``"\\n"`` has
+    arrived): no later text can change it then. So the blocks cut from any prefix of a
+    reply are the first blocks `find_code_blocks` finds in the whole reply, in order,
+    whatever the reply goes on to say (a block left open at the end, which
+    `find_code_blocks` also runs, is never cut here: only the whole reply shows it ends
+    open). The cutter looks at each line once, except the last, incomplete one.
+
+    Attributes:
+        text: the reply so far.
+        blocks: the code of the blocks cut so far (empty blocks are skipped, as
+            `find_code_blocks` skips them).
+        committed: the length of the text the cut blocks came from (up to the end of the
+            last cut block's closing line); text before it may no longer change.
+        diverged: a rewind (`feed` with an offset before ``committed``) said that text
+            the cut blocks came from has changed.
+        invented: where the reply starts to invent the output of its last cut block (the
+            first non-blank line after the block is a bare or output-like fence, or an
+            "Output:" label), or None; nothing after it is cut.
+    """
+
+    __slots__ = ("_after", "_open", "_scan", "blocks", "committed", "diverged", "invented", "text")
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.blocks: list[str] = []
+        self.committed = 0
+        self.diverged = False
+        self.invented: int | None = None
+        self._scan = 0  # the start of the first line not yet looked at
+        self._open: int | None = None  # where the open block's code starts, if one is open
+        self._after = False  # only blank lines since the last closing fence
+
+    def feed(self, offset: int, text: str) -> list[str]:
+        """Take the reply's text from ``offset`` on (a `rlm_graph.contracts.TextSink`'s
+        arguments); the blocks this cuts, in order."""
+        if offset < len(self.text):  # a retried attempt's text differs from here on
+            if offset < self.committed:
+                self.diverged = True
+                return []
+            self.text = self.text[:offset]
+            self._scan, self._open = self.committed, None
+            self.invented, self._after = None, self.committed > 0
+        if self.diverged or self.invented is not None:
+            return []
+        self.text += text
+        if "\n" not in text:
+            return []
+        return self._cut()
+
+    def settled(self, reply: str) -> tuple[str, str] | None:
+        """The reply to keep instead of the whole ``reply``, and the note that ends it
+        (None: keep ``reply``), the same whether it streamed or not.
+
+        When the blocks cut so far are not its first blocks (a retried attempt said
+        something else than the text they were cut from), the text up to the last cut
+        block, then `DIVERGED_NOTE`: code that ran is never attributed to a reply that
+        does not contain it. When it invents a block's output (`invented_output`), the
+        text before that, then `INVENTED_NOTE`.
+        """
+        blocks = self.blocks
+        if blocks and (self.diverged or find_code_blocks(reply)[: len(blocks)] != blocks):
+            return self.text[: self.committed] + f"\n[rlm-graph: {DIVERGED_NOTE}]", DIVERGED_NOTE
+        cut = invented_output(reply)
+        if cut is None:
+            return None
+        return reply[:cut] + f"[rlm-graph: {INVENTED_NOTE}]", INVENTED_NOTE
+
+    def _cut(self) -> list[str]:
+        cut: list[str] = []
+        text, scan = self.text, self._scan
+        end = text.find("\n", scan)
+        while end != -1:
+            line = text[scan:end]
+            if self._open is None:
+                if self._after and line.strip():
+                    self._after = False
+                    if _INVENTED.fullmatch(line):
+                        self.invented = scan
+                        break
+                if "```" in line and _OPENING.fullmatch(line):
+                    self._open = end + 1
+            elif "```" in line and _CLOSING.fullmatch(line):
+                code = text[self._open : scan].rstrip()
+                self._open, self._after = None, True
+                self.committed = end + 1
+                if code.strip():
+                    self.blocks.append(code)
+                    cut.append(code)
+            scan = end + 1
+            end = text.find("\n", scan)
+        self._scan = scan
+        return cut

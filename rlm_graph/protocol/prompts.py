@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..contracts import ExecResult, Image
+from ..contracts import ExecResult, Image, Message
 from .truncate import truncate_output
 
 __all__ = [
+    "opening_messages",
     "SYSTEM_PROMPT",
     "context_summary",
     "final_answer_prompt",
@@ -221,3 +222,32 @@ def schema_rejected_note(problem: str) -> str:
         '[answer was reset; fix the value and finish again with answer["content"] and '
         'answer["ready"] = True, or FINAL(value)]\n'
     )
+
+
+def opening_messages(
+    context: Any,
+    root_prompt: str | None,
+    *,
+    custom: str | None,
+    tools: Mapping[str, tuple[Any, str | None]],
+    can_recurse: bool,
+    output_chars: int,
+    index: int,
+    max_iterations: int,
+    schema: str | None,
+) -> list[Message]:
+    """A completion's first two messages: the system prompt (`system_prompt`) and the
+    task (`first_user_message`; a persistent session's completion ``index`` also names
+    its earlier histories)."""
+    system = system_prompt(
+        custom=custom, tools=tools, can_recurse=can_recurse, output_chars=output_chars
+    )
+    task = first_user_message(
+        context,
+        root_prompt,
+        index=index,
+        histories=index,
+        max_iterations=max_iterations,
+        schema=schema,
+    )
+    return [Message(role="system", content=system), Message(role="user", content=task)]

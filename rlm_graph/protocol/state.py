@@ -56,6 +56,16 @@ class CompletionState:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
         return self.answer_content or self.last_reply
 
+    def accept(self, schema: AnswerSchema, text: str) -> str:
+        """Validate a typed answer; keep the value (``parsed``) and return its JSON.
+
+        Raises:
+            SchemaMismatch: the answer does not match.
+        """
+        self.parsed = schema.parse_text(text)
+        self.schema_error = None
+        return schema.dump_json(self.parsed)
+
     def add(self, message: Message) -> None:
         """Append to the history the model sees, and to the full trajectory."""
         self.messages.append(message)

@@ -7,7 +7,8 @@ Every model call of a run (root turn, sub-call, compaction, workflow node) is a
 
 route the call and check it can be priced, wait until its estimate fits the run's token
 and dollar limits, wait for the provider's rate buckets and a slot of its shared capacity
-limiter and send it, then price the reply, note what was wrong with it, count it in the
+limiter and send it (streamed, when the call asks for its text as it is written and the
+provider can: the same reply, its text handed on as it arrives), then price the reply, note what was wrong with it, count it in the
 completion's tally and settle the budget. Replay is not here: a model call's node is
 journaled by `Run.execute`, keyed by `ModelCall.journaled`.
 """
@@ -16,17 +17,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
 from .._http.attempts import CallAttempts
-from ..contracts import ChatRequest, ChatResponse, Message, ResponseSchema, Usage, estimate_tokens
+from ..contracts import (
+    ChatRequest,
+    ChatResponse,
+    Message,
+    ResponseSchema,
+    StreamingProvider,
+    TextSink,
+    Usage,
+    estimate_tokens,
+)
 from ..errors import ConfigError
 from ..graph import NodeRecord, preview
 from ..journal.keys import call_hash
 from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
+from ..protocol.replies import estimated_usage, reply_note, with_note
 from ..routing import Route
 
 if TYPE_CHECKING:
@@ -43,40 +54,9 @@ __all__ = [
 
 T = TypeVar("T")
 
-# finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
-_CUT_OFF = frozenset({"length", "max_tokens"})
-
 DEFAULT_OUTPUT_ESTIMATE = 1024
 """Output tokens reserved for a call that sets no ``max_tokens`` (and whose provider
 names no ``default_max_tokens``)."""
-
-
-def reply_note(response: ChatResponse) -> str | None:
-    """What the model (and the node) should be told about a reply that is not whole.
-
-    A reply cut off by the output-token limit, or one with no text at all (OpenAI's
-    ``content: null``), is still a reply; passing it on as if it were complete (or as a
-    silent ``""``) hides the problem from the model's code and from the user.
-    """
-    reason = response.finish_reason
-    if reason in _CUT_OFF:
-        return (
-            f"the reply was cut off by the output-token limit (finish_reason={reason}); "
-            "ask for less, or raise max_tokens"
-        )
-    if not response.content:
-        return f"the model returned no text (finish_reason={reason or 'none'})"
-    return None
-
-
-def estimated_usage(messages: Sequence[Message], reply: str) -> Usage:
-    """The usage of a call whose server reported none (or only zeros): `estimate_tokens`
-    of what was sent and of the reply, marked ``estimated`` so the user can tell."""
-    return Usage(
-        input_tokens=sum(estimate_tokens(m.content) for m in messages),
-        output_tokens=estimate_tokens(reply),
-        estimated=True,
-    )
 
 
 class ModelCall:
@@ -94,17 +74,24 @@ class ModelCall:
         params: request parameters (``temperature``, ``max_tokens``...).
         tally: the calling completion's, which passes usage up to its parents.
         response_schema: structured output asked of the server.
+        cache_key: the request's ``cache_key`` (a root turn's: its prefix is worth caching).
+        stream: stream the reply where the provider can: its text goes to ``on_text`` and,
+            when someone listens, to the run's events (``text_delta``).
+        on_text: where a streamed reply's text goes (a `TextSink`).
     """
 
     __slots__ = (
         "_request",
+        "cache_key",
         "messages",
         "model",
         "node",
+        "on_text",
         "params",
         "response_schema",
         "route",
         "run",
+        "stream",
         "tally",
     )
 
@@ -118,6 +105,9 @@ class ModelCall:
         params: Mapping[str, Any] | None = None,
         tally: Tally | None = None,
         response_schema: ResponseSchema | None = None,
+        cache_key: str | None = None,
+        stream: bool = False,
+        on_text: TextSink | None = None,
     ) -> None:
         self.run = run
         self.node = node
@@ -126,6 +116,9 @@ class ModelCall:
         self.params = params
         self.tally = tally
         self.response_schema = response_schema
+        self.cache_key = cache_key
+        self.stream = stream
+        self.on_text = on_text
         self.route: Route = run.router.route(model, node.depth)
         self._request: ChatRequest | None = None
         if not params and response_schema is None:  # nothing in it can be refused: now
@@ -139,7 +132,11 @@ class ModelCall:
         node, model = self.node, self.route.model
         if not self.params and self.response_schema is None:  # most calls: the least to validate
             self._request = ChatRequest(
-                messages=self.messages, model=model, depth=node.depth, node_id=node.id
+                messages=self.messages,
+                model=model,
+                depth=node.depth,
+                node_id=node.id,
+                cache_key=self.cache_key,
             )
         else:
             self._request = ChatRequest(
@@ -148,6 +145,7 @@ class ModelCall:
                 depth=node.depth,
                 node_id=node.id,
                 response_schema=self.response_schema,
+                cache_key=self.cache_key,
                 **dict(self.params or {}),
             )
         return self._request
@@ -203,7 +201,9 @@ async def call_model(call: ModelCall) -> ChatResponse:
     request = call._request if call._request is not None else call.request()
     reservation = await _reserve(run, route, request)
     try:
-        response, usage = await _send(run, route, request, record)
+        streams = call.stream and route.capabilities.streams
+        sink = run.events.text_sink(record, call.on_text) if streams else None
+        response, usage = await _send(run, route, request, record, sink)
     except BaseException:
         if reservation is not None:
             run.spend.release(reservation)
@@ -244,10 +244,10 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
 
 
 async def _send(
-    run: Run, route: Route, request: ChatRequest, record: NodeRecord
+    run: Run, route: Route, request: ChatRequest, record: NodeRecord, sink: TextSink | None
 ) -> tuple[ChatResponse, Usage]:
-    """Wait for the provider's rate buckets and a slot, call it; the response and its
-    usage (estimated when the server reported none)."""
+    """Wait for the provider's rate buckets and a slot, call it (streamed into ``sink``
+    when there is one); the response and its usage (estimated when none was reported)."""
     provider, capabilities = route.provider, route.capabilities
     rate = run.limiters.rate(
         route.key, capabilities.requests_per_minute, capabilities.tokens_per_minute
@@ -266,7 +266,10 @@ async def _send(
         try:
             # The node's span is current: the request carries its traceparent.
             with attempts, run.tracer.activate(record.id):
-                response = await provider.complete(request)
+                if sink is None:
+                    response = await provider.complete(request)
+                else:  # capabilities.streams: a StreamingProvider
+                    response = await cast(StreamingProvider, provider).stream(request, sink)
         finally:
             record.attempts = attempts.attempts
     usage = response.usage
@@ -290,12 +293,7 @@ def _account(
     cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
     note = reply_note(response)
     if note is not None:
-        text = (
-            f"{response.content}\n[rlm-graph: {note}]"
-            if response.content
-            else f"[rlm-graph: {note}]"
-        )
-        response = response.model_copy(update={"content": text})
+        response = response.model_copy(update={"content": with_note(response.content, note)})
     record.answered(
         usage=usage,
         cost=cost,

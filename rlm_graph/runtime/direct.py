@@ -15,31 +15,19 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ..contracts import Message, ResponseSchema
 from ..errors import SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..limits import Tally
-from ..protocol.direct import Fit, direct_fit, task_parts, task_text
+from ..protocol.direct import Fit, OneAnswer, direct_fit, task_parts, task_text
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
 from .calls import ModelCall
 from .context import Run
 
 __all__ = ["Fit", "OneAnswer", "direct_fit", "one_call", "task_text"]
-
-
-@dataclass(frozen=True, slots=True)
-class OneAnswer:
-    """What one call answered: the reply text, and with a schema the typed value (its
-    JSON is then ``text``) or why the reply was refused."""
-
-    text: str
-    parsed: Any = None
-    refused: str | None = None
-    raw: str = ""  # the reply as the model wrote it (what the journal keeps)
 
 
 async def one_call(

@@ -6,7 +6,10 @@
 Invariants:
     - Turns are serial, and the blocks of a turn run in order; each is a node with an
       ``after`` edge from the node before it. A child completion's turns also carry a
-      ``spawn`` edge from its ``rlm_call`` node.
+      ``spawn`` edge from its ``rlm_call`` node. A turn's reply streams where the
+      provider can, and each block starts once its closing fence has arrived, while the
+      rest is still being written (`rlm_graph.runtime.blocks`): same nodes, edges,
+      outputs and answer as when every block waits for the whole reply.
     - A completion ends when a block sets the answer (``answer["ready"]``, ``FINAL``,
       ``FINAL_VAR``), or, with ``accept_text_final``, when a reply ends in a text
       ``FINAL(...)``; after ``max_iterations`` turns the model is asked once for a final
@@ -35,6 +38,7 @@ from ..contracts import (
     ExecResult,
     Message,
 )
+from ..doors.sync import single_or_group
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
@@ -44,14 +48,15 @@ from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
 from ..protocol.prompts import (
     final_answer_prompt,
-    first_user_message,
     format_repl_output,
     no_code_message,
+    opening_messages,
     schema_rejected_note,
-    system_prompt,
 )
+from ..protocol.replies import without_note
 from ..protocol.schema import AnswerSchema
 from ..protocol.state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
+from .blocks import TurnBlocks
 from .bridge import BridgeProxy, CompletionBridge, node_path
 from .calls import ModelCall
 from .compaction import DEFAULT_CONTEXT_WINDOW, CompactionNode
@@ -73,6 +78,7 @@ class _Completion:
     tally: Tally
     bridge: CompletionBridge
     env: Environment
+    cache_key: str | None = None  # the same for every turn: their prefix is one
 
 
 class RLMRunner:
@@ -255,12 +261,12 @@ class RLMRunner:
     ) -> CompletionOutcome:
         limits = self.run.limits
         self._open(c, context, root_prompt, state, index)
+        c.cache_key = "rlm-" + value_hash("cache_key", *(m.content for m in state.messages))[:20]
         previous: str | None = None
         for iteration in range(1, limits.max_iterations + 1):
             state.iterations = iteration
             previous = await self._compact(c, state, iteration, previous)
-            reply, previous = await self._turn(c, state, iteration, previous)
-            final, previous = await self._run_blocks(c, state, iteration, reply, previous)
+            final, previous = await self._turn_and_blocks(c, state, iteration, previous)
             if final is not None:
                 return CompletionOutcome(final, None, state)
             if limits.max_errors is not None and state.consecutive_errors >= limits.max_errors:
@@ -277,33 +283,20 @@ class RLMRunner:
     ) -> None:
         """The conversation's start: the system prompt and the first user message (a
         persistent session's completion ``index`` also names its earlier histories)."""
-        tools = self.settings.tools if c.depth == 0 else self.settings.sub_tools
-        schema = self._schema(c)
+        schema, settings = self._schema(c), self.settings
         state.messages = []
-        state.add(
-            Message(
-                role="system",
-                content=system_prompt(
-                    custom=self.settings.custom_system_prompt,
-                    tools=tools,
-                    can_recurse=c.bridge.can_recurse,
-                    output_chars=self.settings.output_chars,
-                ),
-            )
-        )
-        state.add(
-            Message(
-                role="user",
-                content=first_user_message(
-                    context,
-                    root_prompt,
-                    index=index,
-                    histories=index,
-                    max_iterations=self.run.limits.max_iterations,
-                    schema=schema.describe() if schema is not None else None,
-                ),
-            )
-        )
+        for message in opening_messages(
+            context,
+            root_prompt,
+            custom=settings.custom_system_prompt,
+            tools=settings.tools if c.depth == 0 else settings.sub_tools,
+            can_recurse=c.bridge.can_recurse,
+            output_chars=settings.output_chars,
+            index=index,
+            max_iterations=self.run.limits.max_iterations,
+            schema=schema.describe() if schema is not None else None,
+        ):
+            state.add(message)
 
     async def _last_turn(
         self, c: _Completion, state: CompletionState, previous: str | None
@@ -319,9 +312,7 @@ class RLMRunner:
         reply, _ = await self._turn(c, state, last, previous)
         if schema is not None:
             try:
-                return CompletionOutcome(
-                    self._accept(schema, state, reply), "max_iterations", state
-                )
+                return CompletionOutcome(state.accept(schema, reply), "max_iterations", state)
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
         return CompletionOutcome(reply, "max_iterations", state)
@@ -329,17 +320,6 @@ class RLMRunner:
     def _schema(self, c: _Completion) -> AnswerSchema | None:
         """The answer schema of completion ``c``: the root's only (children answer text)."""
         return self.settings.schema if c.depth == 0 else None
-
-    @staticmethod
-    def _accept(schema: AnswerSchema, state: CompletionState, text: str) -> str:
-        """Validate a typed answer; keep the value on ``state`` and return its JSON.
-
-        Raises:
-            SchemaMismatch: the answer does not match.
-        """
-        state.parsed = schema.parse_text(text)
-        state.schema_error = None
-        return schema.dump_json(state.parsed)
 
     async def _check_final(
         self, c: _Completion, state: CompletionState, result: ExecResult
@@ -350,7 +330,7 @@ class RLMRunner:
         if schema is None or result.final_answer is None:
             return result
         try:
-            text = self._accept(schema, state, result.final_json or result.final_answer)
+            text = state.accept(schema, result.final_json or result.final_answer)
         except SchemaMismatch as exc:
             state.schema_error = f"SchemaMismatch: {exc}"
             await c.env.reset_answer()
@@ -383,12 +363,27 @@ class RLMRunner:
         )
 
     async def _turn(
-        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
+        self,
+        c: _Completion,
+        state: CompletionState,
+        iteration: int,
+        previous: str | None,
+        blocks: TurnBlocks | None = None,
     ) -> tuple[str, str]:
+        """One root turn; with ``blocks``, its reply streams into them as it is written.
+        The reply, and its text for the blocks (without the note on a cut-off reply)."""
         record = self._record(c, NodeKind.ROOT_TURN, f"turn-{iteration}", iteration)
         params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
         call = ModelCall(
-            self.run, record, list(state.messages), model=c.model, params=params, tally=c.tally
+            self.run,
+            record,
+            list(state.messages),
+            model=c.model,
+            params=params,
+            tally=c.tally,
+            cache_key=c.cache_key,
+            stream=True,
+            on_text=blocks.feed if blocks is not None else None,
         )
 
         async def keeping(rec: NodeRecord) -> str:
@@ -396,9 +391,10 @@ class RLMRunner:
             rec.keep_content(state.messages[-1].content, reply)  # what is new, and its reply
             return reply
 
+        text = keeping if self.run.record_content else call.text
         reply = await self.run.execute(
             record,
-            keeping if self.run.record_content else call.text,
+            text if blocks is None else blocks.body(text),
             after=[previous] if previous else [],
             parent=c.parent,
             journal=call.journaled,
@@ -408,7 +404,7 @@ class RLMRunner:
         if record.usage is not None and record.usage.total_tokens:
             state.counted_tokens = record.usage.total_tokens
             state.counted_messages = len(state.messages)
-        return reply, record.id
+        return reply, without_note(reply, record.note)
 
     async def _compact(
         self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
@@ -455,29 +451,47 @@ class RLMRunner:
         state.counted_tokens = None
         return record.id
 
-    async def _run_blocks(
-        self, c: _Completion, state: CompletionState, iteration: int, reply: str, previous: str
+    async def _turn_and_blocks(
+        self, c: _Completion, state: CompletionState, iteration: int, previous: str | None
+    ) -> tuple[str | None, str]:
+        """A turn and its blocks: the blocks run beside the turn, each as soon as it is
+        cut from the reply (`TurnBlocks`); then what the model is shown next."""
+        turn_id = node_path(c.completion, f"turn-{iteration}")
+
+        async def run_block(code: str, number: int, after: str) -> tuple[ExecResult, str]:
+            result, ran = await self._block(c, state, iteration, code, after, turn_id, number)
+            state.answer_content = result.answer_content or state.answer_content
+            return result, ran
+
+        blocks = TurnBlocks(run_block, turn_id)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(blocks.run)
+                reply, written = await self._turn(c, state, iteration, previous, blocks)
+                codes = find_code_blocks(written)
+                blocks.finish(codes)
+        except BaseExceptionGroup as group:  # the turn's or a block's error, as itself
+            raise single_or_group(group) from None
+        return await self._after_blocks(c, state, iteration, reply, codes, blocks)
+
+    async def _after_blocks(
+        self,
+        c: _Completion,
+        state: CompletionState,
+        iteration: int,
+        reply: str,
+        codes: list[str],
+        blocks: TurnBlocks,
     ) -> tuple[str | None, str]:
         limits = self.run.limits
-        codes = find_code_blocks(reply)
         text_final = find_text_final(reply) if self.settings.accept_text_final else None
         if not codes and text_final is None:
             state.add(
                 Message(role="user", content=no_code_message(iteration, limits.max_iterations))
             )
-            return None, previous
-        turn_id = previous
-        results: list[ExecResult] = []
-        final: str | None = None
-        for number, code in enumerate(codes, start=1):
-            result, previous = await self._block(
-                c, state, iteration, code, previous, turn_id, number
-            )
-            results.append(result)
-            state.answer_content = result.answer_content or state.answer_content
-            if result.final_answer is not None:
-                final = result.final_answer
-                break
+            return None, blocks.last
+        turn_id = node_path(c.completion, f"turn-{iteration}")
+        results, final, previous = blocks.results, blocks.final, blocks.last
         if final is None and text_final is not None:
             final, previous = await self._text_final(
                 c, state, iteration, text_final, previous, turn_id, len(results) + 1
@@ -558,7 +572,7 @@ class RLMRunner:
             if schema is None:
                 return found.value, previous
             try:
-                return self._accept(schema, state, found.value), previous
+                return state.accept(schema, found.value), previous
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
                 state.add(Message(role="user", content=schema_rejected_note(str(exc))))

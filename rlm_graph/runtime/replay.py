@@ -24,7 +24,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -33,11 +32,11 @@ from typing import Any, TypeVar
 import trio
 
 from ..errors import ConfigError
-from ..graph import Graph, NodeKind, NodeRecord
-from ..journal import JournalStore, ReplaySummary, RunRow, StoredNode
-from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled, JournalTarget
-from ..journal.store import COUNTED_KINDS, encode_nodes, is_tool_call, restore
-from ..journal.tools import MISSING, NOT_JOURNALED
+from ..graph import Graph, NodeRecord
+from ..journal import JournalStore, ReplaySummary, RunRow
+from ..journal.lookup import JournalLookup
+from ..journal.seam import JournalTarget
+from ..journal.store import encode_nodes
 
 __all__ = ["FLUSH_DELAY", "FLUSH_ROWS", "Replayer", "open_journal"]
 
@@ -52,8 +51,9 @@ FLUSH_ROWS = 512
 T = TypeVar("T")
 
 
-class Replayer:
-    """The journal of one run (one run key) in one attempt.
+class Replayer(JournalLookup):
+    """The journal of one run (one run key) in one attempt: `JournalLookup` (what it
+    answers) and the writer.
 
     Args:
         graph: the run's graph (edges of recorded nodes; a replayed child's nodes go in).
@@ -69,17 +69,15 @@ class Replayer:
         number: int,
         before: RunRow | None,
     ) -> None:
-        self.graph = graph
+        nodes = store.load(key) if before is not None else {}
+        super().__init__(graph, key, nodes, before, lambda: time.time() - trio.current_time())
         self.store = store
-        self.key = key
         self.number = number
-        self.attempt = before.attempts + 1 if before is not None else 1
         self.link = (
             (before.trace_id, before.span_id)
             if before and before.trace_id and before.span_id
             else None
         )
-        self.nodes: dict[str, StoredNode] = store.load(key) if before is not None else {}
         self._seq = max((n.seq for n in self.nodes.values()), default=0)
         # What finished and waits for the writer, as three parallel lists (no tuple per
         # node for the collector to walk while thousands wait).
@@ -89,120 +87,11 @@ class Replayer:
         # Journaled tools run on REPL threads: list.append is their only write here.
         self._tool_rows: list[tuple[NodeRecord, str, str | None]] = []
         self._wake = trio.Event()
-        self._replayed: list[tuple[NodeRecord, StoredNode]] = []
         self._stop = trio.CancelScope()
         self._stopped = trio.Event()
         self._failed: BaseException | None = None
-        self.replayed = self.live = self.diverged = 0
-        self.diverged_at: str | None = None
-        self.cost_saved = 0.0
-        self.tokens_saved = 0
-        self.tools_replayed = 0
-
-    # -- the seam of Run.execute --------------------------------------------------------
-
-    def replay(self, record: NodeRecord, journaled: Journaled[T]) -> T:
-        """The journaled result of ``record`` when the journal holds this request (the
-        record adopts what was recorded), else `NOT_JOURNALED`: then `Run.execute` runs
-        the body and hands its result to `keep`. This runs once per node of a journaled
-        run: the common case (a first attempt) calls nothing it does not need."""
-        request, _, read, replayed = journaled
-        if read is None:  # recorded, never replayed
-            return NOT_JOURNALED  # type: ignore[no-any-return]
-        if not self.nodes:  # a first attempt: nothing to look up
-            self.live += record.kind in COUNTED_KINDS
-            return NOT_JOURNALED  # type: ignore[no-any-return]
-        stored = self.lookup(record, request)
-        if stored is None:
-            return NOT_JOURNALED  # type: ignore[no-any-return]
-        value = stored.value or ""
-        result = value if read is READ_TEXT else read(value)
-        if replayed is not None:
-            replayed(record)
-        return result  # type: ignore[return-value]
-
-    def keep(self, record: NodeRecord, journaled: Journaled[T], result: T) -> None:
-        """Record what the body of ``record`` returned, as ``journaled`` says to keep it
-        (a result it cannot keep faithfully is not recorded: it runs again on resume)."""
-        request, keep, read, _ = journaled
-        if read is None:
-            self.record(record, request, None)
-            return
-        text: str | None
-        if keep is KEEP_TEXT:
-            text = result if isinstance(result, str) else None
-        else:
-            text = keep(result)
-        if text is not None:
-            self.record(record, request, text)
-
-    def lookup(self, record: NodeRecord, request: str) -> StoredNode | None:
-        """The journaled result of ``record`` if its request hash matches, else None
-        (the node then runs live and is counted live or diverged).
-
-        A replayed node's record takes the recorded usage, cost, model and previews, and
-        is marked ``replayed``; its recorded times are put back when the run closes.
-        """
-        counted = record.kind in COUNTED_KINDS
-        stored = self.nodes.get(record.id) if self.nodes else None
-        if stored is None:
-            self.live += counted
-            return None
-        if self.diverged_at is not None or stored.hash != request:
-            if self.diverged_at is None:
-                self.diverged_at = record.id
-                logger.warning(
-                    "journal: the request of node %s differs from its record; "
-                    "the run goes live from here",
-                    record.id,
-                )
-            self.diverged += counted
-            return None
-        was = stored.record
-        record.adopt(was)
-        self._replayed.append((record, stored))
-        self.replayed += counted
-        if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
-            self._saved(was)
-        return stored
-
-    def _saved(self, was: NodeRecord) -> None:
-        self.cost_saved += was.cost or 0.0
-        self.tokens_saved += was.usage.total_tokens if was.usage is not None else 0
-
-    def restore_child(self, record: NodeRecord) -> list[NodeRecord]:
-        """Put the journaled nodes of the child completion of ``record`` (a replayed
-        ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
-        prefix = record.id + "/"
-        inside = sorted(
-            (n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq
-        )
-        inside = [
-            n
-            for n in inside
-            if n.id not in self.graph and "#" not in n.id and not is_tool_call(n.id)
-        ]
-        added = restore(self.graph, inside, offset=time.time() - trio.current_time())
-        for node in added:
-            if node.kind in COUNTED_KINDS:
-                self.replayed += 1
-                if node.kind != NodeKind.RLM_CALL:
-                    self._saved(node)
-        return added
 
     # -- journaled tools (REPL threads) -------------------------------------------------
-
-    def tool_result(self, node_id: str, request: str) -> Any:
-        """The journaled result of the tool call ``node_id`` if its arguments match (a
-        JSON value), else `MISSING` (the tool runs; a changed call is a divergence)."""
-        stored = self.nodes.get(node_id)
-        if stored is None or self.diverged_at is not None:
-            return MISSING
-        if stored.hash != request or stored.value is None:
-            self.diverged_at = node_id
-            return MISSING
-        self.tools_replayed += 1
-        return json.loads(stored.value)
 
     def record_tool(self, record: NodeRecord, request: str, text: str) -> None:
         """Record one journaled tool call (from a REPL thread: one list append)."""
@@ -271,19 +160,6 @@ class Replayer:
             self.store.set_trace(
                 self.key, format(context.trace_id, "032x"), format(context.span_id, "016x")
             )
-
-    def summary(self) -> ReplaySummary:
-        return ReplaySummary(
-            run_key=self.key,
-            attempt=self.attempt,
-            replayed=self.replayed,
-            live=self.live,
-            diverged=self.diverged,
-            diverged_at=self.diverged_at,
-            cost_saved=self.cost_saved,
-            tokens_saved=self.tokens_saved,
-            tools_replayed=self.tools_replayed,
-        )
 
     async def close(self, status: str, answer: str | None) -> ReplaySummary:
         """Write what is left, put replayed nodes' recorded times back, end the attempt.

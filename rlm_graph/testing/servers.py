@@ -16,6 +16,13 @@ dict (the whole JSON body, sent as is) or a `Reply` (any status, headers, body, 
 broken answer: a dropped connection, a reset mid-response, a truncated or empty 200, a
 hang; see `Reply.fault`).
 
+A request that asks for a stream (``"stream": true``) gets the reply text as the API's
+server-sent events, a token (about four characters) per event: the first after
+``latency`` (and the reply's ``delay``), the next ones ``1 / stream_rate`` seconds apart (``stream_rate=None``: at
+once), chunked on the wire. Faults apply to a stream too: ``truncated`` ends it cleanly
+but early (no end marker), ``reset`` resets the connection midway, ``stall`` goes silent
+midway for ``delay`` seconds, ``error`` sends the API's error event midway.
+
 Invariants:
     - The server runs in a thread of its own (a stdlib ``ThreadingHTTPServer``, one thread
       per connection), so it serves sync code, any trio loop and trio's ``MockClock``
@@ -30,6 +37,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 import select
 import socket
 import struct
@@ -61,11 +69,16 @@ class Reply:
             else an error message in the API's error format) or a dict sent as JSON.
         headers: extra response headers (``{"Retry-After": "2"}``).
         drop: close the connection without answering (a lost connection).
-        delay: seconds to wait before answering (on the server's thread).
+        delay: seconds to wait before answering (on the server's thread); for a streamed
+            answer, before its first token (with ``"stall"``: the silence midway).
         fault: a broken answer instead of this one: ``"truncated"`` (a complete HTTP
             message whose JSON body is cut in half), ``"empty"`` (a 200 with an empty
             body), ``"reset"`` (headers and half the body, then a TCP reset), ``"hang"``
-            (no answer for ``delay`` seconds or until the client hangs up, then close).
+            (no answer for ``delay`` seconds or until the client hangs up, then close);
+            for streams also ``"stall"`` (half the events, then silence for ``delay``
+            seconds, then close) and ``"error"`` (half the events, then an error event).
+        keep: for a fault of a streamed answer, how many characters of the reply text go
+            out before it (default: half).
     """
 
     status: int = 200
@@ -74,6 +87,7 @@ class Reply:
     drop: bool = False
     delay: float = 0.0
     fault: str = ""
+    keep: int | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -110,8 +124,14 @@ class Reply:
         """No answer for ``seconds`` or until the client hangs up; then close."""
         return cls(delay=seconds, fault="hang")
 
+    @classmethod
+    def stalled(cls, text: str, seconds: float = 60.0, keep: int | None = None) -> Reply:
+        """A streamed ``text`` that goes silent after ``keep`` characters for ``seconds``."""
+        return cls(body=text, delay=seconds, fault="stall", keep=keep)
 
-FAULTS = frozenset({"", "truncated", "empty", "reset", "hang"})
+
+FAULTS = frozenset({"", "truncated", "empty", "reset", "hang", "stall", "error"})
+_TOKEN = re.compile(r"\s*\S{1,4}|\s+")
 
 
 @dataclass(frozen=True)
@@ -182,7 +202,12 @@ class FakeServer:
         replies: answers used first, one per request, in order.
         api_key: when set, requests without this key get the API's 401.
         models: when set, requests for another model get the API's 404.
-        latency: seconds every answer waits (on the connection's thread).
+        latency: seconds every answer waits (on the connection's thread); for a streamed
+            answer, until its first token.
+        stream_rate: tokens per second of a streamed answer (None: all at once).
+        prompt_cache: report cached input tokens for a prefix the server saw before, as
+            the API does (see the subclasses).
+        cache_min_tokens: the shortest prefix the server caches.
     """
 
     paths: tuple[str, ...] = ()
@@ -195,8 +220,19 @@ class FakeServer:
         api_key: str | None = None,
         models: Iterable[str] | None = None,
         latency: float = 0.0,
+        stream_rate: float | None = None,
+        prompt_cache: bool = False,
+        cache_min_tokens: int = 1024,
     ) -> None:
         self.responder = responder
+        self.stream_rate = stream_rate
+        self.prompt_cache = prompt_cache
+        self.cache_min_tokens = cache_min_tokens
+        self._prefixes: set[str] = set()  # the prompt cache: prefixes seen (or written)
+        self._local = threading.local()
+        self.streamed: list[tuple[int, int]] = []
+        """Per streamed answer: the tokens sent before it ended (or the client hung up),
+        and the tokens it had."""
         self.replies: list[Any] = list(replies)
         self.api_key = api_key
         self.models = set(models) if models is not None else None
@@ -296,6 +332,30 @@ class FakeServer:
         """The API's JSON error body for ``status`` with the human ``message``."""
         raise NotImplementedError
 
+    def stream_events(self, text: str, body: Any) -> tuple[list[str], list[str]]:
+        """A streamed answer carrying ``text``: the events before its first token and
+        those after its last (each a whole event, ``"data: ...\n\n"``)."""
+        raise NotImplementedError
+
+    def token_event(self, token: str, body: Any) -> str:
+        """The event of one token of a streamed answer to ``body``."""
+        raise NotImplementedError
+
+    def cache_counts(self, body: Any) -> tuple[int, int]:
+        """Input tokens of ``body`` read from the prompt cache and written to it (called
+        once per request, with ``prompt_cache`` on; the subclass keeps the cache)."""
+        return 0, 0
+
+    @property
+    def counted(self) -> tuple[int, int]:
+        """`cache_counts` of the request this thread is answering ((0, 0) without
+        ``prompt_cache``)."""
+        return getattr(self._local, "counts", (0, 0))
+
+    def error_event(self, message: str) -> str:
+        """The API's error event, sent mid-stream (fault ``"error"``)."""
+        raise NotImplementedError
+
     # -- serving ------------------------------------------------------------------------
 
     def _track(self, sock: socket.socket) -> None:
@@ -319,8 +379,15 @@ class FakeServer:
         counted = True
         try:
             reply = self._answer(handler.path, headers, body)
+            self._local.counts = (0, 0)
+            if self.prompt_cache and reply.status < 300 and isinstance(body, dict):
+                with self._lock:
+                    self._local.counts = self.cache_counts(body)
             if reply.fault == "hang":
                 self._hang(handler, self.latency + reply.delay)
+                return
+            if self._streams(reply, body):
+                self._send_stream(handler, reply, body)
                 return
             if self.latency or reply.delay:
                 time.sleep(self.latency + reply.delay)
@@ -332,6 +399,75 @@ class FakeServer:
             self._send(handler, reply, body)
         finally:
             self._finish(index, counted)
+
+    @staticmethod
+    def _streams(reply: Reply, body: Any) -> bool:
+        """A streamed answer: asked for, a success, and not a whole JSON body."""
+        wanted = isinstance(body, dict) and body.get("stream") is True
+        return wanted and reply.status < 300 and not reply.drop and isinstance(reply.body, str)
+
+    def _send_stream(self, handler: _Handler, reply: Reply, body: Any) -> None:
+        """The reply as server-sent events, paced (see the module), chunked."""
+        text = reply.body if isinstance(reply.body, str) else ""
+        tokens = _TOKEN.findall(text) if reply.fault != "empty" else []
+        head, tail = self.stream_events(text, body)
+        if reply.fault:
+            keep = len(text) // 2 if reply.keep is None else reply.keep
+            kept, sent = [], 0
+            for token in tokens:
+                if sent >= keep:
+                    break
+                kept.append(token)
+                sent += len(token)
+            tokens, tail = kept, []
+        else:
+            with self._lock:
+                self.responses.append((reply.status, self.success_body(text, body)))
+        handler.close_connection = reply.fault in ("stall", "reset")
+        sent = 0
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Transfer-Encoding", "chunked")
+            for name, value in reply.headers.items():
+                handler.send_header(name, value)
+            handler.end_headers()
+            self._chunks(handler, head)
+            wait = self.latency + (reply.delay if reply.fault != "stall" else 0.0)
+            if wait:  # to the first token
+                time.sleep(wait)
+            gap = 1.0 / self.stream_rate if self.stream_rate else 0.0
+            for token in tokens:
+                self._chunks(handler, [self.token_event(token, body)])
+                sent += 1
+                if gap:
+                    time.sleep(gap)
+            self._stream_end(handler, reply, tail)
+        except OSError:  # the client hung up (or stopped the stream)
+            handler.close_connection = True
+        finally:
+            with self._lock:
+                self.streamed.append((sent, len(tokens)))
+
+    def _stream_end(self, handler: _Handler, reply: Reply, tail: list[str]) -> None:
+        if reply.fault == "stall":
+            self._hang(handler, reply.delay)
+            return
+        if reply.fault == "reset":
+            handler.connection.setsockopt(
+                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+            )
+            return
+        if reply.fault == "error":
+            tail = [self.error_event("Overloaded")]
+        self._chunks(handler, tail)
+        handler.wfile.write(b"0\r\n\r\n")
+
+    @staticmethod
+    def _chunks(handler: _Handler, events: list[str]) -> None:
+        for event in events:
+            data = event.encode()
+            handler.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
     def _hang(self, handler: _Handler, seconds: float) -> None:
         """Answer nothing until ``seconds`` pass or the client closes, then close."""

@@ -1,0 +1,147 @@
+"""How an HTTP provider reads an answer that is not a good reply: the error it raises for
+each status, and the retry it asks for (`AttemptFailed`).
+
+`rlm_graph._http.provider` and `rlm_graph._http.streaming` read answers through here, so
+a plain reply and a streamed one fail the same way for the same status.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, Protocol
+
+import httpx
+
+from ..errors import (
+    BadResponse,
+    ContextLengthExceeded,
+    ProviderAuthError,
+    ProviderError,
+    ProviderNotFound,
+    RateLimited,
+    is_context_length_error,
+)
+from .retry import RETRY_STATUSES, retry_delay_from_headers
+
+__all__ = ["AttemptFailed", "Speaker", "gave_up", "raise_for_status", "read_json"]
+
+
+class AttemptFailed(Exception):
+    """One failed attempt that may succeed when tried again (internal).
+
+    ``reason`` labels it in logs and counts (``"429"``, ``"timeout"``, ``"connection"``).
+    """
+
+    def __init__(self, error: ProviderError, wait: float | None, reason: str) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.wait = wait
+        self.reason = reason
+
+
+class Speaker(Protocol):
+    """What an error message says of the provider (`JSONProvider` is one)."""
+
+    name: str
+    model: str
+    base_url: str
+    key_rule: str
+
+    @property
+    def url(self) -> str: ...
+
+    def _server_message(self, data: Any) -> str: ...
+
+    def _quote(self, text: str, limit: int = 300) -> str: ...
+
+
+def read_json(provider: Speaker, response: httpx.Response) -> Any:
+    """The JSON of a read ``response``; the error (or `AttemptFailed`) for a status of 300
+    or more, an empty body or one that is not JSON."""
+    try:
+        data = response.json()
+    except ValueError:
+        data = None
+    if response.status_code >= 300:
+        raise_for_status(provider, response, data)
+    if data is None:
+        what = "an empty body" if not response.content else "a body that is not JSON"
+        web_page = "html" in response.headers.get("content-type", "")
+        error = BadResponse(
+            f"{provider.name}: {provider.url} answered {response.status_code} with {what} "
+            f"({provider._quote(response.text)}); check that base_url points at the API root",
+            provider=provider.name,
+            status_code=response.status_code,
+            retryable=not web_page,
+        )
+        if web_page:
+            raise error  # a web page, not a struggling API: retrying will not help
+        # Empty or cut-off JSON: the server (or a proxy) failed mid-answer.
+        raise AttemptFailed(error, retry_delay_from_headers(response.headers), "bad response")
+    return data
+
+
+def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> NoReturn:
+    """The error of an answer with a status of 300 or more (`AttemptFailed` for a retry)."""
+    status = response.status_code
+    said = provider._quote(provider._server_message(data) or response.text)
+    name, model = provider.name, provider.model
+    where = f"{name}: POST {provider.url} answered {status}"
+    if status != 429 and is_context_length_error(response.text):
+        raise ContextLengthExceeded(
+            f"{where}: {said}. The request does not fit model {model!r}'s context "
+            "window: turn on compaction with the server's window (RLM(compaction=True, "
+            f"models={{{model!r}: {{'context_window': N}}}})), ask for fewer output "
+            "tokens (sampling_args={'max_tokens': ...}), or give the server a larger "
+            "window (llama.cpp: --ctx-size; Ollama: num_ctx)",
+            provider=name,
+            status_code=status,
+            server_message=said,
+        )
+    if status in (401, 403):
+        rule = f" [key: {provider.key_rule}]" if provider.key_rule else ""
+        raise ProviderAuthError(
+            f"{where}: {said}. Check the API key (backend_kwargs['api_key'] or the "
+            f"provider's environment variable) and that it has access to model {model!r}" + rule,
+            provider=name,
+            status_code=status,
+        )
+    if status == 404:
+        raise ProviderNotFound(
+            f"{where}: {said}. Check the model name and the base URL "
+            f"(base_url={provider.base_url!r})",
+            provider=name,
+            status_code=status,
+        )
+    if status == 429:
+        wait = retry_delay_from_headers(response.headers)
+        error: ProviderError = RateLimited(
+            f"{where} (rate limited): {said}", provider=name, status_code=status, retryable=True
+        )
+        raise AttemptFailed(error, wait, str(status))
+    if status >= 500 or status in RETRY_STATUSES:
+        error = ProviderError(f"{where}: {said}", provider=name, status_code=status, retryable=True)
+        raise AttemptFailed(error, retry_delay_from_headers(response.headers), str(status))
+    raise ProviderError(
+        f"{where}: {said}. The request was rejected as sent; check the model name and "
+        "the request arguments (temperature, max_tokens, extra)",
+        provider=name,
+        status_code=status,
+    )
+
+
+def gave_up(error: ProviderError, attempts: int) -> ProviderError:
+    """The error of a call whose ``attempts`` all failed, the last with ``error``."""
+    if attempts == 1:
+        return error
+    hint = (
+        "; set requests_per_minute / tokens_per_minute below your account's limits"
+        if isinstance(error, RateLimited)
+        else ""
+    )
+    return type(error)(
+        f"{error} (gave up after {attempts} attempts{hint}; raise max_attempts to keep "
+        "trying longer)",
+        provider=error.provider,
+        status_code=error.status_code,
+        retryable=error.retryable,
+    )

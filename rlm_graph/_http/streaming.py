@@ -1,0 +1,202 @@
+"""Streamed replies: server-sent events as they arrive, and the text a sink is given.
+
+`JSONProvider.stream` reads a streamed answer with the pieces here:
+
+    bytes --SSEDecoder--> (event, data) --the API's StreamParser--> text --DeltaTracker--> sink
+
+Invariants:
+    - The sink sees the reply's text once, in order, whatever the retries: a retried
+      attempt's text is matched against what the sink was already given, and only what
+      goes beyond it (or, where the retried text differs, what replaces it from there
+      on: ``sink(offset, text)`` with ``offset`` before the end) is handed on. When the
+      call returns, the sink has been given exactly the reply's ``content``.
+    - Usage, the finish reason and the model are the parser's, read from the attempt
+      that completed; a cut attempt's partial usage counts nowhere (as a truncated 200).
+    - A sink that answers True has what it wants: the reading stops (`read_events` calls
+      ``halt``), and the reply is what came so far (`StreamParser.partial`).
+    - Pure parsing, no I/O: the attempt itself (deadlines, retries) is the provider's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+from ..contracts import ChatResponse, TextSink
+from ..errors import BadResponse
+
+__all__ = ["DeltaTracker", "SSEDecoder", "StreamParser", "read_events"]
+
+
+class StreamParser(Protocol):
+    """Reads one attempt's server-sent events into text and, at the end, the reply.
+
+    A provider makes a fresh one per attempt (`JSONProvider._stream_parser`).
+    """
+
+    finished: bool
+    """The API's end marker has come (no more events are expected)."""
+
+    def feed(self, event: str, data: str) -> str:
+        """The text an event adds to the reply (``""`` for none).
+
+        Raises:
+            BadResponse: the event is not the API's shape, or says the server failed
+                mid-answer (an error event): the attempt is retried.
+        """
+        ...
+
+    def partial(self) -> ChatResponse:
+        """The reply so far, for a stream the engine stopped (``finish_reason``
+        ``"engine_stop"``; usage as far as the server said, else none: estimated)."""
+        ...
+
+    def result(self) -> ChatResponse:
+        """The reply, once the stream has ended.
+
+        Raises:
+            BadResponse: the stream ended before the API's end marker (cut off): the
+                attempt is retried like a truncated 200.
+        """
+        ...
+
+
+async def read_events(
+    chunks: AsyncIterator[bytes],
+    parser: StreamParser,
+    tracker: DeltaTracker,
+    heard: Callable[[], None],
+    halt: Callable[[], None],
+) -> ChatResponse:
+    """A streamed body, chunk by chunk (``heard()`` after each: the provider's stall
+    deadline), through ``parser`` into ``tracker``; the reply. When the sink says it has
+    what it wants, ``halt()`` (the provider cancels the reading, then takes
+    ``parser.partial()``).
+
+    The body is always read to its end, even past an event that fails the attempt:
+    leaving its (async generator) iterators half-way would leave them to the garbage
+    collector. A server closes the stream after such an event anyway.
+
+    Raises:
+        BadResponse: an event failed the attempt, or the stream ended early.
+    """
+    decoder = SSEDecoder()
+    failed: BadResponse | None = None
+    async for chunk in chunks:
+        heard()
+        if failed is None:
+            try:  # one piece of text per read: the sink's work is per read, not per token
+                text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
+            except BadResponse as exc:
+                failed = exc
+            else:
+                if tracker.feed(text):
+                    halt()
+    if failed is not None:
+        raise failed
+    return parser.result()
+
+
+class SSEDecoder:
+    """Splits a ``text/event-stream`` body into ``(event, data)`` pairs (the WHATWG
+    format: ``event:`` and ``data:`` fields, events ended by a blank line, ``:`` comments;
+    ``data`` lines of one event joined by ``"\\n"``)."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> list[tuple[str, str]]:
+        """The events completed by ``chunk``, in order."""
+        data = self._rest + chunk if self._rest else chunk
+        if b"\r" in data:
+            if data.endswith(b"\r"):  # its "\n" may come in the next chunk
+                self._rest = data
+                return []
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._rest = data
+            return []
+        self._rest = data[end + 2 :]
+        events = []
+        for block in data[:end].decode("utf-8").split("\n\n"):
+            if block.startswith("data: ") and "\n" not in block:  # the common one-liner
+                events.append(("message", block[6:]))
+                continue
+            name, lines = "message", []
+            for line in block.split("\n"):
+                field, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if field == "data":
+                    lines.append(value)
+                elif field == "event":
+                    name = value
+            if lines:
+                events.append((name, "\n".join(lines)))
+        return events
+
+
+class DeltaTracker:
+    """Hands each attempt's text to a sink so that it sees the reply once (see the
+    module's invariants). `begin` before each attempt, `feed` its text, `finish` when it
+    completes."""
+
+    __slots__ = ("_given", "_length", "_matching", "_pieces", "_position", "_sink")
+
+    def __init__(self, sink: TextSink) -> None:
+        self._sink = sink
+        self._pieces: list[str] = []  # what the sink was given, in order
+        self._length = 0  # its length
+        self._given = ""  # the same as one text, while a retry is matched against it
+        self._matching = False
+        self._position = 0  # where the retried attempt has reached
+
+    def begin(self) -> None:
+        """A new attempt starts: its text will be matched against what was given."""
+        if self._length:
+            self._given = "".join(self._pieces)
+            self._pieces = [self._given]
+            self._matching, self._position = True, 0
+
+    def feed(self, text: str) -> bool:
+        """The next text of the current attempt; True when the sink wants no more."""
+        if not text:
+            return False
+        if self._matching:
+            text = self._match(text)
+            if not text:
+                return False
+        stop = self._sink(self._length, text)
+        self._pieces.append(text)
+        self._length += len(text)
+        return bool(stop)
+
+    def _match(self, text: str) -> str:
+        """Swallow what agrees with what was given; what is left to hand on (after a
+        rewind of the sink where the texts differ)."""
+        given, position = self._given, self._position
+        end = position + len(text)
+        if end <= len(given) and given.startswith(text, position):
+            self._position = end
+            return ""
+        same = 0
+        limit = min(len(text), len(given) - position)
+        while same < limit and text[same] == given[position + same]:
+            same += 1
+        self._matching, self._given = False, ""
+        differs_at = position + same
+        if differs_at < self._length:  # the texts differ: replace from there on
+            self._pieces = [given[:differs_at]]
+            self._length = differs_at
+        return text[same:]
+
+    def finish(self) -> None:
+        """The current attempt completed: a retried text shorter than what was given
+        takes the rest back (``sink(offset, "")``)."""
+        if self._matching and self._position < self._length:
+            self._sink(self._position, "")
+            self._pieces = [self._given[: self._position]]
+            self._length = self._position
+        self._matching, self._given = False, ""

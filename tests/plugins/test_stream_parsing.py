@@ -1,0 +1,79 @@
+"""The pieces under a streamed reply: server-sent events split from any chunking, and the
+text a sink is given across retried attempts (each once; a rewind where they differ)."""
+
+from __future__ import annotations
+
+from rlm_graph._http.streaming import DeltaTracker, SSEDecoder
+
+BODY = (
+    b'data: {"a": 1}\n\n'
+    b'event: content_block_delta\ndata: {"b": 2}\n\n'
+    b": a comment\n\n"
+    b"data: line one\ndata: line two\n\n"
+    b"data: [DONE]\n\n"
+)
+EVENTS = [
+    ("message", '{"a": 1}'),
+    ("content_block_delta", '{"b": 2}'),
+    ("message", "line one\nline two"),
+    ("message", "[DONE]"),
+]
+
+
+def test_events_come_out_the_same_whatever_the_chunks() -> None:
+    for size in (1, 2, 3, 7, 16, len(BODY)):
+        decoder = SSEDecoder()
+        events = []
+        for start in range(0, len(BODY), size):
+            events += decoder.feed(BODY[start : start + size])
+        assert events == EVENTS, size
+    crlf, body = SSEDecoder(), BODY.replace(b"\n", b"\r\n")
+    events = []
+    for start in range(0, len(body), 5):
+        events += crlf.feed(body[start : start + 5])
+    assert events == EVENTS
+
+
+def _tracked() -> tuple[DeltaTracker, list[tuple[int, str]]]:
+    given: list[tuple[int, str]] = []
+    return DeltaTracker(lambda offset, text: given.append((offset, text))), given
+
+
+def _text(given: list[tuple[int, str]]) -> str:
+    text = ""
+    for offset, piece in given:
+        text = text[:offset] + piece
+    return text
+
+
+def test_a_retried_attempt_that_agrees_adds_only_what_is_new() -> None:
+    tracker, given = _tracked()
+    tracker.begin()
+    tracker.feed("Hello, ")
+    tracker.feed("wor")
+    tracker.begin()  # the attempt broke off; the retry says the same, and more
+    for piece in ("Hel", "lo, w", "orld", "!"):
+        tracker.feed(piece)
+    tracker.finish()
+    assert given == [(0, "Hello, "), (7, "wor"), (10, "ld"), (12, "!")]
+    assert _text(given) == "Hello, world!"
+
+
+def test_a_retried_attempt_that_differs_rewinds_from_where_it_does() -> None:
+    tracker, given = _tracked()
+    tracker.begin()
+    tracker.feed("Hello, world")
+    tracker.begin()
+    tracker.feed("Hello, there")
+    tracker.finish()
+    assert given[-1] == (7, "there") and _text(given) == "Hello, there"
+
+
+def test_a_shorter_retried_attempt_takes_the_rest_back() -> None:
+    tracker, given = _tracked()
+    tracker.begin()
+    tracker.feed("Hello, world")
+    tracker.begin()
+    tracker.feed("Hello")
+    tracker.finish()
+    assert given[-1] == (5, "") and _text(given) == "Hello"
