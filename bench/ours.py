@@ -115,6 +115,10 @@ def scripted_kwargs(key: str, first: FirstRequest) -> dict[str, Any]:
     return {"model_name": key, "respond": respond, "latency": latency, "max_concurrent": 64}
 
 
+PROVIDER_LIMIT: int | None = 64
+"""``--provider-limit``: max_concurrent of the openai backend (None: adaptive)."""
+
+
 def make_rlm(
     key: str,
     mode: str,
@@ -140,7 +144,7 @@ def make_rlm(
             "model_name": key,
             "base_url": base_url,
             "api_key": "bench-not-a-key",
-            "max_concurrent": 64,
+            "max_concurrent": PROVIDER_LIMIT,  # None: the adaptive limit (the default)
             "max_attempts": 1,
             "http_transport": transport,
         }
@@ -291,9 +295,16 @@ def main() -> None:
     parser.add_argument(
         "--callgrind", action="store_true", help="under valgrind: count only the timed completion"
     )
+    parser.add_argument(
+        "--provider-limit",
+        default="64",
+        help="the openai backend's max_concurrent over HTTP (default 64, above what any "
+        "scenario uses); 'default': none given, the adaptive limit",
+    )
     args = parser.parse_args()
-    global SAMPLER, CALLGRIND
+    global SAMPLER, CALLGRIND, PROVIDER_LIMIT
     CALLGRIND = args.callgrind
+    PROVIDER_LIMIT = None if args.provider_limit == "default" else int(args.provider_limit)
     if args.profile:
         from sampler import Sampler
 

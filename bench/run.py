@@ -112,6 +112,7 @@ def plan(
     reps: int,
     memory_n: list[int],
     memory_http_n: int,
+    provider_limit: str = "64",
 ) -> list[tuple[str, list[str]]]:
     """(name, command) of every driver process to run, in order."""
     jobs: list[tuple[str, list[str]]] = []
@@ -137,7 +138,17 @@ def plan(
                 jobs.append(
                     (
                         f"ours-http-{transport}",
-                        [*ours, "--mode", "http", "--transport", transport, "{base_url}", *args],
+                        [
+                            *ours,
+                            "--mode",
+                            "http",
+                            "--transport",
+                            transport,
+                            "--provider-limit",
+                            provider_limit,
+                            "{base_url}",
+                            *args,
+                        ],
                     )
                 )
         if "memory" in groups:
@@ -363,6 +374,12 @@ def main() -> None:
     )
     parser.add_argument("--transports", default="httpx,lean", help="our HTTP transports to run")
     parser.add_argument(
+        "--provider-limit",
+        default="64",
+        help="our openai backend's max_concurrent (default 64, so it does not bind); "
+        "'default' for none: the adaptive limit",
+    )
+    parser.add_argument(
         "--memory-n", default="2500,5000,10000", help="sub-calls for our in-process memory runs"
     )
     parser.add_argument(
@@ -390,6 +407,7 @@ def main() -> None:
             args.reps,
             [int(n) for n in args.memory_n.split(",")],
             args.memory_http_n,
+            args.provider_limit,
         )
         for i, (name, command) in enumerate(jobs):
             command = [

@@ -201,6 +201,33 @@ answer["ready"] = True
     )
 
 
+def _recursive() -> Scenario:
+    root = """
+parts = rlm_query_batched([f"part {k}" for k in range(8)])
+total = sum(int(p) for p in parts)
+print(total)
+"""
+    child = """
+k = int(context.split()[1])
+r = llm_query_batched([f"sq {k * 8 + i}" for i in range(8)])
+answer["content"] = str(sum(int(x) for x in r))
+answer["ready"] = True
+"""
+    # 8 children, 4 in flight: 2 waves; each child one turn and 8 leaves at once. The 32
+    # leaves of a wave in flight together need a provider limit of at least 32.
+    ideal = 2 * ROOT_LATENCY + 2 * (ROOT_LATENCY + SUB_LATENCY)
+    return Scenario(
+        key="recursive",
+        root_turns=(repl(root), repl(ANSWER_TOTAL)),
+        child_turns=(repl(child),),
+        expected=str(sum(i * i for i in range(64))),
+        sub_calls=64,
+        ideal=ideal,
+        max_depth=2,
+        description="rlm_query_batched of 8 children (4 at a time), each llm_query_batched of 8",
+    )
+
+
 def _multibatch() -> Scenario:
     code = """
 a = llm_query_batched([f"sq {i}" for i in range(16)])
@@ -332,10 +359,11 @@ _FIXED: dict[str, Callable[[], Scenario]] = {
     "chain": _chain,
     "depth2": _depth2,
     "multibatch": _multibatch,
+    "recursive": _recursive,
     "first": _first,
 }
 
-TIMED = ("fanout", "chain", "depth2", "multibatch")
+TIMED = ("fanout", "chain", "depth2", "multibatch", "recursive")
 
 
 @functools.cache

@@ -323,6 +323,8 @@ class ProviderCapabilities:
         base_url: the API's root URL.
         streams: the provider has ``stream(request, sink)`` (`StreamingProvider`) and
             streaming is on; the engine streams root turns through it.
+        initial_concurrency: where the provider's adaptive concurrency limit starts
+            (None: at ``max_concurrent``, its ceiling); docs/limits.md.
     """
 
     requests_per_minute: float | None = None
@@ -333,6 +335,7 @@ class ProviderCapabilities:
     server_port: int | None = None
     base_url: str | None = None
     streams: bool = False
+    initial_concurrency: int | None = None
 
     @classmethod
     def of(cls, provider: object) -> ProviderCapabilities:

@@ -21,6 +21,7 @@ import trio
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
+from .concurrency.limiter import InProcessLimiter
 from .contracts import ModelInfo, Provider
 from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
@@ -34,7 +35,7 @@ from .journal.seam import JournalTarget
 from .limits import Limits
 from .result import WorkflowResult
 from .routing import ProviderRouter
-from .runtime.capacity import InProcessLimiter, LoopLimiters, SharedLimiter
+from .runtime.capacity import LoopLimiters, SharedLimiter
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.workflow import WorkflowRun

@@ -25,8 +25,9 @@ from __future__ import annotations
 from .batch import BatchError, BatchItem, BatchResult, Executor
 from .batch.complete import complete_item
 from .batch.heap import frozen_heap
+from .concurrency.limiter import InProcessLimiter
+from .contracts import RateGate, SharedLimiter
 from .limits import RateBucket
-from .runtime.capacity import InProcessLimiter, RateGate, SharedLimiter
 
 __all__ = [
     "BatchError",

@@ -27,7 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._http.attempts import note_retry as note_retry
+from ._http.attempts import (
+    note_rate_headers as note_rate_headers,
+    note_retry as note_retry,
+    wait_before_retry as wait_before_retry,
+)
 from ._http.keys import (
     KeyPolicy as KeyPolicy,
     ResolvedKey as ResolvedKey,
@@ -85,12 +89,14 @@ __all__ = [
     "content_text",
     "estimate_tokens",
     "is_context_length_error",
+    "note_rate_headers",
     "note_retry",
     "parse_duration",
     "parse_retry_after",
     "resolve_key",
     "retry_delay_from_headers",
     "token_count",
+    "wait_before_retry",
 ]
 
 

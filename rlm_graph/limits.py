@@ -12,10 +12,18 @@ import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .contracts import ModelInfo, Usage
 from .errors import config_error
+from .hedging import HedgePolicy
 
 __all__ = [
     "Budget",
@@ -47,6 +55,9 @@ class Limits(BaseModel):
         max_concurrent_subcalls: child completions in flight at once, tree-wide.
         on_limit: ``"return"`` the best partial answer with the reason, or ``"raise"`` a
             `LimitExceeded` that carries it.
+        hedge: hedged sub-calls (`HedgePolicy`; True for the defaults, or a dict of its
+            keys; None/False: off): a sub-call slower than most of its model's get one
+            duplicate, the first answer wins (docs/limits.md, "Hedged sub-calls").
     """
 
     # strict: max_depth="2" or max_timeout=True is a mistake to report, not to coerce.
@@ -61,6 +72,12 @@ class Limits(BaseModel):
     batch_max_concurrent: int = Field(16, ge=1)
     max_concurrent_subcalls: int = Field(4, ge=1)
     on_limit: OnLimit = "return"
+    hedge: HedgePolicy | None = None
+
+    @field_validator("hedge", mode="before")
+    @classmethod
+    def _hedge(cls, value: object) -> HedgePolicy | None:
+        return HedgePolicy.of(value)  # type: ignore[arg-type]
 
     @model_validator(mode="after")
     def _finite(self) -> Limits:
@@ -279,7 +296,7 @@ class RateBucket:
 
     Each bucket holds at most one minute's allowance and refills continuously, so a
     burst up to the per-minute limit passes at once and the steady rate never exceeds
-    it. No clock and no lock here: the trio limiter (`rlm_graph.runtime.capacity`) and
+    it. No clock and no lock here: the trio limiter (`rlm_graph.concurrency.limiter`) and
     the Ray executor's cluster-wide actor bring theirs, pass the time in, and keep their
     waiters in arrival order around `take_or_wait`.
     """

@@ -71,6 +71,11 @@ class RLM:
             whole tree (see docs/limits.md).
         on_limit: ``"return"`` the partial answer with ``stop_reason`` set, or ``"raise"``
             a `LimitExceeded` carrying it.
+        hedge: hedged sub-calls (off by default): ``True``, or a dict of ``quantile``
+            (0.9), ``max_extra`` (0.1) and ``min_samples`` (8). A sub-call still
+            unanswered past that quantile of its model's latencies in this run gets one
+            duplicate; the first answer wins, the other is cancelled, both are counted
+            (docs/limits.md, "Hedged sub-calls").
         persistent: keep the REPL across ``completion()`` calls (``context_N``,
             ``history_N``).
         custom_tools, custom_sub_tools: functions or data for the root's REPL and for
@@ -131,6 +136,7 @@ class RLM:
         max_budget: float | None = None,
         max_errors: int | None = None,
         on_limit: str = "return",
+        hedge: bool | Mapping[str, Any] | None = None,
         persistent: bool = False,
         custom_tools: Mapping[str, Any] | None = None,
         custom_sub_tools: Mapping[str, Any] | None = None,
@@ -214,6 +220,7 @@ class RLM:
             max_concurrent_subcalls=max_concurrent_subcalls,
             batch_max_concurrent=batch_max_concurrent,
             on_limit=on_limit,
+            hedge=hedge,
         )
         self.backend = backend
         self.environment = environment

@@ -23,6 +23,8 @@ PURE = [
     "images.py",
     "errors.py",
     "routing.py",
+    "concurrency/adaptive.py",
+    "hedging/policy.py",
     "journal",
     # the evaluation's data, scoring, statistics and pages (its runner uses the batch layer)
     "eval/items.py",
@@ -79,6 +81,8 @@ def test_only_the_runtime_and_facade_import_trio() -> None:
         "runtime",
         "_http",
         "doors",
+        "concurrency/limiter.py",
+        "hedging/race.py",
         "batch/complete.py",
         "engine.py",
         "rlm.py",

@@ -20,6 +20,7 @@ from ..errors import (
     RateLimited,
     is_context_length_error,
 )
+from .attempts import note_rate_headers
 from .retry import RETRY_STATUSES, retry_delay_from_headers
 
 __all__ = ["AttemptFailed", "Speaker", "gave_up", "raise_for_status", "read_json"]
@@ -63,6 +64,7 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
         data = None
     if response.status_code >= 300:
         raise_for_status(provider, response, data)
+    note_rate_headers(response.headers)
     if data is None:
         what = "an empty body" if not response.content else "a body that is not JSON"
         web_page = "html" in response.headers.get("content-type", "")

@@ -21,11 +21,21 @@ import contextvars
 import logging
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+import trio
 from opentelemetry import trace
 
-__all__ = ["RETRY_EVENT", "CallAttempts", "RetryLog", "note_retry"]
+__all__ = [
+    "RETRY_EVENT",
+    "AttemptHooks",
+    "CallAttempts",
+    "RetryLog",
+    "note_rate_headers",
+    "note_retry",
+    "wait_before_retry",
+]
 
 RETRY_EVENT = "rlm.retry"
 """The span event of one retry (docs/tracing.md, "Events")."""
@@ -81,14 +91,28 @@ class RetryLog:
             logger.warning("%s", line)
 
 
+class AttemptHooks(Protocol):
+    """The engine's side of one call's attempts: its place under the provider's limit."""
+
+    async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
+        """Wait ``wait`` seconds before the next attempt (``named``: the wait the server
+        asked for, if it did); a refused request gives its place back and queues again."""
+
+    def rate_headers(self, headers: Mapping[str, str]) -> None:
+        """An answer's headers, for the rate-limit windows they report."""
+
+
 class CallAttempts:
     """The attempts of one model call; ``with`` it around ``provider.complete``."""
 
-    __slots__ = ("attempts", "log", "provider", "_token")
+    __slots__ = ("attempts", "hooks", "log", "provider", "_token")
 
-    def __init__(self, log: RetryLog | None, provider: str) -> None:
+    def __init__(
+        self, log: RetryLog | None, provider: str, hooks: AttemptHooks | None = None
+    ) -> None:
         self.log = log
         self.provider = provider
+        self.hooks = hooks
         self.attempts = 1
         self._token: contextvars.Token[CallAttempts | None] | None = None
 
@@ -140,3 +164,29 @@ def note_retry(reason: str, *, wait: float | None = None) -> bool:
     if current.log is None:
         return True
     return current.log.add_retry(current.provider, reason) == 1
+
+
+async def wait_before_retry(reason: str, wait: float, *, named: float | None = None) -> None:
+    """Wait before the next attempt of the current model call (a provider's retry loop
+    calls this instead of ``trio.sleep(wait)``).
+
+    Inside a run, the engine waits: a request the provider refused (429, 503, 529) gives
+    its place under the provider's concurrency limit back, the limit learns from it
+    (docs/limits.md), and the retry queues for a place again; a wait the server named
+    (``named``, from ``Retry-After``) holds every request to that provider, not only
+    this one. Outside a run it is ``trio.sleep(wait)``.
+    """
+    current = _CURRENT.get()
+    if current is None or current.hooks is None:
+        await trio.sleep(wait)
+        return
+    await current.hooks.before_retry(reason, wait, named)
+
+
+def note_rate_headers(headers: Mapping[str, str]) -> None:
+    """Hand an answer's headers to the engine: a rate-limit window they report as used
+    up (``x-ratelimit-remaining-requests: 0`` and its reset) holds the provider's next
+    requests until the reset. Never fails, never blocks."""
+    current = _CURRENT.get()
+    if current is not None and current.hooks is not None:
+        current.hooks.rate_headers(headers)

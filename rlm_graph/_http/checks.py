@@ -17,7 +17,7 @@ __all__ = ["check_settings", "checked_base_url", "checked_policy"]
 def check_settings(
     provider: str,
     model_name: object,
-    max_concurrent: int,
+    max_concurrent: int | None,
     http_transport: str,
     timeout: float | None,
 ) -> None:
@@ -25,8 +25,15 @@ def check_settings(
     timeout that is not positive."""
     if not model_name or not isinstance(model_name, str):
         raise ConfigError(f"{provider}: no model name; pass backend_kwargs={{'model_name': ...}}")
-    if max_concurrent < 1:
-        raise ConfigError(f"{provider}: max_concurrent must be at least 1")
+    if max_concurrent is not None and (
+        isinstance(max_concurrent, bool)
+        or not isinstance(max_concurrent, int)
+        or max_concurrent < 1
+    ):
+        raise ConfigError(
+            f"{provider}: max_concurrent must be a whole number of at least 1 (or None: "
+            f"find the server's limit), not {max_concurrent!r}"
+        )
     if http_transport not in ("httpx", "lean"):
         raise ConfigError(
             f"{provider}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"

@@ -41,11 +41,9 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
-import ssl
 import threading
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -55,16 +53,24 @@ import httpx
 import trio
 from opentelemetry.propagate import inject
 
+from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
 from .answers import AttemptFailed as _Retry, gave_up, read_json
-from .attempts import note_retry
+from .attempts import note_rate_headers, note_retry, wait_before_retry
 from .checks import check_settings, checked_base_url, checked_policy
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
 from .streaming import DeltaTracker, StreamParser, read_events
-from .transport import PACE, LeanTransport, RequestNotSent, proxy_configured
+from .transport import (
+    PACE,
+    LeanTransport,
+    LoopClient as _LoopClient,
+    RequestNotSent,
+    proxy_configured,
+    shared_ssl_context as _shared_ssl_context,
+)
 
 __all__ = [
     "JSONProvider",
@@ -81,23 +87,6 @@ logger = logging.getLogger("rlm_graph.providers")
 TIMEOUT_GROWTH_CAP = 8.0
 
 
-class _LoopClient:
-    """The client of one trio loop, and its lean transport when it has one."""
-
-    __slots__ = ("client", "lean")
-
-    def __init__(self, client: httpx.AsyncClient, lean: LeanTransport | None) -> None:
-        self.client = client
-        self.lean = lean
-
-
-@functools.lru_cache(maxsize=1)
-def _shared_ssl_context() -> ssl.SSLContext:
-    """One TLS context per process: building one (loading the CA bundle) costs ~20 ms,
-    and every sync ``completion()`` opens a new client. Honours SSL_CERT_FILE/DIR."""
-    return httpx.create_ssl_context()
-
-
 class JSONProvider:
     """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
 
@@ -109,9 +98,10 @@ class JSONProvider:
         model_name: the model asked for when a request names none.
         base_url: the API's root URL (the endpoint ``path`` is appended).
         api_key: the key, or ``None`` for servers that need none.
-        max_concurrent: requests in flight at once (the engine's shared limiter and the
-            size of each loop's connection pool). The default, 16, lets one batch run
-            ``batch_max_concurrent`` (16) wide.
+        max_concurrent: the most requests in flight at once (the ceiling of the engine's
+            adaptive limit, and the size of each loop's connection pool). ``None`` (the
+            default): the limit finds what the server takes, from 32 up to 512, lower
+            on 429s (docs/limits.md); a number is a hard ceiling the limit starts at.
         timeout: seconds the first attempt may take in all (connect, send, wait, read);
             each attempt after a timeout gets twice as long, up to ``8 * timeout``.
             ``None``: no limit.
@@ -155,7 +145,7 @@ class JSONProvider:
         model_name: str,
         base_url: str,
         api_key: str | None = None,
-        max_concurrent: int = 16,
+        max_concurrent: int | None = None,
         timeout: float | None = 60.0,
         max_attempts: int = 10,
         max_timeouts: int = 3,
@@ -174,7 +164,8 @@ class JSONProvider:
         self.streams = bool(stream) and type(self)._stream_fields is not JSONProvider._stream_fields
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)
-        self.max_concurrent = max_concurrent
+        self.max_concurrent = DEFAULT_CEILING if max_concurrent is None else max_concurrent
+        self.initial_concurrency = DEFAULT_INITIAL if max_concurrent is None else None
         self.timeout = timeout
         self.requests_per_minute = requests_per_minute
         self.tokens_per_minute = tokens_per_minute
@@ -378,7 +369,7 @@ class JSONProvider:
                 if retry.reason == "timeout" and first and not warned:
                     warned = True
                     self._warn_timeout(retry.error, timeouts)
-                await trio.sleep(wait)
+                await wait_before_retry(retry.reason, wait, named=retry.wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod
@@ -560,6 +551,7 @@ class JSONProvider:
             with trio.CancelScope() as stall:
                 stall.deadline = math.inf if timeout is None else trio.current_time() + timeout
                 async with self._open_stream(loop, content, timeout) as response:
+                    note_rate_headers(response.headers)
                     kind = response.headers.get("content-type", "")
                     if response.status_code >= 300 or "event-stream" not in kind:
                         await response.aread()  # an error, or a server that ignored "stream"

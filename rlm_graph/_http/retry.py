@@ -18,6 +18,7 @@ __all__ = [
     "RESET_HEADERS",
     "RETRY_STATUSES",
     "RetryPolicy",
+    "exhausted_for",
     "parse_duration",
     "parse_retry_after",
     "retry_delay_from_headers",
@@ -144,3 +145,38 @@ def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = Non
     waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
     known = [w for w in waits if w is not None]
     return max(known) if known else None
+
+
+_REMAINING = (
+    ("x-ratelimit-remaining-requests", "x-ratelimit-reset-requests"),
+    ("x-ratelimit-remaining-tokens", "x-ratelimit-reset-tokens"),
+    ("anthropic-ratelimit-requests-remaining", "anthropic-ratelimit-requests-reset"),
+    ("anthropic-ratelimit-tokens-remaining", "anthropic-ratelimit-tokens-reset"),
+    ("anthropic-ratelimit-input-tokens-remaining", "anthropic-ratelimit-input-tokens-reset"),
+    ("anthropic-ratelimit-output-tokens-remaining", "anthropic-ratelimit-output-tokens-reset"),
+)
+
+
+def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Seconds until a rate-limit window the server says is used up resets (a
+    ``*-remaining-*`` header at 0 and its ``*-reset-*`` header); None when none is.
+
+    A successful answer that says so tells the engine to send nothing to that provider
+    before the reset: the next request would only be refused.
+    """
+    lowered = {k.lower(): v for k, v in headers.items()}
+    now = time.time() if now is None else now
+    waits = []
+    for remaining, reset in _REMAINING:
+        value = lowered.get(remaining)
+        if value is None or reset not in lowered:
+            continue
+        try:
+            if float(value) > 0:
+                continue
+        except ValueError:
+            continue
+        wait = _parse_reset(lowered[reset], now)
+        if wait is not None:
+            waits.append(max(0.0, wait))
+    return max(waits) if waits else None

@@ -33,6 +33,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import math
 import ssl
 import time
@@ -45,7 +46,14 @@ import h11
 import httpx
 import trio
 
-__all__ = ["PACE", "LeanTransport", "RequestNotSent", "proxy_configured"]
+__all__ = [
+    "PACE",
+    "LeanTransport",
+    "LoopClient",
+    "RequestNotSent",
+    "proxy_configured",
+    "shared_ssl_context",
+]
 
 PACE = "rlm_graph.read_pace"
 """The request extension that sets the seconds between two reads of the response body
@@ -359,3 +367,20 @@ class _timeout:
         if self._scope.cancelled_caught:
             raise self._error(f"timed out {self._what} after {self._seconds} s")
         return bool(suppressed)
+
+
+class LoopClient:
+    """The client of one trio loop, and its lean transport when it has one."""
+
+    __slots__ = ("client", "lean")
+
+    def __init__(self, client: httpx.AsyncClient, lean: LeanTransport | None) -> None:
+        self.client = client
+        self.lean = lean
+
+
+@functools.lru_cache(maxsize=1)
+def shared_ssl_context() -> ssl.SSLContext:
+    """One TLS context per process: building one (loading the CA bundle) costs ~20 ms,
+    and every sync ``completion()`` opens a new client. Honours SSL_CERT_FILE/DIR."""
+    return httpx.create_ssl_context()

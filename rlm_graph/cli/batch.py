@@ -28,6 +28,7 @@ from .run import (
     _add_provider_arguments,
     _add_window_arguments,
     add_backend_arguments,
+    add_hedge_argument,
     rlm_kwargs,
 )
 
@@ -72,6 +73,7 @@ def register(subparsers: Any) -> None:
     limits = parser.add_argument_group("limits (per completion; an item may override them)")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    add_hedge_argument(limits)
     parser.set_defaults(func=run)
 
 

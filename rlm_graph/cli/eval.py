@@ -27,6 +27,7 @@ from .run import (
     _add_provider_arguments,
     _add_window_arguments,
     add_backend_arguments,
+    add_hedge_argument,
     rlm_kwargs,
 )
 
@@ -53,6 +54,7 @@ def register(subparsers: Any) -> None:
         if name == "max_budget":
             text = "USD for the whole evaluation, every item and method (docs/eval.md: the rule and its bound)"
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    add_hedge_argument(limits)
     parser.set_defaults(func=run, journal=None)
     actions = parser.add_subparsers(
         dest="action", metavar="[convert]", help="convert a published file to items"

@@ -10,8 +10,12 @@ JSON with ``--json``):
   (and cancelled, once any was), tokens and cost so far;
 - otherwise (a pipe, a log file): one plain line each time the root starts a turn, and
   one at the end;
-- ``--verbose``: also a line per node as it finishes, and the root model's replies line by
-  line as they are written (where the provider streams); ``--quiet``: nothing.
+- ``--verbose``: also a line per node as it finishes, the root model's replies line by
+  line as they are written (where the provider streams), and a line each time a
+  provider's adaptive concurrency limit moves (docs/limits.md); ``--quiet``: nothing.
+
+The line shows the providers' current concurrency limits (``limit 28``) once one has
+moved.
 
 The end says how the run ended (`RunProgress.outcome`): ``done``, ``interrupted``
 (Ctrl-C, a cancellation), ``stopped by <limit>`` or ``failed (<error type>)``. A sub-call
@@ -30,6 +34,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ..events import (
+    ConcurrencyLimit,
     LimitWarning,
     NodeFinished,
     NodeStarted,
@@ -81,6 +86,7 @@ class RunProgress:
         "error",
         "failed",
         "finished",
+        "limits",
         "running",
         "started",
         "stop_reason",
@@ -103,6 +109,7 @@ class RunProgress:
         self.stop_reason: str | None = None
         self.error: str | None = None
         self.finished = False
+        self.limits: dict[str, int] = {}  # provider -> its concurrency limit, once moved
 
     def update(self, event: Any) -> None:
         if isinstance(event, RunStarted):
@@ -127,6 +134,8 @@ class RunProgress:
                     self.failed += 1
         elif isinstance(event, LimitWarning):
             self.warnings.append(f"{event.limit} {event.fraction:.0%} used")
+        elif isinstance(event, ConcurrencyLimit):
+            self.limits[event.provider] = event.limit
         elif isinstance(event, RunFinished):
             self.stop_reason = event.stop_reason
             self.error = event.error
@@ -157,6 +166,10 @@ class RunProgress:
             f"sub-calls {self.done} done, {self.running} running, {self.failed} failed"
             f"{cancelled}  {self.tokens:,} tokens  ${self.cost:.4f}"
         )
+        if len(self.limits) == 1:
+            text += f"  limit {next(iter(self.limits.values()))}"
+        elif self.limits:
+            text += "  limits " + " ".join(f"{k}={v}" for k, v in self.limits.items())
         if self.warnings:
             text += "  (" + "; ".join(self.warnings) + ")"
         return text
@@ -223,6 +236,11 @@ class ProgressDisplay(LiveLine):
                 self._echo.end()
         if self.verbose and isinstance(event, NodeFinished):
             self._say(_node_line(event))
+        elif self.verbose and isinstance(event, ConcurrencyLimit):
+            self._say(
+                f"  concurrency limit of {event.provider}: {event.limit} "
+                f"({event.in_flight} in flight, {event.refused} refused so far)"
+            )
         if self.mode == "plain":
             if (
                 isinstance(event, NodeStarted)
@@ -283,7 +301,8 @@ def _node_line(event: NodeFinished) -> str:
     where = f"depth {event.depth}"
     usage = f" {event.usage.input_tokens + event.usage.output_tokens:,} tok" if event.usage else ""
     error = f"  {event.error_type or 'error'}: {event.error}" if event.error else ""
+    hedge = f"  hedged: the duplicate {event.hedge}" if event.hedge else ""
     return (
         f"  {event.node_id:<24} {event.kind!s:<10} {where:<8} {event.status!s:<9} "
-        f"{event.duration:7.3f}s{usage}{error}"
+        f"{event.duration:7.3f}s{usage}{error}{hedge}"
     )

@@ -37,6 +37,7 @@ from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 __all__ = [
     "LIMIT_FLAGS",
     "add_backend_arguments",
+    "add_hedge_argument",
     "add_engine_arguments",
     "provider_message",
     "register",
@@ -113,6 +114,33 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     limits = parser.add_argument_group("limits")
     for name, kind, text in LIMIT_FLAGS:
         limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    add_hedge_argument(limits)
+
+
+def add_hedge_argument(group: Any) -> None:
+    """``--hedge [JSON]``: hedged sub-calls (``run``, ``mcp``, ``batch`` and ``eval``)."""
+    group.add_argument(
+        "--hedge",
+        nargs="?",
+        const="true",
+        metavar="JSON",
+        help="hedge slow sub-calls: one duplicate past the 90th percentile of the model's "
+        "latencies, at most 10%% more requests; or a JSON object of quantile, max_extra, "
+        "min_samples (docs/limits.md)",
+    )
+
+
+def _hedge(text: str) -> Any:
+    """``--hedge``'s value as ``RLM(hedge=...)`` takes it."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if value is True or isinstance(value, dict):
+        return value
+    raise ConfigError(
+        f"--hedge takes no value or a JSON object such as '{{\"quantile\": 0.95}}', not {text!r}"
+    )
 
 
 def add_backend_arguments(parser: argparse.ArgumentParser, *, model_required: bool = True) -> None:
@@ -152,7 +180,12 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         help="send the key in environment variable NAME to --base-url (without it, the "
         "backend's key variable goes only to the provider's official host)",
     )
-    group.add_argument("--max-concurrent", type=int, help="requests in flight to the provider")
+    group.add_argument(
+        "--max-concurrent",
+        type=int,
+        help="the most requests in flight to the provider (default: an adaptive limit that "
+        "finds what the server takes, from 32 up, lower on 429s)",
+    )
     group.add_argument(
         "--requests-per-minute", type=float, help="the provider's request rate limit"
     )
@@ -308,6 +341,8 @@ def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         value = getattr(args, name)
         if value is not None:
             kwargs[name] = value
+    if getattr(args, "hedge", None) is not None:
+        kwargs["hedge"] = _hedge(args.hedge)
     models = _models(args)
     if models is not None:
         kwargs["models"] = models

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from ..concurrency import AdaptiveLimit
 from ..graph import NodeRecord
 from ..limits import Budget, Limits
 from .models import (
+    ConcurrencyLimit,
     EventBase,
     LimitWarning,
     Listener,
@@ -112,6 +114,23 @@ class EventEmitter:
         )
         self.check_limits()
 
+    def concurrency(self, provider: str, limit: AdaptiveLimit) -> None:
+        """A provider's adaptive limit moved (a call of this run moved it)."""
+        logger.info(
+            "%s: concurrency limit now %d (%d in flight, %d refused)",
+            provider,
+            limit.limit,
+            limit.in_flight,
+            limit.refusals,
+        )
+        self._send(
+            ConcurrencyLimit,
+            provider=provider,
+            limit=limit.limit,
+            in_flight=limit.in_flight,
+            refused=limit.refusals,
+        )
+
     def text_sink(
         self, record: NodeRecord, then: Callable[[int, str], bool | None] | None
     ) -> Callable[[int, str], bool | None] | None:
@@ -158,6 +177,7 @@ class EventEmitter:
             preview=record.output_preview,
             error=record.error,
             error_type=record.error_type,
+            hedge=record.hedge,
         )
         self.check_limits()
 

@@ -10,6 +10,7 @@ Lifecycle, per run:
     start comes before its finish; a spawned node starts after its parent started and
     finishes before it), limit_warning at most once per limit, run_finished last. A root
     turn whose reply streams has text_delta events between its start and its finish.
+    concurrency_limit whenever a provider's adaptive limit moves (between any two).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..contracts import Usage
 from ..graph import NodeKind, NodeStatus
 
 __all__ = [
+    "ConcurrencyLimit",
     "Event",
     "EventBase",
     "LimitWarning",
@@ -92,6 +94,8 @@ class NodeFinished(EventBase):
         usage, cost: the node's own model usage, where it called a model.
         preview: the start of its output (secrets redacted).
         error, error_type: what went wrong, for a failed node.
+        hedge: ``"won"``/``"lost"`` for a hedged sub-call that sent a duplicate (the
+            duplicate answered first, or the first request did); None otherwise.
     """
 
     type: Literal["node_finished"] = "node_finished"
@@ -105,6 +109,7 @@ class NodeFinished(EventBase):
     preview: str = ""
     error: str | None = None
     error_type: str | None = None
+    hedge: Literal["won", "lost"] | None = None
 
 
 class TextDelta(EventBase):
@@ -138,6 +143,23 @@ class LimitWarning(EventBase):
         return self.used / self.maximum if self.maximum else 1.0
 
 
+class ConcurrencyLimit(EventBase):
+    """A provider's adaptive concurrency limit moved (docs/limits.md).
+
+    Attributes:
+        provider: the provider's key (its name, and its server when it has one).
+        limit: requests it may have in flight now.
+        in_flight: requests in flight when it moved.
+        refused: the provider's refusals (429, 503, 529) seen so far by this engine.
+    """
+
+    type: Literal["concurrency_limit"] = "concurrency_limit"
+    provider: str
+    limit: int
+    in_flight: int
+    refused: int
+
+
 class RunFinished(EventBase):
     """The run ended; always the last event of a run.
 
@@ -161,7 +183,13 @@ class RunFinished(EventBase):
 
 
 Event: TypeAlias = Annotated[
-    RunStarted | NodeStarted | TextDelta | NodeFinished | LimitWarning | RunFinished,
+    RunStarted
+    | NodeStarted
+    | TextDelta
+    | NodeFinished
+    | LimitWarning
+    | ConcurrencyLimit
+    | RunFinished,
     Field(discriminator="type"),
 ]
 """Any event; ``event.type`` tells which."""

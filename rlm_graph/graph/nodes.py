@@ -90,6 +90,9 @@ class NodeRecord:
             limit, no text); the model saw the same note after the reply.
         replayed: the node's result came from a journal (docs/durability.md): it made no
             request in this run, and its times are those of the run that recorded it.
+        hedge: for a hedged sub-call (``hedge=``, docs/limits.md) that sent a duplicate:
+            ``"won"`` when the duplicate answered first, ``"lost"`` when the first request
+            did; the other was cancelled, and both are in ``usage`` and ``cost``.
         content_in, content_out: the node's whole input and output (a turn's new message
             and its reply, a block's code and what it printed, a sub-call's prompt and
             answer), kept only when the run records content (``record_content=True``:
@@ -122,6 +125,7 @@ class NodeRecord:
     note: str | None = None
     reason: str | None = None
     replayed: bool = False
+    hedge: Literal["won", "lost"] | None = None
     content_in: str | None = None
     content_out: str | None = None
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
@@ -33,7 +34,8 @@ from ..contracts import (
     estimate_tokens,
 )
 from ..errors import ConfigError
-from ..graph import NodeRecord, preview
+from ..graph import NodeKind, NodeRecord, preview
+from ..hedging.race import Duplicate, race
 from ..journal.keys import call_hash
 from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
@@ -203,12 +205,12 @@ async def call_model(call: ModelCall) -> ChatResponse:
     try:
         streams = call.stream and route.capabilities.streams
         sink = run.events.text_sink(record, call.on_text) if streams else None
-        response, usage = await _send(run, route, request, record, sink)
+        response, usage, duplicate = await _send(run, route, request, record, sink)
     except BaseException:
         if reservation is not None:
             run.spend.release(reservation)
         raise
-    return _account(run, record, call, response, usage, reservation)
+    return _account(run, record, call, response, usage, reservation, duplicate)
 
 
 def _check_priced(run: Run, route: Route) -> None:
@@ -232,6 +234,12 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
     """
     if not run.budget.limited:
         return None
+    tokens, cost = _estimate(run, route, request)
+    return await run.spend.reserve(tokens, cost, route.model)
+
+
+def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float | None]:
+    """A call's tokens and dollars before it goes (see `_reserve`)."""
     output = request.max_tokens or route.capabilities.default_max_tokens or DEFAULT_OUTPUT_ESTIMATE
     guess = Usage(
         input_tokens=sum(estimate_tokens(m.content) for m in request.messages),
@@ -240,15 +248,16 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
     cost = run.router.price(route.model, guess)
     if cost is None:
         cost = run.spend.estimate(route.model)
-    return await run.spend.reserve(guess.total_tokens, cost, route.model)
+    return guess.total_tokens, cost
 
 
 async def _send(
     run: Run, route: Route, request: ChatRequest, record: NodeRecord, sink: TextSink | None
-) -> tuple[ChatResponse, Usage]:
-    """Wait for the provider's rate buckets and a slot, call it (streamed into ``sink``
-    when there is one); the response and its usage (estimated when none was reported)."""
-    provider, capabilities = route.provider, route.capabilities
+) -> tuple[ChatResponse, Usage, Duplicate | None]:
+    """Wait for the provider's rate buckets, send the request (streamed into ``sink``
+    when there is one; raced against a duplicate when the run hedges its sub-calls); the
+    response, its usage (estimated when none was reported) and the duplicate that went."""
+    capabilities = route.capabilities
     rate = run.limiters.rate(
         route.key, capabilities.requests_per_minute, capabilities.tokens_per_minute
     )
@@ -256,13 +265,58 @@ async def _send(
     if rate is not None:
         estimate = sum(estimate_tokens(m.content) for m in request.messages)
         await rate.acquire(estimate)
-    async with (
-        run.limiters.provider(route.key, provider.max_concurrent),
-        run.limiters.gate(route.key, provider.max_concurrent),
-    ):
-        record.start = trio.current_time()  # queueing for the slot was not service
-        record.wall_start = time.time()
-        attempts = CallAttempts(run.retries, provider.name)
+    duplicate = None
+    hedges = run.hedges if sink is None and record.kind is NodeKind.LLM_CALL else None
+    if hedges is None:
+        response = await _request(run, route, request, record, sink, True, None)
+    else:
+
+        async def send(first: bool, on_slot: Callable[[], None]) -> ChatResponse:
+            return await _request(run, route, request, record, None, first, on_slot)
+
+        reserve_now = None
+        if run.budget.limited:
+            reserve_now = partial(_reserve_now, run, route, request)
+        response, duplicate = await race(
+            hedges, route.model, record, send, reserve_now, run.spend.release
+        )
+    usage = response.usage
+    if usage.total_tokens == 0:
+        usage = estimated_usage(request.messages, response.content)
+    if rate is not None:
+        rate.settle(estimate, usage.total_tokens)
+    return response, usage, duplicate
+
+
+def _reserve_now(run: Run, route: Route, request: ChatRequest) -> Reservation | None:
+    """A duplicate's reservation, if its estimate fits the budget now."""
+    tokens, cost = _estimate(run, route, request)
+    return run.spend.try_reserve(tokens, cost, route.model)
+
+
+async def _request(
+    run: Run,
+    route: Route,
+    request: ChatRequest,
+    record: NodeRecord,
+    sink: TextSink | None,
+    first: bool,
+    on_slot: Callable[[], None] | None,
+) -> ChatResponse:
+    """One request through the provider's limiters, with its retries; the first of a
+    node sets its service start, a duplicate adds its attempts to the node's."""
+    provider, capabilities = route.provider, route.capabilities
+    ceiling = provider.max_concurrent
+    initial = min(capabilities.initial_concurrency or ceiling, ceiling)
+    slot = run.limiters.slot(route.key, initial, ceiling, route.model, run.events.concurrency)
+    async with run.limiters.provider(route.key, ceiling), slot:
+        began = trio.current_time()
+        if first:  # queueing for the slot was not service
+            record.start = began
+            record.wall_start = time.time()
+        if on_slot is not None:
+            on_slot()
+        attempts = CallAttempts(run.retries, provider.name, slot)
         try:
             # The node's span is current: the request carries its traceparent.
             with attempts, run.tracer.activate(record.id):
@@ -271,13 +325,11 @@ async def _send(
                 else:  # capabilities.streams: a StreamingProvider
                     response = await cast(StreamingProvider, provider).stream(request, sink)
         finally:
-            record.attempts = attempts.attempts
-    usage = response.usage
-    if usage.total_tokens == 0:
-        usage = estimated_usage(request.messages, response.content)
-    if rate is not None:
-        rate.settle(estimate, usage.total_tokens)
-    return response, usage
+            # The node starts at 1; a hedged call's two requests may end in either order.
+            record.attempts += attempts.attempts - (1 if first else 0)
+    if run.hedges is not None and record.kind is NodeKind.LLM_CALL:
+        run.hedges.answered(route.model, trio.current_time() - began)
+    return response
 
 
 def _account(
@@ -287,13 +339,24 @@ def _account(
     response: ChatResponse,
     usage: Usage,
     reservation: Reservation | None,
+    duplicate: Duplicate | None = None,
 ) -> ChatResponse:
     """Price the reply, note what is wrong with it, count it in the tally, settle the
-    budget (a passed limit stops the tree); the reply as the caller gets it."""
+    budget (a passed limit stops the tree); the reply as the caller gets it.
+
+    A hedged call's duplicate is counted too: a request cancelled mid-flight is billed
+    by most providers as if it had run, so it counts as the winner's usage and cost
+    again (marked estimated), settled against its own reservation."""
     cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
     note = reply_note(response)
     if note is not None:
         response = response.model_copy(update={"content": with_note(response.content, note)})
+    exceeded = _charge(run, reservation, usage, cost)
+    if duplicate is not None:
+        extra = usage.model_copy(update={"estimated": True})
+        exceeded = _charge(run, duplicate.reservation, extra, cost) or exceeded
+        duplicate.reservation = None
+        usage, cost = usage + extra, None if cost is None else 2 * cost
     record.answered(
         usage=usage,
         cost=cost,
@@ -304,10 +367,16 @@ def _account(
     )
     if call.tally is not None:
         call.tally.add(usage, cost)
-    if reservation is not None:
-        exceeded = run.spend.settle(reservation, usage, cost)
-    else:
-        exceeded = run.budget.charge(usage, cost)
     if exceeded is not None:
         run.stop(exceeded)
     return response
+
+
+def _charge(
+    run: Run, reservation: Reservation | None, usage: Usage, cost: float | None
+) -> str | None:
+    """Charge one request to the run's budget (settling its reservation); the limit now
+    passed, if any."""
+    if reservation is not None:
+        return run.spend.settle(reservation, usage, cost)
+    return run.budget.charge(usage, cost)

@@ -31,6 +31,7 @@ import trio
 from .._http.attempts import RetryLog
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
+from ..hedging import HedgeBudget
 from ..hooks.listener import HookListener, has_observers
 from ..journal.tools import NOT_JOURNALED
 from ..limits import Budget, Limits
@@ -99,6 +100,8 @@ class Run:
         self._counters: Counter[str] = Counter()
         self.journal: Replayer | None = None  # set by the run's lifecycle
         self.retries = RetryLog()
+        # The tree's hedged sub-calls: its latencies per model, its duplicates' budget.
+        self.hedges = HedgeBudget(limits.hedge) if limits.hedge is not None else None
         fan_out = list(listeners)
         if has_observers(host.hook):
             fan_out.append(HookListener(host.hook, self.graph))

@@ -203,7 +203,13 @@ class FakeServer:
         api_key: when set, requests without this key get the API's 401.
         models: when set, requests for another model get the API's 404.
         latency: seconds every answer waits (on the connection's thread); for a streamed
-            answer, until its first token.
+            answer, until its first token. A callable is drawn from once per request
+            (`rlm_graph.testing.Lognormal`: seeded, heavy-tailed). A client that hangs up
+            while its answer waits is counted in ``cancelled``.
+        max_in_flight: a concurrency ceiling: a request that arrives while this many are
+            in flight is refused at once with the API's 429 and ``refusal_headers``
+            (``Retry-After: 0`` by default), counted in ``refused`` and not in flight.
+        refusal_headers: the headers of those refusals.
         stream_rate: tokens per second of a streamed answer (None: all at once).
         prompt_cache: report cached input tokens for a prefix the server saw before, as
             the API does (see the subclasses).
@@ -219,7 +225,9 @@ class FakeServer:
         replies: Iterable[Any] = (),
         api_key: str | None = None,
         models: Iterable[str] | None = None,
-        latency: float = 0.0,
+        latency: float | Callable[[], float] = 0.0,
+        max_in_flight: int | None = None,
+        refusal_headers: Mapping[str, str] | None = None,
         stream_rate: float | None = None,
         prompt_cache: bool = False,
         cache_min_tokens: int = 1024,
@@ -237,6 +245,10 @@ class FakeServer:
         self.api_key = api_key
         self.models = set(models) if models is not None else None
         self.latency = latency
+        self.max_in_flight = max_in_flight
+        self.refusal_headers = dict(refusal_headers or {"Retry-After": "0"})
+        self.refused = 0
+        self.cancelled = 0
         self.requests: list[RecordedRequest] = []
         self.responses: list[tuple[int, Any]] = []
         self.in_flight = 0
@@ -375,22 +387,27 @@ class FakeServer:
         except ValueError:
             body = None
         headers = {k.lower(): v for k, v in handler.headers.items()}
-        index = self._begin(handler, headers, body)
-        counted = True
+        index, counted = self._begin(handler, headers, body)
         try:
+            if not counted:  # past max_in_flight
+                self._send(
+                    handler, Reply(429, "too many requests in flight", self.refusal_headers), body
+                )
+                return
             reply = self._answer(handler.path, headers, body)
             self._local.counts = (0, 0)
             if self.prompt_cache and reply.status < 300 and isinstance(body, dict):
                 with self._lock:
                     self._local.counts = self.cache_counts(body)
             if reply.fault == "hang":
-                self._hang(handler, self.latency + reply.delay)
+                self._hang(handler, self._latency() + reply.delay)
                 return
             if self._streams(reply, body):
                 self._send_stream(handler, reply, body)
                 return
-            if self.latency or reply.delay:
-                time.sleep(self.latency + reply.delay)
+            wait = self._latency() + reply.delay
+            if wait and not self._wait(handler, wait):
+                return  # the client hung up: nothing to answer
             # The client may send its next request as soon as it reads this answer (its
             # slot is free then): stop counting this one first, or ``peak_in_flight``
             # would count a request that is already over for the client.
@@ -433,7 +450,7 @@ class FakeServer:
                 handler.send_header(name, value)
             handler.end_headers()
             self._chunks(handler, head)
-            wait = self.latency + (reply.delay if reply.fault != "stall" else 0.0)
+            wait = self._latency() + (reply.delay if reply.fault != "stall" else 0.0)
             if wait:  # to the first token
                 time.sleep(wait)
             gap = 1.0 / self.stream_rate if self.stream_rate else 0.0
@@ -478,14 +495,40 @@ class FakeServer:
         except (OSError, ValueError):
             pass
 
-    def _begin(self, handler: _Handler, headers: dict[str, str], body: Any) -> int:
+    def _latency(self) -> float:
+        return self.latency() if callable(self.latency) else self.latency
+
+    def _wait(self, handler: _Handler, seconds: float) -> bool:
+        """Wait ``seconds`` before answering; False (counted in ``cancelled``) when the
+        client hung up meanwhile. With no pipelining, a readable connection here is an
+        end of file or a reset."""
+        until = time.monotonic() + seconds
+        readable: list[Any] = []
+        try:
+            readable, _, _ = select.select([handler.connection], [], [], seconds)
+            gone = bool(readable) and not handler.connection.recv(1, socket.MSG_PEEK)
+        except OSError:
+            gone = True
+        if readable and not gone:  # a pipelined request, not a hang-up: wait it out
+            time.sleep(max(0.0, until - time.monotonic()))
+        if gone:
+            handler.close_connection = True
+            with self._lock:
+                self.cancelled += 1
+        return not gone
+
+    def _begin(self, handler: _Handler, headers: dict[str, str], body: Any) -> tuple[int, bool]:
+        """Record a request; whether it is in flight (False: refused, past the ceiling)."""
         with self._lock:
             self.requests.append(
                 RecordedRequest(handler.command, handler.path, headers, body, time.monotonic())
             )
+            if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+                self.refused += 1
+                return len(self.requests) - 1, False
             self.in_flight += 1
             self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
-            return len(self.requests) - 1
+            return len(self.requests) - 1, True
 
     def _leave(self) -> None:
         with self._lock:

@@ -89,6 +89,7 @@ SPAN_ATTRIBUTES = (
     "rlm.queue_seconds",
     "rlm.stop_reason",
     "rlm.replayed",
+    "rlm.hedge",
 )
 
 # Span name of each node kind ("{model}" and "{id}" are filled in from the record).
@@ -369,6 +370,8 @@ class NodeTracer:
             attrs["rlm.cost_usd"] = record.cost
         if record.replayed:
             attrs["rlm.replayed"] = True
+        if record.hedge is not None:
+            attrs["rlm.hedge"] = record.hedge
         if record.start is not None and record.submitted is not None:
             queued = record.start - record.submitted
             if queued > 0:

@@ -57,13 +57,15 @@ def test_threads_each_keep_their_own_client_and_connections() -> None:
 
 def test_default_provider_concurrency_lets_one_batch_run_full_width() -> None:
     batch_default = inspect.signature(RLM).parameters["batch_max_concurrent"].default
-    provider_default = inspect.signature(JSONProvider).parameters["max_concurrent"].default
-    assert provider_default >= batch_default
+    # No max_concurrent: the adaptive limit, which starts wide enough for a batch.
+    assert inspect.signature(JSONProvider).parameters["max_concurrent"].default is None
     for provider in (
         OpenAIProvider(backend="vllm", model_name="m"),
         AnthropicProvider(model_name="m", base_url="http://127.0.0.1:1"),
     ):
-        assert provider.max_concurrent >= batch_default
+        assert provider.initial_concurrency is not None
+        assert provider.initial_concurrency >= batch_default
+        assert provider.max_concurrent >= provider.initial_concurrency
 
 
 def test_a_batch_runs_batch_max_concurrent_wide_by_default() -> None:

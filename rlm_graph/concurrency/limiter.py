@@ -1,0 +1,291 @@
+"""The provider limits every trio loop and thread of an engine shares: the default
+`SharedLimiter` (`InProcessLimiter`), its concurrency gates and its rate buckets.
+
+A provider's concurrency gate (`SharedGate`) holds an `AdaptiveLimit`
+(rlm_graph.concurrency.adaptive) and the requests waiting for it, in arrival order,
+across loops; each model call holds its place through all its attempts as a
+`ProviderSlot`, which tells the limit what the provider's answers said (an answer and
+its latency, a refusal, a wait the server named). Rate buckets run on trio's clock,
+which belongs to one loop, so each loop has its own (`RateLimiter`).
+
+A batch executor may supply another `SharedLimiter` (the Ray executor's lives in a Ray
+actor, see plugins/rlm_graph_ray): its gates are fixed, not adaptive.
+
+Invariants: a request counted in a gate's ``in_flight`` is released exactly once, as
+answered, refused or ended; a waiter granted a place while being cancelled passes it on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import trio
+
+from .._http.retry import exhausted_for
+from ..limits import RateBucket
+from .adaptive import AdaptiveLimit, Ticket
+
+__all__ = [
+    "REFUSALS",
+    "InProcessLimiter",
+    "ProviderSlot",
+    "RateLimiter",
+    "SharedGate",
+]
+
+
+class RateLimiter:
+    """Requests-per-minute and tokens-per-minute buckets for one provider, on trio's
+    clock (the arithmetic is `RateBucket`'s)."""
+
+    def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
+        self.rpm = rpm
+        self.tpm = tpm
+        self._bucket = RateBucket(rpm, tpm)
+        self._lock = trio.Lock()
+
+    async def acquire(self, tokens: int = 0) -> None:
+        """Wait until one request of about ``tokens`` tokens may go out, then take it."""
+        if not self._bucket.limited:
+            return
+        # The lock keeps waiters in arrival order: no request starves behind later ones.
+        async with self._lock:
+            while (wait := self._bucket.take_or_wait(tokens, trio.current_time())) > 0:
+                await trio.sleep(wait)
+
+    def settle(self, estimated: int, actual: int) -> None:
+        """Correct the token bucket once the real usage of a request is known."""
+        self._bucket.settle(estimated, actual)
+
+
+class _Waiter:
+    __slots__ = ("event", "ticket", "token")
+
+    def __init__(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.event = trio.Event()
+        self.ticket: Ticket | None = None
+
+
+class SharedGate:
+    """A provider's concurrency limit across trio loops (threads): an `AdaptiveLimit`
+    (rlm_graph.concurrency) and the requests waiting for it, in arrival order.
+
+    trio's `CapacityLimiter` belongs to one loop; sync ``completion()`` calls made at the
+    same time from several threads each run their own loop. The gate counts every
+    request of the engine, whatever its loop. Inside one loop the loop's
+    `CapacityLimiter` (at the ceiling) queues requests first, fairly, so the gate only
+    makes a request wait for the limit. ``acquire`` a `Ticket`, then ``release`` it
+    with what the request told about the provider.
+    """
+
+    def __init__(self, limit: AdaptiveLimit) -> None:
+        self._lock = threading.Lock()
+        self.limit = limit
+        self._waiters: deque[_Waiter] = deque()
+        self._paused_until = 0.0  # time.monotonic(): a server-named wait holds every request
+
+    @property
+    def capacity(self) -> int:
+        return self.limit.limit
+
+    @property
+    def in_use(self) -> int:
+        return self.limit.in_flight
+
+    async def acquire(self) -> Ticket:
+        """Wait for a place under the limit (and for a server-named pause to pass)."""
+        pause = self._paused_until - time.monotonic()
+        if pause > 0:
+            await trio.sleep(pause)
+        with self._lock:
+            if not self._waiters and self.limit.admits():
+                return self.limit.start()
+            waiter = _Waiter()
+            self._waiters.append(waiter)
+        try:
+            await waiter.event.wait()
+        except BaseException:
+            with self._lock:
+                if waiter.ticket is not None:  # granted while being cancelled: pass it on
+                    self.limit.ended(waiter.ticket)
+                    self._grant_locked()
+                else:
+                    self._waiters.remove(waiter)
+            raise
+        assert waiter.ticket is not None
+        return waiter.ticket
+
+    def release(
+        self,
+        ticket: Ticket,
+        *,
+        seconds: float | None = None,
+        model: str = "",
+        refused: bool = False,
+        full: bool = True,
+    ) -> bool:
+        """Give a place back: answered after ``seconds``, ``refused`` (``full``: no
+        wait named), or neither (failed or cancelled: nothing learnt). True when the
+        limit moved enough to tell the run's watchers (`AdaptiveLimit.news`)."""
+        with self._lock:
+            if refused:
+                self.limit.refused(ticket, full=full)
+            elif seconds is not None:
+                self.limit.answered(ticket, seconds, model)
+            else:
+                self.limit.ended(ticket)
+            self._grant_locked()
+            return self.limit.news()
+
+    def pause(self, seconds: float) -> None:
+        """Send nothing more for ``seconds`` (the server asked, or its window is used up)."""
+        with self._lock:
+            self._paused_until = max(self._paused_until, time.monotonic() + seconds)
+
+    def _grant_locked(self) -> None:
+        while self._waiters and self.limit.admits():
+            waiter = self._waiters.popleft()
+            waiter.ticket = self.limit.start()
+            try:
+                waiter.token.run_sync_soon(waiter.event.set)
+            except trio.RunFinishedError:  # that loop has ended: try the next waiter
+                self.limit.ended(waiter.ticket)
+
+
+class _GateUse:
+    """One request's hold on a `SharedGate` as an async context manager (the
+    `SharedLimiter.gate` shape: nothing learnt, a failed request or not)."""
+
+    __slots__ = ("gate", "ticket")
+
+    def __init__(self, gate: SharedGate) -> None:
+        self.gate = gate
+        self.ticket: Ticket | None = None
+
+    async def __aenter__(self) -> None:
+        self.ticket = await self.gate.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.ticket is not None:
+            self.gate.release(self.ticket)
+
+
+REFUSALS = frozenset({"429", "503", "529"})
+"""Retry reasons that mean the provider refused the request for load (529: Anthropic's
+overloaded)."""
+
+
+class ProviderSlot:
+    """One model call's place under its provider's limit, through all its attempts: the
+    `AttemptHooks` of its `CallAttempts` (rlm_graph._http.attempts).
+
+    With an adaptive gate, the call's answer (and its latency) or a refusal is what the
+    limit learns from; a refused attempt gives its place back and queues again before
+    its retry, and a wait the server named pauses the provider for every request. A
+    `SharedLimiter` without adaptive gates (a third party's) holds one fixed place.
+    """
+
+    __slots__ = ("fixed", "gate", "key", "model", "on_change", "sent", "ticket")
+
+    def __init__(
+        self,
+        key: str,
+        gate: SharedGate | None,
+        fixed: AbstractAsyncContextManager[object] | None,
+        model: str,
+        on_change: Callable[[str, AdaptiveLimit], None] | None,
+    ) -> None:
+        self.key, self.gate, self.fixed, self.model = key, gate, fixed, model
+        self.on_change = on_change
+        self.ticket: Ticket | None = None
+        self.sent = 0.0
+
+    async def __aenter__(self) -> ProviderSlot:
+        if self.gate is None:
+            assert self.fixed is not None
+            await self.fixed.__aenter__()
+        else:
+            await self._take()
+        return self
+
+    async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if self.gate is None:
+            assert self.fixed is not None
+            await self.fixed.__aexit__(kind, exc, tb)
+        elif self.ticket is not None:
+            self._give(seconds=trio.current_time() - self.sent if exc is None else None)
+
+    async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
+        if self.gate is None or reason not in REFUSALS or self.ticket is None:
+            await trio.sleep(wait)
+            return
+        self._give(refused=True, full=not named)
+        if named:
+            self.gate.pause(named)
+        await trio.sleep(wait)
+        await self._take()
+
+    def rate_headers(self, headers: Mapping[str, str]) -> None:
+        wait = exhausted_for(headers) if self.gate is not None else None
+        if wait and self.gate is not None:
+            self.gate.pause(wait)
+
+    async def _take(self) -> None:
+        assert self.gate is not None
+        self.ticket = await self.gate.acquire()
+        self.sent = trio.current_time()
+
+    def _give(self, **how: Any) -> None:
+        assert self.gate is not None and self.ticket is not None
+        news = self.gate.release(self.ticket, model=self.model, **how)
+        self.ticket = None
+        if news and self.on_change is not None:
+            self.on_change(self.key, self.gate.limit)
+
+
+class InProcessLimiter:
+    """The default `SharedLimiter`: one process, any number of trio loops (threads).
+
+    The concurrency limit is a `SharedGate` per provider, counted across loops; its
+    ``adaptive`` gate finds the provider's limit (docs/limits.md). Rate buckets run on
+    trio's clock, which belongs to one loop, so each loop has its own.
+    """
+
+    def __init__(self) -> None:
+        self._gates: dict[str, SharedGate] = {}
+        self._lock = threading.Lock()
+        self._rates: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, dict[str, RateLimiter]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def adaptive(self, key: str, initial: int, ceiling: int) -> SharedGate:
+        """The gate of provider ``key``: its limit starts at ``initial`` and moves
+        (never past ``ceiling``) with what the provider's answers say."""
+        gate = self._gates.get(key)
+        if gate is None:
+            with self._lock:
+                gate = self._gates.get(key)
+                if gate is None:
+                    limit = AdaptiveLimit(initial=initial, ceiling=ceiling)
+                    gate = self._gates[key] = SharedGate(limit)
+        return gate
+
+    def gate(self, key: str, capacity: int) -> AbstractAsyncContextManager[object]:
+        return _GateUse(self.adaptive(key, capacity, capacity))
+
+    def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter:
+        token = trio.lowlevel.current_trio_token()
+        rates = self._rates.get(token)
+        if rates is None:
+            rates = self._rates[token] = {}
+        limiter = rates.get(key)
+        if limiter is None:
+            limiter = rates[key] = RateLimiter(rpm, tpm)
+        return limiter

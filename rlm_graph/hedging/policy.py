@@ -1,0 +1,162 @@
+"""Hedged sub-calls: the policy and the arithmetic of when a duplicate may go. Pure: no
+trio.
+
+A call that has run past the chosen quantile of this run's latencies for its model gets
+one duplicate; the first answer wins and the other request is cancelled (Dean and
+Barroso, "The Tail at Scale", CACM 2013: with a 95th-percentile hedge, a few percent
+more requests cut the 99.9th percentile several times over). The send stage races the
+two (`race`); this module says when a duplicate may go:
+
+- only once ``min_samples`` calls of that model have answered in this run (before that
+  there is no quantile to speak of; a call that started earlier waits for it, then for
+  the rest of its delay, counted from its own start);
+- only while the duplicates sent stay within ``max_extra`` of the calls made (a run
+  never sends more than ``1 + max_extra`` times the requests it would without hedging);
+- the duplicate passes the same limiters and budget as any request.
+
+One `HedgeBudget` serves a whole recursion tree, so ``max_extra`` holds for the tree.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import ConfigError
+
+__all__ = ["HedgeBudget", "HedgePolicy", "LatencySample"]
+
+_KEEP = 4096  # latencies kept per model: the quantile of the recent past, in bounded memory
+
+
+class HedgePolicy(BaseModel):
+    """When a sub-call gets a duplicate (``RLM(hedge=...)``, ``--hedge``).
+
+    Attributes:
+        quantile: a call still unanswered past this quantile of its model's latencies
+            in this run gets one duplicate (0.9: the slowest tenth).
+        max_extra: duplicates at most this share of the calls made (0.1: 10%).
+        min_samples: answers of the model before any duplicate (no quantile before).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    quantile: float = Field(0.9, gt=0, lt=1)
+    max_extra: float = Field(0.1, gt=0, le=1)
+    min_samples: int = Field(8, ge=1)
+
+    @classmethod
+    def of(cls, value: bool | Mapping[str, Any] | HedgePolicy | None) -> HedgePolicy | None:
+        """The policy ``hedge=`` asks for: None (off) for False/None, the defaults for
+        True, else the keys of a dict.
+
+        Raises:
+            ConfigError: a value of the wrong type, an unknown key or one out of range.
+        """
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls.model_validate({})
+        if isinstance(value, HedgePolicy):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"hedge must be True, False or a dict like {{'quantile': 0.9, 'max_extra': "
+                f"0.1, 'min_samples': 8}}, not {type(value).__name__}"
+            )
+        try:
+            return cls.model_validate(dict(value))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'hedge'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ConfigError(
+                f"bad hedge settings ({problems}); the keys are quantile (0 < q < 1), "
+                "max_extra (0 < share <= 1) and min_samples (>= 1)"
+            ) from None
+
+
+class LatencySample:
+    """One model's answered latencies in a run, kept in order for quantiles."""
+
+    __slots__ = ("_order", "_sorted")
+
+    def __init__(self) -> None:
+        self._sorted: list[float] = []
+        self._order: deque[float] = deque()
+
+    def __len__(self) -> int:
+        return len(self._sorted)
+
+    def add(self, seconds: float) -> None:
+        bisect.insort(self._sorted, seconds)
+        self._order.append(seconds)
+        if len(self._order) > _KEEP:
+            old = self._order.popleft()
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile (nearest rank) of the latencies kept."""
+        n = len(self._sorted)
+        return self._sorted[min(n - 1, max(0, math.ceil(q * n) - 1))]
+
+
+class HedgeBudget:
+    """A recursion tree's hedging: its latencies per model, its calls and duplicates.
+
+    Not thread-safe: one tree runs in one trio loop.
+    """
+
+    __slots__ = ("_latencies", "_waiting", "calls", "extra", "policy", "won")
+
+    def __init__(self, policy: HedgePolicy) -> None:
+        self.policy = policy
+        self.calls = 0  # requests the tree would have sent without hedging
+        self.extra = 0  # duplicates sent
+        self.won = 0  # duplicates whose answer came first
+        self._latencies: dict[str, LatencySample] = {}
+        self._waiting: dict[str, list[Callable[[], None]]] = {}
+
+    def delay(self, model: str) -> float | None:
+        """Seconds after which a call of ``model`` still unanswered gets a duplicate;
+        None while fewer than ``min_samples`` calls of it have answered."""
+        sample = self._latencies.get(model)
+        if sample is None or len(sample) < self.policy.min_samples:
+            return None
+        return sample.quantile(self.policy.quantile)
+
+    def called(self) -> None:
+        """Count one call (its first request)."""
+        self.calls += 1
+
+    def may_send(self) -> bool:
+        """Whether one more duplicate stays within ``max_extra`` of the calls made."""
+        return self.extra + 1 <= self.policy.max_extra * self.calls
+
+    def sent(self) -> None:
+        """Count one duplicate sent."""
+        self.extra += 1
+
+    def answered(self, model: str, seconds: float) -> None:
+        """Record the latency of one answered request of ``model``; the calls waiting to
+        know its delay are told once there is one."""
+        sample = self._latencies.get(model)
+        if sample is None:
+            sample = self._latencies[model] = LatencySample()
+        sample.add(seconds)
+        if len(sample) == self.policy.min_samples:
+            for wake in self._waiting.pop(model, ()):
+                wake()
+
+    def when_known(self, model: str, wake: Callable[[], None]) -> None:
+        """Call ``wake`` once ``model``'s delay is known (the calls of a run's first round
+        start before any has answered; they may still be hedged once enough have)."""
+        self._waiting.setdefault(model, []).append(wake)
+
+    def statistics(self) -> dict[str, int]:
+        return {"calls": self.calls, "extra": self.extra, "won": self.won}

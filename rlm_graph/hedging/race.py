@@ -1,0 +1,167 @@
+"""Hedged sub-calls: a request and, past its model's latency quantile, one duplicate,
+racing in the send stage (`rlm_graph.runtime.calls`; docs/limits.md, "Hedged
+sub-calls"). The policy and its arithmetic are `policy`.
+
+Invariants:
+    - A duplicate goes only after the first request has held its provider slot for the
+      delay (the quantile of the model's answered latencies in this tree, as soon as
+      ``min_samples`` have answered, even if that is after the call started), only within
+      the tree's ``max_extra`` share of calls, and only if its estimate fits the budget
+      now (it never waits for budget: a hedge that would wait is not worth sending).
+    - The first answer wins and the other request is cancelled. A request that fails
+      leaves the other to answer; the call fails only when both did, with the error that
+      came first.
+    - The duplicate passes the same limiters as any request, and its reservation is
+      the caller's to settle (`Duplicate`) or, when the call fails, given back here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+from ..contracts import ChatResponse
+from ..graph import NodeRecord
+from ..limits import Reservation
+from .policy import HedgeBudget
+
+__all__ = ["Duplicate", "Send", "race"]
+
+Send = Callable[[bool, Callable[[], None]], Awaitable[ChatResponse]]
+"""One request of the call through the provider's limiters: ``send(first, on_slot)``;
+``on_slot`` is called when the request got its slot (its service time starts)."""
+
+
+class Duplicate:
+    """A duplicate request that went: its budget reservation, settled with the call's
+    accounting (None: the run has no token or dollar limit)."""
+
+    __slots__ = ("reservation",)
+
+    def __init__(self, reservation: Reservation | None) -> None:
+        self.reservation = reservation
+
+
+class _Race:
+    __slots__ = ("duplicate_went", "errors", "over", "running", "started", "wake", "winner")
+
+    def __init__(self) -> None:
+        self.winner: tuple[int, ChatResponse] | None = None
+        self.errors: list[Exception] = []
+        self.running = 0
+        self.started = trio.Event()  # the first request got its slot (or ended)
+        self.over = trio.Event()  # an answer came, or every request sent has failed
+        self.wake = trio.Event()  # over, or the model's delay became known
+        self.duplicate_went = False  # the duplicate got its slot: its request went
+
+    async def wait_for_delay(self, hedges: HedgeBudget, model: str) -> float | None:
+        """The model's delay, waiting until it is known (None: the call ended first)."""
+        delay = hedges.delay(model)
+        if delay is None and not self.over.is_set():
+            hedges.when_known(model, self.wake.set)
+            await self.wake.wait()
+            delay = hedges.delay(model)
+        return None if self.over.is_set() else delay
+
+    def _duplicate_slot(self) -> None:
+        self.duplicate_went = True
+
+    async def attempt(self, index: int, send: Send) -> None:
+        self.running += 1
+        on_slot = self.started.set if index == 0 else self._duplicate_slot
+        try:
+            response = await send(index == 0, on_slot)
+        except Exception as exc:  # a failed request: the other may still answer
+            self.errors.append(exc)
+        else:
+            if self.winner is None:
+                self.winner = (index, response)
+        finally:
+            self.running -= 1
+            self.started.set()
+            if self.winner is not None or self.running == 0:
+                self.over.set()
+                self.wake.set()
+
+
+async def race(
+    hedges: HedgeBudget,
+    model: str,
+    record: NodeRecord,
+    send: Send,
+    reserve_now: Callable[[], Reservation | None] | None,
+    release: Callable[[Reservation], None],
+) -> tuple[ChatResponse, Duplicate | None]:
+    """Send a call, and one duplicate if it is still unanswered past its model's delay.
+
+    Args:
+        hedges: the tree's hedging (latencies, duplicates sent).
+        model: the model the call asks (latencies are per model).
+        record: the call's node (gets ``hedge`` when a duplicate went).
+        send: one request through the limiters (`Send`).
+        reserve_now: the duplicate's budget reservation if its estimate fits now (None:
+            it does not); None when the run has no token or dollar limit.
+        release: gives a reservation back (a failed call's duplicate's).
+
+    Returns:
+        The winning response, and the duplicate that went (None if none did).
+
+    Raises:
+        Exception: the error that came first, when every request sent failed.
+    """
+    hedges.called()
+    state = _Race()
+    duplicate: Duplicate | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(state.attempt, 0, send)
+            await state.started.wait()
+            began = trio.current_time()
+            delay = await state.wait_for_delay(hedges, model)
+            if delay is not None:
+                with trio.move_on_at(began + delay):
+                    await state.over.wait()
+                duplicate = _launch(state, hedges, reserve_now)
+                if duplicate is not None:
+                    nursery.start_soon(state.attempt, 1, send)
+            await state.over.wait()
+            nursery.cancel_scope.cancel()  # the loser's request
+    except BaseException:
+        _release(duplicate, release)
+        raise
+    if duplicate is not None and not state.duplicate_went:
+        # It waited for a slot until the first answered: no request went, nothing to count.
+        hedges.extra -= 1
+        _release(duplicate, release)
+        duplicate = None
+    if state.winner is None:
+        _release(duplicate, release)
+        raise state.errors[0]
+    index, response = state.winner
+    if duplicate is not None:
+        record.hedge = "won" if index == 1 else "lost"
+        hedges.won += index == 1
+    return response, duplicate
+
+
+def _launch(
+    state: _Race, hedges: HedgeBudget, reserve_now: Callable[[], Reservation | None] | None
+) -> Duplicate | None:
+    """The duplicate, if one may go now (the call is still unanswered, the tree's share
+    allows it, the budget has room)."""
+    if state.over.is_set() or not hedges.may_send():
+        return None
+    reservation = None
+    if reserve_now is not None:
+        reservation = reserve_now()
+        if reservation is None:
+            return None
+    hedges.sent()
+    return Duplicate(reservation)
+
+
+def _release(duplicate: Duplicate | None, release: Callable[[Reservation], None]) -> None:
+    if duplicate is not None and duplicate.reservation is not None:
+        release(duplicate.reservation)
+        duplicate.reservation = None
