@@ -118,7 +118,23 @@ def test_the_latency_trend_ignores_a_heavy_tail() -> None:
     trend = LatencyTrend()
     # A lognormal-like stream: mostly fast, a slow one now and then.
     samples = [0.5, 0.7, 1.0, 1.2, 0.8, 9.0, 0.6, 1.1] * 20
-    assert not any(trend.add(s) for s in samples)
+    assert not any(trend.add(s, seq) for seq, s in enumerate(samples))
+
+
+def test_the_slowest_answers_of_a_batch_coming_last_are_no_rising_latency() -> None:
+    trend = LatencyTrend()
+    for batch in range(4):
+        # 64 sent together (in a random order) and answered fastest first.
+        latencies = [0.2 * 1.05**i for i in range(64)]
+        sends = [(i * 37) % 64 for i in range(64)]
+        answers = sorted(zip(latencies, sends, strict=True))
+        assert not any(trend.add(s, batch * 64 + seq) for s, seq in answers)
+
+
+def test_a_queue_building_is_a_rising_latency() -> None:
+    trend = LatencyTrend()
+    rising = [trend.add(0.1 if seq < 100 else 1.0, seq) for seq in range(140)]
+    assert not any(rising[:100]) and any(rising[100:])
 
 
 def test_watchers_hear_every_fall_and_each_rise_of_an_eighth() -> None:

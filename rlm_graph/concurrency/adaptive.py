@@ -31,6 +31,7 @@ the provider takes it) and never passes it. Invariants: ``floor <= limit <= ceil
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -54,35 +55,43 @@ _PROBE_SHARE = 0.1  # growth at the level of the last refusal, as a share of the
 
 @dataclass(frozen=True, slots=True)
 class Ticket:
-    """One request's place: how many were in flight when it was sent (itself included)
-    and the limit's round (``epoch``) at the time."""
+    """One request's place: how many were in flight when it was sent (itself included),
+    the limit's round (``epoch``) at the time, and its sending order (``seq``)."""
 
     level: int
     epoch: int
+    seq: int = 0
 
 
 class LatencyTrend:
-    """Whether a model's latency is rising: the median of the last ``window`` answers
-    against the long-run mean (an exponential average over about ``horizon`` answers)."""
+    """Whether a model's latency is rising: the median latency of the ``window`` most
+    recently *sent* of the last ``horizon`` answers, against the long-run mean (an
+    exponential average over about ``horizon`` answers).
 
-    __slots__ = ("_long", "_recent", "_seen", "horizon", "tolerance", "window")
+    By sending order, not answering order: a batch's answers come back fastest first,
+    so the last answers of any batch are its slowest, and a heavy tail would look like
+    a queue building. The latest sent are what a queue at the server would slow down.
+    """
+
+    __slots__ = ("_kept", "_long", "_seen", "horizon", "tolerance", "window")
 
     def __init__(self, tolerance: float = 2.0, window: int = 16, horizon: int = 64) -> None:
         self.tolerance, self.window, self.horizon = tolerance, window, horizon
-        self._recent: deque[float] = deque(maxlen=window)
+        self._kept: deque[tuple[int, float]] = deque(maxlen=horizon)
         self._long = 0.0
         self._seen = 0
 
-    def add(self, seconds: float) -> bool:
-        """Record one answer's latency; True when the recent median has risen past
-        ``tolerance`` times the long-run mean (never before ``2 * window`` answers)."""
+    def add(self, seconds: float, sent: int) -> bool:
+        """Record one answer's latency and its request's sending order; True when the
+        recent median has risen past ``tolerance`` times the long-run mean (never
+        before ``2 * window`` answers)."""
         self._seen += 1
         weight = 1.0 / min(self._seen, self.horizon)
         self._long += weight * (seconds - self._long)
-        self._recent.append(seconds)
+        self._kept.append((sent, seconds))
         if self._seen < 2 * self.window:
             return False
-        recent = sorted(self._recent)
+        recent = sorted(latency for _, latency in heapq.nlargest(self.window, self._kept))
         return recent[len(recent) // 2] > self.tolerance * self._long
 
 
@@ -154,7 +163,7 @@ class AdaptiveLimit:
         """Count a request that goes now."""
         self.in_flight += 1
         self.sent += 1
-        return Ticket(level=self.in_flight, epoch=self.epoch)
+        return Ticket(level=self.in_flight, epoch=self.epoch, seq=self.sent)
 
     def ended(self, ticket: Ticket) -> None:
         """A request ended without saying anything about load (failed, cancelled)."""
@@ -169,7 +178,7 @@ class AdaptiveLimit:
         trend = self._trends.get(model)
         if trend is None:
             trend = self._trends[model] = LatencyTrend(self.tolerance)
-        if trend.add(seconds):
+        if trend.add(seconds, ticket.seq):
             self._decrease(ticket, bound=math.inf)
             return
         if ticket.level >= self._refused_at:

@@ -7,9 +7,10 @@ Barroso, "The Tail at Scale", CACM 2013: with a 95th-percentile hedge, a few per
 more requests cut the 99.9th percentile several times over). The send stage races the
 two (`race`); this module says when a duplicate may go:
 
-- only once ``min_samples`` calls of that model have answered in this run (before that
-  there is no quantile to speak of; a call that started earlier waits for it, then for
-  the rest of its delay, counted from its own start);
+- only once ``min_samples`` calls of that model have answered in this run, and once
+  ``quantile`` of its calls (answered and in flight) are known to have been faster (see
+  `HedgeBudget`; a call that started earlier waits for it, then for the rest of its
+  delay, counted from its own start);
 - only while the duplicates sent stay within ``max_extra`` of the calls made (a run
   never sends more than ``1 + max_extra`` times the requests it would without hedging);
 - the duplicate passes the same limiters and budget as any request.
@@ -105,14 +106,29 @@ class LatencySample:
         n = len(self._sorted)
         return self._sorted[min(n - 1, max(0, math.ceil(q * n) - 1))]
 
+    def kth(self, k: int) -> float:
+        """The ``k``-th smallest latency kept (1-based)."""
+        return self._sorted[max(0, min(k, len(self._sorted)) - 1)]
+
 
 class HedgeBudget:
-    """A recursion tree's hedging: its latencies per model, its calls and duplicates.
+    """A recursion tree's hedging: its latencies per model, its calls in flight, its
+    duplicates.
+
+    The delay of a call of a model is the ``quantile`` of that model's latencies, where
+    the calls still in flight count too: one in flight is known only to take longer than
+    it has so far. So a call is past the quantile once at least ``quantile`` of all the
+    model's calls (answered and in flight) are *known* to have been faster: ``k =
+    ceil(quantile * (answered + in flight))`` answered faster than it. The delay is the
+    k-th smallest answered latency, and unknown (None) while fewer than ``k`` (or fewer
+    than ``min_samples``) have answered. Without the calls in flight, the quantile of the
+    first answers of a batch would be the quantile of its fastest calls, and half the
+    batch would look slow.
 
     Not thread-safe: one tree runs in one trio loop.
     """
 
-    __slots__ = ("_latencies", "_waiting", "calls", "extra", "policy", "won")
+    __slots__ = ("_flying", "_latencies", "_waiting", "calls", "extra", "policy", "won")
 
     def __init__(self, policy: HedgePolicy) -> None:
         self.policy = policy
@@ -120,19 +136,33 @@ class HedgeBudget:
         self.extra = 0  # duplicates sent
         self.won = 0  # duplicates whose answer came first
         self._latencies: dict[str, LatencySample] = {}
+        self._flying: dict[str, int] = {}  # calls in flight per model (not their duplicates)
         self._waiting: dict[str, list[Callable[[], None]]] = {}
 
     def delay(self, model: str) -> float | None:
-        """Seconds after which a call of ``model`` still unanswered gets a duplicate;
-        None while fewer than ``min_samples`` calls of it have answered."""
+        """Seconds after which a call of ``model`` still unanswered is past the quantile
+        (see the class); None while that is not known yet."""
         sample = self._latencies.get(model)
         if sample is None or len(sample) < self.policy.min_samples:
             return None
-        return sample.quantile(self.policy.quantile)
+        population = len(sample) + self._flying.get(model, 0)
+        k = math.ceil(self.policy.quantile * population)
+        if len(sample) < k:
+            return None
+        return sample.kth(k)
 
     def called(self) -> None:
         """Count one call (its first request)."""
         self.calls += 1
+
+    def began(self, model: str) -> None:
+        """A call of ``model`` is in flight (its first request got its slot)."""
+        self._flying[model] = self._flying.get(model, 0) + 1
+
+    def ended(self, model: str) -> None:
+        """A call of ``model`` is over (answered, failed or cancelled)."""
+        self._flying[model] -= 1
+        self._tell(model)
 
     def may_send(self) -> bool:
         """Whether one more duplicate stays within ``max_extra`` of the calls made."""
@@ -143,20 +173,22 @@ class HedgeBudget:
         self.extra += 1
 
     def answered(self, model: str, seconds: float) -> None:
-        """Record the latency of one answered request of ``model``; the calls waiting to
-        know its delay are told once there is one."""
+        """Record the latency of one answered request of ``model``."""
         sample = self._latencies.get(model)
         if sample is None:
             sample = self._latencies[model] = LatencySample()
         sample.add(seconds)
-        if len(sample) == self.policy.min_samples:
-            for wake in self._waiting.pop(model, ()):
-                wake()
+        self._tell(model)
 
     def when_known(self, model: str, wake: Callable[[], None]) -> None:
-        """Call ``wake`` once ``model``'s delay is known (the calls of a run's first round
-        start before any has answered; they may still be hedged once enough have)."""
+        """Call ``wake`` once ``model``'s delay is known (a batch's calls start before any
+        has answered; they may still be hedged once enough have)."""
         self._waiting.setdefault(model, []).append(wake)
+
+    def _tell(self, model: str) -> None:
+        if model in self._waiting and self.delay(model) is not None:
+            for wake in self._waiting.pop(model):
+                wake()
 
     def statistics(self) -> dict[str, int]:
         return {"calls": self.calls, "extra": self.extra, "won": self.won}

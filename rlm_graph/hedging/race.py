@@ -4,8 +4,8 @@ sub-calls"). The policy and its arithmetic are `policy`.
 
 Invariants:
     - A duplicate goes only after the first request has held its provider slot for the
-      delay (the quantile of the model's answered latencies in this tree, as soon as
-      ``min_samples`` have answered, even if that is after the call started), only within
+      delay (the quantile of the model's latencies in this tree, the calls in flight
+      counted: `HedgeBudget.delay`; read again as calls answer), only within
       the tree's ``max_extra`` share of calls, and only if its estimate fits the budget
       now (it never waits for budget: a hedge that would wait is not worth sending).
     - The first answer wins and the other request is cancelled. A request that fails
@@ -55,14 +55,21 @@ class _Race:
         self.wake = trio.Event()  # over, or the model's delay became known
         self.duplicate_went = False  # the duplicate got its slot: its request went
 
-    async def wait_for_delay(self, hedges: HedgeBudget, model: str) -> float | None:
-        """The model's delay, waiting until it is known (None: the call ended first)."""
-        delay = hedges.delay(model)
-        if delay is None and not self.over.is_set():
-            hedges.when_known(model, self.wake.set)
-            await self.wake.wait()
+    async def wait_until_past(self, hedges: HedgeBudget, model: str, began: float) -> bool:
+        """Wait until the call has run past its model's delay (True), or is over (False).
+        The delay moves as calls answer: it is read again at each wake-up."""
+        while not self.over.is_set():
             delay = hedges.delay(model)
-        return None if self.over.is_set() else delay
+            if delay is None:
+                hedges.when_known(model, self.wake.set)
+                await self.wake.wait()
+                self.wake = trio.Event()
+            elif trio.current_time() - began >= delay:
+                return True
+            else:
+                with trio.move_on_at(began + delay):
+                    await self.over.wait()
+        return False
 
     def _duplicate_slot(self) -> None:
         self.duplicate_went = True
@@ -117,15 +124,15 @@ async def race(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(state.attempt, 0, send)
             await state.started.wait()
-            began = trio.current_time()
-            delay = await state.wait_for_delay(hedges, model)
-            if delay is not None:
-                with trio.move_on_at(began + delay):
-                    await state.over.wait()
-                duplicate = _launch(state, hedges, reserve_now)
-                if duplicate is not None:
-                    nursery.start_soon(state.attempt, 1, send)
-            await state.over.wait()
+            hedges.began(model)
+            try:
+                if await state.wait_until_past(hedges, model, trio.current_time()):
+                    duplicate = _launch(state, hedges, reserve_now)
+                    if duplicate is not None:
+                        nursery.start_soon(state.attempt, 1, send)
+                await state.over.wait()
+            finally:
+                hedges.ended(model)
             nursery.cancel_scope.cancel()  # the loser's request
     except BaseException:
         _release(duplicate, release)
