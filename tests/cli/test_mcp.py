@@ -4,6 +4,7 @@ hostile prompt could ask it for a file outside its ``--read-path``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -24,6 +25,22 @@ from rlm_graph.cli import main  # noqa: E402
 from rlm_graph.testing import FakeOpenAIServer  # noqa: E402
 
 COMMAND = Path(sys.executable).with_name("rlm-graph")
+
+
+def tree_path() -> str:
+    """PYTHONPATH for the command: the folders this test imported rlm-graph and its
+    plugins from first, so the command runs the tree under test even where another one
+    is installed (the same folders again under an editable install)."""
+    roots = []
+    for package in ("rlm_graph", "rlm_graph_openai", "rlm_graph_subprocess"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None, package
+        root = str(Path(spec.origin).resolve().parents[1])
+        if root not in roots:
+            roots.append(root)
+    return os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 KEY = "sk-mcp-test-key"
 SECRET = "the-secret-outside-the-root"
 # The root model's one turn: name each document and its text (context is a dict of path
@@ -85,7 +102,7 @@ async def session(
             "OPENAI_API_KEY",
             *extra,
         ],
-        env={"OPENAI_API_KEY": KEY},
+        env={"OPENAI_API_KEY": KEY, "PYTHONPATH": tree_path()},
     )
     with log.open("w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
