@@ -22,3 +22,23 @@ def ray_cluster() -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """A skip inside a trio test keeps its reason. pytest-trio (0.8) turns the lone
+    `pytest.skip("why")` of a test into a bare ``pytest.skip()`` ("Skipped"); the
+    original is the context of that one, inside the exception group."""
+    try:
+        return (yield)
+    except pytest.skip.Exception as bare:
+        original = _lone_skip(bare.__context__)
+        if bare.msg or original is None:
+            raise
+        raise original from None
+
+
+def _lone_skip(error: BaseException | None) -> BaseException | None:
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error if isinstance(error, pytest.skip.Exception) else None

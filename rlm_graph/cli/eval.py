@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -248,8 +249,14 @@ def _evaluation(args: argparse.Namespace) -> Any:
     )
 
 
-def _money(value: float | None) -> str:
-    return "unknown (a model has no price in the table)" if value is None else f"${value:,.2f}"
+def _cost(methods: Mapping[str, float | None], total: float | None) -> str:
+    """The estimate's cost, the reason for an unknown one said once (not per method)."""
+    known = ", ".join(f"{name} ${cost:,.2f}" for name, cost in methods.items() if cost is not None)
+    if total is not None:
+        return f"estimated cost ${total:,.2f} ({known}): a rough floor from the price table"
+    unknown = [name for name, cost in methods.items() if cost is None]
+    shown = f"{', '.join(unknown)} unknown" + (f"; {known}" if known else "")
+    return f"estimated cost unknown: a model has no price in the table ({shown})"
 
 
 def _say_plan(evaluation: Any, args: argparse.Namespace, stream: TextIO) -> None:
@@ -262,17 +269,12 @@ def _say_plan(evaluation: Any, args: argparse.Namespace, stream: TextIO) -> None
         + (f", {done} already in {args.out}" if done else ""),
         file=stream,
     )
-    parts = ", ".join(f"{name} {_money(cost)}" for name, cost in estimate.methods.items())
     budget = (
         f"; --max-budget ${args.max_budget:,.2f} holds across the whole evaluation"
         if args.max_budget
         else ""
     )
-    print(
-        f"rlm-graph eval: estimated cost {_money(estimate.total)} ({parts}): a rough floor from the "
-        f"price table{budget}",
-        file=stream,
-    )
+    print(f"rlm-graph eval: {_cost(estimate.methods, estimate.total)}{budget}", file=stream)
 
 
 class _Progress:

@@ -9,7 +9,10 @@ else is the engine's.
 Invariants:
     - Files are read only inside the ``--read-path`` roots (`rlm_graph.cli.read_roots`):
       a path outside them, a ``..`` out of them or a link out of them is refused with a
-      tool error before any model is called.
+      tool error before any model is called. The model's code gets their text as
+      ``context`` and no ``read_paths``: in the ``subprocess`` guest it reads only its
+      runtime and its own folders (Landlock). ``--environment local``, where nothing
+      bounds the code, is refused unless ``--allow-local`` is given.
     - stdout carries the protocol and nothing else: while it serves, the SDK points file
       descriptor 1 at stderr, so a stray print (ours, a plugin's, a child process's)
       lands in the agent's log instead of corrupting the wire.
@@ -116,6 +119,14 @@ def register(subparsers: Any) -> None:
         help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,})",
     )
     parser.add_argument(
+        "--allow-local",
+        action="store_true",
+        help="accept --environment local, where the model's code runs in this server's "
+        "process and can read every file the server can (its keys too): --read-path then "
+        "bounds only what the tool reads, not what the code reads. For trusted documents "
+        "and models only",
+    )
+    parser.add_argument(
         "--report-dir",
         type=Path,
         default=None,
@@ -158,6 +169,7 @@ class _Tools:
         self.roots = ReadRoots(
             args.read_path, max_bytes=args.max_read_bytes, max_files=args.max_read_files
         )
+        _check_environment(args)
         self.kwargs = rlm_kwargs(args)
         self.provider = provider
         self.trace_content = bool(getattr(args, "trace_content", False))
@@ -263,6 +275,18 @@ class _Tools:
         # Created here, private, before the report is written into it.
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         return path
+
+
+def _check_environment(args: argparse.Namespace) -> None:
+    """Refuse ``--environment local`` unless ``--allow-local`` says the user knows that
+    the model's code would read past ``--read-path``."""
+    if args.environment == "local" and not args.allow_local:
+        raise ConfigError(
+            "--environment local runs the model's code inside this server's process, where it "
+            "can read every file the server can (and its API keys), so --read-path would not "
+            "hold for it: use --environment subprocess (the default), or add --allow-local "
+            "if the documents and the model are yours to trust"
+        )
 
 
 def _report_dir(chosen: Path | None) -> Path:

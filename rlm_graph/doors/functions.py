@@ -2,6 +2,9 @@
 
 - A plain (sync) function runs in a worker thread (`run_in_thread`), so the scheduler
   and every other node go on while it works.
+- An ``async`` function written for trio is awaited on the scheduler's loop; one that
+  turns out to be asyncio code fails with a `NodeFailed` that says to pass
+  ``loop="asyncio"`` (`on_trio`), not with asyncio's or trio's own puzzling error.
 - An ``async`` function written for asyncio (``loop="asyncio"``) runs on an asyncio loop
   of its own, ``asyncio.run`` in a worker thread (`run_on_asyncio`): the simplest way
   that gives it a running loop, ``asyncio.current_task()`` and its libraries, without
@@ -23,12 +26,18 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 
-__all__ = ["call_function", "run_in_thread", "run_on_asyncio"]
+from ..errors import NodeFailed
+
+__all__ = ["call_function", "on_trio", "run_in_thread", "run_on_asyncio"]
+
+# What asyncio code says on trio's loop: asyncio.get_running_loop() (and all that calls
+# it), and trio's answer to the bare yield of asyncio.sleep(0) or an asyncio future.
+_ASYNCIO_SIGNS = ("no running event loop", "trio.run received unrecognized yield message")
 
 
 async def call_function(
@@ -44,12 +53,28 @@ async def call_function(
     """``fn(*args, **kwargs)`` where it belongs: awaited here when it is trio code
     (``native``), on an asyncio loop in a thread for ``loop="asyncio"``, else in a thread."""
     if native:
-        return await fn(*args, **kwargs)
+        return await on_trio(fn, fn(*args, **kwargs))
     door = run_on_asyncio if loop == "asyncio" else run_in_thread
     result = await door(fn, args, kwargs, limiter=limiter, abandoned=abandoned)
     if loop == "trio" and hasattr(result, "__await__"):
-        result = await result  # a plain function that returned a trio awaitable
+        result = await on_trio(fn, result)  # a plain function that returned a trio awaitable
     return result
+
+
+async def on_trio(fn: Callable[..., Any], awaitable: Awaitable[Any]) -> Any:
+    """``await awaitable`` on the scheduler's trio loop; asyncio code there fails with a
+    `NodeFailed` that names the fix (its own error as the cause)."""
+    try:
+        return await awaitable
+    except (RuntimeError, TypeError) as exc:
+        if not any(sign in str(exc) for sign in _ASYNCIO_SIGNS):
+            raise
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        raise NodeFailed(
+            f"function {name!r} ran on trio's loop and needs asyncio's ({exc.__class__.__name__}:"
+            f" {str(exc).split('. ')[0]}): written for asyncio? pass loop='asyncio' to "
+            "wf.function"
+        ) from exc
 
 
 async def run_in_thread(

@@ -10,12 +10,15 @@ whose body changed changes the key of every function that calls it).
 Invariants:
     - Deterministic across processes: the same code over the same values gives the same
       key in a rerun. Values enter through `stable_value`, which never uses an ``id()``,
-      a memory address or a hash order: sets and dicts are sorted, an
-      object whose ``repr`` shows an address (``<Foo object at 0x...>``) counts by its
-      type alone.
+      a memory address or a hash order: sets and dicts are sorted; an object whose
+      ``repr`` shows an address (``<Foo object at 0x...>``) counts by its type and its
+      own state (its ``__dict__`` and ``__slots__`` values, through `stable_value`), so
+      ``C(", ").join`` and ``C(" | ").join`` differ; one with no state to read (a C
+      object: a lock, a socket) counts by its type alone.
     - Cheap: containers count up to `MAX_ITEMS` items each (past that, their length and
       the first items), nesting up to `MAX_DEPTH` levels, functions named by functions up
-      to `MAX_HOPS` hops; a module counts by its name, a class by its qualified name.
+      to `MAX_HOPS` hops, objects inside objects while under `MAX_STATE_DEPTH` levels of
+      nesting; a module counts by its name, a class by its qualified name.
       What lies beyond these bounds is not seen: a change there is not a divergence.
 """
 
@@ -31,11 +34,19 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_HOPS", "MAX_ITEMS", "function_fingerprint", "stable_value"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_HOPS",
+    "MAX_ITEMS",
+    "MAX_STATE_DEPTH",
+    "function_fingerprint",
+    "stable_value",
+]
 
 MAX_ITEMS = 10_000
 MAX_DEPTH = 20
 MAX_HOPS = 3
+MAX_STATE_DEPTH = 8  # an object's state is a dict a level down: four objects deep
 
 # "<Foo object at 0x7f...>", "<function f at 0x...>": an address changes every run.
 _ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
@@ -80,10 +91,37 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
         if hops >= MAX_HOPS:
             return ["function", _name(value)]
         return ["function", function_fingerprint(value, hops + 1)]
+    if isinstance(value, types.BuiltinMethodType) and _bound_to(value) is not None:
+        # ", ".join: a C method of a value, which its repr shows by address only
+        return ["builtin", _name(value), stable_value(_bound_to(value), depth + 1, hops)]
     text = repr(value)
     if _ADDRESS.search(text):
-        return ["object", _name(type(value))]
+        state = _state(value) if depth < MAX_STATE_DEPTH else None
+        if not state:
+            return ["object", _name(type(value))]
+        return ["object", _name(type(value)), stable_value(state, depth + 1, hops)]
     return ["repr", _name(type(value)), text]
+
+
+def _bound_to(fn: Any) -> Any:
+    """The object a C method is bound to; None for a plain built-in function."""
+    owner = getattr(fn, "__self__", None)
+    return None if isinstance(owner, types.ModuleType) else owner
+
+
+def _state(value: Any) -> dict[str, Any]:
+    """An object's own attributes: its ``__dict__`` and the ``__slots__`` it has filled
+    in (a dataclass's fields are either); empty for an object that has neither."""
+    state = dict(getattr(value, "__dict__", None) or {})
+    for cls in type(value).__mro__:
+        slots = vars(cls).get("__slots__", ())
+        for name in [slots] if isinstance(slots, str) else slots:
+            if name not in ("__dict__", "__weakref__") and name not in state:
+                try:
+                    state[name] = getattr(value, name)
+                except AttributeError:  # a slot never filled in
+                    continue
+    return state
 
 
 def _source(fn: types.FunctionType) -> str:
@@ -124,8 +162,11 @@ def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:
         parts += [stable_value(fn.__func__, hops=hops), stable_value(fn.__self__, hops=hops)]
     elif isinstance(fn, types.FunctionType):
         parts += _function_parts(fn, hops)
-    elif isinstance(vars(type(fn)).get("__call__"), types.FunctionType):
-        parts += [stable_value(vars(type(fn))["__call__"], hops=hops), stable_value(fn, hops=hops)]
+    elif isinstance(fn, types.BuiltinMethodType):
+        parts += [stable_value(_bound_to(fn), hops=hops)]
+    else:  # a callable object: its class's __call__ and its own state
+        call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
+        parts += [stable_value(call, hops=hops), stable_value(fn, hops=hops)]
     text = repr(parts)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 

@@ -4,6 +4,7 @@ hostile prompt could ask it for a file outside its ``--read-path``."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import stat
@@ -24,6 +25,22 @@ from rlm_graph.cli import main  # noqa: E402
 from rlm_graph.testing import FakeOpenAIServer  # noqa: E402
 
 COMMAND = Path(sys.executable).with_name("rlm-graph")
+
+
+def tree_path() -> str:
+    """PYTHONPATH for the command: the folders this test imported rlm-graph and its
+    plugins from first, so the command runs the tree under test even where another one
+    is installed (the same folders again under an editable install)."""
+    roots = []
+    for package in ("rlm_graph", "rlm_graph_openai", "rlm_graph_subprocess"):
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.origin is not None, package
+        root = str(Path(spec.origin).resolve().parents[1])
+        if root not in roots:
+            roots.append(root)
+    return os.pathsep.join([*roots, *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 KEY = "sk-mcp-test-key"
 SECRET = "the-secret-outside-the-root"
 # The root model's one turn: name each document and its text (context is a dict of path
@@ -60,8 +77,8 @@ def tree(tmp_path: Path) -> Path:
 
 
 @contextmanager
-def model_server() -> Iterator[FakeOpenAIServer]:
-    with FakeOpenAIServer(lambda body: ROOT_CODE, api_key=KEY) as server:
+def model_server(code: str = ROOT_CODE) -> Iterator[FakeOpenAIServer]:
+    with FakeOpenAIServer(lambda body: code, api_key=KEY) as server:
         yield server
 
 
@@ -85,7 +102,7 @@ async def session(
             "OPENAI_API_KEY",
             *extra,
         ],
-        env={"OPENAI_API_KEY": KEY},
+        env={"OPENAI_API_KEY": KEY, "PYTHONPATH": tree_path()},
     )
     with log.open("w") as errlog:
         async with stdio_client(params, errlog=errlog) as (read, write):
@@ -188,6 +205,60 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
     assert missing.is_error and "does not exist" in text_of(missing)
     assert requests == 0  # nothing was ever sent to a model
     assert not list((tmp_path / "r").iterdir())  # and no report was left behind
+
+
+# The model's code, told to read past its context: a file of the read root by its own
+# path, and a world-readable file of the system.
+READ_CODE = """```repl
+import json
+seen = {{}}
+for path in {paths!r}:
+    try:
+        open(path).read()
+        seen[path] = "read"
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+FINAL(json.dumps({{"seen": seen, "context": sorted(context.values())}}))
+```"""
+
+
+async def test_the_model_s_code_reads_its_context_and_not_the_read_roots(
+    tree: Path, tmp_path: Path
+) -> None:
+    from rlm_graph_subprocess.landlock import abi_version
+
+    if abi_version() < 1:
+        pytest.skip("no Landlock in this kernel: the guest reads what its user can")
+    paths = [str(tree / "docs" / "b.md"), "/etc/passwd"]
+    with model_server(READ_CODE.format(paths=paths)) as server:
+        async with session(server, tree, tmp_path / "server.log") as client:
+            result = await client.call_tool(
+                "rlm_answer", {"question": "Read more.", "paths": ["docs/a.txt"]}
+            )
+    log = (tmp_path / "server.log").read_text()
+    assert not result.is_error, text_of(result) + log
+    assert result.structured_content is not None
+    found = json.loads(result.structured_content["answer"])
+    assert found["context"] == ["alpha fact\n"]  # what the tool read, handed over as data
+    assert found["seen"][paths[0]] in {"PermissionError", "FileNotFoundError"}  # a root's file
+    assert found["seen"]["/etc/passwd"] == "PermissionError"  # (Landlock) world-readable
+
+
+def test_environment_local_is_refused_unless_allowed(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from rlm_graph.cli import build_parser
+    from rlm_graph.cli.mcp import build_server
+
+    flags = ["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m"]
+    assert main([*flags, "--environment", "local"]) == 2
+    err = capsys.readouterr().err
+    assert "--environment local runs the model's code inside this server's process" in err
+    assert "use --environment subprocess (the default), or add --allow-local" in err
+    args = build_parser().parse_args(
+        [*flags, "--environment", "local", "--allow-local", "--report-dir", str(tmp_path / "r")]
+    )
+    build_server(args)  # accepted, knowingly
 
 
 def test_without_the_sdk_the_command_says_what_to_install(

@@ -18,7 +18,6 @@ import secrets
 import shutil
 import sys
 import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,13 @@ import pytest
 import trio
 
 from rlm_graph_subprocess.process import GUEST_PROGRAM
-from tests.support.guests import Spy, engine, feedback, processes_running
+from tests.support.guests import (
+    Spy,
+    engine,
+    feedback,
+    folder_the_guest_can_reach,
+    processes_running,
+)
 from tests.support.readable import ReadableEngine, interpreters_for_others, probe
 
 pytestmark = pytest.mark.processes
@@ -230,10 +235,10 @@ def repl_of(code: str) -> str:
 
 
 async def test_as_root_the_guest_cannot_write_the_engines_files(spy: Spy) -> None:
-    # Beside the checkout, not under /tmp: a private /tmp would hide it from the guest.
-    base = ROOT.parent if os.access(ROOT.parent, os.W_OK) else ROOT
-    with tempfile.TemporaryDirectory(prefix=".rlm-graph-test-", dir=base) as folder:
-        os.chmod(folder, 0o755)  # reachable by anyone: only the write permission is in play
+    # Beside the checkout, not under /tmp (a private /tmp would hide it from the guest),
+    # reachable by anyone: only the write permission is in play.
+    with folder_the_guest_can_reach(ROOT) as reachable:
+        folder = str(reachable)
         target = Path(folder, "engine-owned.txt")
         target.write_text("intact")
         target.chmod(0o644)

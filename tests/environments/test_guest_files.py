@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,26 +14,20 @@ import pytest
 import trio
 
 from rlm_graph_subprocess import SubprocessEnvironment
-from tests.support.guests import Spy, engine, feedback
+from tests.support.guests import HOST_TMP, Spy, engine, feedback, folder_the_guest_can_reach
 from tests.support.scripts import repl
 
 pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 
 
 @pytest.fixture
 def outside_tmp() -> Iterator[Path]:
     """A fresh folder, open to every user, in none of the folders a private ``/tmp``
     covers (beside the checkout: the guest must not read it unless granted)."""
-    base = ROOT.parent if os.access(ROOT.parent, os.W_OK) else ROOT
-    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-test-", dir=base))
-    folder.chmod(0o755)
-    try:
+    with folder_the_guest_can_reach(ROOT) as folder:
         yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def leftovers(marker: str) -> list[str]:

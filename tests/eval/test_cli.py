@@ -143,6 +143,27 @@ def test_an_estimate_runs_nothing_and_writes_nothing(
     assert "--max-budget $2.00 holds across the whole evaluation" in err
 
 
+def test_an_estimate_with_an_unpriced_model_says_so_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def estimate(*models: str) -> str:
+        args = _args(server, tmp_path / "est", "--task", "sniah", "--lengths", "8k", "--n", "2")
+        args[args.index(MODEL)] = models[0]
+        extra = ["--sub-model", models[1]] if len(models) > 1 else []
+        assert main([*args, *extra, "--method", "rlm,base,summary", "--estimate"]) == 0
+        return capsys.readouterr().err
+
+    with EvalServer() as server:
+        unpriced = estimate("my-local-model")
+        mixed = estimate(MODEL, "my-local-model")  # base reads with the priced root model
+        assert server.requests == []
+    assert unpriced.count("no price in the table") == 1
+    assert "estimated cost unknown: a model has no price in the table" in unpriced
+    assert "(rlm, base, summary unknown)" in unpriced
+    assert mixed.count("no price in the table") == 1
+    assert re.search(r"\(rlm, summary unknown; base \$\d+\.\d\d\)", mixed)
+
+
 def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = _data(tmp_path, items(fail=("n1",)))
     with EvalServer(cost_per_call=0.01) as server:

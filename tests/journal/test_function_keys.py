@@ -4,11 +4,13 @@ the key is the same in every process for the same code."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +49,59 @@ async def test_a_changed_closure_value_is_a_divergence(tmp_path: Path) -> None:
     assert changed.replay is not None
     assert changed.replay.diverged == 1 and changed.replay.diverged_at == "merge"
     assert not changed.graph["merge"].replayed
+
+
+class Joiner:
+    """Its ``join`` is a bound method whose result depends on the instance."""
+
+    def __init__(self, sep: str) -> None:
+        self.sep = sep
+
+    def join(self, *parts: str) -> str:
+        return self.sep.join(parts)
+
+    def __call__(self, *parts: str) -> str:
+        return self.join(*parts)
+
+
+@dataclasses.dataclass(slots=True)
+class SlottedJoiner:
+    sep: str
+
+    def join(self, *parts: str) -> str:
+        return self.sep.join(parts)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [lambda sep: Joiner(sep).join, Joiner, lambda sep: SlottedJoiner(sep).join],
+    ids=["bound method", "callable object", "slotted dataclass"],
+)
+async def test_a_changed_instance_is_a_divergence(
+    tmp_path: Path, make: Callable[[str], Callable[..., str]]
+) -> None:
+    journal = tmp_path / "wf.sqlite"
+    await engine().arun(summaries(make(", ")), journal=journal)
+    same = await engine().arun(summaries(make(", ")), journal=journal)
+    assert same.replay is not None and same.replay.replayed == 5 and same.replay.diverged == 0
+    changed = await engine().arun(summaries(make(" | ")), journal=journal)
+    assert changed["merge"] == "PART 0 | PART 1 | PART 2 | PART 3"  # not the stale ", "
+    assert changed.replay is not None
+    assert changed.replay.diverged == 1 and changed.replay.diverged_at == "merge"
+
+
+def test_an_instance_s_state_is_read_within_bounds() -> None:
+    assert function_fingerprint(", ".join) != function_fingerprint(" | ".join)
+    assert function_fingerprint(", ".join) == function_fingerprint(", ".join)
+
+    class Node:
+        pass
+
+    looped = Node()
+    looped.me = looped  # type: ignore[attr-defined]  # a cycle ends at the depth cap
+    assert "me" in str(stable_value(looped))
+    # A C object has no state to read: its type stands for it (docs: use cache=False).
+    assert stable_value(threading.Lock()) == ["object", "_thread.lock"]
 
 
 def load(tmp_path: Path, name: str, source: str) -> ModuleType:
@@ -113,6 +168,7 @@ LENGTHS = {{word: len(word) for word in WORDS}}  # built in the set's hash order
 class Box:
     pass
 BOX = Box()
+BOX.words = WORDS  # an instance's state counts, sorted as any set
 def outer(sep):
     def merge(*parts):
         return sep.join(sorted(WORDS)) + str(TABLE) + str(LENGTHS) + repr(BOX) + sep.join(parts)

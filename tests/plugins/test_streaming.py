@@ -54,7 +54,7 @@ async def test_a_blocks_first_sub_call_reaches_the_server_before_the_root_stream
     assert result.parallel_efficiency <= 1.0 + 1e-6
 
 
-def _run(tmp_path: Path, name: str, stream: bool) -> tuple[Any, Any]:
+def _run(tmp_path: Path, api: str, name: str, stream: bool) -> tuple[Any, Any]:
     script = TurnScript(
         [
             FIRST,
@@ -63,8 +63,8 @@ def _run(tmp_path: Path, name: str, stream: bool) -> tuple[Any, Any]:
         ]
     )
     journal = tmp_path / f"{name}.sqlite"
-    with FakeOpenAIServer(script, stream_rate=2000) as server:
-        rlm = RLM("openai", openai_kwargs(server, stream=stream), journal=str(journal))
+    with SERVERS[api](script, stream_rate=2000) as server:
+        rlm = RLM(api, KWARGS[api](server, stream=stream), journal=str(journal))
         result = rlm.completion("ctx", root_prompt="q")
         bodies = server.bodies
     store = JournalStore(journal)
@@ -87,19 +87,24 @@ def _shape(result: Any) -> list[Any]:
     ) + sorted(graph.edges())
 
 
-def test_the_same_answer_graph_and_journal_with_streaming_on_and_off(tmp_path: Path) -> None:
-    (streamed, streamed_bodies), streamed_journal = _run(tmp_path, "on", True)
-    (plain, plain_bodies), plain_journal = _run(tmp_path, "off", False)
+@APIS
+def test_the_same_answer_graph_and_journal_with_streaming_on_and_off(
+    tmp_path: Path, api: str
+) -> None:
+    (streamed, streamed_bodies), streamed_journal = _run(tmp_path, api, "on", True)
+    (plain, plain_bodies), plain_journal = _run(tmp_path, api, "off", False)
     assert streamed.response == plain.response == "done:sub:first"
     assert _shape(streamed) == _shape(plain)
     assert streamed.usage_summary == plain.usage_summary
     assert streamed_journal == plain_journal
     # What the model saw each turn (its history, REPL output included) is the same.
     turns = [
-        [b["messages"] for b in bodies if is_turn(b)] for bodies in (streamed_bodies, plain_bodies)
+        [(b.get("system"), b["messages"]) for b in bodies if is_turn(b)]
+        for bodies in (streamed_bodies, plain_bodies)
     ]
     assert turns[0] == turns[1]
-    assert [b.get("stream") for b in plain_bodies] == [None] * len(plain_bodies)
+    assert any(b.get("stream") for b in streamed_bodies)
+    assert not any(b.get("stream") for b in plain_bodies)
 
 
 @APIS

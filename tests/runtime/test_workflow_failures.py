@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from rlm_graph import Engine, NodeCancelled, NodeFailed, NodeStatus, Workflow
-from rlm_graph.errors import ProviderAuthError, ProviderError
+from rlm_graph.errors import ProviderAuthError, ProviderError, ProviderNotFound
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from tests.support.http import KEY, openai_kwargs
 from tests.support.scripts import scripted
@@ -50,6 +50,26 @@ async def test_a_401_stops_the_workflow_at_once_over_http() -> None:
     statuses = {r.id: r.status for r in result.graph.records()}
     assert statuses["final"] == NodeStatus.CANCELLED
     assert KEY not in str(result.errors)
+
+
+async def test_a_404_unknown_model_stops_the_workflow_at_once_over_http() -> None:
+    with FakeOpenAIServer(models=["gpt-real"]) as server:
+        kwargs = openai_kwargs(server, max_concurrent=1)  # asks for "gpt-test"
+        async with Engine("openai", kwargs) as engine:
+            wf = Workflow()
+            nodes = summaries(wf)
+            result = await engine.arun(wf)
+    # One request, refused as an unknown model; nothing after it was sent.
+    assert [status for status, _ in server.responses] == [404]
+    assert result.stop_reason == "fatal_error"
+    (failed,) = result.errors
+    assert result.graph[failed].error_type == "ProviderNotFound"
+    with pytest.raises(NodeFailed) as info:
+        result[failed]
+    assert isinstance(info.value.cause, ProviderNotFound)
+    with pytest.raises(NodeCancelled, match=f"node {failed!r} failed with ProviderNotFound"):
+        result[nodes["final"]]  # type: ignore[index]
+    assert result.graph["merge"].status == NodeStatus.CANCELLED  # never started
 
 
 async def test_a_failed_node_skips_its_dependents_which_send_nothing() -> None:

@@ -234,6 +234,40 @@ async def test_an_async_function_may_be_written_for_asyncio() -> None:
         wf.function(print, loop="asyncio")
 
 
+async def sleeps_on_asyncio() -> str:
+    await asyncio.sleep(0)  # a bare yield: trio says "unrecognized yield message"
+    return "slept"
+
+
+async def asks_for_asyncio_s_loop() -> str:
+    asyncio.get_running_loop()  # RuntimeError: no running event loop
+    return "found"
+
+
+@pytest.mark.parametrize(
+    "fn, original",
+    [(sleeps_on_asyncio, TypeError), (asks_for_asyncio_s_loop, RuntimeError)],
+    ids=["asyncio.sleep", "get_running_loop"],
+)
+async def test_asyncio_code_without_loop_asyncio_names_the_fix(
+    fn: object, original: type[Exception]
+) -> None:
+    wf = Workflow()
+    node = wf.function(fn, id="fetch")  # type: ignore[arg-type]
+    after = wf.function(lambda text: text, node, id="after")
+    result = await Engine("scripted").arun(wf)
+    with pytest.raises(
+        NodeFailed, match="written for asyncio\\? pass loop='asyncio' to wf.function"
+    ) as info:
+        result[node]
+    assert isinstance(info.value.cause, NodeFailed)
+    assert isinstance(info.value.cause.__cause__, original)  # the original kept as the cause
+    assert result.graph[after.id].status == NodeStatus.SKIPPED
+    wf = Workflow()
+    fixed = wf.function(fn, id="fetch", loop="asyncio")  # type: ignore[arg-type]
+    assert (await Engine("scripted").arun(wf))[fixed] in ("slept", "found")
+
+
 async def test_an_asyncio_function_is_cancelled_in_its_own_loop(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

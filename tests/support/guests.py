@@ -1,10 +1,19 @@
 """Helpers for tests that run real guest processes: a plugin that keeps the
-environments it makes (`Spy`), engines over it, and a look at live processes."""
+environments it makes (`Spy`), engines over it, a folder the guest can reach
+(`folder_the_guest_can_reach`), and a look at live processes."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rlm_graph import RLM
 from rlm_graph.hooks import hookimpl
@@ -67,3 +76,49 @@ def processes_running(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+HOST_TMP = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _unreachable(base: Path) -> str | None:
+    """Why a folder made in ``base`` would be out of the guest's reach; None if it is not."""
+    if not os.access(base, os.W_OK):
+        return "not writable here"
+    resolved = base.resolve()
+    for tmp in HOST_TMP:
+        if resolved.is_relative_to(Path(tmp).resolve()):
+            return f"under {tmp}, which the guest sees as its own private folder"
+    if os.geteuid() == 0:  # the guest runs as uid 65534: it must enter every folder above
+        for folder in [resolved, *resolved.parents]:
+            mode = stat.S_IMODE(folder.stat().st_mode)
+            if not mode & stat.S_IXOTH:
+                return f"{folder} is private (mode {mode:o}): uid 65534 cannot enter it"
+    return None
+
+
+@contextmanager
+def folder_the_guest_can_reach(checkout: Path) -> Iterator[Path]:
+    """A fresh folder beside ``checkout`` (mode 0755, removed after) that a guest given it
+    in ``read_paths`` can reach: outside the folders its private ``/tmp`` covers, on a
+    path its uid may enter. Skips, saying why, where there is none: a checkout under
+    ``/tmp``, or in a private folder (mode 0700: any ``mktemp -d``, root's home) when the
+    guest runs as another user."""
+    refused = []
+    for base in (checkout.parent, checkout):
+        why = _unreachable(base)
+        if why is None:
+            break
+        refused.append(f"{base}: {why}")
+    else:
+        pytest.skip(
+            "no folder beside the checkout that the guest can reach ("
+            + "; ".join(refused)
+            + "): clone into a folder other users may enter, outside /tmp, to run this test"
+        )
+    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-test-", dir=base))
+    folder.chmod(0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
