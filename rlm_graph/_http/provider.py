@@ -100,7 +100,7 @@ class JSONProvider:
         api_key: the key, or ``None`` for servers that need none.
         max_concurrent: the most requests in flight at once (the ceiling of the engine's
             adaptive limit, and the size of each loop's connection pool). ``None`` (the
-            default): the limit finds what the server takes, from 32 up to 512, lower
+            default): the limit finds what the server takes, from 64 up to 512, lower
             on 429s (docs/limits.md); a number is a hard ceiling the limit starts at.
         timeout: seconds the first attempt may take in all (connect, send, wait, read);
             each attempt after a timeout gets twice as long, up to ``8 * timeout``.

@@ -184,7 +184,7 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-concurrent",
         type=int,
         help="the most requests in flight to the provider (default: an adaptive limit that "
-        "finds what the server takes, from 32 up, lower on 429s)",
+        "finds what the server takes, from 64 up, lower on 429s)",
     )
     group.add_argument(
         "--requests-per-minute", type=float, help="the provider's request rate limit"

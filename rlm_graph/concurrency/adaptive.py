@@ -7,7 +7,7 @@ the defaults of Netflix's concurrency-limits ``AIMDLimit``, applied to requests 
 flight instead of packets (RFC 5681, RFC 6582; Dean and Barroso's "The Tail at Scale"
 for why a fixed limit is the wrong default):
 
-- **Slow start.** From ``initial`` (32), every answered request that found the limit in
+- **Slow start.** From ``initial`` (64), every answered request that found the limit in
   use (at least half of it in flight when it was sent) raises the limit by one: the limit
   doubles per round trip while the provider takes it all, up to ``ceiling``.
 - **Congestion avoidance.** After the first refusal the limit grows by about one per
@@ -44,7 +44,7 @@ __all__ = [
     "Ticket",
 ]
 
-DEFAULT_INITIAL = 32
+DEFAULT_INITIAL = 64
 """Where a provider's limit starts when ``max_concurrent`` is not set."""
 
 DEFAULT_CEILING = 512
@@ -230,7 +230,7 @@ class AdaptiveLimit:
         """Whether the limit moved enough since it was last told to be worth telling
         again (and remember it as told): every fall, a rise of an eighth (at least one).
         A limit in slow start moves with every answer; its watchers hear ~25 times on
-        the way from 32 to 512, not 480."""
+        the way from 64 to 512, not 448."""
         limit, told = self.limit, self._announced
         if limit < told or limit >= told + max(1, told // 8):
             self._announced = limit
