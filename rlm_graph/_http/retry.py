@@ -164,19 +164,20 @@ def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float
     A successful answer that says so tells the engine to send nothing to that provider
     before the reset: the next request would only be refused.
     """
-    lowered = {k.lower(): v for k, v in headers.items()}
-    now = time.time() if now is None else now
+    # Read on every answer: a few lookups, no copy of the headers. (httpx's headers
+    # look names up in any case; a plain mapping is expected in lower case.)
     waits = []
     for remaining, reset in _REMAINING:
-        value = lowered.get(remaining)
-        if value is None or reset not in lowered:
+        value = headers.get(remaining)
+        if value is None:
             continue
         try:
             if float(value) > 0:
                 continue
         except ValueError:
             continue
-        wait = _parse_reset(lowered[reset], now)
+        until = headers.get(reset)
+        wait = None if until is None else _parse_reset(until, time.time() if now is None else now)
         if wait is not None:
             waits.append(max(0.0, wait))
     return max(waits) if waits else None

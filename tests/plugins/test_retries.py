@@ -11,6 +11,7 @@ import trio
 import trio.testing
 
 from rlm_graph._http.provider import parse_duration, parse_retry_after, retry_delay_from_headers
+from rlm_graph._http.retry import exhausted_for
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import (
     ProviderAuthError,
@@ -191,3 +192,15 @@ def test_reset_headers() -> None:
     anthropic = {"anthropic-ratelimit-requests-reset": "2023-11-14T22:13:30Z"}
     assert retry_delay_from_headers(anthropic, now) == pytest.approx(10)
     assert retry_delay_from_headers({}, now) is None
+
+
+def test_an_answer_saying_its_rate_window_is_used_up_names_the_wait() -> None:
+    headers = httpx.Headers(
+        {"X-RateLimit-Remaining-Requests": "0", "X-RateLimit-Reset-Requests": "1.5s"}
+    )
+    assert exhausted_for(headers) == pytest.approx(1.5)
+    room = {"x-ratelimit-remaining-requests": "12", "x-ratelimit-reset-requests": "1s"}
+    assert exhausted_for(room) is None
+    tokens = {"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2s"}
+    assert exhausted_for(tokens) == pytest.approx(2.0)
+    assert exhausted_for({"x-ratelimit-remaining-requests": "zero"}) is None
