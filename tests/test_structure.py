@@ -166,20 +166,24 @@ def _internal_imports(path: Path, modules: set[str]) -> set[str]:
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        targets: list[str] = []
+    tree = ast.parse(path.read_text(), str(path))
+    lazy = any(isinstance(n, ast.Name) and n.id == "lazy_names" for n in ast.walk(tree))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
+            found.update(alias.name for alias in node.names if alias.name in modules)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 base = ".".join(anchor + ([node.module] if node.module else []))
-            targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
-        for target in targets:
-            if target in modules and target != name:
-                found.add(target)
-                break
+            # `from . import a, b` imports the modules a and b; `from .m import X`, m.
+            named = {f"{base}.{alias.name}" for alias in node.names} & modules
+            found.update(named or ({base} & modules))
+        elif lazy and isinstance(node, ast.Constant) and isinstance(node.value, str):
+            # A lazy export (`_lazy.lazy_names`): ".engine" is imported on first use.
+            if node.value.startswith(".") and f"{package}{node.value}" in modules:
+                found.add(f"{package}{node.value}")
+    found.discard(name)
     return found
 
 

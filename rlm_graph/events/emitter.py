@@ -102,12 +102,7 @@ class EventEmitter:
     def node_started(self, record: NodeRecord, parent_id: str | None) -> None:
         self._send(
             NodeStarted,
-            node_id=record.id,
-            parent_id=parent_id,
-            kind=record.kind,
-            depth=record.depth,
-            completion=record.completion,
-            iteration=record.iteration,
+            **_about(record, parent_id),
             model=record.model,
             batch_index=record.batch_index,
             input_preview=record.input_preview,
@@ -150,12 +145,7 @@ class EventEmitter:
     def text_delta(self, record: NodeRecord, parent_id: str | None, offset: int, text: str) -> None:
         self._send(
             TextDelta,
-            node_id=record.id,
-            parent_id=parent_id,
-            kind=record.kind,
-            depth=record.depth,
-            completion=record.completion,
-            iteration=record.iteration,
+            **_about(record, parent_id),
             offset=offset,
             text=text,
         )
@@ -163,12 +153,7 @@ class EventEmitter:
     def node_finished(self, record: NodeRecord, parent_id: str | None) -> None:
         self._send(
             NodeFinished,
-            node_id=record.id,
-            parent_id=parent_id,
-            kind=record.kind,
-            depth=record.depth,
-            completion=record.completion,
-            iteration=record.iteration,
+            **_about(record, parent_id),
             status=record.status,
             duration=record.duration,
             model=record.model,
@@ -242,3 +227,15 @@ class EventEmitter:
                     event.seq,
                     getattr(event, "type", "?"),
                 )
+
+
+def _about(record: NodeRecord, parent_id: str | None) -> dict[str, Any]:
+    """The fields of a node event that say which node it is about."""
+    return {
+        "node_id": record.id,
+        "parent_id": parent_id,
+        "kind": record.kind,
+        "depth": record.depth,
+        "completion": record.completion,
+        "iteration": record.iteration,
+    }

@@ -131,24 +131,18 @@ class ModelCall:
         use inside the node, so that a bad one fails the node)."""
         if self._request is not None:
             return self._request
-        node, model = self.node, self.route.model
+        fields: dict[str, Any] = {
+            "messages": self.messages,
+            "model": self.route.model,
+            "depth": self.node.depth,
+            "node_id": self.node.id,
+            "cache_key": self.cache_key,
+        }
         if not self.params and self.response_schema is None:  # most calls: the least to validate
-            self._request = ChatRequest(
-                messages=self.messages,
-                model=model,
-                depth=node.depth,
-                node_id=node.id,
-                cache_key=self.cache_key,
-            )
+            self._request = ChatRequest(**fields)
         else:
             self._request = ChatRequest(
-                messages=self.messages,
-                model=model,
-                depth=node.depth,
-                node_id=node.id,
-                response_schema=self.response_schema,
-                cache_key=self.cache_key,
-                **dict(self.params or {}),
+                **fields, response_schema=self.response_schema, **dict(self.params or {})
             )
         return self._request
 

@@ -48,6 +48,7 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from ..contracts import Provider, ProviderCapabilities
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 from .scrub import Scrubber
 
@@ -144,21 +145,20 @@ def _span_name(record: NodeRecord) -> str:
     return SPAN_NAMES[record.kind].format(id=record.id)
 
 
-def _server_table(providers: Iterable[object]) -> dict[Any, tuple[str, int | None]]:
-    """(provider name, model) and provider name -> (server.address, server.port)."""
+def _server_table(providers: Iterable[Provider]) -> dict[Any, tuple[str, int | None]]:
+    """(provider name, model) and provider name -> (server.address, server.port), from
+    the providers' declared capabilities (else their ``base_url``)."""
     table: dict[Any, tuple[str, int | None]] = {}
     for provider in providers:
-        address = getattr(provider, "server_address", None)
-        port = getattr(provider, "server_port", None)
-        base_url = getattr(provider, "base_url", None)
-        if not address and base_url:
-            parts = urlsplit(str(base_url))
+        capabilities = ProviderCapabilities.of(provider)
+        address, port = capabilities.server_address, capabilities.server_port
+        if not address and capabilities.base_url:
+            parts = urlsplit(capabilities.base_url)
             address = parts.hostname
             port = parts.port or {"https": 443, "http": 80}.get(parts.scheme)
         if address:
-            name = getattr(provider, "name", None)
-            table.setdefault((name, getattr(provider, "model", None)), (address, port))
-            table.setdefault(name, (address, port))
+            table.setdefault((provider.name, provider.model), (address, port))
+            table.setdefault(provider.name, (address, port))
     return table
 
 
@@ -190,7 +190,7 @@ class NodeTracer:
         *,
         capture_content: bool = False,
         content_limit: int = CONTENT_LIMIT,
-        providers: Iterable[object] = (),
+        providers: Iterable[Provider] = (),
         secrets: Iterable[str] = (),
         graph: Graph | None = None,
     ) -> None:

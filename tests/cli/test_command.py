@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from rlm_graph.testing import FakeOpenAIServer, Reply
+from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 
 pytestmark = pytest.mark.processes
 
@@ -395,7 +395,8 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.Signals) -> None:
-    block = "```repl\nimport time\ntime.sleep(60)\n```"
+    # The block says it runs (a sub-call the server sees), then sleeps.
+    block = "```repl\nllm_query('the block runs')\nimport time\ntime.sleep(60)\n```"
     temp = tempfile.gettempdir()
     with FakeOpenAIServer(lambda body: block) as server:
         process = subprocess.Popen(
@@ -409,10 +410,10 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.S
         try:
             deadline = time.monotonic() + 60
             while process.poll() is None and time.monotonic() < deadline:
-                if server.requests and any(n.startswith(mine) for n in os.listdir(temp)):
+                running = any(last_user_message(b) == "the block runs" for b in server.bodies)
+                if running and any(n.startswith(mine) for n in os.listdir(temp)):
                     break
                 time.sleep(0.02)
-            time.sleep(0.3)  # the block has reached its guest
             assert process.poll() is None, "the command ended before it could be stopped"
             process.send_signal(stop)
             _, err = process.communicate(timeout=30)
