@@ -323,8 +323,9 @@ class ProviderCapabilities:
         base_url: the API's root URL.
         streams: the provider has ``stream(request, sink)`` (`StreamingProvider`) and
             streaming is on; the engine streams root turns through it.
-        initial_concurrency: where the provider's adaptive concurrency limit starts
-            (None: at ``max_concurrent``, its ceiling); docs/limits.md.
+        initial_concurrency: where the provider's adaptive concurrency limit starts; it
+            then moves between 1 and ``max_concurrent`` (docs/limits.md). None: a fixed
+            limit of ``max_concurrent``.
     """
 
     requests_per_minute: float | None = None

@@ -265,20 +265,25 @@ class InProcessLimiter:
             weakref.WeakKeyDictionary()
         )
 
-    def adaptive(self, key: str, initial: int, ceiling: int) -> SharedGate:
-        """The gate of provider ``key``: its limit starts at ``initial`` and moves
-        (never past ``ceiling``) with what the provider's answers say."""
+    def adaptive(self, key: str, initial: int | None, ceiling: int) -> SharedGate:
+        """The gate of provider ``key`` (made on first use): its limit starts at
+        ``initial`` and moves (never past ``ceiling``) with what the provider's answers
+        say; ``initial`` None: a fixed limit of ``ceiling``."""
         gate = self._gates.get(key)
         if gate is None:
             with self._lock:
                 gate = self._gates.get(key)
                 if gate is None:
-                    limit = AdaptiveLimit(initial=initial, ceiling=ceiling)
+                    limit = (
+                        AdaptiveLimit.fixed(ceiling)
+                        if initial is None
+                        else AdaptiveLimit(initial=min(initial, ceiling), ceiling=ceiling)
+                    )
                     gate = self._gates[key] = SharedGate(limit)
         return gate
 
     def gate(self, key: str, capacity: int) -> AbstractAsyncContextManager[object]:
-        return _GateUse(self.adaptive(key, capacity, capacity))
+        return _GateUse(self.adaptive(key, None, capacity))
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter:
         token = trio.lowlevel.current_trio_token()

@@ -301,7 +301,7 @@ async def _request(
     node sets its service start, a duplicate adds its attempts to the node's."""
     provider, capabilities = route.provider, route.capabilities
     ceiling = provider.max_concurrent
-    initial = min(capabilities.initial_concurrency or ceiling, ceiling)
+    initial = capabilities.initial_concurrency
     slot = run.limiters.slot(route.key, initial, ceiling, route.model, run.events.concurrency)
     async with run.limiters.provider(route.key, ceiling), slot:
         began = trio.current_time()

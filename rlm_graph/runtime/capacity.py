@@ -116,19 +116,20 @@ class LoopLimiters:
     def slot(
         self,
         key: str,
-        initial: int,
+        initial: int | None,
         ceiling: int,
         model: str,
         on_change: Callable[[str, AdaptiveLimit], None] | None = None,
     ) -> ProviderSlot:
-        """A call's place under provider ``key``'s limit, beyond this loop (the engine's
-        `SharedLimiter`: adaptive where it has adaptive gates, else fixed at ``initial``)."""
-        # Only the in-process limiter adapts; a `SharedLimiter` of another kind (the Ray
-        # actor, a user's) holds a fixed gate at the limit's start.
+        """A call's place under provider ``key``'s limit, beyond this loop: adaptive
+        from ``initial`` up to ``ceiling`` (None: fixed at ``ceiling``). Only the
+        in-process limiter adapts; a `SharedLimiter` of another kind (the Ray actor, a
+        user's) holds a fixed gate at the limit's start."""
         if isinstance(self._shared, InProcessLimiter):
             gate = self._shared.adaptive(key, initial, ceiling)
             return ProviderSlot(key, gate, None, model, on_change)
-        return ProviderSlot(key, None, self._shared.gate(key, initial), model, on_change)
+        start = ceiling if initial is None else min(initial, ceiling)
+        return ProviderSlot(key, None, self._shared.gate(key, start), model, on_change)
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
         if not rpm and not tpm:

@@ -174,3 +174,15 @@ def test_run_verbose_shows_the_limit_as_it_moves(
     assert moves and "refused so far" in moves[-1]
     # The last progress line carries the limit too.
     assert " limit " in [line for line in err.splitlines() if "sub-calls" in line][-1]
+
+
+def test_a_provider_that_declares_no_start_keeps_a_fixed_limit() -> None:
+    # The scripted provider declares no initial_concurrency: its max_concurrent holds as
+    # is, however its calls go; the HTTP providers' limit adapts below theirs.
+    code = "```repl\nFINAL(llm_query('x'))\n```"
+    rlm = RLM("scripted", {"respond": lambda r: code if r.system else "x", "max_concurrent": 3})
+    assert rlm.completion("ctx").response == "x"
+    limiter = rlm.engine.limiter
+    assert isinstance(limiter, InProcessLimiter)
+    (gate,) = limiter._gates.values()
+    assert not gate.limit.adaptive and gate.limit.limit == 3
