@@ -87,45 +87,26 @@ def test_a_users_schema_is_never_fetched_either() -> None:
 # -- schemas that would stall the engine's loop (each run in a process of its own, so
 #    that a regression fails by the timeout instead of hanging the suite) ------------------
 
-STALLING = {
-    "a backtracking pattern": (
-        {"type": "string", "pattern": "^(a+)+$"},
-        '"' + "a" * 60 + '!"',
-        "does not match",
-    ),
-    "an exploding anyOf": (
-        {
-            "$defs": {
-                **{f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(40)},
-                "d40": {"type": "integer"},
-            },
-            "$ref": "#/$defs/d0",
-        },
-        '"text"',
-        "too costly to check",
-    ),
-}
+ANSWER_SCRIPT = """
+import json, sys
+from rlm_graph import RLM
+schema, reply, limit = sys.argv[1], eval(sys.argv[2]), float(sys.argv[3])
+def respond(request):
+    if any(m.role == 'system' for m in request.messages):
+        return '```repl\\nFINAL(llm_query("x", schema=' + schema + '))\\n```'
+    return reply
+rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=limit)
+result = rlm.completion('ctx')
+print(json.dumps([result.response, result.stop_reason]))
+"""
 
 
-@pytest.mark.processes
-@pytest.mark.parametrize("case", sorted(STALLING))
-def test_a_schema_built_to_stall_is_a_mismatch_in_bounded_time(case: str) -> None:
-    schema, reply, told = STALLING[case]
-    script = (
-        "import json, sys\n"
-        "from rlm_graph import RLM\n"
-        "schema, reply = json.loads(sys.argv[1]), sys.argv[2]\n"
-        "def respond(request):\n"
-        "    if any(m.role == 'system' for m in request.messages):\n"
-        "        code = f'FINAL(llm_query(\"x\", schema={schema!r}))'\n"
-        "        return '```repl\\n' + code + '\\n```'\n"
-        "    return reply\n"
-        "rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=30)\n"
-        "result = rlm.completion('ctx')\n"
-        "print(json.dumps([result.response, result.stop_reason]))\n"
-    )
+def answer_alone(schema: str, reply: str, max_timeout: float) -> tuple[str, str | None]:
+    """In an engine process of its own, with a real guest: the answer of
+    ``FINAL(llm_query("x", schema=<schema>))`` (a Python expression the guest evaluates)
+    when the model replies ``<reply>`` (an expression), and the run's stop reason."""
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(schema), reply],
+        [sys.executable, "-c", ANSWER_SCRIPT, schema, reply, str(max_timeout)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -133,8 +114,74 @@ def test_a_schema_built_to_stall_is_a_mismatch_in_bounded_time(case: str) -> Non
     )
     assert done.returncode == 0, done.stderr[-2000:]
     response, stop_reason = json.loads(done.stdout.strip().splitlines()[-1])
+    return response, stop_reason
+
+
+STALLING = {
+    "a backtracking pattern": (
+        repr({"type": "string", "pattern": "^(a+)+$"}),
+        repr('"' + "a" * 60 + '!"'),
+        "[ERROR] SchemaMismatch",
+        "does not match",
+    ),
+    "an exploding anyOf": (
+        repr(
+            {
+                "$defs": {
+                    **{f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(40)},
+                    "d40": {"type": "integer"},
+                },
+                "$ref": "#/$defs/d0",
+            }
+        ),
+        repr('"text"'),
+        "[ERROR] SchemaMismatch",
+        "too costly to check",
+    ),
+    "patternProperties hidden under dependencies": (
+        repr(
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "dependencies": {"properties": {"patternProperties": {"^(a+)+$": {}}}},
+            }
+        ),
+        repr(json.dumps({"properties": 1, "a" * 40 + "!": 1})),
+        "[ERROR] ConfigError",
+        "patternProperties is not taken",
+    ),
+    "uniqueItems over 3,000 objects": (  # compared pairwise, 25 s
+        repr({"type": "array", "uniqueItems": True}),
+        "json.dumps([{'n': i, 'more': [i, {'x': i}]} for i in range(3000)] + [{'n': 0, 'more': [0, {'x': 0}]}])",
+        "[ERROR] SchemaMismatch",
+        "has non-unique elements",
+    ),
+    "an RE2 pattern over a 400 KB answer": (  # linear, but 27 s
+        repr({"type": "string", "pattern": "(?:.{0,99}a){10}.{0,99}b"}),
+        "json.dumps(('a' * 50 + 'x' * 50) * 4000)",
+        "[ERROR] SchemaMismatch",
+        "too costly to check",
+    ),
+}
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("case", sorted(STALLING))
+def test_a_schema_built_to_stall_is_refused_or_a_mismatch_before_the_deadline(case: str) -> None:
+    schema, reply, kind, told = STALLING[case]
+    # Ten seconds: each of these held the engine's loop for 17 s or more, or for good.
+    response, stop_reason = answer_alone(schema, reply, max_timeout=10)
     assert stop_reason is None  # answered, not cut by the deadline
-    assert response.startswith("[ERROR] SchemaMismatch") and told in response
+    assert response.startswith(kind) and told in response, response[:300]
+
+
+@pytest.mark.processes
+def test_a_schema_of_megabytes_is_refused_at_its_first_64_kib() -> None:
+    # Some 12 MB of JSON on one line of the guest's pipe, a distinct pattern in each of
+    # 250,000 definitions: walked and compiled in full it held the loop for 15 s.
+    schema = "{'$defs': {f'd{i}': {'type': 'string', 'pattern': f'x{i}'} for i in range(250_000)}}"
+    response, stop_reason = answer_alone(schema, repr('"x"'), max_timeout=15)
+    assert stop_reason is None
+    assert response.startswith("[ERROR] ConfigError: schema is over 65,536 bytes of JSON")
 
 
 async def test_patterns_re2_cannot_run_and_pattern_properties_are_refused_up_front() -> None:
