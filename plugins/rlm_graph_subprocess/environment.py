@@ -57,7 +57,7 @@ from .guest import (
     ToolCall,
 )
 from .isolation import Isolation, choose_isolation
-from .process import MAX_PENDING_PROMPTS, GuestDied, GuestProcess, MessageTooLarge, Room
+from .process import GuestDied, GuestProcess, MessageTooLarge, Room
 from .tools import split_tools
 
 __all__ = ["SubprocessEnvironment"]
@@ -377,17 +377,17 @@ class SubprocessEnvironment:
     ) -> ExecResult | GuestDied:
         # GuestDied is returned here, not raised through the nursery, which would wrap it
         # in an exception group.
-        room = Room(MAX_PENDING_PROMPTS)
+        room = Room()
         try:
             await guest.send(Execute(code=code))
             while True:
-                message = await guest.receive()
+                message, size = await guest.receive_weighed()
                 if isinstance(message, Subcall | ToolCall):
                     # Backpressure, not buffering: nothing more is read from the guest
-                    # while its calls in flight hold MAX_PENDING_PROMPTS prompts.
-                    weight = len(message.request.prompts) if isinstance(message, Subcall) else 1
-                    await room.take(weight)
-                    nursery.start_soon(self._serve, guest, message, room, weight)
+                    # while its calls in flight fill the room (prompts, bytes).
+                    prompts = len(message.request.prompts) if isinstance(message, Subcall) else 1
+                    await room.take(prompts, size)
+                    nursery.start_soon(self._serve, guest, message, room, (prompts, size))
                 elif isinstance(message, Done):
                     return ExecResult(**message.result)
                 else:  # a guest out of step with the protocol is as good as dead
@@ -398,7 +398,7 @@ class SubprocessEnvironment:
             return GuestDied(f"{type(exc).__name__}")  # a garbled message: as bad as dead
 
     async def _serve(
-        self, guest: GuestProcess, call: Subcall | ToolCall, room: Room, weight: int
+        self, guest: GuestProcess, call: Subcall | ToolCall, room: Room, weight: tuple[int, int]
     ) -> None:
         try:
             value = await self._dispatch(call)
@@ -409,7 +409,7 @@ class SubprocessEnvironment:
         except Exception as exc:  # noqa: BLE001 - a user's tool may raise anything; the model sees it
             reply = Reply(id=call.id, error=f"{type(exc).__name__}: {exc}")
         finally:
-            room.give(weight)
+            room.give(*weight)
         try:
             await guest.send(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -17,7 +17,7 @@ import pytest
 
 from rlm_graph import RLM
 from rlm_graph.events import NodeFinished, NodeStarted
-from rlm_graph_subprocess.process import MAX_PENDING_PROMPTS
+from rlm_graph_subprocess.process import MAX_PENDING_BYTES, MAX_PENDING_PROMPTS
 from tests.support.guests import engine
 from tests.support.scripts import is_root_turn, repl, scripted
 
@@ -201,9 +201,10 @@ async def test_patterns_re2_cannot_run_and_pattern_properties_are_refused_up_fro
 # -- the pipe -----------------------------------------------------------------------------
 
 
-def _forging(count: int) -> str:
-    """A block that writes ``count`` forged sub-call lines straight to the engine's pipe,
-    then asks once for real (read only after every forged line was read)."""
+def _forging(count: int, prompt_chars: int = 0) -> str:
+    """A block that writes ``count`` forged sub-call lines straight to the engine's pipe
+    (each prompt "forged", or ``prompt_chars`` x's), then asks once for real (read only
+    after every forged line was read)."""
     line = {
         "type": "subcall",
         "id": 0,
@@ -212,7 +213,8 @@ def _forging(count: int) -> str:
     return (
         "import json, os, stat\n"
         f"line = {line!r}\n"
-        "out = [fd for fd in map(int, os.listdir('/proc/self/fd'))\n"
+        + (f"line['request']['prompts'] = ['x' * {prompt_chars}]\n" if prompt_chars else "")
+        + "out = [fd for fd in map(int, os.listdir('/proc/self/fd'))\n"
         "       if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISFIFO(os.fstat(fd).st_mode)]\n"
         "for fd in out:\n"
         "    try:\n"
@@ -225,30 +227,55 @@ def _forging(count: int) -> str:
     )
 
 
-async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
-    in_flight, peak = 0, 0
+class _InFlight:
+    """A listener counting the ``llm_call`` nodes running at once, and their peak."""
 
-    def listen(event: object) -> None:
-        nonlocal in_flight, peak
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def __call__(self, event: object) -> None:
         if isinstance(event, NodeStarted) and event.kind == "llm_call":
-            in_flight += 1
-            peak = max(peak, in_flight)
+            self.now += 1
+            self.peak = max(self.peak, self.now)
         elif isinstance(event, NodeFinished) and event.kind == "llm_call":
-            in_flight -= 1
+            self.now -= 1
 
+
+async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
+    in_flight = _InFlight()
     forged = MAX_PENDING_PROMPTS * 3
     rlm = engine(
         [repl(_forging(forged))],
         sub=lambda r: f"answered {r.prompt}",
         backend_kwargs={"latency": 0.001, "max_concurrent": 8},
-        listeners=[listen],
+        listeners=[in_flight],
         environment_kwargs={"timeout": 120},
     )
     result = await rlm.acompletion("ctx")
     assert result.response == "answered real"
     served = [r for r in scripted(rlm).requests if not is_root_turn(r)]
     assert len(served) > forged - MAX_PENDING_PROMPTS  # the forged ones were served, in turn
-    assert peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
+    assert in_flight.peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
+
+
+async def test_forged_sub_calls_of_megabytes_wait_their_turn_by_their_bytes() -> None:
+    # 24 calls of 4 MiB each, few prompts: before, all were read and held at once (60 of
+    # 3 MB added 189 MB to the engine).
+    size = MAX_PENDING_BYTES // 8
+    in_flight = _InFlight()
+    rlm = engine(
+        [repl(_forging(24, prompt_chars=size))],
+        sub=lambda r: f"answered {r.prompt[:8]}",
+        backend_kwargs={"latency": 0.2, "max_concurrent": 1},
+        listeners=[in_flight],
+        environment_kwargs={"timeout": 120},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "answered real"
+    served = [r for r in scripted(rlm).requests if not is_root_turn(r)]
+    assert len(served) == 25  # every forged call was served, in turn
+    assert in_flight.peak <= MAX_PENDING_BYTES // size + 1
 
 
 async def test_half_a_message_on_the_pipe_when_a_run_is_cut_keeps_the_partial_answer() -> None:
