@@ -19,7 +19,9 @@ Invariants:
       end cancels any the guest left behind.
     - The guest runs behind the strongest `isolation` plan the machine accepts (its own
       PID namespace and ``/proc``; uid 65534 when the engine is root). Its working
-      folder is then its own, and the folder of contexts readable by its group only.
+      folder is then its own, and the folder of contexts readable by its group only;
+      with a private ``/tmp``, the working folder lives on that tmpfs (capped with it,
+      gone with the guest) and the engine's copy of it stays empty.
     - A block whose guest keeps using CPU past ``cpu_seconds`` (plus `_CPU_GRACE`) is
       killed by the engine, whatever the block's code catches.
 """
@@ -69,8 +71,8 @@ _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 _CPU_GRACE = 2.0
 _CPU_POLL = 0.2
 _LOST = (
-    "[the REPL process was restarted: variables your code made are lost; context, "
-    "history and custom tools are loaded again]"
+    "[the REPL process was restarted: variables your code made are lost, and files it "
+    "wrote may be; context, history and custom tools are loaded again]"
 )
 
 
