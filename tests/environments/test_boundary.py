@@ -310,3 +310,44 @@ def test_check_request_refuses_a_call_over_the_caps_before_any_node() -> None:
     result = rlm.completion("ctx")
     assert result.response.startswith("[ERROR] ConfigError") and "split the list" in result.response
     assert len(list(result.graph.records("llm_call"))) == 0
+
+
+def test_a_prompt_over_16_mi_characters_is_refused_whole_before_any_node() -> None:
+    from rlm_graph.protocol.subcalls import MAX_PROMPT_CHARS
+
+    code = (
+        f"big = 'x' * {MAX_PROMPT_CHARS + 1}\n"
+        "a = llm_query(big)\n"
+        "b = llm_query_batched(['fine', big])\n"
+        "FINAL(repr([a, *b]))"
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment="local",
+    )
+    result = rlm.completion("ctx")
+    slots = eval(result.response)
+    assert len(slots) == 3
+    for slot in slots:  # the batch's fine prompt too: the call is refused whole
+        assert slot.startswith("[ERROR] ConfigError") and "more than 16,777,216 characters" in slot
+    assert len(list(result.graph.records("llm_call"))) == 0
+    assert len(scripted(rlm).requests) == 1  # the root turn only
+
+
+async def test_an_image_over_20_mib_forged_past_the_guests_check_is_refused_by_the_engine() -> None:
+    # The guest refuses such an image itself; model code that finds the guest's pipe
+    # caller (gc) sends it anyway: the engine refuses it before decoding it.
+    code = (
+        "import base64, gc\n"
+        "from rlm_graph.contracts import SubcallRequest\n"
+        "caller = next(o for o in gc.get_objects() if type(o).__name__ == '_PipeCaller')\n"
+        "png = b'\\x89PNG\\r\\n\\x1a\\n' + bytes(20 * 2**20)\n"
+        "image = {'media_type': 'image/png', 'data': base64.b64encode(png).decode()}\n"
+        "FINAL(caller.call(SubcallRequest(fn='llm_query', prompts=(['look', image],))))"
+    )
+    rlm = engine([repl(code)], environment_kwargs={"max_message_mb": 32})
+    result = await rlm.acompletion("ctx")
+    assert result.response.startswith("[ERROR] ValueError"), result.response[:300]
+    assert "the image is over 20 MiB" in result.response
+    assert len(scripted(rlm).requests) == 1  # the root turn only: nothing was sent on
