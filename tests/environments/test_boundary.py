@@ -7,11 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
@@ -19,35 +14,8 @@ from rlm_graph import RLM
 from rlm_graph.events import NodeFinished, NodeStarted
 from rlm_graph_subprocess.process import MAX_PENDING_BYTES, MAX_PENDING_PROMPTS
 from tests.support.guests import engine
+from tests.support.listening import listening
 from tests.support.scripts import is_root_turn, repl, scripted
-
-
-class _Listening(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.seen.append(self.path)  # type: ignore[attr-defined]
-        body = json.dumps({"type": "string"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/schema+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def listening() -> Iterator[tuple[str, list[str]]]:
-    """A server on 127.0.0.1 that serves a schema to anyone who asks, and counts who did."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listening)
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server.seen  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_a_schema_reference_sends_nothing_to_any_server_and_the_run_goes_on() -> None:
