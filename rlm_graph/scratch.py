@@ -18,8 +18,10 @@ Invariants:
       there first).
     - A folder whose owner process is gone (killed by ``SIGKILL``, a crashed Ray worker)
       is *stale*: the first `make_folder` of every process removes up to 16 stale
-      folders of its user (`sweep_stale`: one listing of the temporary folder). Engines that share a temporary
-      folder are assumed to share a PID namespace, as on one machine.
+      folders of its user (`sweep_stale`: one listing of the temporary folder). A
+      zombie (exited, not yet reaped by its parent), or a process still tearing itself
+      down, is gone. Engines that share a
+      temporary folder are assumed to share a PID namespace, as on one machine.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any
 
 __all__ = ["make_folder", "on_exit", "remove", "sweep_stale"]
 
-_NAME = re.compile(r"rlm-graph-(\d+)-[a-z0-9-]+$")
+_NAME = re.compile(r"rlm-graph-(\d+)-[a-z0-9_-]+$")  # mkdtemp's random part has "_" too
 
 _lock = threading.Lock()
 _live: set[str] = set()
@@ -89,7 +91,8 @@ def sweep_stale(folder: str | None = None, limit: int | None = None) -> list[str
     """Remove the folders in ``folder`` (default: the system's temporary folder) that
     this user's engines made and whose owner process is gone; returns their paths.
 
-    One listing of the folder, one ``kill(pid, 0)`` per candidate: bounded work.
+    One listing of the folder, one ``kill(pid, 0)`` (and a read of its ``/proc`` state)
+    per candidate: bounded work.
     """
     root = folder or tempfile.gettempdir()
     removed: list[str] = []
@@ -119,9 +122,25 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process of that pid: alive
-        return True
-    return True
+    except PermissionError:  # another user's process of that pid: alive, unless a zombie
+        pass
+    return not _exited(pid)
+
+
+_PF_EXITING = 0x4  # the kernel's flag of a process on its way out (include/linux/sched.h)
+
+
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has exited though ``kill(pid, 0)`` still succeeds: a zombie its
+    parent has not reaped yet, or a process still tearing itself down (a Ray worker
+    just killed, whose death its driver learns before the kernel is done with it)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (OSError, IndexError, ValueError):  # no /proc (not Linux): kill's word stands
+        return False
+    return state in (b"Z", b"X") or bool(flags & _PF_EXITING)
 
 
 def _remove_tree(path: str) -> None:

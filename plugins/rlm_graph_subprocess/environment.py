@@ -19,7 +19,9 @@ Invariants:
       end cancels any the guest left behind.
     - The guest runs behind the strongest `isolation` plan the machine accepts (its own
       PID namespace and ``/proc``; uid 65534 when the engine is root). Its working
-      folder is then its own, and the folder of contexts readable by its group only.
+      folder is then its own, and the folder of contexts readable by its group only;
+      with a private ``/tmp``, the working folder lives on that tmpfs (capped with it,
+      gone with the guest) and the engine's copy of it stays empty.
     - A block whose guest keeps using CPU past ``cpu_seconds`` (plus `_CPU_GRACE`) is
       killed by the engine, whatever the block's code catches.
 """
@@ -57,7 +59,7 @@ from .guest import (
     ToolCall,
 )
 from .isolation import Isolation, choose_isolation
-from .process import MAX_PENDING_PROMPTS, GuestDied, GuestProcess, MessageTooLarge, Room
+from .process import GuestDied, GuestProcess, MessageTooLarge, Room
 from .tools import split_tools
 
 __all__ = ["SubprocessEnvironment"]
@@ -69,8 +71,8 @@ _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 _CPU_GRACE = 2.0
 _CPU_POLL = 0.2
 _LOST = (
-    "[the REPL process was restarted: variables your code made are lost; context, "
-    "history and custom tools are loaded again]"
+    "[the REPL process was restarted: variables your code made are lost, and files it "
+    "wrote may be; context, history and custom tools are loaded again]"
 )
 
 
@@ -377,17 +379,17 @@ class SubprocessEnvironment:
     ) -> ExecResult | GuestDied:
         # GuestDied is returned here, not raised through the nursery, which would wrap it
         # in an exception group.
-        room = Room(MAX_PENDING_PROMPTS)
+        room = Room()
         try:
             await guest.send(Execute(code=code))
             while True:
-                message = await guest.receive()
+                message, size = await guest.receive_weighed()
                 if isinstance(message, Subcall | ToolCall):
                     # Backpressure, not buffering: nothing more is read from the guest
-                    # while its calls in flight hold MAX_PENDING_PROMPTS prompts.
-                    weight = len(message.request.prompts) if isinstance(message, Subcall) else 1
-                    await room.take(weight)
-                    nursery.start_soon(self._serve, guest, message, room, weight)
+                    # while its calls in flight fill the room (prompts, bytes).
+                    prompts = len(message.request.prompts) if isinstance(message, Subcall) else 1
+                    await room.take(prompts, size)
+                    nursery.start_soon(self._serve, guest, message, room, (prompts, size))
                 elif isinstance(message, Done):
                     return ExecResult(**message.result)
                 else:  # a guest out of step with the protocol is as good as dead
@@ -398,7 +400,7 @@ class SubprocessEnvironment:
             return GuestDied(f"{type(exc).__name__}")  # a garbled message: as bad as dead
 
     async def _serve(
-        self, guest: GuestProcess, call: Subcall | ToolCall, room: Room, weight: int
+        self, guest: GuestProcess, call: Subcall | ToolCall, room: Room, weight: tuple[int, int]
     ) -> None:
         try:
             value = await self._dispatch(call)
@@ -409,7 +411,7 @@ class SubprocessEnvironment:
         except Exception as exc:  # noqa: BLE001 - a user's tool may raise anything; the model sees it
             reply = Reply(id=call.id, error=f"{type(exc).__name__}: {exc}")
         finally:
-            room.give(weight)
+            room.give(*weight)
         try:
             await guest.send(reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError):

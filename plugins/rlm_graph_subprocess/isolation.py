@@ -32,8 +32,9 @@ Invariants:
       left the group with ``setsid``.
     - A private ``/tmp`` is one tmpfs, mounted by root (real, or of the guest's first user
       namespace) before the guest's uid is set, and seen at ``/tmp``, ``/var/tmp`` and
-      ``/dev/shm``: capped in size and files, and gone with the guest's mount namespace.
-      The guest cannot unmount it (it has no capability over that namespace).
+      ``/dev/shm``, and at the guest's working folder (a folder of its own in it): capped
+      in size and files, and gone with the guest's mount namespace. The guest cannot
+      unmount it (it has no capability over that namespace).
     - Choosing never fails a run: a plan the machine refuses is skipped, and a plan short
       of the strongest is logged once, naming what is missing: a warning, or an info
       record when only the user namespace is missing (the boundary against the engine
@@ -70,8 +71,9 @@ _REPL_DIR = os.path.join(os.path.dirname(os.path.abspath(rlm_graph.__file__)), "
 _LANDLOCK_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "landlock.py")
 
 MOUNT_TMP = """set -e
-options=$1 work=$2 count=$3 rebound=
+options=$1 work=$2 count=$3
 shift 3
+owner=$(stat -c %u:%g "$work") mode=$(stat -c %a "$work")
 i=0
 for path do
   [ "$i" -lt "$count" ] || break
@@ -79,6 +81,12 @@ for path do
   i=$((i + 1))
 done
 mount -t tmpfs -o "$options" rlm-graph-guest /tmp
+mkdir /tmp/tmp /tmp/work
+chmod 1777 /tmp/tmp
+chown "$owner" /tmp/work 2>/dev/null || chown "${owner%%:*}" /tmp/work
+chmod "$mode" /tmp/work
+exec 9</tmp/work
+mount --bind /tmp/tmp /tmp
 for folder in /var/tmp /dev/shm; do
   if [ -d "$folder" ] && [ ! -L "$folder" ]; then mount --bind /tmp "$folder"; fi
 done
@@ -89,25 +97,24 @@ for path do
     mkdir -p "$path"
     mount --no-canonicalize --bind "/proc/$$/fd/$((i + 3))" "$path"
     mount -o remount,bind,ro "$path"
-    rebound=1
   fi
   eval "exec $((i + 3))<&-"
   i=$((i + 1))
 done
 shift "$count"
-if [ -n "$rebound" ]; then
-  mount --bind "$work" "$work"
-  mount -o remount,bind,rw "$work"
-fi
+mount --no-canonicalize --bind /proc/$$/fd/9 "$work"
+exec 9<&-
 unset PWD OLDPWD
 exec "$@"
 """
-"""The guest's private ``/tmp``, run by ``sh`` as root of the guest's mount namespace:
-``sh -c MOUNT_TMP sh <tmpfs options> <working folder> <count> <path>... <command...>``.
-Each ``path`` (at most `_KEPT`: the environment's folder, and the engine's interpreter,
-packages and rlm_graph where they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``) is
-held open first and bound back, read-only, at its own path once the tmpfs covers it;
-the working folder is then made writable again."""
+"""The guest's private ``/tmp`` and working folder, run by ``sh`` as root of the guest's
+mount namespace: ``sh -c MOUNT_TMP sh <tmpfs options> <working folder> <count> <path>...
+<command...>``. One tmpfs holds two folders: ``tmp``, seen at ``/tmp`` (``/var/tmp``,
+``/dev/shm``), and ``work``, seen at the working folder's path (owned as that folder
+is), so that together they hold at most the tmpfs's size and files. Each ``path`` (at
+most `_KEPT`: the environment's folder, and the engine's interpreter, packages and
+rlm_graph where they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``) is held open
+first and bound back, read-only, at its own path once the tmpfs covers it."""
 
 _MASKED = ("/tmp", "/var/tmp", "/dev/shm")
 _KEPT = 6  # file descriptors 3 to 8 of the mount step
@@ -199,10 +206,11 @@ class Isolation:
             gaps.append("no network namespace (the guest has the host's network)")
         if ideal.private_tmp and not self.private_tmp:
             gaps.append(
-                "no private /tmp (the guest cannot write /tmp, /var/tmp or /dev/shm)"
+                "no private /tmp (the guest cannot write /tmp, /var/tmp or /dev/shm, and "
+                "its working folder is on the engine's disk, uncapped)"
                 if self.landlock
                 else "no private /tmp (the guest's files in /tmp, /var/tmp and /dev/shm "
-                "outlive it, uncapped)"
+                "outlive it, uncapped, and its working folder is on the engine's disk)"
             )
         if ideal.landlock and not self.landlock:
             gaps.append(

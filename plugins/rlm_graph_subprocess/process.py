@@ -202,7 +202,18 @@ class GuestProcess:
         Raises:
             GuestDied: the guest's output ended.
         """
-        return _MESSAGES.validate_json(await self._lines.receive())
+        message, _ = await self.receive_weighed()
+        return message
+
+    async def receive_weighed(self) -> tuple[Any, int]:
+        """The next message of the guest, and the bytes of its line (about what holding
+        it costs the engine).
+
+        Raises:
+            GuestDied: the guest's output ended.
+        """
+        line = await self._lines.receive()
+        return _MESSAGES.validate_json(line), len(line)
 
     # -- ending -------------------------------------------------------------------------
 
@@ -359,23 +370,41 @@ MAX_PENDING_PROMPTS = 1_024
 prompts; a tool call counts one). Past it the engine reads nothing more from the guest
 until some finish: the pipe stays full and the guest's next write waits."""
 
+MAX_PENDING_BYTES = 32 * 1024 * 1024
+"""Bytes of the lines of a guest's calls in flight at once (what the engine holds of
+them: their prompts, their arguments). Past it, as past `MAX_PENDING_PROMPTS`, the
+engine reads nothing more from the guest until some finish."""
+
 
 class Room:
-    """A weighted count of a guest's calls in flight: `take` waits until ``weight`` fits
-    (a single call larger than the whole room goes when the room is empty, so it can
-    never wait for good), `give` frees it."""
+    """A guest's calls in flight, weighed by their prompts and by the bytes of their
+    lines: `take` waits until a call fits both `MAX_PENDING_PROMPTS` and
+    `MAX_PENDING_BYTES` (a call larger than the room goes when no other is in flight, so
+    it can never wait for good), `give` frees it."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, prompts: int = MAX_PENDING_PROMPTS, size: int = MAX_PENDING_BYTES) -> None:
+        self.prompts = prompts
         self.size = size
-        self.used = 0
+        self.calls = 0
+        self.prompts_used = 0
+        self.bytes_used = 0
         self._changed = trio.Event()
 
-    async def take(self, weight: int) -> None:
-        while self.used and self.used + weight > self.size:
+    def _fits(self, prompts: int, size: int) -> bool:
+        return not self.calls or (
+            self.prompts_used + prompts <= self.prompts and self.bytes_used + size <= self.size
+        )
+
+    async def take(self, prompts: int, size: int) -> None:
+        while not self._fits(prompts, size):
             self._changed = trio.Event()
             await self._changed.wait()
-        self.used += weight
+        self.calls += 1
+        self.prompts_used += prompts
+        self.bytes_used += size
 
-    def give(self, weight: int) -> None:
-        self.used -= weight
+    def give(self, prompts: int, size: int) -> None:
+        self.calls -= 1
+        self.prompts_used -= prompts
+        self.bytes_used -= size
         self._changed.set()

@@ -49,6 +49,9 @@ def run_ls(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     try:
         runs = store.runs()
+    except ConfigError as exc:  # a damaged chunk: the message names the node
+        print(f"rlm-graph journal ls: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     finally:
         store.close()
     if args.json:

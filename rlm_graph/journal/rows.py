@@ -197,6 +197,46 @@ class DamagedRow(ValueError):
 
 
 _SCALAR = (str, int, float, bool, type(None))
+_NONE = type(None)
+_TEXT, _COUNT, _NUMBER = (str,), (int,), (int, float, _NONE)
+_FIELD_TYPES = dict(
+    zip(
+        _RECORD_FIELDS,
+        (
+            _TEXT,  # id
+            _COUNT,  # depth
+            _TEXT,  # completion
+            (str, _NONE),  # model
+            (str, _NONE),  # response_model
+            (str, _NONE),  # provider
+            (int, _NONE),  # iteration
+            (int, _NONE),  # batch_index
+            (int, _NONE),  # batch_size
+            _NUMBER,  # submitted
+            _NUMBER,  # start
+            _NUMBER,  # end
+            _NUMBER,  # wall_start
+            _NUMBER,  # cost
+            (str, _NONE),  # error
+            (str, _NONE),  # error_type
+            _TEXT,  # input_preview
+            (str, _NONE),  # finish_reason
+            _COUNT,  # attempts
+            (str, _NONE),  # note
+        ),
+        strict=True,
+    )
+)
+"""The types a row's record field may have (exactly: ``True`` is not a count)."""
+_USAGE_TYPES = {
+    "input_tokens": _COUNT,
+    "output_tokens": _COUNT,
+    "cached_tokens": _COUNT,
+    "reasoning_tokens": _COUNT,
+    "cache_write_tokens": _COUNT,
+    "estimated": (bool,),
+}
+_TYPE_NAMES = {str: "text", int: "an int", float: "a number", bool: "a bool", _NONE: "None"}
 
 
 def _shape_problem(row: object) -> str | None:
@@ -208,6 +248,9 @@ def _shape_problem(row: object) -> str | None:
         return f"its record is not {len(_RECORD_FIELDS)} fields"
     if type(fields[0]) is not str or not all(type(v) in _SCALAR for v in fields):
         return "a record field that is not a plain value"
+    for name, value in zip(_RECORD_FIELDS, fields, strict=True):
+        if type(value) not in _FIELD_TYPES[name]:
+            return _wrong_type(f"its {name}", value, _FIELD_TYPES[name])
     if not all(type(row[i]) is str for i in (_KIND, _STATUS, _HASH)) or type(row[_SEQ]) is not int:
         return "its kind, status, hash or seq has the wrong type"
     if not all(type(row[i]) in (str, type(None)) for i in (_OUTPUT, _PARENT, _VALUE)):
@@ -218,11 +261,24 @@ def _shape_problem(row: object) -> str | None:
         or not all(type(k) is str and type(v) in _SCALAR for k, v in usage.items())
     ):
         return "its usage is not a dict of plain values"
+    for name, value in (usage or {}).items():
+        if type(value) not in _USAGE_TYPES.get(name, ()):
+            if name not in _USAGE_TYPES:
+                return f"its usage has an unknown field {name[:40]!r}"
+            return _wrong_type(f"its usage's {name}", value, _USAGE_TYPES[name])
     if after is not None and (type(after) is not list or not all(type(a) is str for a in after)):
         return "its edges are not a list of node ids"
     if type(row[_COUNTED]) is not bool:
         return "its counted flag is not a bool"
     return None
+
+
+def _wrong_type(what: str, value: object, allowed: tuple[type, ...]) -> str:
+    """``what`` is ``value``'s type where ``allowed`` types belong (the value itself is
+    not shown: a row is only checked, never printed)."""
+    kinds = [t for t in allowed if not (t is int and float in allowed)]  # a number
+    wanted = " or ".join(_TYPE_NAMES[t] for t in kinds)
+    return f"{what} is {_TYPE_NAMES.get(type(value), type(value).__name__)}, not {wanted}"
 
 
 @dataclass(frozen=True, slots=True)

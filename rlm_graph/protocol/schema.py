@@ -83,9 +83,8 @@ class AnswerSchema:
         """
         from .guest_schema import check_guest_schema, json_validator
 
-        check_guest_schema(schema)
-        assert isinstance(schema, Mapping)
-        shape = cls(schema, check=False)
+        data = check_guest_schema(schema)
+        shape = cls(data, check=False)
         shape._validator = json_validator(shape.json_schema, bounded=True)
         return shape
 
@@ -130,6 +129,12 @@ class AnswerSchema:
         Raises:
             SchemaMismatch: neither reading matches.
         """
+        from .guest_schema import fuel
+
+        with fuel(self._validator):  # a guest's schema: one budget for both readings
+            return self._parse_text(text)
+
+    def _parse_text(self, text: str) -> Any:
         body = text.strip()
         fenced = _FENCED.match(body)
         if fenced:

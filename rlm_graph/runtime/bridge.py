@@ -24,6 +24,8 @@ Invariants:
       ``allowed_models``. Any other name, and a schema that is refused, fails every slot
       of the call (each a failed node) before any request; a call over the size caps is
       refused whole, before any node.
+    - A guest's schema is checked, and answers validated against it, in a worker thread
+      that the run's deadline abandons: the loop never waits on a validator.
 """
 
 from __future__ import annotations
@@ -134,7 +136,7 @@ class CompletionBridge:
         try:
             self.run.router.check_allowed(request.model, request.fn)
             if request.json_schema is not None and request.fn.startswith("llm"):
-                shape = AnswerSchema.from_guest(request.json_schema)
+                shape = await _off_the_loop(AnswerSchema.from_guest, request.json_schema)
         except ConfigError as exc:
             refusal = exc
         slot = self._slot(request, shape, refusal)
@@ -254,7 +256,9 @@ class CompletionBridge:
             text = (await call_model(call)).content
             if self.run.record_content:
                 rec.keep_content(message.content, text)
-            return text if shape is None else shape.parse_text(text)  # a mismatch fails the node
+            if shape is None:
+                return text
+            return await _off_the_loop(shape.parse_text, text)  # a mismatch fails the node
 
         def typed() -> Journaled[Any]:
             assert shape is not None
@@ -307,6 +311,13 @@ class CompletionBridge:
             )
         finally:
             self._finished.append(record.id)
+
+
+async def _off_the_loop(check: Callable[[Any], Any], value: Any) -> Any:
+    """Check a guest's schema, or an answer against it, in a worker thread: the loop
+    runs on meanwhile, and the run's deadline gives it up at once (it ends by itself,
+    within its fuel: `rlm_graph.protocol.guest_schema`)."""
+    return await trio.to_thread.run_sync(check, value, abandon_on_cancel=True)
 
 
 class BridgeProxy:

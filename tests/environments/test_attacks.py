@@ -1,8 +1,10 @@
 """Model code as the attacker, against the ``subprocess`` environment (black-box).
 
 The attacks that would kill or freeze the engine when they work (signals to the engine,
-reads of its ``/proc``) run in a separate engine process (``attacker.py``): once as the
-test's own user (root in CI) and once as uid 65534 (``setpriv``). The others run here.
+reads of its ``/proc``) run in a separate engine process (``attacker.py``), with the
+attacks on the boundary (a file of the user's, a schema that fetches, forged messages
+on the pipe, files parked outside the limits): once as the test's own user (root in CI)
+and once as uid 65534 (``setpriv``). The others run here.
 The engine run as uid 65534 gets a copy of itself that it can read (`readable`): the
 checkout may be in a private folder (tests/test_private_clone.py runs these tests so).
 """
@@ -18,13 +20,16 @@ import secrets
 import shutil
 import sys
 import sysconfig
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from rlm_graph_subprocess.process import GUEST_PROGRAM
+from rlm_graph_subprocess.process import GUEST_PROGRAM, MAX_PENDING_PROMPTS
 from tests.support.guests import (
     Spy,
     engine,
@@ -32,6 +37,7 @@ from tests.support.guests import (
     folder_the_guest_can_reach,
     processes_running,
 )
+from tests.support.listening import listening
 from tests.support.readable import ReadableEngine, interpreters_for_others, probe
 
 pytestmark = pytest.mark.processes
@@ -41,24 +47,49 @@ ROOT = Path(__file__).resolve().parents[2]
 DENIED = {"PermissionError", "FileNotFoundError", "ProcessLookupError"}
 
 
+@contextmanager
+def planted_file() -> Iterator[Path]:
+    """A file of the user's, readable by every user, that no guest was granted (beside
+    the checkout, out of what a private ``/tmp`` covers, where that folder is writable)."""
+    base = ROOT.parent if os.access(ROOT.parent, os.W_OK) else ROOT
+    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-planted-", dir=base))
+    folder.chmod(0o755)
+    planted = folder / "the-users-notes.txt"
+    planted.write_text("the user's private notes")
+    planted.chmod(0o644)
+    try:
+        yield planted
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 async def run_attacker(
     command: list[str], extra_env: dict[str, str], attacker: str = ATTACKER
 ) -> dict[str, Any]:
     """Run attacker.py; return what it printed (``{"skip": ...}`` or the run's outputs)."""
     key = f"sk-test-planted-{secrets.token_hex(8)}"
-    env = {**os.environ, **extra_env, "OPENAI_API_KEY": key}
-    with trio.fail_after(180):  # a frozen engine (SIGSTOP) fails here instead of hanging
-        done = await trio.run_process(
-            [*command, attacker],
-            env=env,
-            cwd="/",
-            check=False,
-            capture_stdout=True,
-            capture_stderr=True,
-        )
+    with planted_file() as planted, listening() as (url, fetched):
+        env = {
+            **os.environ,
+            **extra_env,
+            "OPENAI_API_KEY": key,
+            "ATTACK_PLANTED": str(planted),
+            "ATTACK_LISTENER": url,
+        }
+        with trio.fail_after(240):  # a frozen engine (SIGSTOP) fails here instead of hanging
+            done = await trio.run_process(
+                [*command, attacker],
+                env=env,
+                cwd="/",
+                check=False,
+                capture_stdout=True,
+                capture_stderr=True,
+            )
     out, err = done.stdout.decode(), done.stderr.decode()
     assert done.returncode == 0, f"the engine died ({done.returncode}): {err[-2000:]}"
     assert key not in out and key[-16:] not in out, "the guest read the planted key"
+    assert fetched == [], "the engine fetched a schema reference for the guest"
+    assert "the user's private notes" not in out, "the guest read the planted file"
     return dict(json.loads(out.strip().splitlines()[-1]))
 
 
@@ -66,9 +97,9 @@ def check_attacks_failed(found: dict[str, Any]) -> None:
     if "skip" in found:
         pytest.skip(found["skip"])
     assert found["response"] == "the engine is still here"
-    proc, engine_signals, parent_signals, bomb = (
+    proc, engine_signals, parent_signals, bomb, files, schema, forged, parked = (
         json.loads(re.search(r"\{.*\}", text).group())  # type: ignore[union-attr]
-        for text in found["outputs"][:4]
+        for text in found["outputs"][:8]
     )
     assert proc["environ"] in DENIED and proc["mem"] in DENIED, proc
     assert proc["ppid_environ"] in DENIED | {"no parent"}, proc
@@ -78,6 +109,41 @@ def check_attacks_failed(found: dict[str, Any]) -> None:
     # ones that left the group (setsid).
     assert bomb["stopped_by"] == "BlockingIOError" and bomb["forks"] < found["max_processes"], bomb
     assert found["leftovers"] == [], found["leftovers"]
+    check_boundary_attacks_failed(found, files, schema, forged, parked)
+
+
+def check_boundary_attacks_failed(
+    found: dict[str, Any],
+    files: dict[str, str],
+    schema: dict[str, str],
+    forged: dict[str, str],
+    parked: dict[str, list[Any]],
+) -> None:
+    """The attacks on the boundary: the user's files, a schema that fetches, forged
+    messages on the pipe, files parked outside the limits."""
+    # A planted file outside read_paths, and a world-readable one: refused (Landlock).
+    if found["landlock"]:
+        assert set(files.values()) <= DENIED, files
+    else:
+        assert list(files.values())[0] in DENIED, files  # at least not the user's
+    assert schema["ref"].startswith("[ERROR] ConfigError: schema: $ref"), schema
+    # 2,000 forged calls and 12 of 4 MiB, then a real one: served in turn, never at once.
+    assert forged == {"real": "sub"}, forged
+    assert found["peak_calls"] <= MAX_PENDING_PROMPTS + 1, found["peak_calls"]
+    # /dev/shm, /tmp, /var/tmp and the working folder: one capped tmpfs, gone after.
+    if found["private_tmp"]:
+        assert sum(mb for mb, _ in parked.values()) <= found["tmp_mb"], parked
+        assert {why for _, why in parked.values()} == {"ENOSPC"}, parked
+    assert parked_leftovers(found["parked"]) == []
+
+
+def parked_leftovers(mark: str) -> list[str]:
+    """Files named after ``mark`` in the host's ``/tmp``, ``/var/tmp`` and ``/dev/shm``."""
+    found = []
+    for folder in ("/tmp", "/var/tmp", "/dev/shm"):
+        for path, _dirs, files in os.walk(folder):
+            found += [os.path.join(path, name) for name in files if name.startswith(mark)]
+    return found
 
 
 async def test_the_guest_cannot_signal_or_read_the_engine_run_by_this_user() -> None:

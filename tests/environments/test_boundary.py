@@ -7,47 +7,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 import pytest
 
 from rlm_graph import RLM
 from rlm_graph.events import NodeFinished, NodeStarted
-from rlm_graph_subprocess.process import MAX_PENDING_PROMPTS
+from rlm_graph_subprocess.process import MAX_PENDING_BYTES, MAX_PENDING_PROMPTS
 from tests.support.guests import engine
+from tests.support.listening import listening
 from tests.support.scripts import is_root_turn, repl, scripted
-
-
-class _Listening(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.server.seen.append(self.path)  # type: ignore[attr-defined]
-        body = json.dumps({"type": "string"}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/schema+json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@contextmanager
-def listening() -> Iterator[tuple[str, list[str]]]:
-    """A server on 127.0.0.1 that serves a schema to anyone who asks, and counts who did."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Listening)
-    server.seen = []  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", server.seen  # type: ignore[attr-defined]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 async def test_a_schema_reference_sends_nothing_to_any_server_and_the_run_goes_on() -> None:
@@ -87,45 +55,26 @@ def test_a_users_schema_is_never_fetched_either() -> None:
 # -- schemas that would stall the engine's loop (each run in a process of its own, so
 #    that a regression fails by the timeout instead of hanging the suite) ------------------
 
-STALLING = {
-    "a backtracking pattern": (
-        {"type": "string", "pattern": "^(a+)+$"},
-        '"' + "a" * 60 + '!"',
-        "does not match",
-    ),
-    "an exploding anyOf": (
-        {
-            "$defs": {
-                **{f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(40)},
-                "d40": {"type": "integer"},
-            },
-            "$ref": "#/$defs/d0",
-        },
-        '"text"',
-        "too costly to check",
-    ),
-}
+ANSWER_SCRIPT = """
+import json, sys
+from rlm_graph import RLM
+schema, reply, limit = sys.argv[1], eval(sys.argv[2]), float(sys.argv[3])
+def respond(request):
+    if any(m.role == 'system' for m in request.messages):
+        return '```repl\\nFINAL(llm_query("x", schema=' + schema + '))\\n```'
+    return reply
+rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=limit)
+result = rlm.completion('ctx')
+print(json.dumps([result.response, result.stop_reason]))
+"""
 
 
-@pytest.mark.processes
-@pytest.mark.parametrize("case", sorted(STALLING))
-def test_a_schema_built_to_stall_is_a_mismatch_in_bounded_time(case: str) -> None:
-    schema, reply, told = STALLING[case]
-    script = (
-        "import json, sys\n"
-        "from rlm_graph import RLM\n"
-        "schema, reply = json.loads(sys.argv[1]), sys.argv[2]\n"
-        "def respond(request):\n"
-        "    if any(m.role == 'system' for m in request.messages):\n"
-        "        code = f'FINAL(llm_query(\"x\", schema={schema!r}))'\n"
-        "        return '```repl\\n' + code + '\\n```'\n"
-        "    return reply\n"
-        "rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=30)\n"
-        "result = rlm.completion('ctx')\n"
-        "print(json.dumps([result.response, result.stop_reason]))\n"
-    )
+def answer_alone(schema: str, reply: str, max_timeout: float) -> tuple[str, str | None]:
+    """In an engine process of its own, with a real guest: the answer of
+    ``FINAL(llm_query("x", schema=<schema>))`` (a Python expression the guest evaluates)
+    when the model replies ``<reply>`` (an expression), and the run's stop reason."""
     done = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(schema), reply],
+        [sys.executable, "-c", ANSWER_SCRIPT, schema, reply, str(max_timeout)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -133,8 +82,74 @@ def test_a_schema_built_to_stall_is_a_mismatch_in_bounded_time(case: str) -> Non
     )
     assert done.returncode == 0, done.stderr[-2000:]
     response, stop_reason = json.loads(done.stdout.strip().splitlines()[-1])
+    return response, stop_reason
+
+
+STALLING = {
+    "a backtracking pattern": (
+        repr({"type": "string", "pattern": "^(a+)+$"}),
+        repr('"' + "a" * 60 + '!"'),
+        "[ERROR] SchemaMismatch",
+        "does not match",
+    ),
+    "an exploding anyOf": (
+        repr(
+            {
+                "$defs": {
+                    **{f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(40)},
+                    "d40": {"type": "integer"},
+                },
+                "$ref": "#/$defs/d0",
+            }
+        ),
+        repr('"text"'),
+        "[ERROR] SchemaMismatch",
+        "too costly to check",
+    ),
+    "patternProperties hidden under dependencies": (
+        repr(
+            {
+                "$schema": "http://json-schema.org/draft-07/schema#",
+                "dependencies": {"properties": {"patternProperties": {"^(a+)+$": {}}}},
+            }
+        ),
+        repr(json.dumps({"properties": 1, "a" * 40 + "!": 1})),
+        "[ERROR] ConfigError",
+        "patternProperties is not taken",
+    ),
+    "uniqueItems over 3,000 objects": (  # compared pairwise, 25 s
+        repr({"type": "array", "uniqueItems": True}),
+        "json.dumps([{'n': i, 'more': [i, {'x': i}]} for i in range(3000)] + [{'n': 0, 'more': [0, {'x': 0}]}])",
+        "[ERROR] SchemaMismatch",
+        "has non-unique elements",
+    ),
+    "an RE2 pattern over a 400 KB answer": (  # linear, but 27 s
+        repr({"type": "string", "pattern": "(?:.{0,99}a){10}.{0,99}b"}),
+        "json.dumps(('a' * 50 + 'x' * 50) * 4000)",
+        "[ERROR] SchemaMismatch",
+        "too costly to check",
+    ),
+}
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("case", sorted(STALLING))
+def test_a_schema_built_to_stall_is_refused_or_a_mismatch_before_the_deadline(case: str) -> None:
+    schema, reply, kind, told = STALLING[case]
+    # Ten seconds: each of these held the engine's loop for 17 s or more, or for good.
+    response, stop_reason = answer_alone(schema, reply, max_timeout=10)
     assert stop_reason is None  # answered, not cut by the deadline
-    assert response.startswith("[ERROR] SchemaMismatch") and told in response
+    assert response.startswith(kind) and told in response, response[:300]
+
+
+@pytest.mark.processes
+def test_a_schema_of_megabytes_is_refused_at_its_first_64_kib() -> None:
+    # Some 12 MB of JSON on one line of the guest's pipe, a distinct pattern in each of
+    # 250,000 definitions: walked and compiled in full it held the loop for 15 s.
+    schema = "{'$defs': {f'd{i}': {'type': 'string', 'pattern': f'x{i}'} for i in range(250_000)}}"
+    response, stop_reason = answer_alone(schema, repr('"x"'), max_timeout=15)
+    assert stop_reason is None
+    assert response.startswith("[ERROR] ConfigError: schema is over 65,536 bytes of JSON")
 
 
 async def test_patterns_re2_cannot_run_and_pattern_properties_are_refused_up_front() -> None:
@@ -154,9 +169,10 @@ async def test_patterns_re2_cannot_run_and_pattern_properties_are_refused_up_fro
 # -- the pipe -----------------------------------------------------------------------------
 
 
-def _forging(count: int) -> str:
-    """A block that writes ``count`` forged sub-call lines straight to the engine's pipe,
-    then asks once for real (read only after every forged line was read)."""
+def _forging(count: int, prompt_chars: int = 0) -> str:
+    """A block that writes ``count`` forged sub-call lines straight to the engine's pipe
+    (each prompt "forged", or ``prompt_chars`` x's), then asks once for real (read only
+    after every forged line was read)."""
     line = {
         "type": "subcall",
         "id": 0,
@@ -165,7 +181,8 @@ def _forging(count: int) -> str:
     return (
         "import json, os, stat\n"
         f"line = {line!r}\n"
-        "out = [fd for fd in map(int, os.listdir('/proc/self/fd'))\n"
+        + (f"line['request']['prompts'] = ['x' * {prompt_chars}]\n" if prompt_chars else "")
+        + "out = [fd for fd in map(int, os.listdir('/proc/self/fd'))\n"
         "       if os.path.exists(f'/proc/self/fd/{fd}') and stat.S_ISFIFO(os.fstat(fd).st_mode)]\n"
         "for fd in out:\n"
         "    try:\n"
@@ -178,30 +195,55 @@ def _forging(count: int) -> str:
     )
 
 
-async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
-    in_flight, peak = 0, 0
+class _InFlight:
+    """A listener counting the ``llm_call`` nodes running at once, and their peak."""
 
-    def listen(event: object) -> None:
-        nonlocal in_flight, peak
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    def __call__(self, event: object) -> None:
         if isinstance(event, NodeStarted) and event.kind == "llm_call":
-            in_flight += 1
-            peak = max(peak, in_flight)
+            self.now += 1
+            self.peak = max(self.peak, self.now)
         elif isinstance(event, NodeFinished) and event.kind == "llm_call":
-            in_flight -= 1
+            self.now -= 1
 
+
+async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
+    in_flight = _InFlight()
     forged = MAX_PENDING_PROMPTS * 3
     rlm = engine(
         [repl(_forging(forged))],
         sub=lambda r: f"answered {r.prompt}",
         backend_kwargs={"latency": 0.001, "max_concurrent": 8},
-        listeners=[listen],
+        listeners=[in_flight],
         environment_kwargs={"timeout": 120},
     )
     result = await rlm.acompletion("ctx")
     assert result.response == "answered real"
     served = [r for r in scripted(rlm).requests if not is_root_turn(r)]
     assert len(served) > forged - MAX_PENDING_PROMPTS  # the forged ones were served, in turn
-    assert peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
+    assert in_flight.peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
+
+
+async def test_forged_sub_calls_of_megabytes_wait_their_turn_by_their_bytes() -> None:
+    # 24 calls of 4 MiB each, few prompts: before, all were read and held at once (60 of
+    # 3 MB added 189 MB to the engine).
+    size = MAX_PENDING_BYTES // 8
+    in_flight = _InFlight()
+    rlm = engine(
+        [repl(_forging(24, prompt_chars=size))],
+        sub=lambda r: f"answered {r.prompt[:8]}",
+        backend_kwargs={"latency": 0.2, "max_concurrent": 1},
+        listeners=[in_flight],
+        environment_kwargs={"timeout": 120},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "answered real"
+    served = [r for r in scripted(rlm).requests if not is_root_turn(r)]
+    assert len(served) == 25  # every forged call was served, in turn
+    assert in_flight.peak <= MAX_PENDING_BYTES // size + 1
 
 
 async def test_half_a_message_on_the_pipe_when_a_run_is_cut_keeps_the_partial_answer() -> None:
@@ -236,3 +278,44 @@ def test_check_request_refuses_a_call_over_the_caps_before_any_node() -> None:
     result = rlm.completion("ctx")
     assert result.response.startswith("[ERROR] ConfigError") and "split the list" in result.response
     assert len(list(result.graph.records("llm_call"))) == 0
+
+
+def test_a_prompt_over_16_mi_characters_is_refused_whole_before_any_node() -> None:
+    from rlm_graph.protocol.subcalls import MAX_PROMPT_CHARS
+
+    code = (
+        f"big = 'x' * {MAX_PROMPT_CHARS + 1}\n"
+        "a = llm_query(big)\n"
+        "b = llm_query_batched(['fine', big])\n"
+        "FINAL(repr([a, *b]))"
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment="local",
+    )
+    result = rlm.completion("ctx")
+    slots = eval(result.response)
+    assert len(slots) == 3
+    for slot in slots:  # the batch's fine prompt too: the call is refused whole
+        assert slot.startswith("[ERROR] ConfigError") and "more than 16,777,216 characters" in slot
+    assert len(list(result.graph.records("llm_call"))) == 0
+    assert len(scripted(rlm).requests) == 1  # the root turn only
+
+
+async def test_an_image_over_20_mib_forged_past_the_guests_check_is_refused_by_the_engine() -> None:
+    # The guest refuses such an image itself; model code that finds the guest's pipe
+    # caller (gc) sends it anyway: the engine refuses it before decoding it.
+    code = (
+        "import base64, gc\n"
+        "from rlm_graph.contracts import SubcallRequest\n"
+        "caller = next(o for o in gc.get_objects() if type(o).__name__ == '_PipeCaller')\n"
+        "png = b'\\x89PNG\\r\\n\\x1a\\n' + bytes(20 * 2**20)\n"
+        "image = {'media_type': 'image/png', 'data': base64.b64encode(png).decode()}\n"
+        "FINAL(caller.call(SubcallRequest(fn='llm_query', prompts=(['look', image],))))"
+    )
+    rlm = engine([repl(code)], environment_kwargs={"max_message_mb": 32})
+    result = await rlm.acompletion("ctx")
+    assert result.response.startswith("[ERROR] ValueError"), result.response[:300]
+    assert "the image is over 20 MiB" in result.response
+    assert len(scripted(rlm).requests) == 1  # the root turn only: nothing was sent on

@@ -96,6 +96,50 @@ async def test_the_guest_cannot_create_more_files_than_max_files(spy: Spy) -> No
     assert 100 < int(created) < 200 and error == "OSError"
 
 
+FILL = """
+import errno, json, os
+def fill(write, most):
+    done = 0
+    try:
+        while done < most:
+            write(done)
+            done += 1
+    except OSError as exc:
+        return done, errno.errorcode.get(exc.errno, '?')
+    return done, 'no error'
+def chunk(n):
+    with open('big', 'ab') as handle:
+        handle.write(b'x' * 2**20)
+mb = fill(chunk, 400)
+os.remove('big')
+files = fill(lambda n: open(f'f{n}', 'w').close(), 4000)
+print(json.dumps({'mb': mb, 'files': files, 'here': os.getcwd()}))
+"""
+
+
+async def test_the_working_folder_is_capped_with_the_private_tmp_and_not_on_the_engines_disk() -> (
+    None
+):
+    # Before, the guest's working folder was the engine's: 4,000 files and 300 MB under
+    # memory_limit_mb=256 and max_files=200.
+    bridge: Any = None
+    env = SubprocessEnvironment(bridge=bridge, memory_limit_mb=256, max_files=200)
+    try:
+        await env.start()
+        if not env.isolation.private_tmp:
+            pytest.skip(f"no private /tmp here ({env.isolation_report})")
+        result = await env.execute(FILL)
+        import json
+
+        filled = json.loads(result.stdout)
+        assert filled["here"] == env.workdir  # where SCRATCH_DIR is, as before
+        assert filled["mb"][0] <= env.limits.tmp_mb and filled["mb"][1] == "ENOSPC", filled
+        assert filled["files"][0] < 200 and filled["files"][1] == "ENOSPC", filled
+        assert os.listdir(env.workdir) == []  # nothing of it on the engine's disk
+    finally:
+        await env.aclose()
+
+
 READ = """
 import json
 seen = {{}}

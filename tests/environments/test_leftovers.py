@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 
 import pytest
 
@@ -110,3 +111,33 @@ def test_an_engine_removes_the_stale_folders_of_a_killed_one() -> None:
     finally:
         scratch.remove(stale)
         scratch.remove(alive)
+
+
+def test_a_folder_whose_owner_is_a_zombie_is_stale() -> None:
+    # A process that has exited but that its parent has not reaped yet (a Ray worker
+    # just killed, before the raylet waits for it) still answers kill(pid, 0).
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        while not _is_zombie(zombie.pid):
+            time.sleep(0.01)
+        folder = tempfile.mkdtemp(prefix=f"rlm-graph-{zombie.pid}-local-")
+        found = scratch.sweep_stale(os.path.dirname(folder))
+        assert folder in found and not os.path.exists(folder)
+    finally:
+        zombie.wait()
+
+
+def _is_zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+
+
+def test_a_stale_folder_is_found_whatever_its_random_part() -> None:
+    # mkdtemp's random part may hold "_" (one name in five): such folders were never swept.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = tempfile.mkdtemp(prefix=f"rlm-graph-{dead.pid}-local-", suffix="_x")
+    try:
+        assert folder in scratch.sweep_stale(os.path.dirname(folder))
+    finally:
+        scratch.remove(folder)

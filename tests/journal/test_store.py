@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -154,6 +156,59 @@ def test_a_chunk_of_plain_values_of_the_wrong_shape_is_refused(tmp_path: Path) -
     db.close()
     with pytest.raises(ConfigError, match="damaged row for node 'turn-1'.*start a new journal"):
         JournalStore(path).load(key)
+
+
+def _damage_first_row(path: Path, change: Any) -> None:
+    """Rewrite the journal's first row as ``change(row)`` returns it."""
+    import pickle
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    (first, data) = db.execute("SELECT first, nodes FROM chunks ORDER BY first LIMIT 1").fetchone()
+    rows = pickle.loads(data)
+    rows[0] = change(rows[0])
+    db.execute("UPDATE chunks SET nodes=? WHERE first=?", (pickle.dumps(rows), first))
+    db.commit()
+    db.close()
+
+
+def _cost_as_text(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    from rlm_graph.journal.rows import _RECORD_FIELDS
+
+    fields = list(row[0])
+    fields[_RECORD_FIELDS.index("cost")] = "1.0"
+    return (tuple(fields), *row[1:])
+
+
+def _tokens_as_text(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (*row[:3], {**(row[3] or {}), "input_tokens": "5"}, *row[4:])
+
+
+@pytest.mark.parametrize(
+    ("change", "told"),
+    [
+        (_cost_as_text, "its cost is text, not a number or None"),
+        (_tokens_as_text, "its usage's input_tokens is text, not an int"),
+    ],
+)
+def test_a_field_of_the_wrong_type_is_refused_naming_the_node_on_resume_and_in_ls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: Any, told: str
+) -> None:
+    from rlm_graph import RLM
+    from rlm_graph.cli import main
+    from rlm_graph.errors import ConfigError
+    from tests.support.scripts import repl
+
+    path = tmp_path / "run.sqlite"
+    _journal_a_run(path, "fine")
+    _damage_first_row(path, change)
+    damaged = f"damaged row for node 'turn-1' ({told}); start a new journal file"
+    resumed = RLM("scripted", {"respond": lambda r: repl("FINAL('x')")}, journal=str(path))
+    with pytest.raises(ConfigError, match=re.escape(damaged)):
+        resumed.completion("ctx", root_prompt="q")  # the same run: it resumes
+    assert main(["journal", "ls", str(path)]) == 2  # before: sum()'s raw TypeError
+    err = capsys.readouterr().err
+    assert damaged in err and "Traceback" not in err
 
 
 def test_a_journal_of_another_format_is_refused_with_what_to_do(tmp_path: Path) -> None:
