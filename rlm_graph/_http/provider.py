@@ -165,7 +165,6 @@ class JSONProvider:
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)
         self.max_concurrent = DEFAULT_CEILING if max_concurrent is None else max_concurrent
-        # Adaptive either way: from 64 up to 512, or from the ceiling given, down on 429s.
         self.initial_concurrency = DEFAULT_INITIAL if max_concurrent is None else max_concurrent
         self.timeout = timeout
         self.requests_per_minute = requests_per_minute
