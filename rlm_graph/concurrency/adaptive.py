@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_CEILING",
@@ -53,10 +53,10 @@ DEFAULT_CEILING = 512
 _PROBE_SHARE = 0.1  # growth at the level of the last refusal, as a share of the normal
 
 
-@dataclass(frozen=True, slots=True)
-class Ticket:
+class Ticket(NamedTuple):
     """One request's place: how many were in flight when it was sent (itself included),
-    the limit's round (``epoch``) at the time, and its sending order (``seq``)."""
+    the limit's round (``epoch``) at the time, and its sending order (``seq``). (A tuple:
+    one is made per request.)"""
 
     level: int
     epoch: int
@@ -110,10 +110,12 @@ class AdaptiveLimit:
         "_announced",
         "_refused_at",
         "_trends",
+        "adaptive",
         "ceiling",
         "epoch",
         "floor",
         "in_flight",
+        "limit",
         "refusals",
         "sent",
         "slow_start",
@@ -132,7 +134,10 @@ class AdaptiveLimit:
         if not 1 <= floor <= ceiling:
             raise ValueError(f"need 1 <= floor <= ceiling, not floor={floor} ceiling={ceiling}")
         self.ceiling, self.floor, self.tolerance = ceiling, floor, tolerance
-        self.value = float(min(max(initial, floor), ceiling))
+        self.adaptive = floor < ceiling
+        self.value = 0.0
+        self.limit = 0  # requests that may be in flight now: `value` as a whole number
+        self._set(float(min(max(initial, floor), ceiling)))
         self.slow_start = True
         self.epoch = 0
         self.in_flight = 0
@@ -148,14 +153,9 @@ class AdaptiveLimit:
         """A limit that never moves (``adaptive=False``): always ``capacity``."""
         return cls(initial=capacity, ceiling=capacity, floor=capacity)
 
-    @property
-    def limit(self) -> int:
-        """Requests that may be in flight now."""
-        return min(self.ceiling, max(self.floor, int(self.value)))
-
-    @property
-    def adaptive(self) -> bool:
-        return self.floor < self.ceiling
+    def _set(self, value: float) -> None:
+        self.value = value
+        self.limit = min(self.ceiling, max(self.floor, int(value)))
 
     def admits(self) -> bool:
         """Whether one more request may go now."""
@@ -165,7 +165,7 @@ class AdaptiveLimit:
         """Count a request that goes now."""
         self.in_flight += 1
         self.sent += 1
-        return Ticket(level=self.in_flight, epoch=self.epoch, seq=self.sent)
+        return Ticket(self.in_flight, self.epoch, self.sent)
 
     def ended(self, ticket: Ticket) -> None:
         """A request ended without saying anything about load (failed, cancelled)."""
@@ -192,12 +192,12 @@ class AdaptiveLimit:
         if 2 * ticket.level < self.limit:
             return  # the limit was not in use: an answer says nothing about a higher one
         if self.slow_start:
-            self.value = min(float(self.ceiling), self.value + 1.0)
+            self._set(min(float(self.ceiling), self.value + 1.0))
         else:
             step = 1.0 / self.value
             if self.limit + 1 >= self._refused_at:
                 step *= _PROBE_SHARE
-            self.value = min(float(self.ceiling), self.value + step)
+            self._set(min(float(self.ceiling), self.value + step))
 
     def refused(self, ticket: Ticket, *, full: bool = True) -> None:
         """The provider refused a request (429, or 503 overloaded).
@@ -226,7 +226,7 @@ class AdaptiveLimit:
             value = min(value, self.value * 0.9)
             self.epoch += 1
         self.slow_start = False
-        self.value = max(float(self.floor), value)
+        self._set(max(float(self.floor), value))
 
     def news(self) -> bool:
         """Whether the limit moved enough since it was last told to be worth telling

@@ -99,11 +99,34 @@ class SharedGate:
     def in_use(self) -> int:
         return self.limit.in_flight
 
+    async def __aenter__(self) -> None:
+        """A place under a fixed limit, for a request that tells it nothing (see
+        `ProviderSlot` for one that adapts)."""
+        if self.try_acquire() is None:
+            await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        with self._lock:
+            self.limit.in_flight -= 1
+            if self._waiters:
+                self._grant_locked()
+
+    def try_acquire(self) -> Ticket | None:
+        """A place under the limit if one is free now and nobody waits; else None."""
+        limit = self.limit
+        if self._paused_until and self._paused_until > time.monotonic():
+            return None
+        with self._lock:
+            if self._waiters or limit.in_flight >= limit.limit:
+                return None
+            return limit.start()
+
     async def acquire(self) -> Ticket:
         """Wait for a place under the limit (and for a server-named pause to pass)."""
-        pause = self._paused_until - time.monotonic()
-        if pause > 0:
-            await trio.sleep(pause)
+        if self._paused_until:
+            pause = self._paused_until - time.monotonic()
+            if pause > 0:
+                await trio.sleep(pause)
         with self._lock:
             if not self._waiters and self.limit.admits():
                 return self.limit.start()
@@ -134,15 +157,17 @@ class SharedGate:
         """Give a place back: answered after ``seconds``, ``refused`` (``full``: no
         wait named), or neither (failed or cancelled: nothing learnt). True when the
         limit moved enough to tell the run's watchers (`AdaptiveLimit.news`)."""
+        limit = self.limit
         with self._lock:
             if refused:
-                self.limit.refused(ticket, full=full)
+                limit.refused(ticket, full=full)
             elif seconds is not None:
-                self.limit.answered(ticket, seconds, model)
+                limit.answered(ticket, seconds, model)
             else:
-                self.limit.ended(ticket)
-            self._grant_locked()
-            return self.limit.news()
+                limit.ended(ticket)
+            if self._waiters:
+                self._grant_locked()
+            return limit.adaptive and limit.news()
 
     def pause(self, seconds: float) -> None:
         """Send nothing more for ``seconds`` (the server asked, or its window is used up)."""
@@ -208,19 +233,31 @@ class ProviderSlot:
         self.sent = 0.0
 
     async def __aenter__(self) -> ProviderSlot:
-        if self.gate is None:
+        gate = self.gate
+        if gate is None:
             assert self.fixed is not None
             await self.fixed.__aenter__()
-        else:
-            await self._take()
+            return self
+        # Most calls find a free place: no coroutine to make for the wait.
+        ticket = gate.try_acquire()
+        self.ticket = ticket if ticket is not None else await gate.acquire()
+        if gate.limit.adaptive:
+            self.sent = trio.current_time()
         return self
 
     async def __aexit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        if self.gate is None:
+        gate = self.gate
+        if gate is None:
             assert self.fixed is not None
             await self.fixed.__aexit__(kind, exc, tb)
         elif self.ticket is not None:
-            self._give(seconds=trio.current_time() - self.sent if exc is None else None)
+            if exc is None and gate.limit.adaptive:  # an answer, and its latency, to learn from
+                self._give(seconds=trio.current_time() - self.sent)
+            elif gate.limit.adaptive:
+                self._give()
+            else:  # a fixed limit learns nothing: give the place back, no more
+                gate.release(self.ticket)
+                self.ticket = None
 
     async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
         if self.gate is None or reason not in REFUSALS or self.ticket is None:
@@ -240,7 +277,8 @@ class ProviderSlot:
     async def _take(self) -> None:
         assert self.gate is not None
         self.ticket = await self.gate.acquire()
-        self.sent = trio.current_time()
+        if self.gate.limit.adaptive:
+            self.sent = trio.current_time()
 
     def _give(self, **how: Any) -> None:
         assert self.gate is not None and self.ticket is not None

@@ -3,13 +3,16 @@
 Every model call of a run (root turn, sub-call, compaction, workflow node) is a
 `ModelCall` made by its node's body, and goes through `call_model`:
 
-    call_model -> _check_priced -> _reserve -> _send -> _account
+    call_model -> _check_priced -> _reserve -> (rates) -> _request | _race -> _account
 
 route the call and check it can be priced, wait until its estimate fits the run's token
-and dollar limits, wait for the provider's rate buckets and a slot of its shared capacity
-limiter and send it (streamed, when the call asks for its text as it is written and the
-provider can: the same reply, its text handed on as it arrives), then price the reply, note what was wrong with it, count it in the
-completion's tally and settle the budget. Replay is not here: a model call's node is
+and dollar limits, wait for the provider's rate buckets, then send it: `_request` holds
+its place under the provider's concurrency limit (`ProviderSlot`: adaptive, see
+`rlm_graph.concurrency`) through its attempts, streamed when the call asks for its text
+as it is written and the provider can (the same reply, its text handed on as it
+arrives); a hedged sub-call races a duplicate (`_race`, `rlm_graph.hedging`). Then price
+the reply, note what was wrong with it, count it in the completion's tally and settle
+the budget. Replay is not here: a model call's node is
 journaled by `Run.execute`, keyed by `ModelCall.journaled`.
 """
 
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import trio
 
 from .._http.attempts import CallAttempts
+from ..concurrency.limiter import ProviderSlot
 from ..contracts import (
     ChatRequest,
     ChatResponse,
@@ -35,6 +39,7 @@ from ..contracts import (
 )
 from ..errors import ConfigError
 from ..graph import NodeKind, NodeRecord, preview
+from ..hedging import HedgeBudget
 from ..hedging.race import Duplicate, race
 from ..journal.keys import call_hash
 from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
@@ -196,14 +201,33 @@ async def call_model(call: ModelCall) -> ChatResponse:
         record.input_preview = preview(call.messages[-1].content)
     request = call._request if call._request is not None else call.request()
     reservation = await _reserve(run, route, request)
+    duplicate = None
+    capabilities = route.capabilities
+    rate = run.limiters.rate(
+        route.key, capabilities.requests_per_minute, capabilities.tokens_per_minute
+    )
+    estimate = 0
     try:
-        streams = call.stream and route.capabilities.streams
-        sink = run.events.text_sink(record, call.on_text) if streams else None
-        response, usage, duplicate = await _send(run, route, request, record, sink)
+        if rate is not None:  # the provider's rate buckets
+            estimate = sum(estimate_tokens(m.content) for m in request.messages)
+            await rate.acquire(estimate)
+        # The send stage: one request, or (a hedged sub-call) a request and a duplicate.
+        hedges = run.hedges if record.kind is NodeKind.LLM_CALL and not call.stream else None
+        if hedges is None:
+            streams = call.stream and route.capabilities.streams
+            sink = run.events.text_sink(record, call.on_text) if streams else None
+            response = await _request(run, route, request, record, sink, True, None)
+        else:
+            response, duplicate = await _race(run, route, request, record, hedges)
     except BaseException:
         if reservation is not None:
             run.spend.release(reservation)
         raise
+    usage = response.usage
+    if usage.total_tokens == 0:
+        usage = estimated_usage(request.messages, response.content)
+    if rate is not None:
+        rate.settle(estimate, usage.total_tokens)
     return _account(run, record, call, response, usage, reservation, duplicate)
 
 
@@ -245,41 +269,16 @@ def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float 
     return guess.total_tokens, cost
 
 
-async def _send(
-    run: Run, route: Route, request: ChatRequest, record: NodeRecord, sink: TextSink | None
-) -> tuple[ChatResponse, Usage, Duplicate | None]:
-    """Wait for the provider's rate buckets, send the request (streamed into ``sink``
-    when there is one; raced against a duplicate when the run hedges its sub-calls); the
-    response, its usage (estimated when none was reported) and the duplicate that went."""
-    capabilities = route.capabilities
-    rate = run.limiters.rate(
-        route.key, capabilities.requests_per_minute, capabilities.tokens_per_minute
-    )
-    estimate = 0
-    if rate is not None:
-        estimate = sum(estimate_tokens(m.content) for m in request.messages)
-        await rate.acquire(estimate)
-    duplicate = None
-    hedges = run.hedges if sink is None and record.kind is NodeKind.LLM_CALL else None
-    if hedges is None:
-        response = await _request(run, route, request, record, sink, True, None)
-    else:
+async def _race(
+    run: Run, route: Route, request: ChatRequest, record: NodeRecord, hedges: HedgeBudget
+) -> tuple[ChatResponse, Duplicate | None]:
+    """A hedged sub-call's request raced against a duplicate (`rlm_graph.hedging.race`)."""
 
-        async def send(first: bool, on_slot: Callable[[], None]) -> ChatResponse:
-            return await _request(run, route, request, record, None, first, on_slot)
+    async def send(first: bool, on_slot: Callable[[], None]) -> ChatResponse:
+        return await _request(run, route, request, record, None, first, on_slot)
 
-        reserve_now = None
-        if run.budget.limited:
-            reserve_now = partial(_reserve_now, run, route, request)
-        response, duplicate = await race(
-            hedges, route.model, record, send, reserve_now, run.spend.release
-        )
-    usage = response.usage
-    if usage.total_tokens == 0:
-        usage = estimated_usage(request.messages, response.content)
-    if rate is not None:
-        rate.settle(estimate, usage.total_tokens)
-    return response, usage, duplicate
+    reserve_now = partial(_reserve_now, run, route, request) if run.budget.limited else None
+    return await race(hedges, route.model, record, send, reserve_now, run.spend.release)
 
 
 def _reserve_now(run: Run, route: Route, request: ChatRequest) -> Reservation | None:
@@ -310,7 +309,9 @@ async def _request(
             record.wall_start = time.time()
         if on_slot is not None:
             on_slot()
-        attempts = CallAttempts(run.retries, provider.name, slot)
+        attempts = CallAttempts(
+            run.retries, provider.name, slot if isinstance(slot, ProviderSlot) else None
+        )
         try:
             # The node's span is current: the request carries its traceparent.
             with attempts, run.tracer.activate(record.id):

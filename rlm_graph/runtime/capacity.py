@@ -23,7 +23,7 @@ from collections.abc import Callable
 import trio
 
 from ..concurrency.adaptive import AdaptiveLimit
-from ..concurrency.limiter import InProcessLimiter, ProviderSlot
+from ..concurrency.limiter import InProcessLimiter, ProviderSlot, SharedGate
 from ..contracts import RateGate, SharedLimiter, Usage
 from ..limits import Budget, Reservation
 
@@ -91,6 +91,7 @@ class LoopLimiters:
     def __init__(self, max_concurrent_subcalls: int, shared: SharedLimiter | None = None) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
         self._shared: SharedLimiter = shared if shared is not None else InProcessLimiter()
+        self._gates: dict[str, SharedGate] = {}  # the in-process limiter's, looked up once
         self._subcalls: dict[int, trio.CapacityLimiter] = {}
         self._max_subcalls = max_concurrent_subcalls
 
@@ -120,13 +121,19 @@ class LoopLimiters:
         ceiling: int,
         model: str,
         on_change: Callable[[str, AdaptiveLimit], None] | None = None,
-    ) -> ProviderSlot:
-        """A call's place under provider ``key``'s limit, beyond this loop: adaptive
-        from ``initial`` up to ``ceiling`` (None: fixed at ``ceiling``). Only the
-        in-process limiter adapts; a `SharedLimiter` of another kind (the Ray actor, a
-        user's) holds a fixed gate at the limit's start."""
-        if isinstance(self._shared, InProcessLimiter):
-            gate = self._shared.adaptive(key, initial, ceiling)
+    ) -> ProviderSlot | SharedGate:
+        """A call's place under provider ``key``'s limit, beyond this loop: a
+        `ProviderSlot` of a limit that adapts from ``initial`` up to ``ceiling``, or, with
+        ``initial`` None, the gate of a fixed limit of ``ceiling`` (itself the context
+        manager: nothing to learn). Only the in-process limiter adapts; a
+        `SharedLimiter` of another kind (the Ray actor, a user's) holds a fixed gate at
+        the limit's start."""
+        gate = self._gates.get(key)
+        if gate is None and isinstance(self._shared, InProcessLimiter):
+            gate = self._gates[key] = self._shared.adaptive(key, initial, ceiling)
+        if gate is not None:
+            if not gate.limit.adaptive:
+                return gate
             return ProviderSlot(key, gate, None, model, on_change)
         start = ceiling if initial is None else min(initial, ceiling)
         return ProviderSlot(key, None, self._shared.gate(key, start), model, on_change)
