@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Mapping
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -144,12 +145,23 @@ class RLMChatCompletion(BaseModel):
     stop_reason: str | None = None
     iterations: int = 0
     graph: Graph
-    critical_path: CriticalPath
-    parallel_efficiency: float
     metadata: dict[str, Any] | None = None
     error: str | None = None
     leaked_threads: int = 0
     replay: ReplaySummary | None = None
+
+    # Worked out from the graph when first asked (a batch of thousands of completions
+    # whose callers never look pays nothing for them).
+    @cached_property
+    def critical_path(self) -> CriticalPath:
+        """The run's critical path (see rlm_graph.graph)."""
+        return critical_path(self.graph)
+
+    @cached_property
+    def parallel_efficiency(self) -> float:
+        """Critical path / makespan (1.0 for a run with no time at all)."""
+        span = makespan(self.graph)
+        return self.critical_path.length / span if span > 0 else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         out = {

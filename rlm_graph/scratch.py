@@ -22,6 +22,12 @@ Invariants:
       zombie (exited, not yet reaped by its parent), or a process still tearing itself
       down, is gone. Engines that share a
       temporary folder are assumed to share a PID namespace, as on one machine.
+    - An environment done with an *empty* folder may `give_back` it instead: the next
+      `take_folder` of the same kind in this process reuses it (a batch of completions
+      makes and removes no folder per completion). Only a folder that holds nothing, is
+      still this user's and still mode 0700 is kept; a process forked from this one
+      never reuses its parent's; kept folders are live (removed at exit) and at most
+      `POOL_SIZE` per kind.
 """
 
 from __future__ import annotations
@@ -30,12 +36,22 @@ import atexit
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["make_folder", "on_exit", "remove", "sweep_stale"]
+__all__ = [
+    "POOL_SIZE",
+    "clear_kept",
+    "give_back",
+    "make_folder",
+    "on_exit",
+    "remove",
+    "sweep_stale",
+    "take_folder",
+]
 
 _NAME = re.compile(r"rlm-graph-(\d+)-[a-z0-9_-]+$")  # mkdtemp's random part has "_" too
 
@@ -44,6 +60,11 @@ _live: set[str] = set()
 _exit_hooks: list[Callable[[], None]] = []
 _swept = False
 _SWEEP_LIMIT = 16  # stale folders one start removes, at most (the next start goes on)
+_pool: dict[str, list[str]] = {}  # kind -> empty folders given back, for reuse
+_pool_pid = os.getpid()  # whose pool it is (a forked child starts with none)
+
+POOL_SIZE = 32
+"""Empty folders of one kind a process keeps for reuse (`give_back`), at most."""
 
 
 def make_folder(kind: str) -> str:
@@ -57,6 +78,56 @@ def make_folder(kind: str) -> str:
     if sweep:
         sweep_stale(limit=_SWEEP_LIMIT)
     return path
+
+
+def take_folder(kind: str) -> str:
+    """An empty folder of ``kind`` given back earlier in this process, else a new one
+    (`make_folder`)."""
+    global _pool, _pool_pid
+    with _lock:
+        if _pool_pid != os.getpid():  # forked: the parent's folders are the parent's
+            _pool, _pool_pid = {}, os.getpid()
+        kept = _pool.get(kind)
+        if kept:
+            return kept.pop()
+    return make_folder(kind)
+
+
+def give_back(kind: str, path: str) -> bool:
+    """Keep ``path`` for the next `take_folder` of ``kind`` if it is empty, this user's
+    and mode 0700; False (nothing done) otherwise: then `remove` it. A cheap call (a
+    ``stat`` and a directory read, no change on disk) for the trio thread."""
+    try:
+        info = os.stat(path, follow_symlinks=False)
+        if (
+            not stat.S_ISDIR(info.st_mode)
+            or stat.S_IMODE(info.st_mode) != 0o700
+            or info.st_uid != os.geteuid()
+        ):
+            return False
+        with os.scandir(path) as entries:
+            if next(entries, None) is not None:
+                return False
+    except OSError:
+        return False
+    with _lock:
+        if _pool_pid == os.getpid():
+            kept = _pool.setdefault(kind, [])
+            if len(kept) < POOL_SIZE:
+                kept.append(path)
+                return True
+    return remove_if_empty(path)
+
+
+def clear_kept() -> None:
+    """Remove the empty folders kept for reuse (`give_back`) now: call it before this
+    process is stopped from outside, where its ``atexit`` handlers will not run."""
+    with _lock:
+        kept = [path for paths in _pool.values() for path in paths]
+        _pool.clear()
+    for path in kept:
+        if not remove_if_empty(path):
+            remove(path)
 
 
 def remove(path: str) -> None:

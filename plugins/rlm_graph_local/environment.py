@@ -227,7 +227,7 @@ class LocalEnvironment:
         self.stop_grace = stop_grace
         self.leaked_threads = 0
         self._own_dir = scratch_dir is None
-        self.scratch_dir = scratch_dir or scratch.make_folder("local")
+        self.scratch_dir = scratch_dir or scratch.take_folder("local")
         self.session = ReplSession(
             _ThreadCaller(self),
             scratch_dir=self.scratch_dir,
@@ -373,6 +373,6 @@ class LocalEnvironment:
         else:  # no block runs or will run: let reference counting free the session
             self.session.close()
             self.session.caller = _CLOSED
-        if self._own_dir and not scratch.remove_if_empty(self.scratch_dir):
+        if self._own_dir and not scratch.give_back("local", self.scratch_dir):
             # Before the completion returns (nothing of a run outlives it), off the loop.
             await trio.to_thread.run_sync(scratch.remove, self.scratch_dir)

@@ -34,6 +34,7 @@ from typing import Any
 
 import trio
 
+from rlm_graph import scratch
 from rlm_graph.executors import BatchItem, BatchResult
 
 from .limits_actor import RayLimiter
@@ -82,7 +83,9 @@ class CompletionWorker:
         trio.from_thread.run_sync(cancel, trio_token=self._token)
         with self._ended:
             self._ended.wait_for(lambda: not self._running, timeout)
-            return len(self._running)
+            left = len(self._running)
+        scratch.clear_kept()  # the empty folders kept for reuse: this worker is stopping
+        return left
 
     def forget(self, holder: str) -> None:
         """Called when ``holder``'s batch has ended: drop its limiter (the actor forgets

@@ -17,7 +17,7 @@ from ..errors import LIMIT_ERRORS, LimitExceeded, ProviderError
 from ..journal.seam import JournalTarget
 from ..limits import Tally
 from ..protocol.state import CompletionOutcome, CompletionState
-from ..result import RLMChatCompletion, UsageSummary, timing
+from ..result import RLMChatCompletion, UsageSummary
 from .context import Run
 from .loop import RLMRunner
 from .session import PersistentSession
@@ -102,7 +102,6 @@ class CompletionRun:
         self, run: Run, response: str, stop_reason: str | None, cut: bool
     ) -> RLMChatCompletion:
         graph, state = run.graph, self.state
-        path, efficiency = timing(graph)
         parsed = None if cut else state.parsed
         result = RLMChatCompletion(
             metadata={"direct_path": state.direct} if state.direct is not None else None,
@@ -116,8 +115,6 @@ class CompletionRun:
             stop_reason=stop_reason,
             iterations=state.iterations,
             graph=graph,
-            critical_path=path,
-            parallel_efficiency=efficiency,
         )
         result.leaked_threads = run.leaked_threads
         return result

@@ -241,3 +241,25 @@ def test_scratch_folders_still_live_at_exit_are_removed() -> None:
     )
     folders = done.stdout.split()
     assert len(folders) == 20 and [f for f in folders if os.path.exists(f)] == []
+
+
+def _scratch_of(code: str) -> str:
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code + "\nFINAL(SCRATCH_DIR)")])})
+    return rlm.completion("ctx").response
+
+
+def test_an_empty_scratch_folder_is_reused_by_the_next_completion_and_holds_nothing() -> None:
+    first = _scratch_of("x = 1")
+    # Empty when its completion ended: kept (mode 0700) for the next one, not remade.
+    assert os.path.isdir(first) and os.listdir(first) == []
+    assert os.stat(first).st_mode & 0o777 == 0o700
+    second = _scratch_of("import os\nnames = sorted(os.listdir('.'))")
+    assert second == first
+
+
+def test_a_scratch_folder_the_code_wrote_into_or_opened_up_is_removed_not_reused() -> None:
+    wrote = _scratch_of("with open('notes.txt', 'w') as f:\n    f.write('private')")
+    assert not os.path.exists(wrote)
+    opened = _scratch_of("import os\nos.chmod(SCRATCH_DIR, 0o755)")
+    assert not os.path.exists(opened)
+    assert _scratch_of("x = 1") not in (wrote, opened)
