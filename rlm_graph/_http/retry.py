@@ -164,8 +164,12 @@ def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float
     A successful answer that says so tells the engine to send nothing to that provider
     before the reset: the next request would only be refused.
     """
-    # Read on every answer: a few lookups, no copy of the headers. (httpx's headers
-    # look names up in any case; a plain mapping is expected in lower case.)
+    # Read on every answer: first one pass over the raw names (most answers name no
+    # window), then a few lookups. (httpx's headers look names up in any case; a plain
+    # mapping is expected in lower case.)
+    raw = getattr(headers, "raw", None)
+    if raw is not None and not any(b"ratelimit" in name.lower() for name, _ in raw):
+        return None
     waits = []
     for remaining, reset in _REMAINING:
         value = headers.get(remaining)

@@ -251,13 +251,14 @@ class ProviderSlot:
             assert self.fixed is not None
             await self.fixed.__aexit__(kind, exc, tb)
         elif self.ticket is not None:
-            if exc is None and gate.limit.adaptive:  # an answer, and its latency, to learn from
-                self._give(seconds=trio.current_time() - self.sent)
-            elif gate.limit.adaptive:
-                self._give()
-            else:  # a fixed limit learns nothing: give the place back, no more
-                gate.release(self.ticket)
-                self.ticket = None
+            ticket, self.ticket = self.ticket, None
+            if not gate.limit.adaptive:  # a fixed limit learns nothing: the place back
+                gate.release(ticket)
+                return
+            # An answer, and its latency, to learn from; else (failed, cancelled) nothing.
+            seconds = trio.current_time() - self.sent if exc is None else None
+            if gate.release(ticket, seconds=seconds, model=self.model) and self.on_change:
+                self.on_change(self.key, gate.limit)
 
     async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
         if self.gate is None or reason not in REFUSALS or self.ticket is None:
