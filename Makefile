@@ -30,6 +30,6 @@ test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 # The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
-# the installed command or another engine process); `make test` runs them all.
+# another process, tests slow by design); `make test` runs them all.
 quick: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes)"
+	$(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes or slow)"

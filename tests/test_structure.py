@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 import rlm_graph
 from rlm_graph.hooks import HookSpecs
@@ -38,6 +41,12 @@ PURE = [
 FORBIDDEN = {"trio", "httpx", "opentelemetry", "outcome"}
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    """A module's syntax tree, parsed once for all the tests here."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def test_public_api_is_sorted_and_importable() -> None:
     assert rlm_graph.__all__ == sorted(rlm_graph.__all__)
     for name in rlm_graph.__all__:
@@ -45,7 +54,7 @@ def test_public_api_is_sorted_and_importable() -> None:
 
 
 def _imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parsed(path)
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -109,7 +118,7 @@ def test_every_hook_is_documented() -> None:
 def _imported_modules(path: Path) -> set[str]:
     """Every module ``path`` imports, by full dotted name (absolute imports only)."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parsed(path)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -146,6 +155,7 @@ def _loaded_after(statement: str) -> list[str]:
     return [m for m in done.stdout.strip().split(",") if m]
 
 
+@pytest.mark.processes
 def test_import_rlm_graph_is_cheap_and_names_load_on_use() -> None:
     """The public names load their modules on first use: ``import rlm_graph`` (and the
     pure ``rlm_graph.repl`` the subprocess guest needs) pulls in no engine libraries."""
@@ -166,7 +176,7 @@ def _internal_imports(path: Path, modules: set[str]) -> set[str]:
     name = _module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _parsed(path)
     lazy = any(isinstance(n, ast.Name) and n.id == "lazy_names" for n in ast.walk(tree))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -213,7 +223,7 @@ def test_modules_and_functions_stay_small() -> None:
         source = path.read_text()
         if source.count("\n") > 600:
             big.append(f"{relative}: {source.count(chr(10))} lines")
-        tree = ast.parse(source, str(path))
+        tree = _parsed(path)
         for parent in ast.walk(tree):
             for node in ast.iter_child_nodes(parent):
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -29,6 +29,7 @@ from tests.support.batch import (
 )
 
 
+@pytest.mark.slow
 def test_forty_items_each_get_their_own_answer_and_the_provider_limit_holds() -> None:
     with BatchServer(latency=0.01) as server:
         results = list(run_batch(items(40), rlm_kwargs(server, max_concurrent=3), concurrency=8))
@@ -57,6 +58,7 @@ def test_an_item_whose_provider_fails_is_recorded_and_the_others_finish() -> Non
     assert (summary.answered, summary.failed) == (5, 1)
 
 
+@pytest.mark.slow
 def test_results_stream_as_items_finish_not_at_the_end() -> None:
     with BatchServer(latency=0.05) as server:
         stream = run_batch(items(6), rlm_kwargs(server), concurrency=1)
@@ -149,6 +151,7 @@ def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
 # -- the command line -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_writes_a_line_per_item_a_summary_and_exits_1_on_a_failed_item(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

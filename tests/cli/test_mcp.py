@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 
-mcp = pytest.importorskip("mcp", reason="the MCP SDK (pip install 'rlm-graph[mcp]')")
-
-from mcp import ClientSession, StdioServerParameters  # noqa: E402
-from mcp.client.stdio import stdio_client  # noqa: E402
+if importlib.util.find_spec("mcp") is None:  # the SDK loads in the tests (a second of import)
+    pytest.skip("the MCP SDK (pip install 'rlm-graph[mcp]')", allow_module_level=True)
 
 from rlm_graph.cli import main  # noqa: E402
 from rlm_graph.testing import FakeOpenAIServer  # noqa: E402
+
+pytestmark = pytest.mark.processes  # the installed command, as an MCP server
 
 COMMAND = Path(sys.executable).with_name("rlm-graph")
 
@@ -85,8 +85,11 @@ def model_server(code: str = ROOT_CODE) -> Iterator[FakeOpenAIServer]:
 @asynccontextmanager
 async def session(
     server: FakeOpenAIServer, root: Path, log: Path, *extra: str
-) -> AsyncIterator[ClientSession]:
+) -> AsyncIterator[Any]:
     """The installed command, started and spoken to by the SDK's stdio client."""
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
     assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
     params = StdioServerParameters(
         command=str(COMMAND),

@@ -210,6 +210,7 @@ class _InFlight:
             self.now -= 1
 
 
+@pytest.mark.processes
 async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() -> None:
     in_flight = _InFlight()
     forged = MAX_PENDING_PROMPTS * 3
@@ -227,6 +228,7 @@ async def test_forged_sub_calls_wait_their_turn_instead_of_filling_the_engine() 
     assert in_flight.peak <= MAX_PENDING_PROMPTS + 1  # never all of them at once
 
 
+@pytest.mark.processes
 async def test_forged_sub_calls_of_megabytes_wait_their_turn_by_their_bytes() -> None:
     # 24 calls of 4 MiB each, few prompts: before, all were read and held at once (60 of
     # 3 MB added 189 MB to the engine).
@@ -246,6 +248,7 @@ async def test_forged_sub_calls_of_megabytes_wait_their_turn_by_their_bytes() ->
     assert in_flight.peak <= MAX_PENDING_BYTES // size + 1
 
 
+@pytest.mark.processes
 async def test_half_a_message_on_the_pipe_when_a_run_is_cut_keeps_the_partial_answer() -> None:
     blocks = [
         repl("answer['content'] = 'the partial answer'"),
@@ -303,6 +306,7 @@ def test_a_prompt_over_16_mi_characters_is_refused_whole_before_any_node() -> No
     assert len(scripted(rlm).requests) == 1  # the root turn only
 
 
+@pytest.mark.processes
 async def test_an_image_over_20_mib_forged_past_the_guests_check_is_refused_by_the_engine() -> None:
     # The guest refuses such an image itself; model code that finds the guest's pipe
     # caller (gc) sends it anyway: the engine refuses it before decoding it.

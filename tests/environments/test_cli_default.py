@@ -11,6 +11,8 @@ import pytest
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer
 
+pytestmark = pytest.mark.processes  # the default environment starts a guest process
+
 
 def respond(body: dict[str, object]) -> str:
     messages = body["messages"]

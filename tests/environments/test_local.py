@@ -78,6 +78,7 @@ async def test_max_timeout_stops_a_block_catching_base_exception() -> None:
     assert not in_repl_code(marks.threads[0])
 
 
+@pytest.mark.slow
 async def test_a_thread_stuck_in_c_is_counted_and_named_as_leaked(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

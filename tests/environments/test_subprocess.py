@@ -18,6 +18,8 @@ from rlm_graph_subprocess import SubprocessEnvironment
 from tests.support.guests import Spy, alive, engine, feedback, processes_running
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
 
+pytestmark = pytest.mark.processes  # every test starts a guest process
+
 # -- boundaries ------------------------------------------------------------------------
 
 

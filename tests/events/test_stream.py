@@ -120,6 +120,7 @@ def fan_out_rlm(calls: int, **kwargs: Any) -> RLM:
     )
 
 
+@pytest.mark.slow
 def test_a_slow_consumer_keeps_memory_bounded_and_loses_no_event() -> None:
     """2,000 sub-calls at zero latency; the consumer sleeps 10 ms per event while the run
     is going. The run does not wait for it: events beyond the buffer's capacity spill to

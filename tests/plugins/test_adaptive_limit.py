@@ -18,6 +18,8 @@ from rlm_graph.events import ConcurrencyLimit
 from rlm_graph.testing import FakeOpenAIServer, Reply
 from tests.support.http import KEY, openai_kwargs
 
+pytestmark = pytest.mark.slow  # real HTTP with latencies, seconds by design
+
 
 def _root_then(code: str):  # type: ignore[no-untyped-def]
     """A responder: root turns (a system message) write ``code``; sub-calls answer

@@ -17,6 +17,8 @@ from rlm_graph.graph import NodeKind
 from rlm_graph.testing import FakeOpenAIServer, Lognormal, Reply, last_user_message
 from tests.support.http import KEY, openai_kwargs
 
+pytestmark = pytest.mark.slow  # real HTTP with latencies, seconds by design
+
 FAST = 0.05  # seconds a sub-call takes at the server
 LAG = 0.4  # ... one whose prompt starts with "lag" (the tail of the first round)
 SLOW = 2.5  # ... and the first request of a straggler

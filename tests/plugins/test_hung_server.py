@@ -21,6 +21,8 @@ from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from rlm_graph_openai import OpenAIProvider
 from tests.support.http import KEY, openai_kwargs
 
+pytestmark = pytest.mark.slow  # deadlines that must pass: seconds by design
+
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 
 

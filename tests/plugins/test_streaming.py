@@ -18,6 +18,8 @@ from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from tests.support.http import anthropic_kwargs, openai_kwargs
 from tests.support.streams import COMMENTARY, FINISH, TurnScript, is_turn, repl
 
+pytestmark = pytest.mark.slow  # streams at a set rate: seconds by design
+
 SERVERS: dict[str, Any] = {"openai": FakeOpenAIServer, "anthropic": FakeAnthropicServer}
 KWARGS: dict[str, Any] = {"openai": openai_kwargs, "anthropic": anthropic_kwargs}
 APIS = pytest.mark.parametrize("api", ["openai", "anthropic"])
@@ -169,6 +171,7 @@ async def test_a_stalled_stream_times_out_and_is_retried(api: str) -> None:
     assert script.subcalls == ["first"]
 
 
+@pytest.mark.slow
 async def test_a_stream_longer_than_the_timeout_is_fine_while_it_keeps_coming() -> None:
     # About 2 s of reply at 15 tokens a second, with a 1 s timeout: each gap is short.
     slow = repl("x = 7", before="Slowly. " * 12) + "And on. " * 12

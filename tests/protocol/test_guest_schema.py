@@ -120,6 +120,7 @@ def test_what_pydantic_writes_passes() -> None:
     AnswerSchema.from_guest(TypeAdapter(list[Cat | Dog] | int | None).json_schema())
 
 
+@pytest.mark.slow
 def test_a_huge_schema_is_refused_at_the_cap_without_walking_the_rest() -> None:
     # Some 12 MB of JSON (what a guest may write on one line): refused after reading
     # about the first 64 KiB of it, in the time that takes.
@@ -137,6 +138,7 @@ def test_a_huge_schema_is_refused_at_the_cap_without_walking_the_rest() -> None:
     assert took < 20 * max(took_small, 0.001)
 
 
+@pytest.mark.slow
 def test_a_deep_or_wide_schema_is_refused_without_recursion() -> None:
     deep: dict[str, Any] = {}
     for _ in range(100_000):

@@ -85,6 +85,7 @@ async def test_streamed_and_whole_replies_make_the_same_run(
     assert _graph(streamed) == _graph(whole)
 
 
+@pytest.mark.slow
 async def test_a_block_runs_while_the_rest_of_the_reply_is_written() -> None:
     # Real time (the blocks run in threads, which a mock clock would not wait for), short.
     script = SCRIPTS["two blocks, then the answer"]

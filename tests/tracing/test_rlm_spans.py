@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 from opentelemetry.trace import SpanKind, StatusCode
@@ -132,6 +133,7 @@ async def test_concurrent_children_overlap_in_time(
     assert first.start_time < second.end_time and second.start_time < first.end_time  # type: ignore[operator]
 
 
+@pytest.mark.processes
 def test_nesting_holds_for_sub_calls_from_a_subprocess_guest(memory: Memory) -> None:
     engine = RLM(
         "scripted",

@@ -13,6 +13,8 @@ from tests.support.http import anthropic_kwargs, openai_kwargs
 from tests.support.streams import COMMENTARY, FINISH, TurnScript, is_turn, repl
 from tests.support.tracing import Memory, parent_id, span_id
 
+pytestmark = pytest.mark.slow  # streams at a set rate: seconds by design
+
 SERVERS: dict[str, Any] = {"openai": FakeOpenAIServer, "anthropic": FakeAnthropicServer}
 KWARGS: dict[str, Any] = {"openai": openai_kwargs, "anthropic": anthropic_kwargs}
 
