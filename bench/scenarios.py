@@ -175,57 +175,40 @@ print(total)
     )
 
 
-def _depth2() -> Scenario:
+def _children(key: str, leaves: int) -> Scenario:
+    """A root ``rlm_query_batched`` of 8 children (4 in flight: 2 waves), each child one
+    turn whose block is an ``llm_query_batched`` of ``leaves`` (16 at a time)."""
     root = """
 parts = rlm_query_batched([f"part {k}" for k in range(8)])
 total = sum(int(p) for p in parts)
 print(total)
 """
-    child = """
+    child = f"""
 k = int(context.split()[1])
-r = llm_query_batched([f"sq {k * 32 + i}" for i in range(32)])
+r = llm_query_batched([f"sq {{k * {leaves} + i}}" for i in range({leaves})])
 answer["content"] = str(sum(int(x) for x in r))
 answer["ready"] = True
 """
-    # 8 children, 4 in flight: 2 waves; each child is one turn and 32 slots, 16 at a time.
-    ideal = 2 * ROOT_LATENCY + 2 * (ROOT_LATENCY + 2 * SUB_LATENCY)
+    waves = -(-leaves // 16)  # a child's leaves, 16 at a time (batch_max_concurrent)
     return Scenario(
-        key="depth2",
+        key=key,
         root_turns=(repl(root), repl(ANSWER_TOTAL)),
         child_turns=(repl(child),),
-        expected=str(sum(i * i for i in range(256))),
-        sub_calls=256,
-        ideal=ideal,
+        expected=str(sum(i * i for i in range(8 * leaves))),
+        sub_calls=8 * leaves,
+        ideal=2 * ROOT_LATENCY + 2 * (ROOT_LATENCY + waves * SUB_LATENCY),
         max_depth=2,
-        description="rlm_query_batched of 8 children (4 at a time), each llm_query_batched of 32",
+        description=f"rlm_query_batched of 8 children (4 at a time), each llm_query_batched of {leaves}",
     )
+
+
+def _depth2() -> Scenario:
+    return _children("depth2", 32)
 
 
 def _recursive() -> Scenario:
-    root = """
-parts = rlm_query_batched([f"part {k}" for k in range(8)])
-total = sum(int(p) for p in parts)
-print(total)
-"""
-    child = """
-k = int(context.split()[1])
-r = llm_query_batched([f"sq {k * 8 + i}" for i in range(8)])
-answer["content"] = str(sum(int(x) for x in r))
-answer["ready"] = True
-"""
-    # 8 children, 4 in flight: 2 waves; each child one turn and 8 leaves at once. The 32
-    # leaves of a wave in flight together need a provider limit of at least 32.
-    ideal = 2 * ROOT_LATENCY + 2 * (ROOT_LATENCY + SUB_LATENCY)
-    return Scenario(
-        key="recursive",
-        root_turns=(repl(root), repl(ANSWER_TOTAL)),
-        child_turns=(repl(child),),
-        expected=str(sum(i * i for i in range(64))),
-        sub_calls=64,
-        ideal=ideal,
-        max_depth=2,
-        description="rlm_query_batched of 8 children (4 at a time), each llm_query_batched of 8",
-    )
+    # A wave's 4 children x 8 leaves in flight together need a provider limit of 32.
+    return _children("recursive", 8)
 
 
 def _multibatch() -> Scenario:
