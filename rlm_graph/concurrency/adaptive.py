@@ -230,11 +230,13 @@ class AdaptiveLimit:
 
     def news(self) -> bool:
         """Whether the limit moved enough since it was last told to be worth telling
-        again (and remember it as told): every fall, a rise of an eighth (at least one).
-        A limit in slow start moves with every answer; its watchers hear ~25 times on
-        the way from 64 to 512, not 448."""
+        again (and remember it as told): a move of an eighth either way (at least one
+        up; down, to at most seven eighths, or to the floor). A limit in slow start
+        moves with every answer: its watchers hear ~20 times on the way from 64 to 512,
+        not 448; a burst's refusals walk it down one by one: they hear every eighth."""
         limit, told = self.limit, self._announced
-        if limit < told or limit >= told + max(1, told // 8):
+        fell = limit <= told * 7 // 8 or (limit < told and limit == self.floor)
+        if fell or limit >= told + max(1, told // 8):
             self._announced = limit
             return True
         return False

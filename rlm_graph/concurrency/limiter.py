@@ -32,6 +32,7 @@ from ..limits import RateBucket
 from .adaptive import AdaptiveLimit, Ticket
 
 __all__ = [
+    "MAX_PAUSE",
     "REFUSALS",
     "InProcessLimiter",
     "ProviderSlot",
@@ -122,11 +123,9 @@ class SharedGate:
             return limit.start()
 
     async def acquire(self) -> Ticket:
-        """Wait for a place under the limit (and for a server-named pause to pass)."""
-        if self._paused_until:
-            pause = self._paused_until - time.monotonic()
-            if pause > 0:
-                await trio.sleep(pause)
+        """Wait for a place under the limit, and for a server-named pause to pass (a
+        request granted a place while the provider is paused waits out the pause)."""
+        await self._sit_out_pause()
         with self._lock:
             if not self._waiters and self.limit.admits():
                 return self.limit.start()
@@ -134,6 +133,7 @@ class SharedGate:
             self._waiters.append(waiter)
         try:
             await waiter.event.wait()
+            await self._sit_out_pause()
         except BaseException:
             with self._lock:
                 if waiter.ticket is not None:  # granted while being cancelled: pass it on
@@ -170,9 +170,15 @@ class SharedGate:
             return limit.adaptive and limit.news()
 
     def pause(self, seconds: float) -> None:
-        """Send nothing more for ``seconds`` (the server asked, or its window is used up)."""
+        """Send nothing more for ``seconds`` (the server asked, or its window is used up),
+        at most `MAX_PAUSE`."""
         with self._lock:
-            self._paused_until = max(self._paused_until, time.monotonic() + seconds)
+            until = time.monotonic() + min(seconds, MAX_PAUSE)
+            self._paused_until = max(self._paused_until, until)
+
+    async def _sit_out_pause(self) -> None:
+        while self._paused_until and (left := self._paused_until - time.monotonic()) > 0:
+            await trio.sleep(left)
 
     def _grant_locked(self) -> None:
         while self._waiters and self.limit.admits():
@@ -201,6 +207,11 @@ class _GateUse:
         if self.ticket is not None:
             self.gate.release(self.ticket)
 
+
+MAX_PAUSE = 60.0
+"""The longest a server-named wait holds a provider's requests (a window that resets in
+an hour or a day is a quota: its requests are refused, and retried or given up on, as
+any 429 is)."""
 
 REFUSALS = frozenset({"429", "503", "529"})
 """Retry reasons that mean the provider refused the request for load (529: Anthropic's
@@ -264,9 +275,9 @@ class ProviderSlot:
         if self.gate is None or reason not in REFUSALS or self.ticket is None:
             await trio.sleep(wait)
             return
-        self._give(refused=True, full=not named)
-        if named:
+        if named:  # before the place goes back: the requests queued for it wait too
             self.gate.pause(named)
+        self._give(refused=True, full=not named)
         await trio.sleep(wait)
         await self._take()
 

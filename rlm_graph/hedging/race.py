@@ -28,23 +28,35 @@ from .policy import HedgeBudget
 
 __all__ = ["Duplicate", "Send", "race"]
 
-Send = Callable[[bool, Callable[[], None]], Awaitable[ChatResponse]]
+Send = Callable[[bool, Callable[[], bool]], Awaitable[ChatResponse]]
 """One request of the call through the provider's limiters: ``send(first, on_slot)``;
-``on_slot`` is called when the request got its slot (its service time starts)."""
+``on_slot`` is called when the request got its slot (its service time starts) and says
+whether to send it (False: the race is over, the request is about to be cancelled)."""
 
 
 class Duplicate:
     """A duplicate request that went: its budget reservation, settled with the call's
-    accounting (None: the run has no token or dollar limit)."""
+    accounting (None: the run has no token or dollar limit), and whether the request
+    that lost is billed (False when it failed rather than being cancelled)."""
 
-    __slots__ = ("reservation",)
+    __slots__ = ("billed", "reservation")
 
     def __init__(self, reservation: Reservation | None) -> None:
         self.reservation = reservation
+        self.billed = True
 
 
 class _Race:
-    __slots__ = ("duplicate_went", "errors", "over", "running", "started", "wake", "winner")
+    __slots__ = (
+        "duplicate_went",
+        "errors",
+        "failed",
+        "over",
+        "running",
+        "started",
+        "wake",
+        "winner",
+    )
 
     def __init__(self) -> None:
         self.winner: tuple[int, ChatResponse] | None = None
@@ -53,7 +65,8 @@ class _Race:
         self.started = trio.Event()  # the first request got its slot (or ended)
         self.over = trio.Event()  # an answer came, or every request sent has failed
         self.wake = trio.Event()  # over, or the model's delay became known
-        self.duplicate_went = False  # the duplicate got its slot: its request went
+        self.duplicate_went = False  # the duplicate got its slot while the race was on
+        self.failed: set[int] = set()  # requests that ended in an error (not billed)
 
     async def wait_until_past(self, hedges: HedgeBudget, model: str, began: float) -> bool:
         """Wait until the call has run past its model's delay (True), or is over (False).
@@ -71,16 +84,24 @@ class _Race:
                     await self.over.wait()
         return False
 
-    def _duplicate_slot(self) -> None:
-        self.duplicate_went = True
+    def _first_slot(self) -> bool:
+        self.started.set()
+        return True
+
+    def _duplicate_slot(self) -> bool:
+        # A slot handed over by the first request as it answered comes too late: the
+        # race is over, the duplicate is about to be cancelled before it sends.
+        self.duplicate_went = not self.over.is_set()
+        return self.duplicate_went
 
     async def attempt(self, index: int, send: Send) -> None:
-        self.running += 1
-        on_slot = self.started.set if index == 0 else self._duplicate_slot
+        """One request of the race (the caller counted it in ``running``)."""
+        on_slot = self._first_slot if index == 0 else self._duplicate_slot
         try:
             response = await send(index == 0, on_slot)
         except Exception as exc:  # a failed request: the other may still answer
             self.errors.append(exc)
+            self.failed.add(index)
         else:
             if self.winner is None:
                 self.winner = (index, response)
@@ -122,15 +143,22 @@ async def race(
     duplicate: Duplicate | None = None
     try:
         async with trio.open_nursery() as nursery:
+            state.running += 1  # counted before its task runs: a quick failure sees it
             nursery.start_soon(state.attempt, 0, send)
             await state.started.wait()
+            began = trio.current_time()
             hedges.began(model)
             try:
-                if await state.wait_until_past(hedges, model, trio.current_time()):
+                if await state.wait_until_past(hedges, model, began):
                     duplicate = _launch(state, hedges, reserve_now)
                     if duplicate is not None:
+                        state.running += 1
                         nursery.start_soon(state.attempt, 1, send)
                 await state.over.wait()
+                if 0 not in state.failed:
+                    # One latency a call, the first request's: when the duplicate won,
+                    # the first ran at least this long (its own answer is never heard).
+                    hedges.answered(model, trio.current_time() - began)
             finally:
                 hedges.ended(model)
             nursery.cancel_scope.cancel()  # the loser's request
@@ -149,6 +177,8 @@ async def race(
     if duplicate is not None:
         record.hedge = "won" if index == 1 else "lost"
         hedges.won += index == 1
+        if (1 - index) in state.failed:  # the loser failed: a failed request is not billed
+            duplicate.billed = False
     return response, duplicate
 
 

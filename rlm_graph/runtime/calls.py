@@ -274,7 +274,7 @@ async def _race(
 ) -> tuple[ChatResponse, Duplicate | None]:
     """A hedged sub-call's request raced against a duplicate (`rlm_graph.hedging.race`)."""
 
-    async def send(first: bool, on_slot: Callable[[], None]) -> ChatResponse:
+    async def send(first: bool, on_slot: Callable[[], bool]) -> ChatResponse:
         return await _request(run, route, request, record, None, first, on_slot)
 
     reserve_now = partial(_reserve_now, run, route, request) if run.budget.limited else None
@@ -294,7 +294,7 @@ async def _request(
     record: NodeRecord,
     sink: TextSink | None,
     first: bool,
-    on_slot: Callable[[], None] | None,
+    on_slot: Callable[[], bool] | None,
 ) -> ChatResponse:
     """One request through the provider's limiters, with its retries; the first of a
     node sets its service start, a duplicate adds its attempts to the node's."""
@@ -307,8 +307,8 @@ async def _request(
         if first:  # queueing for the slot was not service
             record.start = began
             record.wall_start = time.time()
-        if on_slot is not None:
-            on_slot()
+        if on_slot is not None and not on_slot():
+            await trio.sleep_forever()  # a duplicate too late: its cancellation is on the way
         attempts = CallAttempts(
             run.retries, provider.name, slot if isinstance(slot, ProviderSlot) else None
         )
@@ -322,8 +322,6 @@ async def _request(
         finally:
             # The node starts at 1; a hedged call's two requests may end in either order.
             record.attempts += attempts.attempts - (1 if first else 0)
-    if run.hedges is not None and record.kind is NodeKind.LLM_CALL:
-        run.hedges.answered(route.model, trio.current_time() - began)
     return response
 
 
@@ -347,11 +345,13 @@ def _account(
     if note is not None:
         response = response.model_copy(update={"content": with_note(response.content, note)})
     exceeded = _charge(run, reservation, usage, cost)
-    if duplicate is not None:
+    if duplicate is not None and duplicate.billed:
         extra = usage.model_copy(update={"estimated": True})
         exceeded = _charge(run, duplicate.reservation, extra, cost) or exceeded
         duplicate.reservation = None
         usage, cost = usage + extra, None if cost is None else 2 * cost
+    elif duplicate is not None and duplicate.reservation is not None:
+        run.spend.release(duplicate.reservation)  # the loser failed: nothing billed
     record.answered(
         usage=usage,
         cost=cost,

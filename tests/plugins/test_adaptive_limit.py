@@ -188,3 +188,17 @@ def test_a_provider_that_declares_no_start_keeps_a_fixed_limit() -> None:
     assert isinstance(limiter, InProcessLimiter)
     (gate,) = limiter._gates.values()
     assert not gate.limit.adaptive and gate.limit.limit == 3
+
+
+def test_a_named_wait_holds_the_requests_queued_for_a_place_too() -> None:
+    # Two places; the first request is refused with Retry-After: 1. The requests queued
+    # behind the two (and the one whose place frees first) wait the second out.
+    code = "got = llm_query_batched(['a', 'b', 'c', 'd', 'e'])\nFINAL(' '.join(got))"
+    replies = [f"```repl\n{code}\n```", Reply.error(429, "slow down", retry_after="1")]
+    with FakeOpenAIServer(_root_then(code), replies=replies, latency=0.05) as server:
+        rlm = RLM("openai", openai_kwargs(server, max_concurrent=2))
+        result = rlm.completion("ctx", root_prompt="q")
+        refused, subs = server.requests[1], server.requests[2:]
+    assert result.response == "ok a ok b ok c ok d ok e"
+    later = [r for r in subs if r.start - refused.start > 0.03]  # not sent beside it
+    assert len(later) >= 4 and all(r.start - refused.start >= 0.9 for r in later)

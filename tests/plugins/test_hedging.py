@@ -235,3 +235,45 @@ def test_a_straggler_of_the_first_batch_is_hedged_once_enough_have_answered() ->
         rlm = RLM("openai", openai_kwargs(server), hedge={"max_extra": 0.5})
         result = rlm.completion("ctx", root_prompt="q")
     assert result.response == "slow e #2"
+
+
+def test_a_duplicate_left_waiting_for_a_slot_is_not_counted() -> None:
+    # max_concurrent=1: the straggler's duplicate waits for the slot its first request
+    # holds, gets it only as that request answers, and never goes.
+    code = (
+        "llm_query_batched([f'warm {i}' for i in range(8)] + ['lag 0', 'lag 1'])\n"
+        "FINAL(llm_query('slow f'))"
+    )
+    script = Stragglers(code)
+    with FakeOpenAIServer(script) as server:
+        rlm = RLM("openai", openai_kwargs(server, max_concurrent=1), hedge=True)
+        result = rlm.completion("ctx", root_prompt="q")
+    assert result.response == "slow f #1" and script.seen["slow f"] == 1
+    record = next(r for r in _llm_calls(result) if r.input_preview == "slow f")
+    assert record.hedge is None and record.attempts == 1
+    assert record.usage is not None and not record.usage.estimated
+
+
+class FailingDuplicates(Stragglers):
+    """`Stragglers`, but a straggler's duplicate is refused at once (a 400)."""
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        reply = super().__call__(body)
+        prompt = last_user_message(body)
+        if prompt.startswith("slow") and self.seen[prompt] == 2:
+            return Reply.error(400, "no duplicates here")
+        return reply
+
+
+def test_a_duplicate_that_failed_is_not_billed() -> None:
+    script = FailingDuplicates(ROUNDS)
+    with FakeOpenAIServer(script) as server:
+        rlm = RLM("openai", openai_kwargs(server), hedge={"min_samples": 16})
+        result = rlm.completion("ctx", root_prompt="q")
+    assert result.response.endswith("slow a #1 | slow b #1")
+    plain = next(r for r in _llm_calls(result) if r.input_preview == "fast 0")
+    for prompt in ("slow a", "slow b"):
+        record = next(r for r in _llm_calls(result) if r.input_preview == prompt)
+        assert record.hedge == "lost" and record.status == "ok"
+        assert record.usage is not None and plain.usage is not None
+        assert record.usage.input_tokens == plain.usage.input_tokens  # one request billed
