@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
+from tests.support.guests import folder_the_guest_can_reach
 
 pytestmark = pytest.mark.processes
 
@@ -428,9 +428,9 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.S
 
 def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path) -> None:
     root = Path(__file__).resolve().parents[2]
-    base = root.parent if os.access(root.parent, os.W_OK) else root
-    folder = Path(tempfile.mkdtemp(prefix=".rlm-graph-test-", dir=base))
-    try:
+    # Beside the checkout, where the guest can reach it (not under the /tmp it sees as
+    # its own); skipped, saying why, where there is no such folder.
+    with folder_the_guest_can_reach(root) as folder:
         for name in ("granted", "other"):
             (folder / name).mkdir(mode=0o755)
             (folder / name / "notes.txt").write_text(f"{name} notes")
@@ -446,8 +446,6 @@ def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path)
         )
         with FakeOpenAIServer(lambda body: code) as server:
             done = rlm_graph(*run_args(server, text_file, "--read-path", str(folder / "granted")))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
     assert done.returncode == 0, done.stderr
     granted, other = done.stdout.strip().split(" | ")
     assert granted == "granted notes"
