@@ -48,6 +48,7 @@ class Duplicate:
 
 class _Race:
     __slots__ = (
+        "duplicate",
         "duplicate_went",
         "errors",
         "failed",
@@ -67,6 +68,37 @@ class _Race:
         self.wake = trio.Event()  # over, or the model's delay became known
         self.duplicate_went = False  # the duplicate got its slot while the race was on
         self.failed: set[int] = set()  # requests that ended in an error (not billed)
+        self.duplicate: Duplicate | None = None  # the duplicate launched, if one was
+
+    async def run(
+        self,
+        send: Send,
+        hedges: HedgeBudget,
+        model: str,
+        reserve_now: Callable[[], Reservation | None] | None,
+    ) -> None:
+        """The first request, and the duplicate once the call is past its delay, until
+        one answers (the loser cancelled) or every one sent has failed."""
+        async with trio.open_nursery() as nursery:
+            self.running += 1  # counted before its task runs: a quick failure sees it
+            nursery.start_soon(self.attempt, 0, send)
+            await self.started.wait()
+            began = trio.current_time()
+            hedges.began(model)
+            try:
+                if await self.wait_until_past(hedges, model, began):
+                    self.duplicate = _launch(self, hedges, reserve_now)
+                    if self.duplicate is not None:
+                        self.running += 1
+                        nursery.start_soon(self.attempt, 1, send)
+                await self.over.wait()
+                if 0 not in self.failed:
+                    # One latency a call, the first request's: when the duplicate won,
+                    # the first ran at least this long (its own answer is never heard).
+                    hedges.answered(model, trio.current_time() - began)
+            finally:
+                hedges.ended(model)
+            nursery.cancel_scope.cancel()  # the loser's request
 
     async def wait_until_past(self, hedges: HedgeBudget, model: str, began: float) -> bool:
         """Wait until the call has run past its model's delay (True), or is over (False).
@@ -140,31 +172,19 @@ async def race(
     """
     hedges.called()
     state = _Race()
-    duplicate: Duplicate | None = None
     try:
-        async with trio.open_nursery() as nursery:
-            state.running += 1  # counted before its task runs: a quick failure sees it
-            nursery.start_soon(state.attempt, 0, send)
-            await state.started.wait()
-            began = trio.current_time()
-            hedges.began(model)
-            try:
-                if await state.wait_until_past(hedges, model, began):
-                    duplicate = _launch(state, hedges, reserve_now)
-                    if duplicate is not None:
-                        state.running += 1
-                        nursery.start_soon(state.attempt, 1, send)
-                await state.over.wait()
-                if 0 not in state.failed:
-                    # One latency a call, the first request's: when the duplicate won,
-                    # the first ran at least this long (its own answer is never heard).
-                    hedges.answered(model, trio.current_time() - began)
-            finally:
-                hedges.ended(model)
-            nursery.cancel_scope.cancel()  # the loser's request
+        await state.run(send, hedges, model, reserve_now)
     except BaseException:
-        _release(duplicate, release)
+        _release(state.duplicate, release)
         raise
+    return _outcome(state, hedges, record, release)
+
+
+def _outcome(
+    state: _Race, hedges: HedgeBudget, record: NodeRecord, release: Callable[[Reservation], None]
+) -> tuple[ChatResponse, Duplicate | None]:
+    """The winner and the duplicate to count, once the race is over (see `race`)."""
+    duplicate = state.duplicate
     if duplicate is not None and not state.duplicate_went:
         # It waited for a slot until the first answered: no request went, nothing to count.
         hedges.extra -= 1

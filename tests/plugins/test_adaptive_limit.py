@@ -52,7 +52,9 @@ def _limit_of(rlm: RLM) -> int:
 
 def test_the_limit_rises_past_its_start_against_a_roomy_server() -> None:
     heard: list[ConcurrencyLimit] = []
-    with FakeOpenAIServer(_root_then(_batches(3, 160)), latency=0.05) as server:
+    # 0.3 s an answer: long enough for well over 64 requests to be in flight at once
+    # at the server even on a loaded machine (sending one takes the engine ~1 ms).
+    with FakeOpenAIServer(_root_then(_batches(3, 160)), latency=0.3) as server:
         rlm = RLM(
             "openai",
             openai_kwargs(server),
@@ -195,7 +197,13 @@ def test_a_named_wait_holds_the_requests_queued_for_a_place_too() -> None:
     # behind the two (and the one whose place frees first) wait the second out.
     code = "got = llm_query_batched(['a', 'b', 'c', 'd', 'e'])\nFINAL(' '.join(got))"
     replies = [f"```repl\n{code}\n```", Reply.error(429, "slow down", retry_after="1")]
-    with FakeOpenAIServer(_root_then(code), replies=replies, latency=0.05) as server:
+    answer = _root_then(code)
+
+    def slow(body: dict[str, Any]) -> Any:  # answers take 0.2 s; the refusal comes at once
+        text = answer(body)
+        return text if text.startswith("```") else Reply(body=text, delay=0.2)
+
+    with FakeOpenAIServer(slow, replies=replies) as server:
         rlm = RLM("openai", openai_kwargs(server, max_concurrent=2))
         result = rlm.completion("ctx", root_prompt="q")
         refused, subs = server.requests[1], server.requests[2:]
