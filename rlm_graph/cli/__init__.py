@@ -47,6 +47,21 @@ EXIT_PROVIDER = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd command
 
 
+def refuse(command: str, exc: Exception) -> int:
+    """A command's configuration error, said on stderr: the usage exit code."""
+    print(f"rlm-graph {command}: {exc}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def interrupted_after(command: str, done: str) -> int:
+    """Ctrl-C in a command that resumes: what it had finished, and how to go on."""
+    print(
+        f"\nrlm-graph {command}: interrupted after {done}; rerun the same command to resume",
+        file=sys.stderr,
+    )
+    return EXIT_INTERRUPTED
+
+
 class UsageError(Exception):
     """A command line argparse refused (raised instead of argparse's own exit)."""
 

@@ -21,7 +21,7 @@ from rich.text import Text
 
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..errors import ConfigError
-from . import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_OK, interrupted_after, refuse
 from .progress import LiveLine
 from .run import (
     LIMIT_FLAGS,
@@ -170,8 +170,7 @@ def run(args: argparse.Namespace) -> int:
         ids = scan_items(args.input)
         results_file = ResultsFile(args.output).open()
     except ConfigError as exc:
-        print(f"rlm-graph batch: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("batch", exc)
     with results_file:
         done = results_file.done(retry_failed=args.retry_failed) & set(ids)
         total = len(ids) - len(done)
@@ -196,14 +195,9 @@ def run(args: argparse.Namespace) -> int:
                     finished.append(result)
                     progress.finished(result)
         except ConfigError as exc:
-            print(f"rlm-graph batch: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return refuse("batch", exc)
         except KeyboardInterrupt:
-            print(
-                f"\nrlm-graph batch: interrupted after {len(finished)} items; rerun the same command to resume",
-                file=sys.stderr,
-            )
-            return EXIT_INTERRUPTED
+            return interrupted_after("batch", f"{len(finished)} items")
     summary = BatchSummary.of(finished, skipped=len(done))
     print(f"rlm-graph batch: {summary.text()}", file=sys.stderr)
     return EXIT_OK if summary.failed == 0 else EXIT_FAILED

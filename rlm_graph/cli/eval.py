@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from .._files import open_private
 from ..errors import ConfigError
-from . import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
 from .batch import _executor_kwargs, add_executor_arguments
 from .output import strip_control
 from .run import (
@@ -189,8 +189,7 @@ def run_convert(args: argparse.Namespace) -> int:
                 count = write_items(items, handle)
             partial.replace(args.output)
     except ConfigError as exc:
-        print(f"rlm-graph eval convert: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("eval convert", exc)
     except OSError as exc:
         print(
             f"rlm-graph eval convert: cannot write {args.output}: {exc.strerror}", file=sys.stderr
@@ -339,8 +338,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         evaluation = _evaluation(args)
     except ConfigError as exc:  # PluginError (an unknown method or executor) is one too
-        print(f"rlm-graph eval: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("eval", exc)
     _say_plan(evaluation, args, sys.stderr)
     if args.estimate:
         return EXIT_OK
@@ -350,14 +348,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = evaluation.run(progress)
     except ConfigError as exc:
-        print(f"rlm-graph eval: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("eval", exc)
     except KeyboardInterrupt:
-        print(
-            f"\nrlm-graph eval: interrupted after {progress.done} rows; rerun the same command to resume",
-            file=sys.stderr,
-        )
-        return EXIT_INTERRUPTED
+        return interrupted_after("eval", f"{progress.done} rows")
     _say_outcome(outcome, args, sys.stderr)
     print(Path(outcome.out / "summary.md").read_text(encoding="utf-8"), end="")
     if outcome.unfinished:

@@ -10,11 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from . import EXIT_OK, EXIT_USAGE, refuse
 
 __all__ = ["register", "run_ls"]
-
-EXIT_OK = 0
-EXIT_USAGE = 2
 
 
 def register(subparsers: Any) -> None:
@@ -45,13 +43,11 @@ def run_ls(args: argparse.Namespace) -> int:
     try:
         store = JournalStore(args.path)
     except ConfigError as exc:
-        print(f"rlm-graph journal ls: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("journal ls", exc)
     try:
         runs = store.runs()
     except ConfigError as exc:  # a damaged chunk: the message names the node
-        print(f"rlm-graph journal ls: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("journal ls", exc)
     finally:
         store.close()
     if args.json:

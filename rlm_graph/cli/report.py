@@ -18,7 +18,7 @@ from ..events import RunFinished
 from ..graph import Graph, from_json
 from ..report import write_report
 from ..tracing import TraceFileError, load_trace, to_graph
-from . import EXIT_OK, EXIT_USAGE
+from . import EXIT_OK, EXIT_USAGE, refuse
 from .trace import SQLITE_MAGIC, journal_graph
 
 __all__ = ["ReportWriter", "add_report_argument", "load_run", "register", "report_writers"]
@@ -98,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         graph, stop_reason = load_run(args.run, args.trace_id)
     except TraceFileError as exc:
-        print(f"rlm-graph report: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("report", exc)
     try:
         path = write_report(
             graph,

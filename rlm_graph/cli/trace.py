@@ -33,11 +33,9 @@ from ..tracing import (
     tracer_provider_from_env,
 )
 from ..tracing.config import TRACE_MODES
+from . import EXIT_OK, EXIT_USAGE, refuse
 
 __all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
-
-EXIT_OK = 0
-EXIT_USAGE = 2
 
 
 def add_trace_argument(parser: argparse.ArgumentParser) -> None:
@@ -148,8 +146,7 @@ def run_show(args: argparse.Namespace) -> int:
         try:
             spans = load_trace(path)
         except TraceFileError as exc:
-            print(f"rlm-graph trace show: {exc}", file=sys.stderr)
-            return EXIT_USAGE
+            return refuse("trace show", exc)
         if len(args.files) > 1:
             sys.stdout.write(("\n" if number else "") + f"== {path}\n")
         sys.stdout.write(
@@ -212,8 +209,7 @@ def run_export(args: argparse.Namespace) -> int:
     try:
         graph = _load_graph(_newest(args.files), args.trace_id, getattr(args, "run", None))
     except TraceFileError as exc:
-        print(f"rlm-graph trace export: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return refuse("trace export", exc)
     text = to_dot(graph) if args.format == "dot" else to_graphml(graph)
     if args.output is None:
         sys.stdout.write(text)

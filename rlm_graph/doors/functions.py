@@ -84,8 +84,11 @@ async def run_in_thread(
     *,
     limiter: trio.CapacityLimiter,
     abandoned: list[threading.Event],
+    on_cancel: Callable[[], None] | None = None,
 ) -> Any:
-    """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises."""
+    """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises. Cancelled,
+    it calls ``on_cancel`` (a way to stop the thread's work, if there is one) and hands
+    the thread, still running, to ``abandoned``."""
     finished = threading.Event()
 
     def work() -> Any:
@@ -97,21 +100,19 @@ async def run_in_thread(
     try:
         return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
     except trio.Cancelled:
+        if on_cancel is not None:
+            on_cancel()
         if not finished.is_set():
             abandoned.append(finished)
         raise
 
 
 async def run_on_asyncio(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    limiter: trio.CapacityLimiter,
-    abandoned: list[threading.Event],
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any], **thread: Any
 ) -> Any:
-    """``await fn(*args, **kwargs)`` on a new asyncio loop in a worker thread."""
-    finished = threading.Event()
+    """``await fn(*args, **kwargs)`` on a new asyncio loop in a worker thread
+    (`run_in_thread`, whose keywords ``thread`` holds); cancelled, the coroutine is
+    cancelled in its loop too."""
     lock = threading.Lock()  # the node's cancellation and the coroutine's start, in order
     running: list[tuple[asyncio.AbstractEventLoop, asyncio.Task[Any]]] = []
     cancelled: list[bool] = []
@@ -125,15 +126,7 @@ async def run_on_asyncio(
             running.append((asyncio.get_running_loop(), task))
         return await fn(*args, **kwargs)
 
-    def work() -> Any:
-        try:
-            return asyncio.run(main())
-        finally:
-            finished.set()
-
-    try:
-        return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
-    except trio.Cancelled:
+    def cancel() -> None:
         with lock:
             cancelled.append(True)
             for loop, task in running:
@@ -141,6 +134,5 @@ async def run_on_asyncio(
                     loop.call_soon_threadsafe(task.cancel)
                 except RuntimeError:  # the loop closed meanwhile: the coroutine is done
                     pass
-        if not finished.is_set():
-            abandoned.append(finished)
-        raise
+
+    return await run_in_thread(lambda: asyncio.run(main()), (), {}, on_cancel=cancel, **thread)
