@@ -23,14 +23,7 @@ from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batc
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, interrupted_after, refuse
 from .progress import LiveLine
-from .run import (
-    LIMIT_FLAGS,
-    _add_provider_arguments,
-    _add_window_arguments,
-    add_backend_arguments,
-    add_hedge_argument,
-    rlm_kwargs,
-)
+from .run import add_engine_arguments, rlm_kwargs
 
 __all__ = ["add_executor_arguments", "register", "run"]
 
@@ -67,13 +60,8 @@ def register(subparsers: Any) -> None:
         "items); a completion run again (a retry after a worker died, a resumed batch) "
         "replays what was recorded instead of paying again (docs/durability.md)",
     )
-    add_backend_arguments(parser)
-    _add_provider_arguments(parser)  # --max-concurrent and --requests-per-minute: batch-wide
-    _add_window_arguments(parser)
-    limits = parser.add_argument_group("limits (per completion; an item may override them)")
-    for name, kind, text in LIMIT_FLAGS:
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    add_hedge_argument(limits)
+    # --max-concurrent and --requests-per-minute are batch-wide; the limits per completion
+    add_engine_arguments(parser, limits="limits (per completion; an item may override them)")
     parser.set_defaults(func=run)
 
 

@@ -23,14 +23,7 @@ from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
 from .batch import _executor_kwargs, add_executor_arguments
 from .output import strip_control
-from .run import (
-    LIMIT_FLAGS,
-    _add_provider_arguments,
-    _add_window_arguments,
-    add_backend_arguments,
-    add_hedge_argument,
-    rlm_kwargs,
-)
+from .run import add_engine_arguments, rlm_kwargs
 
 __all__ = ["register", "run"]
 
@@ -44,18 +37,16 @@ def register(subparsers: Any) -> None:
     )
     _add_source_arguments(parser)
     _add_run_arguments(parser)
-    add_backend_arguments(parser, model_required=False)  # not for `eval convert`
     add_executor_arguments(parser)
-    _add_provider_arguments(parser)
-    _add_window_arguments(parser)
-    limits = parser.add_argument_group(
-        "limits (per completion, but --max-budget: the whole evaluation)"
+    add_engine_arguments(
+        parser,
+        model_required=False,  # not for `eval convert`
+        limits="limits (per completion, but --max-budget: the whole evaluation)",
+        limit_help={
+            "max_budget": "USD for the whole evaluation, every item and method "
+            "(docs/eval.md: the rule and its bound)"
+        },
     )
-    for name, kind, text in LIMIT_FLAGS:
-        if name == "max_budget":
-            text = "USD for the whole evaluation, every item and method (docs/eval.md: the rule and its bound)"
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    add_hedge_argument(limits)
     parser.set_defaults(func=run, journal=None)
     actions = parser.add_subparsers(
         dest="action", metavar="[convert]", help="convert a published file to items"

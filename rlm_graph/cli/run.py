@@ -17,6 +17,7 @@ import argparse
 import codecs
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import (
@@ -105,16 +106,25 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+def add_engine_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model_required: bool = True,
+    limits: str = "limits",
+    limit_help: Mapping[str, str] | None = None,
+) -> None:
     """Add the backend, model, environment, provider, context-window and limit flags:
-    what `rlm_kwargs` turns into ``RLM(...)`` keywords (``run`` and ``mcp`` share them)."""
-    add_backend_arguments(parser)
+    what `rlm_kwargs` turns into ``RLM(...)`` keywords (every command that runs
+    completions shares them). ``limits`` titles the limit flags' group; ``limit_help``
+    rewords a flag's help where a command reads it differently."""
+    add_backend_arguments(parser, model_required=model_required)
     _add_provider_arguments(parser)
     _add_window_arguments(parser)
-    limits = parser.add_argument_group("limits")
+    group = parser.add_argument_group(limits)
     for name, kind, text in LIMIT_FLAGS:
-        limits.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
-    add_hedge_argument(limits)
+        text = (limit_help or {}).get(name, text)
+        group.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    add_hedge_argument(group)
 
 
 def add_hedge_argument(group: Any) -> None:
