@@ -7,6 +7,7 @@ refused when the `RLM` is built, never at the first block of a run.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 from collections.abc import Callable, Mapping
@@ -157,24 +158,17 @@ def check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:
         )
 
 
+@dataclasses.dataclass(eq=False)  # a plugin: pluggy tells plugins apart by identity
 class Callbacks:
     """Observer for the reference's ``on_subcall_*`` and ``on_iteration_*`` callbacks
     and the ``verbose`` progress lines."""
 
-    def __init__(
-        self,
-        on_start: Callable[..., Any] | None,
-        on_complete: Callable[..., Any] | None,
-        on_iteration_start: Callable[..., Any] | None,
-        on_iteration_complete: Callable[..., Any] | None,
-        *,
-        verbose: bool,
-    ) -> None:
-        self.on_start = on_start
-        self.on_complete = on_complete
-        self.on_iteration_start = on_iteration_start
-        self.on_iteration_complete = on_iteration_complete
-        self.verbose = verbose
+    on_start: Callable[..., Any] | None
+    on_complete: Callable[..., Any] | None
+    on_iteration_start: Callable[..., Any] | None
+    on_iteration_complete: Callable[..., Any] | None
+    _: dataclasses.KW_ONLY
+    verbose: bool
 
     @hookimpl
     def rlm_node_started(self, record: NodeRecord, graph: Graph) -> None:

@@ -23,6 +23,7 @@ every half second until it ends. Use the ``subprocess`` environment where that m
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import math
 import os
@@ -180,6 +181,43 @@ async def _in_block_nursery(
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalOptions:
+    """The ``environment_kwargs`` of the local environment (`LocalEnvironment` says what
+    each means), checked when made.
+
+    Raises:
+        ConfigError: a bad value.
+    """
+
+    timeout: float | None = None
+    scratch_dir: str | None = None
+    output_cap: int = 1_000_000
+    stop_grace: float = 1.0
+    subcalls: bool = True
+
+    def __post_init__(self) -> None:
+        timeout, stop_grace, output_cap = self.timeout, self.stop_grace, self.output_cap
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+        ):
+            raise ConfigError("local environment: timeout must be a positive number of seconds")
+        if self.scratch_dir is not None and not os.path.isdir(self.scratch_dir):
+            raise ConfigError(
+                f"local environment: scratch_dir {self.scratch_dir!r} is not a folder"
+            )
+        if isinstance(output_cap, bool) or not isinstance(output_cap, int) or output_cap < 1:
+            raise ConfigError("local environment: output_cap must be a positive int")
+        if (
+            isinstance(stop_grace, bool)
+            or not isinstance(stop_grace, int | float)
+            or stop_grace < 0
+        ):
+            raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
+        if not isinstance(self.subcalls, bool):
+            raise ConfigError("local environment: subcalls must be True or False")
+
+
 class LocalEnvironment:
     """A REPL in the engine's process.
 
@@ -208,70 +246,31 @@ class LocalEnvironment:
         bridge: SubcallBridge,
         tools: Mapping[str, tuple[Any, str | None]] | None = None,
         depth: int = 0,
-        timeout: float | None = None,
-        scratch_dir: str | None = None,
-        output_cap: int = 1_000_000,
-        stop_grace: float = 1.0,
-        subcalls: bool = True,
+        **options: Any,
     ) -> None:
-        self.check_kwargs(
-            timeout=timeout,
-            scratch_dir=scratch_dir,
-            output_cap=output_cap,
-            stop_grace=stop_grace,
-            subcalls=subcalls,
-        )
+        opts = LocalOptions(**options)
         self.bridge = bridge
         self.depth = depth
-        self.timeout = timeout
-        self.stop_grace = stop_grace
+        self.timeout = opts.timeout
+        self.stop_grace = opts.stop_grace
         self.leaked_threads = 0
-        self._own_dir = scratch_dir is None
-        self.scratch_dir = scratch_dir or scratch.take_folder("local")
+        self._own_dir = opts.scratch_dir is None
+        self.scratch_dir = opts.scratch_dir or scratch.take_folder("local")
         self.session = ReplSession(
             _ThreadCaller(self),
             scratch_dir=self.scratch_dir,
             tools=tools,
-            output_cap=output_cap,
-            subcalls=subcalls,
+            output_cap=opts.output_cap,
+            subcalls=opts.subcalls,
         )
         self._control: _BlockControl | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._threads: trio.CapacityLimiter | None = None
 
-    @classmethod
-    def check_kwargs(
-        cls,
-        *,
-        timeout: float | None = None,
-        scratch_dir: str | None = None,
-        output_cap: int = 1_000_000,
-        stop_grace: float = 1.0,
-        subcalls: bool = True,
-    ) -> None:
-        """Validate ``environment_kwargs`` without making anything (called when an `RLM`
-        is configured).
-
-        Raises:
-            ConfigError: a bad value (an unknown keyword is a ``TypeError`` here, which
-                the engine reports as a `ConfigError` naming the keywords).
-        """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
-        ):
-            raise ConfigError("local environment: timeout must be a positive number of seconds")
-        if scratch_dir is not None and not os.path.isdir(scratch_dir):
-            raise ConfigError(f"local environment: scratch_dir {scratch_dir!r} is not a folder")
-        if isinstance(output_cap, bool) or not isinstance(output_cap, int) or output_cap < 1:
-            raise ConfigError("local environment: output_cap must be a positive int")
-        if (
-            isinstance(stop_grace, bool)
-            or not isinstance(stop_grace, int | float)
-            or stop_grace < 0
-        ):
-            raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
-        if not isinstance(subcalls, bool):
-            raise ConfigError("local environment: subcalls must be True or False")
+    # Validates ``environment_kwargs`` without making anything (called when an `RLM` is
+    # configured): a bad value is a `ConfigError`; an unknown keyword a ``TypeError``,
+    # which the engine reports as a `ConfigError` naming the keywords this one takes.
+    check_kwargs = staticmethod(LocalOptions)
 
     async def start(self) -> None:
         self._token = trio.lowlevel.current_trio_token()

@@ -449,15 +449,10 @@ class SubprocessEnvironment:
         log = guest.log_tail()
         await self._replace_guest()
         how = _describe_exit(code)
-        stderr = f"EnvironmentCrashed: the REPL process {how} while running this block\n"
+        said = f"EnvironmentCrashed: the REPL process {how} while running this block"
         if log:
-            stderr += f"[its last words]\n{log}\n"
-        return ExecResult(
-            stderr=stderr + _LOST + "\n",
-            error=f"EnvironmentCrashed: the REPL process {how}",
-            restarted=True,
-            answer_content=self._answer,
-        )
+            said += f"\n[its last words]\n{log}"
+        return _restarted(said, f"EnvironmentCrashed: the REPL process {how}", self._answer)
 
 
 class _CpuWatchdog:
@@ -486,31 +481,31 @@ class _CpuWatchdog:
                 return
 
 
+def _restarted(said: str, error: str, answer: str) -> ExecResult:
+    """The result of a block whose guest was killed and replaced: what happened, then
+    what the fresh guest lost (`_LOST`)."""
+    return ExecResult(
+        stderr=said + "\n" + _LOST + "\n", error=error, restarted=True, answer_content=answer
+    )
+
+
 def _cpu_killed(cpu_seconds: float, answer: str) -> ExecResult:
-    text = (
+    said = (
         f"CPULimitExceeded: the block kept running past its CPU limit ({cpu_seconds:g} s) "
         "and its process was killed"
     )
-    return ExecResult(
-        stderr=text + "\n" + _LOST + "\n",
-        error=f"CPULimitExceeded: block exceeded {cpu_seconds:g} CPU seconds",
-        restarted=True,
-        answer_content=answer,
-    )
+    error = f"CPULimitExceeded: block exceeded {cpu_seconds:g} CPU seconds"
+    return _restarted(said, error, answer)
 
 
 def _message_too_large(limit_mb: float, answer: str) -> ExecResult:
-    text = (
+    said = (
         f"EnvironmentCrashed: the REPL process wrote more than {limit_mb:g} MB to the "
         "engine's pipe without ending a message (max_message_mb); it was killed. Write "
         "large results to a file in SCRATCH_DIR instead of printing them"
     )
-    return ExecResult(
-        stderr=text + "\n" + _LOST + "\n",
-        error=f"EnvironmentCrashed: a message from the REPL process passed {limit_mb:g} MB",
-        restarted=True,
-        answer_content=answer,
-    )
+    error = f"EnvironmentCrashed: a message from the REPL process passed {limit_mb:g} MB"
+    return _restarted(said, error, answer)
 
 
 def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:

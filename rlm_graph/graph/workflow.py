@@ -163,18 +163,32 @@ class Workflow:
         params: Mapping[str, Any],
         **options: Any,
     ) -> NodeSpec:
-        check_options(node_id, **options)
-        return NodeSpec(
-            id=node_id,
-            kind=NodeKind.LLM_CALL,
-            deps=self._deps(node_id, args, keywords),
-            args=args,
-            kwargs=keywords,
+        return self._spec(
+            node_id,
+            NodeKind.LLM_CALL,
+            args,
+            keywords,
+            options,
             prompt=prompt,
             system=system,
             model=model,
             params=check_params(node_id, params),
-            **options,
+        )
+
+    def _spec(
+        self,
+        node_id: str,
+        kind: NodeKind,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: dict[str, Any],
+        **fields: Any,
+    ) -> NodeSpec:
+        """A node's spec: its options checked, its dependencies found in its arguments."""
+        check_options(node_id, **options)
+        deps = self._deps(node_id, args, kwargs)
+        return NodeSpec(
+            id=node_id, kind=kind, deps=deps, args=args, kwargs=kwargs, **fields, **options
         )
 
     def function(
@@ -211,26 +225,15 @@ class Workflow:
             raise ConfigError("function() needs a callable")
         prefix = getattr(fn, "__name__", "fn").strip("<>") or "fn"
         with self._adding(prefix, id) as node_id:
-            check_options(
-                node_id,
-                retries=retries,
-                timeout=timeout,
-                cache=cache,
-                receive_failures=receive_failures,
-            )
             _check_loop(node_id, fn, loop)
-            self._specs[node_id] = NodeSpec(
-                id=node_id,
-                kind=NodeKind.FUNCTION,
-                deps=self._deps(node_id, args, kwargs),
-                args=args,
-                kwargs=kwargs,
-                fn=fn,
-                retries=retries,
-                timeout=timeout,
-                cache=cache,
-                receive_failures=receive_failures,
-                loop=loop,
+            options = {
+                "retries": retries,
+                "timeout": timeout,
+                "cache": cache,
+                "receive_failures": receive_failures,
+            }
+            self._specs[node_id] = self._spec(
+                node_id, NodeKind.FUNCTION, args, kwargs, options, fn=fn, loop=loop
             )
         return NodeRef(node_id)
 

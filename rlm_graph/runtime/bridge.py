@@ -34,7 +34,7 @@ import functools
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import trio
@@ -76,30 +76,31 @@ class _Place:
     size: int | None
 
 
+@dataclass(eq=False)
 class CompletionBridge:
-    """Sub-calls of one completion at ``depth``, issued by its current block."""
+    """Sub-calls of one completion at ``depth``, issued by its current block.
 
-    def __init__(
-        self,
-        run: Run,
-        *,
-        depth: int,
-        completion: str,
-        tally: Tally,
-        run_child: ChildRunner,
-        tools: Mapping[str, Any] | None = None,
-        params: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.run = run
-        self.params = params
-        self.depth = depth
-        self.completion = completion
-        self.tally = tally
-        self.run_child = run_child
-        self.tools = dict(tools or {})
-        self.block: str | None = None
-        self._finished: list[str] = []
-        self._calls = 0
+    Attributes:
+        run: the run the calls belong to.
+        depth, completion: the completion's depth and its id (``"root"`` at the top).
+        tally: the completion's tokens and cost.
+        run_child: runs an ``rlm_query``'s child completion.
+        tools: the custom tools the guest calls by name.
+        params: request parameters of every sub-call.
+        block: the block now running (None between blocks).
+    """
+
+    run: Run
+    _: KW_ONLY
+    depth: int
+    completion: str
+    tally: Tally
+    run_child: ChildRunner
+    tools: Mapping[str, Any] = field(default_factory=dict)
+    params: Mapping[str, Any] | None = None
+    block: str | None = field(default=None, init=False)
+    _finished: list[str] = field(default_factory=list, init=False)
+    _calls: int = field(default=0, init=False)
 
     def begin_block(self, block_id: str) -> None:
         self.block = block_id
