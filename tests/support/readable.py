@@ -3,10 +3,11 @@
 A clone in a private folder (mode 0700: any ``mktemp -d``, root's home on most systems)
 is closed to uid 65534, and so is the venv that ``make install`` puts inside it: an
 engine started as that user could open neither a test's program nor ``rlm_graph``. Such
-a test copies what the engine needs into a folder of its own under the system's
-temporary folder, opened to everyone: ``rlm_graph`` and the first-party plugins as they
-are in this checkout (with their entry points), every installed distribution they need
-(their requirements, followed, without extras), and the test's own files.
+a test copies what the engine needs into a folder of its own under a temporary folder
+every user can enter (`shared_temp`), opened to everyone: ``rlm_graph`` and the
+first-party plugins as they are in this checkout (with their entry points), every
+installed distribution they need (their requirements, followed, without extras), and the
+test's own files.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def _required(name: str) -> Iterator[str]:
                 todo.append(requirement.name)
 
 
+def _reachable_by_all(folder: str) -> bool:
+    """Whether every user can enter ``folder`` (it and each folder above it)."""
+    path = Path(folder).resolve()
+    return all(os.stat(p).st_mode & 0o001 for p in (path, *path.parents))
+
+
+def shared_temp() -> str:
+    """A temporary folder every user can enter: the system's, else ``/var/tmp`` or
+    ``/dev/shm`` (some machines make ``/tmp`` root's own, mode 0700)."""
+    for folder in (tempfile.gettempdir(), "/var/tmp", "/dev/shm"):
+        if os.path.isdir(folder) and os.access(folder, os.W_OK) and _reachable_by_all(folder):
+            return folder
+    return tempfile.gettempdir()  # none: the tests that need one skip, saying why
+
+
 def _open_to_all(path: Path) -> None:
     for folder, _dirs, files in os.walk(path):
         os.chmod(folder, 0o755)
@@ -61,12 +77,12 @@ class ReadableEngine:
     """A folder, readable by every user, holding an importable engine and some files.
 
     Attributes:
-        root: the folder (under the system's temporary folder).
+        root: the folder (under a temporary folder every user can enter).
         site: ``root/site``, to put first on ``PYTHONPATH``.
     """
 
     def __init__(self, files: Sequence[str] = ()) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="rlm-graph-readable-"))
+        self.root = Path(tempfile.mkdtemp(prefix="rlm-graph-readable-", dir=shared_temp()))
         self.site = self.root / "site"
         self.site.mkdir()
         try:
