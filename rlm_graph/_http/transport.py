@@ -103,8 +103,11 @@ class _ResponseStream(httpx.AsyncByteStream):
     """The body of one response; hands its connection back when read to the end.
 
     Each piece it yields is everything one read of the socket brought (the HTTP chunks
-    in it joined), and with ``pace`` (seconds) it reads the socket at most that often:
-    a streamed reply's tokens that came meanwhile then cost one wake-up, not one each.
+    in it joined), and with ``pace`` (seconds) it reads the socket at most once a
+    ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
+    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`_next_tick`),
+    the same instants for every stream of the loop, so that the streams read at once
+    cost the run loop one wake-up between them, not one each.
     """
 
     def __init__(
@@ -121,7 +124,7 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, read_at = self._conn, -math.inf
+        conn, pace, next_read = self._conn, self._pace, -math.inf
         pending: list[bytes] = []
         while True:
             try:
@@ -132,10 +135,10 @@ class _ResponseStream(httpx.AsyncByteStream):
                 if pending:
                     yield b"".join(pending)
                     pending = []
-                if self._pace:
-                    await trio.sleep_until(read_at + self._pace)
+                if pace:
+                    await trio.sleep_until(next_read)
                 event = await self._transport._next_event(conn, self._timeout)
-                read_at = trio.current_time() if self._pace else read_at
+                next_read = _next_tick(trio.current_time(), pace) if pace else next_read
             if isinstance(event, h11.Data):
                 pending.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -149,6 +152,13 @@ class _ResponseStream(httpx.AsyncByteStream):
         if not self._closed:
             self._closed = True
             await self._transport._release(self._conn)
+
+
+def _next_tick(now: float, pace: float) -> float:
+    """The first multiple of ``pace`` after ``now``: when a paced stream reads next.
+    (A millionth of a pace added first: a float ``now`` a rounding error short of a
+    multiple is on it, not a rounding error before its own next tick.)"""
+    return ((now + pace * 1e-6) // pace + 1) * pace
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
