@@ -69,3 +69,32 @@ async def test_concurrent_streams_read_on_shared_ticks(
     assert all(math.isclose(t / PACE, round(t / PACE)) for t in instants)
     assert len(instants) <= 9
     assert all(b - a >= PACE * 0.999 for times in later for a, b in itertools.pairwise(times))
+
+
+async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    transport = LeanTransport()
+    pairs = [trio.testing.memory_stream_pair() for _ in range(3)]
+    first = trio.CancelScope()  # the first stream to wait holds the ticks' timer
+    kept: list[list[tuple[float, bytes]]] = []
+
+    async def reader(i: int) -> None:
+        with first if i == 0 else trio.CancelScope():
+            pieces = await _read(transport, pairs[i][0])
+            kept.append(pieces)
+
+    with trio.fail_after(5):  # virtual seconds: a stranded stream would wait forever
+        async with trio.open_nursery() as nursery:
+            for i, (_, server) in enumerate(pairs):
+                nursery.start_soon(_serve, server, 0.0, 0.02, 20)
+                nursery.start_soon(reader, i)
+                await trio.sleep(0)
+            await trio.sleep(0.05)
+            first.cancel()
+    assert first.cancelled_caught and len(kept) == 2
+    for pieces in kept:
+        assert b"".join(p for _, p in pieces) == b"".join(b"%d;" % n for n in range(20))
+        times = [t for t, _ in pieces[1:]]
+        assert all(math.isclose(t / PACE, round(t / PACE)) for t in times)
+        assert times[-1] <= 20 * 0.02 + PACE  # read to its end within a pace of it
