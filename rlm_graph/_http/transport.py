@@ -106,8 +106,8 @@ class _ResponseStream(httpx.AsyncByteStream):
     in it joined), and with ``pace`` (seconds) it reads the socket at most once a
     ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
     one each. Those reads fall on the multiples of ``pace`` on trio's clock (`_next_tick`),
-    the same instants for every stream of the loop, so that the streams read at once
-    cost the run loop one wake-up between them, not one each.
+    the same instants for every stream of the run, and one timer wakes them all
+    (`_Ticker`): streams read at once cost the run loop one wake-up, not one each.
     """
 
     def __init__(
@@ -162,19 +162,19 @@ def _next_tick(now: float, pace: float) -> float:
 
 
 class _Ticker:
-    """The multiples of one ``pace`` on trio's clock, for the paced streams of one run.
+    """The ticks of one pace (`_next_tick`), for the paced streams of one trio run.
 
-    A stream that waits for the next tick parks here; one of them (whichever came first)
-    holds the timer and wakes the others when it fires. A trio timer wakes its task by
-    cancelling a sleep, which costs far more CPU than being unparked: one timer per tick,
-    not one per stream, is most of what pacing saves. A holder cancelled before its tick
-    wakes the others, and the first of them holds the timer in its place.
+    The streams waiting for a tick (all want the same one: the next) park here, but the
+    first, which holds a timer and wakes the others when it fires: a trio timer wakes
+    its task by cancelling a sleep, which costs more CPU than being unparked, so one
+    timer per tick, not one per stream (docs/benchmarks.md has the measurement). A
+    holder cancelled before its tick wakes the others, and the first of them holds the
+    timer in its place.
     """
 
-    __slots__ = ("_held", "_lot", "_pace")
+    __slots__ = ("_held", "_lot")
 
-    def __init__(self, pace: float) -> None:
-        self._pace = pace
+    def __init__(self) -> None:
         self._lot = trio.lowlevel.ParkingLot()
         self._held = False
 
@@ -204,7 +204,7 @@ def _ticker(pace: float) -> _Ticker:
         _TICKERS.set(tickers)
     found = tickers.get(pace)
     if found is None:
-        found = tickers[pace] = _Ticker(pace)
+        found = tickers[pace] = _Ticker()
     return found
 
 
