@@ -2,6 +2,7 @@
 are written, prompt caching priced right.
 
     .venv/bin/python bench/realistic.py [--turns 10] [--reps 2] [--reference]
+    .venv/bin/python bench/realistic.py --cpu-only [--reps 5] [--profile FILE]
 
 What it does:
     1. starts the fake OpenAI server (`bench/fake_server.py`) in a process of its own;
@@ -22,7 +23,9 @@ What it does:
        what ``cache_control`` marks) at claude-sonnet-4-5's (3.00; 0.30 cache read,
        3.75 cache write), each with and without the cache;
     5. measures the engine's CPU per reply: 32 root replies through the provider,
-       streamed and whole, 16 at a time.
+       streamed and whole, 16 at a time (alone with ``--cpu-only``: streamed and whole
+       in turn, ``--reps`` times, then the medians; ``--profile FILE`` writes a
+       cProfile of the streamed replies' CPU there).
 
 Run by hand, never by the test suite. Prints a Markdown report (docs/benchmarks.md).
 """
@@ -30,6 +33,7 @@ Run by hand, never by the test suite. Prints a Markdown report (docs/benchmarks.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
 import platform
@@ -188,8 +192,11 @@ def _anthropic_input(usage: Usage) -> Usage:
     )
 
 
-async def _replies(base_url: str, key: str, stream: bool, n: int, width: int) -> float:
-    """CPU seconds for ``n`` root replies, ``width`` at a time, streamed or whole."""
+async def _replies(
+    base_url: str, key: str, stream: bool, n: int, width: int, profile: Any = None
+) -> float:
+    """CPU seconds for ``n`` root replies, ``width`` at a time, streamed or whole (with
+    ``profile``, a ``cProfile.Profile``, enabled over the counted waves)."""
     provider = OpenAIProvider(
         backend="vllm", model_name=key, base_url=base_url, max_concurrent=width, stream=stream
     )
@@ -210,10 +217,14 @@ async def _replies(base_url: str, key: str, stream: bool, n: int, width: int) ->
                 nursery.start_soon(one, i)
 
     await wave(0)  # a warm-up wave, not counted
+    if profile is not None:
+        profile.enable()
     cpu0 = time.process_time()
     for first in range(0, n, width):
         await wave(first)
     cpu = time.process_time() - cpu0
+    if profile is not None:
+        profile.disable()
     await provider.aclose()
     return cpu / n
 
@@ -287,13 +298,40 @@ def report(
     return "\n".join(lines)
 
 
+def cpu_only(key: str, reps: int, profile_to: str | None) -> None:
+    """The CPU per reply alone: streamed and whole in turn, ``reps`` times (the machine
+    is shared and noisy: alternating keeps both under the same load)."""
+    profile = cProfile.Profile(time.process_time) if profile_to else None
+    figures: dict[str, list[float]] = {"stream": [], "whole": []}
+    with Server() as server:
+        for _ in range(reps):
+            for stream in (True, False):
+                watched = profile if stream else None
+                cpu = trio.run(_replies, server.base_url, key, stream, 32, 16, watched)
+                figures["stream" if stream else "whole"].append(cpu)
+                print(json.dumps({"stream": stream, "cpu_ms": round(cpu * 1000, 3)}), flush=True)
+    if profile is not None and profile_to:
+        profile.dump_stats(profile_to)
+    on, off = statistics.median(figures["stream"]), statistics.median(figures["whole"])
+    print(f"machine: {machine()}")
+    print(
+        f"Engine CPU per root reply (32 replies, 16 at a time, median of {reps}): "
+        f"streamed {on * 1000:.2f} ms, whole {off * 1000:.2f} ms ({on / off:.2f}x)."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--reference", action="store_true", help="also run the reference")
+    parser.add_argument("--cpu-only", action="store_true", help="only the CPU per reply")
+    parser.add_argument("--profile", metavar="FILE", help="with --cpu-only: a cProfile")
     args = parser.parse_args()
     key = f"realistic:{args.turns}"
+    if args.cpu_only:
+        cpu_only(key, args.reps, args.profile)
+        return
     rows: list[dict[str, Any]] = []
     print(f"machine: {machine()}", flush=True)
     with Server() as server:

@@ -103,8 +103,11 @@ class _ResponseStream(httpx.AsyncByteStream):
     """The body of one response; hands its connection back when read to the end.
 
     Each piece it yields is everything one read of the socket brought (the HTTP chunks
-    in it joined), and with ``pace`` (seconds) it reads the socket at most that often:
-    a streamed reply's tokens that came meanwhile then cost one wake-up, not one each.
+    in it joined), and with ``pace`` (seconds) it reads the socket at most once a
+    ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
+    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`_next_tick`),
+    the same instants for every stream of the run, and one timer wakes them all
+    (`_Ticker`): streams read at once cost the run loop one wake-up, not one each.
     """
 
     def __init__(
@@ -121,7 +124,7 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._closed = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, read_at = self._conn, -math.inf
+        conn, pace, next_read = self._conn, self._pace, -math.inf
         pending: list[bytes] = []
         while True:
             try:
@@ -132,10 +135,10 @@ class _ResponseStream(httpx.AsyncByteStream):
                 if pending:
                     yield b"".join(pending)
                     pending = []
-                if self._pace:
-                    await trio.sleep_until(read_at + self._pace)
+                if pace and trio.current_time() < next_read:
+                    await _ticker(pace).wait_until(next_read)
                 event = await self._transport._next_event(conn, self._timeout)
-                read_at = trio.current_time() if self._pace else read_at
+                next_read = _next_tick(trio.current_time(), pace) if pace else next_read
             if isinstance(event, h11.Data):
                 pending.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -149,6 +152,60 @@ class _ResponseStream(httpx.AsyncByteStream):
         if not self._closed:
             self._closed = True
             await self._transport._release(self._conn)
+
+
+def _next_tick(now: float, pace: float) -> float:
+    """The first multiple of ``pace`` after ``now``: when a paced stream reads next.
+    (A millionth of a pace added first: a float ``now`` a rounding error short of a
+    multiple is on it, not a rounding error before its own next tick.)"""
+    return ((now + pace * 1e-6) // pace + 1) * pace
+
+
+class _Ticker:
+    """The ticks of one pace (`_next_tick`), for the paced streams of one trio run.
+
+    The streams waiting for a tick (all want the same one: the next) park here, but the
+    first, which holds a timer and wakes the others when it fires: a trio timer wakes
+    its task by cancelling a sleep, which costs more CPU than being unparked, so one
+    timer per tick, not one per stream (docs/benchmarks.md has the measurement). A
+    holder cancelled before its tick wakes the others, and the first of them holds the
+    timer in its place.
+    """
+
+    __slots__ = ("_held", "_lot")
+
+    def __init__(self) -> None:
+        self._lot = trio.lowlevel.ParkingLot()
+        self._held = False
+
+    async def wait_until(self, tick: float) -> None:
+        """Until ``tick`` (a multiple of the pace, `_next_tick`)."""
+        while trio.current_time() < tick:
+            if self._held:
+                await self._lot.park()
+                continue
+            self._held = True
+            try:
+                await trio.sleep_until(tick)
+            finally:
+                self._held = False
+                self._lot.unpark_all()
+
+
+_TICKERS: trio.lowlevel.RunVar[dict[float, _Ticker]] = trio.lowlevel.RunVar("rlm_graph_tickers")
+
+
+def _ticker(pace: float) -> _Ticker:
+    """This trio run's ticker for ``pace`` (shared by every transport of the run)."""
+    try:
+        tickers = _TICKERS.get()
+    except LookupError:
+        tickers = {}
+        _TICKERS.set(tickers)
+    found = tickers.get(pace)
+    if found is None:
+        found = tickers[pace] = _Ticker()
+    return found
 
 
 class LeanTransport(httpx.AsyncBaseTransport):

@@ -1,0 +1,100 @@
+"""A streamed body read at a pace: several streams read together, on the same ticks.
+
+The lean transport's responses are read here over in-memory streams (no sockets), so
+trio's MockClock can jump: the instants the tests see are exactly the reads' instants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+
+import h11
+import trio
+import trio.testing
+
+from rlm_graph._http.transport import LeanTransport, _Connection, _ResponseStream
+
+PACE = 0.1
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+async def _serve(stream: trio.abc.Stream, start: float, gap: float, count: int) -> None:
+    """An answer whose body comes a chunk every ``gap`` seconds after ``start``."""
+    await trio.sleep(start)
+    await stream.send_all(HEAD)
+    for i in range(count):
+        await stream.send_all(b"%x\r\n%s\r\n" % (len(b"%d;" % i), b"%d;" % i))
+        await trio.sleep(gap)
+    await stream.send_all(b"0\r\n\r\n")
+
+
+async def _read(transport: LeanTransport, stream: trio.abc.Stream) -> list[tuple[float, bytes]]:
+    """The body of the answer on ``stream``: each piece with the instant it was read."""
+    conn = _Connection(stream, ("http", "example.test", 80))
+    conn.h11.send(h11.Request(method="POST", target="/", headers=[("Host", "example.test")]))
+    conn.h11.send(h11.EndOfMessage())
+    assert isinstance(await transport._next_event(conn, None), h11.Response)
+    body = _ResponseStream(transport, conn, None, PACE)
+    async with contextlib.aclosing(body.__aiter__()) as chunks:
+        pieces = [(trio.current_time(), piece) async for piece in chunks]
+    await body.aclose()
+    return pieces
+
+
+async def test_concurrent_streams_read_on_shared_ticks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    transport = LeanTransport()
+    reads: dict[int, list[tuple[float, bytes]]] = {}
+
+    async def one(i: int) -> None:
+        client, server = trio.testing.memory_stream_pair()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_serve, server, 0.007 * i, 0.02, 40)
+            reads[i] = await _read(transport, client)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(8):
+            nursery.start_soon(one, i)
+
+    for pieces in reads.values():  # every byte, in order
+        assert b"".join(p for _, p in pieces) == b"".join(b"%d;" % n for n in range(40))
+    later = [[t for t, _ in pieces[1:]] for pieces in reads.values()]
+    instants = {t for times in later for t in times}
+    # After its first read, each stream reads on the multiples of the pace (there is
+    # always something new by then): the eight streams share one instant per pace,
+    # 0.1 s to 0.9 s, where each reading on its own would make eight times as many.
+    assert all(math.isclose(t / PACE, round(t / PACE)) for t in instants)
+    assert len(instants) <= 9
+    assert all(b - a >= PACE * 0.999 for times in later for a, b in itertools.pairwise(times))
+
+
+async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    transport = LeanTransport()
+    pairs = [trio.testing.memory_stream_pair() for _ in range(3)]
+    first = trio.CancelScope()  # the first stream to wait holds the ticks' timer
+    kept: list[list[tuple[float, bytes]]] = []
+
+    async def reader(i: int) -> None:
+        with first if i == 0 else trio.CancelScope():
+            pieces = await _read(transport, pairs[i][0])
+            kept.append(pieces)
+
+    with trio.fail_after(5):  # virtual seconds: a stranded stream would wait forever
+        async with trio.open_nursery() as nursery:
+            for i, (_, server) in enumerate(pairs):
+                nursery.start_soon(_serve, server, 0.0, 0.02, 20)
+                nursery.start_soon(reader, i)
+                await trio.sleep(0)
+            await trio.sleep(0.05)
+            first.cancel()
+    assert first.cancelled_caught and len(kept) == 2
+    for pieces in kept:
+        assert b"".join(p for _, p in pieces) == b"".join(b"%d;" % n for n in range(20))
+        times = [t for t, _ in pieces[1:]]
+        assert all(math.isclose(t / PACE, round(t / PACE)) for t in times)
+        assert times[-1] <= 20 * 0.02 + PACE  # read to its end within a pace of it
