@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
+import trio
+
 from ..contracts import ChatResponse, TextSink
 from ..errors import BadResponse
 
@@ -75,23 +77,31 @@ async def read_events(
 
     The body is always read to its end, even past an event that fails the attempt:
     leaving its (async generator) iterators half-way would leave them to the garbage
-    collector. A server closes the stream after such an event anyway.
+    collector. A server closes the stream after such an event anyway. Stopped between
+    two chunks (a Ctrl-C in the parse), the iterator is closed here for the same reason:
+    collected after its trio run has ended, it could not be finalized.
 
     Raises:
         BadResponse: an event failed the attempt, or the stream ended early.
     """
     decoder = SSEDecoder()
     failed: BadResponse | None = None
-    async for chunk in chunks:
-        heard()
-        if failed is None:
-            try:  # one piece of text per read: the sink's work is per read, not per token
-                text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
-            except BadResponse as exc:
-                failed = exc
-            else:
-                if tracker.feed(text):
-                    halt()
+    try:
+        async for chunk in chunks:
+            heard()
+            if failed is None:
+                try:  # one piece of text per read: the sink's work is per read, not per token
+                    text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
+                except BadResponse as exc:
+                    failed = exc
+                else:
+                    if tracker.feed(text):
+                        halt()
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            with trio.CancelScope(shield=True):
+                await close()
     if failed is not None:
         raise failed
     return parser.result()

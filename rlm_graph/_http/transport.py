@@ -123,35 +123,62 @@ class _ResponseStream(httpx.AsyncByteStream):
         self._pace = pace
         self._closed = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, pace, next_read = self._conn, self._pace, -math.inf
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _BodyReader(self)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._transport._release(self._conn)
+
+
+class _BodyReader:
+    """The pieces of one `_ResponseStream`, read as its docstring says. A plain object,
+    not an async generator: one left half-way (a stream cancelled or interrupted between
+    two pieces) leaves nothing for the garbage collector to finalize on a trio run that
+    may have ended by then."""
+
+    __slots__ = ("_done", "_next_read", "_stream")
+
+    def __init__(self, stream: _ResponseStream) -> None:
+        self._stream = stream
+        self._next_read = -math.inf
+        self._done = False
+
+    def __aiter__(self) -> _BodyReader:
+        return self
+
+    async def aclose(self) -> None:
+        """Read no more (the stream's own `_ResponseStream.aclose` hands the connection
+        back)."""
+        self._done = True
+
+    async def __anext__(self) -> bytes:
+        stream = self._stream
+        conn, pace = stream._conn, stream._pace
         pending: list[bytes] = []
-        while True:
+        while not self._done:
             try:
                 event = conn.h11.next_event()
             except h11.RemoteProtocolError as exc:
                 raise httpx.RemoteProtocolError(str(exc)) from exc
             if event is h11.NEED_DATA:
                 if pending:
-                    yield b"".join(pending)
-                    pending = []
-                if pace and trio.current_time() < next_read:
-                    await _ticker(pace).wait_until(next_read)
-                event = await self._transport._next_event(conn, self._timeout)
-                next_read = _next_tick(trio.current_time(), pace) if pace else next_read
+                    return b"".join(pending)
+                if pace and trio.current_time() < self._next_read:
+                    await _ticker(pace).wait_until(self._next_read)
+                event = await stream._transport._next_event(conn, stream._timeout)
+                if pace:
+                    self._next_read = _next_tick(trio.current_time(), pace)
             if isinstance(event, h11.Data):
                 pending.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
-                if pending:
-                    yield b"".join(pending)
-                return
+                self._done = True
             elif isinstance(event, h11.ConnectionClosed):
                 raise httpx.RemoteProtocolError("the server closed the connection mid-response")
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._transport._release(self._conn)
+        if pending:
+            return b"".join(pending)
+        raise StopAsyncIteration
 
 
 def _next_tick(now: float, pace: float) -> float:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+from collections.abc import AsyncIterator
 
 import h11
+import pytest
 import trio
 import trio.testing
 
@@ -98,3 +100,40 @@ async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
         times = [t for t, _ in pieces[1:]]
         assert all(math.isclose(t / PACE, round(t / PACE)) for t in times)
         assert times[-1] <= 20 * 0.02 + PACE  # read to its end within a pace of it
+
+
+async def test_reading_events_closes_the_body_when_stopped_between_chunks() -> None:
+    # A Ctrl-C (SIGTERM, SIGHUP) in the parse leaves the body's iterators half-way, held
+    # by the interrupt's traceback: collected after the run has ended, an async generator
+    # could no longer be finalized ("Exception ignored in: <async_generator ...>" on the
+    # way out of `rlm-graph run`). read_events closes the body before the error leaves.
+    from rlm_graph._http.streaming import read_events
+    from rlm_graph.contracts import ChatResponse
+
+    closed: list[bool] = []
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            yield b"data: 1\n\n"
+            yield b"data: 2\n\n"
+        finally:
+            closed.append(True)
+
+    class Stop(Exception):
+        pass
+
+    class Parser:
+        def feed(self, event: str, data: str) -> str:
+            raise Stop  # as a Ctrl-C in the parse would
+
+        def result(self) -> ChatResponse:
+            raise AssertionError("not reached")
+
+    class Tracker:
+        def feed(self, text: str) -> bool:
+            return False
+
+    chunks = body()
+    with pytest.raises(Stop):
+        await read_events(chunks, Parser(), Tracker(), lambda: None, lambda: None)
+    assert closed == [True]  # closed before the error left read_events
