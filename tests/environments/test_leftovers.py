@@ -20,7 +20,7 @@ from tests.support.guests import processes_running
 pytestmark = pytest.mark.processes
 
 ENGINE = """
-import os, sys, time
+import os, sys, tempfile, time
 from rlm_graph import RLM
 from tests.support.scripts import repl, root_and_sub
 
@@ -80,7 +80,7 @@ def test_a_session_never_closed_and_a_stream_abandoned_leave_nothing_at_exit() -
         for event in stream:
             if event.type == "node_started" and event.kind == "repl_block":
                 break
-        print(len([n for n in os.listdir("/tmp") if n.startswith(f"rlm-graph-{{os.getpid()}}-")]))
+        print(len([n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"rlm-graph-{{os.getpid()}}-")]))
         # and exit without closing either
         """
     )
