@@ -58,7 +58,11 @@ def test_model_tables_from_two_plugins_merge_field_by_field() -> None:
         ({"other_backends": "scripted"}, "other_backends must be a list"),
         ({"max_depth": "2"}, "max_depth"),
         ({"max_iterations": True}, "max_iterations"),
-        ({"environment_kwargs": {"bogus": 1}}, "does not take environment_kwargs \\['bogus'\\]"),
+        (
+            {"environment_kwargs": {"bogus": 1}},
+            "does not take environment_kwargs \\['bogus'\\]; it takes timeout, scratch_dir, "
+            "output_cap, stop_grace, subcalls",
+        ),
         ({"environment_kwargs": {"timeout": -1}}, "timeout must be a positive"),
         (
             {"environment": "subprocess", "environment_kwargs": {"memory_limit_mb": "lots"}},
