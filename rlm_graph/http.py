@@ -25,7 +25,9 @@ See docs/writing-a-provider.md. This module is the stable surface: plugins (ours
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ._http.attempts import (
     note_rate_headers as note_rate_headers,
@@ -88,6 +90,7 @@ __all__ = [
     "Usage",
     "content_text",
     "estimate_tokens",
+    "event_object",
     "is_context_length_error",
     "note_rate_headers",
     "note_retry",
@@ -98,6 +101,31 @@ __all__ = [
     "token_count",
     "wait_before_retry",
 ]
+
+
+_DECODE = json.JSONDecoder().raw_decode
+
+
+def event_object(data: str) -> dict[str, Any] | None:
+    """A streamed event's ``data`` as the JSON object an API's events are, else None.
+
+    For a `StreamParser`'s ``feed``, called once per token of a streamed reply: it is
+    ``json.loads`` less the work a ``feed`` does not need (about a third of its CPU on
+    an event of a few hundred bytes).
+
+    Args:
+        data: the event's ``data`` field.
+
+    Returns:
+        The object; None when ``data`` is not JSON, or is JSON but not an object.
+    """
+    try:
+        value, end = _DECODE(data)
+    except ValueError:
+        return None
+    if end != len(data) and not data[end:].isspace():
+        return None
+    return value if type(value) is dict else None
 
 
 def token_count(value: object) -> int:

@@ -38,6 +38,7 @@ from rlm_graph.http import (
     StreamParser,
     Usage,
     estimate_tokens,
+    event_object,
     resolve_key,
     token_count,
 )
@@ -281,16 +282,13 @@ class _MessageStream:
         return BadResponse(f"anthropic: {self._url} {what}", provider="anthropic", retryable=True)
 
     def feed(self, event: str, data: str) -> str:
-        try:
-            message = json.loads(data)
-        except ValueError:
-            raise self._bad(f"streamed an event that is not JSON ({data[:80]!r})") from None
-        if not isinstance(message, Mapping):
-            raise self._bad("streamed an event that is not an object")
+        message = event_object(data)
+        if message is None:
+            raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
         kind = message.get("type", event)
         if kind == "content_block_delta":
             delta = message.get("delta")
-            if isinstance(delta, Mapping) and delta.get("type") == "text_delta":
+            if type(delta) is dict and delta.get("type") == "text_delta":
                 text = str(delta.get("text", ""))
                 self._parts.append(text)
                 return text

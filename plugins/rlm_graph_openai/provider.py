@@ -19,7 +19,6 @@ through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ from rlm_graph.http import (
     StreamParser,
     Usage,
     content_text,
+    event_object,
     resolve_key,
     token_count,
 )
@@ -215,28 +215,31 @@ class _ChunkStream:
         if data == "[DONE]":
             self.finished = True
             return ""
-        try:
-            chunk = json.loads(data)
-        except ValueError:
-            raise self._bad(f"streamed an event that is not JSON ({data[:80]!r})") from None
-        if not isinstance(chunk, Mapping):
-            raise self._bad("streamed an event that is not an object")
+        chunk = event_object(data)
+        if chunk is None:
+            raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
         if chunk.get("error"):
             error = chunk["error"]
-            said = error.get("message") if isinstance(error, Mapping) else error
+            said = error.get("message") if type(error) is dict else error
             raise self._bad(f"failed mid-stream: {str(said)[:300]}")
-        if isinstance(chunk.get("usage"), Mapping):
-            self._usage, self._cost = _usage(chunk["usage"]), _cost(chunk["usage"])
-        if chunk.get("model"):
-            self._model = str(chunk["model"])
+        usage = chunk.get("usage")
+        if usage and type(usage) is dict:
+            self._usage, self._cost = _usage(usage), _cost(usage)
+        model = chunk.get("model")
+        if model:
+            self._model = model if type(model) is str else str(model)
         choices = chunk.get("choices")
-        if not choices or not isinstance(choices, list) or not isinstance(choices[0], Mapping):
+        if not choices or type(choices) is not list or type(choices[0]) is not dict:
             return ""
         choice = choices[0]
         if choice.get("finish_reason"):
             self._finish = str(choice["finish_reason"])
         delta = choice.get("delta")
-        text = content_text(delta.get("content")) if isinstance(delta, Mapping) else None
+        if type(delta) is not dict:
+            return ""
+        text = delta.get("content")
+        if type(text) is not str:
+            text = content_text(text)
         if text:
             self._parts.append(text)
             return text

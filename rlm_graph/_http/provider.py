@@ -112,7 +112,7 @@ class JSONProvider:
         headers: extra headers sent with every request.
         extra_body: body fields sent with every request (a request's ``extra`` wins).
         http_transport: ``"lean"`` (the default: `rlm_graph._http.transport.LeanTransport`,
-            trio streams and h11; about half the CPU per call of httpx's pool and no
+            trio streams and `rlm_graph._http.wire`; about half the CPU per call of httpx's pool and no
             slowdown with many connections, see docs/benchmarks.md) or ``"httpx"``
             (httpx's own pool). Either way httpx is the client API; with a proxy
             configured, httpx's pool is used, since the lean transport has no proxy

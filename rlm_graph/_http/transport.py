@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 transport for httpx over trio streams and h11.
+"""A lean HTTP/1.1 transport for httpx over trio streams (the wire format: `wire`).
 
 httpx stays the API (requests, responses, timeouts, errors); this replaces only the
 connection pool under it, which on a 2-core machine is most of a sub-call's engine cost
@@ -7,8 +7,9 @@ connection pool under it, which on a 2-core machine is most of a sub-call's engi
 What it does:
     - HTTP/1.1 with keep-alive: a connection goes back to its origin's idle list once a
       response was read to the end, and is reused (newest first);
-    - request bodies of known length or streamed (h11 picks ``Content-Length`` or chunked);
-      response bodies of any framing h11 reads (``Content-Length``, chunked, until close);
+    - request bodies of known length or streamed (read whole, sent with
+      ``Content-Length``); response bodies framed by ``Content-Length``, chunked, or
+      the connection's close (`wire.Response`, which also says what is refused);
     - connection loss: an idle connection the server closed is dropped before use (a
       ``poll`` of the socket before every reuse); a request is never sent twice. When
       the connection fails while the request is being written, it provably never reached
@@ -42,9 +43,10 @@ from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
-import h11
 import httpx
 import trio
+
+from . import wire
 
 __all__ = [
     "PACE",
@@ -76,14 +78,14 @@ class RequestNotSent(httpx.WriteError):
 
 
 class _Connection:
-    """One socket (or TLS stream) and its h11 state machine."""
+    """One socket (or TLS stream), and the response being read on it."""
 
-    __slots__ = ("h11", "idle_since", "origin", "stream")
+    __slots__ = ("idle_since", "origin", "response", "stream")
 
     def __init__(self, stream: trio.abc.Stream, origin: Origin) -> None:
         self.stream = stream
         self.origin = origin
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.response: wire.Response | None = None
         self.idle_since = 0.0
 
     def looks_alive(self) -> bool:
@@ -156,28 +158,24 @@ class _BodyReader:
     async def __anext__(self) -> bytes:
         stream = self._stream
         conn, pace = stream._conn, stream._pace
-        pending: list[bytes] = []
+        response = conn.response
+        assert response is not None
         while not self._done:
             try:
-                event = conn.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc)) from exc
-            if event is h11.NEED_DATA:
-                if pending:
-                    return b"".join(pending)
-                if pace and trio.current_time() < self._next_read:
-                    await _ticker(pace).wait_until(self._next_read)
-                event = await stream._transport._next_event(conn, stream._timeout)
-                if pace:
-                    self._next_read = _next_tick(trio.current_time(), pace)
-            if isinstance(event, h11.Data):
-                pending.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
+                pieces = response.body()
+            except wire.ProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from None
+            if response.done:
                 self._done = True
-            elif isinstance(event, h11.ConnectionClosed):
-                raise httpx.RemoteProtocolError("the server closed the connection mid-response")
-        if pending:
-            return b"".join(pending)
+            if pieces:
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self._done:
+                break
+            if pace and trio.current_time() < self._next_read:
+                await _ticker(pace).wait_until(self._next_read)
+            await stream._transport._receive(conn, stream._timeout)
+            if pace:
+                self._next_read = _next_tick(trio.current_time(), pace)
         raise StopAsyncIteration
 
 
@@ -325,9 +323,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _release(self, conn: _Connection) -> None:
         """Back to the idle list when reusable, else closed; frees the request's slot."""
         try:
-            h = conn.h11
-            if h.our_state is h11.DONE and h.their_state is h11.DONE and not self._closed:
-                h.start_next_cycle()
+            response, conn.response = conn.response, None
+            if response is not None and response.reusable and not self._closed:
                 conn.idle_since = time.monotonic()
                 self._idle.setdefault(conn.origin, []).append(conn)
             else:
@@ -362,14 +359,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         body: bytes,
         timeouts: dict[str, float | None],
     ) -> httpx.Response:
-        headers = [(k, v) for k, v in request.headers.raw]
-        if body and not any(k.lower() == b"content-length" for k, _ in headers):
-            headers.append((b"Content-Length", str(len(body)).encode()))
-        target = request.url.raw_path
-        out = conn.h11.send(h11.Request(method=request.method, target=target, headers=headers))
-        if body:
-            out += conn.h11.send(h11.Data(data=body))
-        out += conn.h11.send(h11.EndOfMessage())
+        out = _request_bytes(request, body)
         with _timeout(timeouts.get("write"), httpx.WriteTimeout, "sending the request"):
             try:
                 await conn.stream.send_all(out)
@@ -380,36 +370,35 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     f"the connection failed while sending the request ({exc or type(exc).__name__})"
                 ) from None
         read_timeout = timeouts.get("read")
-        event = await self._next_event(conn, read_timeout)
-        while isinstance(event, h11.InformationalResponse):
-            event = await self._next_event(conn, read_timeout)
-        if not isinstance(event, h11.Response):  # closed before (or after a 1xx) answer
-            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        response = conn.response = wire.Response(head_request=request.method == "HEAD")
+        while not _head(response):
+            if not await self._receive(conn, read_timeout):
+                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return httpx.Response(
-            status_code=event.status_code,
-            headers=list(event.headers),
+            status_code=response.status,
+            headers=response.headers,
             stream=_ResponseStream(self, conn, read_timeout, request.extensions.get(PACE, 0.0)),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": bytes(event.reason)},
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
 
-    async def _next_event(self, conn: _Connection, timeout: float | None) -> Any:
-        while True:
+    async def _receive(self, conn: _Connection, timeout: float | None) -> int:
+        """One read of the socket into the response being read; how many bytes came (0:
+        the server closed the connection, which ends a body read until close)."""
+        with _timeout(timeout, httpx.ReadTimeout, "waiting for the response"):
             try:
-                event = conn.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc)) from exc
-            if event is not h11.NEED_DATA:
-                return event
-            with _timeout(timeout, httpx.ReadTimeout, "waiting for the response"):
-                try:
-                    data = await conn.stream.receive_some(_READ_SIZE)
-                except _CONNECTION_ERRORS as exc:
-                    raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
-            if not data and conn.h11.their_state is h11.SEND_RESPONSE:
-                # Closed before the answer began (or after a 1xx): h11 would call it an
-                # unexpected event; say what happened.
-                raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
-            conn.h11.receive_data(bytes(data))
+                data = await conn.stream.receive_some(_READ_SIZE)
+            except _CONNECTION_ERRORS as exc:
+                raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        response = conn.response
+        assert response is not None
+        if data:
+            response.feed(data if type(data) is bytes else bytes(data))
+        elif _head(response):  # within a body: its end, if read until close
+            try:
+                response.closed()
+            except wire.ProtocolError as exc:
+                raise httpx.RemoteProtocolError(str(exc)) from None
+        return len(data)
 
     async def aclose(self) -> None:
         self._closed = True
@@ -417,6 +406,29 @@ class LeanTransport(httpx.AsyncBaseTransport):
             for conn in conns:
                 await conn.aclose()
         self._idle.clear()
+
+
+def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
+    """``request`` on the wire, its (read) body framed by ``Content-Length``."""
+    headers = [
+        (k, v)
+        for k, v in request.headers.raw
+        if k.lower() not in (b"content-length", b"transfer-encoding")
+    ]
+    if body or request.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        headers.append((b"Content-Length", str(len(body)).encode()))
+    try:
+        return wire.request_bytes(request.method.encode(), request.url.raw_path, headers, body)
+    except ValueError as exc:
+        raise httpx.LocalProtocolError(str(exc)) from None
+
+
+def _head(response: wire.Response) -> bool:
+    """`wire.Response.head`, its refusals as httpx's."""
+    try:
+        return response.head()
+    except wire.ProtocolError as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from None
 
 
 class _timeout:

@@ -1,8 +1,9 @@
-"""The lean httpx transport over trio streams and h11: keep-alive, chunked bodies,
+"""The lean httpx transport over trio streams: keep-alive, chunked bodies,
 connection loss and reuse, the connection limit, TLS, and the proxy fallback."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
@@ -189,6 +190,49 @@ async def test_an_informational_answer_then_close_is_a_protocol_error() -> None:
         async with httpx.AsyncClient(transport=LeanTransport()) as client:
             with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
                 await client.post(f"http://127.0.0.1:{port}/", content=b"x")
+
+
+async def test_a_malformed_answer_is_refused_and_its_connection_never_reused() -> None:
+    """A server that frames its body wrongly (a chunk size with a sign): the error names
+    the problem, and the next request goes on a new connection, never after the bad
+    bytes."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\nok\r\n0\r\n\r\n"
+            )
+        else:
+            await stream.send_all(_response(b"fine"))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError, match="not a valid chunk-size line"):
+                await client.get(f"http://127.0.0.1:{port}/")
+            assert (await client.get(f"http://127.0.0.1:{port}/")).text == "fine"
+    assert stats["connections"] == 2
+
+
+async def test_a_head_that_never_ends_is_cut_off() -> None:
+    """A server that sends header bytes forever: the transport stops reading at the
+    limit, with an error, instead of buffering all it is sent."""
+    sent = 0
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        nonlocal sent
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nX-Long: ")
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while sent < 64 * 1024 * 1024:
+                await stream.send_all(b"a" * 8192)
+                sent += 8192
+        return False
+
+    async with raw_server(handler) as (port, _):
+        async with httpx.AsyncClient(transport=LeanTransport()) as client:
+            with pytest.raises(httpx.RemoteProtocolError, match="head is over 65536 bytes"):
+                await client.get(f"http://127.0.0.1:{port}/")
+    assert sent < 8 * 1024 * 1024  # cut off long before the server was done
 
 
 async def test_the_provider_s_direct_path_has_a_read_timeout() -> None:

@@ -11,11 +11,11 @@ import itertools
 import math
 from collections.abc import AsyncIterator
 
-import h11
 import pytest
 import trio
 import trio.testing
 
+from rlm_graph._http import wire
 from rlm_graph._http.transport import LeanTransport, _Connection, _ResponseStream
 
 PACE = 0.1
@@ -35,9 +35,9 @@ async def _serve(stream: trio.abc.Stream, start: float, gap: float, count: int) 
 async def _read(transport: LeanTransport, stream: trio.abc.Stream) -> list[tuple[float, bytes]]:
     """The body of the answer on ``stream``: each piece with the instant it was read."""
     conn = _Connection(stream, ("http", "example.test", 80))
-    conn.h11.send(h11.Request(method="POST", target="/", headers=[("Host", "example.test")]))
-    conn.h11.send(h11.EndOfMessage())
-    assert isinstance(await transport._next_event(conn, None), h11.Response)
+    response = conn.response = wire.Response()
+    while not response.head():
+        assert await transport._receive(conn, None), "the server closed before its answer"
     body = _ResponseStream(transport, conn, None, PACE)
     async with contextlib.aclosing(body.__aiter__()) as chunks:
         pieces = [(trio.current_time(), piece) async for piece in chunks]
