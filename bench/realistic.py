@@ -25,7 +25,8 @@ What it does:
     5. measures the engine's CPU per reply: 32 root replies through the provider,
        streamed and whole, 16 at a time (alone with ``--cpu-only``: streamed and whole
        in turn, ``--reps`` times, then the medians; ``--profile FILE`` writes a
-       cProfile of the streamed replies' CPU there).
+       cProfile of the streamed replies' CPU there), and the floor under a streamed
+       reply's CPU: 16 tasks waking on the ticks a reply is read at, nothing read.
 
 Run by hand, never by the test suite. Prints a Markdown report (docs/benchmarks.md).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import math
 import os
 import platform
 import statistics
@@ -53,7 +55,9 @@ import scenarios  # noqa: E402 - from this folder, on the path above
 from run import REF_PYTHON, Server, ensure_reference_venv  # noqa: E402
 
 from rlm_graph import RLM, NodeKind  # noqa: E402
+from rlm_graph._http.transport import _next_tick, _ticker  # noqa: E402 - the floor's ticks
 from rlm_graph.contracts import ChatRequest, Message, ModelInfo, Usage  # noqa: E402
+from rlm_graph.http import JSONProvider  # noqa: E402
 from rlm_graph.testing import FakeAnthropicServer  # noqa: E402
 from rlm_graph_openai import OpenAIProvider  # noqa: E402
 
@@ -229,6 +233,26 @@ async def _replies(
     return cpu / n
 
 
+async def _ticks_alone(ticks: int, width: int) -> float:
+    """CPU seconds a stream for ``width`` tasks that wake on the same ``ticks`` instants
+    a paced stream reads at, the transport's shared ticks, with nothing to read or
+    parse: the floor under a streamed reply's CPU on this machine (its wake-ups)."""
+    pace = JSONProvider.stream_interval
+
+    async def one() -> None:
+        tick = -math.inf
+        for _ in range(ticks):
+            if trio.current_time() < tick:
+                await _ticker(pace).wait_until(tick)
+            tick = _next_tick(trio.current_time(), pace)
+
+    cpu0 = time.process_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(width):
+            nursery.start_soon(one)
+    return (time.process_time() - cpu0) / width
+
+
 def machine() -> str:
     cpu = "unknown CPU"
     try:
@@ -313,10 +337,20 @@ def cpu_only(key: str, reps: int, profile_to: str | None) -> None:
     if profile is not None and profile_to:
         profile.dump_stats(profile_to)
     on, off = statistics.median(figures["stream"]), statistics.median(figures["whole"])
+    scenario = scenarios.get(key)
+    ticks = round(
+        scenarios.generation(scenario, scenario.root_turns[0])[1] / JSONProvider.stream_interval
+    )
+    floor = statistics.median(trio.run(_ticks_alone, ticks, 16) for _ in range(reps))
     print(f"machine: {machine()}")
     print(
         f"Engine CPU per root reply (32 replies, 16 at a time, median of {reps}): "
         f"streamed {on * 1000:.2f} ms, whole {off * 1000:.2f} ms ({on / off:.2f}x)."
+    )
+    print(
+        f"The floor: 16 tasks waking on the {ticks} shared ticks a streamed reply is read "
+        f"at, with nothing to read: {floor * 1000:.2f} ms a task ({floor / off:.2f}x a "
+        "whole reply)."
     )
 
 

@@ -559,8 +559,12 @@ class JSONProvider:
                         tracker.feed(reply.content)
                         tracker.finish()
                         return reply
-                    encoded = "content-encoding" in response.headers
-                    chunks = response.aiter_bytes() if encoded else response.aiter_raw()
+                    if "content-encoding" in response.headers:
+                        chunks = response.aiter_bytes()
+                    elif loop.lean is not None:  # its reads as they are: no layer between
+                        chunks = aiter(response.stream)  # type: ignore[arg-type]
+                    else:
+                        chunks = response.aiter_raw()
 
                     def heard() -> None:  # a chunk came: the silence starts again
                         if timeout is not None:
