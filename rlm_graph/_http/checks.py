@@ -9,9 +9,10 @@ import httpx
 from pydantic import ValidationError
 
 from ..errors import ConfigError, config_error
+from . import wire
 from .retry import RetryPolicy
 
-__all__ = ["check_settings", "checked_base_url", "checked_policy"]
+__all__ = ["check_settings", "checked_base_url", "checked_policy", "wire_headers"]
 
 
 def check_settings(
@@ -64,3 +65,25 @@ def checked_policy(provider: str, **settings: Any) -> RetryPolicy:
         return RetryPolicy(jitter=0.25, **settings)
     except ValidationError as exc:
         raise config_error(provider, exc) from None
+
+
+def wire_headers(
+    provider: str, url: httpx.URL, headers: dict[str, str]
+) -> dict[bytes, tuple[bytes, bytes]]:
+    """``Host`` (from ``url``) and ``headers`` as they go on the wire, by lower-case name;
+    a `ConfigError` for a header the wire cannot carry (not ASCII, or a line break)."""
+    found = {b"host": (b"Host", url.netloc)}
+    for name, value in headers.items():
+        try:
+            encoded = (name.encode("ascii"), value.encode("ascii"))
+        except (AttributeError, UnicodeEncodeError):
+            raise ConfigError(
+                f"{provider}: header {name!r} must be ASCII text in its name and value"
+            ) from None
+        if not wire.is_token(encoded[0]) or any(c in encoded[1] for c in b"\r\n\0"):
+            raise ConfigError(
+                f"{provider}: header {name!r} is not a valid header (a name of letters, "
+                "digits and !#$%&'*+-.^_`|~; a value without line breaks)"
+            )
+        found[encoded[0].lower()] = encoded
+    return found

@@ -59,12 +59,11 @@ from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
 from .answers import AttemptFailed as _Retry, gave_up, read_json
 from .attempts import note_rate_headers, note_retry, wait_before_retry
-from .checks import check_settings, checked_base_url, checked_policy
+from .checks import check_settings, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
 from .streaming import DeltaTracker, StreamParser, read_events
 from .transport import (
-    PACE,
     LeanTransport,
     LoopClient as _LoopClient,
     RequestNotSent,
@@ -197,6 +196,7 @@ class JSONProvider:
             "Accept-Encoding": "gzip, deflate",
             **self._headers,
         }
+        self._wire_headers = wire_headers(self.name, self._url, self._default_headers)
         # Built now (configuration time), not on the first request of the first run.
         self._ssl_context = _shared_ssl_context()
 
@@ -437,16 +437,14 @@ class JSONProvider:
         inject(headers)
         return headers
 
-    def _lean_request(
-        self, content: bytes, headers: dict[str, str], timeouts: Any, pace: float = 0.0
-    ) -> Any:
-        return httpx.Request(
-            "POST",
-            self._url,
-            headers={**self._default_headers, **headers},
-            content=content,
-            extensions={"timeout": timeouts.as_dict(), PACE: pace},
-        )
+    def _lean_headers(self, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+        """The default headers with ``headers`` over them (by name, in any case), as
+        they go on the wire: the lean transport takes them as they are."""
+        merged = dict(self._wire_headers)
+        for name, value in headers.items():
+            encoded = name.encode("ascii")
+            merged[encoded.lower()] = (encoded, value.encode("ascii"))
+        return list(merged.values())
 
     async def _post(
         self, loop: _LoopClient, content: bytes, timeout: float | None
@@ -460,13 +458,12 @@ class JSONProvider:
         Either way the connect, write, read and pool timeouts are the attempt's deadline.
         """
         headers = self._send_headers(False)
-        timeouts = httpx.Timeout(timeout)
         if loop.lean is None:
             return await loop.client.post(
-                self.url, content=content, headers=headers, timeout=timeouts
+                self.url, content=content, headers=headers, timeout=httpx.Timeout(timeout)
             )
-        request = self._lean_request(content, headers, timeouts)
-        response = await loop.lean.handle_async_request(request)
+        # The attempt's one cancel scope (`_attempt`) is the deadline of every phase.
+        response = await loop.lean.exchange("POST", self._url, self._lean_headers(headers), content)
         try:
             await response.aread()
         finally:
@@ -486,8 +483,9 @@ class JSONProvider:
             ) as response:
                 yield response
             return
-        response = await loop.lean.handle_async_request(
-            self._lean_request(content, headers, timeouts, self.stream_interval)
+        # The attempt's stall scope (`_stream_attempt`) is the deadline of every phase.
+        response = await loop.lean.exchange(
+            "POST", self._url, self._lean_headers(headers), content, pace=self.stream_interval
         )
         try:
             yield response

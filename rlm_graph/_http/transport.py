@@ -40,7 +40,7 @@ import os
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -64,6 +64,7 @@ PACE = "rlm_graph.read_pace"
 
 Origin = tuple[str, str, int]
 _READ_SIZE = 64 * 1024
+_NO_TIMEOUTS: Mapping[str, float | None] = {}
 _POSIX = os.name == "posix"  # where a socket's descriptor reads with os.read
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
@@ -271,7 +272,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # hold no slot. Before a new connection is opened, idle ones are closed until
     # in-flight + idle stays within ``max_connections``.
 
-    async def _checkout(self, origin: Origin, timeouts: dict[str, float | None]) -> _Connection:
+    async def _checkout(self, origin: Origin, timeouts: Mapping[str, float | None]) -> _Connection:
         """A slot, then a live idle connection to ``origin`` or a new one."""
         with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
             await self._slots.acquire()
@@ -342,18 +343,51 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # -- one request --------------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
+        extensions = request.extensions
+        return await self.exchange(
+            request.method,
+            request.url,
+            request.headers.raw,
+            body,
+            extensions.get("timeout", {}),
+            extensions.get(PACE, 0.0),
+        )
+
+    async def exchange(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Mapping[str, float | None] = _NO_TIMEOUTS,
+        pace: float = 0.0,
+    ) -> httpx.Response:
+        """One request, without an ``httpx.Request`` (`handle_async_request` is this for
+        one): what a provider that holds its own deadline calls.
+
+        Args:
+            method: the request's method.
+            url: where it goes.
+            headers: its headers, ``Host`` included, as they go on the wire (the body
+                is framed here: any ``Content-Length`` or ``Transfer-Encoding`` given is
+                replaced).
+            body: the whole body.
+            timeouts: httpx's per-phase timeouts (``connect``, ``write``, ``read``,
+                ``pool``); none by default, for a caller whose own cancel scope is the
+                deadline.
+            pace: seconds between two reads of the body (`PACE`).
+        """
         if self._closed:
             raise RuntimeError("the transport is closed")
-        url = request.url
         scheme = url.scheme
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        timeouts: dict[str, float | None] = request.extensions.get("timeout", {})
-        body = b"".join([part async for part in request.stream])  # type: ignore[union-attr]
         conn = await self._checkout(origin, timeouts)
         try:
-            return await self._exchange(conn, request, body, timeouts)
+            out = _request_bytes(method, url, headers, body)
+            return await self._exchange(conn, method, out, timeouts, pace)
         except BaseException:
             await conn.aclose()
             self._slots.release()
@@ -362,11 +396,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _exchange(
         self,
         conn: _Connection,
-        request: httpx.Request,
-        body: bytes,
-        timeouts: dict[str, float | None],
+        method: str,
+        out: bytes,
+        timeouts: Mapping[str, float | None],
+        pace: float,
     ) -> httpx.Response:
-        out = _request_bytes(request, body)
         with _timeout(timeouts.get("write"), httpx.WriteTimeout, "sending the request"):
             try:
                 await conn.stream.send_all(out)
@@ -377,14 +411,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     f"the connection failed while sending the request ({exc or type(exc).__name__})"
                 ) from None
         read_timeout = timeouts.get("read")
-        response = conn.response = wire.Response(head_request=request.method == "HEAD")
+        response = conn.response = wire.Response(head_request=method == "HEAD")
         while not _head(response):
             if not await self._receive(conn, read_timeout):
                 raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(self, conn, read_timeout, request.extensions.get(PACE, 0.0)),
+            stream=_ResponseStream(self, conn, read_timeout, pace),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
 
@@ -438,19 +472,20 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._idle.clear()
 
 
-def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
-    """``request`` on the wire, its (read) body framed by ``Content-Length``."""
-    headers = [
-        (k, v)
-        for k, v in request.headers.raw
-        if k.lower() not in (b"content-length", b"transfer-encoding")
-    ]
-    if body or request.method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
-        headers.append((b"Content-Length", str(len(body)).encode()))
+def _request_bytes(
+    method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
+) -> bytes:
+    """A request on the wire, its (read) body framed by ``Content-Length``."""
+    framed = [(k, v) for k, v in headers if k.lower() not in _FRAMING]
+    if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        framed.append((b"Content-Length", str(len(body)).encode()))
     try:
-        return wire.request_bytes(request.method.encode(), request.url.raw_path, headers, body)
-    except ValueError as exc:
+        return wire.request_bytes(method.encode(), url.raw_path, framed, body)
+    except (ValueError, UnicodeEncodeError) as exc:
         raise httpx.LocalProtocolError(str(exc)) from None
+
+
+_FRAMING = (b"content-length", b"transfer-encoding")
 
 
 def _head(response: wire.Response) -> bool:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["MAX_CHUNK_LINE", "MAX_HEAD", "ProtocolError", "Response", "request_bytes"]
+__all__ = ["MAX_CHUNK_LINE", "MAX_HEAD", "ProtocolError", "Response", "is_token", "request_bytes"]
 
 MAX_HEAD = 64 * 1024
 """The most bytes a response's status line and headers (or a chunked body's trailers)
@@ -59,6 +59,11 @@ _HEAD, _LENGTH, _CHUNK_SIZE_LINE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLO
 
 class ProtocolError(Exception):
     """The server's bytes are not an HTTP/1.1 response (the message says where)."""
+
+
+def is_token(name: bytes) -> bool:
+    """Whether ``name`` may be a header's name (or a method): an RFC 9110 token."""
+    return _NAME.fullmatch(name) is not None
 
 
 def request_bytes(

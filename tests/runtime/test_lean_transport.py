@@ -19,6 +19,8 @@ import pytest
 import trio
 
 from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
+from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph.errors import ConfigError, ProviderTimeout
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph_openai import OpenAIProvider
 
@@ -235,22 +237,32 @@ async def test_a_head_that_never_ends_is_cut_off() -> None:
     assert sent < 8 * 1024 * 1024  # cut off long before the server was done
 
 
-async def test_the_provider_s_direct_path_has_a_read_timeout() -> None:
+async def test_the_provider_s_direct_path_has_a_deadline() -> None:
+    """The provider calls the lean transport without httpx's client (and so without its
+    per-phase timeouts): the attempt's own deadline still ends a silent server."""
+
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         await trio.sleep(5)
         return False
 
-    async with raw_server(handler) as (port, _):
+    async with raw_server(handler) as (port, stats):
         provider = OpenAIProvider(
-            backend="vllm", model_name="m", base_url=f"http://127.0.0.1:{port}"
+            backend="vllm",
+            model_name="m",
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=0.05,
+            max_timeouts=1,
+            stream=False,
         )
-        loop = provider._get_client()
-        assert loop.lean is not None  # the lean transport, called without the client
+        assert provider._get_client().lean is not None  # the direct path
+        request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
         try:
-            with pytest.raises(httpx.ReadTimeout):
-                await provider._post(loop, b"{}", 0.05)
+            with trio.fail_after(3):  # a hang fails here, not after the server's 5 s
+                with pytest.raises(ProviderTimeout, match="timed out"):
+                    await provider.complete(request)
         finally:
             await provider.aclose()
+    assert stats["requests"] == 1
 
 
 async def test_a_drop_mid_body_is_a_read_error_and_leaks_nothing() -> None:
@@ -418,3 +430,22 @@ async def test_a_provider_resends_a_request_not_sent_at_once_as_a_counted_attemp
     assert "vllm: 1 retry over 1 call: not sent x 1" in caplog.text
     assert "retrying in 0.00 s" in caplog.text
     assert stats["requests"] == 2 and stats["connections"] == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ({"X-Team": "a\r\nX-Injected: 1"}, "not a valid header"),
+        ({"X Team": "a"}, "not a valid header"),
+        ({"X-Team": "équipe"}, "must be ASCII"),
+    ],
+)
+def test_a_header_the_wire_cannot_carry_is_a_config_error(
+    headers: dict[str, str], says: str
+) -> None:
+    """Configured headers go on the wire as they are: one that would split the request
+    or cannot be encoded is refused when the provider is made, naming the header."""
+    with pytest.raises(ConfigError, match=says):
+        OpenAIProvider(
+            backend="vllm", model_name="m", base_url="http://127.0.0.1:9", headers=headers
+        )
