@@ -86,6 +86,13 @@ logger = logging.getLogger("rlm_graph.providers")
 TIMEOUT_GROWTH_CAP = 8.0
 
 
+_DEFAULT_HEADERS = {
+    "User-Agent": "rlm-graph",
+    "Accept": "application/json",
+    "Accept-Encoding": "gzip, deflate",
+}
+
+
 class JSONProvider:
     """A `Provider` that POSTs JSON to one endpoint over a shared ``httpx.AsyncClient``.
 
@@ -190,12 +197,7 @@ class JSONProvider:
         )
         self._clients_lock = threading.Lock()
         self._url = httpx.URL(self.url)
-        self._default_headers = {
-            "User-Agent": "rlm-graph",
-            "Accept": "application/json",
-            "Accept-Encoding": "gzip, deflate",
-            **self._headers,
-        }
+        self._default_headers = {**_DEFAULT_HEADERS, **self._headers}
         self._wire_headers = wire_headers(self.name, self._url, self._default_headers)
         # Built now (configuration time), not on the first request of the first run.
         self._ssl_context = _shared_ssl_context()
