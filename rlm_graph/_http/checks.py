@@ -21,9 +21,15 @@ def check_settings(
     max_concurrent: int | None,
     http_transport: str,
     timeout: float | None,
+    api_key: object = None,
 ) -> None:
-    """Refuse a missing model name, a concurrency below 1, an unknown transport or a
-    timeout that is not positive."""
+    """Refuse a missing model name, a concurrency below 1, an unknown transport, a
+    timeout that is not positive, or a key no header can carry (never quoting it)."""
+    if isinstance(api_key, str) and (not api_key.isascii() or any(c in api_key for c in "\r\n\0")):
+        raise ConfigError(
+            f"{provider}: the API key has a line break or a character that is not ASCII "
+            "(a key read from a file often ends with a newline: strip it)"
+        )
     if not model_name or not isinstance(model_name, str):
         raise ConfigError(f"{provider}: no model name; pass backend_kwargs={{'model_name': ...}}")
     if max_concurrent is not None and (

@@ -166,7 +166,7 @@ class JSONProvider:
         transport: httpx.AsyncBaseTransport | None = None,
         stream: bool = True,
     ) -> None:
-        check_settings(self.name, model_name, max_concurrent, http_transport, timeout)
+        check_settings(self.name, model_name, max_concurrent, http_transport, timeout, api_key)
         self.streams = bool(stream) and type(self)._stream_fields is not JSONProvider._stream_fields
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)
@@ -508,6 +508,13 @@ class JSONProvider:
                 retryable=True,
             )
             raise _Retry(error, None, "timeout") from None
+        except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
+            raise ProviderError(
+                f"{self.name}: the request to {self.url} could not be written ({exc}); "
+                "check the provider's headers",
+                provider=self.name,
+                retryable=False,
+            ) from None
         except httpx.TransportError as exc:
             error = ProviderError(
                 f"{self.name}: connection to {self.url} failed ({type(exc).__name__}: "

@@ -92,9 +92,12 @@ class _Connection:
         self.idle_since = 0.0
 
     def looks_alive(self) -> bool:
-        """An idle connection with something to read has been closed by the server."""
+        """An idle connection with something to read has been closed by the server (or
+        sent what no request asked for: never read as the next request's answer)."""
         stream = self.stream
         if isinstance(stream, trio.SSLStream):
+            if _tls_buffered(stream):
+                return False
             stream = stream.transport_stream
         sock = getattr(stream, "socket", None)
         return sock is not None and not sock.is_readable()
@@ -102,6 +105,15 @@ class _Connection:
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
+
+
+def _tls_buffered(stream: trio.SSLStream[Any]) -> bool:
+    """Whether a TLS stream holds bytes it took off the socket and has not handed on: a
+    record after an answer's last one, in the same TCP segment. (trio keeps undecrypted
+    bytes in a private BIO; where a later trio has none, the decrypted ones still
+    count.)"""
+    incoming = getattr(stream, "_incoming", None)
+    return bool(getattr(incoming, "pending", 0) or stream.pending())
 
 
 class _ResponseStream(httpx.AsyncByteStream):
@@ -143,10 +155,11 @@ class _BodyReader:
     two pieces) leaves nothing for the garbage collector to finalize on a trio run that
     may have ended by then."""
 
-    __slots__ = ("_done", "_next_read", "_stream")
+    __slots__ = ("_done", "_next_read", "_response", "_stream")
 
     def __init__(self, stream: _ResponseStream) -> None:
         self._stream = stream
+        self._response = stream._conn.response
         self._next_read = -math.inf
         self._done = False
 
@@ -160,9 +173,10 @@ class _BodyReader:
 
     async def __anext__(self) -> bytes:
         stream = self._stream
-        conn, pace = stream._conn, stream._pace
-        response = conn.response
-        assert response is not None
+        conn, pace, response = stream._conn, stream._pace, self._response
+        if response is None or stream._closed or conn.response is not response:
+            # Its connection went back to the pool: what it reads now is another's.
+            raise httpx.StreamClosed()
         while not self._done:
             try:
                 pieces = response.body()
@@ -384,9 +398,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
+        out = _request_bytes(method, url, headers, body)
         conn = await self._checkout(origin, timeouts)
         try:
-            out = _request_bytes(method, url, headers, body)
             return await self._exchange(conn, method, out, timeouts, pace)
         except BaseException:
             await conn.aclose()

@@ -11,13 +11,17 @@ a read of the socket is parsed in one pass, however many chunks it holds.
 
 The server's bytes are untrusted. What RFC 9112 does not allow in a response is a
 `ProtocolError` naming what was wrong, and the connection is not reused after it:
-    - a status line that is not ``HTTP/1.x NNN reason``; a header that is not
-      ``token: value`` (a folded header line included), or with a control character;
+    - a status line that is not ``HTTP/1.x NNN reason`` with NNN from 100 to 599; a
+      header that is not ``token: value`` (a folded header line included), or with a
+      control character; a 101 (protocol switch); more than `MAX_INTERIM` 1xx
+      answers;
     - a head (status line and headers, or a chunked body's trailers) over `MAX_HEAD`
       bytes, a chunk-size line over `MAX_CHUNK_LINE`; a chunk size that is not 1 to 16
       hex digits (no sign, no ``0x``, no ``_``); a chunk not ended by CRLF;
-    - ``Content-Length`` that is not digits, or two that disagree; a
-      ``Transfer-Encoding`` other than ``chunked``; a 101 (protocol switch);
+    - where it frames the body (RFC 9112, section 6.3: not for a 204, a 304, the
+      answer to HEAD, nor beside ``Transfer-Encoding``): a ``Content-Length`` that is
+      not digits, or two that disagree; a ``Transfer-Encoding`` other than exactly
+      ``chunked``;
     - a connection closed before the body's end (where the body has a length or is
       chunked).
 
@@ -37,7 +41,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-__all__ = ["MAX_CHUNK_LINE", "MAX_HEAD", "ProtocolError", "Response", "is_token", "request_bytes"]
+__all__ = [
+    "MAX_CHUNK_LINE",
+    "MAX_HEAD",
+    "MAX_INTERIM",
+    "ProtocolError",
+    "Response",
+    "is_token",
+    "request_bytes",
+]
 
 MAX_HEAD = 64 * 1024
 """The most bytes a response's status line and headers (or a chunked body's trailers)
@@ -46,9 +58,13 @@ may take."""
 MAX_CHUNK_LINE = 4 * 1024
 """The most bytes a chunk-size line (the size and its extensions) may take."""
 
+MAX_INTERIM = 16
+"""The most informational (1xx) answers before the final one: a server sending them
+forever would hold a request whose timeout is per read."""
+
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _NAME = re.compile(_TOKEN)
-_STATUS = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: ([\t\x20-\x7e\x80-\xff]*))?")
+_STATUS = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9]{2})(?: ([\t\x20-\x7e\x80-\xff]*))?")
 # Possessive quantifiers (*+): a hostile value fails in one pass, never by backtracking.
 _HEADER = re.compile(rb"(" + _TOKEN + rb"):[ \t]*+([\t\x20-\x7e\x80-\xff]*+)")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*+(?:;[^\r\n]*+)?")
@@ -105,6 +121,7 @@ class Response:
     __slots__ = (
         "_buf",
         "_head_request",
+        "_interim",
         "_left",
         "_pos",
         "_scan",
@@ -123,6 +140,7 @@ class Response:
         self._state = _HEAD
         self._left = 0
         self._head_request = head_request
+        self._interim = 0
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -167,9 +185,12 @@ class Response:
             raise ProtocolError(f"not an HTTP/1.1 status line: {lines[0][:80]!r}")
         code = int(status[2])
         headers = [_header(line) for line in lines[1:]]
-        if 100 <= code < 200:
+        if code < 200:
             if code == 101:
                 raise ProtocolError("the server switched protocols (101): not supported")
+            self._interim += 1
+            if self._interim > MAX_INTERIM:
+                raise ProtocolError(f"more than {MAX_INTERIM} informational (1xx) answers")
             return  # informational: the final answer comes next
         self.status, self.reason, self.headers = code, status[3] or b"", headers
         self._frame(status[1] == b"1", code)

@@ -20,7 +20,7 @@ import trio
 
 from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
 from rlm_graph.contracts import ChatRequest, Message
-from rlm_graph.errors import ConfigError, ProviderTimeout
+from rlm_graph.errors import ConfigError, ProviderError, ProviderTimeout
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph_openai import OpenAIProvider
 
@@ -449,3 +449,117 @@ def test_a_header_the_wire_cannot_carry_is_a_config_error(
         OpenAIProvider(
             backend="vllm", model_name="m", base_url="http://127.0.0.1:9", headers=headers
         )
+
+
+class _OneWrite(trio.abc.Stream):
+    """A server's TCP stream that, while ``hold`` is set, keeps what is sent until
+    `flush`: two TLS records then go out in one segment, and reach the client in one
+    read."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream, self.hold, self.held = stream, False, b""
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if self.hold:
+            self.held += bytes(data)
+        else:
+            await self.stream.send_all(data)
+
+    async def flush(self) -> None:
+        held, self.held, self.hold = self.held, b"", False
+        await self.stream.send_all(held)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        pass
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.stream.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+
+async def test_tls_bytes_after_an_answer_never_become_the_next_answer(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    """A server sends an answer no request asked for, in a TLS record right after the
+    real one: the client has taken both off the socket, so the socket looks idle, but
+    the connection is not reused and the next request gets its own answer."""
+    server_ctx, client_ctx = tls_pair
+    connections = 0
+
+    async def serve(raw: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        held = _OneWrite(raw)
+        stream = trio.SSLStream(held, server_ctx, server_side=True)
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            while await _read_request(stream):
+                held.hold = True
+                await stream.send_all(_response(b"answer %d" % connections))
+                await stream.send_all(_response(b"SMUGGLED"))
+                await held.flush()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        async with httpx.AsyncClient(transport=LeanTransport(ssl_context=client_ctx)) as client:
+            first = await client.get(f"https://127.0.0.1:{port}/")
+            await trio.sleep(0.1)
+            second = await client.get(f"https://127.0.0.1:{port}/")
+        nursery.cancel_scope.cancel()
+    assert (first.text, second.text) == ("answer 1", "answer 2")
+    assert connections == 2
+
+
+async def test_a_body_read_after_its_connection_went_back_is_refused() -> None:
+    """A response's body iterated after it was closed would read whatever comes next on
+    its connection (the next request's answer): it is `StreamClosed` instead."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(_response(b"body of request %d" % index))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport()
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        headers = [(b"Host", url.netloc)]
+        first = await transport.exchange("GET", url, headers, b"")
+        await first.aread()
+        await first.aclose()  # the connection goes back to the pool
+        second = await transport.exchange("GET", url, headers, b"")
+        with pytest.raises(httpx.StreamClosed):
+            async for _ in first.stream:  # type: ignore[union-attr]
+                pass
+        assert (await second.aread()) == b"body of request 2"
+        await second.aclose()
+        await transport.aclose()
+    assert stats["connections"] == 1
+
+
+async def test_a_header_that_would_split_the_request_is_not_retried() -> None:
+    """A per-request header with a line break (here from a plugin's own headers) fails
+    the call at once with what was wrong; nothing is sent, and no retry is made."""
+
+    class Broken(OpenAIProvider):
+        def _auth_headers(self) -> dict[str, str]:
+            return {"X-Team": "a\r\nX-Injected: 1"}
+
+    with FakeOpenAIServer() as server:
+        provider = Broken(backend="vllm", model_name="m", base_url=server.base_url, stream=False)
+        request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
+        try:
+            with pytest.raises(ProviderError, match="could not be written.*X-Team") as caught:
+                await provider.complete(request)
+        finally:
+            await provider.aclose()
+    assert not caught.value.retryable
+    assert server.requests == []
+
+
+def test_an_api_key_with_a_newline_is_a_config_error_that_does_not_show_it() -> None:
+    with pytest.raises(ConfigError, match="strip it") as caught:
+        OpenAIProvider(
+            backend="vllm", model_name="m", base_url="http://127.0.0.1:9", api_key="sk-abc\n"
+        )
+    assert "sk-abc" not in str(caught.value)

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from rlm_graph._http.wire import MAX_CHUNK_LINE, MAX_HEAD, ProtocolError, Response, request_bytes
+from rlm_graph._http.wire import (
+    MAX_CHUNK_LINE,
+    MAX_HEAD,
+    MAX_INTERIM,
+    ProtocolError,
+    Response,
+    request_bytes,
+)
 
 CHUNKED = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -122,6 +129,9 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         (b"HTTP/2 200 OK\r\n\r\n", "not an HTTP/1.1 status line"),
         (b"ICY 200 OK\r\n\r\n", "not an HTTP/1.1 status line"),
         (b"HTTP/1.1 20 OK\r\n\r\n", "not an HTTP/1.1 status line"),
+        (b"HTTP/1.1 000 Zero\r\n\r\n", "not an HTTP/1.1 status line"),
+        (b"HTTP/1.1 099 Low\r\n\r\n", "not an HTTP/1.1 status line"),
+        (b"HTTP/1.1 600 High\r\n\r\n", "not an HTTP/1.1 status line"),
         (b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n", "folded header"),
         (b"HTTP/1.1 200 OK\r\nX a: b\r\n\r\n", "not a valid header line"),
         (b"HTTP/1.1 200 OK\r\nX: a\x00b\r\n\r\n", "not a valid header line"),
@@ -148,6 +158,15 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 def test_malformed_responses_are_refused_with_what_was_wrong(message: bytes, says: str) -> None:
     with pytest.raises(ProtocolError, match=says):
         _read(message)
+
+
+def test_informational_answers_without_end_are_cut_off() -> None:
+    """A server sending 1xx answers forever would hold a request whose timeout is per
+    read: after `MAX_INTERIM` of them, the answer is refused."""
+    interim = b"HTTP/1.1 102 Processing\r\n\r\n"
+    _read(interim * MAX_INTERIM + LENGTH)  # up to the limit: read as usual
+    with pytest.raises(ProtocolError, match="informational"):
+        _read(interim * (MAX_INTERIM + 1) + LENGTH)
 
 
 def test_chunk_extensions_and_hex_sizes_in_either_case() -> None:
