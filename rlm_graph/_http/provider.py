@@ -509,12 +509,8 @@ class JSONProvider:
             )
             raise _Retry(error, None, "timeout") from None
         except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
-            raise ProviderError(
-                f"{self.name}: the request to {self.url} could not be written ({exc}); "
-                "check the provider's headers",
-                provider=self.name,
-                retryable=False,
-            ) from None
+            what = f"the request to {self.url} could not be written ({exc}); check its headers"
+            raise ProviderError(f"{self.name}: {what}", provider=self.name) from None
         except httpx.TransportError as exc:
             error = ProviderError(
                 f"{self.name}: connection to {self.url} failed ({type(exc).__name__}: "
