@@ -108,7 +108,7 @@ def request_bytes(
 class Response:
     """One response, read from the bytes of its connection as they come.
 
-    `feed` what the socket brought, then `head` (None until the whole head came), then
+    `feed` what the socket brought, then `head` (False until the whole head came), then
     `body` for the body's bytes so far; `closed` when the socket reads nothing more.
     ``done`` once the body has ended; ``reusable`` says whether the connection may
     carry another request (see the module's invariants).
@@ -149,6 +149,7 @@ class Response:
 
     @property
     def reusable(self) -> bool:
+        """Whether the connection may carry the next request (the module's invariants)."""
         return self.done and self.keep_alive and self._pos >= len(self._buf)
 
     def feed(self, data: bytes) -> None:
