@@ -25,7 +25,7 @@ def check_settings(
 ) -> None:
     """Refuse a missing model name, a concurrency below 1, an unknown transport, a
     timeout that is not positive, or a key no header can carry (never quoting it)."""
-    if isinstance(api_key, str) and (not api_key.isascii() or any(c in api_key for c in "\r\n\0")):
+    if isinstance(api_key, str) and not (api_key.isascii() and wire.is_value(api_key.encode())):
         raise ConfigError(
             f"{provider}: the API key has a line break or a character that is not ASCII "
             "(a key read from a file often ends with a newline: strip it)"
@@ -86,7 +86,7 @@ def wire_headers(
             raise ConfigError(
                 f"{provider}: header {name!r} must be ASCII text in its name and value"
             ) from None
-        if not wire.is_token(encoded[0]) or any(c in encoded[1] for c in b"\r\n\0"):
+        if not (wire.is_token(encoded[0]) and wire.is_value(encoded[1])):
             raise ConfigError(
                 f"{provider}: header {name!r} is not a valid header (a name of letters, "
                 "digits and !#$%&'*+-.^_`|~; a value without line breaks)"

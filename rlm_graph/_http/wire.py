@@ -82,6 +82,12 @@ def is_token(name: bytes) -> bool:
     return _NAME.fullmatch(name) is not None
 
 
+def is_value(value: bytes) -> bool:
+    """Whether ``value`` may be a header's value: no CR, LF or NUL (nothing that could
+    end the header, or the request, early)."""
+    return _BREAKS.search(value) is None
+
+
 def request_bytes(
     method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes
 ) -> bytes:
@@ -98,7 +104,7 @@ def request_bytes(
     for name, value in headers:
         if not _NAME.fullmatch(name):
             raise ValueError(f"not a valid header name: {name!r}")
-        if _BREAKS.search(value):
+        if not is_value(value):
             raise ValueError(f"header {name.decode()!r} has a CR, LF or NUL in its value")
         parts += (name, b": ", value, b"\r\n")
     parts += (b"\r\n", body)

@@ -563,3 +563,41 @@ def test_an_api_key_with_a_newline_is_a_config_error_that_does_not_show_it() -> 
             backend="vllm", model_name="m", base_url="http://127.0.0.1:9", api_key="sk-abc\n"
         )
     assert "sk-abc" not in str(caught.value)
+
+
+@pytest.mark.parametrize("cut", [True, False], ids=["cut-mid-chunk", "ended-by-close"])
+async def test_a_paced_body_over_a_socket_ends_or_fails_as_framed(cut: bool) -> None:
+    """Paced reads take what the socket holds directly after their tick (no trio
+    receive), the close included: a chunked body the server cuts mid-chunk is an error,
+    never a short body; a body framed by the close is read whole."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if cut:
+            head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            await stream.send_all(head + b"5\r\nhello\r\n")
+            await trio.sleep(0.02)  # the rest, and the close, well before the next tick
+            await stream.send_all(b"10\r\nonly part")
+        else:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\n\r\nfirst ")
+            await trio.sleep(0.02)
+            await stream.send_all(b"and last")
+        return False  # and close
+
+    async with raw_server(handler) as (port, _):
+        transport = LeanTransport()
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"", pace=0.1)
+        pieces: list[bytes] = []
+        try:
+            if cut:
+                with pytest.raises(httpx.RemoteProtocolError, match="mid-response"):
+                    async for piece in response.stream:  # type: ignore[union-attr]
+                        pieces.append(piece)
+                assert b"".join(pieces).startswith(b"hello")
+            else:
+                async for piece in response.stream:  # type: ignore[union-attr]
+                    pieces.append(piece)
+                assert b"".join(pieces) == b"first and last"
+        finally:
+            await response.aclose()
+            await transport.aclose()
