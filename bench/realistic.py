@@ -55,7 +55,7 @@ import scenarios  # noqa: E402 - from this folder, on the path above
 from run import REF_PYTHON, Server, ensure_reference_venv  # noqa: E402
 
 from rlm_graph import RLM, NodeKind  # noqa: E402
-from rlm_graph._http.transport import _next_tick, _ticker  # noqa: E402 - the floor's ticks
+from rlm_graph._http.pacing import next_tick, ticker  # noqa: E402 - the floor's ticks
 from rlm_graph.contracts import ChatRequest, Message, ModelInfo, Usage  # noqa: E402
 from rlm_graph.http import JSONProvider  # noqa: E402
 from rlm_graph.testing import FakeAnthropicServer  # noqa: E402
@@ -243,8 +243,8 @@ async def _ticks_alone(ticks: int, width: int) -> float:
         tick = -math.inf
         for _ in range(ticks):
             if trio.current_time() < tick:
-                await _ticker(pace).wait_until(tick)
-            tick = _next_tick(trio.current_time(), pace)
+                await ticker(pace).wait_until(tick)
+            tick = next_tick(trio.current_time(), pace)
 
     cpu0 = time.process_time()
     async with trio.open_nursery() as nursery:

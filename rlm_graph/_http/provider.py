@@ -465,12 +465,7 @@ class JSONProvider:
                 self.url, content=content, headers=headers, timeout=httpx.Timeout(timeout)
             )
         # The attempt's one cancel scope (`_attempt`) is the deadline of every phase.
-        response = await loop.lean.exchange("POST", self._url, self._lean_headers(headers), content)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
+        return await loop.lean.fetch("POST", self._url, self._lean_headers(headers), content)
 
     @contextlib.asynccontextmanager
     async def _open_stream(

@@ -48,6 +48,7 @@ import httpx
 import trio
 
 from . import wire
+from .pacing import next_tick, ticker
 
 __all__ = [
     "PACE",
@@ -122,9 +123,9 @@ class _ResponseStream(httpx.AsyncByteStream):
     Each piece it yields is everything one read of the socket brought (the HTTP chunks
     in it joined), and with ``pace`` (seconds) it reads the socket at most once a
     ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
-    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`_next_tick`),
+    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`pacing.next_tick`),
     the same instants for every stream of the run, and one timer wakes them all
-    (`_Ticker`): streams read at once cost the run loop one wake-up, not one each.
+    (`pacing.ticker`): streams read at once cost the run loop one wake-up, not one each.
     """
 
     def __init__(
@@ -178,10 +179,7 @@ class _BodyReader:
             # Its connection went back to the pool: what it reads now is another's.
             raise httpx.StreamClosed()
         while not self._done:
-            try:
-                pieces = response.body()
-            except wire.ProtocolError as exc:
-                raise httpx.RemoteProtocolError(str(exc)) from None
+            pieces = _body(response)
             if response.done:
                 self._done = True
             if pieces:
@@ -189,7 +187,7 @@ class _BodyReader:
             if self._done:
                 break
             if pace and trio.current_time() < self._next_read:
-                await _ticker(pace).wait_until(self._next_read)
+                await ticker(pace).wait_until(self._next_read)
                 # Just woken (a checkpoint): the socket most likely holds what came
                 # meanwhile, and taking it at once saves trio's two task switches.
                 if not stream._transport._receive_now(conn):
@@ -197,62 +195,8 @@ class _BodyReader:
             else:
                 await stream._transport._receive(conn, stream._timeout)
             if pace:
-                self._next_read = _next_tick(trio.current_time(), pace)
+                self._next_read = next_tick(trio.current_time(), pace)
         raise StopAsyncIteration
-
-
-def _next_tick(now: float, pace: float) -> float:
-    """The first multiple of ``pace`` after ``now``: when a paced stream reads next.
-    (A millionth of a pace added first: a float ``now`` a rounding error short of a
-    multiple is on it, not a rounding error before its own next tick.)"""
-    return ((now + pace * 1e-6) // pace + 1) * pace
-
-
-class _Ticker:
-    """The ticks of one pace (`_next_tick`), for the paced streams of one trio run.
-
-    The streams waiting for a tick (all want the same one: the next) park here, but the
-    first, which holds a timer and wakes the others when it fires: a trio timer wakes
-    its task by cancelling a sleep, which costs more CPU than being unparked, so one
-    timer per tick, not one per stream (docs/benchmarks.md has the measurement). A
-    holder cancelled before its tick wakes the others, and the first of them holds the
-    timer in its place.
-    """
-
-    __slots__ = ("_held", "_lot")
-
-    def __init__(self) -> None:
-        self._lot = trio.lowlevel.ParkingLot()
-        self._held = False
-
-    async def wait_until(self, tick: float) -> None:
-        """Until ``tick`` (a multiple of the pace, `_next_tick`)."""
-        while trio.current_time() < tick:
-            if self._held:
-                await self._lot.park()
-                continue
-            self._held = True
-            try:
-                await trio.sleep_until(tick)
-            finally:
-                self._held = False
-                self._lot.unpark_all()
-
-
-_TICKERS: trio.lowlevel.RunVar[dict[float, _Ticker]] = trio.lowlevel.RunVar("rlm_graph_tickers")
-
-
-def _ticker(pace: float) -> _Ticker:
-    """This trio run's ticker for ``pace`` (shared by every transport of the run)."""
-    try:
-        tickers = _TICKERS.get()
-    except LookupError:
-        tickers = {}
-        _TICKERS.set(tickers)
-    found = tickers.get(pace)
-    if found is None:
-        found = tickers[pace] = _Ticker()
-    return found
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -392,30 +336,80 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 deadline.
             pace: seconds between two reads of the body (`PACE`).
         """
+        origin, out = self._prepared(method, url, headers, body)
+        conn = await self._checkout(origin, timeouts)
+        try:
+            response = await self._send(conn, method, out, timeouts.get("write"))
+            read_timeout = timeouts.get("read")
+            await self._await_head(conn, response, read_timeout)
+        except BaseException:
+            await conn.aclose()
+            self._slots.release()
+            raise
+        return httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=_ResponseStream(self, conn, read_timeout, pace),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
+        )
+
+    async def fetch(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Mapping[str, float | None] = _NO_TIMEOUTS,
+    ) -> httpx.Response:
+        """`exchange`, the answer read whole: a response whose ``content`` is there (decoded
+        as its ``Content-Encoding`` says) and whose connection is back in the pool.
+
+        What a whole reply takes: its body is read here, one socket read at a time, with
+        none of the async iterators (nor trio's finalizers for them) that reading an
+        ``httpx.Response`` costs.
+        """
+        origin, out = self._prepared(method, url, headers, body)
+        conn = await self._checkout(origin, timeouts)
+        try:
+            response = await self._send(conn, method, out, timeouts.get("write"))
+            read_timeout = timeouts.get("read")
+            await self._await_head(conn, response, read_timeout)
+            pieces = _body(response)
+            while not response.done:
+                await self._receive(conn, read_timeout)
+                pieces += _body(response)
+        except BaseException:
+            await conn.aclose()
+            self._slots.release()
+            raise
+        await self._release(conn)
+        whole = httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=httpx.ByteStream(b"".join(pieces)),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
+        )
+        whole.read()
+        return whole
+
+    def _prepared(
+        self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[tuple[str, str, int], bytes]:
+        """Where a request goes (scheme, host, port) and its bytes, built before a
+        connection is taken: a request that cannot be written fails with none taken."""
         if self._closed:
             raise RuntimeError("the transport is closed")
         scheme = url.scheme
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        out = _request_bytes(method, url, headers, body)
-        conn = await self._checkout(origin, timeouts)
-        try:
-            return await self._exchange(conn, method, out, timeouts, pace)
-        except BaseException:
-            await conn.aclose()
-            self._slots.release()
-            raise
+        return origin, _request_bytes(method, url, headers, body)
 
-    async def _exchange(
-        self,
-        conn: _Connection,
-        method: str,
-        out: bytes,
-        timeouts: Mapping[str, float | None],
-        pace: float,
-    ) -> httpx.Response:
-        with _timeout(timeouts.get("write"), httpx.WriteTimeout, "sending the request"):
+    async def _send(
+        self, conn: _Connection, method: str, out: bytes, timeout: float | None
+    ) -> wire.Response:
+        """Send a request's bytes on ``conn``; the answer it is to read."""
+        with _timeout(timeout, httpx.WriteTimeout, "sending the request"):
             try:
                 await conn.stream.send_all(out)
             except _CONNECTION_ERRORS as exc:
@@ -424,17 +418,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 raise RequestNotSent(
                     f"the connection failed while sending the request ({exc or type(exc).__name__})"
                 ) from None
-        read_timeout = timeouts.get("read")
         response = conn.response = wire.Response(head_request=method == "HEAD")
+        return response
+
+    async def _await_head(
+        self, conn: _Connection, response: wire.Response, timeout: float | None
+    ) -> None:
+        """Read until the answer's (final) head has come."""
         while not _head(response):
-            if not await self._receive(conn, read_timeout):
+            if not await self._receive(conn, timeout):
                 raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
-        return httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=_ResponseStream(self, conn, read_timeout, pace),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
-        )
 
     async def _receive(self, conn: _Connection, timeout: float | None) -> int:
         """One read of the socket into the response being read; how many bytes came (0:
@@ -500,6 +493,14 @@ def _request_bytes(
 
 
 _FRAMING = (b"content-length", b"transfer-encoding")
+
+
+def _body(response: wire.Response) -> list[bytes]:
+    """`wire.Response.body`, its refusals as httpx's."""
+    try:
+        return response.body()
+    except wire.ProtocolError as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from None
 
 
 def _head(response: wire.Response) -> bool:
