@@ -18,6 +18,14 @@ gets a warm-up batch too). "Engine CPU per completion" is this process's CPU tim
 (``time.process_time``) over the timed batch divided by the items: for local, all of the
 engine's work; for ray, the driver's share only (the completions run in Ray's worker
 processes). Run by hand, never by the test suite.
+
+``--instructions`` counts machine instructions per completion instead (local executor):
+the script runs itself under valgrind (callgrind, counting only the timed batch, threads
+included; the fake server is not counted). Instructions do not depend on what else the
+machine runs, so that is the figure to compare two versions of the engine by on a noisy
+machine; CPU seconds also pay for cache misses and the kernel, which it does not see.
+
+    .venv/bin/python bench/batch.py --instructions --items 50 --provider http
 """
 
 from __future__ import annotations
@@ -25,7 +33,9 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -116,6 +126,50 @@ def one_batch(
         "p50": summary.p50_seconds,
         "p95": summary.p95_seconds,
     }
+
+
+def count_instructions(args: argparse.Namespace) -> None:
+    """Run this script under callgrind (`--callgrind-child`); print instructions per
+    completion of the timed batch."""
+    command = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--callgrind-out-file=/dev/null",
+        sys.executable,
+        __file__,
+        "--callgrind-child",
+        f"--items={args.items}",
+        f"--sub-calls={args.sub_calls}",
+        f"--concurrency={args.concurrency}",
+        f"--provider={args.provider}",
+    ]
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    found = re.search(r"Collected : ([\d,]+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
+    per = int(found.group(1).replace(",", "")) / args.items
+    print(f"| {args.provider} | {args.items} | {per / 1e6:.2f} M |")
+
+
+def callgrind_child(args: argparse.Namespace, server: Server) -> None:
+    """Under callgrind: a warm-up batch uncounted, then the timed batch counted."""
+    one_batch(
+        server,
+        "local",
+        args.concurrency * 2,
+        args.sub_calls,
+        args.concurrency,
+        "warm-local",
+        {},
+        args.provider,
+    )
+    pid = str(os.getpid())
+    subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
+    one_batch(
+        server, "local", args.items, args.sub_calls, args.concurrency, "counted", {}, args.provider
+    )
+    subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
 def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[str, Any]]:
@@ -228,7 +282,22 @@ def main() -> None:
         help="http: the fake OpenAI server sleeps 100 ms per answer; scripted: the "
         "in-process scripted provider sleeps 100 ms (trio.sleep), no HTTP",
     )
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="instead: instructions per completion (local executor), counted under valgrind",
+    )
+    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.instructions:
+        print("| provider | completions | instructions per completion |")
+        print("| --- | ---: | ---: |")
+        count_instructions(args)
+        return
+    if args.callgrind_child:
+        with Server() as server:
+            callgrind_child(args, server)
+        return
     ideal = math.ceil(args.items / args.concurrency) * 0.2
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
     print(

@@ -20,7 +20,10 @@ What it does:
       request again (a POST can bill a completion twice) is the caller's decision, made
       and counted in one place (`rlm_graph._http.provider`);
     - TLS for ``https`` (``trio.SSLStream``, certificate checks on by default);
-    - httpx timeouts (``connect``, ``read``, ``write``, ``pool``), as httpx exceptions.
+    - httpx timeouts (``connect``, ``read``, ``write``, ``pool``), as httpx exceptions;
+    - for a caller that holds its own deadline (the provider), a request without an
+      ``httpx.Request``: `LeanTransport.exchange` (the body still to read) and
+      `LeanTransport.fetch` (the answer read whole, its connection already back).
 
 What it does not do: proxies (callers fall back to httpx's own transport when one is
 configured; see `proxy_configured`), HTTP/2, ``Expect: 100-continue``, upgrades.

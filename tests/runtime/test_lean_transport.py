@@ -4,6 +4,7 @@ connection loss and reuse, the connection limit, TLS, and the proxy fallback."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import shutil
 import socket
 import ssl
@@ -601,3 +602,76 @@ async def test_a_paced_body_over_a_socket_ends_or_fails_as_framed(cut: bool) -> 
         finally:
             await response.aclose()
             await transport.aclose()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
+async def test_fetch_reads_the_whole_answer_and_hands_the_connection_back(framing: str) -> None:
+    """`fetch` is `exchange` with the body read: the content is there, the connection is
+    back in the pool (reused when the answer allows it, closed when not), and the slot
+    is free for the next request even with a limit of one connection."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        body = b"answer number %d, framed by %s" % (index, framing.encode())
+        if framing == "close":  # no length, no chunks: the body ends with the connection
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+            return False
+        await stream.send_all(_response(body, chunked=framing == "chunked"))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        texts = []
+        for _ in range(3):
+            with trio.fail_after(5):
+                response = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            assert response.is_stream_consumed and response.status_code == 200
+            texts.append(response.text)
+        await transport.aclose()
+    assert texts == [f"answer number {i}, framed by {framing}" for i in (1, 2, 3)]
+    assert stats["connections"] == (3 if framing == "close" else 1)
+
+
+async def test_fetch_decodes_a_compressed_answer() -> None:
+    body = gzip.compress(b'{"ok": true}')
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, _):
+        transport = LeanTransport()
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        response = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        await transport.aclose()
+    assert response.json() == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
+    ],
+    ids=["short-body", "cut-chunk", "bad-chunk-size"],
+)
+async def test_fetch_of_a_broken_answer_fails_and_frees_its_slot(answer: bytes) -> None:
+    """A body cut short or framed wrong is an error, never a short answer; its connection
+    is closed, and the only slot is free for the next request, which opens a new one."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(answer if index == 1 else _response(b"fine"))
+        return index != 1
+
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+            await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        with trio.fail_after(5):
+            again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        await transport.aclose()
+    assert again.text == "fine"
+    assert stats["connections"] == 2
