@@ -5,7 +5,11 @@ from __future__ import annotations
 import gc
 import threading
 import weakref
+from collections.abc import Iterator
 
+import pytest
+
+from rlm_graph.batch.heap import YOUNG_THRESHOLD
 from rlm_graph.executors import frozen_heap
 
 
@@ -66,3 +70,43 @@ def test_a_program_that_froze_its_heap_keeps_it_frozen() -> None:
         assert frozen > 0 and gc.get_freeze_count() > frozen - 1_000
     finally:
         gc.unfreeze()
+
+
+@pytest.fixture
+def thresholds() -> Iterator[tuple[int, int, int]]:
+    """The program's garbage-collector thresholds, put back after the test."""
+    saved = gc.get_threshold()
+    yield saved
+    gc.set_threshold(*saved)
+
+
+def test_young_objects_are_collected_less_often_inside_and_as_before_after(
+    thresholds: tuple[int, int, int],
+) -> None:
+    gc.set_threshold(700, 10, 10)
+    with frozen_heap():
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+        with frozen_heap():  # an overlapping batch changes nothing
+            assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+@pytest.mark.parametrize("young", [0, YOUNG_THRESHOLD, 50_000])
+def test_a_program_s_own_young_threshold_is_kept(
+    thresholds: tuple[int, int, int], young: int
+) -> None:
+    """0 (automatic collection off) stays off; a threshold as high or higher stays."""
+    gc.set_threshold(young, 10, 10)
+    with frozen_heap():
+        assert gc.get_threshold() == (young, 10, 10)
+    assert gc.get_threshold() == (young, 10, 10)
+
+
+def test_thresholds_the_program_changed_during_a_batch_are_not_undone(
+    thresholds: tuple[int, int, int],
+) -> None:
+    gc.set_threshold(700, 10, 10)
+    with frozen_heap():
+        gc.set_threshold(5_000, 20, 20)
+    assert gc.get_threshold() == (5_000, 20, 20)
