@@ -25,7 +25,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ast
 import builtins
 import json
 import os
@@ -40,6 +39,7 @@ from ..contracts import ExecResult, Image, SubcallFunction, SubcallRequest, Wire
 from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from .capture import capture_output
+from .compiled import REPL_FILENAME, STOP_CHECK, compiled
 from .paths import scratch_import
 
 __all__ = [
@@ -69,8 +69,6 @@ RESERVED_NAMES = (
 SUBCALL_NAMES = ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched")
 """The protocol's doors to other models; absent from a session made with ``subcalls=False``."""
 
-REPL_FILENAME = "<repl>"
-"""The file name of the model's code in tracebacks and frames (``co_filename``)."""
 _REPL_MODULE = "__repl__"
 _FILENAME = REPL_FILENAME
 
@@ -278,7 +276,7 @@ class ReplSession:
         table["open"] = open
         table["input"] = input
         table["__import__"] = scratch_import(scratch)
-        table[_STOP_CHECK] = stop_check
+        table[STOP_CHECK] = stop_check
         return table
 
     def stop_thread(self, thread_id: int) -> None:
@@ -429,17 +427,10 @@ class ReplSession:
         )
 
     def _run(self, code: str, out: Any) -> None:
-        tree = ast.parse(code, _FILENAME, "exec")
-        if "except" in code or "finally" in code:  # no handler is written without them
-            _CheckHandlers().visit(tree)
-        last: ast.expr | None = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = tree.body.pop().value  # type: ignore[attr-defined]
-        exec(compile(tree, _FILENAME, "exec", dont_inherit=True), self.ns)
+        body, last = compiled(code)
+        exec(body, self.ns)
         if last is not None:
-            value = eval(
-                compile(ast.Expression(last), _FILENAME, "eval", dont_inherit=True), self.ns
-            )
+            value = eval(last, self.ns)
             if value is not None:
                 out.write(repr(value) if not isinstance(value, str) else value)
                 out.write("\n")
@@ -498,31 +489,6 @@ class ReplSession:
     def answer_content(self) -> str:
         """The current ``answer["content"]``, for a partial answer when a run is cut."""
         return str(self.answer.get("content") or "")
-
-
-_STOP_CHECK = "__rlm_stop_check__"
-
-
-class _CheckHandlers(ast.NodeTransformer):
-    """Start every ``except`` handler and ``finally`` body with ``__rlm_stop_check__()``."""
-
-    def _check(self, anchor: ast.AST) -> ast.stmt:
-        call = ast.Expr(ast.Call(ast.Name(_STOP_CHECK, ast.Load()), [], []))
-        return ast.fix_missing_locations(ast.copy_location(call, anchor))
-
-    def visit_ExceptHandler(self, node: ast.ExceptHandler) -> ast.AST:
-        self.generic_visit(node)
-        node.body.insert(0, self._check(node.body[0]))
-        return node
-
-    def _visit_try(self, node: ast.Try | ast.TryStar) -> ast.AST:
-        self.generic_visit(node)
-        if node.finalbody:
-            node.finalbody.insert(0, self._check(node.finalbody[0]))
-        return node
-
-    visit_Try = _visit_try
-    visit_TryStar = _visit_try
 
 
 ToolSpec = tuple[Any, str | None]

@@ -69,6 +69,20 @@ async def test_a_block_catching_base_exception_in_a_loop_is_still_stopped() -> N
     assert len(marks.threads) == 1 and not in_repl_code(marks.threads[0])
 
 
+async def test_the_same_stubborn_block_again_is_stopped_again() -> None:
+    """The second run of a block is its compiled form from the cache (`repl.compiled`):
+    its handlers still start with the stop check, in another completion too."""
+    for _ in range(2):
+        marks = Marks()
+        rlm = engine(
+            [repl(STUBBORN), repl("FINAL('after')")], marks, environment_kwargs={"timeout": 0.2}
+        )
+        result = await rlm.acompletion("ctx")
+        assert result.response == "after"
+        assert result.leaked_threads == 0
+        assert len(marks.threads) == 1 and not in_repl_code(marks.threads[0])
+
+
 async def test_max_timeout_stops_a_block_catching_base_exception() -> None:
     marks = Marks()
     rlm = engine([repl(STUBBORN)], marks, max_timeout=0.5)
