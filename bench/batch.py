@@ -26,6 +26,12 @@ machine runs, so that is the figure to compare two versions of the engine by on 
 machine; CPU seconds also pay for cache misses and the kernel, which it does not see.
 
     .venv/bin/python bench/batch.py --instructions --items 50 --provider http
+
+``--floor`` runs the batch's shape with no engine at all, over raw trio sockets against
+the same server: per completion one request, then a hop into a worker thread whose code
+asks trio for ``--sub-calls`` requests at once (as a block's ``llm_query_batched`` does),
+``--concurrency`` completions at a time; and the same without the thread hop. Its wall /
+ideal and CPU per completion are what this machine costs before the engine does anything.
 """
 
 from __future__ import annotations
@@ -172,6 +178,78 @@ def callgrind_child(args: argparse.Namespace, server: Server) -> None:
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
+async def _floor_batch(base_url: str, args: argparse.Namespace, items: int, hop: bool) -> None:
+    """`--floor`: the batch's requests and thread hops over raw trio sockets."""
+    import json
+
+    import httpx
+    import trio
+
+    url = httpx.URL(base_url + "/chat/completions")
+    head = f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+    idle: list[trio.SocketStream] = []
+
+    async def request(i: int) -> Any:
+        body = json.dumps(
+            {
+                "model": f"batch:{args.sub_calls}",
+                "messages": [{"role": "user", "content": f"sq {i}"}],
+            }
+        ).encode()
+        stream = idle.pop() if idle else await trio.open_tcp_stream(url.host, url.port or 80)
+        await stream.send_all(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        top, _, rest = data.partition(b"\r\n\r\n")
+        length = int(top.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            rest += await stream.receive_some(65536)
+        idle.append(stream)
+        return json.loads(rest)
+
+    async def sub_calls() -> None:
+        async with trio.open_nursery() as nursery:
+            for k in range(args.sub_calls):
+                nursery.start_soon(request, k)
+
+    async def completion(i: int) -> None:
+        await request(i)
+        if hop:
+            await trio.to_thread.run_sync(trio.from_thread.run, sub_calls)
+        else:
+            await sub_calls()
+
+    todo = list(range(items))
+
+    async def worker() -> None:
+        while todo:
+            await completion(todo.pop())
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.concurrency):
+            nursery.start_soon(worker)
+    for stream in idle:
+        await stream.aclose()
+
+
+def floor(args: argparse.Namespace, server: Server) -> None:
+    """`--floor`: wall / ideal and CPU per completion with no engine (see the docstring)."""
+    import trio
+
+    ideal = math.ceil(args.items / args.concurrency) * 0.2
+    print("| shape | wall / ideal | CPU per completion |")
+    print("| --- | ---: | ---: |")
+    for hop in (True, False):
+        trio.run(_floor_batch, server.base_url, args, args.concurrency * 2, hop)
+        for _ in range(args.repeat):
+            cpu, wall = time.process_time(), time.perf_counter()
+            trio.run(_floor_batch, server.base_url, args, args.items, hop)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            shape = "request, thread hop, sub-calls" if hop else "request, sub-calls (no hop)"
+            print(f"| {shape} | {wall / ideal:.3f} | {1000 * cpu / args.items:.2f} ms |")
+
+
 def bench(executor: str, args: argparse.Namespace, server: Server) -> list[dict[str, Any]]:
     kwargs: dict[str, Any] = {}
     if executor == "ray":
@@ -288,15 +366,20 @@ def main() -> None:
         help="instead: instructions per completion (local executor), counted under valgrind",
     )
     parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="instead: the batch's requests and thread hops over raw trio sockets, no engine",
+    )
     args = parser.parse_args()
     if args.instructions:
         print("| provider | completions | instructions per completion |")
         print("| --- | ---: | ---: |")
         count_instructions(args)
         return
-    if args.callgrind_child:
+    if args.callgrind_child or args.floor:
         with Server() as server:
-            callgrind_child(args, server)
+            (callgrind_child if args.callgrind_child else floor)(args, server)
         return
     ideal = math.ceil(args.items / args.concurrency) * 0.2
     print(f"load average (1 min) at the start: {os.getloadavg()[0]:.2f}")
