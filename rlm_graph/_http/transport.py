@@ -339,20 +339,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 deadline.
             pace: seconds between two reads of the body (`PACE`).
         """
-        origin, out = self._prepared(method, url, headers, body)
-        conn = await self._checkout(origin, timeouts)
-        try:
-            response = await self._send(conn, method, out, timeouts.get("write"))
-            read_timeout = timeouts.get("read")
-            await self._await_head(conn, response, read_timeout)
-        except BaseException:
-            await conn.aclose()
-            self._slots.release()
-            raise
+        conn, response = await self._opened(method, url, headers, body, timeouts)
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(self, conn, read_timeout, pace),
+            stream=_ResponseStream(self, conn, timeouts.get("read"), pace),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
 
@@ -371,19 +362,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
         none of the async iterators (nor trio's finalizers for them) that reading an
         ``httpx.Response`` costs.
         """
-        origin, out = self._prepared(method, url, headers, body)
-        conn = await self._checkout(origin, timeouts)
+        conn, response = await self._opened(method, url, headers, body, timeouts)
         try:
-            response = await self._send(conn, method, out, timeouts.get("write"))
-            read_timeout = timeouts.get("read")
-            await self._await_head(conn, response, read_timeout)
             pieces = _body(response)
             while not response.done:
-                await self._receive(conn, read_timeout)
+                await self._receive(conn, timeouts.get("read"))
                 pieces += _body(response)
         except BaseException:
-            await conn.aclose()
-            self._slots.release()
+            await self._discard(conn)
             raise
         await self._release(conn)
         whole = httpx.Response(
@@ -395,18 +381,38 @@ class LeanTransport(httpx.AsyncBaseTransport):
         whole.read()
         return whole
 
-    def _prepared(
-        self, method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> tuple[tuple[str, str, int], bytes]:
-        """Where a request goes (scheme, host, port) and its bytes, built before a
-        connection is taken: a request that cannot be written fails with none taken."""
+    async def _opened(
+        self,
+        method: str,
+        url: httpx.URL,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        timeouts: Mapping[str, float | None],
+    ) -> tuple[_Connection, wire.Response]:
+        """Send a request and read its answer's head: the connection it went on and the
+        answer, its body still to read. The request's bytes are built before a
+        connection is taken (one that cannot be written fails with none taken); on any
+        failure the connection is closed and its slot freed."""
         if self._closed:
             raise RuntimeError("the transport is closed")
         scheme = url.scheme
         if scheme not in ("http", "https"):
             raise httpx.UnsupportedProtocol(f"unsupported URL scheme {scheme!r}")
         origin = (scheme, url.host, url.port or (443 if scheme == "https" else 80))
-        return origin, _request_bytes(method, url, headers, body)
+        out = _request_bytes(method, url, headers, body)
+        conn = await self._checkout(origin, timeouts)
+        try:
+            response = await self._send(conn, method, out, timeouts.get("write"))
+            await self._await_head(conn, response, timeouts.get("read"))
+        except BaseException:
+            await self._discard(conn)
+            raise
+        return conn, response
+
+    async def _discard(self, conn: _Connection) -> None:
+        """Close a connection a request failed on, and free its slot."""
+        await conn.aclose()
+        self._slots.release()
 
     async def _send(
         self, conn: _Connection, method: str, out: bytes, timeout: float | None
