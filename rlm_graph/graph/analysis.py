@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -146,21 +147,39 @@ def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
     Counts the nodes that made a model call themselves (turns, sub-calls, compactions);
     an ``rlm_call`` node's usage is the sum of its child's nodes and is not counted twice.
     """
-    summary: dict[str, ModelUsage] = defaultdict(ModelUsage)
+    # Summed in plain numbers, each model's ModelUsage made once: a pydantic attribute
+    # set costs as much as the rest of the loop.
+    sums: dict[str, list[Any]] = {}
     for record in graph.records():
-        if record.kind in (NodeKind.RLM_CALL, NodeKind.FUNCTION, NodeKind.REPL_BLOCK):
+        usage = record.usage
+        if record.model is None or usage is None or record.kind in _NOT_CALLS:
             continue
-        if record.model is None or record.usage is None:
-            continue
-        entry = summary[record.model]
-        entry.calls += 1
-        entry.input_tokens += record.usage.input_tokens
-        entry.output_tokens += record.usage.output_tokens
-        entry.cached_tokens += record.usage.cached_tokens
-        entry.cache_write_tokens += record.usage.cache_write_tokens
-        entry.cost += record.cost or 0.0
-        entry.estimated_calls += record.usage.estimated
-    return dict(summary)
+        entry = sums.get(record.model)
+        if entry is None:
+            entry = sums[record.model] = [0, 0, 0, 0, 0, 0.0, 0]
+        entry[0] += 1
+        entry[1] += usage.input_tokens
+        entry[2] += usage.output_tokens
+        entry[3] += usage.cached_tokens
+        entry[4] += usage.cache_write_tokens
+        entry[5] += record.cost or 0.0
+        entry[6] += usage.estimated
+    return {
+        model: ModelUsage(**dict(zip(_USAGE_FIELDS, entry, strict=True)))
+        for model, entry in sums.items()
+    }
+
+
+_NOT_CALLS = (NodeKind.RLM_CALL, NodeKind.FUNCTION, NodeKind.REPL_BLOCK)
+_USAGE_FIELDS = (
+    "calls",
+    "input_tokens",
+    "output_tokens",
+    "cached_tokens",
+    "cache_write_tokens",
+    "cost",
+    "estimated_calls",
+)
 
 
 def tokens_per_depth(graph: Graph) -> dict[int, int]:
