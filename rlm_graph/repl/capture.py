@@ -72,6 +72,11 @@ class CappedBuffer(io.TextIOBase):
     def getvalue(self) -> str:
         return "".join(self._parts)
 
+    @property
+    def written(self) -> int:
+        """Characters written so far, kept or not."""
+        return self._size + self.dropped
+
 
 class _Dispatch(io.TextIOBase):
     """Stands in for ``sys.stdout``/``sys.stderr``; routes writes by thread."""

@@ -38,8 +38,9 @@ from typing import Any, Protocol
 from ..contracts import ExecResult, Image, SubcallFunction, SubcallRequest, WirePrompt
 from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
-from .capture import capture_output
-from .compiled import REPL_FILENAME, STOP_CHECK, compiled
+from . import compiled
+from .capture import CappedBuffer, capture_output
+from .compiled import REPL_FILENAME, STOP_CHECK
 from .paths import scratch_import
 
 __all__ = [
@@ -406,7 +407,7 @@ class ReplSession:
         error: str | None = None
         with capture_output(self.output_cap) as (out, err):
             try:
-                self._run(code, out)
+                self._run(code, out, err)
             except (Exception, SystemExit, LimitStop) as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 err.write(self._traceback(exc))
@@ -426,8 +427,14 @@ class ReplSession:
             answer_content=self.answer_content(),
         )
 
-    def _run(self, code: str, out: Any) -> None:
-        body, last = compiled(code)
+    def _run(self, code: str, out: Any, err: CappedBuffer) -> None:
+        pair = compiled.cached(code)
+        if pair is None:
+            printed = err.written
+            pair = compiled.compile_block(code)
+            if err.written == printed:  # no warning: the next time would say nothing either
+                compiled.keep(code, pair)
+        body, last = pair
         exec(body, self.ns)
         if last is not None:
             value = eval(last, self.ns)
