@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import ssl
 import time
 import urllib.request
@@ -52,6 +51,7 @@ import trio
 
 from . import wire
 from .pacing import next_tick, ticker
+from .sockets import READ_SIZE, plain, read_now, read_when_ready, write_all
 
 __all__ = [
     "PACE",
@@ -67,9 +67,7 @@ PACE = "rlm_graph.read_pace"
 (`_ResponseStream`): a streamed reply's tokens are read in batches."""
 
 Origin = tuple[str, str, int]
-_READ_SIZE = 64 * 1024
 _NO_TIMEOUTS: Mapping[str, float | None] = {}
-_POSIX = os.name == "posix"  # where a socket's descriptor reads with os.read
 _CONNECTION_ERRORS = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
@@ -420,7 +418,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """Send a request's bytes on ``conn``; the answer it is to read."""
         with _timeout(timeout, httpx.WriteTimeout, "sending the request"):
             try:
-                await conn.stream.send_all(out)
+                stream = conn.stream
+                if plain(stream):
+                    await write_all(stream.socket, out)  # type: ignore[attr-defined]
+                else:
+                    await stream.send_all(out)
             except _CONNECTION_ERRORS as exc:
                 # send_all raises only before every byte was handed to the kernel: the
                 # server never got the whole request.
@@ -434,16 +436,25 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self, conn: _Connection, response: wire.Response, timeout: float | None
     ) -> None:
         """Read until the answer's (final) head has come."""
+        first = True  # just sent: nothing to read yet, wait before reading
         while not _head(response):
-            if not await self._receive(conn, timeout):
+            if not await self._receive(conn, timeout, first):
                 raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+            first = False
 
-    async def _receive(self, conn: _Connection, timeout: float | None) -> int:
+    async def _receive(self, conn: _Connection, timeout: float | None, first: bool = False) -> int:
         """One read of the socket into the response being read; how many bytes came (0:
-        the server closed the connection, which ends a body read until close)."""
+        the server closed the connection, which ends a body read until close). ``first``:
+        the first read after the request was sent, on a plain socket a wait and then a
+        read (an answer is never there yet, so trying first is a system call wasted)."""
         with _timeout(timeout, httpx.ReadTimeout, "waiting for the response"):
             try:
-                data = await conn.stream.receive_some(_READ_SIZE)
+                stream = conn.stream
+                data: bytes | bytearray
+                if first and plain(stream):
+                    data = await read_when_ready(stream.socket)  # type: ignore[attr-defined]
+                else:
+                    data = await stream.receive_some(READ_SIZE)
             except _CONNECTION_ERRORS as exc:
                 raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
         return self._took(conn, data)
@@ -452,17 +463,16 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """`_receive` without waiting, on a plain socket that has bytes (or its end)
         ready; False when it has none yet (or is a TLS stream): then `_receive`."""
         stream = conn.stream
-        if not _POSIX or type(stream) is not trio.SocketStream:
-            return False
-        fd = stream.socket.fileno()  # -1 once closed: never a number reused since
-        if fd < 0:
+        if not plain(stream):
             return False
         try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
+            data = read_now(stream.socket)  # type: ignore[attr-defined]
+        except trio.ClosedResourceError:
             return False
         except OSError as exc:
             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
+        if data is None:
+            return False
         self._took(conn, data)
         return True
 

@@ -675,3 +675,63 @@ async def test_fetch_of_a_broken_answer_fails_and_frees_its_slot(answer: bytes) 
         await transport.aclose()
     assert again.text == "fine"
     assert stats["connections"] == 2
+
+
+async def test_a_request_larger_than_the_socket_buffer_is_written_whole() -> None:
+    """Written straight to the socket (`_http.sockets.write_all`): a body the kernel
+    cannot take at once goes in parts, waiting while the buffer is full, and arrives
+    whole, byte for byte, to a server that reads it slowly."""
+    body = bytes(range(256)) * (8 * 1024 * 1024 // 256)  # 8 MiB
+    got: list[bytes] = []
+
+    async def serve(stream: trio.abc.Stream) -> None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += await stream.receive_some(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+        while len(rest) < length:
+            await trio.sleep(0.001)  # slower than the client writes: its buffer fills
+            rest += await stream.receive_some(65536)
+        got.append(rest)
+        await stream.send_all(_response(b"%d" % len(rest)))
+        await stream.aclose()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        transport = LeanTransport()
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        with trio.fail_after(30):
+            response = await transport.fetch("POST", url, [(b"Host", url.netloc)], body)
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+    assert response.text == str(len(body))
+    assert got == [body]
+
+
+async def test_a_send_cancelled_while_the_buffer_is_full_closes_its_connection() -> None:
+    """Cancelled half-way through a large write: the error is the cancellation, the
+    connection (its request cut short) is closed, never reused, and its slot is free."""
+    stalled = trio.Event()
+
+    async def serve(stream: trio.abc.Stream) -> None:
+        first = await stream.receive_some(65536)
+        if first.startswith(b"POST"):  # read nothing more: the client's buffer fills
+            stalled.set()
+            await trio.sleep_forever()
+        await stream.send_all(_response(b"fresh"))
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        with trio.move_on_after(0.5) as scope:
+            await transport.fetch("POST", url, [(b"Host", url.netloc)], b"x" * (32 << 20))
+        assert scope.cancelled_caught and stalled.is_set()
+        with trio.fail_after(5):
+            again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        await transport.aclose()
+        nursery.cancel_scope.cancel()
+    assert again.text == "fresh"
