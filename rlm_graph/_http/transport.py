@@ -232,9 +232,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # in-flight + idle stays within ``max_connections``.
 
     async def _checkout(self, origin: Origin, timeouts: Mapping[str, float | None]) -> _Connection:
-        """A slot, then a live idle connection to ``origin`` or a new one."""
-        with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
-            await self._slots.acquire()
+        """A slot, then a live idle connection to ``origin`` or a new one. A free slot is
+        taken without a trip through the run loop (the request's wait for its answer is
+        its schedule point); only a request that finds none waits, in turn."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            self._slots.acquire_nowait()  # none free, or others waiting first: WouldBlock
+        except trio.WouldBlock:
+            with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
+                await self._slots.acquire()
         try:
             conn = await self._reuse(origin)
             if conn is not None:

@@ -46,6 +46,7 @@ from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
 from ..protocol.replies import estimated_usage, reply_note, with_note
 from ..routing import Route
+from .capacity import take
 
 if TYPE_CHECKING:
     from .context import Run
@@ -302,26 +303,31 @@ async def _request(
     ceiling = provider.max_concurrent
     initial = capabilities.initial_concurrency
     slot = run.limiters.slot(route.key, initial, ceiling, route.model, run.events.concurrency)
-    async with run.limiters.provider(route.key, ceiling), slot:
-        began = trio.current_time()
-        if first:  # queueing for the slot was not service
-            record.start = began
-            record.wall_start = time.time()
-        if on_slot is not None and not on_slot():
-            await trio.sleep_forever()  # a duplicate too late: its cancellation is on the way
-        attempts = CallAttempts(
-            run.retries, provider.name, slot if isinstance(slot, ProviderSlot) else None
-        )
-        try:
-            # The node's span is current: the request carries its traceparent.
-            with attempts, run.tracer.activate(record.id):
-                if sink is None:
-                    response = await provider.complete(request)
-                else:  # capabilities.streams: a StreamingProvider
-                    response = await cast(StreamingProvider, provider).stream(request, sink)
-        finally:
-            # The node starts at 1; a hedged call's two requests may end in either order.
-            record.attempts += attempts.attempts - (1 if first else 0)
+    limiter = run.limiters.provider(route.key, ceiling)
+    await take(limiter)
+    try:
+        async with slot:
+            began = trio.current_time()
+            if first:  # queueing for the slot was not service
+                record.start = began
+                record.wall_start = time.time()
+            if on_slot is not None and not on_slot():
+                await trio.sleep_forever()  # a duplicate too late: its cancellation is on the way
+            attempts = CallAttempts(
+                run.retries, provider.name, slot if isinstance(slot, ProviderSlot) else None
+            )
+            try:
+                # The node's span is current: the request carries its traceparent.
+                with attempts, run.tracer.activate(record.id):
+                    if sink is None:
+                        response = await provider.complete(request)
+                    else:  # capabilities.streams: a StreamingProvider
+                        response = await cast(StreamingProvider, provider).stream(request, sink)
+            finally:
+                # The node starts at 1; a hedged call's two requests may end in either order.
+                record.attempts += attempts.attempts - (1 if first else 0)
+    finally:
+        limiter.release()
     return response
 
 
