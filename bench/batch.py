@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import scenarios  # noqa: E402
+from http_transport import raw_exchange  # noqa: E402
 from run import Server  # noqa: E402
 
 from rlm_graph import run_batch  # noqa: E402
@@ -197,16 +198,10 @@ async def _floor_batch(base_url: str, args: argparse.Namespace, items: int, hop:
             }
         ).encode()
         stream = idle.pop() if idle else await trio.open_tcp_stream(url.host, url.port or 80)
-        await stream.send_all(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += await stream.receive_some(65536)
-        top, _, rest = data.partition(b"\r\n\r\n")
-        length = int(top.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        while len(rest) < length:
-            rest += await stream.receive_some(65536)
+        request = f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
+        answer = await raw_exchange(stream, request)
         idle.append(stream)
-        return json.loads(rest)
+        return json.loads(answer)
 
     async def sub_calls() -> None:
         async with trio.open_nursery() as nursery:

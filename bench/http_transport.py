@@ -56,6 +56,20 @@ async def _fan_out(n: int, c: int, one: Callable[[int], Awaitable[None]]) -> Non
             nursery.start_soon(slot, i)
 
 
+async def raw_exchange(stream: trio.abc.Stream, request: bytes) -> bytes:
+    """Send ``request`` (bytes as they go on the wire) and read the answer's body, framed
+    by ``Content-Length``, by hand: the floor under any HTTP client."""
+    await stream.send_all(request)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += await stream.receive_some(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += await stream.receive_some(65536)
+    return rest
+
+
 async def bench_raw(base_url: str, n: int, c: int) -> None:
     url = httpx.URL(base_url + "/chat/completions")
     request = (
@@ -67,15 +81,7 @@ async def bench_raw(base_url: str, n: int, c: int) -> None:
 
     async def one(i: int) -> None:
         stream = free.pop()
-        await stream.send_all(request)
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            buf += await stream.receive_some(65536)
-        head, _, rest = buf.partition(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        while len(rest) < length:
-            rest += await stream.receive_some(65536)
-        json.loads(rest)
+        json.loads(await raw_exchange(stream, request))
         free.append(stream)
 
     try:

@@ -49,6 +49,7 @@ from typing import Any
 import httpx
 import trio
 
+from ..concurrency.tokens import take
 from . import wire
 from .pacing import next_tick, ticker
 from .sockets import READ_SIZE, plain, read_now, read_when_ready, write_all
@@ -232,15 +233,10 @@ class LeanTransport(httpx.AsyncBaseTransport):
     # in-flight + idle stays within ``max_connections``.
 
     async def _checkout(self, origin: Origin, timeouts: Mapping[str, float | None]) -> _Connection:
-        """A slot, then a live idle connection to ``origin`` or a new one. A free slot is
-        taken without a trip through the run loop (the request's wait for its answer is
-        its schedule point); only a request that finds none waits, in turn."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        try:
-            self._slots.acquire_nowait()  # none free, or others waiting first: WouldBlock
-        except trio.WouldBlock:
-            with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
-                await self._slots.acquire()
+        """A slot (`take`: at once when one is free), then a live idle connection to
+        ``origin`` or a new one."""
+        with _timeout(timeouts.get("pool"), httpx.PoolTimeout, "waiting for a free connection"):
+            await take(self._slots)
         try:
             conn = await self._reuse(origin)
             if conn is not None:

@@ -27,6 +27,7 @@ import trio
 
 from .._http.attempts import CallAttempts
 from ..concurrency.limiter import ProviderSlot
+from ..concurrency.tokens import take
 from ..contracts import (
     ChatRequest,
     ChatResponse,
@@ -46,7 +47,6 @@ from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
 from ..limits import Reservation, Tally
 from ..protocol.replies import estimated_usage, reply_note, with_note
 from ..routing import Route
-from .capacity import take
 
 if TYPE_CHECKING:
     from .context import Run

@@ -33,25 +33,7 @@ __all__ = [
     "LoopLimiters",
     "RateGate",
     "SharedLimiter",
-    "take",
 ]
-
-
-async def take(limiter: trio.CapacityLimiter) -> None:
-    """``limiter.acquire()``, without its trip through the run loop when a token is free
-    and nobody waits: a cancellation point, then the token. (trio yields once after an
-    acquire that did not wait; a model call's wait for its answer is its schedule point,
-    and the yield cost a scheduler round trip per call.) A call that finds none waits
-    in turn, as before.
-
-    Raises:
-        trio.Cancelled: the caller is cancelled (and holds no token).
-    """
-    await trio.lowlevel.checkpoint_if_cancelled()
-    try:
-        limiter.acquire_nowait()  # none free, or others waiting first: WouldBlock
-    except trio.WouldBlock:
-        await limiter.acquire()
 
 
 class BudgetGate:

@@ -1,4 +1,4 @@
-"""`rlm_graph.runtime.capacity.take`: a provider limiter's token taken at once when one
+"""`rlm_graph.concurrency.tokens.take`: a provider limiter's token taken at once when one
 is free and nobody waits, and otherwise in turn, as ``acquire`` would."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from rlm_graph.runtime.capacity import take
+from rlm_graph.concurrency.tokens import take
 
 
 async def test_a_free_token_is_taken_without_letting_another_task_run() -> None:
@@ -92,3 +92,19 @@ async def test_never_more_holders_than_tokens(tokens: int) -> None:
         for _ in range(20):
             nursery.start_soon(caller)
     assert peak == tokens
+
+
+async def test_a_semaphore_s_free_token_too_and_a_cancelled_caller_takes_none() -> None:
+    """The lean transport's connection slots are a ``trio.Semaphore``."""
+    slots = trio.Semaphore(1)
+    ran: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: _note(ran))
+        await take(slots)
+        assert ran == [] and slots.value == 0
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await take(slots)  # none free, and cancelled: no wait, no token
+        assert scope.cancelled_caught and slots.value == 0
+        slots.release()
+    assert ran == ["other"] and slots.value == 1
