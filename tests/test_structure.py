@@ -91,6 +91,7 @@ def test_only_the_runtime_and_facade_import_trio() -> None:
         "_http",
         "doors",
         "concurrency/limiter.py",
+        "concurrency/tokens.py",
         "hedging/race.py",
         "batch/complete.py",
         "engine.py",

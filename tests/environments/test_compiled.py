@@ -4,6 +4,7 @@ weight budget; what is never kept (a block that warned, failed, or weighs too mu
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,3 +112,31 @@ def test_the_kept_blocks_stay_within_their_weight(session: Any) -> None:
         one.execute(code)
     assert compiled._weight <= CACHED_BYTES
     assert compiled.cached(blocks[-1]) is not None and compiled.cached(blocks[0]) is None
+
+
+def test_threads_keeping_and_reading_blocks_at_once_keep_the_bounds(session: Any) -> None:
+    """Sessions in many threads (the local environment's REPL threads) run blocks old and
+    new at once: every block runs right, and the kept blocks stay within count and
+    weight, their weight the sum of what is kept."""
+    heavy = ",".join(f'"{i:03d}" * 1365' for i in range(20))  # about 80 KB folded each
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        one = session()
+        try:
+            for i in range(60):
+                code = f"v = [{heavy}]\nlen(v) + {i % 30}  # race {i % 30}"
+                assert one.execute(code).stdout == f"{20 + i % 30}\n"
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    with compiled._lock:
+        assert len(compiled._kept) <= compiled.CACHED_BLOCKS
+        assert compiled._weight == sum(weight for _, weight in compiled._kept.values())
+        assert compiled._weight <= CACHED_BYTES

@@ -735,3 +735,39 @@ async def test_a_send_cancelled_while_the_buffer_is_full_closes_its_connection()
         await transport.aclose()
         nursery.cancel_scope.cancel()
     assert again.text == "fresh"
+
+
+async def test_a_server_that_hangs_mid_body_is_a_timeout_that_frees_the_connection() -> None:
+    """The provider reads a whole answer in the transport (`fetch`): a server that sends
+    the head and half the body, then nothing, ends at the attempt's deadline; the
+    connection is closed, never reused, and the next call gets a new one and its answer."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:
+            await stream.send_all(b'HTTP/1.1 200 OK\r\nContent-Length: 500\r\n\r\n{"choi')
+            await trio.sleep(5)
+            return False
+        body = b'{"choices": [{"message": {"content": "whole"}}], "model": "m"}'
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = OpenAIProvider(
+            backend="vllm",
+            model_name="m",
+            base_url=f"http://127.0.0.1:{port}",
+            timeout=0.1,
+            max_timeouts=1,
+            max_concurrent=1,
+            stream=False,
+        )
+        request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
+        try:
+            with trio.fail_after(3):  # a hang fails here, not after the server's 5 s
+                with pytest.raises(ProviderTimeout, match="timed out"):
+                    await provider.complete(request)
+                reply = await provider.complete(request)
+        finally:
+            await provider.aclose()
+    assert reply.content == "whole"
+    assert stats["connections"] == 2
