@@ -372,13 +372,20 @@ class LeanTransport(httpx.AsyncBaseTransport):
             await self._discard(conn)
             raise
         await self._release(conn)
+        body = b"".join(pieces)
         whole = httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=httpx.ByteStream(b"".join(pieces)),
+            stream=httpx.ByteStream(body),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
-        whole.read()
+        if any(name.lower() == b"content-encoding" for name, _ in response.headers):
+            whole.read()  # decoded by httpx, as it would any response
+        else:
+            # What `read` leaves (the content, the stream consumed and closed), without
+            # the three generators it runs to join one piece with no decoding to do.
+            whole._content = body
+            whole.is_stream_consumed = whole.is_closed = True
         return whole
 
     async def _opened(

@@ -625,7 +625,10 @@ async def test_fetch_reads_the_whole_answer_and_hands_the_connection_back(framin
         for _ in range(3):
             with trio.fail_after(5):
                 response = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
-            assert response.is_stream_consumed and response.status_code == 200
+            assert response.is_stream_consumed and response.is_closed
+            assert response.status_code == 200
+            # As a read httpx response: read again, iterated, the same bytes.
+            assert response.read() == b"".join(response.iter_bytes()) == response.content
             texts.append(response.text)
         await transport.aclose()
     assert texts == [f"answer number {i}, framed by {framing}" for i in (1, 2, 3)]
