@@ -59,6 +59,7 @@ from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
 from .answers import AttemptFailed as _Retry, gave_up, read_json
 from .attempts import note_rate_headers, note_retry, wait_before_retry
+from .bodies import read_whole
 from .checks import check_settings, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
@@ -552,7 +553,7 @@ class JSONProvider:
                     note_rate_headers(response.headers)
                     kind = response.headers.get("content-type", "")
                     if response.status_code >= 300 or "event-stream" not in kind:
-                        await response.aread()  # an error, or a server that ignored "stream"
+                        await read_whole(response)  # an error, or a server that ignored "stream"
                         reply = self._whole(response, request)
                         tracker.feed(reply.content)
                         tracker.finish()

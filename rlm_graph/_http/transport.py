@@ -38,11 +38,10 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import math
 import ssl
 import time
 import urllib.request
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
 
@@ -51,7 +50,7 @@ import trio
 
 from ..concurrency.tokens import take
 from . import wire
-from .pacing import next_tick, ticker
+from .bodies import ResponseStream, as_read, body_of
 from .sockets import READ_SIZE, plain, read_now, read_when_ready, write_all
 
 __all__ = [
@@ -65,7 +64,7 @@ __all__ = [
 
 PACE = "rlm_graph.read_pace"
 """The request extension that sets the seconds between two reads of the response body
-(`_ResponseStream`): a streamed reply's tokens are read in batches."""
+(`bodies.ResponseStream`): a streamed reply's tokens are read in batches."""
 
 Origin = tuple[str, str, int]
 _NO_TIMEOUTS: Mapping[str, float | None] = {}
@@ -117,88 +116,6 @@ def _tls_buffered(stream: trio.SSLStream[Any]) -> bool:
     count.)"""
     incoming = getattr(stream, "_incoming", None)
     return bool(getattr(incoming, "pending", 0) or stream.pending())
-
-
-class _ResponseStream(httpx.AsyncByteStream):
-    """The body of one response; hands its connection back when read to the end.
-
-    Each piece it yields is everything one read of the socket brought (the HTTP chunks
-    in it joined), and with ``pace`` (seconds) it reads the socket at most once a
-    ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
-    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`pacing.next_tick`),
-    the same instants for every stream of the run, and one timer wakes them all
-    (`pacing.ticker`): streams read at once cost the run loop one wake-up, not one each.
-    """
-
-    def __init__(
-        self,
-        transport: LeanTransport,
-        conn: _Connection,
-        read_timeout: float | None,
-        pace: float = 0.0,
-    ) -> None:
-        self._transport = transport
-        self._conn = conn
-        self._timeout = read_timeout
-        self._pace = pace
-        self._closed = False
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return _BodyReader(self)
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._transport._release(self._conn)
-
-
-class _BodyReader:
-    """The pieces of one `_ResponseStream`, read as its docstring says. A plain object,
-    not an async generator: one left half-way (a stream cancelled or interrupted between
-    two pieces) leaves nothing for the garbage collector to finalize on a trio run that
-    may have ended by then."""
-
-    __slots__ = ("_done", "_next_read", "_response", "_stream")
-
-    def __init__(self, stream: _ResponseStream) -> None:
-        self._stream = stream
-        self._response = stream._conn.response
-        self._next_read = -math.inf
-        self._done = False
-
-    def __aiter__(self) -> _BodyReader:
-        return self
-
-    async def aclose(self) -> None:
-        """Read no more (the stream's own `_ResponseStream.aclose` hands the connection
-        back)."""
-        self._done = True
-
-    async def __anext__(self) -> bytes:
-        stream = self._stream
-        conn, pace, response = stream._conn, stream._pace, self._response
-        if response is None or stream._closed or conn.response is not response:
-            # Its connection went back to the pool: what it reads now is another's.
-            raise httpx.StreamClosed()
-        while not self._done:
-            pieces = _body(response)
-            if response.done:
-                self._done = True
-            if pieces:
-                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
-            if self._done:
-                break
-            if pace and trio.current_time() < self._next_read:
-                await ticker(pace).wait_until(self._next_read)
-                # Just woken (a checkpoint): the socket most likely holds what came
-                # meanwhile, and taking it at once saves trio's two task switches.
-                if not stream._transport._receive_now(conn):
-                    await stream._transport._receive(conn, stream._timeout)
-            else:
-                await stream._transport._receive(conn, stream._timeout)
-            if pace:
-                self._next_read = next_tick(trio.current_time(), pace)
-        raise StopAsyncIteration
 
 
 class LeanTransport(httpx.AsyncBaseTransport):
@@ -343,7 +260,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         return httpx.Response(
             status_code=response.status,
             headers=response.headers,
-            stream=_ResponseStream(self, conn, timeouts.get("read"), pace),
+            stream=ResponseStream(self, conn, timeouts.get("read"), pace),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
 
@@ -363,30 +280,35 @@ class LeanTransport(httpx.AsyncBaseTransport):
         ``httpx.Response`` costs.
         """
         conn, response = await self._opened(method, url, headers, body, timeouts)
+        content = await self._rest(conn, timeouts.get("read"))
+        whole = httpx.Response(
+            status_code=response.status,
+            headers=response.headers,
+            stream=httpx.ByteStream(content),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
+        )
+        if "content-encoding" in whole.headers:
+            whole.read()  # decoded by httpx, as it would any response
+        else:
+            as_read(whole, content)
+        return whole
+
+    async def _rest(self, conn: _Connection, timeout: float | None) -> bytes:
+        """The rest of the body of ``conn``'s answer, read to its end, one socket read at
+        a time; the connection is then back in the pool (closed, its slot freed, on any
+        failure)."""
+        response = conn.response
+        assert response is not None
         try:
-            pieces = _body(response)
+            pieces = body_of(response)
             while not response.done:
-                await self._receive(conn, timeouts.get("read"))
-                pieces += _body(response)
+                await self._receive(conn, timeout)
+                pieces += body_of(response)
         except BaseException:
             await self._discard(conn)
             raise
         await self._release(conn)
-        body = b"".join(pieces)
-        whole = httpx.Response(
-            status_code=response.status,
-            headers=response.headers,
-            stream=httpx.ByteStream(body),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
-        )
-        if any(name.lower() == b"content-encoding" for name, _ in response.headers):
-            whole.read()  # decoded by httpx, as it would any response
-        else:
-            # What `read` leaves (the content, the stream consumed and closed), without
-            # the three generators it runs to join one piece with no decoding to do.
-            whole._content = body
-            whole.is_stream_consumed = whole.is_closed = True
-        return whole
+        return b"".join(pieces)
 
     async def _opened(
         self,
@@ -521,14 +443,6 @@ def _request_bytes(
 
 
 _FRAMING = (b"content-length", b"transfer-encoding")
-
-
-def _body(response: wire.Response) -> list[bytes]:
-    """`wire.Response.body`, its refusals as httpx's."""
-    try:
-        return response.body()
-    except wire.ProtocolError as exc:
-        raise httpx.RemoteProtocolError(str(exc)) from None
 
 
 def _head(response: wire.Response) -> bool:

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import trio
 
+from rlm_graph._http.bodies import read_whole
 from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError, ProviderError, ProviderTimeout
@@ -649,6 +650,80 @@ async def test_fetch_decodes_a_compressed_answer() -> None:
         response = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
         await transport.aclose()
     assert response.json() == {"ok": True}
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked", "close", "gzip"])
+async def test_read_whole_reads_an_exchanged_answer_and_hands_the_connection_back(
+    framing: str,
+) -> None:
+    """`read_whole` on an answer of `exchange` (a streamed call that the server answered
+    whole): the content is there as ``aread`` leaves it, decoded when compressed, and
+    the connection is back in the pool, reused when the answer allows. Closing the
+    response afterwards frees nothing twice: with one connection allowed, requests sent
+    at once never overlap at the server."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        body = b"answer %d" % index
+        if framing == "close":
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
+            return False
+        if framing == "gzip":
+            zipped = gzip.compress(body)
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+            await stream.send_all(head % len(zipped) + zipped)
+            return True
+        await stream.send_all(_response(body, chunked=framing == "chunked"))
+        return True
+
+    texts: list[str] = []
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+
+        async def one() -> None:
+            response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
+            try:
+                await read_whole(response)
+                assert response.is_stream_consumed and response.is_closed
+                assert response.read() == response.content
+                texts.append(response.text)
+            finally:
+                await response.aclose()
+
+        with trio.fail_after(5):
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(one)
+        await transport.aclose()
+    assert sorted(texts) == [f"answer {i}" for i in (1, 2, 3, 4)]
+    assert stats["peak"] == 1
+    assert stats["connections"] == (4 if framing == "close" else 1)
+
+
+async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot() -> None:
+    """A body cut short is an error from `read_whole`, never a short answer; its
+    connection is closed and the only slot is free for the next request."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+            return False
+        await stream.send_all(_response(b"fine"))
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
+        with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
+            await read_whole(response)
+        await response.aclose()
+        with trio.fail_after(5):
+            again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            other = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        await transport.aclose()
+    assert again.text == other.text == "fine"
+    assert stats["connections"] == 2 and stats["peak"] == 1
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,8 @@ import trio
 import trio.testing
 
 from rlm_graph._http import wire
-from rlm_graph._http.transport import LeanTransport, _Connection, _ResponseStream
+from rlm_graph._http.bodies import ResponseStream
+from rlm_graph._http.transport import LeanTransport, _Connection
 
 PACE = 0.1
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
@@ -38,7 +39,7 @@ async def _read(transport: LeanTransport, stream: trio.abc.Stream) -> list[tuple
     response = conn.response = wire.Response()
     while not response.head():
         assert await transport._receive(conn, None), "the server closed before its answer"
-    body = _ResponseStream(transport, conn, None, PACE)
+    body = ResponseStream(transport, conn, None, PACE)
     async with contextlib.aclosing(body.__aiter__()) as chunks:
         pieces = [(trio.current_time(), piece) async for piece in chunks]
     await body.aclose()

@@ -1,0 +1,154 @@
+"""The body of an answer of `rlm_graph._http.transport.LeanTransport`, read from its
+connection: streamed as it comes (`ResponseStream`), or whole (`read_whole`, and
+`LeanTransport.fetch` with `as_read`). Reading one whole here costs none of the async
+iterators (nor trio's finalizers for them) that reading an ``httpx.Response`` runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+import httpx
+import trio
+
+from . import wire
+from .pacing import next_tick, ticker
+
+__all__ = ["ResponseStream", "as_read", "body_of", "read_whole"]
+
+
+class Connection(Protocol):
+    """A connection of the transport, with the response being read on it."""
+
+    response: wire.Response | None
+
+
+class Reader(Protocol):
+    """What a body takes from its transport (`LeanTransport` is one; ``conn`` is one of
+    its connections)."""
+
+    async def _receive(self, conn: Any, timeout: float | None) -> int: ...
+
+    def _receive_now(self, conn: Any) -> bool: ...
+
+    async def _release(self, conn: Any) -> None: ...
+
+    async def _rest(self, conn: Any, timeout: float | None) -> bytes: ...
+
+
+class ResponseStream(httpx.AsyncByteStream):
+    """The body of one response; hands its connection back when read to the end.
+
+    Each piece it yields is everything one read of the socket brought (the HTTP chunks
+    in it joined), and with ``pace`` (seconds) it reads the socket at most once a
+    ``pace``: a streamed reply's tokens that came meanwhile then cost one wake-up, not
+    one each. Those reads fall on the multiples of ``pace`` on trio's clock (`pacing.next_tick`),
+    the same instants for every stream of the run, and one timer wakes them all
+    (`pacing.ticker`): streams read at once cost the run loop one wake-up, not one each.
+    """
+
+    def __init__(
+        self,
+        transport: Reader,
+        conn: Connection,
+        read_timeout: float | None,
+        pace: float = 0.0,
+    ) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._timeout = read_timeout
+        self._pace = pace
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return _BodyReader(self)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._transport._release(self._conn)
+
+
+class _BodyReader:
+    """The pieces of one `ResponseStream`, read as its docstring says. A plain object,
+    not an async generator: one left half-way (a stream cancelled or interrupted between
+    two pieces) leaves nothing for the garbage collector to finalize on a trio run that
+    may have ended by then."""
+
+    __slots__ = ("_done", "_next_read", "_response", "_stream")
+
+    def __init__(self, stream: ResponseStream) -> None:
+        self._stream = stream
+        self._response = stream._conn.response
+        self._next_read = -math.inf
+        self._done = False
+
+    def __aiter__(self) -> _BodyReader:
+        return self
+
+    async def aclose(self) -> None:
+        """Read no more (the stream's own `ResponseStream.aclose` hands the connection
+        back)."""
+        self._done = True
+
+    async def __anext__(self) -> bytes:
+        stream = self._stream
+        conn, pace, response = stream._conn, stream._pace, self._response
+        if response is None or stream._closed or conn.response is not response:
+            # Its connection went back to the pool: what it reads now is another's.
+            raise httpx.StreamClosed()
+        while not self._done:
+            pieces = body_of(response)
+            if response.done:
+                self._done = True
+            if pieces:
+                return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+            if self._done:
+                break
+            if pace and trio.current_time() < self._next_read:
+                await ticker(pace).wait_until(self._next_read)
+                # Just woken (a checkpoint): the socket most likely holds what came
+                # meanwhile, and taking it at once saves trio's two task switches.
+                if not stream._transport._receive_now(conn):
+                    await stream._transport._receive(conn, stream._timeout)
+            else:
+                await stream._transport._receive(conn, stream._timeout)
+            if pace:
+                self._next_read = next_tick(trio.current_time(), pace)
+        raise StopAsyncIteration
+
+
+async def read_whole(response: httpx.Response) -> None:
+    """``await response.aread()``: for an answer of `LeanTransport.exchange` with no
+    ``Content-Encoding``, its body read by the transport as `LeanTransport.fetch` reads
+    one (no async iterators, nor trio's finalizers for them) and the connection handed
+    back; any other response is read by httpx."""
+    stream = response.stream
+    if (
+        not isinstance(stream, ResponseStream)
+        or stream._closed
+        or response.is_stream_consumed
+        or "content-encoding" in response.headers
+    ):
+        await response.aread()
+        return
+    stream._closed = True  # its connection is `_rest`'s to hand back, or to close
+    as_read(response, await stream._transport._rest(stream._conn, stream._timeout))
+
+
+def as_read(response: httpx.Response, content: bytes) -> None:
+    """Leave ``response`` as httpx's ``read`` would (its content there, its stream
+    consumed and closed) when ``content`` needs no decoding, without the generators
+    ``read`` runs to join it."""
+    response._content = content
+    response.is_stream_consumed = response.is_closed = True
+
+
+def body_of(response: wire.Response) -> list[bytes]:
+    """`wire.Response.body`, its refusals as httpx's."""
+    try:
+        return response.body()
+    except wire.ProtocolError as exc:
+        raise httpx.RemoteProtocolError(str(exc)) from None
