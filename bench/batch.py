@@ -27,7 +27,8 @@ machine; CPU seconds also pay for cache misses and the kernel, which it does not
 
     .venv/bin/python bench/batch.py --instructions --items 50 --provider http
 
-``--floor`` runs the batch's shape with no engine at all, over raw trio sockets against
+``--floor`` (with ``--instructions``: its instructions per completion, thread hop
+included) runs the batch's shape with no engine at all, over raw trio sockets against
 the same server: per completion one request, then a hop into a worker thread whose code
 asks trio for ``--sub-calls`` requests at once (as a block's ``llm_query_batched`` does),
 ``--concurrency`` completions at a time; and the same without the thread hop. Its wall /
@@ -150,32 +151,33 @@ def count_instructions(args: argparse.Namespace) -> None:
         f"--sub-calls={args.sub_calls}",
         f"--concurrency={args.concurrency}",
         f"--provider={args.provider}",
-    ]
+    ] + (["--floor"] if args.floor else [])
     done = subprocess.run(command, check=True, capture_output=True, text=True)
     found = re.search(r"Collected : ([\d,]+)", done.stderr)
     if found is None:
         raise SystemExit(f"no instruction count in valgrind's output:\n{done.stderr[-2000:]}")
     per = int(found.group(1).replace(",", "")) / args.items
-    print(f"| {args.provider} | {args.items} | {per / 1e6:.2f} M |")
+    what = "floor (raw trio, thread hop)" if args.floor else args.provider
+    print(f"| {what} | {args.items} | {per / 1e6:.2f} M |")
 
 
 def callgrind_child(args: argparse.Namespace, server: Server) -> None:
-    """Under callgrind: a warm-up batch uncounted, then the timed batch counted."""
-    one_batch(
-        server,
-        "local",
-        args.concurrency * 2,
-        args.sub_calls,
-        args.concurrency,
-        "warm-local",
-        {},
-        args.provider,
-    )
+    """Under callgrind: a warm-up batch uncounted, then the timed batch counted (with
+    ``--floor``, the floor's shape with its thread hop instead of the engine)."""
+    import trio
+
+    def batch(items: int, run_id: str) -> None:
+        if args.floor:
+            trio.run(_floor_batch, server.base_url, args, items, True)
+        else:
+            one_batch(
+                server, "local", items, args.sub_calls, args.concurrency, run_id, {}, args.provider
+            )
+
+    batch(args.concurrency * 2, "warm-local")
     pid = str(os.getpid())
     subprocess.run(["callgrind_control", "-i", "on", pid], check=True, capture_output=True)
-    one_batch(
-        server, "local", args.items, args.sub_calls, args.concurrency, "counted", {}, args.provider
-    )
+    batch(args.items, "counted")
     subprocess.run(["callgrind_control", "-i", "off", pid], check=True, capture_output=True)
 
 
