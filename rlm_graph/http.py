@@ -96,6 +96,7 @@ __all__ = [
     "note_retry",
     "parse_duration",
     "parse_retry_after",
+    "reason_text",
     "resolve_key",
     "retry_delay_from_headers",
     "token_count",
@@ -153,6 +154,25 @@ def token_count(value: object) -> int:
         except ValueError:
             return 0
     return 0
+
+
+def reason_text(value: object) -> str | None:
+    """A reply's finish (stop) reason as text, whatever the server put there.
+
+    Servers send a string or ``null``, and now and then something else (a number, a
+    list); the engine reads only the strings that mean a reply was cut off (``"length"``,
+    ``"max_tokens"``), so anything else is kept as its text rather than failing a reply
+    that is otherwise fine (as `token_count` does for usage).
+
+    Args:
+        value: the field's JSON value.
+
+    Returns:
+        None for a missing or empty value, else the value as a string.
+    """
+    if not value:
+        return None
+    return value if isinstance(value, str) else str(value)
 
 
 def content_text(content: object) -> str | None:

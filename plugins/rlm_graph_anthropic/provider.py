@@ -39,6 +39,7 @@ from rlm_graph.http import (
     Usage,
     estimate_tokens,
     event_object,
+    reason_text,
     resolve_key,
     token_count,
 )
@@ -163,7 +164,7 @@ class AnthropicProvider(JSONProvider):
             content=text,
             model=str(data.get("model") or request.model),
             usage=_usage(data.get("usage")),
-            finish_reason=data.get("stop_reason"),
+            finish_reason=reason_text(data.get("stop_reason")),
         )
 
 
@@ -300,7 +301,7 @@ class _MessageStream:
         elif kind == "message_delta":
             delta = message.get("delta")
             if isinstance(delta, Mapping) and delta.get("stop_reason"):
-                self._stop = str(delta["stop_reason"])
+                self._stop = reason_text(delta["stop_reason"])
             if isinstance(message.get("usage"), Mapping):
                 self._usage.update(message["usage"])
         elif kind == "message_stop":

@@ -34,6 +34,7 @@ from rlm_graph.http import (
     Usage,
     content_text,
     event_object,
+    reason_text,
     resolve_key,
     token_count,
 )
@@ -188,7 +189,7 @@ class OpenAIProvider(JSONProvider):
             model=str(data.get("model") or request.model),
             usage=_usage(data.get("usage")),
             cost=_cost(data.get("usage")),
-            finish_reason=choice.get("finish_reason"),
+            finish_reason=reason_text(choice.get("finish_reason")),
         )
 
 
@@ -233,7 +234,7 @@ class _ChunkStream:
             return ""
         choice = choices[0]
         if choice.get("finish_reason"):
-            self._finish = str(choice["finish_reason"])
+            self._finish = reason_text(choice["finish_reason"])
         delta = choice.get("delta")
         if type(delta) is not dict:
             return ""

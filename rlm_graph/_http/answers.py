@@ -1,5 +1,6 @@
 """How an HTTP provider reads an answer that is not a good reply: the error it raises for
-each status, and the retry it asks for (`AttemptFailed`).
+each status, for a reply it cannot read, for a timeout or a broken connection
+(`failures`), and the retry it asks for (`AttemptFailed`).
 
 `rlm_graph._http.provider` and `rlm_graph._http.streaming` read answers through here, so
 a plain reply and a streamed one fail the same way for the same status.
@@ -7,9 +8,13 @@ a plain reply and a streamed one fail the same way for the same status.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any, NoReturn, Protocol
 
 import httpx
+import trio
+from pydantic import ValidationError
 
 from ..errors import (
     BadResponse,
@@ -17,13 +22,23 @@ from ..errors import (
     ProviderAuthError,
     ProviderError,
     ProviderNotFound,
+    ProviderTimeout,
     RateLimited,
     is_context_length_error,
 )
 from .attempts import note_rate_headers
 from .retry import RETRY_STATUSES, retry_delay_from_headers
+from .transport import RequestNotSent
 
-__all__ = ["AttemptFailed", "Speaker", "gave_up", "raise_for_status", "read_json"]
+__all__ = [
+    "AttemptFailed",
+    "Speaker",
+    "failures",
+    "gave_up",
+    "raise_for_status",
+    "read_json",
+    "unreadable",
+]
 
 
 class AttemptFailed(Exception):
@@ -53,6 +68,8 @@ class Speaker(Protocol):
     def _server_message(self, data: Any) -> str: ...
 
     def _quote(self, text: str, limit: int = 300) -> str: ...
+
+    def _scrub(self, text: str) -> str: ...
 
 
 def read_json(provider: Speaker, response: httpx.Response) -> Any:
@@ -147,3 +164,47 @@ def gave_up(error: ProviderError, attempts: int) -> ProviderError:
         status_code=error.status_code,
         retryable=error.retryable,
     )
+
+
+def unreadable(provider: Speaker, exc: ValidationError) -> BadResponse:
+    """A reply a provider's `_parse` (or a stream's parser) could not make into a
+    `ChatResponse` (a field of the wrong type from the server that the parser did not
+    check): a bad response naming the field, not pydantic's report."""
+    first = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in first["loc"]) or "the reply"
+    return BadResponse(
+        f"{provider.name}: {provider.url} answered a reply the engine cannot read ({where}: "
+        f"{first['msg']}); check that base_url points at the API this provider speaks",
+        provider=provider.name,
+        retryable=True,
+    )
+
+
+@contextlib.contextmanager
+def failures(provider: Speaker, timeout: float | None) -> Iterator[None]:
+    """An attempt's timeouts and transport failures, as the retries they ask for."""
+    name, url = provider.name, provider.url
+    try:
+        yield
+    except (trio.TooSlowError, httpx.TimeoutException):
+        within = f"{timeout:g} s" if timeout is not None else "the transport's timeout"
+        error: ProviderError = ProviderTimeout(
+            f"{name}: no answer from {url} within {within}; raise "
+            "backend_kwargs['timeout'] for slow models, or check the server",
+            provider=name,
+            retryable=True,
+        )
+        raise AttemptFailed(error, None, "timeout") from None
+    except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
+        what = f"the request to {url} could not be written ({exc}); check its headers"
+        raise ProviderError(f"{name}: {what}", provider=name) from None
+    except httpx.TransportError as exc:
+        error = ProviderError(
+            f"{name}: connection to {url} failed ({type(exc).__name__}: "
+            f"{provider._scrub(str(exc)) or 'no detail'}); check base_url and that the "
+            "server is up",
+            provider=name,
+            retryable=True,
+        )
+        reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
+        raise AttemptFailed(error, None, reason) from None

@@ -46,18 +46,19 @@ import logging
 import math
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
 import trio
 from opentelemetry.propagate import inject
+from pydantic import ValidationError
 
 from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
-from .answers import AttemptFailed as _Retry, gave_up, read_json
+from .answers import AttemptFailed as _Retry, failures, gave_up, read_json, unreadable
 from .attempts import note_rate_headers, note_retry, wait_before_retry
 from .bodies import read_whole
 from .checks import check_settings, checked_base_url, checked_policy, wire_headers
@@ -67,7 +68,6 @@ from .streaming import DeltaTracker, StreamParser, read_events
 from .transport import (
     LeanTransport,
     LoopClient as _LoopClient,
-    RequestNotSent,
     proxy_configured,
     shared_ssl_context as _shared_ssl_context,
 )
@@ -490,40 +490,12 @@ class JSONProvider:
         finally:
             await response.aclose()
 
-    @contextlib.contextmanager
-    def _failures(self, timeout: float | None) -> Iterator[None]:
-        """An attempt's timeouts and transport failures, as the retries they ask for."""
-        try:
-            yield
-        except (trio.TooSlowError, httpx.TimeoutException):
-            within = f"{timeout:g} s" if timeout is not None else "the transport's timeout"
-            error: ProviderError = ProviderTimeout(
-                f"{self.name}: no answer from {self.url} within {within}; raise "
-                "backend_kwargs['timeout'] for slow models, or check the server",
-                provider=self.name,
-                retryable=True,
-            )
-            raise _Retry(error, None, "timeout") from None
-        except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
-            what = f"the request to {self.url} could not be written ({exc}); check its headers"
-            raise ProviderError(f"{self.name}: {what}", provider=self.name) from None
-        except httpx.TransportError as exc:
-            error = ProviderError(
-                f"{self.name}: connection to {self.url} failed ({type(exc).__name__}: "
-                f"{self._scrub(str(exc)) or 'no detail'}); check base_url and that the "
-                "server is up",
-                provider=self.name,
-                retryable=True,
-            )
-            reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
-            raise _Retry(error, None, reason) from None
-
     async def _attempt(
         self, content: bytes, request: ChatRequest, timeout: float | None
     ) -> ChatResponse:
         """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
         loop = self._get_client()
-        with self._failures(timeout), trio.fail_after(math.inf if timeout is None else timeout):
+        with failures(self, timeout), trio.fail_after(math.inf if timeout is None else timeout):
             response = await self._post(loop, content, timeout)
         return self._whole(response, request)
 
@@ -532,10 +504,14 @@ class JSONProvider:
         data = self._read(response)
         try:
             return self._parse(data, request)
-        except BadResponse as exc:
-            # A 2xx that is JSON but not the API's shape: a proxy or an overloaded
-            # server's stand-in answer more often than a wrong base_url (that is a 404).
-            raise _Retry(exc, retry_delay_from_headers(response.headers), "bad response") from None
+        except (BadResponse, ValidationError) as exc:
+            # A 2xx that is JSON but not the API's shape (or with a field of a wrong type):
+            # a proxy or an overloaded server's stand-in answer more often than a wrong
+            # base_url (that is a 404).
+            error = unreadable(self, exc) if isinstance(exc, ValidationError) else exc
+            raise _Retry(
+                error, retry_delay_from_headers(response.headers), "bad response"
+            ) from None
 
     async def _stream_attempt(
         self, content: bytes, request: ChatRequest, timeout: float | None, tracker: DeltaTracker
@@ -546,7 +522,7 @@ class JSONProvider:
         failed) is retried like a truncated 200 (docs/providers.md)."""
         loop = self._get_client()
         tracker.begin()
-        with self._failures(timeout):
+        with failures(self, timeout):
             with trio.CancelScope() as stall:
                 stall.deadline = math.inf if timeout is None else trio.current_time() + timeout
                 async with self._open_stream(loop, content, timeout) as response:
@@ -575,6 +551,8 @@ class JSONProvider:
                             reply = await read_events(chunks, parser, tracker, heard, halt.cancel)
                         except BadResponse as exc:
                             raise _Retry(exc, None, "cut stream") from None
+                        except ValidationError as exc:
+                            raise _Retry(unreadable(self, exc), None, "bad response") from None
                     if halt.cancelled_caught:
                         reply = parser.partial()
             if stall.cancelled_caught:

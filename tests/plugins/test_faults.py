@@ -5,16 +5,18 @@ off by the token limit or without text reach the model with a note."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import httpx
 import pytest
 
 from rlm_graph import Engine, Workflow
-from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph.contracts import ChatRequest, ChatResponse, Message
 from rlm_graph.errors import BadResponse
-from rlm_graph.testing import FakeOpenAIServer, Reply
+from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
+from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
-from tests.support.http import openai_kwargs
+from tests.support.http import anthropic_kwargs, openai_kwargs
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 
@@ -46,6 +48,50 @@ async def test_a_200_of_the_wrong_shape_is_retried_then_explained() -> None:
             await _complete(provider)
     assert len(server.requests) == 3
     assert "gave up after 3 attempts" in str(info.value)
+
+
+@pytest.mark.parametrize("reason", [5, ["length"], True])
+async def test_a_finish_reason_that_is_not_text_is_read_as_text(reason: Any) -> None:
+    """Servers now and then put a number or a list in ``finish_reason``: the reply is
+    otherwise fine and is answered, the reason kept as its text (as a streamed reply's
+    is), for OpenAI's API and Anthropic's ``stop_reason`` alike."""
+    openai = {"choices": [{"message": {"content": "42"}, "finish_reason": reason}]}
+    with FakeOpenAIServer(replies=[Reply(200, openai)]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server))
+        try:
+            reply = await provider.complete(REQUEST)
+        finally:
+            await provider.aclose()
+    assert (reply.content, reply.finish_reason) == ("42", str(reason))
+    claude = {"content": [{"type": "text", "text": "42"}], "stop_reason": reason}
+    with FakeAnthropicServer(replies=[Reply(200, claude)]) as server:
+        anthropic = AnthropicProvider(**anthropic_kwargs(server))
+        try:
+            reply = await anthropic.complete(REQUEST)
+        finally:
+            await anthropic.aclose()
+    assert (reply.content, reply.finish_reason) == ("42", str(reason))
+
+
+async def test_a_reply_the_parser_cannot_make_into_a_reply_is_a_bad_response() -> None:
+    """A provider plugin whose ``_parse`` passes on a field of the wrong type (here a
+    number as the text) gets a `BadResponse` naming the field, retried like a reply of
+    the wrong shape, never pydantic's report from deep inside."""
+
+    class Careless(OpenAIProvider):
+        def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+            return ChatResponse(content=data["choices"][0]["message"]["content"])
+
+    numbers = {"choices": [{"message": {"content": 42}, "finish_reason": "stop"}]}
+    with FakeOpenAIServer(lambda body: Reply(200, numbers)) as server:
+        provider = Careless(**openai_kwargs(server, max_attempts=2))
+        with pytest.raises(BadResponse) as info:
+            await _complete(provider)
+    assert len(server.requests) == 2
+    said = str(info.value)
+    assert "cannot read (content: Input should be a valid string)" in said
+    assert "base_url" in said and "gave up after 2 attempts" in said
+    assert "validation error" not in said and "pydantic" not in said
 
 
 async def test_a_web_page_answering_200_fails_at_once() -> None:

@@ -24,7 +24,9 @@ from rlm_graph.http import (
     JSONProvider,
     KeyPolicy,
     Usage,
+    reason_text,
     resolve_key,
+    token_count,
 )
 
 __all__ = ["EchoProvider"]
@@ -95,10 +97,12 @@ class EchoProvider(JSONProvider):
         return ChatResponse(
             content=data["text"],
             model=request.model,
+            # The server's numbers and reason as the engine reads them, whatever it sent.
             usage=Usage(
-                input_tokens=data.get("tokens_in", 0), output_tokens=data.get("tokens_out", 0)
+                input_tokens=token_count(data.get("tokens_in")),
+                output_tokens=token_count(data.get("tokens_out")),
             ),
-            finish_reason=data.get("done"),
+            finish_reason=reason_text(data.get("done")),
         )
 
     def _server_message(self, data: Any) -> str:
