@@ -122,7 +122,7 @@ def event_object(data: str) -> dict[str, Any] | None:
     """
     try:
         value, end = _DECODE(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         return None
     if end != len(data) and not data[end:].isspace():
         return None

@@ -77,7 +77,7 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
     or more, an empty body or one that is not JSON."""
     try:
         data = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         data = None
     if response.status_code >= 300:
         raise_for_status(provider, response, data)

@@ -120,7 +120,7 @@ def parse_pairs(prediction: str) -> set[tuple[str, str]]:
     if 0 <= start < end:
         try:
             value = json.loads(prediction[start : end + 1])
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             value = None
         if isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
             return {_pair(a, b) for a, b in value}

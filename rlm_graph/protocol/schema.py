@@ -148,6 +148,8 @@ class AnswerSchema:
                 if isinstance(exc, json.JSONDecodeError)
                 else str(exc)
             )
+        except RecursionError:  # the model's JSON nests deeper than Python's stack
+            not_json = "it nests too deeply to read"
         else:
             try:
                 return self.validate(data)

@@ -66,6 +66,8 @@ def test_pairs_f1_of_a_known_overlap() -> None:
     assert score("pairs", gold, "[]") == 0.0
     assert score("pairs", [], "[]") == 1.0
     assert parse_pairs('here: [["10001", 10002]]') == {("10001", "10002")}
+    # A reply nested past the stack is read as text (its written-out pairs), not a crash.
+    assert parse_pairs("[" * 100_000 + "(1, 2)" + "]" * 100_000) == {("1", "2")}
 
 
 def test_choice_reads_longbench_v2s_form_first() -> None:

@@ -5,10 +5,12 @@ off by the token limit or without text reach the model with a note."""
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.contracts import ChatRequest, ChatResponse, Message
@@ -17,6 +19,7 @@ from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 from tests.support.http import anthropic_kwargs, openai_kwargs
+from tests.support.rawhttp import raw_server
 
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 
@@ -92,6 +95,35 @@ async def test_a_reply_the_parser_cannot_make_into_a_reply_is_a_bad_response() -
     assert "cannot read (content: Input should be a valid string)" in said
     assert "base_url" in said and "gave up after 2 attempts" in said
     assert "validation error" not in said and "pydantic" not in said
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_json_nested_past_the_stack_is_a_bad_response(streamed: bool) -> None:
+    """A server's JSON nested 100,000 deep (a whole answer, or one streamed event) is a
+    body that is not JSON to the engine: a `BadResponse`, retried, never the decoder's
+    `RecursionError`."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if streamed:
+            body = b"data: " + deep + b"\n\n"
+            kind = b"text/event-stream"
+        else:
+            body, kind = deep, b"application/json"
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % (kind, len(body)) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2))
+        with pytest.raises(BadResponse, match="not JSON" if not streamed else "not a JSON"):
+            if streamed:
+                await provider.stream(REQUEST, lambda attempt, text: None)
+            else:
+                await provider.complete(REQUEST)
+        await provider.aclose()
+    assert stats["requests"] == 2
 
 
 async def test_a_web_page_answering_200_fails_at_once() -> None:

@@ -190,6 +190,16 @@ def test_answer_schema_reports_every_problem_with_its_path() -> None:
     assert "1.name: Field required" in message
 
 
+@pytest.mark.parametrize("shape", [list, {"type": "array"}], ids=["type", "json-schema"])
+def test_an_answer_nested_past_the_stack_is_a_mismatch_not_a_crash(shape: object) -> None:
+    """A model's answer of JSON nested 100,000 deep (untrusted text) is an answer that
+    is not JSON, said so, never the decoder's RecursionError."""
+    schema = AnswerSchema.of(shape)
+    with pytest.raises(ValueError, match="not JSON .it nests too deeply to read.") as caught:
+        schema.parse_text("[" * 100_000 + "]" * 100_000)
+    assert not isinstance(caught.value, RecursionError)
+
+
 def test_sync_completion_takes_a_schema() -> None:
     result = rlm([repl('FINAL({"name": "E", "age": 1})')]).completion("ctx", schema=Person)
     assert result.parsed == Person(name="E", age=1)

@@ -10,8 +10,6 @@ import socket
 import ssl
 import struct
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
 
@@ -25,71 +23,7 @@ from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError, ProviderError, ProviderTimeout
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph_openai import OpenAIProvider
-
-Handler = Callable[[trio.abc.Stream, int], Awaitable[bool]]
-"""``handler(stream, index) -> keep_open``: answer one request read from ``stream``."""
-
-
-async def _read_request(stream: trio.abc.Stream) -> bytes:
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = await stream.receive_some(65536)
-        if not chunk:
-            return b""
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
-    while len(body) < length:
-        body += await stream.receive_some(65536)
-    return head
-
-
-@asynccontextmanager
-async def raw_server(
-    handler: Handler, tls: ssl.SSLContext | None = None
-) -> AsyncIterator[tuple[int, dict[str, int]]]:
-    """A hand-written HTTP/1.1 server on 127.0.0.1 speaking exactly what ``handler`` says."""
-    stats = {"connections": 0, "requests": 0, "in_flight": 0, "peak": 0}
-
-    async def serve(stream: trio.abc.Stream) -> None:
-        stats["connections"] += 1
-        if tls is not None:
-            stream = trio.SSLStream(stream, tls, server_side=True)
-        try:
-            while await _read_request(stream):
-                stats["requests"] += 1
-                stats["in_flight"] += 1
-                stats["peak"] = max(stats["peak"], stats["in_flight"])
-                try:
-                    keep = await handler(stream, stats["requests"])
-                finally:
-                    stats["in_flight"] -= 1
-                if not keep:
-                    break
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        finally:
-            await stream.aclose()
-
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        yield port, stats
-        nursery.cancel_scope.cancel()
-
-
-def _response(body: bytes, *, chunked: bool = False, close: bool = False) -> bytes:
-    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n"
-    if close:
-        head += b"Connection: close\r\n"
-    if not chunked:
-        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-    parts = [body[i : i + 3] for i in range(0, len(body), 3)]
-    chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
-    return head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+from tests.support.rawhttp import plain_response, raw_server, read_request
 
 
 async def test_keep_alive_reuses_one_connection() -> None:
@@ -104,7 +38,7 @@ async def test_keep_alive_reuses_one_connection() -> None:
 
 async def test_chunked_response_body_and_reuse_after_it() -> None:
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"hello chunked world %d" % index, chunked=True))
+        await stream.send_all(plain_response(b"hello chunked world %d" % index, chunked=True))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -118,7 +52,7 @@ async def test_chunked_response_body_and_reuse_after_it() -> None:
 
 async def test_a_connection_the_server_closed_is_replaced() -> None:
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"once"))  # no "Connection: close", yet it closes
+        await stream.send_all(plain_response(b"once"))  # no "Connection: close", yet it closes
         return False
 
     async with raw_server(handler) as (port, stats):
@@ -137,7 +71,7 @@ async def test_a_request_written_to_a_dead_keep_alive_is_never_sent_again(
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         if index == 1:
-            await stream.send_all(_response(b"ok"))
+            await stream.send_all(plain_response(b"ok"))
             return True
         return False  # read the request, close without a byte of answer
 
@@ -155,7 +89,7 @@ async def test_a_connection_reset_before_the_request_was_written_says_not_sent(
     """A reset that arrived before the write makes the write fail: provably not sent."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"ok"))
+        await stream.send_all(plain_response(b"ok"))
         sock = stream.socket  # type: ignore[attr-defined]
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         return False  # close with a reset
@@ -173,7 +107,7 @@ async def test_a_connection_reset_before_the_request_was_written_says_not_sent(
 
 async def test_a_server_that_closed_an_idle_connection_is_noticed_before_sending() -> None:
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"ok %d" % index))
+        await stream.send_all(plain_response(b"ok %d" % index))
         return False  # keep-alive in the headers, yet it closes
 
     async with raw_server(handler) as (port, stats):
@@ -207,7 +141,7 @@ async def test_a_malformed_answer_is_refused_and_its_connection_never_reused() -
                 b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\nok\r\n0\r\n\r\n"
             )
         else:
-            await stream.send_all(_response(b"fine"))
+            await stream.send_all(plain_response(b"fine"))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -302,7 +236,7 @@ async def test_read_timeout() -> None:
 async def test_never_more_connections_than_the_limit() -> None:
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         await trio.sleep(0.01)
-        await stream.send_all(_response(b"ok"))
+        await stream.send_all(plain_response(b"ok"))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -351,7 +285,7 @@ async def test_https_over_tls(tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -
     server_ctx, client_ctx = tls_pair
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"secure %d" % index))
+        await stream.send_all(plain_response(b"secure %d" % index))
         return True
 
     async with raw_server(handler, tls=server_ctx) as (port, stats):
@@ -408,7 +342,7 @@ async def test_a_provider_resends_a_request_not_sent_at_once_as_a_counted_attemp
     answer = json.dumps({"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}]})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(answer.encode()))
+        await stream.send_all(plain_response(answer.encode()))
         if index == 1:  # then reset the connection the client keeps alive
             sock = stream.socket  # type: ignore[attr-defined]
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -496,10 +430,10 @@ async def test_tls_bytes_after_an_answer_never_become_the_next_answer(
         held = _OneWrite(raw)
         stream = trio.SSLStream(held, server_ctx, server_side=True)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-            while await _read_request(stream):
+            while await read_request(stream):
                 held.hold = True
-                await stream.send_all(_response(b"answer %d" % connections))
-                await stream.send_all(_response(b"SMUGGLED"))
+                await stream.send_all(plain_response(b"answer %d" % connections))
+                await stream.send_all(plain_response(b"SMUGGLED"))
                 await held.flush()
 
     async with trio.open_nursery() as nursery:
@@ -519,7 +453,7 @@ async def test_a_body_read_after_its_connection_went_back_is_refused() -> None:
     its connection (the next request's answer): it is `StreamClosed` instead."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(_response(b"body of request %d" % index))
+        await stream.send_all(plain_response(b"body of request %d" % index))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -616,7 +550,7 @@ async def test_fetch_reads_the_whole_answer_and_hands_the_connection_back(framin
         if framing == "close":  # no length, no chunks: the body ends with the connection
             await stream.send_all(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + body)
             return False
-        await stream.send_all(_response(body, chunked=framing == "chunked"))
+        await stream.send_all(plain_response(body, chunked=framing == "chunked"))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -672,7 +606,7 @@ async def test_read_whole_reads_an_exchanged_answer_and_hands_the_connection_bac
             head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
             await stream.send_all(head % len(zipped) + zipped)
             return True
-        await stream.send_all(_response(body, chunked=framing == "chunked"))
+        await stream.send_all(plain_response(body, chunked=framing == "chunked"))
         return True
 
     texts: list[str] = []
@@ -708,7 +642,7 @@ async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot() -> None:
         if index == 1:
             await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
             return False
-        await stream.send_all(_response(b"fine"))
+        await stream.send_all(plain_response(b"fine"))
         return True
 
     async with raw_server(handler) as (port, stats):
@@ -740,7 +674,7 @@ async def test_fetch_of_a_broken_answer_fails_and_frees_its_slot(answer: bytes) 
     is closed, and the only slot is free for the next request, which opens a new one."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(answer if index == 1 else _response(b"fine"))
+        await stream.send_all(answer if index == 1 else plain_response(b"fine"))
         return index != 1
 
     async with raw_server(handler) as (port, stats):
@@ -772,7 +706,7 @@ async def test_a_request_larger_than_the_socket_buffer_is_written_whole() -> Non
             await trio.sleep(0.001)  # slower than the client writes: its buffer fills
             rest += await stream.receive_some(65536)
         got.append(rest)
-        await stream.send_all(_response(b"%d" % len(rest)))
+        await stream.send_all(plain_response(b"%d" % len(rest)))
         await stream.aclose()
 
     async with trio.open_nursery() as nursery:
@@ -798,7 +732,7 @@ async def test_a_send_cancelled_while_the_buffer_is_full_closes_its_connection()
         if first.startswith(b"POST"):  # read nothing more: the client's buffer fills
             stalled.set()
             await trio.sleep_forever()
-        await stream.send_all(_response(b"fresh"))
+        await stream.send_all(plain_response(b"fresh"))
 
     async with trio.open_nursery() as nursery:
         listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
