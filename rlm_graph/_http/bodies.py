@@ -16,7 +16,12 @@ import trio
 from . import wire
 from .pacing import next_tick, ticker
 
-__all__ = ["ResponseStream", "as_read", "body_of", "read_whole"]
+__all__ = ["MAX_BODY", "ResponseStream", "as_read", "body_of", "read_whole"]
+
+MAX_BODY = 64 * 1024 * 1024
+"""The most bytes of a body read whole (`LeanTransport.fetch`, `read_whole`): a reply is
+kilobytes, a server sending more is broken or hostile, and the engine's memory is not
+its to fill."""
 
 
 class Connection(Protocol):
@@ -121,10 +126,11 @@ class _BodyReader:
 
 
 async def read_whole(response: httpx.Response) -> None:
-    """``await response.aread()``: for an answer of `LeanTransport.exchange` with no
-    ``Content-Encoding``, its body read by the transport as `LeanTransport.fetch` reads
-    one (no async iterators, nor trio's finalizers for them) and the connection handed
-    back; any other response is read by httpx."""
+    """Read ``response``'s body, as ``await response.aread()`` does (its content is then
+    ``response.content``): for an answer of `LeanTransport.exchange` with no
+    ``Content-Encoding``, by the transport as `LeanTransport.fetch` reads one (no async
+    iterators, nor trio's finalizers for them, and at most `MAX_BODY` bytes), the
+    connection handed back; any other response by httpx."""
     stream = response.stream
     if (
         not isinstance(stream, ResponseStream)
@@ -143,6 +149,7 @@ def as_read(response: httpx.Response, content: bytes) -> None:
     consumed and closed) when ``content`` needs no decoding, without the generators
     ``read`` runs to join it."""
     response._content = content
+    response._num_bytes_downloaded = len(content)
     response.is_stream_consumed = response.is_closed = True
 
 

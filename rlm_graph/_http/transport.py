@@ -50,7 +50,7 @@ import trio
 
 from ..concurrency.tokens import take
 from . import wire
-from .bodies import ResponseStream, as_read, body_of
+from .bodies import MAX_BODY, ResponseStream, as_read, body_of
 from .sockets import READ_SIZE, plain, read_now, read_when_ready, write_all
 
 __all__ = [
@@ -296,14 +296,22 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _rest(self, conn: _Connection, timeout: float | None) -> bytes:
         """The rest of the body of ``conn``'s answer, read to its end, one socket read at
         a time; the connection is then back in the pool (closed, its slot freed, on any
-        failure)."""
+        failure, and a body over `bodies.MAX_BODY` bytes is one)."""
         response = conn.response
         assert response is not None
         try:
             pieces = body_of(response)
+            size = sum(map(len, pieces))
             while not response.done:
                 await self._receive(conn, timeout)
-                pieces += body_of(response)
+                more = body_of(response)
+                size += sum(map(len, more))
+                pieces += more
+                if size > MAX_BODY:
+                    raise httpx.RemoteProtocolError(
+                        f"the answer's body is over {MAX_BODY // (1024 * 1024)} MiB: "
+                        "not a reply (the server is broken, or not the API)"
+                    )
         except BaseException:
             await self._discard(conn)
             raise

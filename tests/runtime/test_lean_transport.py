@@ -539,6 +539,36 @@ async def test_a_paced_body_over_a_socket_ends_or_fails_as_framed(cut: bool) -> 
             await transport.aclose()
 
 
+def _as_httpx_reads(response: httpx.Response) -> tuple[object, ...]:
+    """What a user of a read response sees of it."""
+    return (
+        response.content,
+        response.text,
+        response.read(),
+        b"".join(response.iter_bytes()),
+        response.num_bytes_downloaded,
+        response.is_stream_consumed,
+        response.is_closed,
+        response.encoding,
+    )
+
+
+def _read_by_httpx(response: httpx.Response) -> tuple[object, ...]:
+    """The same of a response with the same head and (raw) body, read by httpx itself."""
+    encoded = "content-encoding" in response.headers
+    raw = gzip.compress(response.content) if encoded else response.content
+    reference = httpx.Response(
+        status_code=response.status_code,
+        headers=response.headers,
+        stream=httpx.ByteStream(raw),
+    )
+    reference.read()
+    seen = _as_httpx_reads(reference)
+    if encoded:  # bytes downloaded: the server's compression, not this one's
+        seen = (*seen[:4], response.num_bytes_downloaded, *seen[5:])
+    return seen
+
+
 @pytest.mark.parametrize("framing", ["content-length", "chunked", "close"])
 async def test_fetch_reads_the_whole_answer_and_hands_the_connection_back(framing: str) -> None:
     """`fetch` is `exchange` with the body read: the content is there, the connection is
@@ -560,10 +590,8 @@ async def test_fetch_reads_the_whole_answer_and_hands_the_connection_back(framin
         for _ in range(3):
             with trio.fail_after(5):
                 response = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
-            assert response.is_stream_consumed and response.is_closed
             assert response.status_code == 200
-            # As a read httpx response: read again, iterated, the same bytes.
-            assert response.read() == b"".join(response.iter_bytes()) == response.content
+            assert _as_httpx_reads(response) == _read_by_httpx(response)
             texts.append(response.text)
         await transport.aclose()
     assert texts == [f"answer number {i}, framed by {framing}" for i in (1, 2, 3)]
@@ -618,8 +646,7 @@ async def test_read_whole_reads_an_exchanged_answer_and_hands_the_connection_bac
             response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
             try:
                 await read_whole(response)
-                assert response.is_stream_consumed and response.is_closed
-                assert response.read() == response.content
+                assert _as_httpx_reads(response) == _read_by_httpx(response)
                 texts.append(response.text)
             finally:
                 await response.aclose()
@@ -634,17 +661,20 @@ async def test_read_whole_reads_an_exchanged_answer_and_hands_the_connection_bac
     assert stats["connections"] == (4 if framing == "close" else 1)
 
 
-async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot() -> None:
+async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot_once() -> None:
     """A body cut short is an error from `read_whole`, never a short answer; its
-    connection is closed and the only slot is free for the next request."""
+    connection is closed and the only slot is free again, once: three requests sent at
+    once afterwards still go one at a time."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         if index == 1:
             await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
             return False
+        await trio.sleep(0.05)  # long enough for requests sent at once to overlap
         await stream.send_all(plain_response(b"fine"))
         return True
 
+    texts: list[str] = []
     async with raw_server(handler) as (port, stats):
         transport = LeanTransport(max_connections=1)
         url = httpx.URL(f"http://127.0.0.1:{port}/")
@@ -652,12 +682,55 @@ async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot() -> None:
         with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
             await read_whole(response)
         await response.aclose()
+
+        async def one() -> None:
+            answer = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            texts.append(answer.text)
+
         with trio.fail_after(5):
-            again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
-            other = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(one)
         await transport.aclose()
-    assert again.text == other.text == "fine"
+    assert texts == ["fine"] * 3
     assert stats["connections"] == 2 and stats["peak"] == 1
+
+
+@pytest.mark.parametrize("framing", ["content-length", "chunked"])
+async def test_a_body_over_the_limit_is_refused_and_its_slot_freed(
+    framing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole answer's body past `MAX_BODY` (here lowered to 1 MiB) is an error, not a
+    reply kept in memory, whether its length is announced or it comes in chunks without
+    end; its connection is closed and the next request is answered."""
+    monkeypatch.setattr("rlm_graph._http.transport.MAX_BODY", 1024 * 1024)
+    piece = b"x" * 65536
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index > 1:
+            await stream.send_all(plain_response(b"fine"))
+            return True
+        if framing == "content-length":
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (4 << 20))
+            for _ in range(64):
+                await stream.send_all(piece)
+        else:
+            await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while True:  # without end, until the client hangs up
+                await stream.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+        return False
+
+    async with raw_server(handler) as (port, stats):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        with trio.fail_after(10):
+            with pytest.raises(httpx.RemoteProtocolError, match="over 1 MiB"):
+                await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
+            await read_whole(response)
+        await transport.aclose()
+    assert response.text == "fine"
+    assert stats["connections"] == 2
 
 
 @pytest.mark.parametrize(
