@@ -64,7 +64,7 @@ from .bodies import read_whole
 from .checks import check_settings, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
-from .streaming import DeltaTracker, StreamParser, read_events
+from .streaming import DeltaTracker, Oversized, StreamParser, read_events
 from .transport import (
     LeanTransport,
     LoopClient as _LoopClient,
@@ -553,12 +553,18 @@ class JSONProvider:
                             raise _Retry(exc, None, "cut stream") from None
                         except ValidationError as exc:
                             raise _Retry(unreadable(self, exc), None, "bad response") from None
+                        except Oversized as exc:
+                            raise _Retry(self._oversized(exc), None, "cut stream") from None
                     if halt.cancelled_caught:
                         reply = parser.partial()
             if stall.cancelled_caught:
                 raise trio.TooSlowError
         tracker.finish()
         return reply
+
+    def _oversized(self, exc: Oversized) -> BadResponse:
+        what = f"{self.name}: {self.url} streamed {exc}: not a reply, cut off there"
+        return BadResponse(f"{what}; check the server", provider=self.name, retryable=True)
 
     def _read(self, response: httpx.Response) -> Any:
         return read_json(self, response)

@@ -26,8 +26,18 @@ import trio
 
 from ..contracts import ChatResponse, TextSink
 from ..errors import BadResponse
+from .bodies import MAX_BODY
 
-__all__ = ["DeltaTracker", "SSEDecoder", "StreamParser", "read_events"]
+__all__ = ["MAX_EVENT", "DeltaTracker", "Oversized", "SSEDecoder", "StreamParser", "read_events"]
+
+MAX_EVENT = 4 * 1024 * 1024
+"""The most bytes of one server-sent event (a token's chunk is a few hundred; a whole
+reply sent as one event, a few hundred thousand)."""
+
+
+class Oversized(Exception):
+    """A streamed answer past what the engine reads: an event over `MAX_EVENT` bytes,
+    or a body over `bodies.MAX_BODY` (the message says which)."""
 
 
 class StreamParser(Protocol):
@@ -83,12 +93,18 @@ async def read_events(
 
     Raises:
         BadResponse: an event failed the attempt, or the stream ended early.
+        Oversized: the body passed `bodies.MAX_BODY` bytes (or an event `MAX_EVENT`):
+            the reading stops there.
     """
     decoder = SSEDecoder()
     failed: BadResponse | None = None
+    size = 0
     try:
         async for chunk in chunks:
             heard()
+            size += len(chunk)
+            if size > MAX_BODY:  # a reply is kilobytes: a server without end, cut off
+                raise Oversized(f"an answer over {MAX_BODY // (1024 * 1024)} MiB")
             if failed is None:
                 try:  # one piece of text per read: the sink's work is per read, not per token
                     text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
@@ -118,7 +134,11 @@ class SSEDecoder:
         self._rest = b""
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
-        """The events completed by ``chunk``, in order."""
+        """The events completed by ``chunk``, in order.
+
+        Raises:
+            Oversized: an event has passed `MAX_EVENT` bytes without its end.
+        """
         data = self._rest + chunk if self._rest else chunk
         if b"\r" in data:
             if data.endswith(b"\r"):  # its "\n" may come in the next chunk
@@ -127,11 +147,14 @@ class SSEDecoder:
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         end = data.rfind(b"\n\n")
         if end < 0:
+            if len(data) > MAX_EVENT:  # each chunk joined to it: cut off, not kept on
+                raise Oversized(f"an event over {MAX_EVENT // (1024 * 1024)} MiB")
             self._rest = data
             return []
         self._rest = data[end + 2 :]
         events = []
-        for block in data[:end].decode("utf-8").split("\n\n"):
+        # Bytes that are not UTF-8 read as U+FFFD, as the event-stream format says.
+        for block in data[:end].decode("utf-8", errors="replace").split("\n\n"):
             if block.startswith("data: ") and "\n" not in block:  # the common one-liner
                 events.append(("message", block[6:]))
                 continue

@@ -126,6 +126,67 @@ async def test_json_nested_past_the_stack_is_a_bad_response(streamed: bool) -> N
     assert stats["requests"] == 2
 
 
+def _sse_head() -> bytes:
+    return (
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _delta(text: bytes) -> bytes:
+    return b'data: {"choices": [{"delta": {"content": "' + text + b'"}}]}\n\n'
+
+
+async def test_a_streamed_event_that_is_not_utf8_is_read_with_replacement_characters() -> None:
+    """Bytes that are not UTF-8 in a streamed event read as U+FFFD, as the event-stream
+    format says: the reply is answered, not failed with a decoding error."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        body = _delta(b"caf\xe9 ") + _delta(b"ok") + b"data: [DONE]\n\n"
+        await stream.send_all(_sse_head() + _chunk(body) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, _):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server))
+        seen: list[str] = []
+        reply = await provider.stream(REQUEST, lambda offset, text: seen.append(text))
+        await provider.aclose()
+    assert reply.content == "caf\ufffd ok" == "".join(seen)
+
+
+@pytest.mark.parametrize("shape", ["tokens", "one event"])
+async def test_a_stream_without_end_is_cut_off_not_kept(
+    shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that streams without end, tokens past the body's limit (here lowered to
+    1 MiB) or one event past `MAX_EVENT` (4 MiB) without its blank line, is cut off
+    there: a `BadResponse` naming the limit, retried, never memory filled (nor, for the
+    event, the same bytes joined and searched again for every chunk)."""
+    if shape == "tokens":
+        monkeypatch.setattr("rlm_graph._http.streaming.MAX_BODY", 1024 * 1024)
+    token = _delta(b"x" * 200)
+    piece = b"".join([token] * 256) if shape == "tokens" else b"y" * 65536
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        first = b"data: " if shape == "one event" else b""
+        await stream.send_all(_sse_head() + _chunk(first + piece))
+        while True:  # until the client hangs up
+            await stream.send_all(_chunk(piece))
+
+    limit = "an answer over 1 MiB" if shape == "tokens" else "an event over 4 MiB"
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2))
+        with trio.fail_after(20), pytest.raises(BadResponse, match=f"streamed {limit}"):
+            await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert stats["requests"] == 2
+
+
 async def test_a_web_page_answering_200_fails_at_once() -> None:
     calls = []
 
