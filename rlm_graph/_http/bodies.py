@@ -6,8 +6,9 @@ iterators (nor trio's finalizers for them) that reading an ``httpx.Response`` ru
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
 import httpx
@@ -16,12 +17,12 @@ import trio
 from . import wire
 from .pacing import next_tick, ticker
 
-__all__ = ["MAX_BODY", "ResponseStream", "as_read", "body_of", "read_whole"]
+__all__ = ["MAX_BODY", "ResponseStream", "as_read", "body_of", "decoded", "over", "read_whole"]
 
 MAX_BODY = 64 * 1024 * 1024
-"""The most bytes of a body read whole (`LeanTransport.fetch`, `read_whole`): a reply is
-kilobytes, a server sending more is broken or hostile, and the engine's memory is not
-its to fill."""
+"""The most bytes of a body read whole (`LeanTransport.fetch`, `read_whole`), as it came
+or decoded: a reply is kilobytes, a server sending more is broken or hostile, and the
+engine's memory is not its to fill."""
 
 
 class Connection(Protocol):
@@ -127,29 +128,97 @@ class _BodyReader:
 
 async def read_whole(response: httpx.Response) -> None:
     """Read ``response``'s body, as ``await response.aread()`` does (its content is then
-    ``response.content``): for an answer of `LeanTransport.exchange` with no
-    ``Content-Encoding``, by the transport as `LeanTransport.fetch` reads one (no async
-    iterators, nor trio's finalizers for them, and at most `MAX_BODY` bytes), the
-    connection handed back; any other response by httpx."""
+    ``response.content``), but never more than `MAX_BODY` bytes, read or decoded.
+
+    An answer of `LeanTransport.exchange` is read by the transport, as
+    `LeanTransport.fetch` reads one (no async iterators, nor trio's finalizers for
+    them), its connection handed back; any other response (httpx's own transport)
+    through httpx's iterator.
+
+    Raises:
+        httpx.RemoteProtocolError: the body, or what it decodes to, is over `MAX_BODY`.
+    """
     stream = response.stream
-    if (
-        not isinstance(stream, ResponseStream)
-        or stream._closed
-        or response.is_stream_consumed
-        or "content-encoding" in response.headers
-    ):
-        await response.aread()
+    if isinstance(stream, ResponseStream) and not stream._closed:
+        if response.is_stream_consumed:
+            raise httpx.StreamConsumed()
+        stream._closed = True  # its connection is `_rest`'s to hand back, or to close
+        raw = await stream._transport._rest(stream._conn, stream._timeout)
+        as_read(response, decoded(response, raw), len(raw))
         return
-    stream._closed = True  # its connection is `_rest`'s to hand back, or to close
-    as_read(response, await stream._transport._rest(stream._conn, stream._timeout))
+    pieces: list[bytes] = []
+    size = 0
+    chunks = response.aiter_bytes()  # decoded a network read at a time
+    async for piece in chunks:
+        size += len(piece)
+        if size > MAX_BODY:
+            break
+        pieces.append(piece)
+    else:
+        as_read(response, b"".join(pieces), response.num_bytes_downloaded)
+        return
+    # Over: close the connection, then let httpx's iterators fail on it, each in turn,
+    # so that none is left half-way for the garbage collector.
+    await response.aclose()
+    with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
+        async for _ in chunks:
+            pass
+    raise over("decodes to")
 
 
-def as_read(response: httpx.Response, content: bytes) -> None:
-    """Leave ``response`` as httpx's ``read`` would (its content there, its stream
-    consumed and closed) when ``content`` needs no decoding, without the generators
-    ``read`` runs to join it."""
+def decoded(response: httpx.Response, raw: bytes) -> bytes:
+    """``raw``, the body of ``response``, decoded as its ``Content-Encoding`` says (as
+    it is, with none), at most `MAX_BODY` bytes: fed to httpx's decoder a slice at a
+    time, so a small body that inflates without end (a "zip bomb") is cut off after one
+    slice's worth, not after all of it.
+
+    Raises:
+        httpx.RemoteProtocolError: it decodes to more than `MAX_BODY` bytes.
+        httpx.DecodingError: it is not what its encoding says.
+    """
+    if "content-encoding" not in response.headers:
+        return raw
+    slices = httpx.Response(200, headers=response.headers, stream=_Slices(raw))
+    pieces: list[bytes] = []
+    size = 0
+    for piece in slices.iter_bytes():
+        size += len(piece)
+        if size > MAX_BODY:
+            raise over("decodes to")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+class _Slices(httpx.SyncByteStream):
+    """A body handed on in slices of `SLICE` bytes."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+
+    def __iter__(self) -> Iterator[bytes]:
+        raw = self._raw
+        for start in range(0, len(raw), SLICE):
+            yield raw[start : start + SLICE]
+
+
+SLICE = 16 * 1024
+"""Bytes of an encoded body decoded at a time (deflate inflates a slice at most about
+a thousandfold: 16 MiB)."""
+
+
+def over(what: str) -> httpx.RemoteProtocolError:
+    return httpx.RemoteProtocolError(
+        f"the answer's body {what} over {MAX_BODY // (1024 * 1024)} MiB: not a reply "
+        "(the server is broken, or not the API)"
+    )
+
+
+def as_read(response: httpx.Response, content: bytes, downloaded: int | None = None) -> None:
+    """Leave ``response`` as httpx's ``read`` would: ``content`` (decoded) there, the
+    ``downloaded`` bytes (its raw length) counted, its stream consumed and closed;
+    without the generators ``read`` runs to join it."""
     response._content = content
-    response._num_bytes_downloaded = len(content)
+    response._num_bytes_downloaded = len(content) if downloaded is None else downloaded
     response.is_stream_consumed = response.is_closed = True
 
 

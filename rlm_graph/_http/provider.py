@@ -461,10 +461,12 @@ class JSONProvider:
         Either way the connect, write, read and pool timeouts are the attempt's deadline.
         """
         headers = self._send_headers(False)
-        if loop.lean is None:
-            return await loop.client.post(
-                self.url, content=content, headers=headers, timeout=httpx.Timeout(timeout)
-            )
+        if loop.lean is None:  # read through `read_whole`: as bounded as the lean reads
+            async with loop.client.stream(
+                "POST", self.url, content=content, headers=headers, timeout=httpx.Timeout(timeout)
+            ) as response:
+                await read_whole(response)
+            return response
         # The attempt's one cancel scope (`_attempt`) is the deadline of every phase.
         return await loop.lean.fetch("POST", self._url, self._lean_headers(headers), content)
 

@@ -26,7 +26,7 @@ import trio
 
 from ..contracts import ChatResponse, TextSink
 from ..errors import BadResponse
-from .bodies import MAX_BODY
+from . import bodies
 
 __all__ = ["MAX_EVENT", "DeltaTracker", "Oversized", "SSEDecoder", "StreamParser", "read_events"]
 
@@ -103,8 +103,8 @@ async def read_events(
         async for chunk in chunks:
             heard()
             size += len(chunk)
-            if size > MAX_BODY:  # a reply is kilobytes: a server without end, cut off
-                raise Oversized(f"an answer over {MAX_BODY // (1024 * 1024)} MiB")
+            if size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
+                raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
             if failed is None:
                 try:  # one piece of text per read: the sink's work is per read, not per token
                     text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])

@@ -49,8 +49,8 @@ import httpx
 import trio
 
 from ..concurrency.tokens import take
-from . import wire
-from .bodies import MAX_BODY, ResponseStream, as_read, body_of
+from . import bodies, wire
+from .bodies import ResponseStream, as_read, body_of, decoded, over
 from .sockets import READ_SIZE, plain, read_now, read_when_ready, write_all
 
 __all__ = [
@@ -287,10 +287,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             stream=httpx.ByteStream(content),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": response.reason},
         )
-        if "content-encoding" in whole.headers:
-            whole.read()  # decoded by httpx, as it would any response
-        else:
-            as_read(whole, content)
+        as_read(whole, decoded(whole, content), len(content))
         return whole
 
     async def _rest(self, conn: _Connection, timeout: float | None) -> bytes:
@@ -307,11 +304,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 more = body_of(response)
                 size += sum(map(len, more))
                 pieces += more
-                if size > MAX_BODY:
-                    raise httpx.RemoteProtocolError(
-                        f"the answer's body is over {MAX_BODY // (1024 * 1024)} MiB: "
-                        "not a reply (the server is broken, or not the API)"
-                    )
+                if size > bodies.MAX_BODY:
+                    raise over("is")
         except BaseException:
             await self._discard(conn)
             raise

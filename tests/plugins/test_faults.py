@@ -4,6 +4,8 @@ off by the token limit or without text reach the model with a note."""
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +16,7 @@ import trio
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.contracts import ChatRequest, ChatResponse, Message
-from rlm_graph.errors import BadResponse
+from rlm_graph.errors import BadResponse, ProviderError
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
@@ -167,7 +169,7 @@ async def test_a_stream_without_end_is_cut_off_not_kept(
     there: a `BadResponse` naming the limit, retried, never memory filled (nor, for the
     event, the same bytes joined and searched again for every chunk)."""
     if shape == "tokens":
-        monkeypatch.setattr("rlm_graph._http.streaming.MAX_BODY", 1024 * 1024)
+        monkeypatch.setattr("rlm_graph._http.bodies.MAX_BODY", 1024 * 1024)
     token = _delta(b"x" * 200)
     piece = b"".join([token] * 256) if shape == "tokens" else b"y" * 65536
 
@@ -185,6 +187,44 @@ async def test_a_stream_without_end_is_cut_off_not_kept(
             await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert stats["requests"] == 2
+
+
+@pytest.mark.parametrize("answer", ["reply", "big", "bomb"])
+async def test_httpxs_own_pool_reads_answers_within_the_same_limit(
+    answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through httpx's own pool (``http_transport="httpx"``, as behind a proxy) a whole
+    answer is held to the same limit as through the lean transport (here lowered to
+    1 MiB): a body past it, or a gzip body that inflates past it, fails the call naming
+    the limit, after its retries; a gzip reply within it is read as always."""
+    monkeypatch.setattr("rlm_graph._http.bodies.MAX_BODY", 1024 * 1024)
+    reply = json.dumps({"choices": [{"message": {"content": "small"}}]}).encode()
+    body = {
+        "reply": gzip.compress(reply),
+        "big": b"x" * (2 * 1024 * 1024),
+        "bomb": gzip.compress(bytes(8 * 1024 * 1024)),
+    }[answer]
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        coding = b"" if answer == "big" else b"Content-Encoding: gzip\r\n"
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % (coding, len(body)) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        kwargs = openai_kwargs(server, max_attempts=2, http_transport="httpx")
+        provider = OpenAIProvider(**kwargs)
+        try:
+            with trio.fail_after(20):
+                if answer == "reply":
+                    assert (await provider.complete(REQUEST)).content == "small"
+                else:
+                    with pytest.raises(ProviderError, match="over 1 MiB"):
+                        await provider.complete(REQUEST)
+        finally:
+            await provider.aclose()
+    assert stats["requests"] == (1 if answer == "reply" else 2)
 
 
 async def test_a_web_page_answering_200_fails_at_once() -> None:

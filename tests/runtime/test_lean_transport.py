@@ -696,6 +696,42 @@ async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot_once() -> Non
     assert stats["connections"] == 2 and stats["peak"] == 1
 
 
+@pytest.mark.parametrize("read", ["fetch", "read_whole"])
+async def test_a_compressed_body_that_inflates_past_the_limit_is_refused(
+    read: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gzip answer of a few kilobytes that inflates past `MAX_BODY` (here lowered to
+    1 MiB; 8 MiB of zeros) is refused once one slice of it has been decoded, not after
+    all of it: the limit holds for what a body decodes to, not only for its bytes."""
+    monkeypatch.setattr("rlm_graph._http.bodies.MAX_BODY", 1024 * 1024)
+    bomb = gzip.compress(bytes(8 * 1024 * 1024))
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index > 1:
+            await stream.send_all(plain_response(b"fine"))
+            return True
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % len(bomb) + bomb)
+        return True
+
+    async with raw_server(handler) as (port, _):
+        transport = LeanTransport(max_connections=1)
+        url = httpx.URL(f"http://127.0.0.1:{port}/")
+        with trio.fail_after(10):
+            with pytest.raises(httpx.RemoteProtocolError, match="decodes to over 1 MiB"):
+                if read == "fetch":
+                    await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+                else:
+                    response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
+                    try:
+                        await read_whole(response)
+                    finally:
+                        await response.aclose()
+            again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        await transport.aclose()
+    assert len(bomb) < 64 * 1024 and again.text == "fine"
+
+
 @pytest.mark.parametrize("framing", ["content-length", "chunked"])
 async def test_a_body_over_the_limit_is_refused_and_its_slot_freed(
     framing: str, monkeypatch: pytest.MonkeyPatch
@@ -703,7 +739,7 @@ async def test_a_body_over_the_limit_is_refused_and_its_slot_freed(
     """A whole answer's body past `MAX_BODY` (here lowered to 1 MiB) is an error, not a
     reply kept in memory, whether its length is announced or it comes in chunks without
     end; its connection is closed and the next request is answered."""
-    monkeypatch.setattr("rlm_graph._http.transport.MAX_BODY", 1024 * 1024)
+    monkeypatch.setattr("rlm_graph._http.bodies.MAX_BODY", 1024 * 1024)
     piece = b"x" * 65536
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
