@@ -195,6 +195,13 @@ def failures(provider: Speaker, timeout: float | None) -> Iterator[None]:
             retryable=True,
         )
         raise AttemptFailed(error, None, "timeout") from None
+    except httpx.DecodingError as exc:  # a body that is not what its encoding says
+        said = BadResponse(
+            f"{name}: {url} answered a body that does not decode ({exc}); check the server",
+            provider=name,
+            retryable=True,
+        )
+        raise AttemptFailed(said, None, "bad response") from None
     except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
         what = f"the request to {url} could not be written ({exc}); check its headers"
         raise ProviderError(f"{name}: {what}", provider=name) from None

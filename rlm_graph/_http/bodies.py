@@ -15,9 +15,20 @@ import httpx
 import trio
 
 from . import wire
+from .encodings import Inflater, codings_of
 from .pacing import next_tick, ticker
 
-__all__ = ["MAX_BODY", "ResponseStream", "as_read", "body_of", "decoded", "over", "read_whole"]
+__all__ = [
+    "MAX_BODY",
+    "Decoding",
+    "ResponseStream",
+    "as_read",
+    "body_of",
+    "decoded",
+    "decoding",
+    "over",
+    "read_whole",
+]
 
 MAX_BODY = 64 * 1024 * 1024
 """The most bytes of a body read whole (`LeanTransport.fetch`, `read_whole`), as it came
@@ -146,64 +157,103 @@ async def read_whole(response: httpx.Response) -> None:
         raw = await stream._transport._rest(stream._conn, stream._timeout)
         as_read(response, decoded(response, raw), len(raw))
         return
-    pieces: list[bytes] = []
-    size = 0
-    chunks = response.aiter_bytes()  # decoded a network read at a time
-    async for piece in chunks:
-        size += len(piece)
-        if size > MAX_BODY:
-            break
-        pieces.append(piece)
+    try:
+        already = response.content  # read before (a test's MockTransport reads it)
+    except httpx.ResponseNotRead:
+        pass
     else:
-        as_read(response, b"".join(pieces), response.num_bytes_downloaded)
+        if len(already) > MAX_BODY:
+            raise over("is")
         return
-    # Over: close the connection, then let httpx's iterators fail on it, each in turn,
-    # so that none is left half-way for the garbage collector.
+    inflater = Inflater(codings_of(response.headers), MAX_BODY, lambda: over("decodes to"))
+    pieces: list[bytes] = []
+    chunks = response.aiter_raw()  # as they came: decoded here, a bounded piece at a time
+    try:
+        async for chunk in chunks:
+            pieces += inflater.feed(chunk)
+    except (httpx.RemoteProtocolError, httpx.DecodingError):
+        await _abandon(response, chunks)
+        raise
+    as_read(response, b"".join(pieces), response.num_bytes_downloaded)
+
+
+async def _abandon(response: httpx.Response, chunks: AsyncIterator[bytes]) -> None:
+    """Stop reading ``response`` through httpx's (nested) iterators ``chunks``: close
+    its connection, then let them fail on it, each in turn, so that none is left
+    half-way for the garbage collector (closing the outer one alone would leave the
+    ones inside it)."""
     await response.aclose()
     with contextlib.suppress(httpx.HTTPError, httpx.StreamError):
         async for _ in chunks:
             pass
-    raise over("decodes to")
 
 
 def decoded(response: httpx.Response, raw: bytes) -> bytes:
     """``raw``, the body of ``response``, decoded as its ``Content-Encoding`` says (as
-    it is, with none), at most `MAX_BODY` bytes: fed to httpx's decoder a slice at a
-    time, so a small body that inflates without end (a "zip bomb") is cut off after one
-    slice's worth, not after all of it.
+    it is, with none), at most `MAX_BODY` bytes (`encodings.Inflater`: a small body that
+    inflates without end, a "zip bomb", is cut off a piece past the limit).
 
     Raises:
         httpx.RemoteProtocolError: it decodes to more than `MAX_BODY` bytes.
         httpx.DecodingError: it is not what its encoding says.
     """
-    if "content-encoding" not in response.headers:
+    codings = codings_of(response.headers)
+    if not codings:
         return raw
-    slices = httpx.Response(200, headers=response.headers, stream=_Slices(raw))
-    pieces: list[bytes] = []
-    size = 0
-    for piece in slices.iter_bytes():
-        size += len(piece)
-        if size > MAX_BODY:
-            raise over("decodes to")
-        pieces.append(piece)
-    return b"".join(pieces)
+    inflater = Inflater(codings, MAX_BODY, lambda: over("decodes to"))
+    return b"".join(inflater.feed(raw))
 
 
-class _Slices(httpx.SyncByteStream):
-    """A body handed on in slices of `SLICE` bytes."""
+class Decoding:
+    """A streamed body's raw pieces (``raw``), decoded a bounded piece at a time when
+    ``inflater`` is set (`encodings.Inflater`: at most `MAX_BODY` bytes in all); for
+    httpx's own iterators (``response`` set) closed as `_abandon` says."""
 
-    def __init__(self, raw: bytes) -> None:
+    __slots__ = ("_inflater", "_pending", "_raw", "_response")
+
+    def __init__(
+        self,
+        raw: AsyncIterator[bytes],
+        inflater: Inflater | None,
+        response: httpx.Response | None,
+    ) -> None:
         self._raw = raw
+        self._inflater = inflater
+        self._response = response
+        self._pending: Iterator[bytes] = iter(())
 
-    def __iter__(self) -> Iterator[bytes]:
-        raw = self._raw
-        for start in range(0, len(raw), SLICE):
-            yield raw[start : start + SLICE]
+    def __aiter__(self) -> Decoding:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._inflater is None:
+            return await self._raw.__anext__()
+        while True:
+            piece = next(self._pending, None)
+            if piece is not None:
+                return piece
+            self._pending = self._inflater.feed(await self._raw.__anext__())
+
+    async def aclose(self) -> None:
+        if self._response is not None:
+            await _abandon(self._response, self._raw)
+            return
+        close = getattr(self._raw, "aclose", None)
+        if close is not None:
+            await close()
 
 
-SLICE = 16 * 1024
-"""Bytes of an encoded body decoded at a time (deflate inflates a slice at most about
-a thousandfold: 16 MiB)."""
+def decoding(
+    response: httpx.Response, raw: AsyncIterator[bytes], lean: bool
+) -> AsyncIterator[bytes]:
+    """A streamed body's raw pieces as they are to be read (`Decoding`): decoded as
+    ``response``'s headers say, and, from httpx's own transport (not ``lean``), closed
+    without leaving its iterators half-way; ``raw`` itself when neither is needed."""
+    codings = codings_of(response.headers)
+    if not codings and lean:
+        return raw
+    inflater = Inflater(codings, MAX_BODY, lambda: over("decodes to")) if codings else None
+    return Decoding(raw, inflater, None if lean else response)
 
 
 def over(what: str) -> httpx.RemoteProtocolError:

@@ -60,7 +60,7 @@ from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
 from .answers import AttemptFailed as _Retry, failures, gave_up, read_json, unreadable
 from .attempts import note_rate_headers, note_retry, wait_before_retry
-from .bodies import read_whole
+from .bodies import decoding, read_whole
 from .checks import check_settings, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
@@ -536,12 +536,11 @@ class JSONProvider:
                         tracker.feed(reply.content)
                         tracker.finish()
                         return reply
-                    if "content-encoding" in response.headers:
-                        chunks = response.aiter_bytes()
-                    elif loop.lean is not None:  # its reads as they are: no layer between
-                        chunks = aiter(response.stream)  # type: ignore[arg-type]
+                    if loop.lean is not None:  # its reads as they are: no layer between
+                        raw = aiter(response.stream)  # type: ignore[arg-type]
                     else:
-                        chunks = response.aiter_raw()
+                        raw = response.aiter_raw()
+                    chunks = decoding(response, raw, loop.lean is not None)
 
                     def heard() -> None:  # a chunk came: the silence starts again
                         if timeout is not None:

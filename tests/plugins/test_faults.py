@@ -4,9 +4,11 @@ off by the token limit or without text reach the model with a note."""
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import logging
+import tracemalloc
 from types import SimpleNamespace
 from typing import Any
 
@@ -160,9 +162,10 @@ async def test_a_streamed_event_that_is_not_utf8_is_read_with_replacement_charac
     assert reply.content == "caf\ufffd ok" == "".join(seen)
 
 
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
 @pytest.mark.parametrize("shape", ["tokens", "one event"])
 async def test_a_stream_without_end_is_cut_off_not_kept(
-    shape: str, monkeypatch: pytest.MonkeyPatch
+    shape: str, pool: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A server that streams without end, tokens past the body's limit (here lowered to
     1 MiB) or one event past `MAX_EVENT` (4 MiB) without its blank line, is cut off
@@ -182,7 +185,7 @@ async def test_a_stream_without_end_is_cut_off_not_kept(
     limit = "an answer over 1 MiB" if shape == "tokens" else "an event over 4 MiB"
     async with raw_server(handler) as (port, stats):
         server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
-        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2))
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2, http_transport=pool))
         with trio.fail_after(20), pytest.raises(BadResponse, match=f"streamed {limit}"):
             await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
@@ -225,6 +228,67 @@ async def test_httpxs_own_pool_reads_answers_within_the_same_limit(
         finally:
             await provider.aclose()
     assert stats["requests"] == (1 if answer == "reply" else 2)
+
+
+@functools.cache
+def _nested_bomb() -> bytes:
+    """64 MiB of zeros, gzipped twice: a few hundred bytes on the wire."""
+    return gzip.compress(gzip.compress(bytes(64 * 1024 * 1024)))
+
+
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
+@pytest.mark.parametrize("shape", ["whole", "streamed"])
+async def test_gzip_inside_gzip_is_cut_off_with_little_in_memory(
+    pool: str, shape: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Content-Encoding: gzip, gzip`` on a few hundred bytes that inflate to 64 MiB:
+    every path (the lean transport and httpx's pool, a whole answer and a streamed
+    one) decodes it a bounded piece at a time and fails the call past the limit (here
+    1 MiB), with a few MiB in memory at the most, never the 64 MiB at once."""
+    monkeypatch.setattr("rlm_graph._http.bodies.MAX_BODY", 1024 * 1024)
+    bomb = _nested_bomb()
+    kind = b"text/event-stream" if shape == "streamed" else b"application/json"
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Encoding: gzip, gzip\r\n"
+        await stream.send_all(head % kind + b"Content-Length: %d\r\n\r\n" % len(bomb) + bomb)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=1, http_transport=pool))
+        tracemalloc.start()
+        try:
+            with trio.fail_after(20), pytest.raises(ProviderError, match="over 1 MiB"):
+                if shape == "streamed":
+                    await provider.stream(REQUEST, lambda offset, text: None)
+                else:
+                    await provider.complete(REQUEST)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            await provider.aclose()
+    assert len(bomb) < 4096 and stats["requests"] == 1
+    assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB at the peak"
+
+
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
+async def test_a_body_that_is_not_what_its_encoding_says_is_a_bad_response(pool: str) -> None:
+    """A body labelled gzip that is not gzip fails its attempt as a `BadResponse`
+    saying so, retried, not httpx's `DecodingError` from deep inside."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        body = b"this is not gzip at all"
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2, http_transport=pool))
+        with pytest.raises(BadResponse, match="does not decode"):
+            await _complete(provider)
+    assert stats["requests"] == 2
 
 
 async def test_a_web_page_answering_200_fails_at_once() -> None:
