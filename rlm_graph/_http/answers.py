@@ -35,6 +35,7 @@ __all__ = [
     "Speaker",
     "failures",
     "gave_up",
+    "oversized",
     "raise_for_status",
     "read_json",
     "unreadable",
@@ -178,6 +179,12 @@ def unreadable(provider: Speaker, exc: ValidationError) -> BadResponse:
         provider=provider.name,
         retryable=True,
     )
+
+
+def oversized(provider: Speaker, exc: Exception) -> BadResponse:
+    """A stream cut off past what the engine reads (`streaming.Oversized`)."""
+    what = f"{provider.name}: {provider.url} streamed {exc}: not a reply, cut off there"
+    return BadResponse(f"{what}; check the server", provider=provider.name, retryable=True)
 
 
 @contextlib.contextmanager

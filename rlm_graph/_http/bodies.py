@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Protocol
 
@@ -206,8 +207,8 @@ def decoded(response: httpx.Response, raw: bytes) -> bytes:
 
 class Decoding:
     """A streamed body's raw pieces (``raw``), decoded a bounded piece at a time when
-    ``inflater`` is set (`encodings.Inflater`: at most `MAX_BODY` bytes in all); for
-    httpx's own iterators (``response`` set) closed as `_abandon` says."""
+    ``inflater`` is set (`encodings.Inflater`); for httpx's own iterators (``response``
+    set) closed as `_abandon` says."""
 
     __slots__ = ("_inflater", "_pending", "_raw", "_response")
 
@@ -252,7 +253,9 @@ def decoding(
     codings = codings_of(response.headers)
     if not codings and lean:
         return raw
-    inflater = Inflater(codings, MAX_BODY, lambda: over("decodes to")) if codings else None
+    # No limit of its own: `streaming.read_events` holds a stream to `MAX_BODY`, counting
+    # the pieces this gives (at most `encodings.PIECE` bytes each).
+    inflater = Inflater(codings, sys.maxsize, lambda: over("decodes to")) if codings else None
     return Decoding(raw, inflater, None if lean else response)
 
 
@@ -263,12 +266,12 @@ def over(what: str) -> httpx.RemoteProtocolError:
     )
 
 
-def as_read(response: httpx.Response, content: bytes, downloaded: int | None = None) -> None:
+def as_read(response: httpx.Response, content: bytes, downloaded: int) -> None:
     """Leave ``response`` as httpx's ``read`` would: ``content`` (decoded) there, the
     ``downloaded`` bytes (its raw length) counted, its stream consumed and closed;
     without the generators ``read`` runs to join it."""
     response._content = content
-    response._num_bytes_downloaded = len(content) if downloaded is None else downloaded
+    response._num_bytes_downloaded = downloaded
     response.is_stream_consumed = response.is_closed = True
 
 

@@ -58,7 +58,14 @@ from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError, ProviderTimeout
 from ..tracing.scrub import Scrubber
-from .answers import AttemptFailed as _Retry, failures, gave_up, read_json, unreadable
+from .answers import (
+    AttemptFailed as _Retry,
+    failures,
+    gave_up,
+    oversized,
+    read_json,
+    unreadable,
+)
 from .attempts import note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
 from .checks import check_settings, checked_base_url, checked_policy, wire_headers
@@ -555,17 +562,13 @@ class JSONProvider:
                         except ValidationError as exc:
                             raise _Retry(unreadable(self, exc), None, "bad response") from None
                         except Oversized as exc:
-                            raise _Retry(self._oversized(exc), None, "cut stream") from None
+                            raise _Retry(oversized(self, exc), None, "cut stream") from None
                     if halt.cancelled_caught:
                         reply = parser.partial()
             if stall.cancelled_caught:
                 raise trio.TooSlowError
         tracker.finish()
         return reply
-
-    def _oversized(self, exc: Oversized) -> BadResponse:
-        what = f"{self.name}: {self.url} streamed {exc}: not a reply, cut off there"
-        return BadResponse(f"{what}; check the server", provider=self.name, retryable=True)
 
     def _read(self, response: httpx.Response) -> Any:
         return read_json(self, response)
