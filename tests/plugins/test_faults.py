@@ -291,6 +291,45 @@ async def test_a_body_that_is_not_what_its_encoding_says_is_a_bad_response(pool:
     assert stats["requests"] == 2
 
 
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+async def test_a_call_cancelled_mid_body_leaves_nothing_behind(pool: str, streamed: bool) -> None:
+    """A call cancelled (a deadline, Ctrl-C) while a gzip body trickles in, whole or
+    streamed, on either pool: nothing is left half-way (no iterator for the collector,
+    which the test run would report), and with one connection allowed the next call
+    gets it and its answer."""
+    reply = json.dumps({"choices": [{"message": {"content": "next"}}]}).encode()
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index > 1:
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(reply)
+            await stream.send_all(head + reply)
+            return True
+        kind = b"text/event-stream" if streamed else b"application/json"
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: %s\r\nContent-Encoding: gzip\r\n"
+        part = gzip.compress(b"x" * 1000)[:20]
+        await stream.send_all(head % kind + b"Transfer-Encoding: chunked\r\n\r\n")
+        await stream.send_all(b"%x\r\n%s\r\n" % (len(part), part))
+        await trio.sleep(10)  # the rest never comes
+        return False
+
+    async with raw_server(handler) as (port, _):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        kwargs = openai_kwargs(server, max_attempts=1, max_concurrent=1, http_transport=pool)
+        provider = OpenAIProvider(**kwargs)
+        try:
+            with trio.move_on_after(0.3) as cut:
+                if streamed:
+                    await provider.stream(REQUEST, lambda offset, text: None)
+                else:
+                    await provider.complete(REQUEST)
+            with trio.fail_after(5):
+                after = await provider.complete(REQUEST)
+        finally:
+            await provider.aclose()
+    assert cut.cancelled_caught and after.content == "next"
+
+
 async def test_a_web_page_answering_200_fails_at_once() -> None:
     calls = []
 
