@@ -435,16 +435,10 @@ def _request_bytes(
     method: str, url: httpx.URL, headers: list[tuple[bytes, bytes]], body: bytes
 ) -> bytes:
     """A request on the wire, its (read) body framed by ``Content-Length``."""
-    framed = [(k, v) for k, v in headers if k.lower() not in _FRAMING]
-    if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
-        framed.append((b"Content-Length", str(len(body)).encode()))
     try:
-        return wire.request_bytes(method.encode(), url.raw_path, framed, body)
+        return wire.request_bytes(method.encode(), url.raw_path, headers, body)
     except (ValueError, UnicodeEncodeError) as exc:
         raise httpx.LocalProtocolError(str(exc)) from None
-
-
-_FRAMING = (b"content-length", b"transfer-encoding")
 
 
 def _head(response: wire.Response) -> bool:

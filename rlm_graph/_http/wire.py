@@ -33,7 +33,8 @@ Invariants:
     - Informational (1xx) answers before the final one are skipped.
     - `request_bytes` refuses a header name that is not a token and a value, method or
       target with a CR, LF or NUL: nothing a caller passes can add a header or a
-      request.
+      request. It frames the body itself (``Content-Length``): a caller's framing
+      header cannot make the server read the body differently.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def is_value(value: bytes) -> bool:
 def request_bytes(
     method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes
 ) -> bytes:
-    """A request as it goes on the wire. ``headers`` are sent as given (the caller
-    frames the body: ``Content-Length``).
+    """A request as it goes on the wire, its body framed by ``Content-Length``: any
+    ``Content-Length`` or ``Transfer-Encoding`` in ``headers`` is left out (the body is
+    sent whole), the other ``headers`` are sent as given.
 
     Raises:
         ValueError: a header name that is not a token, or a CR, LF or NUL in the
@@ -101,14 +103,42 @@ def request_bytes(
     if not _NAME.fullmatch(method) or _BREAKS.search(target) or b" " in target or not target:
         raise ValueError(f"not a valid request line: {method!r} {target!r}")
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    for name, value in headers:
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"not a valid header name: {name!r}")
-        if not is_value(value):
-            raise ValueError(f"header {name.decode()!r} has a CR, LF or NUL in its value")
-        parts += (name, b": ", value, b"\r\n")
+    lines = _LINES
+    for header in headers:
+        line = lines.get(header)
+        if line is None:
+            line = _header_line(*header)
+        parts.append(line)
+    if body or method not in _NO_BODY:
+        parts += (b"Content-Length: ", str(len(body)).encode(), b"\r\n")
     parts += (b"\r\n", body)
     return b"".join(parts)
+
+
+_NO_BODY = frozenset((b"GET", b"HEAD", b"DELETE", b"OPTIONS"))
+"""Methods whose request says nothing of a body when it has none."""
+
+_FRAMING = frozenset((b"content-length", b"transfer-encoding"))
+
+_LINES: dict[tuple[bytes, bytes], bytes] = {}
+"""Header lines already checked, by (name, value): a provider sends the same few on
+every request, and a check costs more than the lookup. Bounded (`_MAX_LINES`)."""
+
+_MAX_LINES = 512
+
+
+def _header_line(name: bytes, value: bytes) -> bytes:
+    """``name: value`` and its CRLF (empty for a framing header: `request_bytes` frames
+    the body), checked, and remembered."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"not a valid header name: {name!r}")
+    if not is_value(value):
+        raise ValueError(f"header {name.decode()!r} has a CR, LF or NUL in its value")
+    line = b"" if name.lower() in _FRAMING else b"".join((name, b": ", value, b"\r\n"))
+    if len(_LINES) >= _MAX_LINES:  # a value new on every request (a trace id): start over
+        _LINES.clear()
+    _LINES[(bytes(name), bytes(value))] = line
+    return line
 
 
 class Response:

@@ -550,7 +550,8 @@ class RLMRunner:
                 after=[previous],
                 span_parent=turn_id,
                 # Recorded, never replayed: a block runs again to rebuild the REPL's state.
-                journal=Journaled(value_hash("repl_block", code), read=None),
+                # Hashed only when the run has a journal.
+                journal=lambda: Journaled(value_hash("repl_block", code), read=None),
             )
         except BaseException:  # cut by a limit or a cancel (possibly inside a group)
             await _salvage_answer(c.env, state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from rlm_graph._http import wire
 from rlm_graph._http.wire import (
     MAX_CHUNK_LINE,
     MAX_HEAD,
@@ -198,8 +199,39 @@ def test_a_hostile_header_value_fails_without_backtracking() -> None:
 
 
 def test_request_bytes() -> None:
-    sent = request_bytes(b"POST", b"/v1/x?y=1", [(b"Host", b"h"), (b"Content-Length", b"2")], b"{}")
+    sent = request_bytes(b"POST", b"/v1/x?y=1", [(b"Host", b"h")], b"{}")
     assert sent == b"POST /v1/x?y=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+    assert (
+        request_bytes(b"GET", b"/", [(b"Host", b"h")], b"") == b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"
+    )
+    assert request_bytes(b"POST", b"/", [], b"").endswith(b"\r\nContent-Length: 0\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [(b"Content-Length", b"1"), (b"content-length", b"99"), (b"Transfer-Encoding", b"chunked")],
+)
+def test_the_body_is_framed_by_its_length_whatever_the_caller_says(
+    framing: tuple[bytes, bytes],
+) -> None:
+    """A framing header the caller passes (a plugin's, a user's) could make the server
+    read the body as something else, or the next request as part of it."""
+    for _ in range(2):  # the second time from the checked lines
+        sent = request_bytes(b"POST", b"/", [framing, (b"Host", b"h")], b"{}")
+        assert sent == b"POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_a_bad_header_is_refused_every_time_and_the_checked_lines_stay_bounded() -> None:
+    good = [(b"Host", b"h"), (b"X-Trace", b"1")]
+    for _ in range(2):
+        with pytest.raises(ValueError, match="CR, LF or NUL"):
+            request_bytes(b"POST", b"/", [*good, (b"X-Key", b"a\r\nX-Injected: 1")], b"")
+        with pytest.raises(ValueError, match="not a valid header name"):
+            request_bytes(b"POST", b"/", [*good, (b"X Key", b"a")], b"")
+    for n in range(2000):  # a value new on every request, as a trace id is
+        sent = request_bytes(b"POST", b"/", [(b"traceparent", str(n).encode())], b"")
+        assert f"traceparent: {n}\r\n".encode() in sent
+    assert len(wire._LINES) <= wire._MAX_LINES
 
 
 @pytest.mark.parametrize(
