@@ -8,9 +8,8 @@ a plain reply and a streamed one fail the same way for the same status.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from typing import Any, NoReturn, Protocol
+from types import TracebackType
+from typing import Any, Literal, NoReturn, Protocol
 
 import httpx
 import trio
@@ -187,13 +186,50 @@ def oversized(provider: Speaker, exc: Exception) -> BadResponse:
     return BadResponse(f"{what}; check the server", provider=provider.name, retryable=True)
 
 
-@contextlib.contextmanager
-def failures(provider: Speaker, timeout: float | None) -> Iterator[None]:
-    """An attempt's timeouts and transport failures, as the retries they ask for."""
+class failures:
+    """An attempt's timeouts and transport failures, as the retries they ask for (a
+    context manager). With ``deadline``, it is also the attempt's deadline: ``timeout``
+    seconds from entering, for every phase of the attempt (one cancel scope, as
+    ``trio.fail_after`` would make, without its generator)."""
+
+    __slots__ = ("_provider", "_scope", "_timeout")
+
+    def __init__(self, provider: Speaker, timeout: float | None, *, deadline: bool = False):
+        self._provider = provider
+        self._timeout = timeout
+        self._scope = trio.CancelScope() if deadline and timeout is not None else None
+
+    def __enter__(self) -> None:
+        scope = self._scope
+        if scope is not None:
+            scope.deadline = trio.current_time() + (self._timeout or 0.0)
+            scope.__enter__()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> Literal[False]:
+        if self._scope is not None:
+            try:
+                self._scope.__exit__(kind, exc, tb)
+            except BaseException as raised:  # what is left of a group, say
+                said = _failure(self._provider, self._timeout, raised)
+                if said is None:
+                    raise
+                raise said from None
+            if self._scope.cancelled_caught:  # its own deadline passed
+                exc = trio.TooSlowError()
+        if exc is None:
+            return False
+        said = _failure(self._provider, self._timeout, exc)
+        if said is None:
+            return False
+        raise said from None
+
+
+def _failure(provider: Speaker, timeout: float | None, exc: BaseException) -> Exception | None:
+    """The error (or retry) an attempt's failure ``exc`` is; None: not one of these."""
     name, url = provider.name, provider.url
-    try:
-        yield
-    except (trio.TooSlowError, httpx.TimeoutException):
+    if isinstance(exc, (trio.TooSlowError, httpx.TimeoutException)):
         within = f"{timeout:g} s" if timeout is not None else "the transport's timeout"
         error: ProviderError = ProviderTimeout(
             f"{name}: no answer from {url} within {within}; raise "
@@ -201,18 +237,18 @@ def failures(provider: Speaker, timeout: float | None) -> Iterator[None]:
             provider=name,
             retryable=True,
         )
-        raise AttemptFailed(error, None, "timeout") from None
-    except httpx.DecodingError as exc:  # a body that is not what its encoding says
+        return AttemptFailed(error, None, "timeout")
+    if isinstance(exc, httpx.DecodingError):  # a body that is not what its encoding says
         said = BadResponse(
             f"{name}: {url} answered a body that does not decode ({exc}); check the server",
             provider=name,
             retryable=True,
         )
-        raise AttemptFailed(said, None, "bad response") from None
-    except httpx.LocalProtocolError as exc:  # could not be written: no retry helps
+        return AttemptFailed(said, None, "bad response")
+    if isinstance(exc, httpx.LocalProtocolError):  # could not be written: no retry helps
         what = f"the request to {url} could not be written ({exc}); check its headers"
-        raise ProviderError(f"{name}: {what}", provider=name) from None
-    except httpx.TransportError as exc:
+        return ProviderError(f"{name}: {what}", provider=name)
+    if isinstance(exc, httpx.TransportError):
         error = ProviderError(
             f"{name}: connection to {url} failed ({type(exc).__name__}: "
             f"{provider._scrub(str(exc)) or 'no detail'}); check base_url and that the "
@@ -221,4 +257,5 @@ def failures(provider: Speaker, timeout: float | None) -> Iterator[None]:
             retryable=True,
         )
         reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
-        raise AttemptFailed(error, None, reason) from None
+        return AttemptFailed(error, None, reason)
+    return None

@@ -504,7 +504,7 @@ class JSONProvider:
     ) -> ChatResponse:
         """One attempt: send, read, parse; `_Retry` when another attempt may succeed."""
         loop = self._get_client()
-        with failures(self, timeout), trio.fail_after(math.inf if timeout is None else timeout):
+        with failures(self, timeout, deadline=True):
             response = await self._post(loop, content, timeout)
         return self._whole(response, request)
 

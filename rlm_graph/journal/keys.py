@@ -27,6 +27,7 @@ __all__ = [
     "qualname",
     "request_hash",
     "run_key",
+    "text_hash",
     "value_hash",
     "workflow_key",
 ]
@@ -130,6 +131,11 @@ def _image_digest(image: Image) -> str:
 def value_hash(kind: str, *values: Any) -> str:
     """The hash of a non-model node's inputs (a child's prompt, a function's arguments)."""
     return _digest([kind, *(canonical_json(v) for v in values)])
+
+
+def text_hash(kind: str, *texts: str) -> str:
+    """The hash of texts as they are (no JSON on the way: a system prompt is long)."""
+    return _digest([kind, *texts])
 
 
 def run_key(kind: str, inputs: Mapping[str, Any], configuration: Sequence[Any]) -> str:

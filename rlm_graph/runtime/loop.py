@@ -42,6 +42,7 @@ from ..doors.sync import single_or_group
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
+from ..journal.keys import text_hash
 from ..journal.seam import Journaled
 from ..journal.tools import seed_code
 from ..limits import Tally
@@ -261,7 +262,7 @@ class RLMRunner:
     ) -> CompletionOutcome:
         limits = self.run.limits
         self._open(c, context, root_prompt, state, index)
-        c.cache_key = "rlm-" + value_hash("cache_key", *(m.content for m in state.messages))[:20]
+        c.cache_key = "rlm-" + text_hash("cache_key", *(m.content for m in state.messages))[:20]
         previous: str | None = None
         for iteration in range(1, limits.max_iterations + 1):
             state.iterations = iteration
