@@ -318,5 +318,7 @@ def config_error(
             if isinstance(given, int | float | str) and len(repr(given)) <= 40
             else ""
         )
-        problems.append(f"{field}: {error['msg']}{shown}")
+        # A validator's own ValueError reads as its message, not as pydantic's label.
+        said = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{field}: {said}{shown}")
     return ConfigError(f"{where}: {'; '.join(problems)}{hint}")

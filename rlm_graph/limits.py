@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from .contracts import ModelInfo, Usage
-from .errors import config_error
+from .errors import ConfigError, config_error
 from .hedging import HedgePolicy
 
 __all__ = [
@@ -91,6 +91,10 @@ class Limits(BaseModel):
         try:
             return cls(**kwargs)  # type: ignore[arg-type]
         except ValidationError as exc:
+            errors = exc.errors()
+            own = errors[0].get("ctx", {}).get("error") if len(errors) == 1 else None
+            if isinstance(own, ConfigError):  # hedge=: a policy, which says its own error
+                raise ConfigError(str(own)) from None
             raise config_error("bad limit", exc, unnamed="limits") from None
 
 

@@ -63,6 +63,13 @@ class ProviderRouter:
         self._info: dict[str, ModelInfo | None] = {}
         # Read once: a provider's optional attributes are looked up nowhere else.
         self.capabilities = {key: ProviderCapabilities.of(p) for key, p in self.providers}
+        # What a user reads for a provider: its backend's name (``openai``), with the
+        # key's index (``openai/1``) only where two backends share a name.
+        labels = [key.rsplit("/", 1)[0] for key, _ in self.providers]
+        self.names = {
+            key: key if labels.count(label) > 1 else label
+            for (key, _), label in zip(self.providers, labels, strict=True)
+        }
         self._routes: dict[tuple[str | None, bool], Route] = {}
 
     def route(self, model: str | None, depth: int) -> Route:

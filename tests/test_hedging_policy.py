@@ -79,3 +79,13 @@ def test_duplicates_stay_within_max_extra_of_the_calls() -> None:
 def test_bad_settings_are_a_config_error(value: object) -> None:
     with pytest.raises(ConfigError):
         HedgePolicy.of(value)  # type: ignore[arg-type]
+
+
+def test_a_bad_hedge_given_to_rlm_says_the_key_and_the_ranges_in_plain_words() -> None:
+    from rlm_graph import RLM
+
+    with pytest.raises(ConfigError) as caught:
+        RLM("scripted", {"respond": lambda r: "x"}, hedge={"quantile": 1.5})
+    said = str(caught.value)
+    assert said.startswith("bad hedge setting: quantile:") and "the keys are quantile" in said
+    assert "Value error" not in said and "bad limit" not in said

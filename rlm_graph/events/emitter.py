@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from ..concurrency import AdaptiveLimit
@@ -58,6 +58,7 @@ class EventEmitter:
         "_finished",
         "_limits",
         "_listeners",
+        "_names",
         "_seq",
         "_start",
         "_warned",
@@ -72,8 +73,10 @@ class EventEmitter:
         limits: Limits,
         budget: Budget,
         clock: Callable[[], float],
+        names: Mapping[str, str] | None = None,
     ) -> None:
         self._listeners = tuple(listeners)
+        self._names = names or {}  # a provider's key -> the name a user reads
         self.run_id = run_id
         self._limits = limits
         self._budget = budget
@@ -111,6 +114,7 @@ class EventEmitter:
 
     def concurrency(self, provider: str, limit: AdaptiveLimit) -> None:
         """A provider's adaptive limit moved (a call of this run moved it)."""
+        provider = self._names.get(provider, provider)
         logger.info(
             "%s: concurrency limit now %d (%d in flight, %d refused)",
             provider,

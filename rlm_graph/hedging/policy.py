@@ -77,7 +77,7 @@ class HedgePolicy(BaseModel):
                 f"{'.'.join(str(p) for p in e['loc']) or 'hedge'}: {e['msg']}" for e in exc.errors()
             )
             raise ConfigError(
-                f"bad hedge settings ({problems}); the keys are quantile (0 < q < 1), "
+                f"bad hedge setting: {problems}; the keys are quantile (0 < q < 1), "
                 "max_extra (0 < share <= 1) and min_samples (>= 1)"
             ) from None
 

@@ -107,7 +107,12 @@ class Run:
             fan_out.append(HookListener(host.hook, self.graph))
         self.run_id = uuid.uuid4().hex
         self.events = EventEmitter(
-            fan_out, run_id=self.run_id, limits=limits, budget=self.budget, clock=trio.current_time
+            fan_out,
+            run_id=self.run_id,
+            limits=limits,
+            budget=self.budget,
+            clock=trio.current_time,
+            names=router.names,
         )
         self._observed = self.events.active
 

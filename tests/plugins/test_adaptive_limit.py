@@ -69,6 +69,7 @@ def test_the_limit_rises_past_its_start_against_a_roomy_server() -> None:
     # The event stream said so as it happened (a loaded machine may slow the server as
     # it gets busier, and the limit may step back on that: it still ends above its start).
     assert heard and heard[0].limit > DEFAULT_INITIAL and heard[-1].limit > DEFAULT_INITIAL
+    assert {e.provider for e in heard} == {"openai"}  # the backend's name, as docs say
 
 
 def test_the_limit_settles_under_a_server_that_refuses_past_six() -> None:
@@ -174,7 +175,7 @@ def test_run_verbose_shows_the_limit_as_it_moves(
         )
     out, err = capsys.readouterr()
     assert code == 0 and out.strip() == "64"
-    moves = [line for line in err.splitlines() if "concurrency limit of openai" in line]
+    moves = [line for line in err.splitlines() if "concurrency limit of openai:" in line]
     assert moves and "refused so far" in moves[-1]
     # The last progress line carries the limit too.
     assert " limit " in [line for line in err.splitlines() if "sub-calls" in line][-1]

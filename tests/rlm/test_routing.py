@@ -98,3 +98,18 @@ def test_allowed_models_must_be_a_list_of_names() -> None:
         ConfigError, match=r"allowed_models must be a list of model names, e.g. \['m'\]"
     ):
         RLM("scripted", allowed_models="m")  # type: ignore[arg-type]
+
+
+def test_a_provider_is_named_by_its_backend_with_an_index_only_where_two_share_it() -> None:
+    """What the concurrency events and ``-v`` call a provider (docs/observing.md)."""
+    engine = RLM(
+        "scripted",
+        {"model_name": "root-model", "respond": lambda r: "x"},
+        other_backends=["scripted", "openai"],
+        other_backend_kwargs=[
+            {"model_name": "cheap-model", "respond": lambda r: "y"},
+            {"model_name": "gpt-test", "base_url": "http://127.0.0.1:9/v1", "api_key": "k"},
+        ],
+    )
+    names = engine.engine.router.names
+    assert names == {"scripted/0": "scripted/0", "scripted/1": "scripted/1", "openai/2": "openai"}
