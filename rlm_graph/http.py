@@ -142,6 +142,8 @@ def token_count(value: object) -> int:
     Returns:
         The count (ints, whole floats, numeric strings), else 0.
     """
+    if type(value) is int:  # what servers send: one check
+        return value if value > 0 else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):

@@ -280,13 +280,13 @@ def _content(message: Message) -> str | list[dict[str, Any]]:
 
 
 def _usage(raw: Any) -> Usage:
-    if not isinstance(raw, Mapping):
+    if not _is_mapping(raw):
         return Usage()
     prompt = raw.get("prompt_tokens_details") or {}
     completion = raw.get("completion_tokens_details") or {}
-    if not isinstance(prompt, Mapping):
+    if not _is_mapping(prompt):
         prompt = {}
-    if not isinstance(completion, Mapping):
+    if not _is_mapping(completion):
         completion = {}
     return Usage(
         input_tokens=token_count(raw.get("prompt_tokens")),
@@ -298,13 +298,17 @@ def _usage(raw: Any) -> Usage:
 
 def _cost(raw: Any) -> float | None:
     """The USD cost the server reported (OpenRouter's ``usage.cost``), if any."""
-    if (
-        isinstance(raw, Mapping)
-        and isinstance(raw.get("cost"), (int, float))
-        and not isinstance(raw.get("cost"), bool)
-    ):
-        return float(raw["cost"])
+    if not _is_mapping(raw):
+        return None
+    cost = raw.get("cost")
+    if isinstance(cost, (int, float)) and not isinstance(cost, bool):
+        return float(cost)
     return None
+
+
+def _is_mapping(value: Any) -> bool:
+    """A JSON object (parsed JSON is a dict: the ABC check only for anything else)."""
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def factory(backend: str) -> Any:

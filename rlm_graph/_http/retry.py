@@ -168,7 +168,7 @@ def exhausted_for(headers: Mapping[str, str], now: float | None = None) -> float
     # window), then a few lookups. (httpx's headers look names up in any case; a plain
     # mapping is expected in lower case.)
     raw = getattr(headers, "raw", None)
-    if raw is not None and not any(b"ratelimit" in name.lower() for name, _ in raw):
+    if raw is not None and b"ratelimit" not in b"\n".join([name for name, _ in raw]).lower():
         return None
     waits = []
     for remaining, reset in _REMAINING:
