@@ -223,15 +223,16 @@ class Engine:
         self.record_content = bool(record_content)
         other_kwargs = _other_kwargs(other_backends, other_backend_kwargs)
         main = _make_provider(self.host, backend, backend_kwargs)
-        providers = [(f"{backend if isinstance(backend, str) else main.name}/0", main)]
+        labels = [backend if isinstance(backend, str) else main.name]
+        providers = [(f"{labels[0]}/0", main)]
         for index, (name, kwargs) in enumerate(other_kwargs, start=1):
             other = _make_provider(self.host, name, kwargs)
-            label = name if isinstance(name, str) else other.name
-            providers.append((f"{label}/{index}", other))
+            labels.append(name if isinstance(name, str) else other.name)
+            providers.append((f"{labels[-1]}/{index}", other))
         table = self.host.models
         for name, info in (models or {}).items():
             table[name] = _model_info(name, info, table.get(name))
-        self.router = ProviderRouter(providers, table, _model_list(allowed_models))
+        self.router = ProviderRouter(providers, table, _model_list(allowed_models), labels=labels)
         self.check_prices(self.limits)
         self._secrets = [
             value

@@ -48,6 +48,8 @@ class ProviderRouter:
         providers: Sequence[tuple[str, Provider]],
         models: Mapping[str, ModelInfo] | None = None,
         allowed_models: Sequence[str] = (),
+        *,
+        labels: Sequence[str] | None = None,
     ) -> None:
         if not providers:
             raise ConfigError("at least one backend is needed")
@@ -63,12 +65,14 @@ class ProviderRouter:
         self._info: dict[str, ModelInfo | None] = {}
         # Read once: a provider's optional attributes are looked up nowhere else.
         self.capabilities = {key: ProviderCapabilities.of(p) for key, p in self.providers}
-        # What a user reads for a provider: its backend's name (``openai``), with the
-        # key's index (``openai/1``) only where two backends share a name.
-        labels = [key.rsplit("/", 1)[0] for key, _ in self.providers]
+        # What a user reads for a provider: its backend's name (``openai``, from
+        # ``labels``), the key itself (``openai/1``) where two share a name or none is
+        # given.
+        keys = [key for key, _ in self.providers]
+        named = list(labels) if labels is not None and len(labels) == len(keys) else keys
         self.names = {
-            key: key if labels.count(label) > 1 else label
-            for (key, _), label in zip(self.providers, labels, strict=True)
+            key: label if named.count(label) == 1 and label not in set(keys) - {key} else key
+            for key, label in zip(keys, named, strict=True)
         }
         self._routes: dict[tuple[str | None, bool], Route] = {}
 

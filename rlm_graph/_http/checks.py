@@ -45,7 +45,7 @@ def check_settings(
         raise ConfigError(
             f"{provider}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"
         )
-    if timeout is not None and timeout <= 0:
+    if timeout is not None and not timeout > 0:  # NaN too
         raise ConfigError(f"{provider}: timeout must be > 0 seconds, or None")
 
 

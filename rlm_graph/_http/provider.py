@@ -445,6 +445,12 @@ class JSONProvider:
         # W3C traceparent (or whatever propagator the application set) of the calling
         # node's span, so a gateway's or inference server's spans join our trace.
         inject(headers)
+        for name, value in headers.items():  # a propagator's, or a plugin's, may not be
+            if not (name.isascii() and value.isascii()):
+                raise httpx.LocalProtocolError(
+                    f"header {name!r} is not ASCII text (an OpenTelemetry propagator's, or "
+                    "the provider's own); HTTP headers carry ASCII only"
+                )
         return headers
 
     def _lean_headers(self, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

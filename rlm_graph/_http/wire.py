@@ -104,10 +104,13 @@ def request_bytes(
         raise ValueError(f"not a valid request line: {method!r} {target!r}")
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     lines = _LINES
-    for header in headers:
-        line = lines.get(header)
+    for name, value in headers:
+        try:
+            line = lines.get((name, value))
+        except TypeError:  # not hashable (a bytearray): not remembered, checked below
+            line = None
         if line is None:
-            line = _header_line(*header)
+            line = _header_line(name, value)
         parts.append(line)
     if body or method not in _NO_BODY:
         parts += (b"Content-Length: ", str(len(body)).encode(), b"\r\n")
@@ -122,22 +125,34 @@ _FRAMING = frozenset((b"content-length", b"transfer-encoding"))
 
 _LINES: dict[tuple[bytes, bytes], bytes] = {}
 """Header lines already checked, by (name, value): a provider sends the same few on
-every request, and a check costs more than the lookup. Bounded (`_MAX_LINES`)."""
+every request, and a check costs more than the lookup. Bounded: at most `_MAX_LINES`
+lines of at most `_MAX_KEPT` bytes each (a long value, or one new on every request,
+such as a trace id, is checked each time)."""
 
 _MAX_LINES = 512
+_MAX_KEPT = 256
 
 
 def _header_line(name: bytes, value: bytes) -> bytes:
     """``name: value`` and its CRLF (empty for a framing header: `request_bytes` frames
-    the body), checked, and remembered."""
+    the body), checked, and remembered when short."""
+    if not isinstance(name, bytes | bytearray | memoryview) or not isinstance(
+        value, bytes | bytearray | memoryview
+    ):
+        raise ValueError(
+            f"a header's name and value must be bytes, not {type(name).__name__} and "
+            f"{type(value).__name__}"
+        )
+    name, value = bytes(name), bytes(value)
     if not _NAME.fullmatch(name):
         raise ValueError(f"not a valid header name: {name!r}")
     if not is_value(value):
         raise ValueError(f"header {name.decode()!r} has a CR, LF or NUL in its value")
     line = b"" if name.lower() in _FRAMING else b"".join((name, b": ", value, b"\r\n"))
-    if len(_LINES) >= _MAX_LINES:  # a value new on every request (a trace id): start over
-        _LINES.clear()
-    _LINES[(bytes(name), bytes(value))] = line
+    if len(line) <= _MAX_KEPT:
+        if len(_LINES) >= _MAX_LINES:  # values new on every request: start over
+            _LINES.clear()
+        _LINES[(name, value)] = line
     return line
 
 

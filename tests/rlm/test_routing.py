@@ -113,3 +113,16 @@ def test_a_provider_is_named_by_its_backend_with_an_index_only_where_two_share_i
     )
     names = engine.engine.router.names
     assert names == {"scripted/0": "scripted/0", "scripted/1": "scripted/1", "openai/2": "openai"}
+
+
+def test_a_backend_whose_name_looks_like_another_s_key_keeps_its_own_name() -> None:
+    from rlm_graph.routing import ProviderRouter
+    from rlm_graph_scripted import ScriptedProvider
+
+    providers = [
+        ("x/0", ScriptedProvider(model_name="a")),
+        ("x/0/1", ScriptedProvider(model_name="b")),
+    ]
+    names = ProviderRouter(providers, labels=["x", "x/0"]).names
+    assert names == {"x/0": "x", "x/0/1": "x/0/1"}  # never the first one's key as a name
+    assert len(set(names.values())) == len(names)

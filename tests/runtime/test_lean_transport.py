@@ -12,6 +12,7 @@ import struct
 import subprocess
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -491,6 +492,58 @@ async def test_a_header_that_would_split_the_request_is_not_retried() -> None:
             await provider.aclose()
     assert not caught.value.retryable
     assert server.requests == []
+
+
+@pytest.mark.parametrize("http_transport", ["lean", "httpx"])
+async def test_a_propagator_s_header_that_is_not_ascii_fails_the_call_plainly(
+    http_transport: str,
+) -> None:
+    """The application's OpenTelemetry propagator adds headers to every request; one
+    that is not ASCII fails the call at once, naming the header, on either pool (not a
+    UnicodeEncodeError from inside the transport)."""
+    from opentelemetry import propagate
+    from opentelemetry.propagators.textmap import TextMapPropagator
+
+    class Careless(TextMapPropagator):
+        def inject(self, carrier: Any, context: Any = None, setter: Any = None) -> None:
+            carrier["x-team"] = "équipe"
+
+        def extract(self, carrier: Any, context: Any = None, getter: Any = None) -> Any:
+            raise NotImplementedError
+
+        @property
+        def fields(self) -> set[str]:
+            return {"x-team"}
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(Careless())
+    try:
+        with FakeOpenAIServer() as server:
+            provider = OpenAIProvider(
+                backend="vllm",
+                model_name="m",
+                base_url=server.base_url,
+                stream=False,
+                http_transport=http_transport,
+            )
+            request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
+            try:
+                with pytest.raises(ProviderError, match="'x-team' is not ASCII") as caught:
+                    await provider.complete(request)
+            finally:
+                await provider.aclose()
+    finally:
+        propagate.set_global_textmap(before)
+    assert not caught.value.retryable
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan")])
+def test_a_timeout_that_is_not_a_positive_number_is_a_config_error(timeout: float) -> None:
+    with pytest.raises(ConfigError, match="timeout must be > 0"):
+        OpenAIProvider(
+            backend="vllm", model_name="m", base_url="http://127.0.0.1:9", timeout=timeout
+        )
 
 
 def test_an_api_key_with_a_newline_is_a_config_error_that_does_not_show_it() -> None:

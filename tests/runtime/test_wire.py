@@ -252,3 +252,25 @@ def test_a_request_cannot_be_split_by_what_it_carries(
 ) -> None:
     with pytest.raises(ValueError, match="not a valid|CR, LF or NUL"):
         request_bytes(method, target, headers, b"")
+
+
+@pytest.mark.parametrize(
+    "header",
+    [[b"X-A", b"1"], (bytearray(b"X-A"), b"1"), (b"X-A", bytearray(b"a\r\nX-B: 2")), ("X-A", "1")],
+)
+def test_a_header_of_another_shape_is_sent_or_refused_plainly(header: object) -> None:
+    """A list for a pair, or a bytearray, works as a tuple of bytes does (or is refused
+    with the same reason); a str is refused naming the types, not with a TypeError."""
+    try:
+        sent = request_bytes(b"POST", b"/", [header], b"")  # type: ignore[list-item]
+    except ValueError as exc:
+        assert "CR, LF or NUL" in str(exc) or "must be bytes" in str(exc)
+    else:
+        assert sent.startswith(b"POST / HTTP/1.1\r\nX-A: 1\r\n")
+
+
+def test_a_long_header_value_is_checked_each_time_not_kept() -> None:
+    long = (b"X-Baggage", b"k=" + b"v" * 8000)
+    for _ in range(2):
+        assert b"v" * 8000 in request_bytes(b"POST", b"/", [long], b"")
+    assert long not in wire._LINES
