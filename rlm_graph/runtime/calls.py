@@ -128,6 +128,11 @@ class ModelCall:
         self.stream = stream
         self.on_text = on_text
         self.route: Route = run.router.route(model, node.depth)
+        # Known before the node starts: its node_started event says them.
+        node.model = self.route.model
+        node.provider = self.route.provider.name
+        if not node.input_preview and self.messages:
+            node.input_preview = preview(self.messages[-1].content)
         self._request: ChatRequest | None = None
         if not params and response_schema is None:  # nothing in it can be refused: now
             self.request()
@@ -194,12 +199,8 @@ async def call_model(call: ModelCall) -> ChatResponse:
         ProviderError: the provider failed (after its retries).
     """
     run, record, route = call.run, call.node, call.route
-    record.model = route.model
-    record.provider = route.provider.name
     if run.limits.max_budget is not None:
         _check_priced(run, route)
-    if not record.input_preview and call.messages:
-        record.input_preview = preview(call.messages[-1].content)
     request = call._request if call._request is not None else call.request()
     reservation = await _reserve(run, route, request)
     duplicate = None

@@ -158,6 +158,8 @@ class Run:
         record.running(trio.current_time(), time.time())
         parent_id = span_parent or parent
         if self._observed:
+            if self.redact is not None:  # the event goes out now: no known secret in it
+                record.input_preview = self.redact(record.input_preview)
             self.events.node_started(record, parent_id)
         try:
             with self.tracer.node_span(record, parent_id):

@@ -289,3 +289,31 @@ def test_stream_events_round_trip_through_json() -> None:
     for event in events[:-1]:
         assert parse_event(event.model_dump_json()) == event
     assert '"result"' not in events[-1].model_dump_json()
+
+
+def test_a_model_call_s_start_says_its_model_and_its_prompt_with_known_secrets_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """node_started carries the model a call goes to and what it asks (docs/observing.md),
+    a key the engine knows redacted before the event leaves (the prompt here echoes it)."""
+    key = "sk-live-abcdefgh12345678"
+    monkeypatch.setenv("OPENAI_API_KEY", key)  # a secret-named variable: a known secret
+    events: list[Any] = []
+
+    def respond(request: ChatRequest) -> str:
+        if is_root_turn(request):
+            return repl(f"FINAL(llm_query('the key is {key}'))")
+        return "fine"
+
+    rlm = RLM(
+        "scripted",
+        {"model_name": "root-model", "respond": respond},
+        listeners=[events.append],
+    )
+    assert rlm.completion("ctx", root_prompt="q").response == "fine"
+    started = {e.kind: e for e in events if isinstance(e, NodeStarted)}
+    turn, call = started[NodeKind.ROOT_TURN], started[NodeKind.LLM_CALL]
+    assert turn.model == "root-model" and turn.input_preview  # the turn's last message
+    assert call.model == "root-model"
+    assert call.input_preview.startswith("the key is ") and key not in call.input_preview
+    assert "[REDACTED]" in call.input_preview
