@@ -158,9 +158,7 @@ class Run:
         record.running(trio.current_time(), time.time())
         parent_id = span_parent or parent
         if self._observed:
-            if self.redact is not None:  # the event goes out now: no known secret in it
-                record.input_preview = self.redact(record.input_preview)
-            self.events.node_started(record, parent_id)
+            self._started(record, parent_id)
         try:
             with self.tracer.node_span(record, parent_id):
                 try:
@@ -188,6 +186,11 @@ class Run:
                 record.redact(self.redact)
             if self._observed:
                 self.events.node_finished(record, parent_id)
+
+    def _started(self, record: NodeRecord, parent_id: str | None) -> None:
+        if self.redact is not None:  # the event goes out now: no known secret in it
+            record.input_preview = self.redact(record.input_preview)
+        self.events.node_started(record, parent_id)
 
     def finalize(self) -> None:
         """Mark every node that never finished as ``cancelled``; log the retry summary."""
