@@ -338,7 +338,8 @@ class Engine:
             f"max_budget=${limits.max_budget:g} cannot be kept: no price is known for {names}, "
             "so its calls would count $0. Price it with models={"
             f"{example!r}: {{'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}}} (USD per "
-            "million tokens; 0 for a free local model), or limit tokens with max_tokens instead"
+            "million tokens; 0 for a free local model) or a plugin's rlm_register_models hook "
+            "(docs/plugins.md), or limit tokens instead: max_tokens (rlm-graph: --max-tokens)"
         )
 
     # -- workflows ----------------------------------------------------------------------

@@ -350,10 +350,13 @@ def node_failure(
         )
         error.__cause__ = origin
         return error
+    said = errors.get(key) or error_slot(exc or Exception())
+    if isinstance(exc, NodeFailed) and not exc.node_id and exc.__cause__ is not None:
+        exc = exc.__cause__  # the engine's word on the node's own error: its text, that cause
     text = "".join(traceback.format_exception(exc)) if exc is not None else ""
     is_function = key in graph and graph[key].kind == NodeKind.FUNCTION
     error = NodeFailed(
-        f"node {key!r} failed: {errors.get(key) or error_slot(exc or Exception())}",
+        f"node {key!r} failed: {said}",
         node_id=key,
         cause=exc,
         traceback=text if is_function else "",

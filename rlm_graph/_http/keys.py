@@ -157,8 +157,9 @@ def resolve_key(
         return ResolvedKey(url, None, rule)
     if policy.key_required and policy.is_official(url):
         raise ConfigError(
-            f"{name}: no API key; set the {policy.key_env} environment variable or pass "
-            "backend_kwargs={'api_key': ...} (or {'api_key_env': 'NAME'})"
+            f"{name}: no API key; set the {policy.key_env} environment variable, or name "
+            "another that holds it (rlm-graph: --api-key-env NAME; Python: "
+            "backend_kwargs={'api_key_env': 'NAME'} or {'api_key': ...})"
         )
     return ResolvedKey(url, None, _no_key_rule(policy))
 

@@ -89,10 +89,19 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
     item_id = raw.get("id")
     if isinstance(item_id, bool) or not isinstance(item_id, str | int) or item_id == "":
         raise ConfigError(f"{where}: 'id' must be a non-empty string or an integer")
-    if not isinstance(raw.get("query"), str):
+    if "query" not in raw:
         raise ConfigError(f"{where}: 'query' (the question, a string) is missing")
+    if not isinstance(raw["query"], str):
+        raise ConfigError(
+            f"{where}: 'query' must be the question as a string, not {type(raw['query']).__name__}"
+        )
     if ("context" in raw) == ("context_file" in raw):
         raise ConfigError(f"{where}: give exactly one of 'context' and 'context_file'")
+    if "context" in raw and not isinstance(raw["context"], str | list | dict):
+        raise ConfigError(
+            f"{where}: 'context' must be a string, a list or an object, not "
+            f"{'null' if raw['context'] is None else type(raw['context']).__name__}"
+        )
     context_file = raw.get("context_file")
     if context_file is not None:
         if not isinstance(context_file, str) or not context_file:
@@ -101,7 +110,10 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
         context_file = str(path if path.is_absolute() or base is None else base / path)
     limits = {k: raw[k] for k in ITEM_LIMITS if k in raw}
     if limits:
-        Limits.from_kwargs(**limits)  # a bad value is reported here, with its line
+        try:
+            Limits.from_kwargs(**limits)  # a bad value is reported here, with its line
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     try:
         return BatchItem(
             id=str(item_id),

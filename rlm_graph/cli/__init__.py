@@ -157,8 +157,12 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
             )
         if as_json:
             return out.error(EXIT_USAGE, exc.message, kind="UsageError")
-        exc.parser.print_usage(sys.stderr)
-        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+        # One line (docs/cli.md), naming the subcommand even where the top parser found
+        # the fault (an unknown flag after the subcommand's own).
+        prog = exc.parser.prog
+        if prog == parser.prog and words and words[0] in SUBCOMMANDS:
+            prog = f"{prog} {words[0]}"
+        print(f"{prog}: error: {exc.message} (see {prog} --help)", file=sys.stderr)
         return EXIT_USAGE
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

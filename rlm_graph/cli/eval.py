@@ -346,4 +346,6 @@ def run(args: argparse.Namespace) -> int:
     print(Path(outcome.out / "summary.md").read_text(encoding="utf-8"), end="")
     if outcome.unfinished:
         return EXIT_LIMIT
-    return EXIT_OK if outcome.errors == 0 else EXIT_FAILED
+    # The evaluation's rows, not this run's: a rerun that left failed rows failed too.
+    failed = sum(m.errors for m in outcome.summary.methods.values())
+    return EXIT_OK if failed == 0 else EXIT_FAILED

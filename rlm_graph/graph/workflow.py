@@ -222,7 +222,11 @@ class Workflow:
             GraphError: a reference to a node this workflow does not have, a used id.
         """
         if not callable(fn):
-            raise ConfigError("function() needs a callable")
+            node = f" for node {id!r}" if id is not None else ""
+            raise ConfigError(
+                f"wf.function(){node} needs a function to run first, not "
+                f"{type(fn).__name__} {fn!r:.60}; pass the function itself, then its arguments"
+            )
         prefix = getattr(fn, "__name__", "fn").strip("<>") or "fn"
         with self._adding(prefix, id) as node_id:
             _check_loop(node_id, fn, loop)

@@ -108,6 +108,9 @@ def test_skip_ids_resume_in_python() -> None:
         ),
         ([{"id": "a", "context": "c", "query": "q"}] * 2, "id 'a' is given twice"),
         ([{"id": "a", "context": "c", "query": "q", "max_iterations": 0}], "max_iterations"),
+        ([{"id": "a", "context": None, "query": "q"}], "'context' must be a string"),
+        ([{"id": "a", "context": "c", "query": 7}], "'query' must be the question as a string"),
+        ([{"id": "a", "context": "c"}], "'query' (the question, a string) is missing"),
     ],
 )
 def test_bad_items_name_the_problem(bad: list[dict[str, object]], message: str) -> None:
@@ -177,14 +180,17 @@ def test_cli_bad_input_lines_exit_2_naming_each_line(
     (tmp_path / "in.jsonl").write_text(
         '{"id": "a", "context": "c", "query": "q"}\nnot json\n{"id": "a", "context": "c", "query": "q"}\n'
         '{"id": "b", "context_file": "missing.txt", "query": "q"}\n'
+        '{"id": "c", "context": "c", "query": "q", "max_iterations": "five"}\n'
     )
     with BatchServer() as server:
         assert main(cli_args(server, tmp_path)) == 2
         assert server.requests == []
     err = capsys.readouterr().err
+    assert err.count("\n") == 5  # a heading, then one line per bad line
     assert "in.jsonl:2: not JSON" in err
     assert "in.jsonl:3: id 'a' already used on line 1" in err
     assert "in.jsonl:4: context_file" in err and "is not a file" in err
+    assert "in.jsonl:5: bad limit: max_iterations" in err
     assert not (tmp_path / "out.jsonl").exists() or (tmp_path / "out.jsonl").read_text() == ""
 
 

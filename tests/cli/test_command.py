@@ -247,6 +247,27 @@ def test_max_timeouts_bounds_the_attempts_that_time_out(text_file: Path) -> None
     assert "1 attempt timed out" in done.stderr and "--max-timeouts" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["run", "--context", "c.txt", "--model", "m"], "rlm-graph run: error: the following"),
+        (
+            ["batch", "--input", "i", "--output", "o", "--model", "m", "--bogus"],
+            "rlm-graph batch: error: unrecognized arguments: --bogus",
+        ),
+    ],
+)
+def test_bad_usage_is_one_line_naming_the_subcommand(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlm_graph.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(said)
+    assert err.rstrip().endswith(f"(see rlm-graph {argv[0]} --help)")
+
+
 # -- the context file ------------------------------------------------------------------
 
 
@@ -452,3 +473,17 @@ def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path)
     if "Landlock" not in done.stderr and other == "other notes":
         pytest.skip("no Landlock here: the guest reads what its uid can")
     assert other in {"PermissionError", "FileNotFoundError"}
+
+
+def test_no_key_says_the_command_line_s_way_to_give_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rlm_graph.cli import main
+
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "c.txt").write_text("ctx")
+    argv = ["run", "--context", str(tmp_path / "c.txt"), "--query", "q", "--model", "m"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no API key" in err and "OPENAI_API_KEY" in err and "--api-key-env NAME" in err

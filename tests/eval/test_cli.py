@@ -169,6 +169,10 @@ def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixt
     with EvalServer(cost_per_call=0.01) as server:
         assert main(_args(server, tmp_path / "a", "--data", str(data), "--method", "base")) == 1
         assert "FAILED Provider" in capsys.readouterr().err
+        # The same command again asks nothing, and still says the evaluation has a failed row.
+        before = len(server.requests)
+        assert main(_args(server, tmp_path / "a", "--data", str(data), "--method", "base")) == 1
+        assert len(server.requests) == before
         assert (
             main(
                 _args(
