@@ -8,7 +8,9 @@ from typing import Any
 
 from .._files import open_private
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
+from ..errors import ConfigError
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
+from . import refuse
 from .progress import add_progress_arguments, progress_for
 from .report import add_report_argument, report_writers
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
@@ -39,12 +41,15 @@ def run(args: argparse.Namespace) -> int:
     if args.size < 10_000 or args.latency < 0 or args.max_concurrent < 1:
         print("rlm-graph demo: --size must be >= 10000, --latency >= 0, --max-concurrent >= 1")
         return 2
+    try:
+        provider = tracer_provider_for(args)
+    except ConfigError as exc:  # bad OTEL_* settings: one line, as for run
+        return refuse("demo", exc)
     setup = build_document(args.size, args.seed)
     print(
         f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}."
     )
     print(f"Question: {QUESTION}\n")
-    provider = tracer_provider_for(args)
     display = progress_for(args)
     engine = RLM(
         **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]

@@ -181,6 +181,8 @@ def run_convert(args: argparse.Namespace) -> int:
             partial.replace(args.output)
     except ConfigError as exc:
         return refuse("eval convert", exc)
+    except BrokenPipeError:  # the reader of stdout left (| head): quietly, as every command
+        raise
     except OSError as exc:
         print(
             f"rlm-graph eval convert: cannot write {args.output}: {exc.strerror}", file=sys.stderr

@@ -192,7 +192,7 @@ class _JaegerTrace:
 
     def _process_id(self, span: ReadableSpan, scrub: Scrubber) -> str:
         attributes = dict(span.resource.attributes)
-        service = str(attributes.pop("service.name", "unknown_service"))
+        service = scrub(str(attributes.pop("service.name", "unknown_service")))
         process = {"serviceName": service, "tags": _tags(attributes, scrub)}
         key = json.dumps(process, sort_keys=True)
         pid = self.resource_ids.get(key)

@@ -47,12 +47,21 @@ _SHAPE_PATTERNS = (
 )
 _SHAPES = re.compile("|".join(_SHAPE_PATTERNS))
 
-# ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name, drop the value
-# (but not a number: ``max_tokens=2000`` is a setting, not a secret).
+# ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name (and an
+# authorization's scheme, ``Basic``), drop the value; but not a number after a key or
+# token name (``max_tokens=2000`` is a setting, not a secret), while a password of
+# digits is still a password.
 _PAIR = re.compile(
-    r"(?i)(\b[\w\-]*(?:api[_\-]?key|token|secret|password|passwd|authorization)[\w\-]*"
-    r"[\"']?\s*[:=]\s*[\"']?)(?!\[REDACTED\])(?![\d.]+\b)([^\s\"'&,;}]{4,})"
+    r"(?i)(\b[\w\-]*(?:api[_\-]?key|token|authorization)[\w\-]*[\"']?\s*[:=]\s*[\"']?"
+    r"(?:(?:basic|bearer|token|digest|apikey)\s+)?)(?!\[REDACTED\])(?![\d.]+\b)"
+    r"([^\s\"'&,;}]{4,})"
+    r"|(\b[\w\-]*(?:secret|password|passwd)[\w\-]*[\"']?\s*[:=]\s*[\"']?)(?!\[REDACTED\])"
+    r"([^\s\"'&,;}]{4,})"
 )
+
+
+def _keep_name(found: re.Match[str]) -> str:
+    return (found.group(1) or found.group(3)) + REDACTED
 
 
 def secret_values(
@@ -184,7 +193,7 @@ class Scrubber:
         ``[REDACTED]``."""
         text = self.scrub_literals(text)
         text = _SHAPES.sub(REDACTED, text)
-        return _PAIR.sub(lambda m: m.group(1) + REDACTED, text)
+        return _PAIR.sub(_keep_name, text)
 
     def __call__(self, text: str) -> str:
         return self.scrub(text)

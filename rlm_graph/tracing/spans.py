@@ -386,7 +386,9 @@ class NodeTracer:
 
     def _content(self, record: NodeRecord) -> dict[str, str]:
         """Captured text, on the attributes the GenAI conventions name for it."""
-        given, got = self._text(record.input_preview), self._text(record.output_preview)
+        # The node's whole content where it keeps it (record_content), else its previews.
+        given = self._text(record.content_in or record.input_preview)
+        got = self._text(record.content_out or record.output_preview)
         if _OPERATION[record.kind] == "chat":
             attrs = {}
             if given:

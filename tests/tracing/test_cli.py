@@ -228,3 +228,21 @@ def test_show_takes_several_files_and_export_the_newest_or_a_graph_json(
     graph_file.write_text(to_json(graph, indent=1))
     assert main(["trace", "export", str(graph_file), "--format", "dot"]) == 0
     assert '"a" [label=' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["demo", "--size", "20000"], ["run", "--backend", "scripted"]])
+def test_bad_otel_settings_are_one_line_and_exit_2(
+    command: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from rlm_graph.cli import main
+
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "jaeger")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("ctx")
+    extra = ["--context", "c.txt", "--query", "q", "--model", "m"] if command[0] == "run" else []
+    assert main([*command, *extra, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "OTEL_TRACES_EXPORTER='jaeger'" in err

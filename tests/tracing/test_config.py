@@ -106,6 +106,20 @@ def test_credential_shapes_are_redacted(text: str) -> None:
         assert piece not in scrubbed
 
 
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [
+        ("Authorization: Basic dXNlcjpwYXNzd29yZA==", "Authorization: Basic [REDACTED]"),
+        ("authorization: Token abcdefgh1234", "authorization: Token [REDACTED]"),
+        ('{"password": "12345678"}', '{"password": "[REDACTED]"}'),
+        ("client_secret=99999999", "client_secret=[REDACTED]"),
+    ],
+)
+def test_a_pair_s_whole_value_is_redacted_its_scheme_and_name_kept(text: str, kept: str) -> None:
+    """Not only the first word after ``Authorization:``; a password of digits too."""
+    assert Scrubber(environ={}).scrub(text) == kept
+
+
 def test_ordinary_text_is_left_alone() -> None:
     text = "the skeleton key: 42 tokens, sk-8 was fine; max_tokens=2000, token: 1.5"
     assert Scrubber(environ={}).scrub(text) == text

@@ -224,3 +224,22 @@ def test_the_jaeger_file_is_valid_after_every_batch(memory: Memory, tmp_path: Pa
     exporter.export(spans[2:])
     assert len(json.loads(path.read_text())["data"][0]["spans"]) == len(spans)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_a_secret_in_the_service_name_is_redacted_in_both_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    monkeypatch.setenv("RLMG_TEST_SERVICE_TOKEN", ENV_SECRET)
+    exporter = TraceFileExporter(tmp_path)
+    provider = TracerProvider(resource=Resource({"service.name": f"svc-{ENV_SECRET}"}))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("invoke_agent rlm"):
+        pass
+    provider.shutdown()
+    jaeger, otlp = files(exporter)
+    for path in (jaeger, otlp):
+        assert ENV_SECRET not in path.read_text() and "[REDACTED]" in path.read_text()
