@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rlm-graph",
         description="Run Recursive Language Models as a workflow graph.",
     )
+    from .._version import __version__
+
+    parser.add_argument("--version", action="version", version=f"rlm-graph {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"{__name__}.{name}").register(subparsers)

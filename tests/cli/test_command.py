@@ -487,3 +487,17 @@ def test_no_key_says_the_command_line_s_way_to_give_one(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "no API key" in err and "OPENAI_API_KEY" in err and "--api-key-env NAME" in err
+
+
+def test_version_from_the_command_and_from_python_m(capsys: pytest.CaptureFixture[str]) -> None:
+    import rlm_graph
+    from rlm_graph.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"rlm-graph {rlm_graph.__version__}"
+    ran = subprocess.run(
+        [sys.executable, "-m", "rlm_graph", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert (ran.returncode, ran.stdout.strip()) == (0, f"rlm-graph {rlm_graph.__version__}")
