@@ -213,7 +213,9 @@ class SubprocessEnvironment:
         plan = self.isolation
         tmp = "/tmp" if plan.private_tmp else None
         guest = await GuestProcess.start(
-            prefix=plan.command(self._root, self.workdir, self.limits.tmp_options()),
+            prefix=plan.command(
+                self._root, self.workdir, self.limits.tmp_options(), self.limits.read_paths
+            ),
             rlimits={**self.limits.rlimits(plan.private_tmp), "sandbox": self._sandbox()},
             env=guest_environ(self.workdir, self.limits.env, tmp=tmp),
             cwd=self.workdir,

@@ -74,12 +74,9 @@ MOUNT_TMP = """set -e
 options=$1 work=$2 count=$3
 shift 3
 owner=$(stat -c %u:%g "$work") mode=$(stat -c %a "$work")
-i=0
-for path do
-  [ "$i" -lt "$count" ] || break
-  eval "exec $((i + 3))<\\"\\$path\\""
-  i=$((i + 1))
-done
+exec 3</tmp
+if [ -d /var/tmp ] && [ ! -L /var/tmp ]; then exec 4</var/tmp; fi
+if [ -d /dev/shm ] && [ ! -L /dev/shm ]; then exec 5</dev/shm; fi
 mount -t tmpfs -o "$options" rlm-graph-guest /tmp
 mkdir /tmp/tmp /tmp/work
 chmod 1777 /tmp/tmp
@@ -93,14 +90,24 @@ done
 i=0
 for path do
   [ "$i" -lt "$count" ] || break
-  if [ ! -e "$path" ]; then
-    mkdir -p "$path"
-    mount --no-canonicalize --bind "/proc/$$/fd/$((i + 3))" "$path"
-    mount -o remount,bind,ro "$path"
-  fi
-  eval "exec $((i + 3))<&-"
   i=$((i + 1))
+  case $path in
+    /tmp/*) source=/proc/$$/fd/3/${path#/tmp/} ;;
+    /var/tmp/*) source=/proc/$$/fd/4/${path#/var/tmp/} ;;
+    /dev/shm/*) source=/proc/$$/fd/5/${path#/dev/shm/} ;;
+    *) continue ;;
+  esac
+  [ ! -e "$path" ] || continue
+  if [ -d "$source" ]; then
+    mkdir -p "$path"
+  else
+    mkdir -p "${path%/*}"
+    : > "$path"
+  fi
+  mount --no-canonicalize --bind "$source" "$path"
+  mount -o remount,bind,ro "$path"
 done
+exec 3<&- 4<&- 5<&-
 shift "$count"
 mount --no-canonicalize --bind /proc/$$/fd/9 "$work"
 exec 9<&-
@@ -111,13 +118,13 @@ exec "$@"
 mount namespace: ``sh -c MOUNT_TMP sh <tmpfs options> <working folder> <count> <path>...
 <command...>``. One tmpfs holds two folders: ``tmp``, seen at ``/tmp`` (``/var/tmp``,
 ``/dev/shm``), and ``work``, seen at the working folder's path (owned as that folder
-is), so that together they hold at most the tmpfs's size and files. Each ``path`` (at
-most `_KEPT`: the environment's folder, and the engine's interpreter, packages and
-rlm_graph where they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``) is held open
-first and bound back, read-only, at its own path once the tmpfs covers it."""
+is), so that together they hold at most the tmpfs's size and files. Each ``path`` (a
+real path under ``/tmp``, ``/var/tmp`` or ``/dev/shm``: the environment's folder, the
+engine's interpreter, packages and rlm_graph where they live there, the user's
+``read_paths`` there) is bound back, read-only, at its own path once the tmpfs covers
+it, from the folder it was in (held open before the tmpfs came)."""
 
 _MASKED = ("/tmp", "/var/tmp", "/dev/shm")
-_KEPT = 6  # file descriptors 3 to 8 of the mount step
 
 
 class Isolation:
@@ -160,14 +167,17 @@ class Isolation:
         self.landlock = landlock
         self.refused: list[str] = []
 
-    def command(self, folder: str, work: str, tmp_options: str) -> list[str]:
+    def command(
+        self, folder: str, work: str, tmp_options: str, granted: Sequence[str] = ()
+    ) -> list[str]:
         """The prefix for a guest whose environment lives in ``folder`` (working in
         ``work``); with a private ``/tmp``, the mount step (`MOUNT_TMP`, tmpfs
-        ``tmp_options``) in the middle."""
+        ``tmp_options``) in the middle, which keeps ``granted`` (the user's
+        ``read_paths``) where they are under ``/tmp``."""
         if self._after_tmp is None:
             return list(self.prefix)
         sh = shutil.which("sh") or "/bin/sh"
-        kept = kept_paths(folder)
+        kept = kept_paths(folder, granted)
         return [
             *self._before_tmp,
             sh,
@@ -242,11 +252,11 @@ class Isolation:
         return ", ".join(parts)
 
 
-def kept_paths(folder: str) -> list[str]:
+def kept_paths(folder: str, granted: Sequence[str] = ()) -> list[str]:
     """What a private ``/tmp`` must not hide: ``folder`` (the environment's), and the
-    interpreter, its packages and rlm_graph (with this plugin, the guest's program) where
-    they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``; outermost folders only, at
-    most `_KEPT`. A source checkout is kept as its packages, never whole."""
+    interpreter, its packages and rlm_graph (with this plugin, the guest's program), and
+    the ``granted`` paths, where they live under ``/tmp``, ``/var/tmp`` or ``/dev/shm``;
+    outermost folders only. A source checkout is kept as its packages, never whole."""
     import rlm_graph_subprocess
 
     package = os.path.dirname(os.path.abspath(rlm_graph.__file__))
@@ -267,15 +277,20 @@ def kept_paths(folder: str) -> list[str]:
     masked = [
         real
         for real in dict.fromkeys(os.path.realpath(p) for p in candidates if p)
-        if any(real == m or real.startswith(m + "/") for m in _MASKED)
-        and not is_checkout(real)
-        and real not in _MASKED
+        if _under_masked(real) and not is_checkout(real)
     ]
+    # A granted path is kept as it is (a checkout too: the user named it).
+    masked += [real for real in (os.path.realpath(p) for p in granted) if _under_masked(real)]
     kept: list[str] = [os.path.realpath(folder)]
-    for path in sorted(masked):
+    for path in sorted(set(masked)):
         if not any(path == k or path.startswith(k + "/") for k in kept):
             kept.append(path)
-    return kept[:_KEPT]
+    return kept
+
+
+def _under_masked(real: str) -> bool:
+    """``real`` is inside ``/tmp``, ``/var/tmp`` or ``/dev/shm`` (not one of them)."""
+    return any(real.startswith(m + "/") for m in _MASKED)
 
 
 def is_checkout(folder: str) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -182,6 +184,46 @@ async def test_the_guest_reads_only_its_runtime_its_folder_and_the_granted_paths
     assert seen[str(granted / "notes.txt")] == "granted notes"
     for path in paths[:3]:
         assert seen[path] in {"PermissionError", "FileNotFoundError"}, (path, seen)
+
+
+async def test_paths_granted_under_tmp_are_read_there_read_only_and_nothing_beside_them(
+    spy: Spy,
+) -> None:
+    """The guest's ``/tmp`` is its own, but a granted folder or file that lives under the
+    host's ``/tmp`` (pytest's and ``mktemp``'s folders do) is at its own path in it."""
+    base = Path(tempfile.mkdtemp(prefix="rlm-graph-grant-"))
+    try:
+        base.chmod(0o755)
+        folder, single, beside = base / "folder", base / "single.txt", base / "beside.txt"
+        folder.mkdir(mode=0o755)
+        (folder / "notes.txt").write_text("granted notes")
+        single.write_text("a granted file")
+        beside.write_text("not granted")
+        for path in (folder / "notes.txt", single, beside):
+            path.chmod(0o644)
+        code = READ.format(paths=[str(folder / "notes.txt"), str(single), str(beside)])
+        code += f"\ntry:\n    open({str(single)!r}, 'a').write('x')\nexcept OSError as exc:\n"
+        code += "    print(type(exc).__name__)\n"
+        rlm = engine(
+            [repl(code), repl("FINAL('x')")],
+            spy,
+            environment_kwargs={"read_paths": [str(folder), str(single)]},
+        )
+        await rlm.acompletion("ctx")
+        env = spy.envs[0]
+        if not env.isolation.private_tmp:
+            pytest.skip(f"no private /tmp here ({env.isolation_report})")
+        told = feedback(rlm, 1).split("REPL output:\n", 1)[1]
+        import json
+
+        seen = json.loads(told.split("\n", 1)[0])
+        assert seen[str(folder / "notes.txt")] == "granted notes"
+        assert seen[str(single)] == "a granted file"
+        assert seen[str(beside)] in {"PermissionError", "FileNotFoundError"}
+        assert told.split("\n")[1] in {"OSError", "PermissionError"}  # read-only
+        assert single.read_text() == "a granted file"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 async def test_concurrent_guests_cannot_read_each_others_folders() -> None:
