@@ -21,6 +21,7 @@ Failure semantics (docs/graph-executor.md, "Failures"):
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -200,14 +201,16 @@ class Workflow:
         timeout: float | None = None,
         cache: bool = True,
         receive_failures: bool = False,
-        loop: FunctionLoop = "trio",
+        loop: FunctionLoop | None = None,
         **kwargs: Any,
     ) -> NodeRef:
         """Add a Python function of its arguments.
 
         A plain function runs in a worker thread (the scheduler never waits on it); an
         ``async`` function runs on the scheduler's trio loop, or with ``loop="asyncio"``
-        on an asyncio loop of its own in a worker thread.
+        on an asyncio loop of its own in a worker thread. Without ``loop``, an ``async``
+        function whose code names ``asyncio`` (or ``aiohttp``) and not ``trio`` runs on
+        asyncio's, any other on trio's.
 
         Args:
             fn: the function.
@@ -215,7 +218,8 @@ class Workflow:
                 lists/tuples/dicts/sets of them.
             id: the node's id (default ``<function name>-N``).
             retries, timeout, cache, receive_failures: as for `llm`.
-            loop: ``"trio"`` or ``"asyncio"``, for an ``async`` function.
+            loop: ``"trio"`` or ``"asyncio"``, for an ``async`` function (default: as
+                its code says, above).
 
         Raises:
             ConfigError: not a callable, a bad option.
@@ -229,6 +233,8 @@ class Workflow:
             )
         prefix = getattr(fn, "__name__", "fn").strip("<>") or "fn"
         with self._adding(prefix, id) as node_id:
+            if loop is None:
+                loop = "asyncio" if is_async(fn) and _written_for_asyncio(fn) else "trio"
             _check_loop(node_id, fn, loop)
             options = {
                 "retries": retries,
@@ -266,6 +272,19 @@ class Workflow:
 
     def __getitem__(self, node_id: str | NodeRef) -> NodeSpec:
         return self._specs[node_id.id if isinstance(node_id, NodeRef) else node_id]
+
+
+def _written_for_asyncio(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn``'s code (its nested functions too) names asyncio's libraries and
+    not trio: ``await asyncio.sleep(0)`` on trio's loop fails."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    names: set[str] = set()
+    todo = [code] if code is not None else []
+    while todo:
+        current = todo.pop()
+        names.update(current.co_names)
+        todo += [c for c in current.co_consts if inspect.iscode(c)]
+    return bool(names & {"asyncio", "aiohttp"}) and "trio" not in names
 
 
 def _check_loop(node_id: str, fn: Callable[..., Any], loop: object) -> None:

@@ -215,6 +215,23 @@ async def test_the_deadline_holds_over_a_blocked_sync_function(
     assert result.leaked_threads == 1  # the thread ran on after its node was cancelled
 
 
+async def test_an_async_function_whose_code_names_asyncio_runs_on_asyncio_s_loop() -> None:
+    async def fetch() -> str:
+        await asyncio.sleep(0)  # without loop=: the code names asyncio
+        return "slept"
+
+    async def both() -> str:  # names trio as well: left on trio's loop
+        await trio.sleep(0)
+        return "trio" if asyncio.iscoroutinefunction(both) else "?"
+
+    wf = Workflow()
+    slept, native = wf.function(fetch), wf.function(both)
+    result = await Engine("scripted").arun(wf)
+    assert (result[slept], result[native]) == ("slept", "trio")
+    loops = {node["id"]: node["loop"] for node in wf.to_jsonable()["nodes"]}
+    assert loops == {slept.id: "asyncio", native.id: "trio"}  # the plan says which
+
+
 async def test_an_async_function_may_be_written_for_asyncio() -> None:
     async def fetch(name: str) -> str:
         await asyncio.sleep(0)
@@ -249,11 +266,13 @@ async def asks_for_asyncio_s_loop() -> str:
     [(sleeps_on_asyncio, TypeError), (asks_for_asyncio_s_loop, RuntimeError)],
     ids=["asyncio.sleep", "get_running_loop"],
 )
-async def test_asyncio_code_without_loop_asyncio_names_the_fix(
+async def test_asyncio_code_on_trio_s_loop_names_the_fix(
     fn: object, original: type[Exception]
 ) -> None:
     wf = Workflow()
-    node = wf.function(fn, id="fetch")  # type: ignore[arg-type]
+    # Forced onto trio's loop (as a function that reaches asyncio only through a helper
+    # it calls would be by default): its node fails saying how to run it.
+    node = wf.function(fn, id="fetch", loop="trio")  # type: ignore[arg-type]
     after = wf.function(lambda text: text, node, id="after")
     result = await Engine("scripted").arun(wf)
     with pytest.raises(
