@@ -88,9 +88,11 @@ for folder in /var/tmp /dev/shm; do
   if [ -d "$folder" ] && [ ! -L "$folder" ]; then mount --bind /tmp "$folder"; fi
 done
 i=0
-for path do
+for entry do
   [ "$i" -lt "$count" ] || break
   i=$((i + 1))
+  id=${entry%%:*} entry=${entry#*:}
+  id=$id:${entry%%:*} path=${entry#*:}
   case $path in
     /tmp/*) source=/proc/$$/fd/3/${path#/tmp/} ;;
     /var/tmp/*) source=/proc/$$/fd/4/${path#/var/tmp/} ;;
@@ -100,29 +102,38 @@ for path do
   [ ! -e "$path" ] || continue
   if [ -d "$source" ]; then
     mkdir -p "$path"
-  else
+  elif [ -f "$source" ]; then
     mkdir -p "${path%/*}"
     : > "$path"
+  else
+    continue
   fi
   mount --no-canonicalize --bind "$source" "$path"
-  mount -o remount,bind,ro "$path"
+  mount -o remount,bind,ro,nosuid,nodev "$path"
+  if [ "$(stat -L -c %d:%i "$path")" != "$id" ]; then
+    umount "$path"
+  fi
 done
 exec 3<&- 4<&- 5<&-
 shift "$count"
 mount --no-canonicalize --bind /proc/$$/fd/9 "$work"
 exec 9<&-
+cd "$work"
 unset PWD OLDPWD
 exec "$@"
 """
 """The guest's private ``/tmp`` and working folder, run by ``sh`` as root of the guest's
 mount namespace: ``sh -c MOUNT_TMP sh <tmpfs options> <working folder> <count> <path>...
-<command...>``. One tmpfs holds two folders: ``tmp``, seen at ``/tmp`` (``/var/tmp``,
+<command...>``, each ``path`` given as ``dev:inode:path``. One tmpfs holds two folders: ``tmp``, seen at ``/tmp`` (``/var/tmp``,
 ``/dev/shm``), and ``work``, seen at the working folder's path (owned as that folder
 is), so that together they hold at most the tmpfs's size and files. Each ``path`` (a
 real path under ``/tmp``, ``/var/tmp`` or ``/dev/shm``: the environment's folder, the
 engine's interpreter, packages and rlm_graph where they live there, the user's
 ``read_paths`` there) is bound back, read-only, at its own path once the tmpfs covers
-it, from the folder it was in (held open before the tmpfs came)."""
+it, from the folder it was in (held open before the tmpfs came): a folder or a regular
+file only, and only if it is still the file the engine found (its device and inode: a
+folder on the way swapped for a symlink since is not followed into). A path gone since
+is skipped. The guest then starts in its working folder as mounted."""
 
 _MASKED = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -187,7 +198,7 @@ class Isolation:
             tmp_options,
             work,
             str(len(kept)),
-            *kept,
+            *(_identified(path) for path in kept),
             *self._after_tmp,
         ]
 
@@ -286,6 +297,15 @@ def kept_paths(folder: str, granted: Sequence[str] = ()) -> list[str]:
         if not any(path == k or path.startswith(k + "/") for k in kept):
             kept.append(path)
     return kept
+
+
+def _identified(path: str) -> str:
+    """``dev:inode:path`` for the mount step (``0:0:path`` for a path gone: skipped)."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return f"0:0:{path}"
+    return f"{found.st_dev}:{found.st_ino}:{path}"
 
 
 def _under_masked(real: str) -> bool:

@@ -226,6 +226,44 @@ async def test_paths_granted_under_tmp_are_read_there_read_only_and_nothing_besi
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_a_granted_path_gone_before_a_restart_leaves_the_guest_running(
+    spy: Spy,
+) -> None:
+    """A granted folder under /tmp removed while the run goes, then a guest that dies
+    and is started again: the new guest starts without it (the run goes on), and a
+    granted FIFO is not bound at all (the guest may write /tmp)."""
+    from tests.support.scripts import turn_number
+
+    base = Path(tempfile.mkdtemp(prefix="rlm-graph-grant-"))
+    base.chmod(0o755)
+    granted, fifo = base / "granted", base / "pipe"
+    granted.mkdir(mode=0o755)
+    os.mkfifo(fifo, 0o666)
+    try:
+        probe = f"import os\nprint(os.path.exists({str(granted)!r}), os.path.exists({str(fifo)!r}))"
+
+        def root(request: Any) -> str:
+            turn = turn_number(request)
+            if turn == 1:
+                return repl(probe)
+            if turn == 2:
+                shutil.rmtree(granted)  # gone before the guest's restart
+                return repl("import os\nos._exit(3)")
+            if turn == 3:
+                return repl(probe)
+            return repl("FINAL('alive')")
+
+        rlm = engine(root, spy, environment_kwargs={"read_paths": [str(granted), str(fifo)]})
+        result = await rlm.acompletion("ctx")
+        if not spy.envs[0].isolation.private_tmp:
+            pytest.skip(f"no private /tmp here ({spy.envs[0].isolation_report})")
+        assert result.response == "alive"
+        assert "True False" in feedback(rlm, 1)  # the folder bound, the FIFO not
+        assert "False False" in feedback(rlm, 3)  # the restarted guest, without it
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 async def test_concurrent_guests_cannot_read_each_others_folders() -> None:
     bridge: Any = None
     first, second = (SubprocessEnvironment(bridge=bridge) for _ in range(2))
