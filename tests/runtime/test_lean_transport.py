@@ -484,14 +484,20 @@ async def test_a_header_that_would_split_the_request_is_not_retried() -> None:
 
     with FakeOpenAIServer() as server:
         provider = Broken(backend="vllm", model_name="m", base_url=server.base_url, stream=False)
-        request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
-        try:
-            with pytest.raises(ProviderError, match="could not be written.*X-Team") as caught:
-                await provider.complete(request)
-        finally:
-            await provider.aclose()
-    assert not caught.value.retryable
+        error = await _refused(provider, "could not be written.*X-Team")
+    assert not error.retryable
     assert server.requests == []
+
+
+async def _refused(provider: OpenAIProvider, match: str) -> ProviderError:
+    """The error of ``provider``'s one call, which must fail with ``match``."""
+    request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
+    try:
+        with pytest.raises(ProviderError, match=match) as caught:
+            await provider.complete(request)
+    finally:
+        await provider.aclose()
+    return caught.value
 
 
 @pytest.mark.parametrize("http_transport", ["lean", "httpx"])
@@ -526,15 +532,10 @@ async def test_a_propagator_s_header_that_is_not_ascii_fails_the_call_plainly(
                 stream=False,
                 http_transport=http_transport,
             )
-            request = ChatRequest(messages=(Message(role="user", content="hi"),), model="m")
-            try:
-                with pytest.raises(ProviderError, match="'x-team' is not ASCII") as caught:
-                    await provider.complete(request)
-            finally:
-                await provider.aclose()
+            error = await _refused(provider, "'x-team' is not ASCII")
     finally:
         propagate.set_global_textmap(before)
-    assert not caught.value.retryable
+    assert not error.retryable
     assert server.requests == []
 
 
