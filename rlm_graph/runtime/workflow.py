@@ -193,6 +193,9 @@ def _model_call(
     """A model node's body and journal key, over one `ModelCall` made on first use
     inside the node (so that a prompt function that fails fails its node)."""
     made: list[ModelCall] = []
+    # Where the call goes is known now: the node's start event says it (its prompt, a
+    # function of its inputs, only once the node runs).
+    record.model = run.router.route(spec.model, record.depth).model
 
     def call() -> ModelCall:
         if not made:

@@ -317,3 +317,20 @@ def test_a_model_call_s_start_says_its_model_and_its_prompt_with_known_secrets_o
     assert call.model == "root-model"
     assert call.input_preview.startswith("the key is ") and key not in call.input_preview
     assert "[REDACTED]" in call.input_preview
+
+
+def test_a_workflow_model_node_s_start_says_its_model() -> None:
+    events: list[Any] = []
+    wf = Workflow()
+    first = wf.llm("hello")
+    wf.llm(lambda text: f"again {text}", first, model="big-model")
+    engine = Engine(
+        "scripted",
+        {"model_name": "m1", "respond": lambda r: "x"},
+        other_backends=["scripted"],
+        other_backend_kwargs=[{"model_name": "big-model", "respond": lambda r: "y"}],
+        listeners=[events.append],
+    )
+    assert engine.run(wf).ok
+    models = [e.model for e in events if isinstance(e, NodeStarted)]
+    assert models == ["m1", "big-model"]
