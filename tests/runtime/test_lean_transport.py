@@ -750,6 +750,20 @@ async def test_read_whole_of_a_cut_answer_fails_and_frees_its_slot_once() -> Non
     assert stats["connections"] == 2 and stats["peak"] == 1
 
 
+async def _refused_read(transport: LeanTransport, url: httpx.URL, read: str, match: str) -> None:
+    """One GET read whole by ``read`` (``fetch``, or ``exchange`` then `read_whole`),
+    which must fail as the server's answer breaks a limit, saying ``match``."""
+    with pytest.raises(httpx.RemoteProtocolError, match=match):
+        if read == "fetch":
+            await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+        else:
+            response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
+            try:
+                await read_whole(response)
+            finally:
+                await response.aclose()
+
+
 @pytest.mark.parametrize("read", ["fetch", "read_whole"])
 async def test_a_compressed_body_that_inflates_past_the_limit_is_refused(
     read: str, monkeypatch: pytest.MonkeyPatch
@@ -772,15 +786,7 @@ async def test_a_compressed_body_that_inflates_past_the_limit_is_refused(
         transport = LeanTransport(max_connections=1)
         url = httpx.URL(f"http://127.0.0.1:{port}/")
         with trio.fail_after(10):
-            with pytest.raises(httpx.RemoteProtocolError, match="decodes to over 1 MiB"):
-                if read == "fetch":
-                    await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
-                else:
-                    response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
-                    try:
-                        await read_whole(response)
-                    finally:
-                        await response.aclose()
+            await _refused_read(transport, url, read, "decodes to over 1 MiB")
             again = await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
         await transport.aclose()
     assert len(bomb) < 64 * 1024 and again.text == "fine"
@@ -814,8 +820,7 @@ async def test_a_body_over_the_limit_is_refused_and_its_slot_freed(
         transport = LeanTransport(max_connections=1)
         url = httpx.URL(f"http://127.0.0.1:{port}/")
         with trio.fail_after(10):
-            with pytest.raises(httpx.RemoteProtocolError, match="over 1 MiB"):
-                await transport.fetch("GET", url, [(b"Host", url.netloc)], b"")
+            await _refused_read(transport, url, "fetch", "over 1 MiB")
             response = await transport.exchange("GET", url, [(b"Host", url.netloc)], b"")
             await read_whole(response)
         await transport.aclose()
