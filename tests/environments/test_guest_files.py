@@ -264,6 +264,49 @@ async def test_a_granted_path_gone_before_a_restart_leaves_the_guest_running(
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_a_granted_path_that_is_not_the_file_the_engine_found_is_not_bound(
+    spy: Spy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between the engine finding a granted path and the mount step binding it (as root),
+    a host user who controls a folder on the way could swap in a symlink to any file:
+    the mount step binds only the file the engine found (its device and inode). The swap
+    is played here by the engine recording another inode than the path has."""
+    from rlm_graph_subprocess import isolation
+
+    base = Path(tempfile.mkdtemp(prefix="rlm-graph-grant-"))
+    base.chmod(0o755)
+    granted = base / "granted"
+    granted.mkdir(mode=0o755)
+    (granted / "notes.txt").write_text("granted notes")
+    (granted / "notes.txt").chmod(0o644)
+    found = isolation._identified
+
+    def swapped(path: str) -> str:
+        if path != str(granted):
+            return found(path)
+        dev, ino, rest = found(path).split(":", 2)
+        return f"{dev}:{int(ino) + 1}:{rest}"  # what the engine saw is not there now
+
+    monkeypatch.setattr(isolation, "_identified", swapped)
+    try:
+        paths = [str(granted / "notes.txt")]
+        rlm = engine(
+            [repl(READ.format(paths=paths)), repl("FINAL('x')")],
+            spy,
+            environment_kwargs={"read_paths": [str(granted)]},
+        )
+        await rlm.acompletion("ctx")
+        if not spy.envs[0].isolation.private_tmp:
+            pytest.skip(f"no private /tmp here ({spy.envs[0].isolation_report})")
+        import json
+
+        told = feedback(rlm, 1).split("REPL output:\n", 1)[1]
+        seen = json.loads(told.split("\n", 1)[0])  # the guest ran: its folder was bound
+        assert seen[paths[0]] in {"PermissionError", "FileNotFoundError"}
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 async def test_concurrent_guests_cannot_read_each_others_folders() -> None:
     bridge: Any = None
     first, second = (SubprocessEnvironment(bridge=bridge) for _ in range(2))
