@@ -307,6 +307,27 @@ async def test_a_granted_path_that_is_not_the_file_the_engine_found_is_not_bound
         shutil.rmtree(base, ignore_errors=True)
 
 
+async def test_the_guest_starts_in_its_working_folder_on_its_private_tmp(spy: Spy) -> None:
+    """A relative path is in the guest's working folder as mounted on its tmpfs (not the
+    engine's folder underneath it): a file written there is the guest's, not on disk."""
+    # A child process resolves its relative paths by the process's own working folder.
+    code = (
+        "open('rel.txt', 'w').write('mine')\nimport os, subprocess\n"
+        "child = subprocess.run(['sh', '-c', 'echo sub > rel2.txt && cat rel2.txt'],"
+        " capture_output=True, text=True)\n"
+        "print(open('rel.txt').read(), os.getcwd(), child.stdout.strip() or child.stderr.strip())"
+    )
+    rlm = engine([repl(code), repl("FINAL('x')")], spy)
+    await rlm.acompletion("ctx")
+    env = spy.envs[0]
+    if not env.isolation.private_tmp:
+        pytest.skip(f"no private /tmp here ({env.isolation_report})")
+    told = feedback(rlm, 1).split("REPL output:\n", 1)[1]
+    assert told.startswith(f"mine {env.workdir} sub"), told
+    for name in ("rel.txt", "rel2.txt"):  # not on the engine's disk
+        assert not os.path.exists(os.path.join(env.workdir, name))
+
+
 async def test_concurrent_guests_cannot_read_each_others_folders() -> None:
     bridge: Any = None
     first, second = (SubprocessEnvironment(bridge=bridge) for _ in range(2))
