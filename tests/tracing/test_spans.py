@@ -14,6 +14,7 @@ from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
 from rlm_graph.runtime.workflow import WorkflowRun, run_workflow
 from rlm_graph.tracing import NodeTracer
+from rlm_graph.tracing.spans import CONTENT_LIMIT
 from tests.support.tracing import (
     KeyedPlugin,
     Memory,
@@ -272,3 +273,26 @@ async def test_run_span_names_the_agent_and_records_a_failure(memory: Memory) ->
     assert attrs(span)["gen_ai.agent.name"] == "rlm"
     assert attrs(span)["error.type"] == "RuntimeError"
     assert span.status.description == "boom with [REDACTED]"
+
+
+def test_captured_content_is_the_node_s_whole_text_up_to_the_limit(memory: Memory) -> None:
+    """With the node's content kept (``record_content``, which ``--trace-content`` sets),
+    a span carries up to `CONTENT_LIMIT` characters of it, not the 200 of a preview."""
+    long_in, long_out = "q" * 5000, "a" * 700
+    record = NodeRecord(
+        id="llm-1",
+        kind=NodeKind.LLM_CALL,
+        model="m",
+        provider="keyed",
+        input_preview=long_in[:200],
+        output_preview=long_out[:200],
+        status=NodeStatus.OK,
+    )
+    record.keep_content(long_in, long_out)
+    with NodeTracer(memory.provider, capture_content=True).node_span(record, None):
+        pass
+    (span,) = memory.spans
+    given = json.loads(span.attributes["gen_ai.input.messages"])  # type: ignore[arg-type,index]
+    got = json.loads(span.attributes["gen_ai.output.messages"])  # type: ignore[arg-type,index]
+    assert len(given[0]["parts"][0]["content"]) == CONTENT_LIMIT
+    assert got[0]["parts"][0]["content"] == long_out
