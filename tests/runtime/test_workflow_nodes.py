@@ -313,3 +313,10 @@ async def test_an_asyncio_function_is_cancelled_in_its_own_loop(
         result = await Engine("scripted").arun(wf)
     assert result.graph[node.id].error_type == "TimeoutError"
     assert cancelled.wait(timeout=10)  # the coroutine saw CancelledError in its own loop
+
+
+def test_a_function_node_given_no_function_names_what_it_got() -> None:
+    with pytest.raises(ConfigError, match="wf.function\\(\\) for node 'x' needs a function"):
+        Workflow().function("notfn", id="x")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="not str 'notfn'; pass the function itself"):
+        Workflow().function("notfn")  # type: ignore[arg-type]
