@@ -146,6 +146,35 @@ class NodeRecord:
         return dumped
 
     @classmethod
+    def fresh(
+        cls,
+        id: str,
+        kind: NodeKind,
+        *,
+        depth: int = 0,
+        completion: str = "root",
+        iteration: int | None = None,
+        batch_index: int | None = None,
+        batch_size: int | None = None,
+        input_preview: str = "",
+        reason: str | None = None,
+    ) -> NodeRecord:
+        """A new pending record from values the engine made itself, not validated.
+
+        ``NodeRecord(...)`` validates every field (about 9 µs: a fifth of the engine's
+        own work per sub-call went into it); the engine's nodes are built from values
+        typed at their source, so they skip it. Records from outside (a journal, a trace
+        file, a user's code) are built with ``NodeRecord(...)`` or `model_validate`.
+        """
+        record = object.__new__(cls)
+        for name, value in _DEFAULTS:
+            setattr(record, name, value)
+        record.id, record.kind, record.depth, record.completion = id, kind, depth, completion
+        record.iteration, record.batch_index, record.batch_size = iteration, batch_index, batch_size
+        record.input_preview, record.reason = input_preview, reason
+        return record
+
+    @classmethod
     def model_validate(cls, data: Mapping[str, Any]) -> NodeRecord:
         """A record from a dict, validated (the inverse of ``model_dump``)."""
         record: NodeRecord = _ADAPTER.validate_python(data)
@@ -245,3 +274,12 @@ class NodeRecord:
 
 _ADAPTER: TypeAdapter[NodeRecord] = TypeAdapter(NodeRecord)
 NodeRecord.model_fields = {field.name: field for field in dataclasses.fields(NodeRecord)}
+_DEFAULTS: tuple[tuple[str, Any], ...] = tuple(
+    (field.name, field.default)
+    for field in dataclasses.fields(NodeRecord)
+    if field.default is not dataclasses.MISSING
+)
+"""Every field's default (`NodeRecord.fresh` sets them all, then the given ones)."""
+assert {name for name, _ in _DEFAULTS} | {"id", "kind"} == set(NodeRecord.model_fields), (
+    "NodeRecord.fresh sets fields from their defaults: give a new field a plain default"
+)

@@ -217,7 +217,7 @@ class CompletionBridge:
         name = f"{prefix}-{place.ordinal}"
         if place.index is not None:
             name += f".{place.index}"
-        return NodeRecord(
+        return NodeRecord.fresh(
             id=f"{self.block}/{name}" if self.block else node_path(self.completion, name),
             kind=kind,
             depth=self.depth + 1,

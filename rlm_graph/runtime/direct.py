@@ -53,7 +53,7 @@ async def one_call(
         parts.append(schema_instructions(schema.describe(), repl=False))
     message = Message.of_parts("user", parts)
     messages.append(message)
-    record = NodeRecord(
+    record = NodeRecord.fresh(
         id=node_id,
         kind=NodeKind.LLM_CALL,
         depth=0,

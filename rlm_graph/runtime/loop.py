@@ -354,7 +354,7 @@ class RLMRunner:
         ``name`` (``turn-3``, ``turn-3/block-2``, ``compaction-3``), so the same work has
         the same id in a re-run, whatever finished first.
         """
-        return NodeRecord(
+        return NodeRecord.fresh(
             id=node_path(c.completion, name),
             kind=kind,
             depth=c.depth,

@@ -179,3 +179,37 @@ def test_reading_a_graph_leaves_no_reference_cycle() -> None:
         assert gone() is None
     finally:
         gc.enable()
+
+
+def test_a_fresh_record_is_the_validated_record_of_the_same_values() -> None:
+    # The engine builds its own nodes unvalidated (NodeRecord.fresh); they must be the
+    # records the validating constructor makes, every default included, and dump alike.
+    fresh = NodeRecord.fresh(
+        "turn-1/block-1/llm-1.4",
+        NodeKind.LLM_CALL,
+        depth=2,
+        completion="turn-1/block-1/rlm-1",
+        iteration=3,
+        batch_index=4,
+        batch_size=8,
+        input_preview="sq 1003",
+        reason="fits",
+    )
+    validated = NodeRecord(
+        id="turn-1/block-1/llm-1.4",
+        kind=NodeKind.LLM_CALL,
+        depth=2,
+        completion="turn-1/block-1/rlm-1",
+        iteration=3,
+        batch_index=4,
+        batch_size=8,
+        input_preview="sq 1003",
+        reason="fits",
+    )
+    assert fresh == validated
+    assert fresh.model_dump(mode="json") == validated.model_dump(mode="json")
+    assert fresh.status is NodeStatus.PENDING and fresh.attempts == 1 and fresh.usage is None
+    # Two fresh records share no mutable state.
+    other = NodeRecord.fresh("b", NodeKind.FUNCTION)
+    other.input_preview, other.attempts = "changed", 3
+    assert fresh.input_preview == "sq 1003" and fresh.attempts == 1
