@@ -167,11 +167,20 @@ class NodeRecord:
         file, a user's code) are built with ``NodeRecord(...)`` or `model_validate`.
         """
         record = object.__new__(cls)
-        for name, value in _DEFAULTS:
-            setattr(record, name, value)
         record.id, record.kind, record.depth, record.completion = id, kind, depth, completion
+        record.model = record.response_model = record.provider = None
         record.iteration, record.batch_index, record.batch_size = iteration, batch_index, batch_size
-        record.input_preview, record.reason = input_preview, reason
+        record.status = NodeStatus.PENDING
+        record.submitted = record.start = record.end = record.wall_start = None
+        record.usage = record.cost = record.error = record.error_type = None
+        record.input_preview, record.output_preview = input_preview, ""
+        record.finish_reason, record.attempts, record.note, record.reason = None, 1, None, reason
+        record.replayed, record.hedge, record.content_in, record.content_out = (
+            False,
+            None,
+            None,
+            None,
+        )
         return record
 
     @classmethod
@@ -274,12 +283,7 @@ class NodeRecord:
 
 _ADAPTER: TypeAdapter[NodeRecord] = TypeAdapter(NodeRecord)
 NodeRecord.model_fields = {field.name: field for field in dataclasses.fields(NodeRecord)}
-_DEFAULTS: tuple[tuple[str, Any], ...] = tuple(
-    (field.name, field.default)
-    for field in dataclasses.fields(NodeRecord)
-    if field.default is not dataclasses.MISSING
-)
-"""Every field's default (`NodeRecord.fresh` sets them all, then the given ones)."""
-assert {name for name, _ in _DEFAULTS} | {"id", "kind"} == set(NodeRecord.model_fields), (
-    "NodeRecord.fresh sets fields from their defaults: give a new field a plain default"
+_FRESH = NodeRecord.fresh("node", NodeKind.FUNCTION)
+assert _FRESH == NodeRecord(id="node", kind=NodeKind.FUNCTION), (
+    "NodeRecord.fresh must set every field to its default: a new field needs a line there"
 )
