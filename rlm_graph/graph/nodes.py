@@ -66,9 +66,11 @@ def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
 class NodeRecord:
     """Everything recorded about one node.
 
-    A pydantic dataclass with slots: validated when built, cheap to update while the
-    node runs (a run updates every record several times, and holds one per node), and
-    dumped or validated like a pydantic model (``model_dump``, ``model_validate``).
+    A pydantic dataclass with slots: validated when built with ``NodeRecord(...)`` (the
+    engine builds its own with `fresh`, from values it typed itself), cheap to update
+    while the node runs (a run updates every record several times, and holds one per
+    node), and dumped or validated like a pydantic model (``model_dump``,
+    ``model_validate``).
 
     Attributes:
         id: unique within the run and structural: the node's place, never its finishing
