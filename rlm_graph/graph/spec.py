@@ -18,7 +18,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -36,8 +36,10 @@ __all__ = [
     "check_options",
     "check_params",
     "is_async",
+    "references",
     "refs_in",
     "resolve",
+    "snapshot",
 ]
 
 FunctionLoop = Literal["trio", "asyncio"]
@@ -52,9 +54,16 @@ _MAX_NESTING = 100
 @dataclass(frozen=True, slots=True)
 class NodeRef:
     """A handle to a node of a workflow; pass it as an argument of another node (at any
-    depth of a list, tuple, dict or set) or index a result with it."""
+    depth of a list, tuple, dict or set) or index a result with it.
+
+    A handle `Workflow` made knows its workflow (``owner``), which refuses another
+    workflow's handles: node ids repeat across workflows (``llm-1``), so one would
+    silently stand for a node of the same name. ``NodeRef("id")`` made by hand names a
+    node of whichever workflow it is given to.
+    """
 
     id: str
+    owner: int = field(default=0, compare=False, repr=False)
 
     def __str__(self) -> str:
         return self.id
@@ -122,25 +131,61 @@ class NodeSpec:
         return messages
 
 
-def refs_in(value: Any, depth: int = 0) -> list[str]:
+def refs_in(value: Any) -> list[str]:
     """The ids of the node references in ``value``, in order of first mention."""
+    return list(references(value))
+
+
+def references(value: Any) -> dict[str, NodeRef]:
+    """The node references in ``value``, by id, in order of first mention (the first
+    reference of each id).
+
+    Raises:
+        ConfigError: an iterator (a generator's references cannot be seen without
+            consuming it), a reference used as a dict key, nesting past 100 levels.
+    """
+    found: dict[str, NodeRef] = {}
+    _collect(value, found, 0)
+    return found
+
+
+def _collect(value: Any, found: dict[str, NodeRef], depth: int) -> None:
     if depth > _MAX_NESTING:
         raise ConfigError(
             f"node arguments nest deeper than {_MAX_NESTING} levels (a list holding itself?)"
         )
     if isinstance(value, NodeRef):
-        return [value.id]
+        found.setdefault(value.id, value)
+        return
     items: Any
     if isinstance(value, Mapping):
+        if any(isinstance(key, NodeRef) for key in value):
+            raise ConfigError(
+                "a node reference cannot be a dict key (its result may not be hashable); "
+                "pass it as a value, or as a pair in a list"
+            )
         items = value.values()
     elif isinstance(value, list | tuple | set | frozenset):
         items = value
+    elif isinstance(value, Iterator):
+        raise ConfigError(
+            f"a node argument is an iterator ({type(value).__name__}): what it holds cannot "
+            "be seen before the node runs, nor read again by a retry; pass a list "
+            "(list(...)) instead"
+        )
     else:
-        return []
-    found: list[str] = []
+        return
     for item in items:
-        found.extend(ref for ref in refs_in(item, depth + 1) if ref not in found)
-    return found
+        _collect(item, found, depth + 1)
+
+
+def snapshot(value: Any, found: Mapping[str, NodeRef]) -> Any:
+    """``value`` with every container that holds a reference copied (its references
+    the same): the node's dependencies are read when it is added, so a list changed
+    afterwards must not change what the node receives."""
+    if not found:
+        return value
+    return resolve(value, found.__getitem__)
 
 
 def resolve(value: Any, lookup: Callable[[str], Any]) -> Any:

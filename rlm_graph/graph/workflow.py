@@ -22,6 +22,7 @@ Failure semantics (docs/graph-executor.md, "Failures"):
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -37,10 +38,13 @@ from .spec import (
     check_options,
     check_params,
     is_async,
-    refs_in,
+    references,
+    snapshot,
 )
 
 __all__ = ["NodeRef", "NodeSpec", "Workflow"]
+
+_OWNERS = itertools.count(1)
 
 
 class Workflow:
@@ -59,6 +63,7 @@ class Workflow:
     def __init__(self) -> None:
         self._specs: dict[str, NodeSpec] = {}
         self._counter = 0
+        self._owner = next(_OWNERS)  # this workflow's mark on the handles it makes
 
     @contextmanager
     def _adding(self, prefix: str, requested: str | None) -> Iterator[str]:
@@ -86,15 +91,25 @@ class Workflow:
 
     def _deps(
         self, node_id: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> tuple[str, ...]:
-        deps = refs_in([args, dict(kwargs)])
-        for name in deps:
+    ) -> dict[str, NodeRef]:
+        """The references in a node's arguments, by id, each checked to be a node of
+        this workflow added before it."""
+        try:
+            found = references([args, dict(kwargs)])
+        except ConfigError as exc:
+            raise ConfigError(f"node {node_id!r}: {exc}") from None
+        for name, ref in found.items():
+            if ref.owner and ref.owner != self._owner:
+                raise GraphError(
+                    f"node {node_id!r} refers to {name!r} of another Workflow; a node can "
+                    "only use nodes of its own workflow: add that node to this one"
+                )
             if name not in self._specs:
                 raise GraphError(
                     f"node {node_id!r} depends on {name!r}, which this workflow does not have "
                     "(add a node before the nodes that use it)"
                 )
-        return tuple(deps)
+        return found
 
     def llm(
         self,
@@ -144,31 +159,44 @@ class Workflow:
                 args,
                 model,
                 system,
-                dict(kwargs or {}),
+                kwargs,
                 params,
                 retries=retries,
                 timeout=timeout,
                 cache=cache,
                 receive_failures=receive_failures,
             )
-        return NodeRef(node_id)
+        return NodeRef(node_id, self._owner)
 
     def _llm_spec(
         self,
         node_id: str,
         prompt: str | Callable[..., str],
         args: tuple[Any, ...],
-        model: str | None,
-        system: str | None,
-        keywords: dict[str, Any],
+        model: object,
+        system: object,
+        keywords: object,
         params: Mapping[str, Any],
         **options: Any,
     ) -> NodeSpec:
+        for name, value in (("model", model), ("system", system)):
+            if value is not None and not (isinstance(value, str) and value):
+                raise ConfigError(
+                    f"node {node_id!r}: {name} must be a non-empty string or None, not "
+                    f"{type(value).__name__} {value!r:.60}"
+                )
+        if keywords is not None and not isinstance(keywords, Mapping):
+            raise ConfigError(
+                f"node {node_id!r}: kwargs must be a dict of the prompt function's keyword "
+                f"arguments, not {type(keywords).__name__}"
+            )
+        if callable(prompt):
+            _check_prompt_keywords(node_id, prompt, params)
         return self._spec(
             node_id,
             NodeKind.LLM_CALL,
             args,
-            keywords,
+            dict(keywords or {}),
             options,
             prompt=prompt,
             system=system,
@@ -187,9 +215,15 @@ class Workflow:
     ) -> NodeSpec:
         """A node's spec: its options checked, its dependencies found in its arguments."""
         check_options(node_id, **options)
-        deps = self._deps(node_id, args, kwargs)
+        found = self._deps(node_id, args, kwargs)
         return NodeSpec(
-            id=node_id, kind=kind, deps=deps, args=args, kwargs=kwargs, **fields, **options
+            id=node_id,
+            kind=kind,
+            deps=tuple(found),
+            args=snapshot(args, found),
+            kwargs=snapshot(kwargs, found),
+            **fields,
+            **options,
         )
 
     def function(
@@ -245,7 +279,7 @@ class Workflow:
             self._specs[node_id] = self._spec(
                 node_id, NodeKind.FUNCTION, args, kwargs, options, fn=fn, loop=loop
             )
-        return NodeRef(node_id)
+        return NodeRef(node_id, self._owner)
 
     def to_jsonable(self) -> dict[str, Any]:
         """The plan as JSON data: every node (kind, dependencies, arguments, model,
@@ -285,6 +319,22 @@ def _written_for_asyncio(fn: Callable[..., Any]) -> bool:
         names.update(current.co_names)
         todo += [c for c in current.co_consts if inspect.iscode(c)]
     return bool(names & {"asyncio", "aiohttp"}) and "trio" not in names
+
+
+def _check_prompt_keywords(
+    node_id: str, prompt: Callable[..., str], params: Mapping[str, Any]
+) -> None:
+    """A keyword meant for the prompt function, given as a request parameter."""
+    try:
+        names = set(inspect.signature(prompt).parameters)
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return
+    for name, value in params.items():
+        if name in names or isinstance(value, NodeRef):
+            raise ConfigError(
+                f"node {node_id!r}: {name!r} is not a request parameter; pass the prompt "
+                f"function's keywords as kwargs={{{name!r}: ...}}"
+            )
 
 
 def _check_loop(node_id: str, fn: Callable[..., Any], loop: object) -> None:
