@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import trio
 
@@ -49,12 +49,24 @@ async def call_function(
     loop: str,
     limiter: trio.CapacityLimiter,
     abandoned: list[threading.Event],
+    on_start: Callable[[], None] | None = None,
 ) -> Any:
     """``fn(*args, **kwargs)`` where it belongs: awaited here when it is trio code
-    (``native``), on an asyncio loop in a thread for ``loop="asyncio"``, else in a thread."""
+    (``native``), on an asyncio loop in a thread for ``loop="asyncio"``, else in a thread
+    (``on_start`` called when it gets its thread: waiting for one is not running).
+
+    Raises:
+        RuntimeError: the function called ``sys.exit()`` (a node cannot end the
+            program: it fails, and the rest of the workflow goes on).
+    """
     if native:
-        return await on_trio(fn, fn(*args, **kwargs))
+        try:
+            return await on_trio(fn, fn(*args, **kwargs))
+        except SystemExit as exc:
+            raise _exited(fn, exc) from None
     door = run_on_asyncio if loop == "asyncio" else run_in_thread
+    if on_start is not None:
+        limiter = cast(trio.CapacityLimiter, _Started(limiter, on_start))
     result = await door(fn, args, kwargs, limiter=limiter, abandoned=abandoned)
     if loop == "trio" and hasattr(result, "__await__"):
         result = await on_trio(fn, result)  # a plain function that returned a trio awaitable
@@ -94,6 +106,8 @@ async def run_in_thread(
     def work() -> Any:
         try:
             return fn(*args, **kwargs)
+        except SystemExit as exc:  # in a thread it would end only the thread, silently
+            raise _exited(fn, exc) from None
         finally:
             finished.set()
 
@@ -105,6 +119,32 @@ async def run_in_thread(
         if not finished.is_set():
             abandoned.append(finished)
         raise
+
+
+def _exited(fn: Callable[..., Any], exc: SystemExit) -> RuntimeError:
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    return RuntimeError(
+        f"function {name!r} called sys.exit({exc.code!r}); a node cannot end the program: "
+        "raise an exception to fail the node"
+    )
+
+
+class _Started:
+    """A thread limiter (trio's ``limiter=`` protocol) that says when its thread got its
+    place; the place is the wrapped limiter's, held until the thread ends."""
+
+    __slots__ = ("_limiter", "_on_start")
+
+    def __init__(self, limiter: trio.CapacityLimiter, on_start: Callable[[], None]) -> None:
+        self._limiter = limiter
+        self._on_start = on_start
+
+    async def acquire_on_behalf_of(self, borrower: object) -> None:
+        await self._limiter.acquire_on_behalf_of(borrower)
+        self._on_start()
+
+    def release_on_behalf_of(self, borrower: object) -> None:
+        self._limiter.release_on_behalf_of(borrower)
 
 
 async def run_on_asyncio(

@@ -14,7 +14,7 @@ from typing import Any
 
 from .export import dot_quote
 from .nodes import NodeKind
-from .spec import NodeRef, NodeSpec
+from .spec import NodeRef, NodeSpec, is_async
 
 __all__ = ["PLAN_FORMAT", "plan_dot", "plan_jsonable"]
 
@@ -61,7 +61,8 @@ def _node(spec: NodeSpec) -> dict[str, Any]:
         node["prompt"] = {"function": _name(prompt)} if callable(prompt) else prompt
         node.update(system=spec.system, model=spec.model, params=_shown(spec.params))
     else:
-        node.update(function=_name(spec.fn), loop=spec.loop)
+        # A plain function runs in a worker thread, whatever its spec's default loop.
+        node.update(function=_name(spec.fn), loop=spec.loop if is_async(spec.fn) else "thread")
     return node
 
 

@@ -236,7 +236,8 @@ class Workflow:
         cache: bool = True,
         receive_failures: bool = False,
         loop: FunctionLoop | None = None,
-        **kwargs: Any,
+        kwargs: Mapping[str, Any] | None = None,
+        **keywords: Any,
     ) -> NodeRef:
         """Add a Python function of its arguments.
 
@@ -248,15 +249,17 @@ class Workflow:
 
         Args:
             fn: the function.
-            *args, **kwargs: its arguments: node references, constants, nested
+            *args, **keywords: its arguments: node references, constants, nested
                 lists/tuples/dicts/sets of them.
             id: the node's id (default ``<function name>-N``).
             retries, timeout, cache, receive_failures: as for `llm`.
             loop: ``"trio"`` or ``"asyncio"``, for an ``async`` function (default: as
                 its code says, above).
+            kwargs: more keyword arguments of ``fn``, as a dict: the way to pass one
+                named like an option of this method (``timeout``, ``cache``, ``id``...).
 
         Raises:
-            ConfigError: not a callable, a bad option.
+            ConfigError: not a callable, a bad option, a keyword given twice.
             GraphError: a reference to a node this workflow does not have, a used id.
         """
         if not callable(fn):
@@ -267,6 +270,7 @@ class Workflow:
             )
         prefix = getattr(fn, "__name__", "fn").strip("<>") or "fn"
         with self._adding(prefix, id) as node_id:
+            keywords = _merged(node_id, kwargs, keywords)
             if loop is None:
                 loop = "asyncio" if is_async(fn) and _written_for_asyncio(fn) else "trio"
             _check_loop(node_id, fn, loop)
@@ -277,7 +281,7 @@ class Workflow:
                 "receive_failures": receive_failures,
             }
             self._specs[node_id] = self._spec(
-                node_id, NodeKind.FUNCTION, args, kwargs, options, fn=fn, loop=loop
+                node_id, NodeKind.FUNCTION, args, keywords, options, fn=fn, loop=loop
             )
         return NodeRef(node_id, self._owner)
 
@@ -319,6 +323,22 @@ def _written_for_asyncio(fn: Callable[..., Any]) -> bool:
         names.update(current.co_names)
         todo += [c for c in current.co_consts if inspect.iscode(c)]
     return bool(names & {"asyncio", "aiohttp"}) and "trio" not in names
+
+
+def _merged(node_id: str, given: object, keywords: dict[str, Any]) -> dict[str, Any]:
+    """A function node's keyword arguments: ``kwargs={...}`` and the keywords given
+    directly, none twice."""
+    if given is None:
+        return keywords
+    if not isinstance(given, Mapping):
+        raise ConfigError(
+            f"node {node_id!r}: kwargs must be a dict of the function's keyword arguments, "
+            f"not {type(given).__name__}"
+        )
+    twice = sorted(set(given) & set(keywords))
+    if twice:
+        raise ConfigError(f"node {node_id!r}: keyword {twice[0]!r} given twice (in kwargs= too)")
+    return {**given, **keywords}
 
 
 def _check_prompt_keywords(

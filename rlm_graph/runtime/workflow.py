@@ -231,11 +231,26 @@ def _function(
     """One try of a function node, where it belongs (`rlm_graph.doors.functions`)."""
     fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
     assert fn is not None
+    waited: list[bool] = []
+
+    def started(record: NodeRecord) -> None:
+        """The first try got its thread: the node's service starts (waiting for one,
+        like a model node's wait for a provider slot, is queueing)."""
+        if not waited:
+            waited.append(True)
+            record.began(trio.current_time(), time.time())
 
     async def body(record: NodeRecord) -> Any:
         record.input_preview = preview([*args, *kwargs.values()])
         result = await call_function(
-            fn, args, kwargs, native=native, loop=spec.loop, limiter=threads, abandoned=abandoned
+            fn,
+            args,
+            kwargs,
+            native=native,
+            loop=spec.loop,
+            limiter=threads,
+            abandoned=abandoned,
+            on_start=lambda: started(record),
         )
         record.output_preview = preview(result)
         return result

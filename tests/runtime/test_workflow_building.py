@@ -89,3 +89,67 @@ def test_a_wide_fan_in_finds_every_dependency_in_order() -> None:
     total = wf.function(lambda values: sum(values), leaves)
     assert len(wf[total].deps) == 20_000  # found in one pass (a list scan per reference took 9 s)
     assert wf[total].deps[:2] == (leaves[0].id, leaves[1].id)
+
+
+async def test_a_function_calling_sys_exit_fails_its_node_and_the_workflow_goes_on() -> None:
+    import sys
+
+    wf = Workflow()
+    quits = wf.function(sys.exit, 3, id="quits")
+    answer = wf.llm("still asked", id="asked")
+
+    async def trio_quits() -> None:
+        sys.exit(4)
+
+    native = wf.function(trio_quits, id="native")
+    result = await echo_engine().arun(wf)
+    assert result[answer] == "<still asked>"
+    assert "called sys.exit(3); a node cannot end the program" in result.errors[quits.id]
+    assert "called sys.exit(4)" in result.errors[native.id]
+
+
+async def test_a_function_node_waiting_for_a_thread_is_queueing_not_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    import rlm_graph.runtime.workflow as runtime_workflow
+
+    monkeypatch.setattr(runtime_workflow, "FUNCTION_THREADS", 1)
+    wf = Workflow()
+    for name in ("one", "two"):
+        wf.function(time.sleep, 0.1, id=name)
+    result = await echo_engine().arun(wf)
+    first, second = sorted((result.graph[n] for n in ("one", "two")), key=lambda r: r.start or 0)
+    assert first.end is not None and second.start is not None and second.submitted is not None
+    # Both were ready at once; the second got the one thread when the first gave it
+    # back, and that wait is queueing (start - submitted), not part of its duration.
+    assert second.submitted < first.end
+    assert second.start - second.submitted >= 0.5 * first.duration
+    assert result.parallel_efficiency < 0.75  # one thread: two sleeps end to end
+
+
+async def test_a_function_gets_keywords_named_like_node_options_through_kwargs() -> None:
+    def fetch(url: str, timeout: float | None = None, cache: bool | None = None) -> str:
+        return f"{url} timeout={timeout} cache={cache}"
+
+    wf = Workflow()
+    a = wf.llm("a")
+    got = wf.function(fetch, a, kwargs={"timeout": 5, "cache": False}, timeout=30)
+    result = await echo_engine().arun(wf)
+    assert result[got] == "<a> timeout=5 cache=False"  # the node's own timeout stays 30
+    assert wf[got].timeout == 30
+    with pytest.raises(ConfigError, match="keyword 'url' given twice"):
+        wf.function(fetch, kwargs={"url": "x"}, url="y")
+    with pytest.raises(ConfigError, match="kwargs must be a dict of the function's keyword"):
+        wf.function(fetch, "x", kwargs=["timeout"])  # type: ignore[arg-type]
+
+
+def test_the_plan_says_a_plain_function_runs_in_a_thread() -> None:
+    async def on_trio() -> None:
+        return None
+
+    wf = Workflow()
+    plain, native = wf.function(len, "abc"), wf.function(on_trio)
+    loops = {node["id"]: node["loop"] for node in wf.to_jsonable()["nodes"]}
+    assert loops == {plain.id: "thread", native.id: "trio"}
