@@ -208,7 +208,10 @@ class Engine:
         limiter: SharedLimiter | None = None,
         **limits: Any,
     ) -> None:
-        self.host = PluginHost([*plugins, *observers], entry_points=entry_points)
+        self.host = PluginHost(
+            [*_plugin_list("plugins", plugins), *_plugin_list("observers", observers)],
+            entry_points=entry_points,
+        )
         self.listeners: list[Listener] = list(listeners)
         for listener in self.listeners:
             if not callable(listener):
@@ -459,3 +462,13 @@ class Engine:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _plugin_list(name: str, given: object) -> list[object]:
+    """``plugins=`` or ``observers=`` as a list, or a `PluginError` saying what to pass."""
+    if isinstance(given, str | bytes) or not isinstance(given, Iterable):
+        raise PluginError(
+            f"{name} must be a list of plugin objects or modules, not "
+            f"{type(given).__name__}; pass {name}=[MyPlugin()]"
+        )
+    return list(given)

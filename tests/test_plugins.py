@@ -107,7 +107,8 @@ def test_a_failing_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCapt
     wf = Workflow()
     node = wf.llm("q")
     assert engine.run(wf)[node] == "ok"
-    assert "observer failed on node" in caplog.text and "observer bug" in caplog.text
+    assert "failed in rlm_node_finished on node llm-1" in caplog.text
+    assert "observer bug" in caplog.text
 
 
 def test_a_provider_object_can_be_the_backend() -> None:
@@ -139,3 +140,103 @@ def test_a_plugin_module_registers_alike_in_every_engine_and_typos_still_fail() 
     for _ in range(2):
         with pytest.raises(PluginError, match="rlm_node_finishd"):
             Engine("scripted", {"responses": []}, observers=[typo])
+
+
+def test_a_plugin_in_code_whose_hook_raises_is_named_with_its_hook() -> None:
+    class Failing:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[str, object]:
+            raise KeyError("MY_PLUGIN_REQUIRED_VAR")
+
+    with pytest.raises(
+        PluginError,
+        match=r"plugin .*Failing \(registered in code\): rlm_register_providers raised KeyError: 'MY_PLUGIN",
+    ):
+        PluginHost([Failing()], entry_points=False)
+
+
+def test_models_a_plugin_registers_are_checked_and_a_dict_is_read_as_model_info() -> None:
+    class AsDict:
+        @hookimpl
+        def rlm_register_models(self) -> dict[str, object]:
+            return {"tiny-model": {"context_window": 1000, "input_usd_per_mtok": 0.5}}
+
+    host = PluginHost([AsDict()], entry_points=False)
+    assert host.models["tiny-model"].context_window == 1000
+
+    class BadValue:
+        @hookimpl
+        def rlm_register_models(self) -> dict[str, object]:
+            return {"tiny-model": {"context_window": "lots"}}
+
+    with pytest.raises(
+        PluginError,
+        match=r"rlm_register_models\['tiny-model'\] is not a ModelInfo \(context_window",
+    ):
+        PluginHost([BadValue()], entry_points=False)
+
+    class NotADict:
+        @hookimpl
+        def rlm_register_models(self) -> list[str]:
+            return ["tiny-model"]
+
+    with pytest.raises(PluginError, match="rlm_register_models must return a dict"):
+        PluginHost([NotADict()], entry_points=False)
+
+
+def test_a_registered_name_must_be_text() -> None:
+    class NumberName:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[object, object]:
+            return {1: ConstantProvider}
+
+    with pytest.raises(PluginError, match="returned the name 1; names are strings"):
+        PluginHost([NumberName()], entry_points=False)
+
+
+@pytest.mark.parametrize(
+    ("plugins", "shown"),
+    [
+        ([ConstantPlugin], "the class ConstantPlugin"),
+        ([None], "None"),
+        (["rlm_graph_echo"], "'rlm_graph_echo'"),
+    ],
+)
+def test_plugins_that_are_not_plugin_objects_are_refused_with_the_fix(
+    plugins: list[object], shown: str
+) -> None:
+    with pytest.raises(
+        PluginError, match=f"cannot register {shown} as a plugin .* plugins=\\[MyPlugin\\(\\)\\]"
+    ):
+        Engine("scripted", {"responses": []}, plugins=plugins)
+
+
+def test_plugins_given_as_one_object_not_a_list_are_refused() -> None:
+    with pytest.raises(
+        PluginError,
+        match=r"plugins must be a list .* not ConstantPlugin; pass plugins=\[MyPlugin\(\)\]",
+    ):
+        Engine("scripted", {"responses": []}, plugins=ConstantPlugin())  # type: ignore[arg-type]
+
+
+def test_one_failing_observer_does_not_silence_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    seen: list[str] = []
+
+    class Counting:
+        @hookimpl
+        def rlm_node_finished(self, record: object, graph: object) -> None:
+            seen.append(getattr(record, "id", "?"))
+
+    class Failing:
+        @hookimpl
+        def rlm_node_finished(self, record: object, graph: object) -> None:
+            raise RuntimeError("observer bug")
+
+    for observers in ([Counting(), Failing()], [Failing(), Counting()]):
+        seen.clear()
+        engine = Engine("scripted", {"respond": lambda r: "ok"}, observers=observers)
+        wf = Workflow()
+        node = wf.llm("q")
+        assert engine.run(wf)[node] == "ok"
+        assert seen == [node.id]
+    assert "observer" in caplog.text and "Failing" in caplog.text and "observer bug" in caplog.text

@@ -6,7 +6,12 @@ Invariants:
       clash.
     - An entry point that fails to import is skipped and remembered (`broken_plugins`):
       `rlm-graph plugins` lists it with its error, an engine that needs none of its names
-      works, and a lookup of a name it might have provided says so.
+      works, and a lookup of a name it might have provided says so. So is an installed
+      plugin whose hook raises or answers wrongly, or that implements an unknown hook
+      (`PluginHost.broken`); a plugin passed in code fails the engine instead, with a
+      `PluginError` naming it and the hook.
+    - Two installed plugins registering one name: a name of rlm-graph's own plugins stays
+      theirs, else the later wins; either way a warning names both. Code wins silently.
     - Hooks are called through pluggy's hook callers (wrappers and ``pm.trace`` apply),
       one plugin at a time, so that each registration names the plugin it came from.
     - An unknown name fails when the engine is configured, never mid-run, with the list of
@@ -16,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import types
 import weakref
 from collections.abc import Iterable, Mapping
@@ -23,12 +29,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import pluggy
+from pydantic import ValidationError
 
 from ..contracts import ModelInfo
 from ..errors import PluginError
 from .specs import PROJECT, HookSpecs
 
 __all__ = ["BrokenPlugin", "PluginHost", "Registration", "broken_plugins"]
+
+logger = logging.getLogger("rlm_graph")
+
+_OWN = "rlm-graph"
+"""The distribution of the first-party plugins (plugins/)."""
 
 _SINGULAR = {
     "providers": "backend",
@@ -41,7 +53,8 @@ _SINGULAR = {
 
 @dataclass(frozen=True, slots=True)
 class BrokenPlugin:
-    """An entry point of group ``rlm_graph`` that failed to import."""
+    """An entry point of group ``rlm_graph`` that failed to import, or whose hook
+    raised or answered wrongly (``error`` says which)."""
 
     name: str
     value: str
@@ -49,12 +62,12 @@ class BrokenPlugin:
     error: str
 
 
-_ENTRY_POINT_CACHE: tuple[list[tuple[str, str, object]], list[BrokenPlugin]] | None = None
+_ENTRY_POINT_CACHE: tuple[list[tuple[str, str, str, object]], list[BrokenPlugin]] | None = None
 
 
-def _entry_points() -> tuple[list[tuple[str, str, object]], list[BrokenPlugin]]:
-    """(entry point name, distribution, loaded plugin) for group ``rlm_graph``, and the
-    entry points that failed to load; cached for the process."""
+def _entry_points() -> tuple[list[tuple[str, str, str, object]], list[BrokenPlugin]]:
+    """(entry point name, value, distribution, loaded plugin) for group ``rlm_graph``,
+    and the entry points that failed to load; cached for the process."""
     global _ENTRY_POINT_CACHE
     if _ENTRY_POINT_CACHE is None:
         loaded, broken = [], []
@@ -65,7 +78,7 @@ def _entry_points() -> tuple[list[tuple[str, str, object]], list[BrokenPlugin]]:
             except Exception as exc:  # a third-party import can fail in any way
                 broken.append(BrokenPlugin(ep.name, ep.value, dist, f"{type(exc).__name__}: {exc}"))
                 continue
-            loaded.append((ep.name, dist, _hook_object(plugin)))
+            loaded.append((ep.name, ep.value, dist, _hook_object(plugin)))
         _ENTRY_POINT_CACHE = (loaded, broken)
     return _ENTRY_POINT_CACHE
 
@@ -116,6 +129,49 @@ class _ModuleHooks:
         return f"<module {self.__name__!r}>"
 
 
+def _bad_registrations(category: str, result: object) -> str | None:
+    """What is wrong with an ``rlm_register_<category>`` answer, if anything."""
+    if not isinstance(result, Mapping):
+        return (
+            f"rlm_register_{category} must return a dict of name -> factory, got "
+            f"{type(result).__name__}"
+        )
+    for name, factory in result.items():
+        if not isinstance(name, str) or not name:
+            return f"rlm_register_{category} returned the name {name!r}; names are strings"
+        if not callable(factory):
+            return (
+                f"{category} entry {name!r} is not callable; register a factory (a class or "
+                "function)"
+            )
+    return None
+
+
+def _models_of(result: object) -> dict[str, ModelInfo] | str:
+    """An ``rlm_register_models`` answer as ModelInfos (a dict per model is validated
+    into one), or what is wrong with it."""
+    if not isinstance(result, Mapping):
+        return f"rlm_register_models must return a dict of model -> ModelInfo, got {type(result).__name__}"
+    models: dict[str, ModelInfo] = {}
+    for name, info in result.items():
+        if not isinstance(name, str) or not name:
+            return f"rlm_register_models returned the model name {name!r}; names are strings"
+        try:
+            models[name] = info if isinstance(info, ModelInfo) else ModelInfo.model_validate(info)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in exc.errors()
+            )
+            return f"rlm_register_models[{name!r}] is not a ModelInfo ({problems})"
+    return models
+
+
+def _keeps(earlier: Registration, origin: str) -> bool:
+    """Whether a name registered by ``earlier`` stays its own when the installed plugin
+    ``origin`` registers it too: rlm-graph's own plugins keep their names."""
+    return origin.startswith("entry point") and earlier.origin.endswith(f" of {_OWN}")
+
+
 @dataclass(frozen=True, slots=True)
 class Registration:
     """One registered name: what it is, where it came from."""
@@ -141,18 +197,30 @@ class PluginHost:
         self.pm = pluggy.PluginManager(PROJECT)
         self.pm.add_hookspecs(HookSpecs)
         self._origins: dict[int, str] = {}
+        self._installed: dict[int, BrokenPlugin] = {}  # id(plugin) -> its entry point
         self.broken: list[BrokenPlugin] = []
         if entry_points:
-            loaded, self.broken = _entry_points()
-            for name, dist, plugin in loaded:
+            loaded, broken = _entry_points()
+            self.broken = list(broken)
+            for name, value, dist, plugin in loaded:
                 self._register(plugin, f"entry point {name!r} of {dist}")
+                self._installed[id(plugin)] = BrokenPlugin(name, value, dist, "")
+        if isinstance(plugins, str | bytes) or not isinstance(plugins, Iterable):
+            raise PluginError(
+                f"plugins must be a list of plugin objects or modules, not "
+                f"{type(plugins).__name__}; pass plugins=[MyPlugin()]"
+            )
         for plugin in plugins:
             self._register(plugin, "registered in code")
-        self._check_pending()
-        self._registry = {c: self._collect(c) for c in self.CATEGORIES}
-        self._models = self._collect_models()
+        self._registry, self._models = self._collect_all()
 
     def _register(self, plugin: object, origin: str) -> None:
+        if plugin is None or isinstance(plugin, str | bytes | type):
+            what = f"the class {plugin.__name__}" if isinstance(plugin, type) else repr(plugin)
+            raise PluginError(
+                f"cannot register {what} as a plugin ({origin}): pass an instance or a "
+                "module, e.g. plugins=[MyPlugin()]"
+            )
         plugin = _hook_object(plugin)
         if self.pm.is_registered(plugin):
             return
@@ -165,17 +233,57 @@ class PluginHost:
     def register(self, plugin: object) -> None:
         """Register one more plugin (an observer, say) after construction."""
         self._register(plugin, "registered in code")
-        self._check_pending()
-        self._registry = {c: self._collect(c) for c in self.CATEGORIES}
-        self._models = self._collect_models()
+        self._registry, self._models = self._collect_all()
+
+    def _collect_all(self) -> tuple[dict[str, dict[str, Registration]], dict[str, ModelInfo]]:
+        """Every category's registrations and the models, from the plugins that answer
+        well; gathered again whenever an installed plugin had to be skipped, so that
+        nothing of a skipped plugin stays."""
+        while True:
+            skipped = len(self.broken)
+            self._check_pending()
+            registry = {c: self._collect(c) for c in self.CATEGORIES}
+            models = self._collect_models()
+            if len(self.broken) == skipped:
+                return registry, models
+
+    def _fault(self, plugin: object, problem: str) -> PluginError | None:
+        """An installed plugin that answered wrongly is skipped from now on (and listed
+        as broken); for one registered in code, the error to raise."""
+        installed = self._installed.pop(id(plugin), None)
+        if installed is None:
+            name = getattr(plugin, "__name__", None) or type(plugin).__qualname__
+            return PluginError(f"plugin {name} ({self._origin(plugin)}): {problem}")
+        logger.warning(
+            "the installed rlm-graph plugin %r (%s) is skipped: %s",
+            installed.name,
+            installed.distribution,
+            problem,
+        )
+        self.broken.append(
+            BrokenPlugin(installed.name, installed.value, installed.distribution, problem)
+        )
+        self.pm.unregister(plugin)
+        return None
+
+    def _origin(self, plugin: object) -> str:
+        return self._origins.get(id(plugin), self.pm.get_name(plugin) or repr(plugin))
 
     def _check_pending(self) -> None:
         """A hook implementation whose name is no hook (a typo) fails loudly, not never."""
-        try:
-            self.pm.check_pending()
-        except pluggy.PluginValidationError as exc:
-            hooks = ", ".join(name for name in vars(HookSpecs) if name.startswith("rlm_"))
-            raise PluginError(f"{exc}; the rlm-graph hooks are: {hooks}") from None
+        hooks = ", ".join(name for name in vars(HookSpecs) if name.startswith("rlm_"))
+        for name in list(vars(self.pm.hook)):
+            caller = getattr(self.pm.hook, name)
+            if name.startswith("_") or caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.optionalhook:
+                    continue
+                error = self._fault(
+                    impl.plugin, f"unknown hook {name!r}; the rlm-graph hooks are: {hooks}"
+                )
+                if error is not None:
+                    raise error
 
     def _results(self, hook_name: str) -> list[tuple[object, Any]]:
         """(plugin, result) of hook ``hook_name`` for each plugin implementing it, in
@@ -186,33 +294,59 @@ class PluginHost:
         results: list[tuple[object, Any]] = []
         for plugin in dict.fromkeys(plugins):  # pluggy lists them in registration order
             others = [p for p in plugins if p is not plugin]
-            results.extend((plugin, r) for r in self.pm.subset_hook_caller(hook_name, others)())
+            try:
+                answers = self.pm.subset_hook_caller(hook_name, others)()
+            except Exception as exc:  # a third party's hook can fail in any way
+                error = self._fault(plugin, f"{hook_name} raised {type(exc).__name__}: {exc}")
+                if error is not None:
+                    raise error from exc
+                continue
+            results.extend((plugin, r) for r in answers)
         return results
 
     def _collect(self, category: str) -> dict[str, Registration]:
         found: dict[str, Registration] = {}
         for plugin, result in self._results(f"rlm_register_{category}"):
-            origin = self._origins.get(id(plugin), self.pm.get_name(plugin) or repr(plugin))
-            if not isinstance(result, Mapping):
-                raise PluginError(
-                    f"{origin}: rlm_register_{category} must return a dict of "
-                    f"name -> factory, got {type(result).__name__}"
-                )
+            problem = _bad_registrations(category, result)
+            if problem is not None:
+                error = self._fault(plugin, problem)
+                if error is not None:
+                    raise error
+                continue
+            origin = self._origin(plugin)
             for name, factory in result.items():
-                if not callable(factory):
-                    raise PluginError(
-                        f"{origin}: {category} entry {name!r} is not callable; register a "
-                        "factory (a class or function)"
-                    )
-                found[name] = Registration(category, name, origin, factory)
+                self._warn_clash(found.get(name), origin, category, name)
+                if found.get(name) is None or not _keeps(found[name], origin):
+                    found[name] = Registration(category, name, origin, factory)
         return found
+
+    def _warn_clash(
+        self, earlier: Registration | None, origin: str, category: str, name: str
+    ) -> None:
+        """Two installed plugins registering one name: say which one stays."""
+        if earlier is None or not origin.startswith("entry point"):
+            return
+        kept = earlier.origin if _keeps(earlier, origin) else origin
+        logger.warning(
+            "%s %r is registered by %s and by %s; %s's is used (register yours in code, "
+            "plugins=[...], to choose)",
+            _SINGULAR[category],
+            name,
+            earlier.origin,
+            origin,
+            kept,
+        )
 
     def _collect_models(self) -> dict[str, ModelInfo]:
         models: dict[str, ModelInfo] = {}
-        for _, result in self._results("rlm_register_models"):
-            if not isinstance(result, Mapping):
+        for plugin, result in self._results("rlm_register_models"):
+            checked = _models_of(result)
+            if isinstance(checked, str):
+                error = self._fault(plugin, checked)
+                if error is not None:
+                    raise error
                 continue
-            for name, info in result.items():
+            for name, info in checked.items():
                 # Merge field by field: one plugin may know a model's window and another
                 # its price; neither should wipe the other's.
                 known = models.get(name)

@@ -104,7 +104,7 @@ class Run:
         self.hedges = HedgeBudget(limits.hedge) if limits.hedge is not None else None
         fan_out = list(listeners)
         if has_observers(host.hook):
-            fan_out.append(HookListener(host.hook, self.graph))
+            fan_out.append(HookListener(host.pm, self.graph))
         self.run_id = uuid.uuid4().hex
         self.events = EventEmitter(
             fan_out,

@@ -90,3 +90,90 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(broken_site: Path) -> 
         err = process.stderr.read().decode()
     assert process.wait(timeout=60) == 1
     assert "Traceback" not in err and "BrokenPipeError" not in err
+
+
+def _installed(site: Path, dist: str, module: str, source: str) -> Path:
+    """An installed distribution ``dist`` whose entry point ``module`` is ``source``."""
+    info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[rlm_graph]\n{module} = {module}\n")
+    (site / f"{module}.py").write_text(source)
+    return site
+
+
+FAILING_HOOK = """
+import os
+from rlm_graph import hookimpl
+
+@hookimpl
+def rlm_register_providers():
+    return {"needs-env": os.environ["MY_PLUGIN_REQUIRED_VAR"]}
+"""
+
+MISSPELLED_HOOK = """
+from rlm_graph import hookimpl
+
+@hookimpl
+def rlm_register_provider():
+    return {}
+"""
+
+CLAIMS_OPENAI = """
+from rlm_graph import hookimpl
+
+class Hijack:
+    pass
+
+@hookimpl
+def rlm_register_providers():
+    return {"openai": Hijack, "mine": Hijack}
+"""
+
+
+def test_an_installed_plugin_whose_hook_fails_is_skipped_and_listed(tmp_path: Path) -> None:
+    _installed(tmp_path, "rlm-graph-needs-env", "needs_env", FAILING_HOOK)
+    _installed(tmp_path, "rlm-graph-typo", "typo_hook", MISSPELLED_HOOK)
+    done = _run(tmp_path, str(COMMAND), "plugins", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    broken = {
+        row["name"]: row["error"] for row in json.loads(done.stdout) if row["category"] == "broken"
+    }
+    assert broken["needs_env"] == "rlm_register_providers raised KeyError: 'MY_PLUGIN_REQUIRED_VAR'"
+    assert broken["typo_hook"].startswith(
+        "unknown hook 'rlm_register_provider'; the rlm-graph hooks"
+    )
+    done = _run(tmp_path, sys.executable, "-c", ENGINES)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "works: hello"
+
+
+CLASH = """
+import json
+import logging
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from rlm_graph.hooks import PluginHost
+host = PluginHost()
+print(json.dumps({r.name: r.origin for r in host.registrations() if r.name in ("openai", "mine")}))
+"""
+
+
+def test_an_installed_plugin_cannot_take_a_built_in_name_and_the_clash_is_said(
+    tmp_path: Path,
+) -> None:
+    # Named to sort after rlm-graph's own entry points and before them: the same outcome.
+    for dist, module in (("zz-clash", "zz_clash"), ("aa-clash", "aa_clash")):
+        site = tmp_path / dist
+        site.mkdir()
+        _installed(site, dist, module, CLAIMS_OPENAI)
+        done = _run(site, sys.executable, "-c", CLASH)
+        assert done.returncode == 0, done.stderr
+        origins = json.loads(done.stdout)
+        assert origins["openai"] == "entry point 'openai' of rlm-graph"
+        assert origins["mine"] == f"entry point '{module}' of {dist}"
+        assert "backend 'openai' is registered by" in done.stderr
+        assert (
+            f"of {dist}" in done.stderr
+            and "entry point 'openai' of rlm-graph's is used" in done.stderr
+        )
