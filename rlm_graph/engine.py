@@ -11,6 +11,7 @@ caller's trio loop and leaves them open until `aclose`.
 
 from __future__ import annotations
 
+import inspect
 import os
 import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
@@ -71,11 +72,22 @@ def _make_provider(
     try:
         provider = factory(**dict(kwargs or {}))
     except TypeError as exc:
+        if _binds(factory, kwargs):  # the keywords fit: a bug inside the factory
+            raise PluginError(f"backend {backend!r} failed to build: {exc}") from exc
         raise ConfigError(
             f"backend {backend!r} rejected its backend_kwargs: {exc}; see the provider's "
             "documentation for the keywords it takes"
         ) from None
     return _checked(provider, repr(backend))
+
+
+def _binds(factory: Any, kwargs: Mapping[str, Any] | None) -> bool:
+    """Whether ``factory`` takes ``kwargs`` (False when that cannot be told)."""
+    try:
+        inspect.signature(factory).bind(**dict(kwargs or {}))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _other_kwargs(
@@ -121,13 +133,60 @@ def _model_list(models: Sequence[str] | None) -> list[str]:
 
 
 def _checked(provider: object, backend: str) -> Provider:
+    """``provider`` checked against `Provider` and its capabilities' types, now rather
+    than mid-run.
+
+    Raises:
+        PluginError: naming the backend, the attribute and what it must be.
+    """
     for attr in ("complete", "aclose", "model", "max_concurrent", "name"):
         if not hasattr(provider, attr):
             raise PluginError(
                 f"backend {backend} gave {type(provider).__name__}, which lacks {attr!r}; "
                 "a provider must follow rlm_graph.contracts.Provider"
             )
+    problem = _provider_problem(provider)
+    if problem is not None:
+        raise PluginError(
+            f"backend {backend} ({type(provider).__name__}): {problem}; a provider must "
+            "follow rlm_graph.contracts.Provider"
+        )
     return cast(Provider, provider)
+
+
+def _provider_problem(provider: object) -> str | None:
+    """What is wrong with a provider's methods and declared fields, if anything."""
+    for method in ("complete", "aclose"):
+        if not callable(getattr(provider, method)):
+            return f"{method} is not a method"
+    for attr in ("model", "name"):
+        value = getattr(provider, attr)
+        if not isinstance(value, str) or not value:
+            return f"{attr} must be a non-empty string, not {value!r:.60}"
+    counts: tuple[tuple[str, bool], ...] = (
+        ("max_concurrent", False),
+        ("initial_concurrency", True),
+        ("default_max_tokens", True),
+    )
+    for attr, optional in counts:
+        value = getattr(provider, attr, None)
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return f"{attr} must be a whole number >= 1, not {value!r:.60}"
+    for attr in ("requests_per_minute", "tokens_per_minute"):
+        value = getattr(provider, attr, None)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            return f"{attr} must be a positive number or None, not {value!r:.60}"
+    for attr in ("streams", "reports_cost"):
+        value = getattr(provider, attr, None)
+        if value is not None and not isinstance(value, bool):
+            return f"{attr} must be True or False, not {value!r:.60}"
+    if getattr(provider, "streams", False) and not callable(getattr(provider, "stream", None)):
+        return "streams is True but it has no stream(request, sink) method"
+    return None
 
 
 def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
@@ -208,10 +267,8 @@ class Engine:
         limiter: SharedLimiter | None = None,
         **limits: Any,
     ) -> None:
-        self.host = PluginHost(
-            [*_plugin_list("plugins", plugins), *_plugin_list("observers", observers)],
-            entry_points=entry_points,
-        )
+        given = [*_plugin_list("plugins", plugins), *_plugin_list("observers", observers)]
+        self.host = PluginHost(given, entry_points=entry_points)
         self.listeners: list[Listener] = list(listeners)
         for listener in self.listeners:
             if not callable(listener):

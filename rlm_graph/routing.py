@@ -6,6 +6,7 @@ Pure: no trio; `rlm_graph.runtime.calls` sends what this routes.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -139,4 +140,6 @@ class ProviderRouter:
 
     async def aclose(self) -> None:
         for _, provider in self.providers:
-            await provider.aclose()
+            closing = provider.aclose()
+            if inspect.isawaitable(closing):  # a plain def aclose has already run
+                await closing

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -240,3 +241,93 @@ def test_one_failing_observer_does_not_silence_the_others(caplog: pytest.LogCapt
         assert engine.run(wf)[node] == "ok"
         assert seen == [node.id]
     assert "observer" in caplog.text and "Failing" in caplog.text and "observer bug" in caplog.text
+
+
+def _provider(**fields: object) -> object:
+    """A ConstantProvider with some of its fields replaced."""
+    provider = ConstantProvider()
+    for name, value in fields.items():
+        setattr(provider, name, value)
+    return provider
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"max_concurrent": "4"}, "max_concurrent must be a whole number >= 1, not '4'"),
+        ({"max_concurrent": 0}, "max_concurrent must be a whole number >= 1, not 0"),
+        ({"model": None}, "model must be a non-empty string, not None"),
+        ({"tokens_per_minute": "abc"}, "tokens_per_minute must be a positive number or None"),
+        ({"requests_per_minute": -5}, "requests_per_minute must be a positive number or None"),
+        ({"default_max_tokens": "lots"}, "default_max_tokens must be a whole number >= 1"),
+        ({"reports_cost": "no"}, "reports_cost must be True or False, not 'no'"),
+        ({"streams": True}, "streams is True but it has no stream\\(request, sink\\) method"),
+        ({"complete": None}, "complete is not a method"),
+    ],
+)
+def test_a_providers_fields_are_checked_when_the_engine_is_built(
+    fields: dict[str, object], said: str
+) -> None:
+    if "complete" not in fields:  # an object without complete() is no provider at all
+        with pytest.raises(
+            PluginError, match=f"backend ConstantProvider \\(ConstantProvider\\): {said}"
+        ):
+            Engine(_provider(**fields))  # type: ignore[arg-type]
+
+    class Registering:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[str, object]:
+            return {"odd": lambda **_: _provider(**fields)}
+
+    with pytest.raises(PluginError, match=f"backend 'odd' \\(ConstantProvider\\): {said}"):
+        Engine("odd", plugins=[Registering()])
+
+
+def test_a_provider_answering_outside_the_contract_fails_its_node_with_the_fix() -> None:
+    class Sync(ConstantProvider):
+        def complete(self, request: object) -> ChatResponse:  # type: ignore[override]
+            return ChatResponse(content="sync")
+
+    class Text(ConstantProvider):
+        async def complete(self, request: object) -> str:  # type: ignore[override]
+            return "just text"
+
+    for provider, said in (
+        (
+            Sync(),
+            "answered with ChatResponse, not an awaitable; define complete\\(\\) with async def",
+        ),
+        (Text(), "answered with str, not a ChatResponse; return rlm_graph.contracts.ChatResponse"),
+    ):
+        wf = Workflow()
+        node = wf.llm("q")
+        result = Engine(provider).run(wf)  # type: ignore[arg-type]
+        assert not result.ok
+        assert re.search(f"provider 'constant' {said}", result.errors[node.id]), result.errors
+
+
+def test_a_plain_def_aclose_does_not_lose_the_answer() -> None:
+    class PlainClose(ConstantProvider):
+        def aclose(self) -> None:  # type: ignore[override]
+            pass
+
+    wf = Workflow()
+    node = wf.llm("q")
+    assert Engine(PlainClose()).run(wf)[node] == "hi"  # type: ignore[arg-type]
+
+
+def test_a_bug_inside_a_provider_factory_is_not_blamed_on_the_keywords() -> None:
+    class Buggy:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[str, object]:
+            def factory(*, model_name: str = "x") -> object:
+                return len(5)  # type: ignore[arg-type]
+
+            return {"buggy": factory}
+
+    with pytest.raises(
+        PluginError, match="backend 'buggy' failed to build: object of type 'int' has no len"
+    ):
+        Engine("buggy", {"model_name": "m"}, plugins=[Buggy()])
+    with pytest.raises(ConfigError, match="backend 'buggy' rejected its backend_kwargs"):
+        Engine("buggy", {"modle_name": "m"}, plugins=[Buggy()])

@@ -18,6 +18,7 @@ journaled by `Run.execute`, keyed by `ModelCall.journaled`.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
@@ -32,13 +33,14 @@ from ..contracts import (
     ChatRequest,
     ChatResponse,
     Message,
+    Provider,
     ResponseSchema,
     StreamingProvider,
     TextSink,
     Usage,
     estimate_tokens,
 )
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from ..graph import NodeKind, NodeRecord, preview
 from ..hedging import HedgeBudget
 from ..hedging.race import Duplicate, race
@@ -321,15 +323,36 @@ async def _request(
                 # The node's span is current: the request carries its traceparent.
                 with attempts, run.tracer.activate(record.id):
                     if sink is None:
-                        response = await provider.complete(request)
+                        pending = provider.complete(request)
                     else:  # capabilities.streams: a StreamingProvider
-                        response = await cast(StreamingProvider, provider).stream(request, sink)
+                        pending = cast(StreamingProvider, provider).stream(request, sink)
+                    try:
+                        response = await pending
+                    except TypeError:
+                        if inspect.isawaitable(pending):
+                            raise
+                        raise _broken(provider, pending, "not an awaitable") from None
+                    if not isinstance(response, ChatResponse):
+                        raise _broken(provider, response, "not a ChatResponse")
             finally:
                 # The node starts at 1; a hedged call's two requests may end in either order.
                 record.attempts += attempts.attempts - (1 if first else 0)
     finally:
         limiter.release()
     return response
+
+
+def _broken(provider: Provider, got: object, what: str) -> PluginError:
+    """A provider's answer that is not what the contract says, named as the plugin's
+    mistake (not a TypeError or AttributeError from deep inside the engine)."""
+    fix = (
+        "define complete() with async def"
+        if what == "not an awaitable"
+        else ("return rlm_graph.contracts.ChatResponse")
+    )
+    return PluginError(
+        f"provider {provider.name!r} answered with {type(got).__name__}, {what}; {fix}"
+    )
 
 
 def _account(
