@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .contracts import ChatRequest
-from .errors import ConfigError, config_error
+from .errors import ConfigError, PluginError, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
 from .journal.tools import JournaledTool
@@ -132,9 +132,17 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
         name = "summarize" if compaction is True else compaction
         factory = host.lookup("compaction_strategies", name)
         try:
-            return factory(**dict(kwargs or {}))
+            made = factory(**dict(kwargs or {}))
         except TypeError as exc:
             raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
+        for method in ("should_compact", "compact"):
+            if not callable(getattr(made, method, None)):
+                raise PluginError(
+                    f"compaction {name!r}: its factory made {type(made).__name__}, which has "
+                    f"no {method}(); a strategy must follow "
+                    "rlm_graph.contracts.CompactionStrategy"
+                )
+        return made
     for method in ("should_compact", "compact"):
         if not callable(getattr(compaction, method, None)):
             raise ConfigError(

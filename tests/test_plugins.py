@@ -331,3 +331,32 @@ def test_a_bug_inside_a_provider_factory_is_not_blamed_on_the_keywords() -> None
         Engine("buggy", {"model_name": "m"}, plugins=[Buggy()])
     with pytest.raises(ConfigError, match="backend 'buggy' rejected its backend_kwargs"):
         Engine("buggy", {"modle_name": "m"}, plugins=[Buggy()])
+
+
+def test_a_registered_compaction_or_environment_that_is_no_such_thing_is_named() -> None:
+    from rlm_graph import RLM
+
+    class Odd:
+        @hookimpl
+        def rlm_register_compaction_strategies(self) -> dict[str, object]:
+            return {"odd-compaction": lambda **_: object()}
+
+        @hookimpl
+        def rlm_register_environments(self) -> dict[str, object]:
+            return {"odd-env": lambda **_: object()}
+
+    with pytest.raises(
+        PluginError,
+        match="compaction 'odd-compaction': its factory made object, which has no should_compact",
+    ):
+        RLM("scripted", {"responses": []}, compaction="odd-compaction", plugins=[Odd()])
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nprint(1)\n```"]},
+        environment="odd-env",
+        plugins=[Odd()],
+    )
+    with pytest.raises(
+        PluginError, match="made object, which has no start\\(\\); an environment must follow"
+    ):
+        rlm.completion("context")

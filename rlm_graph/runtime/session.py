@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from ..contracts import Environment
-from ..errors import ConfigError
+from ..errors import ConfigError, PluginError
 from ..journal.tools import JournaledTool
 from ..protocol.state import CompletionState, LoopSettings, ToolTable
 from .bridge import BridgeProxy, CompletionBridge
@@ -42,7 +42,26 @@ def make_environment(
     env: Environment = factory(
         bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
     )
+    for method in _ENVIRONMENT_METHODS:
+        if not callable(getattr(env, method, None)):
+            raise PluginError(
+                f"the environment factory {getattr(factory, '__qualname__', factory)!r} made "
+                f"{type(env).__name__}, which has no {method}(); an environment must follow "
+                "rlm_graph.contracts.Environment"
+            )
     return env
+
+
+_ENVIRONMENT_METHODS = (
+    "start",
+    "add_context",
+    "add_history",
+    "set_variable",
+    "execute",
+    "reset_answer",
+    "answer_content",
+    "aclose",
+)
 
 
 @asynccontextmanager
