@@ -1,3 +1,3 @@
 """The version of rlm-graph (one place; the package, traces and pyproject read it)."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -67,6 +67,8 @@ def test_the_sdist_and_the_wheel_pass_twine_check_and_hold_what_they_should(dist
             Path(m).relative_to(Path(m).parts[0]).as_posix() for m in archive.getnames() if "/" in m
         }
     assert {"LICENSE", "README.md", "CHANGELOG.md", "pyproject.toml"} <= members
+    assert not any(m.startswith("tests/") for m in members)  # not a suite that cannot run
+    assert "Classifier: Typing :: Typed" in metadata
 
 
 def test_the_wheel_installs_in_a_clean_venv_where_demo_and_plugins_run(
