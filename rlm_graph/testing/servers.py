@@ -200,8 +200,11 @@ class FakeServer:
     Args:
         responder: ``responder(body) -> answer`` for every request the ``replies`` leave.
         replies: answers used first, one per request, in order.
-        api_key: when set, requests without this key get the API's 401.
-        models: when set, requests for another model get the API's 404.
+        api_key: the key the API takes; the subclasses' `check_request` answers a
+            request without it with the API's 401 (a subclass of your own checks it in
+            its `check_request`: the base checks nothing).
+        models: the models the API serves; the subclasses answer a request for another
+            with the API's 404 (as ``api_key``, yours checks it itself).
         latency: seconds every answer waits (on the connection's thread); for a streamed
             answer, until its first token. A callable is drawn from once per request
             (`rlm_graph.testing.Lognormal`: seeded, heavy-tailed). A client that hangs up

@@ -13,9 +13,10 @@ from rlm_graph.contracts import ModelInfo, ProviderFactory
 from rlm_graph.hooks import hookimpl
 
 from .provider import EchoProvider
-from .server import FakeEchoServer
 
-__all__ = ["EchoProvider", "FakeEchoServer", "rlm_register_models", "rlm_register_providers"]
+# The fake server (rlm_graph_echo.server) is for tests: it is not imported here, since
+# every engine of an install imports this module to find its hooks.
+__all__ = ["EchoProvider", "rlm_register_models", "rlm_register_providers"]
 
 
 @hookimpl

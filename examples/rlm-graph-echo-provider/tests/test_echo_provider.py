@@ -9,7 +9,7 @@ import pytest
 from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.errors import ProviderAuthError
 from rlm_graph.testing import Reply
-from rlm_graph_echo import FakeEchoServer
+from rlm_graph_echo.server import FakeEchoServer
 
 
 async def test_answers_by_backend_name() -> None:
