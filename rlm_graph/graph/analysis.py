@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .model import Graph
+from .model import Graph, checked_graph
 from .nodes import NodeKind, NodeRecord
 
 __all__ = [
@@ -64,6 +64,7 @@ def critical_path(graph: Graph) -> CriticalPath:
     twice, and without overlap it is the sum of durations. Ties go to the earlier node
     in topological order, so the answer is deterministic.
     """
+    graph = checked_graph(graph, "critical_path")
     best: dict[str, float] = {}
     reach: dict[str, float] = {}  # the latest end on the best chain to a node
     via: dict[str, str | None] = {}
@@ -103,6 +104,7 @@ def _timed(records: Iterable[NodeRecord]) -> list[NodeRecord]:
 
 def makespan(graph: Graph) -> float:
     """Seconds from the first node's submission to the last node's end."""
+    graph = checked_graph(graph, "makespan")
     timed = _timed(graph.records())
     if not timed:
         return 0.0
@@ -115,6 +117,7 @@ def parallel_efficiency(graph: Graph) -> float:
 
     Returns 1.0 for a graph that took no time.
     """
+    graph = checked_graph(graph, "parallel_efficiency")
     span = makespan(graph)
     if span <= 0:
         return 1.0
@@ -123,6 +126,7 @@ def parallel_efficiency(graph: Graph) -> float:
 
 def peak_concurrency(graph: Graph, kind: NodeKind | str | None = None) -> int:
     """The most nodes (of one kind, or all) that were running at the same instant."""
+    graph = checked_graph(graph, "peak_concurrency")
     events: list[tuple[float, int]] = []
     for record in _timed(graph.records(kind)):
         assert record.start is not None and record.end is not None
@@ -138,6 +142,7 @@ def peak_concurrency(graph: Graph, kind: NodeKind | str | None = None) -> int:
 
 
 def counts_by_kind(graph: Graph) -> dict[str, int]:
+    graph = checked_graph(graph, "counts_by_kind")
     return dict(Counter(str(r.kind) for r in graph.records()))
 
 
@@ -147,6 +152,7 @@ def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
     Counts the nodes that made a model call themselves (turns, sub-calls, compactions);
     an ``rlm_call`` node's usage is the sum of its child's nodes and is not counted twice.
     """
+    graph = checked_graph(graph, "usage_by_model")
     # Summed in plain numbers, each model's ModelUsage made once: a pydantic attribute
     # set costs as much as the rest of the loop.
     sums: dict[str, list[Any]] = {}
@@ -183,6 +189,7 @@ _USAGE_FIELDS = (
 
 
 def tokens_per_depth(graph: Graph) -> dict[int, int]:
+    graph = checked_graph(graph, "tokens_per_depth")
     totals: dict[int, int] = defaultdict(int)
     for record in graph.records():
         if record.kind == NodeKind.RLM_CALL or record.usage is None:

@@ -13,7 +13,7 @@ from typing import Any
 import networkx as nx
 
 from ..errors import GraphError
-from .model import Graph
+from .model import Graph, checked_graph
 from .nodes import NodeRecord
 
 __all__ = ["from_json", "to_dot", "to_graphml", "to_json", "to_jsonable"]
@@ -22,6 +22,7 @@ FORMAT = "rlm-graph/1"
 
 
 def to_jsonable(graph: Graph) -> dict[str, Any]:
+    graph = checked_graph(graph, "to_jsonable")
     return {
         "format": FORMAT,
         "nodes": [record.model_dump(mode="json") for record in graph.records()],
@@ -68,6 +69,7 @@ def _flat(record: NodeRecord) -> dict[str, Any]:
 
 
 def to_graphml(graph: Graph) -> str:
+    graph = checked_graph(graph, "to_graphml")
     out = nx.DiGraph()
     for record in graph.records():
         out.add_node(record.id, **_flat(record))
@@ -94,6 +96,7 @@ _DOT_SHAPES = {
 
 def to_dot(graph: Graph) -> str:
     """Graphviz DOT text: one node per record, dashed edges for ``spawn``."""
+    graph = checked_graph(graph, "to_dot")
     lines = ["digraph rlm_graph {", "  rankdir=LR;"]
     for record in graph.records():
         label = f"{record.id}\n{record.kind} [{record.status}]\n{record.duration:.3f}s"

@@ -26,7 +26,7 @@ import networkx as nx
 from ..errors import GraphError
 from .nodes import NodeKind, NodeRecord
 
-__all__ = ["EdgeKind", "Graph"]
+__all__ = ["EdgeKind", "Graph", "checked_graph"]
 
 EdgeKind = Literal["after", "spawn"]
 
@@ -172,3 +172,18 @@ class Graph:
     def nx(self) -> nx.DiGraph:
         """The underlying networkx graph (read it; do not change it)."""
         return self._g
+
+
+def checked_graph(graph: object, function: str) -> Graph:
+    """``graph``, when it is a `Graph`; else a ``TypeError`` saying what ``function``
+    takes (a `Workflow` is a plan, not a run's graph: it has its own exports)."""
+    if isinstance(graph, Graph):
+        return graph
+    hint = (
+        "; for a Workflow's plan before it runs, use wf.to_json() or wf.to_dot()"
+        if type(graph).__name__ == "Workflow"
+        else ""
+    )
+    raise TypeError(
+        f"{function}() takes a run's Graph (result.graph), not {type(graph).__name__}{hint}"
+    )

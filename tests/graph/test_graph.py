@@ -213,3 +213,15 @@ def test_a_fresh_record_is_the_validated_record_of_the_same_values() -> None:
     other = NodeRecord.fresh("b", NodeKind.FUNCTION)
     other.input_preview, other.attempts = "changed", 3
     assert fresh.input_preview == "sq 1003" and fresh.attempts == 1
+
+
+def test_analysis_and_export_given_a_workflow_say_what_they_take() -> None:
+    from rlm_graph import Workflow
+
+    wf = Workflow()
+    wf.llm("q")
+    for function in (critical_path, makespan, to_json, to_dot, usage_by_model, peak_concurrency):
+        with pytest.raises(
+            TypeError, match=r"takes a run's Graph \(result.graph\), not Workflow; .*wf.to_json\(\)"
+        ):
+            function(wf)  # type: ignore[arg-type]
