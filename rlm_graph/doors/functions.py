@@ -16,7 +16,8 @@ Invariants:
       (``abandon_on_cancel``). An asyncio coroutine is also cancelled in its loop, so it
       unwinds at its next ``await``; a plain function cannot be stopped by Python and
       runs to its end, its result dropped. Either way a thread still running is handed
-      to ``abandoned`` (its ``finished`` event), for the run to count as leaked.
+      to ``abandoned`` (its ``finished`` event), for the run to count as leaked (a
+      cancelled coroutine first gets 0.2 s to unwind: it is not leaked, only stopping).
     - Threads come from the caller's ``limiter``, not trio's default one: an abandoned
       thread holds its token until it ends, and must not starve other users of threads
       (the journal's writer).
@@ -116,9 +117,23 @@ async def run_in_thread(
     except trio.Cancelled:
         if on_cancel is not None:
             on_cancel()
+            await _unwinding(finished)
         if not finished.is_set():
             abandoned.append(finished)
         raise
+
+
+_UNWIND = 0.2
+"""Seconds a stopped asyncio coroutine gets to unwind (it does at its next ``await``)
+before its thread counts as leaked."""
+
+
+async def _unwinding(finished: threading.Event) -> None:
+    """Wait, shielded, up to `_UNWIND` seconds of real time (the thread's, whatever
+    trio's clock says: a test's ``MockClock`` may stand still) for a stopped thread to
+    end; on a thread of its own, not one of the run's function threads."""
+    with trio.CancelScope(shield=True):
+        await trio.to_thread.run_sync(finished.wait, _UNWIND, limiter=trio.CapacityLimiter(1))
 
 
 def _exited(fn: Callable[..., Any], exc: SystemExit) -> RuntimeError:

@@ -153,3 +153,26 @@ def test_the_plan_says_a_plain_function_runs_in_a_thread() -> None:
     plain, native = wf.function(len, "abc"), wf.function(on_trio)
     loops = {node["id"]: node["loop"] for node in wf.to_jsonable()["nodes"]}
     assert loops == {plain.id: "thread", native.id: "trio"}
+
+
+async def test_a_timed_out_asyncio_function_is_stopped_and_not_counted_as_leaked() -> None:
+    import asyncio
+
+    stopped: list[str] = []
+
+    async def slow() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            stopped.append("cancelled in its loop")
+            raise
+        return "never"
+
+    wf = Workflow()
+    node = wf.function(slow, timeout=0.1, loop="asyncio")
+    for _ in range(3):  # the unwinding raced the count before
+        stopped.clear()
+        result = await echo_engine().arun(wf)
+        assert "did not finish within timeout=0.1 s" in result.errors[node.id]
+        assert stopped == ["cancelled in its loop"]
+        assert result.leaked_threads == 0
