@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         {
             "category": "broken",
             "name": plugin.name,
-            "origin": f"entry point {plugin.value!r} of {plugin.distribution}",
+            "origin": f"entry point {plugin.name!r} of {plugin.distribution}",
             "error": plugin.error,
         }
         for plugin in host.broken
