@@ -200,11 +200,8 @@ class FakeServer:
     Args:
         responder: ``responder(body) -> answer`` for every request the ``replies`` leave.
         replies: answers used first, one per request, in order.
-        api_key: the key the API takes; the subclasses' `check_request` answers a
-            request without it with the API's 401 (a subclass of your own checks it in
-            its `check_request`: the base checks nothing).
-        models: the models the API serves; the subclasses answer a request for another
-            with the API's 404 (as ``api_key``, yours checks it itself).
+        api_key, models: the key the API takes and the models it serves: the shipped
+            subclasses answer 401 and 404 (a subclass of yours checks them itself).
         latency: seconds every answer waits (on the connection's thread); for a streamed
             answer, until its first token. A callable is drawn from once per request
             (`rlm_graph.testing.Lognormal`: seeded, heavy-tailed). A client that hangs up

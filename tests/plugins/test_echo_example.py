@@ -20,7 +20,7 @@ def test_the_echo_backend_is_registered_by_its_entry_point() -> None:
 
 
 async def test_the_echo_backend_answers_over_http() -> None:
-    from rlm_graph_echo import FakeEchoServer
+    from rlm_graph_echo.server import FakeEchoServer
 
     with FakeEchoServer() as server:
         async with Engine("echo", {"base_url": server.base_url}) as engine:
