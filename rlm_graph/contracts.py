@@ -58,6 +58,7 @@ __all__ = [
     "TextSink",
     "Usage",
     "estimate_tokens",
+    "lacking",
     "image_json_default",
     "image_json_hook",
     "image_media_type",
@@ -66,6 +67,12 @@ __all__ = [
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 Role = Literal["system", "user", "assistant"]
+
+
+def lacking(made: object, methods: tuple[str, ...]) -> str | None:
+    """The first of ``methods`` that ``made`` does not have as a callable, if any: what a
+    plugin's factory made, checked against its contract before it is used."""
+    return next((m for m in methods if not callable(getattr(made, m, None))), None)
 
 
 def estimate_tokens(text: str) -> int:

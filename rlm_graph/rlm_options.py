@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .contracts import ChatRequest
+from .contracts import ChatRequest, lacking
 from .errors import ConfigError, PluginError, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
@@ -124,6 +124,9 @@ def check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] 
         ) from None
 
 
+_STRATEGY_METHODS = ("should_compact", "compact")
+
+
 def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
     """The strategy ``RLM(compaction=...)`` asks for: None, a registered one, or an object."""
     if compaction is None or compaction is False:
@@ -135,20 +138,19 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             made = factory(**dict(kwargs or {}))
         except TypeError as exc:
             raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-        for method in ("should_compact", "compact"):
-            if not callable(getattr(made, method, None)):
-                raise PluginError(
-                    f"compaction {name!r}: its factory made {type(made).__name__}, which has "
-                    f"no {method}(); a strategy must follow "
-                    "rlm_graph.contracts.CompactionStrategy"
-                )
-        return made
-    for method in ("should_compact", "compact"):
-        if not callable(getattr(compaction, method, None)):
-            raise ConfigError(
-                "compaction must be True, a strategy name or a CompactionStrategy; "
-                f"{type(compaction).__name__} has no {method}()"
+        missing = lacking(made, _STRATEGY_METHODS)
+        if missing is not None:
+            raise PluginError(
+                f"compaction {name!r}: its factory made {type(made).__name__}, which has no "
+                f"{missing}(); a strategy must follow rlm_graph.contracts.CompactionStrategy"
             )
+        return made
+    missing = lacking(compaction, _STRATEGY_METHODS)
+    if missing is not None:
+        raise ConfigError(
+            "compaction must be True, a strategy name or a CompactionStrategy; "
+            f"{type(compaction).__name__} has no {missing}()"
+        )
     return compaction
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..contracts import Environment
+from ..contracts import Environment, lacking
 from ..errors import ConfigError, PluginError
 from ..journal.tools import JournaledTool
 from ..protocol.state import CompletionState, LoopSettings, ToolTable
@@ -42,13 +42,13 @@ def make_environment(
     env: Environment = factory(
         bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
     )
-    for method in _ENVIRONMENT_METHODS:
-        if not callable(getattr(env, method, None)):
-            raise PluginError(
-                f"the environment factory {getattr(factory, '__qualname__', factory)!r} made "
-                f"{type(env).__name__}, which has no {method}(); an environment must follow "
-                "rlm_graph.contracts.Environment"
-            )
+    missing = lacking(env, _ENVIRONMENT_METHODS)
+    if missing is not None:
+        raise PluginError(
+            f"the environment factory {getattr(factory, '__qualname__', factory)!r} made "
+            f"{type(env).__name__}, which has no {missing}(); an environment must follow "
+            "rlm_graph.contracts.Environment"
+        )
     return env
 
 

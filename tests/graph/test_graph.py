@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import networkx as nx
 import pytest
@@ -184,28 +185,17 @@ def test_reading_a_graph_leaves_no_reference_cycle() -> None:
 def test_a_fresh_record_is_the_validated_record_of_the_same_values() -> None:
     # The engine builds its own nodes unvalidated (NodeRecord.fresh); they must be the
     # records the validating constructor makes, every default included, and dump alike.
-    fresh = NodeRecord.fresh(
-        "turn-1/block-1/llm-1.4",
-        NodeKind.LLM_CALL,
-        depth=2,
-        completion="turn-1/block-1/rlm-1",
-        iteration=3,
-        batch_index=4,
-        batch_size=8,
-        input_preview="sq 1003",
-        reason="fits",
-    )
-    validated = NodeRecord(
-        id="turn-1/block-1/llm-1.4",
-        kind=NodeKind.LLM_CALL,
-        depth=2,
-        completion="turn-1/block-1/rlm-1",
-        iteration=3,
-        batch_index=4,
-        batch_size=8,
-        input_preview="sq 1003",
-        reason="fits",
-    )
+    fields: dict[str, Any] = {
+        "depth": 2,
+        "completion": "turn-1/block-1/rlm-1",
+        "iteration": 3,
+        "batch_index": 4,
+        "batch_size": 8,
+        "input_preview": "sq 1003",
+        "reason": "fits",
+    }
+    fresh = NodeRecord.fresh("turn-1/block-1/llm-1.4", NodeKind.LLM_CALL, **fields)
+    validated = NodeRecord(id="turn-1/block-1/llm-1.4", kind=NodeKind.LLM_CALL, **fields)
     assert fresh == validated
     assert fresh.model_dump(mode="json") == validated.model_dump(mode="json")
     assert fresh.status is NodeStatus.PENDING and fresh.attempts == 1 and fresh.usage is None
