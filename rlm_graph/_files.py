@@ -11,10 +11,11 @@ folder's files made beforehand).
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["PRIVATE", "open_private", "write_private"]
+__all__ = ["PRIVATE", "open_private", "read_results", "write_private"]
 
 PRIVATE = 0o600
 
@@ -30,3 +31,42 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
     with open_private(path) as handle:
         handle.write(text)
     return Path(path)
+
+
+def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
+    """A results file's bytes and where its complete lines end, before appending to it
+    (a missing file is empty): what a resumed run reads first.
+
+    Args:
+        path: the file.
+        what: how the user named it, for errors (``"--output 'r.jsonl'"``).
+        starts: how a line of such a file starts (``b'{"id"'``): a last line cut off by
+            a killed run is cut off again only if it starts so.
+
+    Raises:
+        ValueError: it is not a regular file (a FIFO or a device would hang or never end),
+            cannot be read, or ends with something else than a cut-off result line (it
+            is not a results file: nothing of it may be cut).
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return b"", 0
+    except OSError as exc:
+        raise ValueError(f"cannot read {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(
+            f"{what} is not a regular file; results are appended to a file and read again "
+            "on resume: give a file's path"
+        )
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what}: {exc.strerror}") from None
+    end = data.rfind(b"\n") + 1  # what follows the last newline was cut off by a kill
+    if data[end:].strip() and not data[end:].lstrip().startswith(starts):
+        raise ValueError(
+            f"{what} is not a results file (its last line is not a result); give a new "
+            "path, or the results file of an earlier run to resume it"
+        )
+    return data, end

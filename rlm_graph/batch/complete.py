@@ -65,6 +65,9 @@ async def complete_item(
             usage, cost = _usage(exc.result)
     except Exception as exc:  # any failure of one item is that item's result, not the batch's
         error = BatchError(type=type(exc).__name__, message=str(exc) or type(exc).__name__)
+        partial = getattr(exc, "result", None)  # a ProviderError's: what was spent before
+        if isinstance(partial, RLMChatCompletion):
+            usage, cost = _usage(partial)
     else:
         answer, stop_reason = result.response, result.stop_reason
         usage, cost = _usage(result)

@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import open_private
+from .._files import open_private, read_results
 from ..errors import ConfigError
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
@@ -139,6 +139,10 @@ class BatchSummary(BaseModel):
         return ", ".join(parts)
 
 
+_RESULT_KEYS = frozenset(("id", "answer", "started_at", "finished_at", "seconds"))
+"""What every result line has (`BatchResult.to_line`)."""
+
+
 class ResultsFile:
     """The results file of a batch: what is done already, and appending as items finish.
 
@@ -160,10 +164,9 @@ class ResultsFile:
                 not a result (it is not a results file: refuse to append to it).
         """
         try:
-            data = self.path.read_bytes() if self.path.exists() else b""
-        except OSError as exc:
-            raise ConfigError(f"cannot read --output {str(self.path)!r}: {exc.strerror}") from None
-        end = data.rfind(b"\n") + 1  # everything after the last newline is a cut-off write
+            data, end = read_results(self.path, f"--output {str(self.path)!r}", b'{"id"')
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         for number, line in enumerate(data[:end].splitlines(), start=1):
             if line.strip():
                 self._note(line, number)
@@ -179,7 +182,9 @@ class ResultsFile:
         try:
             record = json.loads(line)
             item_id, error = record["id"], record.get("error")
-        except (ValueError, KeyError, TypeError):
+            if not _RESULT_KEYS <= record.keys():  # an items file has ids too
+                raise KeyError("not a result")
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise ConfigError(
                 f"{self.path}:{number} is not a batch result line; --output must be a "
                 "results file of rlm-graph batch (or a new path)"

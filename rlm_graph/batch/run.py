@@ -82,6 +82,26 @@ def make_executor(
     return executor
 
 
+def check_batch(
+    rlm_kwargs: Mapping[str, Any] | None,
+    concurrency: object,
+    executor: str,
+    executor_kwargs: Mapping[str, Any] | None,
+) -> tuple[Executor, dict[str, Any]]:
+    """A batch's settings checked, before anything runs or is written: its executor,
+    and its ``RLM(...)`` keywords.
+
+    Raises:
+        ConfigError: a bad concurrency, configuration or executor keyword.
+        PluginError: an unknown executor.
+    """
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
+    plugins = rlm_kwargs.get("plugins", ()) if isinstance(rlm_kwargs, Mapping) else ()
+    runner = make_executor(executor, executor_kwargs, plugins)
+    return runner, check_rlm_kwargs(rlm_kwargs)
+
+
 def run_batch(
     items: Iterable[BatchItem | Mapping[str, Any]],
     rlm_kwargs: Mapping[str, Any] | None = None,
@@ -112,11 +132,7 @@ def run_batch(
         ConfigError: a bad configuration or a bad item (raised when reached).
         PluginError: an unknown executor.
     """
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
-    plugins = rlm_kwargs.get("plugins", ()) if isinstance(rlm_kwargs, Mapping) else ()
-    runner = make_executor(executor, executor_kwargs, plugins)
-    kwargs = check_rlm_kwargs(rlm_kwargs)
+    runner, kwargs = check_batch(rlm_kwargs, concurrency, executor, executor_kwargs)
     skip = {str(i) for i in skip_ids}
     todo = (item for item in coerce_items(items) if item.id not in skip)
     return runner.run(todo, kwargs, concurrency=concurrency)

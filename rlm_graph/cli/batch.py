@@ -20,6 +20,7 @@ from rich.live import Live
 from rich.text import Text
 
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
+from ..batch.run import check_batch
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, interrupted_after, refuse
 from .progress import LiveLine
@@ -85,6 +86,16 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --executor ray: CPUs reserved per completion (default 0.25)",
     )
+
+
+def _regular_input(path: Path) -> None:
+    """``--input`` is read twice (checked whole first, then run): a pipe would be empty
+    the second time, and the batch would run nothing."""
+    if str(path) == "-" or (path.exists() and not path.is_file()):
+        raise ConfigError(
+            f"--input {str(path)!r} is not a regular file; the items are read twice (checked "
+            "first, then run): save them to a file first (... > items.jsonl)"
+        )
 
 
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,7 +166,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.input.resolve() == args.output.resolve():
             raise ConfigError("--output must not be the --input file")
+        _regular_input(args.input)
         ids = scan_items(args.input)
+        # Everything a run needs is checked before --output is created or touched.
+        check_batch(rlm_kwargs(args), args.concurrency, args.executor, _executor_kwargs(args))
         results_file = ResultsFile(args.output).open()
     except ConfigError as exc:
         return refuse("batch", exc)

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import open_private
+from .._files import open_private, read_results
 from ..batch import BatchError
 from ..errors import ConfigError
 
@@ -90,10 +90,9 @@ class ResultsLog:
                 result row (then it is not an evaluation's results).
         """
         try:
-            data = self.path.read_bytes() if self.path.exists() else b""
-        except OSError as exc:
-            raise ConfigError(f"cannot read {str(self.path)!r}: {exc.strerror}") from None
-        end = data.rfind(b"\n") + 1
+            data, end = read_results(self.path, repr(str(self.path)), b'{"id"')
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         self._rows.clear()
         for number, line in enumerate(data[:end].splitlines(), start=1):
             if line.strip():

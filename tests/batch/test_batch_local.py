@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -261,3 +262,51 @@ def test_on_a_terminal_progress_is_one_live_line_and_failures_get_their_own() ->
     assert "3/3 done, 1 failed" in text  # the live line's last drawing
     assert "b FAILED ProviderError: refused" in text
     assert "] a ok" not in text  # answered items have no line of their own on a terminal
+
+
+def test_a_failed_item_keeps_the_usage_it_already_spent() -> None:
+    from rlm_graph.errors import ProviderError
+
+    def respond(request: object) -> object:
+        turns = sum(1 for m in request.messages if m.role == "assistant")  # type: ignore[attr-defined]
+        if turns == 0:
+            return "```repl\nprint('looked')\n```"
+        return ProviderError("the second turn is refused", provider="scripted", status_code=400)
+
+    kwargs = {"backend": "scripted", "backend_kwargs": {"respond": respond}}
+    (result,) = run_batch([{"id": "a", "context": "c", "query": "q"}], kwargs)
+    assert result.error is not None and "refused" in result.error.message
+    assert result.usage.calls == 1  # the first turn was answered (and paid for)
+    assert result.usage.input_tokens > 0
+
+
+def test_an_output_that_is_not_a_results_file_is_never_cut_or_appended_to(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"settings": {"a": 1}}')  # one line, no newline
+    with pytest.raises(ConfigError, match="is not a results file"):
+        ResultsFile(config).open()
+    assert config.read_text() == '{"settings": {"a": 1}}'
+    inputs = tmp_path / "items.jsonl"
+    inputs.write_text('{"id": "a", "context": "c", "query": "q"}\n')  # has ids, is no result
+    with pytest.raises(ConfigError, match="items.jsonl:1 is not a batch result line"):
+        ResultsFile(inputs).open()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        ResultsFile(fifo).open()  # reading it first would hang
+
+
+def test_cli_refuses_a_piped_input_and_bad_settings_before_touching_the_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+    out = tmp_path / "out.jsonl"
+    args = ["batch", "--output", str(out), "--backend", "scripted", "--model", "m"]
+    assert main([*args, "--input", str(fifo)]) == 2
+    assert "is not a regular file; the items are read twice" in capsys.readouterr().err
+    write_items(tmp_path / "in.jsonl", items(1))
+    assert main([*args, "--input", str(tmp_path / "in.jsonl"), "--concurrency", "0"]) == 2
+    assert "concurrency must be a positive integer" in capsys.readouterr().err
+    assert main([*args, "--input", str(tmp_path / "in.jsonl"), "--executor", "nope"]) == 2
+    assert not out.exists()  # nothing was created for a run that never started
