@@ -10,12 +10,13 @@ folder's files made beforehand).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["PRIVATE", "open_private", "read_results", "write_private"]
+__all__ = ["PRIVATE", "hold_alone", "open_private", "read_results", "write_private"]
 
 PRIVATE = 0o600
 
@@ -70,3 +71,19 @@ def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
             "path, or the results file of an earlier run to resume it"
         )
     return data, end
+
+
+def hold_alone(handle: IO[str], what: str) -> None:
+    """Lock the open file ``handle`` for this process until it is closed (an advisory
+    ``flock``): two runs appending to one results file would each run every item.
+
+    Raises:
+        ValueError: another process holds it.
+    """
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise ValueError(
+            f"another run is writing {what}; wait for it to end, or give another path"
+        ) from None

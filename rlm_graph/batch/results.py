@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import open_private, read_results
+from .._files import hold_alone, open_private, read_results
 from ..errors import ConfigError
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
@@ -163,19 +163,26 @@ class ResultsFile:
             ConfigError: the file cannot be read or written, or a complete line in it is
                 not a result (it is not a results file: refuse to append to it).
         """
+        what = f"--output {str(self.path)!r}"
         try:
-            data, end = read_results(self.path, f"--output {str(self.path)!r}", b'{"id"')
+            read_results(self.path, what, b'{"id"')  # refuses a FIFO before it is opened
+            handle = open_private(self.path, "a")
+            hold_alone(handle, what)  # one run at a time; then read again, under the lock
+            data, end = read_results(self.path, what, b'{"id"')
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        for number, line in enumerate(data[:end].splitlines(), start=1):
-            if line.strip():
-                self._note(line, number)
+        except OSError as exc:
+            raise ConfigError(f"cannot write {what}: {exc.strerror}") from None
         try:
+            for number, line in enumerate(data[:end].splitlines(), start=1):
+                if line.strip():
+                    self._note(line, number)
             if end < len(data):
                 os.truncate(self.path, end)
-            self._handle = open_private(self.path, "a")
-        except OSError as exc:
-            raise ConfigError(f"cannot write --output {str(self.path)!r}: {exc.strerror}") from None
+        except BaseException:
+            handle.close()
+            raise
+        self._handle = handle
         return self
 
     def _note(self, line: bytes, number: int) -> None:

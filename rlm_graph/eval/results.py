@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import open_private, read_results
+from .._files import hold_alone, open_private, read_results
 from ..batch import BatchError
 from ..errors import ConfigError
 
@@ -107,14 +107,22 @@ class ResultsLog:
             ConfigError: as `read`, or the file cannot be written (nothing is appended to
                 a file that is not an evaluation's results).
         """
-        end = self.read()
-        data_size = self._size
+        self.read()  # refuses a FIFO before it is opened, and a file of something else
         try:
-            if end < data_size:
-                os.truncate(self.path, end)
-            self._handle = open_private(self.path, "a")
+            handle = open_private(self.path, "a")
+            hold_alone(handle, repr(str(self.path)))  # one run at a time
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         except OSError as exc:
             raise ConfigError(f"cannot write {str(self.path)!r}: {exc.strerror}") from None
+        try:
+            end = self.read()  # again, under the lock
+            if end < self._size:
+                os.truncate(self.path, end)
+        except BaseException:
+            handle.close()
+            raise
+        self._handle = handle
         return self
 
     def _note(self, line: bytes, number: int) -> None:

@@ -310,3 +310,16 @@ def test_cli_refuses_a_piped_input_and_bad_settings_before_touching_the_output(
     assert "concurrency must be a positive integer" in capsys.readouterr().err
     assert main([*args, "--input", str(tmp_path / "in.jsonl"), "--executor", "nope"]) == 2
     assert not out.exists()  # nothing was created for a run that never started
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(tmp_path: Path) -> None:
+    path = tmp_path / "out.jsonl"
+    first = ResultsFile(path).open()
+    try:
+        first.append(BatchResult(id="a", answer="x", started_at=0, finished_at=1, seconds=1))
+        with pytest.raises(ConfigError, match="another run is writing --output .*; wait for it"):
+            ResultsFile(path).open()
+    finally:
+        first.close()
+    with ResultsFile(path) as again:  # the first has ended: the file is free
+        assert again.done() == {"a"}
