@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
 import sys
@@ -191,7 +192,7 @@ class _Tools:
 
         from .. import RLM
 
-        context, files, size, skipped = await self._context(paths, text)
+        context, files, size, skipped = await self._read(question, paths, text)
         try:
             report = self._new_report()
         except OSError as exc:
@@ -223,6 +224,9 @@ class _Tools:
             raise ToolError(f"stopped by {exc.reason}; the partial answer: {exc.partial}") from None
         except RLMGraphError as exc:  # a crashed environment, a plugin's late check
             raise ToolError(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # a bug: the client is told what, the log has the rest
+            logging.getLogger("rlm_graph").exception("rlm_answer failed")
+            raise ToolError(f"the run failed: {type(exc).__name__}: {exc}") from None
         finally:
             with anyio.CancelScope(shield=True):
                 await rlm.aclose()
@@ -241,9 +245,31 @@ class _Tools:
             skipped=skipped,
         )
 
-    async def _context(
-        self, paths: list[str] | None, text: str | None
+    async def _read(
+        self, question: str, paths: list[str] | None, text: str | None
     ) -> tuple[str | dict[str, str], int, int, list[str]]:
+        """The call's context, the question counted in ``--max-read-bytes``; any failure
+        a `ToolError` that says what happened."""
+        from mcp.server.mcpserver.exceptions import ToolError
+
+        room = self.roots.max_bytes - len(question.encode("utf-8", errors="replace"))
+        if room < 0:
+            raise ToolError(
+                f"the question is more than {self.roots.max_bytes:,} bytes (--max-read-bytes); "
+                "put long material in text or paths"
+            )
+        try:
+            return await self._context(paths, text, room)
+        except ToolError:
+            raise
+        except Exception as exc:  # a bug or an OS surprise: said, not "Error executing tool"
+            logging.getLogger("rlm_graph").exception("rlm_answer could not read its context")
+            raise ToolError(f"cannot read the context: {type(exc).__name__}: {exc}") from None
+
+    async def _context(
+        self, paths: list[str] | None, text: str | None, room: int
+    ) -> tuple[str | dict[str, str], int, int, list[str]]:
+        """The call's context (``room``: the bytes left once the question is counted)."""
         import anyio
         from mcp.server.mcpserver.exceptions import ToolError
 
@@ -253,21 +279,22 @@ class _Tools:
             )
         if text is not None:
             size = len(text.encode("utf-8", errors="replace"))
-            if size > self.roots.max_bytes:
+            if size > room:
                 raise ToolError(
-                    f"the text is more than {self.roots.max_bytes:,} bytes (--max-read-bytes)"
+                    f"the text and the question come to more than {self.roots.max_bytes:,} "
+                    "bytes (--max-read-bytes)"
                 )
             return text, 0, size, []
         assert paths is not None
         try:
-            docs = await anyio.to_thread.run_sync(self.roots.read, paths)
+            docs = await anyio.to_thread.run_sync(self.roots.read, paths, room)
         except ConfigError as exc:
             raise ToolError(str(exc)) from None
         if not docs.files:
             raise ToolError(
-                "no text file to read in the paths given: " + "; ".join(docs.skipped[:20])
+                "no text file to read in the paths given: " + "; ".join(_listed(docs.skipped, 20))
             )
-        return docs.files, len(docs.files), docs.size, docs.skipped[:200]
+        return docs.files, len(docs.files), docs.size, _listed(docs.skipped, 200)
 
     def _new_report(self) -> Path:
         name = f"rlm-answer-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.html"
@@ -275,6 +302,14 @@ class _Tools:
         # Created here, private, before the report is written into it.
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
         return path
+
+
+def _listed(skipped: list[str], most: int) -> list[str]:
+    """The first ``most`` skipped files, and a last entry counting the rest: nothing is
+    cut without saying so."""
+    if len(skipped) <= most:
+        return skipped
+    return [*skipped[:most], f"... and {len(skipped) - most:,} more files skipped"]
 
 
 def _check_environment(args: argparse.Namespace) -> None:

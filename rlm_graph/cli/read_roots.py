@@ -140,8 +140,9 @@ class ReadRoots:
             raise ConfigError(f"{path!r} does not exist (inside the read roots)")
         return resolved
 
-    def read(self, paths: Sequence[str]) -> Documents:
-        """Read the files and folders ``paths`` name (see the module's invariants).
+    def read(self, paths: Sequence[str], room: int | None = None) -> Documents:
+        """Read the files and folders ``paths`` name (see the module's invariants), at
+        most ``room`` bytes (default ``max_bytes``).
 
         Raises:
             ConfigError: a named path that is refused or missing, a named file that
@@ -151,17 +152,25 @@ class ReadRoots:
             raise ConfigError("paths is empty: name at least one file or folder")
         named = [(path, self.resolve(path)) for path in paths]  # every check before any read
         docs = Documents()
+        spent = 0 if room is None else self.max_bytes - room  # the question's, say
+        docs.size = spent
         for path, resolved in named:
             if os.path.isdir(resolved):
-                for found in self._walk(resolved, docs):
-                    self._read_file(found, docs, named=False)
+                try:
+                    for found in self._walk(resolved, docs):
+                        self._read_file(found, docs, named=False)
+                except RecursionError:  # os.walk recurses, one frame per level
+                    raise ConfigError(
+                        f"{path!r} nests folders too deep to walk; name a folder further down"
+                    ) from None
             else:
-                self._read_file(resolved, docs, named=True, shown=path)
+                self._read_file(resolved, docs, named=True, given=path)
+        docs.size -= spent
         return docs
 
     def _walk(self, folder: str, docs: Documents) -> Iterator[str]:
         def unreadable(error: OSError) -> None:
-            docs.skipped.append(f"{error.filename}: {error.strerror or error}")
+            docs.skipped.append(f"{shown(str(error.filename))}: {error.strerror or error}")
 
         for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
             dirs[:] = sorted(
@@ -173,12 +182,13 @@ class ReadRoots:
                 path = os.path.join(parent, name)
                 resolved = os.path.realpath(path)
                 if not self.contains(resolved):
-                    docs.skipped.append(f"{path}: a link out of the read roots")
-                elif resolved not in docs.files:
+                    docs.skipped.append(f"{shown(path)}: a link out of the read roots")
+                elif shown(resolved) not in docs.files:
                     yield resolved
 
-    def _read_file(self, path: str, docs: Documents, *, named: bool, shown: str = "") -> None:
-        if path in docs.files:
+    def _read_file(self, path: str, docs: Documents, *, named: bool, given: str = "") -> None:
+        key = shown(path)  # a name that is not UTF-8 is kept, its odd bytes escaped
+        if key in docs.files:
             return
         if len(docs.files) >= self.max_files:
             raise ConfigError(
@@ -189,18 +199,20 @@ class ReadRoots:
             data = self._read_bytes(path, self.max_bytes - docs.size)
         except OSError as exc:
             if named:
-                raise ConfigError(f"cannot read {shown or path}: {exc.strerror or exc}") from None
-            docs.skipped.append(f"{path}: {exc.strerror or exc}")
+                raise ConfigError(f"cannot read {given or key}: {exc.strerror or exc}") from None
+            docs.skipped.append(f"{key}: {exc.strerror or exc}")
             return
-        if b"\0" in data[:_BINARY_PROBE]:
+        if data is None:  # its first bytes say binary: not read further
             if named:
-                raise ConfigError(f"{shown or path} is a binary file, not text")
-            docs.skipped.append(f"{path}: binary")
+                raise ConfigError(f"{given or key} is a binary file, not text")
+            docs.skipped.append(f"{key}: binary")
             return
         docs.size += len(data)
-        docs.files[path] = data.decode("utf-8", errors="replace")
+        docs.files[key] = data.decode("utf-8", errors="replace")
 
-    def _read_bytes(self, path: str, room: int) -> bytes:
+    def _read_bytes(self, path: str, room: int) -> bytes | None:
+        """The file's bytes, or None for a binary one (known from its first bytes, before
+        the rest is read or counted against ``room``)."""
         fd = os.open(path, _OPEN_FLAGS)
         try:
             info = os.fstat(fd)
@@ -209,9 +221,12 @@ class ReadRoots:
             held = f"/proc/self/fd/{fd}"
             if os.path.exists(held) and not self.contains(os.path.realpath(held)):
                 raise OSError(0, "it moved out of the read roots while being opened")
-            if info.st_size > room:
+            head = os.read(fd, _BINARY_PROBE)
+            if b"\0" in head:
+                return None
+            if info.st_size > room or len(head) > room:
                 raise ConfigError(self._too_large())
-            chunks, size = [], 0
+            chunks, size = [head], len(head)
             while chunk := os.read(fd, min(1 << 20, room + 1 - size)):
                 chunks.append(chunk)
                 size += len(chunk)
@@ -226,6 +241,13 @@ class ReadRoots:
             f"the files come to more than {self.max_bytes:,} bytes; name fewer, or start the "
             "server with a larger --max-read-bytes"
         )
+
+
+def shown(path: str) -> str:
+    """``path`` as text that can always be encoded: a name whose bytes are not UTF-8
+    (kept by Python as lone surrogates) gets them as ``\\xNN`` escapes, so it can go
+    into a JSON answer and be printed by the model's code."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
 def _below(path: str, folder: str) -> bool:

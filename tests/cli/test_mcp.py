@@ -183,7 +183,13 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
     ]
     with model_server() as server:
         async with session(
-            server, tree, tmp_path / "server.log", "--report-dir", str(tmp_path / "r")
+            server,
+            tree,
+            tmp_path / "server.log",
+            "--report-dir",
+            str(tmp_path / "r"),
+            "--max-read-bytes",
+            "4000",
         ) as client:
             results = [
                 await client.call_tool("rlm_answer", {"question": "Read it.", "paths": paths})
@@ -196,6 +202,11 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
             missing = await client.call_tool(
                 "rlm_answer", {"question": "Read it.", "paths": ["nope.txt"]}
             )
+            # The question counts in --max-read-bytes too: it goes to the model as well.
+            huge = await client.call_tool("rlm_answer", {"question": "q" * 5000, "text": "x"})
+            with_text = await client.call_tool(
+                "rlm_answer", {"question": "q" * 3000, "text": "x" * 1500}
+            )
         requests = len(server.requests)
     for paths, result in zip(attempts, results, strict=True):
         assert result.is_error, (paths, text_of(result))
@@ -204,6 +215,8 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
         )
         assert SECRET not in text_of(result)
     assert neither.is_error and "either paths" in text_of(neither)
+    assert huge.is_error and "the question is more than 4,000 bytes" in text_of(huge)
+    assert with_text.is_error and "the text and the question come to more" in text_of(with_text)
     assert both.is_error and "not both" in text_of(both)
     assert missing.is_error and "does not exist" in text_of(missing)
     assert requests == 0  # nothing was ever sent to a model

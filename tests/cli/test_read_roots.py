@@ -77,3 +77,48 @@ def test_a_folder_the_server_cannot_open_is_listed_not_silently_dropped(tmp_path
         (tmp_path / "closed").chmod(0o700)
     assert list(docs.files.values()) == ["seen"]
     assert any("closed" in s for s in docs.skipped)
+
+
+def test_a_binary_file_is_skipped_from_its_first_bytes_whatever_its_size(tmp_path: Path) -> None:
+    (tmp_path / "README").write_text("twelve bytes")
+    (tmp_path / "blob.bin").write_bytes(b"\0" * 5000)  # larger than the whole limit
+    docs = roots(tmp_path, max_bytes=2000).read(["."])
+    assert list(docs.files.values()) == ["twelve bytes"] and docs.size == 12
+    assert any(s.endswith("blob.bin: binary") for s in docs.skipped)
+
+
+def test_a_file_name_that_is_not_utf8_is_read_and_shown_escaped(tmp_path: Path) -> None:
+    folder = os.fsencode(tmp_path)
+    with open(os.path.join(folder, b"bad\xff.txt"), "wb") as handle:
+        handle.write(b"text")
+    with open(os.path.join(folder, b"img\xe9.bin"), "wb") as handle:
+        handle.write(b"\0binary")
+    docs = roots(tmp_path).read(["."])
+    (name,) = docs.files
+    assert name.endswith("bad\\xff.txt") and docs.files[name] == "text"
+    name.encode("utf-8")  # no lone surrogate: it goes into JSON and prints in the guest
+    (skipped,) = docs.skipped
+    assert skipped.endswith("img\\xe9.bin: binary")
+
+
+def test_a_folder_nested_past_what_a_walk_can_recurse_is_refused_with_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rlm_graph.cli.read_roots as read_roots
+
+    def too_deep(*args: object, **kwargs: object) -> object:
+        raise RecursionError("maximum recursion depth exceeded")  # as os.walk, 1,000 deep
+
+    (tmp_path / "note.txt").write_text("deep")
+    monkeypatch.setattr(read_roots.os, "walk", too_deep)
+    with pytest.raises(ConfigError, match="'.' nests folders too deep to walk; name a folder"):
+        roots(tmp_path).read(["."])
+
+
+def test_the_mcp_answer_says_how_many_skipped_files_it_left_out() -> None:
+    from rlm_graph.cli.mcp import _listed
+
+    skipped = [f"f{i}.bin: binary" for i in range(250)]
+    shown = _listed(skipped, 200)
+    assert len(shown) == 201 and shown[-1] == "... and 50 more files skipped"
+    assert _listed(skipped[:3], 200) == skipped[:3]
