@@ -42,12 +42,19 @@ def jsonl_lines(path: Path, what: str) -> Iterator[tuple[int, Any, str | None]]:
         ConfigError: the file cannot be read (``what`` names it: ``"--input"``).
     """
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+        for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM some editors write
+                raw = raw[3:]
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield number, None, f"not UTF-8 text (byte {exc.start + 1} of the line)"
                 continue
             try:
                 yield number, json.loads(line), None

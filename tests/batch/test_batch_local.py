@@ -323,3 +323,17 @@ def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(tmp_p
         first.close()
     with ResultsFile(path) as again:  # the first has ended: the file is free
         assert again.done() == {"a"}
+
+
+def test_input_with_a_bom_runs_and_a_line_that_is_not_utf8_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(b'\xef\xbb\xbf{"id": "a", "context": "c", "query": "q"}\r\n')
+    out = tmp_path / "out.jsonl"
+    args = ["batch", "--output", str(out), "--backend", "scripted", "--model", "m", "--quiet"]
+    assert main([*args, "--input", str(source)]) in (0, 1)  # it ran (the script may fail)
+    assert [line["id"] for line in read_lines(out)] == ["a"]
+    source.write_bytes(b'{"id": "b", "context": "c", "query": "q"}\n{"id": "c\xff"}\n')
+    assert main([*args, "--input", str(source)]) == 2
+    assert "in.jsonl:2: not UTF-8 text (byte 10 of the line)" in capsys.readouterr().err
