@@ -180,6 +180,8 @@ def run_convert(args: argparse.Namespace) -> int:
                 count = write_items(items, handle)
             partial.replace(args.output)
     except ConfigError as exc:
+        if args.output is not None:
+            args.output.with_name(args.output.name + ".partial").unlink(missing_ok=True)
         return refuse("eval convert", exc)
     except BrokenPipeError:  # the reader of stdout left (| head): quietly, as every command
         raise
@@ -189,8 +191,13 @@ def run_convert(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     where = args.output if args.output is not None else "stdout"
+    none = (
+        " (no row matched --filter: values are compared as text, case and all)"
+        if count == 0 and args.filter
+        else ""
+    )
     print(
-        f"rlm-graph eval convert: {count} items from {args.file.name} written to {where}",
+        f"rlm-graph eval convert: {count} items from {args.file.name} written to {where}{none}",
         file=sys.stderr,
     )
     return EXIT_OK

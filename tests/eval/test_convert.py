@@ -145,3 +145,33 @@ def test_convert_writes_to_stdout_by_default(capsys: pytest.CaptureFixture[str])
     assert main(["eval", "convert", "--from", "longbench-v2", str(DATA / "longbench-v2.json")]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 2 and "2 items from longbench-v2.json" in captured.err
+
+
+def test_a_filter_on_a_column_the_file_lacks_is_refused_and_no_match_is_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "items.jsonl"
+    source = str(DATA / "oolong-synth.jsonl")
+    code = main(
+        ["eval", "convert", "--from", "oolong", source, "--filter", "datset=x", "-o", str(out)]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--filter 'datset': the file has no such column; its columns: " in err
+    assert "dataset" in err
+    assert not out.exists() and not (tmp_path / "items.jsonl.partial").exists()
+    code = main(
+        [
+            "eval",
+            "convert",
+            "--from",
+            "oolong",
+            source,
+            "--filter",
+            "dataset=TREC_COARSE",
+            "-o",
+            str(out),
+        ]
+    )
+    assert code == 0
+    assert "0 items" in (err := capsys.readouterr().err) and "no row matched --filter" in err

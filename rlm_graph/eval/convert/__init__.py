@@ -47,7 +47,16 @@ def parse_filters(pairs: list[str] | None) -> dict[str, str]:
 
 
 def _kept(rows: Iterator[dict[str, Any]], filters: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-    for row in rows:
+    """The rows every filter keeps; a filter on a column the file does not have (a typo)
+    is refused at the first row, not a silent empty result."""
+    for number, row in enumerate(rows):
+        if number == 0:
+            unknown = sorted(set(filters) - set(row))
+            if unknown:
+                raise ConfigError(
+                    f"--filter {unknown[0]!r}: the file has no such column; its columns: "
+                    f"{', '.join(sorted(row))}"
+                )
         if all(str(row.get(key)) == value for key, value in filters.items()):
             yield row
 
