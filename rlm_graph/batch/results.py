@@ -214,8 +214,11 @@ class ResultsFile:
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            try:
+                handle.close()
+            except OSError:  # a line that could not be written (a full disk) was said already
+                pass
 
     def __enter__(self) -> ResultsFile:
         return self if self._handle is not None else self.open()

@@ -22,7 +22,7 @@ from rich.text import Text
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..batch.run import check_batch
 from ..errors import ConfigError
-from . import EXIT_FAILED, EXIT_OK, interrupted_after, refuse
+from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
 from .progress import LiveLine
 from .run import add_engine_arguments, rlm_kwargs
 
@@ -86,6 +86,16 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="with --executor ray: CPUs reserved per completion (default 0.25)",
     )
+
+
+def _cannot_write(output: Path, error: OSError, written: int) -> int:
+    print(
+        f"rlm-graph batch: cannot write --output {str(output)!r}: {error.strerror or error}; "
+        f"{written} results were written before it. Make room, then rerun the same command: "
+        "it goes on from there",
+        file=sys.stderr,
+    )
+    return EXIT_USAGE
 
 
 def _regular_input(path: Path) -> None:
@@ -193,7 +203,11 @@ def run(args: argparse.Namespace) -> int:
             )
             with BatchProgress(total, quiet=args.quiet, stream=sys.stderr) as progress:
                 for result in results:
-                    results_file.append(result)
+                    try:
+                        results_file.append(result)
+                    except OSError as exc:  # a full disk, a quota: stop, say how to go on
+                        getattr(results, "close", lambda: None)()  # cancels the rest
+                        return _cannot_write(args.output, exc, len(finished))
                     finished.append(result)
                     progress.finished(result)
         except ConfigError as exc:

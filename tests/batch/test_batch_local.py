@@ -337,3 +337,29 @@ def test_input_with_a_bom_runs_and_a_line_that_is_not_utf8_is_named(
     source.write_bytes(b'{"id": "b", "context": "c", "query": "q"}\n{"id": "c\xff"}\n')
     assert main([*args, "--input", str(source)]) == 2
     assert "in.jsonl:2: not UTF-8 text (byte 10 of the line)" in capsys.readouterr().err
+
+
+def test_a_full_disk_stops_the_batch_with_how_to_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import errno
+
+    write_items(tmp_path / "in.jsonl", items(3))
+    out = tmp_path / "out.jsonl"
+    real = ResultsFile.append
+    written: list[str] = []
+
+    def append(self: ResultsFile, result: BatchResult) -> None:
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(result.id)
+        real(self, result)
+
+    monkeypatch.setattr(ResultsFile, "append", append)
+    args = ["batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(out)]
+    code = main([*args, "--backend", "scripted", "--model", "m", "--quiet", "--concurrency", "1"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "cannot write --output" in err and "No space left on device; 1 results" in err
+    assert "rerun the same command: it goes on from there" in err and "Traceback" not in err
+    assert [line["id"] for line in read_lines(out)] == written
