@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import io
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -167,7 +168,7 @@ def _collect(value: Any, found: dict[str, NodeRef], depth: int) -> None:
         items = value.values()
     elif isinstance(value, list | tuple | set | frozenset):
         items = value
-    elif isinstance(value, Iterator):
+    elif isinstance(value, Iterator) and not isinstance(value, io.IOBase):  # a file is a value
         raise ConfigError(
             f"a node argument is an iterator ({type(value).__name__}): what it holds cannot "
             "be seen before the node runs, nor read again by a retry; pass a list "
