@@ -65,7 +65,8 @@ def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
     except OSError as exc:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
     end = data.rfind(b"\n") + 1  # what follows the last newline was cut off by a kill
-    if data[end:].strip() and not data[end:].lstrip().startswith(starts):
+    tail = data[end:].strip()  # cut anywhere: even inside its first bytes
+    if tail and not (tail.startswith(starts) or starts.startswith(tail)):
         raise ValueError(
             f"{what} is not a results file (its last line is not a result); give a new "
             "path, or the results file of an earlier run to resume it"

@@ -142,6 +142,10 @@ def test_a_partial_last_line_is_cut_off_before_appending(tmp_path: Path) -> None
         results.append(BatchResult(id="b", answer="y", started_at=0, finished_at=1, seconds=1))
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["id"] for line in lines] == ["a", "b"]
+    path.write_text(whole + '{"i')  # killed three bytes into the line
+    with ResultsFile(path) as results:
+        assert results.done() == {"a"}
+    assert path.read_text() == whole
 
 
 def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
