@@ -263,6 +263,26 @@ class Evaluation:
                 f"--out {str(self.out)!r} is a file; give a folder for the evaluation's results"
             )
         self.log.read()  # nothing is written before run()
+        self._check_models()
+
+    def _check_models(self) -> None:
+        """A rerun resumes only the evaluation of the same models (the summary of the
+        last run says which): a row does not say which model made it, and another
+        model's rows would be counted as this one's."""
+        try:
+            kept = json.loads((self.out / "summary.json").read_text(encoding="utf-8"))["models"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return  # a new folder, or a run cut short before its summary
+        if not isinstance(kept, dict):
+            return
+        asked = {"root": self.setup.root_model, "sub": self.setup.sub_model}
+        if self.log.rows() and kept != asked:
+            raise ConfigError(
+                f"--out {str(self.out)!r} holds the results of root model "
+                f"{kept.get('root')!r} (sub {kept.get('sub')!r}); this run asks "
+                f"{asked['root']!r} (sub {asked['sub']!r}): give a new --out, or the same "
+                "models to resume"
+            )
 
     # -- running ----------------------------------------------------------------------------
 

@@ -331,3 +331,17 @@ def test_the_ray_executor_runs_an_evaluation_and_a_rerun_asks_nothing(
     assert again.written == 0 and outcome.written == 12 and math.isclose(outcome.spent, 0.18)
     for (item_id, _), row in _rows(tmp_path).items():
         assert math.isclose(row["score"], CONSTANT_SCORES[item_id])
+
+
+def test_a_rerun_with_other_models_into_the_same_out_is_refused(tmp_path: Path) -> None:
+    with EvalServer(constant=True) as server:
+        run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path)
+        other = rlm_kwargs(server)
+        other["backend_kwargs"] = {**other["backend_kwargs"], "model_name": "another-model"}
+        with pytest.raises(
+            ConfigError, match="holds the results of root model .*this run asks 'another-model'"
+        ):
+            run_eval(items(), other, methods=["base"], out=tmp_path)
+        again = run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path)
+    assert again.written == 0  # the same models resume, as before
+    assert json.loads((tmp_path / "summary.json").read_text())["models"]["root"] != "another-model"
