@@ -16,7 +16,14 @@ import stat
 from pathlib import Path
 from typing import IO
 
-__all__ = ["PRIVATE", "hold_alone", "open_private", "read_results", "write_private"]
+__all__ = [
+    "PRIVATE",
+    "hold_alone",
+    "open_private",
+    "read_results",
+    "regular_or_missing",
+    "write_private",
+]
 
 PRIVATE = 0o600
 
@@ -34,6 +41,28 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
+def regular_or_missing(path: Path, what: str) -> bool:
+    """Whether ``path`` exists, refusing anything but a regular file (a FIFO would hang
+    whoever opens it, a device never end): what is checked before a results file is
+    opened.
+
+    Raises:
+        ValueError: it is not a regular file, or cannot be looked at.
+    """
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ValueError(f"cannot read {what}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(
+            f"{what} is not a regular file; results are appended to a file and read again "
+            "on resume: give a file's path"
+        )
+    return True
+
+
 def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
     """A results file's bytes and where its complete lines end, before appending to it
     (a missing file is empty): what a resumed run reads first.
@@ -49,17 +78,8 @@ def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
             cannot be read, or ends with something else than a cut-off result line (it
             is not a results file: nothing of it may be cut).
     """
-    try:
-        info = os.stat(path)
-    except FileNotFoundError:
+    if not regular_or_missing(path, what):
         return b"", 0
-    except OSError as exc:
-        raise ValueError(f"cannot read {what}: {exc.strerror}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ValueError(
-            f"{what} is not a regular file; results are appended to a file and read again "
-            "on resume: give a file's path"
-        )
     try:
         data = path.read_bytes()
     except OSError as exc:

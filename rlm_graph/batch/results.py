@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import hold_alone, open_private, read_results
+from .._files import hold_alone, open_private, read_results, regular_or_missing
 from ..errors import ConfigError
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
@@ -165,15 +165,18 @@ class ResultsFile:
         """
         what = f"--output {str(self.path)!r}"
         try:
-            read_results(self.path, what, b'{"id"')  # refuses a FIFO before it is opened
+            regular_or_missing(self.path, what)  # a FIFO is refused before it is opened
             handle = open_private(self.path, "a")
-            hold_alone(handle, what)  # one run at a time; then read again, under the lock
-            data, end = read_results(self.path, what, b'{"id"')
+            hold_alone(handle, what)  # one run at a time; read under the lock
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         except OSError as exc:
             raise ConfigError(f"cannot write {what}: {exc.strerror}") from None
         try:
+            try:
+                data, end = read_results(self.path, what, b'{"id"')
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
             for number, line in enumerate(data[:end].splitlines(), start=1):
                 if line.strip():
                     self._note(line, number)

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import hold_alone, open_private, read_results
+from .._files import hold_alone, open_private, read_results, regular_or_missing
 from ..batch import BatchError
 from ..errors import ConfigError
 
@@ -107,8 +107,8 @@ class ResultsLog:
             ConfigError: as `read`, or the file cannot be written (nothing is appended to
                 a file that is not an evaluation's results).
         """
-        self.read()  # refuses a FIFO before it is opened, and a file of something else
         try:
+            regular_or_missing(self.path, repr(str(self.path)))  # a FIFO: before it is opened
             handle = open_private(self.path, "a")
             hold_alone(handle, repr(str(self.path)))  # one run at a time
         except ValueError as exc:
@@ -116,7 +116,7 @@ class ResultsLog:
         except OSError as exc:
             raise ConfigError(f"cannot write {str(self.path)!r}: {exc.strerror}") from None
         try:
-            end = self.read()  # again, under the lock
+            end = self.read()  # under the lock: what no other run is writing now
             if end < self._size:
                 os.truncate(self.path, end)
         except BaseException:
