@@ -377,7 +377,7 @@ class ReplSession:
     def add_history(self, messages: list[dict[str, str]], index: int) -> None:
         self.ns[f"history_{index}"] = messages
         if index == 0 and "history" not in self.tools:
-            self.ns.setdefault("history", messages)
+            self.ns["history"] = messages  # the whole first history, not a compaction's
 
     def reset_answer(self) -> None:
         self.answer.clear()

@@ -107,6 +107,9 @@ class PersistentSession:
         self.completions = 0  # finished completions: the next one's context_N
         self._leaked = 0
         self._busy = threading.Lock()
+        # ``history`` is the first completion's history; a compaction points it at the
+        # running completion's (docs/compaction.md), so it is set back at each end.
+        self._first_history: list[dict[str, Any]] | None = None
 
     @contextmanager
     def claim(self) -> Iterator[None]:
@@ -145,11 +148,32 @@ class PersistentSession:
         and the threads its blocks left behind are counted on ``run``."""
         assert self.env is not None
         await self.env.add_history(state.trajectory, self.completions)
+        compacts = self.settings.compaction is not None and "history" not in self.settings.tools
+        if compacts and self.completions == 0:
+            self._first_history = [m.model_dump() for m in state.trajectory]
+        elif compacts and self._first_history is not None:
+            await self.env.set_variable("history", self._first_history)
         self.completions += 1
         run.leaked_threads += getattr(self.env, "leaked_threads", 0) - self._leaked
 
     async def aclose(self) -> None:
-        """Close the session's REPL (a next completion starts a new one)."""
-        if self.env is not None:
+        """Close the session's REPL: a next completion starts a new conversation
+        (``context_0``, no history).
+
+        Raises:
+            ConfigError: a completion of this session is running (in another thread or
+                task): its REPL cannot be closed under it.
+        """
+        if not self._busy.acquire(blocking=False):
+            raise ConfigError(
+                "persistent=True: close() was called while this RLM is running a "
+                "completion (in another thread or task); close it after the completion "
+                "returns"
+            )
+        try:
             env, self.env = self.env, None
-            await env.aclose()
+            self.completions, self._first_history = 0, None
+            if env is not None:
+                await env.aclose()
+        finally:
+            self._busy.release()

@@ -84,3 +84,86 @@ def test_a_persistent_session_refuses_a_second_completion_from_another_thread() 
     # Once the first is done the session goes on.
     assert engine.completion("z").response == "later"
     engine.close()
+
+
+def test_a_closed_session_starts_a_new_conversation() -> None:
+    """close() drops the REPL: the next completion is context_0 again, with no history,
+    and its task message says so (not context_1 of a REPL that no longer has it)."""
+    tasks: list[str] = []
+
+    def respond(request: ChatRequest) -> str:
+        tasks.append(request.messages[1].content)
+        if len(tasks) == 1:
+            return repl("keep = 7\nFINAL('first')")
+        return repl(
+            "FINAL(' / '.join([context, context_0, str('keep' in globals()), "
+            "str('history_0' in globals())]))"
+        )
+
+    engine = RLM("scripted", {"respond": respond}, persistent=True)
+    assert engine.completion("one").response == "first"
+    engine.close()
+    assert engine.completion("two").response == "two / two / False / False"
+    assert "`context_1`" not in tasks[1] and "history_0" not in tasks[1]
+    engine.close()
+
+
+def test_close_while_a_completion_runs_is_refused_and_the_run_finishes() -> None:
+    import threading
+
+    import pytest
+
+    from rlm_graph.errors import ConfigError
+
+    started, release = threading.Event(), threading.Event()
+
+    def respond(request: ChatRequest) -> str:
+        started.set()
+        release.wait(10)
+        return repl("FINAL('done')")
+
+    engine = RLM("scripted", {"respond": respond}, persistent=True)
+    results: list[str] = []
+    running = threading.Thread(target=lambda: results.append(engine.completion("x").response))
+    running.start()
+    try:
+        assert started.wait(10)
+        with pytest.raises(ConfigError, match="after the completion returns"):
+            engine.close()
+    finally:
+        release.set()
+        running.join(10)
+    assert results == ["done"]
+    engine.close()
+
+
+def test_history_stays_the_first_completions_when_a_later_one_compacts() -> None:
+    """A compaction points `history` at the running completion's trajectory; once that
+    completion ends, `history` is the first completion's history again (docs/rlm.md)."""
+    big = "print('x' * 1600)\n"
+    second_turns = [0]
+
+    def respond(request: ChatRequest) -> str:
+        task = request.messages[1].content
+        if "`context_2`" in task:
+            return repl("FINAL(str(history == history_0) + ' ' + str(len(history_0)))")
+        if "`context_1`" in task:
+            second_turns[0] += 1
+            if second_turns[0] < 5:
+                return repl(big)  # long enough to cross the threshold
+        return repl("FINAL('ok')")
+
+    engine = RLM(
+        "scripted",
+        {"respond": respond},
+        persistent=True,
+        models={"scripted": {"context_window": 2_000}},
+        compaction="truncate",
+    )
+    assert engine.completion("a").response == "ok"
+    second = engine.completion("b")
+    assert second.response == "ok"
+    assert any(n.kind.value == "compaction" for n in second.graph.records())
+    verdict, size = engine.completion("c").response.split()
+    assert verdict == "True" and int(size) >= 3
+    engine.close()
