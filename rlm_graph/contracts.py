@@ -11,7 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -24,6 +24,7 @@ from pydantic import (
     model_serializer,
 )
 
+from .errors import PluginError
 from .images import (
     MAX_IMAGE_BYTES,
     Image,
@@ -57,6 +58,7 @@ __all__ = [
     "SubcallBridge",
     "TextSink",
     "Usage",
+    "compacted_history",
     "estimate_tokens",
     "lacking",
     "image_json_default",
@@ -184,7 +186,7 @@ class ChatRequest(BaseModel):
     model: str
     temperature: float | None = None
     top_p: float | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(default=None, gt=0)
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = Field(default_factory=dict)
@@ -234,11 +236,11 @@ class ModelInfo(BaseModel):
 
     model_config = _FROZEN
 
-    context_window: int | None = None
-    input_usd_per_mtok: float | None = None
-    output_usd_per_mtok: float | None = None
-    cached_input_usd_per_mtok: float | None = None
-    cache_write_usd_per_mtok: float | None = None
+    context_window: int | None = Field(default=None, gt=0)
+    input_usd_per_mtok: float | None = Field(default=None, ge=0)
+    output_usd_per_mtok: float | None = Field(default=None, ge=0)
+    cached_input_usd_per_mtok: float | None = Field(default=None, ge=0)
+    cache_write_usd_per_mtok: float | None = Field(default=None, ge=0)
 
     def price(self, usage: Usage) -> float | None:
         """What ``usage`` is billed, in USD (None: the model has no price)."""
@@ -530,3 +532,23 @@ class SharedLimiter(Protocol):
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
         """The rate buckets of provider ``key`` (called only when ``rpm`` or ``tpm`` is set)."""
+
+
+def compacted_history(strategy: Any, got: object) -> list[Message]:
+    """A strategy's new history, or a `PluginError` naming the strategy and the fault (not
+    an error from deep inside the next turn)."""
+    name = getattr(strategy, "name", None) or type(strategy).__name__
+    if isinstance(got, str | bytes | Mapping) or not isinstance(got, Iterable):
+        problem = f"returned {type(got).__name__}, not a list of rlm_graph.contracts.Message"
+    else:
+        rewritten = list(got)
+        wrong = next((m for m in rewritten if not isinstance(m, Message)), None)
+        if wrong is not None:
+            problem = (
+                f"returned a list holding {type(wrong).__name__}; every item must be a Message"
+            )
+        elif not any(m.role == "user" for m in rewritten):
+            problem = "returned a history with no user message; keep at least the task"
+        else:
+            return rewritten
+    raise PluginError(f"compaction strategy {name!r}: compact() {problem} (docs/compaction.md)")

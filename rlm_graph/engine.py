@@ -27,7 +27,7 @@ from .contracts import ModelInfo, Provider
 from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
-from .errors import ConfigError, PluginError, config_error
+from .errors import ConfigError, PluginError, checked_flag, config_error
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Graph, Workflow
 from .hooks import PluginHost
@@ -189,6 +189,20 @@ def _provider_problem(provider: object) -> str | None:
     return None
 
 
+def _model_table(table: dict[str, ModelInfo], models: object) -> dict[str, ModelInfo]:
+    """The plugins' model table with the ``models=`` entries over it."""
+    if models is None:
+        return table
+    if not isinstance(models, Mapping):
+        raise ConfigError(
+            "models must be a dict of model name -> {'context_window': ..., "
+            f"'input_usd_per_mtok': ..., 'output_usd_per_mtok': ...}}, not {type(models).__name__}"
+        )
+    for name, info in models.items():
+        table[name] = _model_info(name, info, table.get(name))
+    return table
+
+
 def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
     """A ``models=`` entry; a dict updates what the plugins know of that model (so giving a
     ``context_window`` keeps its prices)."""
@@ -279,8 +293,8 @@ class Engine:
         # Default None: OpenTelemetry's global provider, the application's (a library
         # does not build its own from OTEL_* variables; the CLI and configure_tracing do).
         self.tracer_provider = tracer_provider
-        self.trace_content = trace_content
-        self.record_content = bool(record_content)
+        self.trace_content = checked_flag("trace_content", trace_content)
+        self.record_content = checked_flag("record_content", record_content)
         other_kwargs = _other_kwargs(other_backends, other_backend_kwargs)
         main = _make_provider(self.host, backend, backend_kwargs)
         labels = [backend if isinstance(backend, str) else main.name]
@@ -289,9 +303,7 @@ class Engine:
             other = _make_provider(self.host, name, kwargs)
             labels.append(name if isinstance(name, str) else other.name)
             providers.append((f"{labels[-1]}/{index}", other))
-        table = self.host.models
-        for name, info in (models or {}).items():
-            table[name] = _model_info(name, info, table.get(name))
+        table = _model_table(self.host.models, models)
         self.router = ProviderRouter(providers, table, _model_list(allowed_models), labels=labels)
         self.check_prices(self.limits)
         self._secrets = [
@@ -370,6 +382,10 @@ class Engine:
             await trio.to_thread.run_sync(flush_tracing, self.tracer_provider, 1_000)
 
     def limits_with(self, overrides: Mapping[str, Any]) -> Limits:
+        if not isinstance(overrides, Mapping):
+            raise ConfigError(
+                f"limits must be a dict such as {{'max_iterations': 5}}, not {type(overrides).__name__}"
+            )
         if not overrides:
             return self.limits
         limits = self._limits({**self.limits.model_dump(), **overrides})

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 __all__ = [
+    "checked_flag",
     "config_error",
     "BadResponse",
     "BudgetExceeded",
@@ -322,3 +323,11 @@ def config_error(
         said = error["msg"].removeprefix("Value error, ")
         problems.append(f"{field}: {said}{shown}")
     return ConfigError(f"{where}: {'; '.join(problems)}{hint}")
+
+
+def checked_flag(name: str, value: object) -> bool:
+    """``value`` of the on/off keyword ``name``, or a `ConfigError`: a string such as
+    ``"no"`` is true to Python, and would turn the feature on."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, not {value!r}")
+    return value

@@ -22,7 +22,7 @@ from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
 from .engine import Engine
-from .errors import ConfigError
+from .errors import ConfigError, checked_flag
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import preview
 from .journal import run_key
@@ -35,6 +35,7 @@ from .rlm_options import (
     Callbacks,
     check_direct,
     check_environment_kwargs,
+    check_loop_options,
     compaction_strategy,
     normalise_tools,
     sampling_params,
@@ -47,6 +48,13 @@ from .runtime.loop import RLMRunner
 from .runtime.session import PersistentSession
 
 __all__ = ["ModelUsageSummary", "RLM", "RLMChatCompletion", "UsageSummary"]
+
+_CALLBACKS = (
+    "on_subcall_start",
+    "on_subcall_complete",
+    "on_iteration_start",
+    "on_iteration_complete",
+)
 
 
 class RLM:
@@ -188,13 +196,23 @@ class RLM:
                 "logger= is not supported: every result carries its graph "
                 "(result.graph, exportable to JSON) and runs can be traced (docs/tracing.md)"
             )
-        if not 0 < compaction_threshold_pct <= 1:
-            raise ConfigError("compaction_threshold_pct must be in (0, 1], e.g. 0.85")
-        if output_chars < 100:
-            raise ConfigError("output_chars must be at least 100 characters")
+        hooks = (on_subcall_start, on_subcall_complete, on_iteration_start, on_iteration_complete)
+        check_loop_options(
+            custom_system_prompt=custom_system_prompt,
+            compaction=compaction,
+            compaction_threshold_pct=compaction_threshold_pct,
+            compaction_kwargs=compaction_kwargs,
+            output_chars=output_chars,
+            callbacks=dict(zip(_CALLBACKS, hooks, strict=True)),
+        )
+        for name, value in (
+            ("persistent", persistent),
+            ("accept_text_final", accept_text_final),
+            ("verbose", verbose),
+        ):
+            checked_flag(name, value)
         check_direct(direct_if_fits, direct_share, persistent)
         callbacks = []
-        hooks = (on_subcall_start, on_subcall_complete, on_iteration_start, on_iteration_complete)
         if verbose or any(hooks):
             callbacks.append(Callbacks(*hooks, verbose=verbose))
         self.engine = Engine(
@@ -266,7 +284,12 @@ class RLM:
     # -- running ------------------------------------------------------------------------
 
     def completion(
-        self, prompt: Any, root_prompt: str | None = None, *, schema: Any = None
+        self,
+        prompt: Any,
+        root_prompt: str | None = None,
+        *,
+        schema: Any = None,
+        limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
         """Answer ``root_prompt`` over the context ``prompt`` (str, list or dict).
 
@@ -279,6 +302,8 @@ class RLM:
                 ``list[str]``, or a JSON Schema dict): the root model is told it, its
                 answer is validated (a mismatch goes back to it as the block's error),
                 ``result.parsed`` is the typed value and ``result.response`` its JSON.
+            limits: this RLM's limits overridden for this completion only
+                (``{"max_iterations": 5, "max_budget": 0.5}``).
 
         Raises:
             ConfigError: a context, question or schema that cannot work.
@@ -290,6 +315,8 @@ class RLM:
             prompt,
             root_prompt,
             schema,
+            (),
+            limits,
             sync_name="RLM.completion",
             async_name="rlm.acompletion",
         )
@@ -300,6 +327,7 @@ class RLM:
         root_prompt: str | None = None,
         *,
         schema: Any = None,
+        limits: Mapping[str, Any] | None = None,
         capacity: int = DEFAULT_CAPACITY,
     ) -> EventStream[RLMChatCompletion]:
         """Run a completion in the background and iterate over its events (sync code).
@@ -310,10 +338,12 @@ class RLM:
         iteration raises the same error after ``run_finished``. Closing the stream early
         (the end of a ``with`` block, or ``stream.close()``) cancels the run. The run never
         waits for the consumer: at most ``capacity`` events wait in memory, the rest on
-        disk (see docs/observing.md). ``schema`` as for `completion`.
+        disk (see docs/observing.md). ``schema`` and ``limits`` as for `completion`.
         """
         return EventStream(
-            lambda listener: self._sync_completion(prompt, root_prompt, schema, (listener,)),
+            lambda listener: self._sync_completion(
+                prompt, root_prompt, schema, (listener,), limits
+            ),
             capacity=capacity,
             sync_name="RLM.stream",
             async_name="rlm.astream",
@@ -325,6 +355,7 @@ class RLM:
         root_prompt: str | None = None,
         *,
         schema: Any = None,
+        limits: Mapping[str, Any] | None = None,
         capacity: int = DEFAULT_CAPACITY,
     ) -> AbstractAsyncContextManager[AsyncEventStream[RLMChatCompletion]]:
         """`stream` for trio code: ``async with rlm.astream(ctx) as events: async for e in events``.
@@ -332,15 +363,20 @@ class RLM:
         The run is a task of the block: leaving it early cancels the run.
         """
         return open_event_stream(
-            lambda listener: self._acompletion(prompt, root_prompt, schema, (listener,)),
+            lambda listener: self._acompletion(prompt, root_prompt, schema, (listener,), limits),
             capacity=capacity,
         )
 
     async def _sync_completion(
-        self, prompt: Any, root_prompt: str | None, schema: Any, listeners: Iterable[Listener] = ()
+        self,
+        prompt: Any,
+        root_prompt: str | None,
+        schema: Any,
+        listeners: Iterable[Listener] = (),
+        limits: Mapping[str, Any] | None = None,
     ) -> RLMChatCompletion:
         try:
-            return await self._acompletion(prompt, root_prompt, schema, listeners)
+            return await self._acompletion(prompt, root_prompt, schema, listeners, limits)
         finally:
             with trio.CancelScope(shield=True):
                 await self.engine.aclose()
@@ -403,7 +439,8 @@ class RLM:
         if schema is not None:
             settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
         started = time.perf_counter()
-        run = self.engine.new_run(self.engine.limits_with(limits or {}), listeners=listeners)
+        overrides = {} if limits is None else limits
+        run = self.engine.new_run(self.engine.limits_with(overrides), listeners=listeners)
         journal = None
         if self.journal is not None:
             number = self._session.completions if self._session is not None else 0

@@ -25,6 +25,7 @@ from .repl import RESERVED_NAMES
 __all__ = [
     "Callbacks",
     "check_direct",
+    "check_loop_options",
     "check_environment_kwargs",
     "compaction_strategy",
     "normalise_tools",
@@ -152,6 +153,40 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             f"{type(compaction).__name__} has no {missing}()"
         )
     return compaction
+
+
+def check_loop_options(
+    *,
+    custom_system_prompt: object,
+    compaction: object,
+    compaction_threshold_pct: object,
+    compaction_kwargs: object,
+    output_chars: object,
+    callbacks: Mapping[str, object],
+) -> None:
+    """The loop's own keywords: their types and ranges, each a `ConfigError` naming it."""
+    if custom_system_prompt is not None and not isinstance(custom_system_prompt, str):
+        raise ConfigError(
+            "custom_system_prompt must be a str (the whole system prompt) or None, not "
+            f"{type(custom_system_prompt).__name__}"
+        )
+    share = compaction_threshold_pct
+    if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+        raise ConfigError(
+            f"compaction_threshold_pct must be a share of the window in (0, 1], e.g. 0.85, not {share!r}"
+        )
+    if compaction_kwargs and (compaction is None or compaction is False):
+        raise ConfigError(
+            "compaction_kwargs is set but compaction is off; pass compaction='summarize' "
+            "(or True, or another strategy's name) with it"
+        )
+    if isinstance(output_chars, bool) or not isinstance(output_chars, int) or output_chars < 100:
+        raise ConfigError(
+            f"output_chars must be a whole number of at least 100 characters, not {output_chars!r}"
+        )
+    for name, value in callbacks.items():
+        if value is not None and not callable(value):
+            raise ConfigError(f"{name} must be a function (or None), not {type(value).__name__}")
 
 
 def check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:

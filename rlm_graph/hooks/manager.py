@@ -211,7 +211,7 @@ class PluginHost:
                 f"{type(plugins).__name__}; pass plugins=[MyPlugin()]"
             )
         for plugin in plugins:
-            self._register(plugin, "registered in code")
+            self._register_code(plugin)
         self._registry, self._models = self._collect_all()
 
     def _register(self, plugin: object, origin: str) -> None:
@@ -230,9 +230,22 @@ class PluginHost:
             raise PluginError(f"cannot register plugin {plugin!r} ({origin}): {exc}") from exc
         self._origins[id(plugin)] = origin
 
+    def _register_code(self, plugin: object) -> None:
+        """A plugin passed in code; one with no hook implementation is a mistake (its
+        methods lack ``@hookimpl``, or it is not a plugin at all), said at once."""
+        self._register(plugin, "registered in code")
+        hooked = _hook_object(plugin)
+        if self.pm.is_registered(hooked) and not self.pm.get_hookcallers(hooked):
+            self.pm.unregister(hooked)
+            raise PluginError(
+                f"{type(plugin).__name__} object {plugin!r:.60} implements no rlm-graph hook: "
+                "mark a plugin's or an observer's methods with @rlm_graph.hooks.hookimpl "
+                "and name them after the hooks (docs/plugins.md)"
+            )
+
     def register(self, plugin: object) -> None:
         """Register one more plugin (an observer, say) after construction."""
-        self._register(plugin, "registered in code")
+        self._register_code(plugin)
         self._registry, self._models = self._collect_all()
 
     def _collect_all(self) -> tuple[dict[str, dict[str, Registration]], dict[str, ModelInfo]]:

@@ -470,9 +470,11 @@ class ReplSession:
             restored.append("context")
         if not restored:
             return ""
+        one = len(restored) == 1
         return (
-            f"[note: {', '.join(restored)} {'is' if len(restored) == 1 else 'are'} part of the "
-            "REPL protocol or your tools and was restored; use other names for your variables]\n"
+            f"[note: {', '.join(restored)} {'is' if one else 'are'} part of the REPL protocol "
+            f"or your tools and {'was' if one else 'were'} restored; use other names for your "
+            "variables]\n"
         )
 
     def _final_answer(self) -> str | None:

@@ -280,6 +280,7 @@ class CompletionBridge:
         if not self.can_recurse:
             return str(await self._llm(prompt, model, after, place))
         record = self._record(NodeKind.RLM_CALL, prompt, place)
+        record.model = self.run.router.route(model, record.depth).model
         child_tally = Tally(parent=self.tally)
 
         async def body(rec: NodeRecord) -> str:

@@ -12,7 +12,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contracts import ChatResponse, Message, image_json_default, image_json_hook
+from ..contracts import (
+    ChatResponse,
+    Message,
+    compacted_history,
+    image_json_default,
+    image_json_hook,
+)
 from ..graph import NodeRecord
 from ..journal import value_hash
 from ..journal.seam import Journaled
@@ -41,9 +47,8 @@ class CompactionNode:
     tally: Tally
 
     async def body(self, record: NodeRecord) -> list[Message]:
-        rewritten = list(
-            await self.strategy.compact(self.messages, _CompactionCall(self.run, record, self))
-        )
+        got = await self.strategy.compact(self.messages, _CompactionCall(self.run, record, self))
+        rewritten = compacted_history(self.strategy, got)
         record.output_preview = f"{len(self.messages)} -> {len(rewritten)} messages"
         return rewritten
 

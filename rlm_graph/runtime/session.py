@@ -91,6 +91,13 @@ async def environment_scope(
         bridge.run.leaked_threads += getattr(env, "leaked_threads", 0)
 
 
+_ONE_AT_A_TIME = (
+    "a persistent session is one conversation, so its completions must come one at a "
+    "time. Wait for the running one, or use one RLM per thread (persistent=False for "
+    "independent completions)"
+)
+
+
 class PersistentSession:
     """The REPL of ``RLM(persistent=True)``: one conversation over many completions.
 
@@ -107,24 +114,17 @@ class PersistentSession:
         self.completions = 0  # finished completions: the next one's context_N
         self._leaked = 0
         self._busy = threading.Lock()
-        # ``history`` is the first completion's history; a compaction points it at the
-        # running completion's (docs/compaction.md), so it is set back at each end.
+        # ``history``: the first completion's, set back after a compaction moved it.
         self._first_history: list[dict[str, Any]] | None = None
 
     @contextmanager
-    def claim(self) -> Iterator[None]:
-        """Hold the session for one completion.
-
-        Raises:
-            ConfigError: a completion of this session is already running (in another
-                thread or task): a session's turns must come one at a time.
-        """
+    def claim(self, fix: str = _ONE_AT_A_TIME) -> Iterator[None]:
+        """Hold the session for one completion (or its closing); a `ConfigError` when a
+        completion of it already runs (in another thread or task), ``fix`` saying what to do."""
         if not self._busy.acquire(blocking=False):
             raise ConfigError(
                 "persistent=True: this RLM is already running a completion (in another "
-                "thread or task); a persistent session is one conversation, so its "
-                "completions must come one at a time. Wait for the running one, or use one "
-                "RLM per thread (persistent=False for independent completions)"
+                f"thread or task); {fix}"
             )
         try:
             yield
@@ -158,22 +158,9 @@ class PersistentSession:
 
     async def aclose(self) -> None:
         """Close the session's REPL: a next completion starts a new conversation
-        (``context_0``, no history).
-
-        Raises:
-            ConfigError: a completion of this session is running (in another thread or
-                task): its REPL cannot be closed under it.
-        """
-        if not self._busy.acquire(blocking=False):
-            raise ConfigError(
-                "persistent=True: close() was called while this RLM is running a "
-                "completion (in another thread or task); close it after the completion "
-                "returns"
-            )
-        try:
+        (``context_0``, no history). Refused while a completion runs."""
+        with self.claim("close it after the completion returns"):
             env, self.env = self.env, None
             self.completions, self._first_history = 0, None
             if env is not None:
                 await env.aclose()
-        finally:
-            self._busy.release()

@@ -175,3 +175,29 @@ def test_an_unknown_strategy_fails_at_configuration() -> None:
         PluginError, match="unknown compaction strategy 'zip'; registered: .*summarize"
     ):
         RLM("scripted", {"responses": []}, compaction="zip")
+
+
+@pytest.mark.parametrize(
+    ("result", "says"),
+    [
+        (lambda messages: None, "returned NoneType, not a list"),
+        (lambda messages: ["hello"], "holding str; every item must be a Message"),
+        (lambda messages: [m.model_dump() for m in messages], "holding dict"),
+        (lambda messages: [], "no user message"),
+    ],
+)
+def test_a_strategy_returning_a_bad_history_is_named(result: Any, says: str) -> None:
+    """Not an IndexError or AttributeError from deep inside the next turn."""
+
+    class Broken:
+        name = "broken"
+
+        def should_compact(self, messages: Sequence[Message], **kwargs: object) -> bool:
+            return True
+
+        async def compact(self, messages: Sequence[Message], ctx: object) -> object:
+            return result(messages)
+
+    rlm = long_run(Broken())
+    with pytest.raises(PluginError, match=f"compaction strategy 'broken': compact.. .*{says}"):
+        rlm.completion("ctx")

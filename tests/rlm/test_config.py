@@ -149,3 +149,51 @@ def test_max_depth_zero_is_one_plain_call_without_a_repl() -> None:
     result = engine.completion("the context", root_prompt="Q?")
     assert result.response == "plain:Q?\n\nthe cont"
     assert [r.kind for r in result.graph.records()] == [NodeKind.LLM_CALL]
+
+
+@pytest.mark.parametrize(
+    ("keywords", "says"),
+    [
+        ({"custom_system_prompt": 5}, "custom_system_prompt must be a str"),
+        ({"accept_text_final": "no"}, "accept_text_final must be True or False"),
+        ({"persistent": "no"}, "persistent must be True or False"),
+        ({"verbose": "x"}, "verbose must be True or False"),
+        ({"record_content": "no"}, "record_content must be True or False"),
+        ({"compaction_threshold_pct": "0.8"}, "compaction_threshold_pct must be"),
+        ({"output_chars": "x"}, "output_chars must be a whole number"),
+        ({"on_iteration_start": 5}, "on_iteration_start must be a function"),
+        ({"compaction_kwargs": {"target_pct": 0.4}}, "compaction is off"),
+        ({"models": [1]}, "models must be a dict"),
+        ({"models": {"scripted": {"input_usd_per_mtok": -1}}}, "greater than or equal to 0"),
+        ({"models": {"scripted": {"context_window": -5}}}, "context_window"),
+        ({"sampling_args": {"max_tokens": -1}}, "max_tokens"),
+    ],
+)
+def test_a_keyword_of_the_wrong_type_or_range_is_refused_when_built(
+    keywords: dict[str, object], says: str
+) -> None:
+    """A truthy string would turn a feature on, a negative price would make max_budget
+    never stop: each is refused at RLM(...), naming the keyword."""
+    with pytest.raises(ConfigError, match=says):
+        RLM("scripted", {"responses": []}, **keywords)  # type: ignore[arg-type]
+
+
+def test_an_observer_that_implements_no_hook_is_refused() -> None:
+    from rlm_graph.errors import PluginError
+
+    class Forgot:  # methods without @hookimpl
+        def rlm_node_finished(self, record: object, graph: object) -> None: ...
+
+    for given in (5, object(), Forgot()):
+        with pytest.raises(PluginError, match="implements no rlm-graph hook"):
+            RLM("scripted", {"responses": []}, observers=[given])
+
+
+def test_limits_for_one_completion_from_sync_code_and_bad_limits_named() -> None:
+    from tests.support.scripts import repl
+
+    engine = RLM("scripted", {"respond": lambda request: repl("print(1)")}, max_iterations=9)
+    result = engine.completion("ctx", limits={"max_iterations": 2})
+    assert result.stop_reason == "max_iterations" and result.iterations == 2
+    with pytest.raises(ConfigError, match="limits must be a dict"):
+        engine.completion("ctx", limits=["max_iterations"])  # type: ignore[arg-type]

@@ -171,7 +171,7 @@ async def test_a_model_that_overwrites_llm_query_gets_it_back() -> None:
     assert result.response == "sub:q original"
     feedback = scripted(engine).requests[1].messages[-1].content
     assert (
-        "llm_query, context are part of the REPL protocol or your tools and was restored"
+        "llm_query, context are part of the REPL protocol or your tools and were restored"
         in feedback
     )
 

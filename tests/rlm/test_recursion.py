@@ -224,3 +224,21 @@ def test_a_run_under_a_tracer_or_profiler_finishes() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "A,B"
+
+
+def test_the_subcall_callbacks_name_the_childs_model_when_rlm_query_names_none() -> None:
+    """The reference passes the resolved model to on_subcall_start/complete; a child
+    with no model named runs on the default for its depth (the sub-call backend)."""
+    respond = tree_model(root_code="FINAL(rlm_query('task'))", child_code="FINAL('done')")
+    seen: list[tuple[str, object]] = []
+    engine = RLM(
+        "scripted",
+        {"respond": respond, "model_name": "root-model"},
+        other_backends=["scripted"],
+        other_backend_kwargs=[{"respond": respond, "model_name": "sub-model"}],
+        max_depth=2,
+        on_subcall_start=lambda depth, model, prompt: seen.append(("start", model)),
+        on_subcall_complete=lambda depth, model, seconds, error: seen.append(("end", model)),
+    )
+    assert engine.completion("ctx").response == "done"
+    assert seen == [("start", "sub-model"), ("end", "sub-model")]
