@@ -18,6 +18,7 @@ from typing import IO
 
 __all__ = [
     "PRIVATE",
+    "destination_problem",
     "hold_alone",
     "open_private",
     "read_results",
@@ -39,6 +40,25 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
     with open_private(path) as handle:
         handle.write(text)
     return Path(path)
+
+
+def destination_problem(path: str | os.PathLike[str], *, folder: bool = False) -> str | None:
+    """What stops ``path`` from being written (a file, or with ``folder`` a folder whose
+    missing parents are made), said before a run pays for what would go there; None
+    when nothing does."""
+    target = Path(path)
+    if target.is_dir() != folder and target.exists():
+        return f"{target} is {'not a folder' if folder else 'a folder'}; give a {'folder' if folder else 'file'}'s path"
+    parent = target if folder else target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a folder, so {target} cannot be made"
+    if not os.access(parent, os.W_OK | os.X_OK) and not (
+        target.exists() and os.access(target, os.W_OK)
+    ):
+        return f"{parent} is not writable"
+    return None
 
 
 def regular_or_missing(path: Path, what: str) -> bool:

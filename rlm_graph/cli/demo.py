@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
-from .._files import open_private
+from .._files import destination_problem, open_private
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
 from ..errors import ConfigError
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
@@ -39,24 +40,31 @@ def run(args: argparse.Namespace) -> int:
     from ..rlm import RLM
 
     if args.size < 10_000 or args.latency < 0 or args.max_concurrent < 1:
-        print("rlm-graph demo: --size must be >= 10000, --latency >= 0, --max-concurrent >= 1")
+        print(
+            "rlm-graph demo: --size must be >= 10000, --latency >= 0, --max-concurrent >= 1",
+            file=sys.stderr,
+        )
         return 2
+    display = progress_for(args)
     try:
+        problem = destination_problem(args.out)
+        if problem is not None:
+            raise ConfigError(f"--out: {problem}")
+        reports = report_writers(args, display.say, "rlm-graph demo")
         provider = tracer_provider_for(args)
-    except ConfigError as exc:  # bad OTEL_* settings: one line, as for run
+    except ConfigError as exc:  # bad paths or OTEL_* settings: one line, as for run
         return refuse("demo", exc)
     setup = build_document(args.size, args.seed)
     print(
         f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}."
     )
     print(f"Question: {QUESTION}\n")
-    display = progress_for(args)
     engine = RLM(
         **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
         tracer_provider=provider,
         trace_content=args.trace_content,
         record_content=args.trace_content,
-        listeners=[*display.listeners(), *report_writers(args, display.say, "rlm-graph demo")],
+        listeners=[*display.listeners(), *reports],
     )
     try:
         with display:

@@ -20,7 +20,7 @@ import re
 import sys
 from typing import Any, TextIO
 
-__all__ = ["Output", "strip_control"]
+__all__ = ["Output", "for_stream", "strip_control"]
 
 # ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
 # in BEL or ESC \), and two-byte escapes; then the 8-bit forms (CSI 0x9b, OSC 0x9d...);
@@ -41,7 +41,9 @@ def strip_control(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
-def _for(stream: TextIO, text: str) -> str:
+def for_stream(stream: TextIO, text: str) -> str:
+    """``text`` as it may be written to ``stream``: stripped of control sequences when
+    that is a terminal."""
     isatty = getattr(stream, "isatty", None)
     return strip_control(text) if callable(isatty) and isatty() else text
 
@@ -61,7 +63,7 @@ class Output:
     def line(self, text: str, *, stream: TextIO | None = None) -> None:
         """A line of text, stripped of control sequences on a terminal."""
         out = stream or sys.stdout
-        print(_for(out, text), file=out)
+        print(for_stream(out, text), file=out)
 
     def note(self, text: str) -> None:
         """A line on stderr (text mode only: JSON mode keeps stderr for real trouble)."""

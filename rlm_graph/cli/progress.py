@@ -43,6 +43,7 @@ from ..events import (
     TextDelta,
 )
 from ..graph import NodeKind, NodeStatus
+from .output import for_stream, strip_control
 
 __all__ = ["ProgressDisplay", "RunProgress", "add_progress_arguments", "progress_for"]
 
@@ -256,10 +257,12 @@ class ProgressDisplay(LiveLine):
         self._say(text)
 
     def _say(self, text: str) -> None:
+        # The model's text and the server's names go to a terminal: without their
+        # control sequences (a title, a clipboard write, a cleared screen).
         if self._live is not None:
-            self._console.print(Text(text), soft_wrap=True)  # printed above the live line
+            self._console.print(Text(strip_control(text)), soft_wrap=True)  # above the live line
         else:
-            print(text, file=self.stream, flush=True)
+            print(for_stream(self.stream, text), file=self.stream, flush=True)
 
     def _render(self) -> Text:
         state = self.progress.outcome

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import GraphError
+from .._files import destination_problem
+from ..errors import ConfigError, GraphError
 from ..events import RunFinished
 from ..graph import Graph, from_json
 from ..report import write_report
@@ -142,4 +143,9 @@ def report_writers(args: argparse.Namespace, say: Callable[[str], None], title: 
     """The listeners ``--report`` asks for (none without it); ``say`` prints a notice on
     stderr (the progress display's, so that it lands above a live line)."""
     path = getattr(args, "report", None)
-    return [ReportWriter(path, title, say)] if path is not None else []
+    if path is None:
+        return []
+    problem = destination_problem(path)
+    if problem is not None:  # said before the run, not after it was paid for
+        raise ConfigError(f"--report: {problem}")
+    return [ReportWriter(path, title, say)]

@@ -19,8 +19,8 @@ from typing import Any, TextIO
 
 from opentelemetry.trace import TracerProvider
 
-from .._files import write_private
-from ..errors import GraphError
+from .._files import destination_problem, write_private
+from ..errors import ConfigError, GraphError
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
     TraceFileError,
@@ -34,6 +34,7 @@ from ..tracing import (
 )
 from ..tracing.config import TRACE_MODES
 from . import EXIT_OK, EXIT_USAGE, refuse
+from .output import for_stream
 
 __all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
 
@@ -76,9 +77,12 @@ def tracer_provider_for(args: argparse.Namespace) -> TracerProvider | None:
         ConfigError: bad ``OTEL_*`` settings (the message says which).
     """
     mode = getattr(args, "trace", None)
+    directory = getattr(args, "trace_dir", None)
+    if directory is not None and mode != "file":
+        raise ConfigError("--trace-dir is where --trace file writes; add --trace file")
     if mode is None:
         return tracer_provider_from_env()
-    return configure_tracing(mode, directory=getattr(args, "trace_dir", None))
+    return configure_tracing(mode, directory=directory)
 
 
 def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None) -> None:
@@ -149,9 +153,10 @@ def run_show(args: argparse.Namespace) -> int:
             return refuse("trace show", exc)
         if len(args.files) > 1:
             sys.stdout.write(("\n" if number else "") + f"== {path}\n")
-        sys.stdout.write(
-            render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
-        )
+        # Span names and models come from servers and configurations: a terminal gets
+        # them without control sequences.
+        shown = render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
+        sys.stdout.write(for_stream(sys.stdout, shown))
     return EXIT_OK
 
 
@@ -173,7 +178,7 @@ def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Gra
     try:
         with path.open("rb") as raw:
             magic = raw.read(16)
-        with path.open(encoding="utf-8") as handle:
+        with path.open(encoding="utf-8", errors="replace") as handle:
             head = "" if magic == SQLITE_MAGIC else handle.read(200)
     except OSError as exc:
         raise TraceFileError(f"cannot read trace file {path}: {exc.strerror}") from None
@@ -206,6 +211,9 @@ def journal_graph(path: Path, run: str | None) -> Graph:
 
 
 def run_export(args: argparse.Namespace) -> int:
+    problem = None if args.output is None else destination_problem(args.output)
+    if problem is not None:
+        return refuse("trace export", ValueError(f"-o: {problem}"))
     try:
         graph = _load_graph(_newest(args.files), args.trace_id, getattr(args, "run", None))
     except TraceFileError as exc:
@@ -213,6 +221,9 @@ def run_export(args: argparse.Namespace) -> int:
     text = to_dot(graph) if args.format == "dot" else to_graphml(graph)
     if args.output is None:
         sys.stdout.write(text)
-    else:
+        return EXIT_OK
+    try:
         write_private(args.output, text)
+    except OSError as exc:
+        return refuse("trace export", OSError(f"cannot write {args.output}: {exc.strerror}"))
     return EXIT_OK

@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 
+from .._files import destination_problem
 from ..errors import ConfigError
 from .files import DEFAULT_FORMATS, TraceFileExporter, TraceFormat
 
@@ -122,6 +123,9 @@ def _exporter(
         return _otlp_exporter(_check_protocol(os.environ))
     if mode == "file":
         folder = directory or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR
+        problem = destination_problem(folder, folder=True)
+        if problem is not None:  # said now, not after the run it was to record
+            raise ConfigError(f"trace files cannot be written: {problem}")
         return TraceFileExporter(Path(folder), formats=formats)
     # stderr: on stdout the spans would mix with the answer `rlm-graph run` prints.
     return ConsoleSpanExporter(out=sys.stderr)

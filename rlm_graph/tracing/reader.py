@@ -96,6 +96,12 @@ def load_trace(path: str | os.PathLike[str]) -> list[TraceSpan]:
         raise TraceFileError(
             f"cannot read trace file {os.fspath(path)!r}: {exc.strerror}"
         ) from None
+    except UnicodeDecodeError:
+        raise TraceFileError(
+            f"{os.fspath(path)}: not a trace file (not UTF-8 text); a trace file is OTLP JSON "
+            "Lines or Jaeger JSON as written by rlm-graph --trace file (a journal or a graph "
+            "JSON: use rlm-graph trace export or rlm-graph report)"
+        ) from None
     try:
         return parse_trace(text)
     except TraceFileError as exc:

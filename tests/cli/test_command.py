@@ -299,14 +299,15 @@ HOSTILE = (
 )
 
 
-def _run_on_a_terminal(args: Sequence[str]) -> tuple[int, bytes]:
-    """Run the command with stdout on a pseudo-terminal; return its exit code and output."""
+def _run_on_a_terminal(args: Sequence[str], *, stderr: bool = False) -> tuple[int, bytes]:
+    """Run the command with stdout (and ``stderr``: stderr too) on a pseudo-terminal;
+    return its exit code and output."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [str(COMMAND), *args],
         stdin=subprocess.DEVNULL,
         stdout=terminal,
-        stderr=subprocess.DEVNULL,
+        stderr=terminal if stderr else subprocess.DEVNULL,
         env=_env(),
     )
     os.close(terminal)
@@ -331,6 +332,69 @@ def test_control_sequences_are_stripped_on_a_terminal_only(text_file: Path) -> N
     assert status == 0
     assert shown.decode().strip() == "link donefake"
     assert piped.stdout.rstrip("\n") == HOSTILE  # a pipe gets the bytes as written
+
+
+def test_verbose_lines_and_trace_show_strip_the_models_control_sequences(
+    text_file: Path, tmp_path: Path
+) -> None:
+    """-v echoes the root model's reply and trace show prints what servers named: on a
+    terminal neither sets its title, writes its clipboard or clears its screen."""
+    reply = f"Thinking {HOSTILE}\n```repl\nanswer['content'] = 'ok'; answer['ready'] = True\n```"
+    traces = tmp_path / "traces"
+    with FakeOpenAIServer(lambda body: reply) as server:
+        status, shown = _run_on_a_terminal(
+            [
+                *run_args(server, text_file, "-v"),
+                "--trace",
+                "file",
+                "--trace-dir",
+                str(traces),
+            ],
+            stderr=True,
+        )
+    assert status == 0
+    assert b"Thinking" in shown
+    for sequence in (b"]0;owned", b"]8;;http://evil", b"\x1b[2J", b"\x9b31m"):
+        assert sequence not in shown
+    (jaeger,) = traces.glob("*.jaeger.json")
+    text = jaeger.read_text(encoding="utf-8").replace('"m"', json.dumps("m" + HOSTILE))
+    jaeger.write_text(text, encoding="utf-8")
+    status, shown = _run_on_a_terminal(["trace", "show", str(jaeger)])
+    assert status == 0 and b"chat" in shown
+    assert b"]0;owned" not in shown and b"\x1b[2J" not in shown
+
+
+def test_where_output_goes_is_checked_before_anything_runs(text_file: Path, tmp_path: Path) -> None:
+    """A folder given for a file (or a file for a folder) is exit 2 before the run it
+    would have recorded, not a lost report after the run was paid for."""
+    folder, plain = tmp_path / "folder", tmp_path / "plain.txt"
+    folder.mkdir()
+    plain.write_text("x", encoding="utf-8")
+    with FakeOpenAIServer(lambda body: "never") as server:
+        cases = [
+            (run_args(server, text_file, "--report", str(folder)), "--report: "),
+            (
+                run_args(server, text_file, "--trace", "file", "--trace-dir", str(plain)),
+                "not a folder",
+            ),
+            (run_args(server, text_file, "--trace-dir", str(folder)), "add --trace file"),
+            (["demo", "--out", str(folder)], "--out: "),
+            (["trace", "export", str(text_file), "-o", str(folder)], "-o: "),
+        ]
+        for args, says in cases:
+            done = rlm_graph(*args)
+            assert done.returncode == 2, (args, done.stderr)
+            assert says in done.stderr and "Traceback" not in done.stderr
+        assert server.requests == []
+
+
+def test_trace_show_on_a_binary_file_or_a_journal_is_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "bin.dat"
+    binary.write_bytes(bytes(range(256)) * 8)
+    for args in (["trace", "show", str(binary)], ["trace", "export", str(binary)]):
+        done = rlm_graph(*args)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------
