@@ -288,7 +288,8 @@ class LocalEnvironment:
         self.session.reset_answer()
 
     async def answer_content(self) -> str:
-        return self.session.answer_content()
+        # On the loop's thread: never the model's __str__, which could run forever.
+        return self.session.answer_content_now()
 
     async def execute(self, code: str) -> ExecResult:
         # A persistent session outlives its trio loop: take this loop's token each time.
@@ -304,7 +305,7 @@ class LocalEnvironment:
                     stderr=f"TimeoutError: the block ran longer than {self.timeout:g} s and was stopped\n",
                     error=f"TimeoutError: block exceeded {self.timeout:g} s",
                     timed_out=True,
-                    answer_content=self.session.answer_content(),
+                    answer_content=self.session.answer_content_now(),
                 )
             finally:
                 self._control = None

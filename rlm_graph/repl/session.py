@@ -233,6 +233,7 @@ class ReplSession:
         self.tools = dict(tools or {})
         self._final: str | None = None
         self._final_value: Any = None
+        self._answer_text: tuple[object, str] = ("", "")
         self._contexts: list[str] = []
         self.answer = _Answer()
         self._stopped: set[int] = set()
@@ -408,16 +409,24 @@ class ReplSession:
         with capture_output(self.output_cap) as (out, err):
             try:
                 self._run(code, out, err)
-            except (Exception, SystemExit, LimitStop) as exc:
+            except BlockInterrupted:  # the environment stopping the block
+                raise
+            except BaseException as exc:  # the model's own KeyboardInterrupt too: its error
                 error = f"{type(exc).__name__}: {exc}"
                 err.write(self._traceback(exc))
             notes = self._restore_names()
             if notes:
                 err.write(notes)
+            try:
+                final = self._final_answer()  # str() of a ready answer runs the model's code
+            except BlockInterrupted:
+                raise
+            except BaseException as exc:
+                final, error = None, error or f"{type(exc).__name__}: {exc}"
+                err.write(self._traceback(exc))
         stdout = out.getvalue()
         if out.dropped:
             stdout += f"\n... [{out.dropped:,} more characters were printed and not kept]\n"
-        final = self._final_answer()
         return ExecResult(
             stdout=stdout,
             stderr=err.getvalue(),
@@ -496,8 +505,29 @@ class ReplSession:
             return None
 
     def answer_content(self) -> str:
-        """The current ``answer["content"]``, for a partial answer when a run is cut."""
-        return str(self.answer.get("content") or "")
+        """The current ``answer["content"]`` as text (in the block's thread: the model's
+        ``__str__`` runs under the block's limits), for a partial answer."""
+        content = self.answer.get("content") or ""
+        try:
+            text = content if type(content) is str else str(content)
+        except BlockInterrupted:
+            raise
+        except BaseException as exc:  # the model's __str__ raised
+            text = f"[answer['content'] could not be made text: {type(exc).__name__}]"
+        self._answer_text = (content, text)
+        return text
+
+    def answer_content_now(self) -> str:
+        """`answer_content` for the engine's own thread, which must not run the model's
+        code: a value that is not plain text is given as the last block left it (its text
+        was taken then), else named by its type."""
+        content = self.answer.get("content") or ""
+        if type(content) in (str, int, float, bool):
+            return str(content)
+        taken, text = self._answer_text
+        if taken is content:
+            return text
+        return f"[answer['content'] is of type {type(content).__name__}; the block that set it did not finish]"
 
 
 ToolSpec = tuple[Any, str | None]

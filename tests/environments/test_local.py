@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from rlm_graph import RLM
-from tests.support.scripts import repl, root_and_sub
+from tests.support.scripts import repl, root_and_sub, scripted
 
 
 class Marks:
@@ -267,3 +268,64 @@ def test_a_scratch_folder_the_code_wrote_into_or_opened_up_is_removed_not_reused
     opened = _scratch_of("import os\nos.chmod(SCRATCH_DIR, 0o755)")
     assert not os.path.exists(opened)
     assert _scratch_of("x = 1") not in (wrote, opened)
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+async def test_model_code_raising_a_base_exception_is_a_failed_block(environment: str) -> None:
+    """KeyboardInterrupt, GeneratorExit or a BaseException subclass raised by the model's
+    code is that block's error: not a Ctrl-C of the caller's program, not a crashed
+    guest that loses the REPL's variables."""
+    blocks = [
+        "x = 41",
+        "raise KeyboardInterrupt",
+        "class Out(BaseException): pass\nraise Out()",
+        "raise GeneratorExit",
+        "FINAL(str(x + 1))",
+    ]
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(b) for b in blocks])},
+        environment=environment,
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "42"
+    told = [m.content for m in scripted(rlm).requests[-1].messages if m.role == "user"]
+    for name in ("KeyboardInterrupt", "Out", "GeneratorExit"):
+        assert any(name in text and "Traceback" in text for text in told)
+
+
+ENDLESS_ANSWER = """
+from rlm_graph import RLM
+from tests.support.scripts import repl, root_and_sub
+endless = "class E:\\n    def __str__(self):\\n        while True:\\n            pass\\n"
+code = endless + "answer['content'] = E()\\nprint(1)"
+rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment="local", max_timeout=1.5)
+result = rlm.completion("ctx")
+print(result.stop_reason, "|", result.response)
+"""
+
+
+@pytest.mark.processes
+def test_an_answer_whose_text_never_ends_is_stopped_by_the_limits() -> None:
+    """The engine takes a partial answer's text on its own thread: a ``__str__`` that
+    never returns runs only in the block's thread, under the block's limits. (In a
+    process of its own: a regression fails by the timeout, it does not hang the suite.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", ENDLESS_ANSWER],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).parents[2],
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("max_timeout | ") and "is of type E" in done.stdout
+
+
+async def test_a_ready_answer_whose_text_raises_is_the_blocks_error() -> None:
+    broken = "class E:\n    def __str__(self):\n        raise ValueError('no text')\n"
+    blocks = [broken + "answer['content'] = E()\nanswer['ready'] = True", "FINAL('fixed')"]
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(b) for b in blocks])}, environment="local")
+    result = await rlm.acompletion("ctx")
+    assert result.response == "fixed"
+    assert "ValueError: no text" in scripted(rlm).requests[-1].messages[-1].content
