@@ -3,6 +3,7 @@ say what to pass instead (never pydantic's dump or httpx's traceback)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ from ..errors import ConfigError, config_error
 from . import wire
 from .retry import RetryPolicy
 
-__all__ = ["check_settings", "checked_base_url", "checked_policy", "wire_headers"]
+__all__ = ["check_settings", "check_shapes", "checked_base_url", "checked_policy", "wire_headers"]
 
 
 def check_settings(
@@ -45,8 +46,45 @@ def check_settings(
         raise ConfigError(
             f"{provider}: http_transport must be 'httpx' or 'lean', not {http_transport!r}"
         )
-    if timeout is not None and not timeout > 0:  # NaN too
-        raise ConfigError(f"{provider}: timeout must be > 0 seconds, or None")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):  # NaN too
+        raise ConfigError(f"{provider}: timeout must be > 0 seconds, or None, not {timeout!r}")
+
+
+def check_shapes(provider: str, **values: Any) -> None:
+    """Refuse ``headers`` or ``extra_body`` that are not objects (``headers`` of text),
+    a ``transport`` that is not an httpx transport, a ``stream`` that is not a bool."""
+    headers, extra = values.get("headers"), values.get("extra_body")
+    if headers is not None and (
+        not isinstance(headers, Mapping)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
+    ):
+        raise ConfigError(
+            f"{provider}: headers must be an object of name: value, both text "
+            '(e.g. {"X-Team": "research"})'
+        )
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ConfigError(
+            f"{provider}: extra_body must be an object of fields added to each request's "
+            f'body (e.g. {{"reasoning_effort": "low"}}), not {type(extra).__name__}'
+        )
+    transport = values.get("transport")
+    if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
+        raise ConfigError(
+            f"{provider}: transport must be an httpx.AsyncBaseTransport (for tests), not "
+            f"{type(transport).__name__}; to choose the HTTP client use http_transport"
+        )
+    for rate in ("requests_per_minute", "tokens_per_minute"):
+        value = values.get(rate)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+        ):
+            raise ConfigError(
+                f"{provider}: {rate} must be a positive number, or None, not {value!r}"
+            )
+    if not isinstance(values.get("stream", True), bool):
+        raise ConfigError(f"{provider}: stream must be True or False")
 
 
 def checked_base_url(provider: str, base_url: object) -> str:

@@ -68,7 +68,7 @@ from .answers import (
 )
 from .attempts import note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
-from .checks import check_settings, checked_base_url, checked_policy, wire_headers
+from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
 from .streaming import DeltaTracker, Oversized, StreamParser, read_events
@@ -175,6 +175,15 @@ class JSONProvider:
         stream: bool = True,
     ) -> None:
         check_settings(self.name, model_name, max_concurrent, http_transport, timeout, api_key)
+        check_shapes(
+            self.name,
+            headers=headers,
+            extra_body=extra_body,
+            transport=transport,
+            stream=stream,
+            requests_per_minute=requests_per_minute,
+            tokens_per_minute=tokens_per_minute,
+        )
         self.streams = bool(stream) and type(self)._stream_fields is not JSONProvider._stream_fields
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)

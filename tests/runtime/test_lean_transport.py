@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import re
 import shutil
 import socket
 import ssl
@@ -545,6 +546,28 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_config_error(timeout: floa
         OpenAIProvider(
             backend="vllm", model_name="m", base_url="http://127.0.0.1:9", timeout=timeout
         )
+
+
+@pytest.mark.parametrize(
+    ("keywords", "says"),
+    [
+        ({"timeout": "abc"}, "timeout must be > 0 seconds, or None, not 'abc'"),
+        ({"headers": "x"}, "headers must be an object of name: value"),
+        ({"headers": {"X-Team": 1}}, "headers must be an object of name: value, both text"),
+        ({"extra_body": "x"}, "extra_body must be an object"),
+        ({"transport": "x"}, "transport must be an httpx.AsyncBaseTransport"),
+        ({"stream": "no"}, "stream must be True or False"),
+        ({"requests_per_minute": 0}, "requests_per_minute must be a positive number"),
+        ({"tokens_per_minute": "10"}, "tokens_per_minute must be a positive number"),
+    ],
+)
+def test_a_keyword_of_the_wrong_shape_is_one_config_error_naming_it(
+    keywords: dict[str, object], says: str
+) -> None:
+    """What --backend-kwargs passes as JSON may be any shape: each is named, not a
+    ValueError or AttributeError from deep inside httpx at the first request."""
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        OpenAIProvider(backend="vllm", model_name="m", base_url="http://127.0.0.1:9", **keywords)  # type: ignore[arg-type]
 
 
 def test_an_api_key_with_a_newline_is_a_config_error_that_does_not_show_it() -> None:
