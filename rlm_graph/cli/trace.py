@@ -12,6 +12,8 @@ trace files went.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,8 +26,8 @@ from ..errors import ConfigError, GraphError
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
     TraceFileError,
+    close_tracing,
     configure_tracing,
-    flush_tracing,
     load_trace,
     render_traces,
     to_graph,
@@ -80,17 +82,36 @@ def tracer_provider_for(args: argparse.Namespace) -> TracerProvider | None:
     directory = getattr(args, "trace_dir", None)
     if directory is not None and mode != "file":
         raise ConfigError("--trace-dir is where --trace file writes; add --trace file")
+    _quiet_exporters()
     if mode is None:
         return tracer_provider_from_env()
     return configure_tracing(mode, directory=directory)
 
 
 def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None) -> None:
-    """Flush ``provider``; for trace files, say on ``stream`` (stderr) where they are."""
-    flush_tracing(provider)
+    """Flush and close ``provider``, a second at most each (a collector that is down
+    does not hold up the command's exit); for trace files, say on ``stream`` (stderr)
+    where they are, and for spans that could not be sent, that they were not."""
+    if provider is None:
+        return
     out = stream or sys.stderr
+    if not close_tracing(provider, 1_000):
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"
+        )
+        print(
+            f"rlm-graph: the trace could not be sent within 1 s to {endpoint}; check that the "
+            "collector runs (OTEL_EXPORTER_OTLP_ENDPOINT)",
+            file=out,
+        )
     for path in trace_files(provider):
         print(f"trace written to {path}", file=out)
+
+
+def _quiet_exporters() -> None:
+    """The OTLP exporters log each retry of a collector that is down over the command's
+    output; the command says it once itself (`finish_tracing`)."""
+    logging.getLogger("opentelemetry.exporter.otlp").setLevel(logging.CRITICAL)
 
 
 def register(subparsers: Any) -> None:

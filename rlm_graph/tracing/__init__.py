@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from .config import (
     TraceMode as TraceMode,
+    close_tracing as close_tracing,
     configure_tracing as configure_tracing,
     flush_tracing as flush_tracing,
     trace_files as trace_files,
@@ -51,6 +52,7 @@ __all__ = [
     "TraceMode",
     "TraceSpan",
     "configure_tracing",
+    "close_tracing",
     "flush_tracing",
     "load_trace",
     "render_trace",

@@ -20,6 +20,7 @@ Invariants:
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import os
@@ -43,6 +44,7 @@ from .files import DEFAULT_FORMATS, TraceFileExporter, TraceFormat
 __all__ = [
     "TRACE_DIR_ENV",
     "TraceMode",
+    "close_tracing",
     "configure_tracing",
     "flush_tracing",
     "trace_files",
@@ -265,6 +267,27 @@ def flush_tracing(provider: TracerProvider | None, timeout_millis: int = 5_000) 
     worker.start()
     worker.join(timeout_millis / 1000)
     return bool(outcome and outcome[0])
+
+
+def close_tracing(provider: TracerProvider | None, timeout_millis: int = 1_000) -> bool:
+    """`flush_tracing`, then shut ``provider`` down, waiting at most ``timeout_millis``
+    for each (and not for the shutdown when the flush could not send): for a program about
+    to exit, which the SDK's own shutdown at exit would hold up for as long as its exporter
+    retries a collector that is down (spans not sent by then are dropped).
+
+    Returns:
+        ``True`` when every span was exported.
+    """
+    sent = flush_tracing(provider, timeout_millis)
+    shutdown = getattr(provider, "shutdown", None)
+    if callable(shutdown):
+        at_exit = getattr(provider, "_atexit_handler", None)  # the SDK's, unbounded
+        if at_exit is not None:
+            atexit.unregister(at_exit)
+        worker = threading.Thread(target=shutdown, name="rlm-graph-trace-close", daemon=True)
+        worker.start()
+        worker.join(timeout_millis / 1000 if sent else 0)  # unsent: it would retry to no end
+    return sent
 
 
 def trace_files(provider: TracerProvider | None) -> list[Path]:

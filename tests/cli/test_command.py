@@ -565,3 +565,26 @@ def test_version_from_the_command_and_from_python_m(capsys: pytest.CaptureFixtur
         [sys.executable, "-m", "rlm_graph", "--version"], capture_output=True, text=True, timeout=60
     )
     assert (ran.returncode, ran.stdout.strip()) == (0, f"rlm-graph {rlm_graph.__version__}")
+
+
+def test_a_collector_that_is_down_is_one_line_not_the_exporters_retries(tmp_path: Path) -> None:
+    """The OTLP exporter retries a dead collector for seconds and logs each retry; the
+    command waits a bounded time, says so once, and still exits 0 with its answer."""
+    import socket
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**_env(), "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}"}
+    done = subprocess.run(
+        [str(COMMAND), "demo", "-q", "--latency", "0", "--out", str(tmp_path / "g.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Transient error" not in done.stderr and "Failed to export" not in done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "could not be sent" in line]
+    assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0]
