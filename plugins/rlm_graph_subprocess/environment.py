@@ -206,6 +206,7 @@ class SubprocessEnvironment:
             output_cap=self.output_cap,
             subcalls=self.subcalls,
             cpu_seconds=self.limits.cpu_seconds,
+            max_message=self._max_message(),
             data_tools=self._tools.data,
             code_tools=self._tools.code,
             proxy_tools=self._tools.proxies,

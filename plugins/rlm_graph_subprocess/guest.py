@@ -99,6 +99,7 @@ class Init(BaseModel):
     output_cap: int = 1_000_000
     subcalls: bool = True
     cpu_seconds: float | None = None
+    max_message: int | None = None
     data_tools: dict[str, Any] = Field(default_factory=dict)
     code_tools: dict[str, str] = Field(default_factory=dict)
     proxy_tools: dict[str, str | None] = Field(default_factory=dict)
@@ -311,9 +312,20 @@ class _Protocol:
         self._ids = itertools.count(1)
         self._waiters: dict[int, _Waiter] = {}
         self.block_running = False
+        self.max_message: int | None = None  # the engine's cap (`Init`), bytes
+
+    def encode(self, message: BaseModel) -> bytes:
+        """``message`` as its line on the pipe; `MessageTooLarge` past the engine's cap,
+        which would kill this guest and lose the REPL's state."""
+        line = message.model_dump_json().encode() + b"\n"
+        if self.max_message is not None and len(line) > self.max_message:
+            raise MessageTooLarge(len(line), self.max_message)
+        return line
 
     def send(self, message: BaseModel) -> None:
-        line = message.model_dump_json().encode() + b"\n"
+        self.write(self.encode(message))
+
+    def write(self, line: bytes) -> None:
         with self._lock:
             self._out.write(line)
             self._out.flush()
@@ -325,8 +337,10 @@ class _Protocol:
         waiter = _Waiter()
         with self._lock:
             call_id = next(self._ids)
+        line = self.encode(make(call_id))  # too large: the call's error, in the block
+        with self._lock:
             self._waiters[call_id] = waiter
-        self.send(make(call_id))
+        self.write(line)
         waiter.event.wait()
         if waiter.error is not None:
             raise RuntimeError(waiter.error)
@@ -346,6 +360,19 @@ class _Protocol:
         for waiter in waiters.values():
             waiter.error = reason
             waiter.event.set()
+
+
+class MessageTooLarge(ValueError):
+    """What the guest would send the engine is over its ``max_message_mb``."""
+
+    def __init__(self, size: int, cap: int) -> None:
+        self.size, self.cap = size, cap
+        super().__init__(
+            f"this is {size / 2**20:.1f} MB as sent to the engine (JSON: a control character "
+            f"takes 6 bytes, an image a third more than its bytes), over the {cap / 2**20:g} "
+            "MB a message may hold (max_message_mb); send it in smaller pieces, or raise "
+            "max_message_mb"
+        )
 
 
 class _PipeCaller:
@@ -396,7 +423,10 @@ class Guest:
             self.protocol.deliver(message)
         elif isinstance(message, AnswerContent):
             content = self.session.answer_content() if self.session is not None else ""
-            self.protocol.send(Answer(content=content))
+            try:
+                self.protocol.send(Answer(content=content))
+            except MessageTooLarge as exc:
+                self.protocol.send(Answer(content=f"[answer['content'] not sent: {exc}]"))
         else:
             self.protocol.send(self._apply(message))
 
@@ -447,6 +477,7 @@ class Guest:
             session.tools[name] = (scope[name], None)
             session.ns[name] = scope[name]
         self.cpu_seconds = init.cpu_seconds
+        self.protocol.max_message = init.max_message
         self.session = session
 
     # -- the main thread -----------------------------------------------------------------
@@ -465,10 +496,29 @@ class Guest:
                 self.protocol.block_running = False
                 self.protocol.fail_waiting("the block ended before this call returned")
             try:
-                self.protocol.send(Done(result=result.model_dump()))
+                self.protocol.write(self._done(result))
             except MemoryError:
                 sys.stderr.write("guest: out of memory while reporting a block; exiting\n")
                 os._exit(3)
+
+    def _done(self, result: ExecResult) -> bytes:
+        """A block's result as its line on the pipe; one over the engine's cap (a final
+        answer or an ``answer["content"]`` of megabytes) goes without them, the block
+        failed saying why, rather than killing the guest with the REPL's state."""
+        try:
+            return self.protocol.encode(Done(result=result.model_dump()))
+        except MessageTooLarge as exc:
+            said = f"the block's answer was not sent: {exc}"
+            smaller = result.model_copy(
+                update={
+                    "final_answer": None,
+                    "final_json": None,
+                    "answer_content": f"[{said}]",
+                    "error": f"MessageTooLarge: {said}",
+                    "stderr": result.stderr + f"MessageTooLarge: {said}\n",
+                }
+            )
+            return self.protocol.encode(Done(result=smaller.model_dump()))
 
 
 def _execute(session: ReplSession, code: str) -> ExecResult:

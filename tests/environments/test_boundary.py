@@ -323,3 +323,28 @@ async def test_an_image_over_20_mib_forged_past_the_guests_check_is_refused_by_t
     assert result.response.startswith("[ERROR] ValueError"), result.response[:300]
     assert "the image is over 20 MiB" in result.response
     assert len(scripted(rlm).requests) == 1  # the root turn only: nothing was sent on
+
+
+async def test_a_call_or_answer_over_the_message_cap_is_the_blocks_error_not_a_dead_guest() -> None:
+    """What fits every per-call cap can still be over max_message_mb as JSON (a control
+    character takes 6 bytes): the guest measures what it sends; the call, or the block's
+    answer, fails saying so, and the REPL keeps its variables."""
+    blocks = [
+        "x = 41\nr = llm_query_batched(['y' * 300_000] * 3)",
+        "print(llm_query('\\x00' * 120_000)[:5])",
+        "answer['content'] = '\\x01' * 120_000\nprint('set')",
+        "answer['content'] = ''\nFINAL('z' * 700_000)",
+        "FINAL(str(x + 1))",
+    ]
+    rlm = engine(
+        [repl(b) for b in blocks],
+        sub=lambda r: "sub",
+        environment_kwargs={"max_message_mb": 0.5, "output_cap": 10_000},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "42"  # the same guest: x survived every refusal
+    outputs = [r.messages[-1].content for r in scripted(rlm).requests[1:]]
+    assert sum("MessageTooLarge" in out and "max_message_mb" in out for out in outputs) == 4
+    assert not any("EnvironmentCrashed" in out or "restarted" in out for out in outputs)
+    assert scripted(rlm).requests[0].model == "scripted"
+    assert not any(r.messages[-1].content.startswith("y" * 100) for r in scripted(rlm).requests)
