@@ -220,7 +220,6 @@ class SubprocessEnvironment:
             rlimits={**self.limits.rlimits(plan.private_tmp), "sandbox": self._sandbox()},
             env=guest_environ(self.workdir, self.limits.env, tmp=tmp),
             cwd=self.workdir,
-            log_path=os.path.join(self._io, "guest.log"),
             init=init,
             start_timeout=self.limits.start_timeout,
             max_message=self._max_message(),

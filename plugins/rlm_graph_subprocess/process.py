@@ -95,10 +95,10 @@ class GuestProcess:
     """
 
     def __init__(
-        self, process: trio.Process, log_path: str, max_message: int = 16 * 1024 * 1024
+        self, process: trio.Process, log: StderrTail, max_message: int = 16 * 1024 * 1024
     ) -> None:
         self.process = process
-        self.log_path = log_path
+        self.log = log
         self.pid = process.pid
         self.guest_pid: int | None = None
         self._pidfd: int | None = None
@@ -120,7 +120,6 @@ class GuestProcess:
         rlimits: dict[str, Any],
         env: dict[str, str],
         cwd: str,
-        log_path: str,
         init: Init,
         start_timeout: float,
         max_message: int = 16 * 1024 * 1024,
@@ -135,18 +134,22 @@ class GuestProcess:
         if _EXITING:
             raise EnvironmentCrashed("the engine's process is exiting: no new guest starts")
         command = [*prefix, sys.executable, "-P", GUEST_PROGRAM, json.dumps(rlimits)]
-        # A fresh log per guest, so a crash report quotes this guest only.
-        with open(log_path, "wb") as log:  # noqa: ASYNC230 - creating an empty file
+        # A log per guest, so a crash report quotes this guest only; its end only, in
+        # memory: a guest writing gigabytes to stderr fills nothing on the engine's disk.
+        log = StderrTail()
+        try:
             process = await trio.lowlevel.open_process(
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=log,
+                stderr=log.write_end,
                 cwd=cwd,
                 env=env,
                 start_new_session=True,
             )
-        guest = cls(process, log_path, max_message)
+        finally:
+            log.started()
+        guest = cls(process, log, max_message)
         try:
             with trio.fail_after(start_timeout):
                 await guest.send(init)
@@ -313,14 +316,45 @@ class GuestProcess:
 
     def log_tail(self, limit: int = 2000) -> str:
         """The end of what the guest wrote to stderr."""
+        return self.log.tail(limit)
+
+
+class StderrTail:
+    """A guest's stderr, of which the last `KEEP` bytes are kept: a pipe drained by a
+    thread of its own (it outlives trio loops, as a persistent session's guest does),
+    which ends when every process holding the pipe has."""
+
+    KEEP = 64 * 1024
+
+    def __init__(self) -> None:
+        read_end, self.write_end = os.pipe()
+        self._kept = bytearray()
+        self._lock = threading.Lock()
+        self._reader = threading.Thread(
+            target=self._drain, args=(read_end,), name="rlm-graph-guest-stderr", daemon=True
+        )
+
+    def started(self) -> None:
+        """The guest has its copy of the write end (or failed to start): drain."""
+        os.close(self.write_end)
+        self._reader.start()
+
+    def _drain(self, fd: int) -> None:
         try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(0, os.SEEK_END)
-                size = handle.tell()
-                handle.seek(max(0, size - limit))
-                return handle.read().decode(errors="replace").strip()
+            while chunk := os.read(fd, 65536):
+                with self._lock:
+                    self._kept += chunk
+                    del self._kept[: max(0, len(self._kept) - self.KEEP)]
         except OSError:
-            return ""
+            pass
+        finally:
+            os.close(fd)
+
+    def tail(self, limit: int) -> str:
+        if self._reader.is_alive():  # what a dead guest wrote last may still be in the pipe
+            self._reader.join(0.05)
+        with self._lock:
+            return bytes(self._kept[-limit:]).decode(errors="replace").strip()
 
 
 _LIVE: set[GuestProcess] = set()  # started and not yet killed

@@ -118,6 +118,37 @@ async def test_a_crashed_guest_is_reported_and_replaced(spy: Spy) -> None:
     assert not alive(first) and not alive(replacement)
 
 
+async def test_what_the_guest_writes_to_stderr_fills_no_disk_and_its_end_is_quoted(
+    spy: Spy,
+) -> None:
+    """A guest's stderr is kept in memory, its last 64 KiB: 30 MB written there put
+    nothing on the engine's disk, and a crash still quotes its last words."""
+
+    def disk() -> int:  # a custom tool: runs in the engine, sees the guest's folders
+        root = spy.envs[0]._root
+        return sum(
+            os.path.getsize(os.path.join(folder, name))
+            for folder, _, names in os.walk(root)
+            for name in names
+        )
+
+    flood = "import os\nfor _ in range(30):\n    os.write(2, b'e' * 2**20)\n"
+    rlm = engine(
+        [
+            repl(flood + "print('on disk', disk())"),
+            repl("import os\nos.write(2, b'LAST WORDS\\n')\nos._exit(1)"),
+            repl("FINAL('done')"),
+        ],
+        spy,
+        custom_tools={"disk": disk},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "done"
+    on_disk = int(feedback(rlm, 1).split("on disk ")[1].split()[0])
+    assert on_disk < 2**20
+    assert "LAST WORDS" in feedback(rlm, 2)
+
+
 async def test_the_guest_works_in_its_own_directory_which_is_removed_after(spy: Spy) -> None:
     code = (
         "import os\n"
