@@ -14,6 +14,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -50,8 +51,11 @@ class EventStream(Generic[T]):
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
+        # The caller's context variables go with the run (its current span: the run's
+        # span nests under it), as they do for completion().
+        context = contextvars.copy_context()
         self._thread = threading.Thread(
-            target=self._main, name=f"rlm-graph {sync_name}", daemon=True
+            target=context.run, args=(self._main,), name=f"rlm-graph {sync_name}", daemon=True
         )
         self._thread.start()
 

@@ -112,6 +112,32 @@ def test_under_asyncio_the_run_nests_under_the_callers_span(memory: Memory) -> N
     assert run.parent is not None and run.parent.span_id == outer
 
 
+def test_a_streamed_run_nests_under_the_callers_span_too(memory: Memory) -> None:
+    """rlm.stream() and engine.stream() run on a thread of their own: the caller's
+    context goes with them, as with completion()."""
+    from rlm_graph import RLM
+
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: "```repl\nFINAL('ok')\n```"},
+        tracer_provider=memory.provider,
+    )
+    engine = Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=memory.provider)
+    wf = Workflow()
+    wf.llm("q")
+    tracer = memory.provider.get_tracer("app")
+    with tracer.start_as_current_span("handle request") as outer:
+        with rlm.stream("ctx") as events:
+            kinds = [event.type for event in events]
+        with engine.stream(wf) as events:
+            kinds += [event.type for event in events]
+    assert kinds.count("run_finished") == 2
+    runs = [s for s in memory.spans if s.name in ("invoke_agent rlm", "invoke_workflow")]
+    assert len(runs) == 2
+    outer_id = outer.get_span_context().span_id
+    assert all(run.parent is not None and run.parent.span_id == outer_id for run in runs)
+
+
 # -- traceparent -----------------------------------------------------------------------
 
 
