@@ -72,6 +72,10 @@ class _BlockControl:
         self.running = False
         self.interrupted = False
         self.finished = threading.Event()
+        # A KeyboardInterrupt (or other BaseException) of the engine's that a sub-call
+        # met: it stops the block and is raised again on the loop's side, never handed
+        # to the model's code as if the code had raised it.
+        self.engine_error: BaseException | None = None
 
     def interrupt(self) -> bool:
         """Cancel the block's sub-calls and raise `BlockInterrupted` in its thread.
@@ -137,6 +141,12 @@ class _ThreadCaller:
             )
         except (trio.RunFinishedError, RuntimeError) as exc:  # the run or the block ended
             raise BlockInterrupted("the block was stopped") from exc
+        if isinstance(result, outcome.Error) and not isinstance(
+            result.error, Exception | BlockInterrupted
+        ):
+            control.engine_error = result.error
+            self.env.session.stop_thread(threading.get_ident())  # its handlers re-raise
+            raise BlockInterrupted("the block was stopped")
         return result.unwrap()
 
     def call(self, request: SubcallRequest) -> Any:
@@ -335,6 +345,8 @@ class LocalEnvironment:
             self._thread_main, code, control, limiter=self._threads, abandon_on_cancel=True
         )
         if result is None:  # interrupted inside the thread: the caller is being cancelled
+            if control.engine_error is not None:
+                raise control.engine_error
             await trio.lowlevel.checkpoint()
             raise BlockInterrupted("the block was stopped")
         return result

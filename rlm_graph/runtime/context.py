@@ -182,6 +182,8 @@ class Run:
                 finally:
                     record.end = trio.current_time()
         finally:
+            if record.status is NodeStatus.RUNNING:  # a Ctrl-C outside the body's try
+                record.status, record.end = NodeStatus.CANCELLED, trio.current_time()
             if self.redact is not None:  # no known secret stays, even one a model echoed
                 record.redact(self.redact)
             if self._observed:

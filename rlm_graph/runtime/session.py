@@ -92,9 +92,8 @@ async def environment_scope(
 
 
 _ONE_AT_A_TIME = (
-    "a persistent session is one conversation, so its completions must come one at a "
-    "time. Wait for the running one, or use one RLM per thread (persistent=False for "
-    "independent completions)"
+    "a persistent session is one conversation, so its completions must come one at a time. "
+    "Wait for the running one, or use one RLM per thread (persistent=False for independent ones)"
 )
 
 

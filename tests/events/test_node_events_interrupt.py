@@ -1,0 +1,44 @@
+"""A Ctrl-C that lands outside a node's body still ends the node as cancelled."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rlm_graph import RLM
+from rlm_graph.events import NodeFinished
+from rlm_graph.tracing.spans import NodeTracer
+from tests.support.scripts import repl, root_and_sub
+
+
+def test_a_keyboard_interrupt_entering_a_nodes_span_finishes_it_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The signal can land between a node's start and its body (here: as a sub-call's
+    span opens, in a block of the local environment): the interrupt reaches the caller
+    (the model's code never sees it as its own), and the node_finished event says
+    cancelled, never running (which the progress line counted as failed)."""
+    real = NodeTracer.node_span
+
+    @contextlib.contextmanager
+    def interrupted(self: NodeTracer, record: Any, parent_id: str | None) -> Iterator[None]:
+        if record.kind.value == "llm_call":
+            raise KeyboardInterrupt
+        with real(self, record, parent_id):
+            yield
+
+    monkeypatch.setattr(NodeTracer, "node_span", interrupted)
+    events: list[Any] = []
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl("FINAL(llm_query('q'))")])},
+        listeners=[events.append],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        rlm.completion("ctx")
+    finished = [e for e in events if isinstance(e, NodeFinished)]
+    assert finished and all(e.status != "running" for e in finished)
+    assert [e.status for e in finished if e.kind == "llm_call"] == ["cancelled"]
