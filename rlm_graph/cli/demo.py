@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         trace_content=args.trace_content,
         record_content=args.trace_content,
         listeners=[*display.listeners(), *reports],
+        observers=reports,  # they keep the graph of a run cut short
     )
     try:
         with display:

@@ -17,6 +17,7 @@ from .._files import destination_problem
 from ..errors import ConfigError, GraphError
 from ..events import RunFinished
 from ..graph import Graph, from_json
+from ..hooks import hookimpl
 from ..report import write_report
 from ..tracing import TraceFileError, load_trace, to_graph
 from . import EXIT_OK, EXIT_USAGE, refuse
@@ -117,26 +118,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 class ReportWriter:
-    """A listener that writes the report when the run finishes (``--report PATH``)."""
+    """Writes the report when the run finishes (``--report PATH``): a listener of the
+    run's events, and an observer (pass it as both) that keeps the run's graph, so that a
+    run that ends without a result (Ctrl-C, a crashed environment) is reported too."""
 
     def __init__(self, path: Path, title: str, say: Callable[[str], None]) -> None:
         self.path = path
         self.title = title
         self.say = say
         self.written: Path | None = None
+        self.graph: Graph | None = None
+
+    @hookimpl
+    def rlm_node_started(self, record: Any, graph: Graph) -> None:
+        self.graph = graph
 
     def __call__(self, event: Any) -> None:
-        if not isinstance(event, RunFinished) or event.result is None:
+        if not isinstance(event, RunFinished):
             return
         result = event.result
+        if result is not None:
+            graph, stop_reason = result.graph, result.stop_reason
+        elif self.graph is not None:  # the run raised: what it did until then
+            graph, stop_reason = self.graph, _ended_by(event.error)
+        else:
+            return
         try:
-            self.written = write_report(
-                result.graph, self.path, title=self.title, stop_reason=result.stop_reason
-            )
+            self.written = write_report(graph, self.path, title=self.title, stop_reason=stop_reason)
         except OSError as exc:
             self.say(f"rlm-graph: cannot write the report {self.path}: {exc.strerror or exc}")
         else:
             self.say(f"report written to {self.written}")
+
+
+def _ended_by(error: str | None) -> str:
+    """The stop reason a report shows for a run that raised ``error`` ("Type: message")."""
+    kind = (error or "").partition(":")[0]
+    return "interrupted" if kind in ("KeyboardInterrupt", "Cancelled") else f"error: {kind}"
 
 
 def report_writers(args: argparse.Namespace, say: Callable[[str], None], title: str) -> list[Any]:

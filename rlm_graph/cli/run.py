@@ -385,15 +385,14 @@ def run(args: argparse.Namespace) -> int:
         schema = _read_schema(args.schema)
         provider = tracer_provider_for(args)
         display = progress_for(args)
+        reports = report_writers(args, display.say, "rlm-graph run: " + args.query[:80])
         rlm = RLM(
             **rlm_kwargs(args),
             tracer_provider=provider,
             trace_content=getattr(args, "trace_content", False),
             record_content=getattr(args, "trace_content", False),
-            listeners=[
-                *display.listeners(),
-                *report_writers(args, display.say, "rlm-graph run: " + args.query[:80]),
-            ],
+            listeners=[*display.listeners(), *reports],
+            observers=reports,  # they keep the graph of a run cut short
         )
     except ConfigError as exc:
         finish_tracing(provider)

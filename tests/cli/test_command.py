@@ -441,6 +441,20 @@ def test_ctrl_c_during_run_is_one_line_and_exit_130(text_file: Path, as_json: bo
         assert err.strip() == "rlm-graph run: interrupted"
 
 
+def test_ctrl_c_still_writes_the_report_of_what_ran(text_file: Path, tmp_path: Path) -> None:
+    block = "```repl\nimport time\ntime.sleep(60)\n```"
+    report = tmp_path / "run.html"
+    with FakeOpenAIServer(lambda body: block) as server:
+        code, out, err = _interrupt(
+            [*run_args(server, text_file, "--quiet", "--report", str(report))],
+            lambda: len(server.requests) >= 1,
+        )
+    assert code == 130, err
+    assert f"report written to {report}" in err
+    page = report.read_text(encoding="utf-8")
+    assert "interrupted" in page and "repl_block" in page
+
+
 def test_ctrl_c_during_demo_is_one_line_and_exit_130(tmp_path: Path) -> None:
     out_file = tmp_path / "graph.json"
     code, out, err = _interrupt_demo(out_file)
