@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, computed_field, model_validator
 
 from ..contracts import Usage
 from ..graph import NodeKind, NodeStatus
@@ -138,9 +138,19 @@ class LimitWarning(EventBase):
     used: float
     maximum: float
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def fraction(self) -> float:
+        """``used / maximum``: in the event's JSON too."""
         return self.used / self.maximum if self.maximum else 1.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _without_fraction(cls, data: Any) -> Any:
+        """The JSON's ``fraction`` is computed, not read (`parse_event` round trips)."""
+        if isinstance(data, dict) and "fraction" in data:
+            return {key: value for key, value in data.items() if key != "fraction"}
+        return data
 
 
 class ConcurrencyLimit(EventBase):

@@ -3,6 +3,7 @@ a slow consumer that neither slows the run nor loses an event, limit warnings.""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -13,7 +14,14 @@ import trio
 
 from rlm_graph import RLM, Engine, NodeKind, ProviderError, Workflow
 from rlm_graph.contracts import ChatRequest
-from rlm_graph.events import LimitWarning, NodeFinished, NodeStarted, RunFinished, RunStarted
+from rlm_graph.events import (
+    LimitWarning,
+    NodeFinished,
+    NodeStarted,
+    RunFinished,
+    RunStarted,
+    parse_event,
+)
 from rlm_graph.graph import Graph
 from tests.support.scripts import is_root_turn, repl, turn_number
 
@@ -193,6 +201,9 @@ async def test_limit_warnings_come_once_at_80_percent_of_tokens() -> None:
     warnings = [e for e in events if isinstance(e, LimitWarning)]
     assert [w.limit for w in warnings] == ["max_tokens"]
     assert 0.8 <= warnings[0].fraction
+    as_json = json.loads(warnings[0].model_dump_json())  # what a dashboard reads
+    assert as_json["fraction"] == warnings[0].fraction
+    assert parse_event(warnings[0].model_dump_json()) == warnings[0]
     assert events[-1].stop_reason == "max_tokens"
     # The warning came before the stop: some node finished after it.
     assert any(isinstance(e, NodeFinished) and e.seq > warnings[0].seq for e in events)
