@@ -146,6 +146,9 @@ _SCRIPT = r"""
     if (cls) e.className = cls;
     return e;
   }
+  function decoded(text) {  // a stray % (run.html?q=50%) is text, not a broken page
+    try { return decodeURIComponent(text); } catch (e) { return text; }
+  }
   function fmt(x, digits) { return x == null ? "-" : Number(x).toFixed(digits); }
   function num(x) { return Number(x).toLocaleString("en-US"); }
 
@@ -425,7 +428,7 @@ _SCRIPT = r"""
     }
     search.addEventListener("input", filter);
     var query = /[?&]q=([^&#]*)/.exec(location.search);  // run.html?q=... opens searched
-    if (query) search.value = decodeURIComponent(query[1]);
+    if (query) search.value = decoded(query[1].replace(/\+/g, " "));
     filter();
   }
   body.setAttribute("data-trajectory-steps", String(steps.length));
@@ -433,7 +436,7 @@ _SCRIPT = r"""
     var s = document.getElementById("trajectory-search"); s.value = q; s.dispatchEvent(new Event("input"));
   };
 
-  var wanted = decodeURIComponent(location.hash.replace(/^#node=/, ""));
+  var wanted = decoded(location.hash.replace(/^#node=/, ""));
   if (location.hash.indexOf("#node=") === 0) {
     var at = N.id.indexOf(wanted);
     if (at >= 0) select(at);

@@ -329,3 +329,18 @@ def test_the_trajectory_is_drawn_and_searchable_in_chromium(tmp_path: Path) -> N
     # The first reply and its block (the code names it), the slot that asked it, and the
     # last block (its output is the answer); not the other slot, nor the second reply.
     assert searched["data-trajectory-shown"] == "4"
+
+
+@needs_chromium
+@pytest.mark.browser
+def test_a_stray_percent_in_the_address_is_text_not_a_broken_page(tmp_path: Path) -> None:
+    """run.html?q=50% (or #node=x%) is not valid percent-encoding: the page searches
+    for it as written and still draws its trajectory."""
+    page = write_report(_recorded_run(True).graph, tmp_path / "run.html")
+    for suffix in ("?q=50%", "#node=turn-1%"):
+        body, console, _ = dump_in_chromium(page, tmp_path, suffix)
+        assert body["data-errors"] == "0", (suffix, console)
+        assert not [c for c in console if "Uncaught" in c or "URIError" in c]
+        assert body["data-trajectory-steps"] == "6"
+    searched, _, _ = dump_in_chromium(page, tmp_path, "?q=chapter+two")
+    assert searched["data-trajectory-shown"] == "4"  # + is a space, as in any query
