@@ -173,6 +173,7 @@ def test_json_answers_limits_and_provider_errors(text_file: Path) -> None:
     )
     assert refused.returncode == 4 == error["exit_code"]
     assert error["error"]["type"] == "ProviderAuthError" and "API key" in error["error"]["message"]
+    assert error["answer"] is None  # no partial answer: null, as cli.md says, not ""
 
 
 # -- a provider error after some turns; the context window -----------------------------
