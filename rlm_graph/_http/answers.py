@@ -124,6 +124,15 @@ def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> 
             provider=name,
             status_code=status,
         )
+    if 300 <= status < 400:
+        location = provider._quote(response.headers.get("location", ""), 200)
+        raise ProviderError(
+            f"{where}: a redirect to {location}. Redirects are not followed (the request "
+            "and its key would go to another address): set base_url to where the API is "
+            "(often https:// instead of http://, or a trailing /v1)",
+            provider=name,
+            status_code=status,
+        )
     if status == 404:
         raise ProviderNotFound(
             f"{where}: {said}. Check the model name and the base URL "

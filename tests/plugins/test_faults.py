@@ -41,6 +41,20 @@ async def test_a_truncated_or_empty_200_is_retried_like_a_5xx() -> None:
     assert len(server.requests) == 3
 
 
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+async def test_a_redirect_is_not_followed_and_names_where_it_points(status: int) -> None:
+    """Following it would send the key elsewhere; the error says base_url is what to fix
+    (not "the request arguments")."""
+    moved = Reply.error(status, "moved", location="https://api.example.test/v1/chat/completions")
+    with FakeOpenAIServer(replies=[moved]) as server:
+        with pytest.raises(ProviderError) as caught:
+            await _complete(OpenAIProvider(**openai_kwargs(server)))
+    message = str(caught.value)
+    assert f"answered {status}" in message and "https://api.example.test/v1" in message
+    assert "set base_url" in message and "request arguments" not in message
+    assert not caught.value.retryable and len(server.requests) == 1
+
+
 async def test_a_reset_mid_response_and_a_hang_are_retried() -> None:
     with FakeOpenAIServer(replies=[Reply.reset(), Reply.hang(), "ok"]) as server:
         provider = OpenAIProvider(**openai_kwargs(server, timeout=0.3))
