@@ -204,6 +204,11 @@ def _json_copy(schema: Mapping[str, Any]) -> dict[str, Any]:
         copied: dict[str, Any] = json.loads(json.dumps(schema))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"a JSON Schema dict must hold JSON data only ({exc})") from None
+    except RecursionError:
+        raise ConfigError(
+            "the JSON Schema dict nests deeper than Python's stack; a schema may nest a few "
+            "dozen levels at most (a sub-call's, 32): flatten it"
+        ) from None
     return copied
 
 

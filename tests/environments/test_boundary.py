@@ -15,7 +15,7 @@ from rlm_graph.events import NodeFinished, NodeStarted
 from rlm_graph_subprocess.process import MAX_PENDING_BYTES, MAX_PENDING_PROMPTS
 from tests.support.guests import engine
 from tests.support.listening import listening
-from tests.support.scripts import is_root_turn, repl, scripted
+from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted
 
 
 async def test_a_schema_reference_sends_nothing_to_any_server_and_the_run_goes_on() -> None:
@@ -348,3 +348,21 @@ async def test_a_call_or_answer_over_the_message_cap_is_the_blocks_error_not_a_d
     assert not any("EnvironmentCrashed" in out or "restarted" in out for out in outputs)
     assert scripted(rlm).requests[0].model == "scripted"
     assert not any(r.messages[-1].content.startswith("y" * 100) for r in scripted(rlm).requests)
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+async def test_a_schema_nested_past_the_stack_is_refused_by_name(environment: str) -> None:
+    code = (
+        "d = c = {}\n"
+        "for _ in range(5000):\n"
+        "    c['items'] = {}\n"
+        "    c = c['items']\n"
+        "try:\n"
+        "    llm_query('x', schema=d)\n"
+        "except TypeError as exc:\n"
+        "    FINAL(str(exc))"
+    )
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment=environment)
+    result = await rlm.acompletion("ctx")
+    assert "nests deeper" in result.response and "flatten it" in result.response
+    assert "RecursionError" not in result.response
