@@ -124,7 +124,7 @@ def _check_prompts(name: str, prompts: object) -> list[str]:
     return list(prompts)
 
 
-def _image_part(name: str, index: int, item: object, scratch_dir: str) -> dict[str, str]:
+def _image_part(where: str, index: int, item: object, scratch_dir: str) -> dict[str, str]:
     try:
         if isinstance(item, Image):
             image = item
@@ -137,34 +137,34 @@ def _image_part(name: str, index: int, item: object, scratch_dir: str) -> dict[s
             )
         else:
             raise TypeError(
-                f"{name}(): prompt part {index} is a {type(item).__name__}; parts are str "
+                f"{where}: part {index} is a {type(item).__name__}; parts are str "
                 "(text), image bytes, a pathlib.Path to an image file, or an Image"
             )
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{name}(): prompt part {index}: {exc}") from None
+        raise ValueError(f"{where}: part {index}: {exc}") from None
     return {"media_type": image.media_type, "data": image.base64()}
 
 
-def _wire_prompt(name: str, prompt: object, scratch_dir: str) -> WirePrompt:
+def _wire_prompt(where: str, prompt: object, scratch_dir: str) -> WirePrompt:
     """A prompt checked and made ready for the engine: text as is, a list of text and
-    images (bytes, paths relative to the scratch folder, `Image` values) as parts."""
+    images (bytes, paths relative to the scratch folder, `Image` values) as parts.
+    ``where`` names it in errors (``"llm_query() prompt"``)."""
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list | tuple):
         return [
-            part if isinstance(part, str) else _image_part(name, index, part, scratch_dir)
+            part if isinstance(part, str) else _image_part(where, index, part, scratch_dir)
             for index, part in enumerate(prompt)
         ]
     raise TypeError(
-        f"{name}() takes the prompt as a str, or a list of str and images, "
-        f"got {type(prompt).__name__}"
+        f"{where} must be a str, or a list of str and images, not {type(prompt).__name__}"
     )
 
 
 def _wire_prompts(name: str, prompts: object, scratch_dir: str) -> list[WirePrompt]:
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
         raise TypeError(f"{name}() takes a list of prompts, got {type(prompts).__name__}")
-    return [_wire_prompt(f"{name}: prompt {i}", p, scratch_dir) for i, p in enumerate(prompts)]
+    return [_wire_prompt(f"{name}() prompt {i}", p, scratch_dir) for i, p in enumerate(prompts)]
 
 
 def _request(
@@ -293,7 +293,7 @@ class ReplSession:
         caller = self.caller
 
         def llm_query(prompt: Any, model: str | None = None, schema: Any = None) -> Any:
-            checked = _wire_prompt("llm_query", prompt, self.scratch_dir)
+            checked = _wire_prompt("llm_query() prompt", prompt, self.scratch_dir)
             if schema is None:
                 return caller.call(_request("llm_query", [checked], model))
             shape = _shape("llm_query", schema)
@@ -317,6 +317,8 @@ class ReplSession:
             checked = _check_prompts("rlm_query_batched", prompts)
             return list(caller.call(_request("rlm_query_batched", checked, model)))
 
+        for function in (llm_query, llm_query_batched, rlm_query, rlm_query_batched):
+            function.__qualname__ = function.__name__  # what a TypeError calls it
         return {
             "llm_query": llm_query,
             "llm_query_batched": llm_query_batched,
@@ -355,6 +357,8 @@ class ReplSession:
         if not isinstance(name, str):
             return self.final(name)
         key = name.strip().strip("\"'")
+        if key in self._protocol and key != "answer":
+            return f"FINAL_VAR: {key!r} is the REPL's own, not your variable; call FINAL(value)"
         if key not in self.ns:
             known = ", ".join(
                 k for k in self.ns if not k.startswith("_") and k not in self._protocol

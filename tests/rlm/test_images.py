@@ -63,7 +63,7 @@ async def test_a_part_that_is_not_an_image_is_the_codes_error(environment: str) 
     )
     result = await engine(code, environment).acompletion("ctx")
     assert result.response == (
-        "llm_query(): prompt part 1: the bytes are not a PNG, JPEG, GIF or WebP image"
+        "llm_query() prompt: part 1: the bytes are not a PNG, JPEG, GIF or WebP image"
     )
     assert list(result.graph.records(NodeKind.LLM_CALL)) == []
 

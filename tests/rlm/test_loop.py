@@ -256,3 +256,25 @@ async def test_a_block_can_define_dataclasses_and_enums(environment: str) -> Non
     )
     engine = rlm([repl(code)], environment=environment)
     assert (await engine.acompletion("abcx")).response == "3 RED"
+
+
+def test_the_protocols_errors_name_the_function_and_the_prompt() -> None:
+    """No internal names (ReplSession._protocol_names.<locals>...), no stray "()"."""
+    code = (
+        "out = []\n"
+        "calls = (lambda: llm_query_batched(['ok', None]), lambda: llm_query('x', foo=1))\n"
+        "for call in calls:\n"
+        "    try:\n"
+        "        call()\n"
+        "    except TypeError as exc:\n"
+        "        out.append(str(exc))\n"
+        "out.append(FINAL_VAR('llm_query'))\n"
+        "FINAL(' || '.join(out))"
+    )
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment="local")
+    batched, keyword, final_var = rlm.completion("ctx").response.split(" || ")
+    assert batched == (
+        "llm_query_batched() prompt 1 must be a str, or a list of str and images, not NoneType"
+    )
+    assert keyword == "llm_query() got an unexpected keyword argument 'foo'"
+    assert final_var.startswith("FINAL_VAR: 'llm_query' is the REPL's own")
