@@ -70,7 +70,8 @@ def secret_values(
     """Secret-looking values of ``kwargs`` and of the environment.
 
     A value counts when its name holds ``KEY``, ``TOKEN``, ``SECRET``, ``PASSWORD`` (and a
-    few spellings) and it is a string of at least `MIN_SECRET_CHARS` characters.
+    few spellings) and it is a string of at least `MIN_SECRET_CHARS` characters; a keyword
+    ending in ``_env`` (``api_key_env``) names a variable and is not one.
 
     Args:
         kwargs: keyword arguments, e.g. a provider's ``backend_kwargs`` (``api_key``).
@@ -80,12 +81,15 @@ def secret_values(
         The values, longest first (so a longer secret is redacted before a prefix of it).
     """
     found: set[str] = set()
-    for source in (kwargs or {}, os.environ if environ is None else environ):
+    keywords = kwargs or {}
+    for source in (keywords, os.environ if environ is None else environ):
         for name, value in source.items():
             if (
                 isinstance(value, str)
                 and len(value) >= MIN_SECRET_CHARS
                 and _SECRET_NAME.search(name)
+                # ``api_key_env="OPENAI_API_KEY"`` names where the key is: not a secret
+                and not (source is keywords and name.lower().endswith("_env"))
             ):
                 found.add(value)
     return sorted(found, key=len, reverse=True)

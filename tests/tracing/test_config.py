@@ -85,6 +85,9 @@ def test_secret_values_come_from_secret_names_only() -> None:
         environ={"OPENAI_API_KEY": "sk-zzzzzzzz", "HOME": "/home/someone", "GH_TOKEN": "ghp_1"},
     )
     assert found == ["sk-zzzzzzzz", "abcdef123"]
+    # api_key_env names the variable that holds the key: its value is no secret (the
+    # text "OPENAI_API_KEY" in model code stays readable on spans)
+    assert secret_values({"api_key_env": "OPENAI_API_KEY"}, environ={}) == []
 
 
 @pytest.mark.parametrize(
