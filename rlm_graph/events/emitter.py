@@ -226,7 +226,8 @@ class EventEmitter:
                 listener(event)
             except Exception:  # a listener's bug must not fail the user's run
                 logger.exception(
-                    "an rlm-graph observer failed on node %s (event %s: %s)",
+                    "the rlm-graph listener %s failed on node %s (event %s: %s)",
+                    getattr(listener, "__qualname__", None) or type(listener).__qualname__,
                     event.node_id or "-",
                     event.seq,
                     getattr(event, "type", "?"),

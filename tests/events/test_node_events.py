@@ -1,4 +1,4 @@
-"""A Ctrl-C that lands outside a node's body still ends the node as cancelled."""
+"""Node events at the edges: a Ctrl-C outside a node's body, a listener that raises."""
 
 from __future__ import annotations
 
@@ -42,3 +42,23 @@ def test_a_keyboard_interrupt_entering_a_nodes_span_finishes_it_cancelled(
     finished = [e for e in events if isinstance(e, NodeFinished)]
     assert finished and all(e.status != "running" for e in finished)
     assert [e.status for e in finished if e.kind == "llm_call"] == ["cancelled"]
+
+
+def test_a_listener_that_raises_is_named_in_the_log_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    seen: list[Any] = []
+
+    def dashboard(event: Any) -> None:
+        raise ValueError("dashboard down")
+
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl("FINAL('ok')")])},
+        listeners=[dashboard, seen.append],
+    )
+    with caplog.at_level("ERROR", logger="rlm_graph"):
+        assert rlm.completion("ctx").response == "ok"
+    assert seen and seen[-1].type == "run_finished"  # the other listener got every event
+    failures = [r.getMessage() for r in caplog.records if "failed on node" in r.getMessage()]
+    assert failures and all("listener" in m and "dashboard" in m for m in failures)
