@@ -35,7 +35,8 @@ def register(subparsers: Any) -> None:
         help="answer every item of a JSONL file (resumable; local or on a Ray cluster)",
         # No abbreviations: "--api-key SECRET" must fail, not pass as --api-key-env.
         allow_abbrev=False,
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        # The module's docstring, its reStructuredText ``literals`` as plain text.
+        description=__doc__.split("\n\n", 1)[1].replace("``", "") if __doc__ else None,
     )
     parser.add_argument(
         "--input", required=True, type=Path, metavar="FILE", help="items, one JSON object a line"
@@ -52,7 +53,7 @@ def register(subparsers: Any) -> None:
         "--retry-failed", action="store_true", help="on resume, run failed items again too"
     )
     parser.add_argument(
-        "--quiet", action="store_true", help="no line per finished item, only the summary"
+        "-q", "--quiet", action="store_true", help="no line per finished item, only the summary"
     )
     parser.add_argument(
         "--journal",

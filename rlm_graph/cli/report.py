@@ -38,7 +38,8 @@ def register(subparsers: Any) -> None:
         "run",
         type=Path,
         metavar="RUN",
-        help="a trace file (.otlp.jsonl or .jaeger.json) or a graph JSON (rlm-graph demo --out)",
+        help="a trace file (.otlp.jsonl or .jaeger.json), a graph JSON (rlm-graph demo --out) "
+        "or a journal (--journal; its newest run, or the one --trace-id names)",
     )
     parser.add_argument(
         "-o", "--output", type=Path, required=True, metavar="PATH", help="the HTML file to write"
@@ -81,14 +82,17 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
         raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
         raise TraceFileError(
-            f"{path} is not a text file: give a trace file or a graph JSON"
+            f"{path} is not a text file: give a trace file, a graph JSON or a journal"
         ) from None
     if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
         try:
             return from_json(path.read_text(encoding="utf-8")), None
         except (ValueError, KeyError, TypeError, GraphError) as exc:
             raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
-    spans = load_trace(path)
+    try:
+        spans = load_trace(path)
+    except TraceFileError as exc:
+        raise TraceFileError(f"{exc} (or a graph JSON, or a journal)") from None
     graph = to_graph(spans, trace_id)
     stops = [
         s.attributes.get("rlm.stop_reason") for s in spans if "rlm.stop_reason" in s.attributes

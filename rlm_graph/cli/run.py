@@ -24,6 +24,7 @@ from ..errors import (
     ConfigError,
     ContextLengthExceeded,
     LimitExceeded,
+    ProviderAuthError,
     ProviderError,
     ProviderTimeout,
     RateLimited,
@@ -215,7 +216,7 @@ def _add_provider_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-timeouts",
         type=int,
         metavar="N",
-        help="attempts of a request that may time out before it fails (default 3)",
+        help="attempts in a row of a request that may time out before it fails (default 3)",
     )
     group.add_argument(
         "--no-stream",
@@ -475,6 +476,13 @@ def provider_message(exc: ProviderError) -> str:
             "-c 16384; Ollama: num_ctx)"
         )
     text = f"provider error: {exc}"
+    if isinstance(exc, ProviderAuthError):
+        return text + (
+            " [on the command line the key comes from the provider's variable "
+            "(OPENAI_API_KEY, ANTHROPIC_API_KEY...) or --api-key-env NAME]"
+        )
+    if isinstance(exc, RateLimited) and "max_retry_after" in str(exc):
+        return text + " [on the command line: --backend-kwargs '{\"max_retry_after\": SECONDS}']"
     if isinstance(exc, ProviderTimeout):
         return text + " [flags: --timeout S for slower models, --max-timeouts N, --max-attempts N]"
     if isinstance(exc, RateLimited):

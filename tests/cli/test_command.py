@@ -176,6 +176,13 @@ def test_json_answers_limits_and_provider_errors(text_file: Path) -> None:
     assert error["answer"] is None  # no partial answer: null, as cli.md says, not ""
 
 
+def test_a_refused_key_says_the_command_lines_way_to_give_one(text_file: Path) -> None:
+    with FakeOpenAIServer(replies=[Reply.error(401, "Incorrect API key provided")]) as server:
+        done = rlm_graph(*run_args(server, text_file, "--quiet"))
+    assert done.returncode == 4
+    assert "--api-key-env NAME" in done.stderr and "Traceback" not in done.stderr
+
+
 # -- a provider error after some turns; the context window -----------------------------
 
 
