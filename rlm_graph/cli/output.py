@@ -130,9 +130,11 @@ class Output:
 
 def _usage_line(summary: Any, elapsed: float) -> str:
     cost = summary.total_cost
+    estimated = sum(m.estimated_calls or 0 for m in summary.model_usage_summaries.values())
     return (
         f"[{summary.total_calls} call{'' if summary.total_calls == 1 else 's'}, {summary.total_input_tokens:,} input and "
         f"{summary.total_output_tokens:,} output tokens"
+        + (f" (estimated for {estimated}: the server reported none)" if estimated else "")
         + (f", ${cost:.4f}" if cost is not None else "")
         + f", {elapsed:.1f} s]"
     )

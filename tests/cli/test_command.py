@@ -183,6 +183,15 @@ def test_a_refused_key_says_the_command_lines_way_to_give_one(text_file: Path) -
     assert "--api-key-env NAME" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_the_usage_line_says_when_tokens_were_estimated(text_file: Path) -> None:
+    reply = "```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"
+    no_usage = {"choices": [{"message": {"role": "assistant", "content": reply}}]}
+    with FakeOpenAIServer(replies=[Reply(body=no_usage)]) as server:
+        done = rlm_graph(*run_args(server, text_file))
+    assert done.returncode == 0 and done.stdout.strip() == "done"
+    assert "(estimated for 1: the server reported none)" in done.stderr
+
+
 # -- a provider error after some turns; the context window -----------------------------
 
 
