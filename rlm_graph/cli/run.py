@@ -125,6 +125,14 @@ def add_engine_arguments(
     for name, kind, text in LIMIT_FLAGS:
         text = (limit_help or {}).get(name, text)
         group.add_argument("--" + name.replace("_", "-"), type=kind, help=text)
+    group.add_argument(
+        "--price",
+        nargs=2,
+        type=float,
+        metavar=("INPUT", "OUTPUT"),
+        help="USD per million input and output tokens of --model (and --sub-model), for a "
+        "model the price table does not know; 0 0 for a local one (what --max-budget needs)",
+    )
     add_hedge_argument(group)
 
 
@@ -308,7 +316,8 @@ def _read_context(path: str, encoding: str) -> str:
                 data = handle.read()
     except OSError as exc:
         raise ConfigError(f"cannot read --context {path!r}: {exc.strerror or exc}") from None
-    if b"\0" in data[:65536] and not encoding.lower().replace("_", "-").startswith("utf-16"):
+    encoding = _by_byte_order_mark(data, encoding)
+    if b"\0" in data[:65536] and encoding.lower().replace("_", "-")[:6] not in ("utf-16", "utf-32"):
         raise ConfigError(
             f"--context {name} looks like a binary file (it has NUL bytes), not text; "
             "extract its text first (e.g. pdftotext), or name its --encoding if it is text"
@@ -323,13 +332,41 @@ def _read_context(path: str, encoding: str) -> str:
         ) from None
 
 
+def _by_byte_order_mark(data: bytes, encoding: str) -> str:
+    """The encoding a file's byte order mark names when ``encoding`` is the default
+    UTF-8 (a UTF-16 file from Windows is text, not binary); else ``encoding``."""
+    if codecs.lookup(encoding).name != "utf-8":
+        return encoding
+    for mark, named in (
+        (codecs.BOM_UTF32_LE, "utf-32"),
+        (codecs.BOM_UTF32_BE, "utf-32"),
+        (codecs.BOM_UTF16_LE, "utf-16"),
+        (codecs.BOM_UTF16_BE, "utf-16"),
+        (codecs.BOM_UTF8, "utf-8-sig"),
+    ):
+        if data.startswith(mark):
+            return named
+    return encoding
+
+
 def _models(args: argparse.Namespace) -> dict[str, dict[str, Any]] | None:
-    if args.context_window is None:
+    """``models=`` from ``--context-window`` and ``--price``, for the models named."""
+    entry: dict[str, Any] = {}
+    if args.context_window is not None:
+        if args.context_window < 256:
+            raise ConfigError("--context-window must be at least 256 tokens")
+        entry["context_window"] = args.context_window
+    price = getattr(args, "price", None)
+    if price is not None:
+        if not all(value >= 0 for value in price):  # NaN too
+            raise ConfigError(
+                "--price takes two numbers >= 0: USD per million input, output tokens"
+            )
+        entry.update(input_usd_per_mtok=price[0], output_usd_per_mtok=price[1])
+    if not entry:
         return None
-    if args.context_window < 256:
-        raise ConfigError("--context-window must be at least 256 tokens")
     names = [args.model] + ([args.sub_model] if args.sub_model else [])
-    return {name: {"context_window": args.context_window} for name in names}
+    return {name: dict(entry) for name in names}
 
 
 def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,7 +394,7 @@ def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     models = _models(args)
     if models is not None:
         kwargs["models"] = models
-    compaction = args.compaction or ("summarize" if models is not None else "none")
+    compaction = args.compaction or ("summarize" if args.context_window is not None else "none")
     if compaction != "none":
         kwargs["compaction"] = compaction
     if args.max_output_tokens is not None:
@@ -397,7 +434,10 @@ def run(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         finish_tracing(provider)
-        return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
+        text = str(exc)
+        if "no price is known" in text:  # the library's fixes are Python's
+            text += " [on the command line: --price INPUT OUTPUT (USD per million tokens)]"
+        return out.error(EXIT_USAGE, text, kind=type(exc).__name__, error=exc)
     try:
         return _complete(out, rlm, context, args.query, display, schema)
     finally:

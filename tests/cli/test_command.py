@@ -183,6 +183,32 @@ def test_a_refused_key_says_the_command_lines_way_to_give_one(text_file: Path) -
     assert "--api-key-env NAME" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32", "utf-8-sig"])
+def test_a_file_with_a_byte_order_mark_is_read_as_its_mark_says(
+    tmp_path: Path, encoding: str
+) -> None:
+    """A UTF-16 file from Windows is text (its NUL bytes do not make it binary)."""
+    text = tmp_path / "notes.txt"
+    text.write_bytes("héllo wörld".encode(encoding))
+    with FakeOpenAIServer(lambda body: "```repl\nFINAL(context)\n```") as server:
+        done = rlm_graph(*run_args(server, text, "--environment", "local"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "héllo wörld"
+
+
+def test_price_lets_max_budget_hold_for_a_model_the_table_does_not_know(text_file: Path) -> None:
+    with FakeOpenAIServer(lambda body: FIRST_TURN) as server:
+        refused = rlm_graph(*run_args(server, text_file, "--max-budget", "0.01"))
+        priced = rlm_graph(
+            *run_args(server, text_file, "--max-budget", "0.01", "--price", "1000", "1000")
+        )
+        calls = len(server.requests)
+    assert refused.returncode == 2 and "--price INPUT OUTPUT" in refused.stderr
+    assert priced.returncode == 3, priced.stderr  # the budget stopped it: exit 3
+    assert "max_budget" in priced.stderr and "$" in priced.stderr
+    assert 1 <= calls < 30  # not the 30 turns of max_iterations
+
+
 def test_the_usage_line_says_when_tokens_were_estimated(text_file: Path) -> None:
     reply = "```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"
     no_usage = {"choices": [{"message": {"role": "assistant", "content": reply}}]}
