@@ -12,13 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contracts import (
-    ChatResponse,
-    Message,
-    compacted_history,
-    image_json_default,
-    image_json_hook,
-)
+from .. import contracts
+from ..contracts import ChatResponse, Message, image_json_default, image_json_hook
 from ..graph import NodeRecord
 from ..journal import value_hash
 from ..journal.seam import Journaled
@@ -48,7 +43,7 @@ class CompactionNode:
 
     async def body(self, record: NodeRecord) -> list[Message]:
         got = await self.strategy.compact(self.messages, _CompactionCall(self.run, record, self))
-        rewritten = compacted_history(self.strategy, got)
+        rewritten = contracts.compacted_history(self.strategy, got)
         record.output_preview = f"{len(self.messages)} -> {len(rewritten)} messages"
         return rewritten
 

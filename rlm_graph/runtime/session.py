@@ -113,8 +113,7 @@ class PersistentSession:
         self.completions = 0  # finished completions: the next one's context_N
         self._leaked = 0
         self._busy = threading.Lock()
-        # ``history``: the first completion's, set back after a compaction moved it.
-        self._first_history: list[dict[str, Any]] | None = None
+        self._first_history: list[dict[str, Any]] | None = None  # `end` restores ``history``
 
     @contextmanager
     def claim(self, fix: str = _ONE_AT_A_TIME) -> Iterator[None]:
@@ -143,8 +142,9 @@ class PersistentSession:
         return self.env, self.completions
 
     async def end(self, run: Run, state: CompletionState) -> None:
-        """The completion begun last has answered: its history goes in as ``history_N``,
-        and the threads its blocks left behind are counted on ``run``."""
+        """The completion begun last has answered: its history goes in as ``history_N``
+        (``history`` is the first's again, if a compaction moved it), and the threads its
+        blocks left behind are counted on ``run``."""
         assert self.env is not None
         await self.env.add_history(state.trajectory, self.completions)
         compacts = self.settings.compaction is not None and "history" not in self.settings.tools

@@ -127,6 +127,8 @@ async def _run_node(
         return  # a dependency was cancelled: so is this node (the run is stopping)
     failed = [dep for dep in spec.deps if dep in outcome.failures]
     if failed and not spec.receive_failures:
+        if spec.kind == NodeKind.LLM_CALL:  # its span names the model it would call
+            record.model = run.router.route(spec.model, record.depth).model
         await run.execute(record, _skip(outcome, spec.id, failed[0]), added=True)
         return
     args, kwargs = spec.arguments(lambda dep: outcome.value(dep, run.graph))

@@ -224,3 +224,21 @@ def test_grpc_without_the_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")
     with pytest.raises(ConfigError, match="'http/protobuf'"):
         configure_tracing("otlp")
+
+
+def test_a_skipped_model_node_has_its_span_named_with_its_model(memory: Memory) -> None:
+    def broken() -> str:
+        raise ValueError("no data")
+
+    engine = Engine(
+        "scripted",
+        {"respond": lambda r: "ok", "model_name": "m-1"},
+        tracer_provider=memory.provider,
+    )
+    wf = Workflow()
+    data = wf.function(broken)
+    wf.llm(lambda text: f"summarise {text}", data, id="summary")
+    engine.run(wf)
+    span = memory.by_node()["summary"]
+    assert (span.attributes or {})["rlm.node.status"] == "skipped"
+    assert span.name == "chat m-1" and (span.attributes or {})["gen_ai.request.model"] == "m-1"
