@@ -37,6 +37,7 @@ no trio, no httpx, no opentelemetry.
 
 from __future__ import annotations
 
+import builtins
 import itertools
 import json
 import math
@@ -343,7 +344,7 @@ class _Protocol:
         self.write(line)
         waiter.event.wait()
         if waiter.error is not None:
-            raise RuntimeError(waiter.error)
+            raise _as_raised(waiter.error)
         return waiter.value
 
     def deliver(self, reply: Reply) -> None:
@@ -388,8 +389,29 @@ class _PipeCaller:
         return self.protocol.call(lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs))
 
 
+def _as_raised(error: str) -> Exception:
+    """A tool's ``"Type: message"`` from the engine as the code would meet it in the local
+    environment: a builtin exception type as itself, any other as a RuntimeError."""
+    kind, _, message = error.partition(": ")
+    found = getattr(builtins, kind, None)
+    if isinstance(found, type) and issubclass(found, Exception) and found is not Exception:
+        try:
+            return found(message)
+        except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+            pass
+    return RuntimeError(error)
+
+
 def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:
     def tool(*args: Any, **kwargs: Any) -> Any:
+        try:  # what crosses the pipe is JSON: a set, bytes or NaN would arrive changed
+            json.dumps([args, kwargs], allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"{name}(): its arguments cross to the engine as JSON (the subprocess "
+                f"environment), and these are not JSON data ({exc}); pass lists, dicts, "
+                "str, numbers, booleans or None"
+            ) from None
         return caller.call_tool(name, list(args), kwargs)
 
     tool.__name__ = tool.__qualname__ = name

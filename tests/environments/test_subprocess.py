@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from typing import Any
 
 import pytest
 import trio
@@ -249,6 +250,32 @@ async def test_tools_as_functions_code_and_data_and_stray_output() -> None:
     result = await rlm.acompletion("ctx")
     assert result.response == "3|8|3|hello there"
     assert calls == [(1, 2)]
+
+
+async def test_a_tools_arguments_must_be_json_and_its_errors_keep_their_type() -> None:
+    """As in the local environment: a set or NaN is not changed on its way (it is a
+    TypeError saying why), and a tool's ValueError is a ValueError in the block."""
+    seen: list[Any] = []
+
+    def check(value: Any) -> Any:
+        seen.append(value)
+        if value == "bad":
+            raise ValueError("bad value")
+        return value
+
+    code = (
+        "out = []\n"
+        "for value in ({1, 2}, float('nan'), b'raw', 'bad'):\n"
+        "    try:\n"
+        "        check(value)\n"
+        "    except Exception as exc:\n"
+        "        out.append(type(exc).__name__)\n"
+        "FINAL(' '.join(out) + ' ' + str(check([1, 'two'])))"
+    )
+    rlm = engine([repl(code)], custom_tools={"check": check})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "TypeError TypeError TypeError ValueError [1, 'two']"
+    assert seen == ["bad", [1, "two"]]  # nothing changed reached the tool
 
 
 async def test_threads_in_a_block_call_the_engine_concurrently() -> None:
