@@ -201,7 +201,7 @@ def _identifier(text: str) -> str:
 
 def _json_copy(schema: Mapping[str, Any]) -> dict[str, Any]:
     try:
-        copied: dict[str, Any] = json.loads(json.dumps(schema))
+        copied: dict[str, Any] = json.loads(json.dumps(schema, allow_nan=False))
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"a JSON Schema dict must hold JSON data only ({exc})") from None
     except RecursionError:

@@ -366,3 +366,16 @@ async def test_a_schema_nested_past_the_stack_is_refused_by_name(environment: st
     result = await rlm.acompletion("ctx")
     assert "nests deeper" in result.response and "flatten it" in result.response
     assert "RecursionError" not in result.response
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+async def test_a_schema_holding_nan_is_refused_alike_in_both_environments(environment: str) -> None:
+    code = (
+        "try:\n"
+        "    llm_query('x', schema={'type': 'number', 'maximum': float('nan')})\n"
+        "except TypeError as exc:\n"
+        "    FINAL(str(exc))"
+    )
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment=environment)
+    result = await rlm.acompletion("ctx")
+    assert "JSON data only" in result.response
