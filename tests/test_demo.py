@@ -36,4 +36,4 @@ def test_demo_answers_correctly_and_writes_the_graph(
 
 def test_demo_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--size", "5"]) == 2
-    assert "--size" in capsys.readouterr().out
+    assert "--size" in capsys.readouterr().err

@@ -37,7 +37,6 @@ no trio, no httpx, no opentelemetry.
 
 from __future__ import annotations
 
-import builtins
 import itertools
 import json
 import math
@@ -54,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rlm_graph.contracts import SubcallRequest
 from rlm_graph.repl import LimitStop
+from rlm_graph.repl.crossing import MessageTooLarge, json_arguments, raised_as
 
 if TYPE_CHECKING:
     from rlm_graph.contracts import ExecResult
@@ -344,7 +344,7 @@ class _Protocol:
         self.write(line)
         waiter.event.wait()
         if waiter.error is not None:
-            raise _as_raised(waiter.error)
+            raise raised_as(waiter.error)
         return waiter.value
 
     def deliver(self, reply: Reply) -> None:
@@ -363,19 +363,6 @@ class _Protocol:
             waiter.event.set()
 
 
-class MessageTooLarge(ValueError):
-    """What the guest would send the engine is over its ``max_message_mb``."""
-
-    def __init__(self, size: int, cap: int) -> None:
-        self.size, self.cap = size, cap
-        super().__init__(
-            f"this is {size / 2**20:.1f} MB as sent to the engine (JSON: a control character "
-            f"takes 6 bytes, an image a third more than its bytes), over the {cap / 2**20:g} "
-            "MB a message may hold (max_message_mb); send it in smaller pieces, or raise "
-            "max_message_mb"
-        )
-
-
 class _PipeCaller:
     """`SubcallCaller` that sends each call up the pipe and blocks for the reply."""
 
@@ -389,29 +376,9 @@ class _PipeCaller:
         return self.protocol.call(lambda i: ToolCall(id=i, name=name, args=args, kwargs=kwargs))
 
 
-def _as_raised(error: str) -> Exception:
-    """A tool's ``"Type: message"`` from the engine as the code would meet it in the local
-    environment: a builtin exception type as itself, any other as a RuntimeError."""
-    kind, _, message = error.partition(": ")
-    found = getattr(builtins, kind, None)
-    if isinstance(found, type) and issubclass(found, Exception) and found is not Exception:
-        try:
-            return found(message)
-        except Exception:  # noqa: BLE001 - a builtin that takes other arguments
-            pass
-    return RuntimeError(error)
-
-
 def _proxy(caller: _PipeCaller, name: str, description: str | None) -> Any:
     def tool(*args: Any, **kwargs: Any) -> Any:
-        try:  # what crosses the pipe is JSON: a set, bytes or NaN would arrive changed
-            json.dumps([args, kwargs], allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"{name}(): its arguments cross to the engine as JSON (the subprocess "
-                f"environment), and these are not JSON data ({exc}); pass lists, dicts, "
-                "str, numbers, booleans or None"
-            ) from None
+        json_arguments(name, args, kwargs)
         return caller.call_tool(name, list(args), kwargs)
 
     tool.__name__ = tool.__qualname__ = name

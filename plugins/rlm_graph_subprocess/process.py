@@ -134,10 +134,8 @@ class GuestProcess:
         if _EXITING:
             raise EnvironmentCrashed("the engine's process is exiting: no new guest starts")
         command = [*prefix, sys.executable, "-P", GUEST_PROGRAM, json.dumps(rlimits)]
-        # A log per guest, so a crash report quotes this guest only; its end only, in
-        # memory: a guest writing gigabytes to stderr fills nothing on the engine's disk.
-        log = StderrTail()
-        try:
+        log = StderrTail()  # this guest's own: a crash report quotes this guest only
+        with log:
             process = await trio.lowlevel.open_process(
                 command,
                 stdin=subprocess.PIPE,
@@ -147,8 +145,6 @@ class GuestProcess:
                 env=env,
                 start_new_session=True,
             )
-        finally:
-            log.started()
         guest = cls(process, log, max_message)
         try:
             with trio.fail_after(start_timeout):
@@ -320,9 +316,10 @@ class GuestProcess:
 
 
 class StderrTail:
-    """A guest's stderr, of which the last `KEEP` bytes are kept: a pipe drained by a
-    thread of its own (it outlives trio loops, as a persistent session's guest does),
-    which ends when every process holding the pipe has."""
+    """A guest's stderr, of which the last `KEEP` bytes are kept in memory (gigabytes
+    written there fill nothing on the engine's disk): a pipe drained by a thread of its
+    own (it outlives trio loops, as a persistent session's guest does), which ends when
+    every process holding the pipe has. Spawn the guest inside ``with tail:``."""
 
     KEEP = 64 * 1024
 
@@ -334,7 +331,10 @@ class StderrTail:
             target=self._drain, args=(read_end,), name="rlm-graph-guest-stderr", daemon=True
         )
 
-    def started(self) -> None:
+    def __enter__(self) -> StderrTail:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
         """The guest has its copy of the write end (or failed to start): drain."""
         os.close(self.write_end)
         self._reader.start()

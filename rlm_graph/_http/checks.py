@@ -52,10 +52,17 @@ def check_settings(
         raise ConfigError(f"{provider}: timeout must be > 0 seconds, or None, not {timeout!r}")
 
 
-def check_shapes(provider: str, **values: Any) -> None:
+def check_shapes(
+    provider: str,
+    headers: object,
+    extra: object,
+    transport: object,
+    stream: object,
+    rates: tuple[object, object],
+) -> None:
     """Refuse ``headers`` or ``extra_body`` that are not objects (``headers`` of text),
-    a ``transport`` that is not an httpx transport, a ``stream`` that is not a bool."""
-    headers, extra = values.get("headers"), values.get("extra_body")
+    a ``transport`` that is not an httpx transport, a ``stream`` that is not a bool, and
+    rates (requests, tokens per minute) that are not positive numbers."""
     if headers is not None and (
         not isinstance(headers, Mapping)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items())
@@ -69,21 +76,19 @@ def check_shapes(provider: str, **values: Any) -> None:
             f"{provider}: extra_body must be an object of fields added to each request's "
             f'body (e.g. {{"reasoning_effort": "low"}}), not {type(extra).__name__}'
         )
-    transport = values.get("transport")
     if transport is not None and not isinstance(transport, httpx.AsyncBaseTransport):
         raise ConfigError(
             f"{provider}: transport must be an httpx.AsyncBaseTransport (for tests), not "
             f"{type(transport).__name__}; to choose the HTTP client use http_transport"
         )
-    for rate in ("requests_per_minute", "tokens_per_minute"):
-        value = values.get(rate)
+    for rate, value in zip(("requests_per_minute", "tokens_per_minute"), rates, strict=True):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
         ):
             raise ConfigError(
                 f"{provider}: {rate} must be a positive number, or None, not {value!r}"
             )
-    if not isinstance(values.get("stream", True), bool):
+    if not isinstance(stream, bool):
         raise ConfigError(f"{provider}: stream must be True or False")
 
 

@@ -175,15 +175,8 @@ class JSONProvider:
         stream: bool = True,
     ) -> None:
         check_settings(self.name, model_name, max_concurrent, http_transport, timeout, api_key)
-        check_shapes(
-            self.name,
-            headers=headers,
-            extra_body=extra_body,
-            transport=transport,
-            stream=stream,
-            requests_per_minute=requests_per_minute,
-            tokens_per_minute=tokens_per_minute,
-        )
+        rates = (requests_per_minute, tokens_per_minute)
+        check_shapes(self.name, headers, extra_body, transport, stream, rates)
         self.streams = bool(stream) and type(self)._stream_fields is not JSONProvider._stream_fields
         self.model = model_name
         self.base_url = checked_base_url(self.name, base_url)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Any
 
 from .._files import destination_problem, open_private
@@ -36,23 +35,24 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _check(args: argparse.Namespace) -> None:
+    """The demo's own options, and where its graph goes, before anything runs."""
+    if args.size < 10_000 or args.latency < 0 or args.max_concurrent < 1:
+        raise ConfigError("--size must be >= 10000, --latency >= 0, --max-concurrent >= 1")
+    problem = destination_problem(args.out)
+    if problem is not None:
+        raise ConfigError(f"--out: {problem}")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..rlm import RLM
 
-    if args.size < 10_000 or args.latency < 0 or args.max_concurrent < 1:
-        print(
-            "rlm-graph demo: --size must be >= 10000, --latency >= 0, --max-concurrent >= 1",
-            file=sys.stderr,
-        )
-        return 2
     display = progress_for(args)
     try:
-        problem = destination_problem(args.out)
-        if problem is not None:
-            raise ConfigError(f"--out: {problem}")
+        _check(args)
         reports = report_writers(args, display.say, "rlm-graph demo")
         provider = tracer_provider_for(args)
-    except ConfigError as exc:  # bad paths or OTEL_* settings: one line, as for run
+    except ConfigError as exc:  # bad options, paths or OTEL_* settings: one line, as for run
         return refuse("demo", exc)
     setup = build_document(args.size, args.seed)
     print(

@@ -97,7 +97,7 @@ class Output:
         text = message if message is not None else (str(error) if error is not None else None)
         if self.as_json:
             payload = {
-                "answer": answer,
+                "answer": answer if answer or error is None else None,  # failed, none: null
                 "stop_reason": stop_reason,
                 "usage": summary.to_dict() if summary is not None else None,
                 "execution_time": elapsed,

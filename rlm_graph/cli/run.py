@@ -479,7 +479,7 @@ def _complete(
     except ProviderError as exc:
         return out.result(
             EXIT_PROVIDER,
-            answer=(exc.partial or None) if exc.result is not None else None,
+            answer=exc.partial if exc.result is not None else None,
             stop_reason="provider_error" if exc.result is not None else None,
             result=exc.result,
             error=exc,

@@ -138,11 +138,9 @@ class Run:
         journal: Journaled[T] | Callable[[], Journaled[T]] | None = None,
     ) -> T:
         """Run ``body(record)`` as the node ``record``; what ``body`` raises is recorded
-        on the node, then raised.
+        on the node, then raised. ``body`` may fill in the record's usage, model, previews.
 
         Args:
-            record: the node's record; ``body`` may fill in usage, model, previews.
-            body: the work.
             after: nodes this one depends on (``after`` edges).
             parent: the node that issued this one (a ``spawn`` edge).
             span_parent: the node whose span is this span's parent (default: ``parent``;

@@ -1,0 +1,53 @@
+"""What crosses a guest's pipe to the engine, from the guest's side: messages within the
+engine's cap, a custom tool's arguments as JSON data, a tool's error raised as its type.
+
+Imported by the ``subprocess`` guest (which may read ``rlm_graph/`` and nothing of the
+plugin's folder).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+from typing import Any
+
+__all__ = ["MessageTooLarge", "json_arguments", "raised_as"]
+
+
+class MessageTooLarge(ValueError):
+    """What the guest would send the engine is over its ``max_message_mb``."""
+
+    def __init__(self, size: int, cap: int) -> None:
+        self.size, self.cap = size, cap
+        super().__init__(
+            f"this is {size / 2**20:.1f} MB as sent to the engine (JSON: a control character "
+            f"takes 6 bytes, an image a third more than its bytes), over the {cap / 2**20:g} "
+            "MB a message may hold (max_message_mb); send it in smaller pieces, or raise "
+            "max_message_mb"
+        )
+
+
+def json_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse a tool call whose arguments are not JSON data: a set, bytes or NaN would
+    reach the tool changed (a list, a str, None)."""
+    try:
+        json.dumps([args, kwargs], allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{name}(): its arguments cross to the engine as JSON (the subprocess "
+            f"environment), and these are not JSON data ({exc}); pass lists, dicts, "
+            "str, numbers, booleans or None"
+        ) from None
+
+
+def raised_as(error: str) -> Exception:
+    """A tool's ``"Type: message"`` from the engine as the code would meet it in the local
+    environment: a builtin exception type as itself, any other as a RuntimeError."""
+    kind, _, message = error.partition(": ")
+    found = getattr(builtins, kind, None)
+    if isinstance(found, type) and issubclass(found, Exception) and found is not Exception:
+        try:
+            return found(message)
+        except Exception:  # noqa: BLE001 - a builtin that takes other arguments
+            pass
+    return RuntimeError(error)
