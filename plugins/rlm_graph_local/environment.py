@@ -141,12 +141,6 @@ class _ThreadCaller:
             )
         except (trio.RunFinishedError, RuntimeError) as exc:  # the run or the block ended
             raise BlockInterrupted("the block was stopped") from exc
-        if isinstance(result, outcome.Error) and not isinstance(
-            result.error, Exception | BlockInterrupted
-        ):
-            control.engine_error = result.error
-            self.env.session.stop_thread(threading.get_ident())  # its handlers re-raise
-            raise BlockInterrupted("the block was stopped")
         return result.unwrap()
 
     def call(self, request: SubcallRequest) -> Any:
@@ -186,7 +180,12 @@ async def _in_block_nursery(
     if not box:
         return outcome.Error(BlockInterrupted("the block was stopped"))
     found = box[0]
-    if isinstance(found, outcome.Error) and isinstance(found.error, trio.Cancelled):
+    if isinstance(found, outcome.Error) and not isinstance(found.error, Exception):
+        if not isinstance(found.error, trio.Cancelled | BlockInterrupted):
+            # The engine's own (a Ctrl-C landing in a sub-call): the whole block stops,
+            # its other sub-calls with it, and the error is raised again on this side.
+            control.engine_error = found.error
+            control.interrupt()
         return outcome.Error(BlockInterrupted("the block was stopped"))
     return found
 
@@ -322,6 +321,8 @@ class LocalEnvironment:
                 with trio.CancelScope(shield=True):
                     if not await control.stop(self.stop_grace):
                         self._leaked(control, code)
+        if control.engine_error is not None:  # the block's nursery was cancelled for it
+            raise control.engine_error
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _leaked(self, control: _BlockControl, code: str) -> None:
@@ -344,9 +345,9 @@ class LocalEnvironment:
         result = await trio.to_thread.run_sync(
             self._thread_main, code, control, limiter=self._threads, abandon_on_cancel=True
         )
+        if control.engine_error is not None:  # however the block ended
+            raise control.engine_error
         if result is None:  # interrupted inside the thread: the caller is being cancelled
-            if control.engine_error is not None:
-                raise control.engine_error
             await trio.lowlevel.checkpoint()
             raise BlockInterrupted("the block was stopped")
         return result

@@ -95,7 +95,7 @@ def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None
     if provider is None:
         return
     out = stream or sys.stderr
-    if not close_tracing(provider, 1_000):
+    if not close_tracing(provider, 1_000) and not trace_files(provider):
         endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"
         )

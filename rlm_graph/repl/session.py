@@ -416,7 +416,7 @@ class ReplSession:
             except BlockInterrupted:  # the environment stopping the block
                 raise
             except BaseException as exc:  # the model's own KeyboardInterrupt too: its error
-                error = f"{type(exc).__name__}: {exc}"
+                error = _described(exc)
                 err.write(self._traceback(exc))
             notes = self._restore_names()
             if notes:
@@ -426,7 +426,7 @@ class ReplSession:
             except BlockInterrupted:
                 raise
             except BaseException as exc:
-                final, error = None, error or f"{type(exc).__name__}: {exc}"
+                final, error = None, error or _described(exc)
                 err.write(self._traceback(exc))
         stdout = out.getvalue()
         if out.dropped:
@@ -510,28 +510,59 @@ class ReplSession:
 
     def answer_content(self) -> str:
         """The current ``answer["content"]`` as text (in the block's thread: the model's
-        ``__str__`` runs under the block's limits), for a partial answer."""
-        content = self.answer.get("content") or ""
+        ``__bool__`` and ``__str__`` run under the block's limits), for a partial answer."""
+        content = self.answer.get("content")
         try:
-            text = content if type(content) is str else str(content)
-        except BlockInterrupted:
+            text = "" if not content else content if type(content) is str else str(content)
+        except (BlockInterrupted, LimitStop):
             raise
-        except BaseException as exc:  # the model's __str__ raised
+        except BaseException as exc:  # the model's __bool__ or __str__ raised
             text = f"[answer['content'] could not be made text: {type(exc).__name__}]"
         self._answer_text = (content, text)
         return text
 
     def answer_content_now(self) -> str:
         """`answer_content` for the engine's own thread, which must not run the model's
-        code: a value that is not plain text is given as the last block left it (its text
-        was taken then), else named by its type."""
-        content = self.answer.get("content") or ""
-        if type(content) in (str, int, float, bool):
-            return str(content)
+        code: plain data (text, numbers, lists and dicts of them) as text; another value
+        as the last block left it (its text was taken then), else named by its type."""
+        content = self.answer.get("content")
+        if _plain(content, [10_000]):
+            return "" if not content else str(content)
         taken, text = self._answer_text
         if taken is content:
             return text
-        return f"[answer['content'] is of type {type(content).__name__}; the block that set it did not finish]"
+        return (
+            f"[answer['content'] is of type {type(content).__name__}; the block that set "
+            "it did not finish]"
+        )
+
+
+def _described(exc: BaseException) -> str:
+    """``"Type: message"`` of an exception the model's code raised (whose ``__str__``
+    may itself raise: then it is named by its type)."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except (BlockInterrupted, LimitStop):
+        raise
+    except BaseException:  # the model's __str__
+        return f"{type(exc).__name__}: <its message could not be made text>"
+
+
+def _plain(value: Any, budget: list[int]) -> bool:
+    """Whether ``value`` is data whose truth and text run no code of the model's: None,
+    str, int, float, bool, and lists, tuples and dicts of them (at most ``budget[0]``
+    items in all, a cycle never ending the walk before the budget does)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return False
+    kind = type(value)
+    if value is None or kind in (str, int, float, bool):
+        return True
+    if kind in (list, tuple):
+        return all(_plain(item, budget) for item in value)
+    if kind is dict:
+        return all(_plain(k, budget) and _plain(v, budget) for k, v in value.items())
+    return False
 
 
 ToolSpec = tuple[Any, str | None]

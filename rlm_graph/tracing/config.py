@@ -273,11 +273,17 @@ def close_tracing(provider: TracerProvider | None, timeout_millis: int = 1_000) 
     """`flush_tracing`, then shut ``provider`` down, waiting at most ``timeout_millis``
     for each (and not for the shutdown when the flush could not send): for a program about
     to exit, which the SDK's own shutdown at exit would hold up for as long as its exporter
-    retries a collector that is down (spans not sent by then are dropped).
+    retries a collector that is down (spans not sent by then are dropped). A provider
+    writing trace files (``configure_tracing("file")``) is flushed and shut down whole,
+    however long a large trace takes: a disk is not a collector that may be down.
 
     Returns:
         ``True`` when every span was exported.
     """
+    if provider is not None and provider in _file_exporters:
+        sent = flush_tracing(provider, 3_600_000)
+        provider.shutdown()  # type: ignore[attr-defined]
+        return sent
     sent = flush_tracing(provider, timeout_millis)
     shutdown = getattr(provider, "shutdown", None)
     if callable(shutdown):

@@ -295,9 +295,11 @@ async def test_model_code_raising_a_base_exception_is_a_failed_block(environment
 
 
 ENDLESS_ANSWER = """
+import sys
 from rlm_graph import RLM
 from tests.support.scripts import repl, root_and_sub
-endless = "class E:\\n    def __str__(self):\\n        while True:\\n            pass\\n"
+method = sys.argv[1]
+endless = f"class E:\\n    def {method}(self):\\n        while True:\\n            pass\\n"
 code = endless + "answer['content'] = E()\\nprint(1)"
 rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment="local", max_timeout=1.5)
 result = rlm.completion("ctx")
@@ -306,12 +308,14 @@ print(result.stop_reason, "|", result.response)
 
 
 @pytest.mark.processes
-def test_an_answer_whose_text_never_ends_is_stopped_by_the_limits() -> None:
-    """The engine takes a partial answer's text on its own thread: a ``__str__`` that
-    never returns runs only in the block's thread, under the block's limits. (In a
-    process of its own: a regression fails by the timeout, it does not hang the suite.)"""
+@pytest.mark.parametrize("method", ["__str__", "__bool__"])
+def test_an_answer_whose_text_never_ends_is_stopped_by_the_limits(method: str) -> None:
+    """The engine takes a partial answer's text on its own thread: the model's
+    ``__str__`` or ``__bool__`` that never returns runs only in the block's thread, under
+    the block's limits. (In a process of its own: a regression fails by the timeout, it
+    does not hang the suite.)"""
     done = subprocess.run(
-        [sys.executable, "-c", ENDLESS_ANSWER],
+        [sys.executable, "-c", ENDLESS_ANSWER, method],
         capture_output=True,
         text=True,
         timeout=60,
@@ -320,6 +324,40 @@ def test_an_answer_whose_text_never_ends_is_stopped_by_the_limits() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("max_timeout | ") and "is of type E" in done.stdout
+
+
+def test_a_partial_answer_of_plain_data_is_its_text_even_when_the_block_was_cut() -> None:
+    code = "answer['content'] = [1, {'two': 2.0}, None]\nwhile True:\n    pass"
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(code)])},
+        environment="local",
+        max_timeout=0.5,
+    )
+    result = rlm.completion("ctx")
+    assert result.stop_reason == "max_timeout"
+    assert result.response == "[1, {'two': 2.0}, None]"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        # a __bool__ that raises, as a numpy array's or a DataFrame's does
+        "class E:\n    def __bool__(self):\n        raise ValueError('ambiguous')\n"
+        "answer['content'] = E()\nprint('set')",
+        # an exception whose own __str__ raises
+        "class E(Exception):\n    def __str__(self):\n        raise ValueError('no text')\n"
+        "raise E()",
+    ],
+    ids=["answer-bool-raises", "exception-str-raises"],
+)
+async def test_the_models_objects_that_raise_when_shown_fail_the_block_not_the_run(
+    code: str,
+) -> None:
+    blocks = [code, "answer['content'] = 'x'\nFINAL('fixed')"]
+    rlm = RLM("scripted", {"respond": root_and_sub([repl(b) for b in blocks])}, environment="local")
+    result = await rlm.acompletion("ctx")
+    assert result.response == "fixed"
 
 
 async def test_a_ready_answer_whose_text_raises_is_the_blocks_error() -> None:

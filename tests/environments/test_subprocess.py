@@ -366,3 +366,19 @@ async def test_a_block_past_its_cpu_seconds_is_stopped_and_the_guest_kept() -> N
     result = await rlm.acompletion("ctx")
     assert result.response == "kept=1"
     assert "CPULimitExceeded: the block used more CPU time than its limit" in feedback(rlm, 1)
+
+
+async def test_a_cpu_stop_inside_the_answers_text_is_the_blocks_error() -> None:
+    """Taking a partial answer's text runs the model's __str__ in the block: a CPU stop
+    landing there is reported, not swallowed into the answer's placeholder."""
+    endless = "class E:\n    def __str__(self):\n        while True:\n            pass\n"
+    rlm = engine(
+        [
+            repl(endless + "answer['content'] = E()\nprint('set')"),
+            repl("answer['content'] = ''\nFINAL('x')"),
+        ],
+        environment_kwargs={"cpu_seconds": 1},
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "x"
+    assert "CPULimitExceeded" in feedback(rlm, 1)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from rlm_graph import RLM
-from rlm_graph.events import NodeFinished
+from rlm_graph.events import NodeFinished, NodeStarted
 from rlm_graph.tracing.spans import NodeTracer
 from tests.support.scripts import repl, root_and_sub
 
@@ -62,3 +62,45 @@ def test_a_listener_that_raises_is_named_in_the_log_and_the_run_goes_on(
     assert seen and seen[-1].type == "run_finished"  # the other listener got every event
     failures = [r.getMessage() for r in caplog.records if "failed on node" in r.getMessage()]
     assert failures and all("listener" in m and "dashboard" in m for m in failures)
+
+
+def _interrupting(request: Any) -> str:
+    """A sub-call's provider met by a Ctrl-C (the engine's, not the model's code's)."""
+    if "boom" in request.prompt:
+        raise KeyboardInterrupt
+    return "fine"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import contextlib\nwith contextlib.suppress(BaseException):\n    llm_query('boom')\n"
+        "FINAL('survived')",
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "with ThreadPoolExecutor(3) as pool:\n"
+        "    out = list(pool.map(llm_query, ['slow one', 'boom', 'slow two']))\n"
+        "FINAL(str(out))",
+    ],
+    ids=["swallowed-by-library-code", "beside-slow-calls-in-threads"],
+)
+def test_a_ctrl_c_a_sub_call_meets_stops_the_block_and_reaches_the_caller(code: str) -> None:
+    """Library code that swallows everything cannot keep the interrupt from the caller,
+    and the block's other sub-calls are cancelled, not waited for and paid."""
+    events: list[Any] = []
+    rlm = RLM(
+        "scripted",
+        {
+            "respond": root_and_sub([repl(code)], _interrupting),
+            "latency": lambda r: 30.0 if "slow" in (r.messages[-1].content or "") else 0.0,
+        },
+        environment="local",
+        listeners=[events.append],
+    )
+    with pytest.raises(KeyboardInterrupt):
+        rlm.completion("ctx")
+    asked = {e.node_id: e.input_preview for e in events if isinstance(e, NodeStarted)}
+    calls = [e for e in events if isinstance(e, NodeFinished) and e.kind == "llm_call"]
+    slow = [e.status for e in calls if "slow" in asked[e.node_id]]
+    assert all(status == "cancelled" for status in slow)
+    assert len(slow) == code.count("slow")
+    assert all(e.status != "running" for e in events if isinstance(e, NodeFinished))

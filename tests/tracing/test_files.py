@@ -243,3 +243,19 @@ def test_a_secret_in_the_service_name_is_redacted_in_both_files(
     jaeger, otlp = files(exporter)
     for path in (jaeger, otlp):
         assert ENV_SECRET not in path.read_text() and "[REDACTED]" in path.read_text()
+
+
+def test_closing_a_file_trace_writes_every_span_however_long_it_takes(tmp_path: Path) -> None:
+    """close_tracing bounds its wait for a collector that may be down, not for a disk:
+    a trace of thousands of large spans is written whole."""
+    from rlm_graph.tracing import close_tracing, configure_tracing, load_trace
+
+    provider = configure_tracing("file", directory=tmp_path, formats=("otlp",))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("root"):
+        for i in range(2000):
+            with tracer.start_as_current_span(f"child-{i}") as span:
+                span.set_attribute("rlm.text", "y" * 2000)
+    assert close_tracing(provider)
+    (written,) = tmp_path.glob("*.otlp.jsonl")
+    assert len(load_trace(written)) == 2001
