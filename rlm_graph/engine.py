@@ -31,7 +31,7 @@ from .errors import ConfigError, PluginError, checked_flag, config_error
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Graph, Workflow
 from .hooks import PluginHost
-from .journal.keys import workflow_key
+from .journal.keys import provider_identity, workflow_key
 from .journal.seam import JournalTarget
 from .limits import Limits
 from .result import WorkflowResult
@@ -458,7 +458,7 @@ class Engine:
         run = self.new_run(self.limits_with(limits), listeners)
         target = None
         if journal is not None:
-            providers = [(key, p.name, p.model) for key, p in self.router.providers]
+            providers = [provider_identity(key, p) for key, p in self.router.providers]
             target = JournalTarget(
                 journal,
                 workflow_key(workflow, providers),

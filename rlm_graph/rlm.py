@@ -26,6 +26,7 @@ from .errors import ConfigError, checked_flag
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import preview
 from .journal import run_key
+from .journal.keys import provider_identity
 from .journal.seam import JournalTarget
 from .protocol.schema import AnswerSchema
 from .protocol.state import LoopSettings
@@ -497,14 +498,14 @@ def _completion_journal(
     """Where a completion is journaled: its run key is its inputs (context, question,
     and ``number``, its place in a persistent session) and its configuration."""
     configuration = [
-        [(key, provider.name, provider.model) for key, provider in run.router.providers],
+        [provider_identity(key, provider) for key, provider in run.router.providers],
         run.limits.max_depth,
         run.limits.max_iterations,
         environment,
         settings.custom_system_prompt,
         settings.root_params,
         settings.sub_params,
-        sorted(settings.tools),
+        sorted(settings.tools),  # by name: a tool's code or data is in what it changes
         sorted(settings.sub_tools),
         settings.accept_text_final,
         settings.output_chars,

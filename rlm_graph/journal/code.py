@@ -39,6 +39,7 @@ __all__ = [
     "MAX_HOPS",
     "MAX_ITEMS",
     "MAX_STATE_DEPTH",
+    "code_fingerprint",
     "function_fingerprint",
     "stable_value",
 ]
@@ -147,6 +148,29 @@ def _names(code: types.CodeType) -> list[str]:
         if isinstance(const, types.CodeType):
             found.extend(n for n in _names(const) if n not in found)
     return found
+
+
+def code_fingerprint(fn: Callable[..., Any]) -> str:
+    """The hash of ``fn``'s own code (and a partial's arguments, a function's defaults),
+    not of the state it reads: what names a custom tool in a completion's run key, which
+    a tool's cache or counter must not change from one attempt to the next."""
+    parts: list[Any] = [_name(fn)]
+    if isinstance(fn, functools.partial):
+        parts += [code_fingerprint(fn.func), stable_value(fn.args), stable_value(fn.keywords)]
+    elif isinstance(fn, types.MethodType):
+        parts.append(code_fingerprint(fn.__func__))
+    elif isinstance(fn, types.FunctionType):
+        parts += [
+            _code(fn.__code__),
+            stable_value(fn.__defaults__),
+            stable_value(fn.__kwdefaults__),
+        ]
+    elif not isinstance(fn, types.BuiltinFunctionType | types.BuiltinMethodType):
+        call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
+        if isinstance(call, types.FunctionType):
+            parts.append(code_fingerprint(call))
+    text = repr(parts)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
 def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:

@@ -22,6 +22,7 @@ from .code import function_fingerprint, stable_value
 __all__ = [
     "call_hash",
     "canonical_json",
+    "provider_identity",
     "function_key",
     "json_value",
     "qualname",
@@ -151,13 +152,25 @@ def qualname(fn: Any) -> str:
 
 
 def json_value(value: Any) -> str | None:
-    """``value`` as JSON when it comes back equal (so replay returns what the function
-    did: a tuple, which comes back a list, is not journaled)."""
+    """``value`` as JSON when it comes back the same, types included all the way down
+    (so replay returns what the function did: a tuple, which comes back a list, a dict
+    with int keys or a defaultdict, nested or not, is not journaled)."""
     try:
-        text = json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        return text if _same(json.loads(text), value) else None
+    except (TypeError, ValueError, RecursionError):
         return None
-    return text if json.loads(text) == value and type(json.loads(text)) is type(value) else None
+
+
+def _same(back: Any, value: Any) -> bool:
+    """Whether ``back`` (read from JSON) is ``value``, type for type."""
+    if type(back) is not type(value):
+        return False
+    if type(back) is dict:
+        return back.keys() == value.keys() and all(_same(back[k], value[k]) for k in back)
+    if type(back) is list:
+        return len(back) == len(value) and all(map(_same, back, value))
+    return bool(back == value)
 
 
 def function_key(spec: NodeSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
@@ -175,7 +188,20 @@ def function_key(spec: NodeSpec, args: Sequence[Any], kwargs: Mapping[str, Any])
     )
 
 
-def workflow_key(workflow: Workflow, providers: list[tuple[str, str, str]]) -> str:
+def provider_identity(key: str, provider: Any) -> list[Any]:
+    """What of a provider a run's key holds: its backend, model, the server it talks to
+    and the fields it adds to every request (``base_url``, ``extra_body``), so that a
+    journal never answers one server's or setting's run with another's replies."""
+    return [
+        key,
+        provider.name,
+        provider.model,
+        getattr(provider, "base_url", None),
+        stable_value(getattr(provider, "extra_body", None) or {}),
+    ]
+
+
+def workflow_key(workflow: Workflow, providers: list[list[Any]]) -> str:
     """The run key of a workflow: its nodes (ids, kinds, dependencies, prompts, models,
     parameters, functions by qualified name) and the engine's providers.
 

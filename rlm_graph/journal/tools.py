@@ -9,14 +9,15 @@ and records a new one with one list append.
 from __future__ import annotations
 
 import functools
-import json
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from ..graph import NodeKind, NodeRecord, NodeStatus
-from .keys import value_hash
+from .code import code_fingerprint, stable_value
+from .keys import json_value, value_hash
 
-__all__ = ["MISSING", "NOT_JOURNALED", "JournaledTool", "seed_code"]
+__all__ = ["MISSING", "NOT_JOURNALED", "JournaledTool", "seed_code", "tools_key"]
 
 MISSING: Any = object()
 """What a journal answers for a tool call it holds no result for."""
@@ -62,10 +63,9 @@ class JournaledTool:
         if stored is not MISSING:
             return stored
         value = self.fn(*args, **kwargs)
-        try:
-            text = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):
-            return value  # JSON cannot hold it: the tool runs again on resume
+        text = json_value(value)
+        if text is None:  # JSON cannot give it back as it is: the tool runs again on resume
+            return value
         journal.record_tool(
             NodeRecord(
                 id=node_id,
@@ -87,3 +87,25 @@ def seed_code(key: str, block_id: str) -> str:
     block of the same run draws the same numbers in every attempt."""
     seed = int(value_hash("seed", key, block_id)[:16], 16)
     return f"__import__('random').seed({seed})"
+
+
+def tools_key(tools: Mapping[str, tuple[Any, Any]]) -> str:
+    """`tools_identity` as one hash: part of a child completion's journal key (a child is
+    replayed whole, so its tools' code and data must be what they were)."""
+    return value_hash("tools", tools_identity(tools))
+
+
+def tools_identity(tools: Mapping[str, tuple[Any, Any]]) -> list[Any]:
+    """What of a completion's custom tools its run key holds: each one's name and, for a
+    function, its code (not the state it reads: a tool's cache must not make every
+    attempt a new run), for data its value; changed tools make another run, never a
+    replay of answers computed with the old."""
+    shown = []
+    for name in sorted(tools):
+        value = tools[name][0]
+        value = value.fn if isinstance(value, JournaledTool) else value
+        if callable(value):
+            shown.append([name, "function", code_fingerprint(value)])
+        else:
+            shown.append([name, "data", stable_value(value)])
+    return shown

@@ -87,6 +87,7 @@ class CompletionBridge:
         run_child: runs an ``rlm_query``'s child completion.
         tools: the custom tools the guest calls by name.
         params: request parameters of every sub-call.
+        child_key: what else a child's journal key holds (its tools' code and data).
         block: the block now running (None between blocks).
     """
 
@@ -98,6 +99,7 @@ class CompletionBridge:
     run_child: ChildRunner
     tools: Mapping[str, Any] = field(default_factory=dict)
     params: Mapping[str, Any] | None = None
+    child_key: str = ""
     block: str | None = field(default=None, init=False)
     _finished: list[str] = field(default_factory=list, init=False)
     _calls: int = field(default=0, init=False)
@@ -305,7 +307,8 @@ class CompletionBridge:
                 child_tally.add(rec.usage, rec.cost)
 
         def journaled() -> Journaled[str]:
-            return Journaled(value_hash("rlm_call", prompt, model, self.params), replayed=replayed)
+            key = value_hash("rlm_call", prompt, model, self.params, self.child_key)
+            return Journaled(key, replayed=replayed)
 
         try:
             return await self.run.execute(

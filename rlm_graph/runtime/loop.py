@@ -44,7 +44,7 @@ from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
 from ..journal.keys import text_hash
 from ..journal.seam import Journaled
-from ..journal.tools import seed_code
+from ..journal.tools import seed_code, tools_key
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
 from ..protocol.prompts import (
@@ -242,6 +242,7 @@ class RLMRunner:
             run_child=self.child,
             tools={name: value for name, (value, _) in tools.items() if callable(value)},
             params=self.settings.sub_params,
+            child_key=tools_key(self.settings.sub_tools) if self.run.journal is not None else "",
         )
 
     def _environment(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import trio
 import trio.testing
@@ -365,3 +366,117 @@ async def test_a_resumed_run_gets_back_exactly_what_the_first_got_secrets_includ
     assert scripted(again).requests == []  # all of it from the journal
     assert second.response == first.response  # before: "the deploy id is [REDACTED]"
     assert second.replay is not None and second.replay.diverged == 0
+
+
+async def test_changed_tools_make_another_run_never_a_mixed_replay(tmp_path: Path) -> None:
+    """A child's answer computed with RATE=1 must not come back when RATE is 2: a child
+    is replayed whole, so its tools' data and code are in its key (a changed one is a
+    divergence there); the same tools again replay everything."""
+    path = str(tmp_path / "run.sqlite")
+
+    def respond(request: ChatRequest) -> str:
+        if request.depth > 0:
+            return repl("FINAL(str(RATE))")
+        if turn_number(request) == 1:
+            return repl("y = rlm_query('the rate?')\nprint(y)")
+        return repl("FINAL(y + '/' + str(RATE) + '/' + scale(1))")
+
+    def scale_one(x: int) -> str:
+        return str(x * 10)
+
+    def scale_two(x: int) -> str:
+        return str(x * 20)
+
+    answers = []
+    for rate, scale in ((1, scale_one), (2, scale_one), (2, scale_two), (2, scale_two)):
+        rlm = RLM(
+            "scripted",
+            {"respond": respond},
+            max_depth=2,
+            journal=path,
+            custom_tools={"RATE": rate, "scale": scale},
+        )
+        result = await rlm.acompletion("ctx", root_prompt="q")
+        assert result.replay is not None
+        answers.append((result.response, result.replay.live))
+    assert [answer for answer, _ in answers] == ["1/1/10", "2/2/10", "2/2/20", "2/2/20"]
+    assert answers[-1][1] == 0  # unchanged tools: nothing asked again
+
+
+async def test_a_tools_result_json_would_change_is_not_journaled(tmp_path: Path) -> None:
+    """A tuple, a dict with int keys, a nested defaultdict: JSON gives them back
+    otherwise, so the tool runs again on resume rather than hand back something else."""
+    from collections import defaultdict
+
+    path = str(tmp_path / "run.sqlite")
+    calls: list[str] = []
+
+    def fetch(kind: str) -> object:
+        calls.append(kind)
+        values = {"tuple": ("ok", 3), "int-keys": {1: "apple"}, "plain": {"n": [1, 2]}}
+        return values.get(kind, {"counts": defaultdict(int)})
+
+    code = (
+        "a = fetch('tuple'); b = fetch('int-keys'); c = fetch('nested'); d = fetch('plain')\n"
+        "FINAL(repr([a == ('ok', 3), b[1], type(c['counts']).__name__, d]))"
+    )
+    answers = []
+    for _ in range(2):
+        rlm = RLM(
+            "scripted",
+            {"respond": lambda r: repl(code)},
+            journal=path,
+            custom_tools={"fetch": {"tool": fetch, "journal": True}},
+        )
+        answers.append((await rlm.acompletion("ctx")).response)
+    assert answers[0] == answers[1] == "[True, 'apple', 'defaultdict', {'n': [1, 2]}]"
+    assert calls == ["tuple", "int-keys", "nested", "plain", "tuple", "int-keys", "nested"]
+
+
+def test_another_server_or_extra_body_is_another_run(tmp_path: Path) -> None:
+    """The journal never answers one server's (or one setting's) run with another's
+    replies: base_url and extra_body are in the run's key."""
+    from rlm_graph.testing import FakeOpenAIServer
+
+    path = str(tmp_path / "run.sqlite")
+    reply = "```repl\nanswer['content'] = 'done'; answer['ready'] = True\n```"
+
+    def ask(server: FakeOpenAIServer, effort: str) -> None:
+        kwargs = {"model_name": "m", "base_url": server.base_url, "stream": False}
+        kwargs["extra_body"] = {"reasoning_effort": effort}
+        RLM("vllm", kwargs, journal=path).completion("ctx")
+
+    with FakeOpenAIServer(lambda body: reply) as one, FakeOpenAIServer(lambda b: reply) as two:
+        ask(one, "low")
+        ask(one, "low")  # the same run: replayed
+        assert len(one.requests) == 1
+        ask(one, "high")
+        assert len(one.requests) == 2
+        ask(two, "high")
+        assert len(two.requests) == 1
+
+
+def test_a_function_result_json_would_change_inside_runs_again(tmp_path: Path) -> None:
+    """A result is kept only if JSON gives it back type for type, nested values too (a
+    defaultdict inside a dict came back a dict, and a downstream += failed)."""
+    from collections import defaultdict
+
+    from rlm_graph import Engine, Workflow
+
+    path = str(tmp_path / "run.sqlite")
+    runs: list[str] = []
+
+    def count() -> dict[str, object]:
+        runs.append("count")
+        return {"counts": defaultdict(int), "plain": {"a": [1, (2, 3)]}}
+
+    def bump(data: dict[str, Any]) -> int:
+        data["counts"]["unseen"] += 1
+        return int(data["counts"]["unseen"])
+
+    for _ in range(2):
+        wf = Workflow()
+        wf.function(bump, wf.function(count), id="bump", cache=False)
+        result = Engine("scripted", {"respond": lambda r: "x"}).run(wf, journal=path)
+        assert result["bump"] == 1
+    assert runs == ["count", "count"]
