@@ -41,7 +41,7 @@ def run_ls(args: argparse.Namespace) -> int:
         print(f"rlm-graph journal ls: no journal at {args.path}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        store = JournalStore(args.path)
+        store = JournalStore(args.path, read_only=True)
     except ConfigError as exc:
         return refuse("journal ls", exc)
     try:

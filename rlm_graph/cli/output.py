@@ -119,6 +119,14 @@ class Output:
             self.line(answer)
         if summary is not None and elapsed is not None:
             self.line(_usage_line(summary, elapsed), stream=sys.stderr)
+        replay = getattr(result, "replay", None)
+        if replay is not None and replay.replayed:
+            self.line(
+                f"[{replay.replayed} of {replay.replayed + replay.live + replay.diverged} calls "
+                f"replayed from the journal, {replay.tokens_saved:,} tokens not asked again; "
+                "the line above counts them too]",
+                stream=sys.stderr,
+            )
         if text is not None:
             self.line(f"rlm-graph {self.command}: {text}", stream=sys.stderr)
         return code

@@ -401,8 +401,11 @@ def rlm_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         if args.max_output_tokens < 1:
             raise ConfigError("--max-output-tokens must be at least 1")
         kwargs["sampling_args"] = {"max_tokens": args.max_output_tokens}
-    if getattr(args, "journal", None):  # `rlm-graph batch` shares these kwargs, not the flag
-        kwargs["journal"] = args.journal
+    journal = getattr(args, "journal", None)  # `rlm-graph batch` shares these, not the flag
+    if journal is not None:
+        if not journal:
+            raise ConfigError("--journal needs a file path, such as run.sqlite")
+        kwargs["journal"] = journal
     if getattr(args, "guest_read_paths", None):
         if args.environment == "local":
             raise ConfigError(

@@ -222,7 +222,7 @@ def journal_graph(path: Path, run: str | None) -> Graph:
     from ..journal import JournalStore
 
     try:
-        store = JournalStore(path)
+        store = JournalStore(path, read_only=True)
         try:
             return store.graph(store.find(run or "").key)
         finally:

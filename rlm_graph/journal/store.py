@@ -148,12 +148,19 @@ class JournalStore:
         ConfigError: the file cannot be opened, or is not a journal.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, threads: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, threads: bool = False, read_only: bool = False
+    ) -> None:
+        if not os.fspath(path):
+            raise ConfigError("journal is an empty path; give a file path such as run.sqlite")
         self.path = Path(path)
         if self.path.is_dir():
             raise ConfigError(
                 f"journal {str(self.path)!r} is a folder; give a file path such as run.sqlite"
             )
+        if read_only:
+            self._open_to_read()
+            return
         fresh = not self.path.exists()
         if fresh:
             try:
@@ -173,7 +180,25 @@ class JournalStore:
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._ensure_schema()
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"cannot open journal {str(self.path)!r}: {exc}") from None
+            raise ConfigError(f"cannot open journal {str(self.path)!r}: {_fix(exc)}") from None
+
+    def _open_to_read(self) -> None:
+        """Open for reading only (``journal ls``, ``trace export``, ``report``): a
+        journal this user may read but not write, and nothing written to any file."""
+        if not self.path.is_file():
+            raise ConfigError(f"no journal at {str(self.path)!r}")
+        try:
+            self._db = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+            )
+            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"cannot read journal {str(self.path)!r}: {_fix(exc)}") from None
+        if version != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{str(self.path)!r} is not an rlm-graph journal of format {SCHEMA_VERSION} "
+                f"(its format: {version or 'none'})"
+            )
 
     def _use_wal(self) -> None:
         """Switch a new file to WAL. SQLite answers "locked" at once, without waiting on
@@ -404,3 +429,16 @@ class _Transaction:
 
     def __exit__(self, kind: object, *rest: object) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def _fix(exc: sqlite3.DatabaseError) -> str:
+    """SQLite's reason, with what to do about it."""
+    said = str(exc)
+    if "malformed" in said or "not a database" in said:
+        return f"{said}: the file is damaged or not a journal; give a new file name"
+    if "readonly" in said or "unable to open" in said:
+        return (
+            f"{said}: this user cannot write it or its folder (a run's journal is written "
+            "as it goes); check their modes, or give another path"
+        )
+    return said

@@ -645,3 +645,14 @@ def test_a_collector_that_is_down_is_one_line_not_the_exporters_retries(tmp_path
     assert "Transient error" not in done.stderr and "Failed to export" not in done.stderr
     warnings = [line for line in done.stderr.splitlines() if "could not be sent" in line]
     assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0]
+
+
+def test_a_resumed_run_says_what_came_from_the_journal(text_file: Path, tmp_path: Path) -> None:
+    journal = tmp_path / "run.sqlite"
+    with FakeOpenAIServer(lambda body: FIRST_TURN) as server:
+        args = run_args(server, text_file, "--journal", str(journal), "--max-iterations", "2")
+        first, second = rlm_graph(*args), rlm_graph(*args)
+        empty = rlm_graph(*run_args(server, text_file, "--journal", ""))
+    assert "replayed from the journal" not in first.stderr
+    assert "calls replayed from the journal" in second.stderr
+    assert empty.returncode == 2 and "--journal needs a file path" in empty.stderr

@@ -88,3 +88,23 @@ def test_bad_journal_arguments_exit_2_with_a_reason(
     assert "no runs yet" in capsys.readouterr().out
     assert main(["trace", "export", str(empty), "--run", "abc"]) == 2
     assert "no run whose key starts with 'abc'" in capsys.readouterr().err
+
+
+def test_reading_a_journal_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """journal ls and trace export open the file read-only: an empty file or another
+    SQLite database is refused and left as it was (ls once wrote a schema into it)."""
+    import sqlite3
+
+    empty = tmp_path / "empty.sqlite"
+    empty.write_bytes(b"")
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE t (x)")
+    before = other.read_bytes()
+    assert main(["journal", "ls", str(empty)]) == 2
+    assert main(["trace", "export", str(other)]) == 2
+    assert empty.read_bytes() == b"" and other.read_bytes() == before
+    err = capsys.readouterr().err
+    assert "is not an rlm-graph journal" in err and "Traceback" not in err
