@@ -159,6 +159,11 @@ class JournalLookup:
             return MISSING
         if stored.hash != request or stored.value is None:
             self.diverged_at = node_id
+            logger.warning(
+                "journal: the arguments of tool call %s differ from its record; "
+                "the run goes live from here",
+                node_id,
+            )
             return MISSING
         self.tools_replayed += 1
         return json.loads(stored.value)

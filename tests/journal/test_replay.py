@@ -480,3 +480,26 @@ def test_a_function_result_json_would_change_inside_runs_again(tmp_path: Path) -
         result = Engine("scripted", {"respond": lambda r: "x"}).run(wf, journal=path)
         assert result["bump"] == 1
     assert runs == ["count", "count"]
+
+
+async def test_a_journaled_tool_called_otherwise_diverges_and_says_so(
+    tmp_path: Path, caplog: Any
+) -> None:
+    path = str(tmp_path / "run.sqlite")
+    calls: list[str] = []
+
+    def fetch(symbol: str) -> str:
+        calls.append(symbol)
+        return f"price of {symbol}"
+
+    def respond(request: ChatRequest) -> str:
+        return repl("FINAL(fetch(SYMBOL))")
+
+    for symbol in ("AAPL", "MSFT"):
+        tools = {"fetch": {"tool": fetch, "journal": True}, "SYMBOL": symbol}
+        result = await RLM(
+            "scripted", {"respond": respond}, custom_tools=tools, journal=path
+        ).acompletion("ctx")
+    assert result.response == "price of MSFT" and calls == ["AAPL", "MSFT"]
+    assert result.replay is not None and result.replay.diverged_at == "turn-1/block-1/tool-1"
+    assert any("tool call turn-1/block-1/tool-1 differ" in r.getMessage() for r in caplog.records)
