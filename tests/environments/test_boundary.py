@@ -350,32 +350,23 @@ async def test_a_call_or_answer_over_the_message_cap_is_the_blocks_error_not_a_d
     assert not any(r.messages[-1].content.startswith("y" * 100) for r in scripted(rlm).requests)
 
 
-@pytest.mark.parametrize("environment", ["local", "subprocess"])
-async def test_a_schema_nested_past_the_stack_is_refused_by_name(environment: str) -> None:
-    code = (
-        "d = c = {}\n"
-        "for _ in range(5000):\n"
-        "    c['items'] = {}\n"
-        "    c = c['items']\n"
-        "try:\n"
-        "    llm_query('x', schema=d)\n"
-        "except TypeError as exc:\n"
-        "    FINAL(str(exc))"
-    )
-    rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment=environment)
-    result = await rlm.acompletion("ctx")
-    assert "nests deeper" in result.response and "flatten it" in result.response
-    assert "RecursionError" not in result.response
+DEEP_SCHEMA = "schema = c = {}\nfor _ in range(5000):\n    c['items'] = {}\n    c = c['items']\n"
+NAN_SCHEMA = "schema = {'type': 'number', 'maximum': float('nan')}\n"
 
 
 @pytest.mark.parametrize("environment", ["local", "subprocess"])
-async def test_a_schema_holding_nan_is_refused_alike_in_both_environments(environment: str) -> None:
-    code = (
-        "try:\n"
-        "    llm_query('x', schema={'type': 'number', 'maximum': float('nan')})\n"
-        "except TypeError as exc:\n"
-        "    FINAL(str(exc))"
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [(DEEP_SCHEMA, "nests deeper"), (NAN_SCHEMA, "JSON data only")],
+    ids=["nested-past-the-stack", "holding-nan"],
+)
+async def test_a_schema_python_or_json_cannot_hold_is_refused_alike(
+    environment: str, build: str, says: str
+) -> None:
+    """Not a RecursionError from json, and NaN refused in local as in subprocess."""
+    code = build + (
+        "try:\n    llm_query('x', schema=schema)\nexcept TypeError as exc:\n    FINAL(str(exc))"
     )
     rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment=environment)
     result = await rlm.acompletion("ctx")
-    assert "JSON data only" in result.response
+    assert says in result.response and "RecursionError" not in result.response
