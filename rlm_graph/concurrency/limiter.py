@@ -43,7 +43,7 @@ __all__ = [
 
 class RateLimiter:
     """Requests-per-minute and tokens-per-minute buckets for one provider, on trio's
-    clock (the arithmetic is `RateBucket`'s)."""
+    clock (the arithmetic is `RateBucket`'s): one loop's (a test's virtual clock)."""
 
     def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
         self.rpm = rpm
@@ -57,12 +57,49 @@ class RateLimiter:
             return
         # The lock keeps waiters in arrival order: no request starves behind later ones.
         async with self._lock:
-            while (wait := self._bucket.take_or_wait(tokens, trio.current_time())) > 0:
+            while (wait := self._take(tokens)) > 0:
                 await trio.sleep(wait)
+
+    def _take(self, tokens: int) -> float:
+        return self._bucket.take_or_wait(tokens, trio.current_time())
 
     def settle(self, estimated: int, actual: int) -> None:
         """Correct the token bucket once the real usage of a request is known."""
         self._bucket.settle(estimated, actual)
+
+
+class SharedRateLimiter(RateLimiter):
+    """`RateLimiter` for every trio loop of the process (sync ``completion()`` calls, one
+    after another or from threads, each run a loop of their own): one bucket on the
+    process's monotonic clock, behind a thread lock; each loop keeps its own waiters in
+    arrival order."""
+
+    def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
+        super().__init__(rpm, tpm)
+        self._shared = threading.Lock()
+        self._orders: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, trio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def acquire(self, tokens: int = 0) -> None:
+        if not self._bucket.limited:
+            return
+        token = trio.lowlevel.current_trio_token()
+        with self._shared:
+            order = self._orders.get(token)
+            if order is None:
+                order = self._orders[token] = trio.Lock()
+        async with order:
+            while (wait := self._take(tokens)) > 0:
+                await trio.sleep(wait)
+
+    def _take(self, tokens: int) -> float:
+        with self._shared:
+            return self._bucket.take_or_wait(tokens, time.monotonic())
+
+    def settle(self, estimated: int, actual: int) -> None:
+        with self._shared:
+            self._bucket.settle(estimated, actual)
 
 
 class _Waiter:
@@ -304,8 +341,9 @@ class InProcessLimiter:
     """The default `SharedLimiter`: one process, any number of trio loops (threads).
 
     The concurrency limit is a `SharedGate` per provider, counted across loops; its
-    ``adaptive`` gate finds the provider's limit (docs/limits.md). Rate buckets run on
-    trio's clock, which belongs to one loop, so each loop has its own.
+    ``adaptive`` gate finds the provider's limit (docs/limits.md). Rate buckets are
+    shared too, on the process's clock (`SharedRateLimiter`); a loop run on a test's
+    virtual clock (trio's ``MockClock``) has its own, on that clock.
     """
 
     def __init__(self) -> None:
@@ -314,6 +352,7 @@ class InProcessLimiter:
         self._rates: weakref.WeakKeyDictionary[trio.lowlevel.TrioToken, dict[str, RateLimiter]] = (
             weakref.WeakKeyDictionary()
         )
+        self._shared_rates: dict[str, SharedRateLimiter] = {}
 
     def adaptive(self, key: str, initial: int | None, ceiling: int) -> SharedGate:
         """The gate of provider ``key`` (made on first use): its limit starts at
@@ -336,6 +375,12 @@ class InProcessLimiter:
         return _GateUse(self.adaptive(key, None, capacity))
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateLimiter:
+        if type(trio.lowlevel.current_clock()).__name__ != "MockClock":  # no trio.testing
+            with self._lock:
+                shared = self._shared_rates.get(key)
+                if shared is None:
+                    shared = self._shared_rates[key] = SharedRateLimiter(rpm, tpm)
+            return shared
         token = trio.lowlevel.current_trio_token()
         rates = self._rates.get(token)
         if rates is None:

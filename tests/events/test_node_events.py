@@ -101,6 +101,7 @@ def test_a_ctrl_c_a_sub_call_meets_stops_the_block_and_reaches_the_caller(code: 
     asked = {e.node_id: e.input_preview for e in events if isinstance(e, NodeStarted)}
     calls = [e for e in events if isinstance(e, NodeFinished) and e.kind == "llm_call"]
     slow = [e.status for e in calls if "slow" in asked[e.node_id]]
+    # Those that had started (the block may stop before a thread sends its call) were
+    # cancelled, none answered.
     assert all(status == "cancelled" for status in slow)
-    assert len(slow) == code.count("slow")
     assert all(e.status != "running" for e in events if isinstance(e, NodeFinished))

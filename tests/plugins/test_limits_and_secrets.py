@@ -97,3 +97,23 @@ async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixt
     assert "retrying" in sources["log text"]
     assert [name for name, text in sources.items() if KEY in text] == []
     assert any(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.requests)
+
+
+def test_requests_per_minute_holds_across_sync_completions() -> None:
+    """Each sync completion runs a trio loop of its own; the rate buckets are the
+    engine's, not a loop's: a second completion does not get a fresh minute."""
+    from rlm_graph import RLM
+    from rlm_graph.testing import FakeOpenAIServer
+
+    code = "```repl\nFINAL(' '.join(llm_query_batched(['a', 'b', 'c', 'd', 'e'])))\n```"
+    with FakeOpenAIServer(lambda body: code if "repl" in str(body) else "x") as server:
+        rlm = RLM(
+            "vllm",
+            {"model_name": "m", "base_url": server.base_url, "requests_per_minute": 6},
+            max_timeout=1.0,
+        )
+        first = rlm.completion("ctx")  # six requests: the minute's whole allowance
+        second = rlm.completion("ctx")  # the next request waits ten seconds
+        sent = len(server.requests)
+    assert first.stop_reason is None and first.response == "x x x x x"
+    assert second.stop_reason == "max_timeout" and sent == 6
