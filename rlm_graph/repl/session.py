@@ -526,8 +526,11 @@ class ReplSession:
         code: plain data (text, numbers, lists and dicts of them) as text; another value
         as the last block left it (its text was taken then), else named by its type."""
         content = self.answer.get("content")
-        if _plain(content, [10_000]):
-            return "" if not content else str(content)
+        try:  # the block may still be changing it; a huge int has no text (ValueError)
+            if _plain(content, [10_000], 0):
+                return "" if not content else str(content)
+        except Exception:  # noqa: BLE001 - then as for any other value
+            pass
         taken, text = self._answer_text
         if taken is content:
             return text
@@ -548,20 +551,22 @@ def _described(exc: BaseException) -> str:
         return f"{type(exc).__name__}: <its message could not be made text>"
 
 
-def _plain(value: Any, budget: list[int]) -> bool:
+def _plain(value: Any, budget: list[int], depth: int) -> bool:
     """Whether ``value`` is data whose truth and text run no code of the model's: None,
     str, int, float, bool, and lists, tuples and dicts of them (at most ``budget[0]``
-    items in all, a cycle never ending the walk before the budget does)."""
+    items in all and 20 levels deep, a cycle never ending the walk before the budget)."""
     budget[0] -= 1
-    if budget[0] < 0:
+    if budget[0] < 0 or depth > 20:
         return False
     kind = type(value)
     if value is None or kind in (str, int, float, bool):
         return True
     if kind in (list, tuple):
-        return all(_plain(item, budget) for item in value)
+        return all(_plain(item, budget, depth + 1) for item in value)
     if kind is dict:
-        return all(_plain(k, budget) and _plain(v, budget) for k, v in value.items())
+        return all(
+            _plain(k, budget, depth + 1) and _plain(v, budget, depth + 1) for k, v in value.items()
+        )
     return False
 
 

@@ -326,8 +326,19 @@ def test_an_answer_whose_text_never_ends_is_stopped_by_the_limits(method: str) -
     assert done.stdout.startswith("max_timeout | ") and "is of type E" in done.stdout
 
 
-def test_a_partial_answer_of_plain_data_is_its_text_even_when_the_block_was_cut() -> None:
-    code = "answer['content'] = [1, {'two': 2.0}, None]\nwhile True:\n    pass"
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [
+        ("[1, {'two': 2.0}, None]", "[1, {'two': 2.0}, None]"),
+        # too deep to walk, an int too long for text: named, never a crash of the run
+        ("x = 'leaf'\nfor _ in range(3000):\n    x = [x]\nanswer['content'] = x", "of type list"),
+        ("[10 ** 5000]", "of type list"),
+    ],
+    ids=["plain", "deep", "huge-int"],
+)
+def test_a_partial_answer_of_a_cut_block_is_its_text_or_named(content: str, shown: str) -> None:
+    setting = content if "answer" in content else f"answer['content'] = {content}"
+    code = setting + "\nwhile True:\n    pass"
     rlm = RLM(
         "scripted",
         {"respond": root_and_sub([repl(code)])},
@@ -336,7 +347,7 @@ def test_a_partial_answer_of_plain_data_is_its_text_even_when_the_block_was_cut(
     )
     result = rlm.completion("ctx")
     assert result.stop_reason == "max_timeout"
-    assert result.response == "[1, {'two': 2.0}, None]"
+    assert shown in result.response
 
 
 @pytest.mark.parametrize(
