@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .contracts import ChatRequest, lacking
-from .errors import ConfigError, PluginError, config_error
+from .errors import ConfigError, PluginError, checked_flag, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
 from .journal.tools import JournaledTool
@@ -190,8 +190,7 @@ def check_loop_options(
 
 
 def check_direct(direct_if_fits: Any, share: Any, persistent: bool) -> None:
-    if not isinstance(direct_if_fits, bool):
-        raise ConfigError("direct_if_fits must be True or False")
+    checked_flag("direct_if_fits", direct_if_fits)
     if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
         raise ConfigError(
             f"direct_share must be a share of the root model's window in (0, 1], not {share!r}"

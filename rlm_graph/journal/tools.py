@@ -90,16 +90,10 @@ def seed_code(key: str, block_id: str) -> str:
 
 
 def tools_key(tools: Mapping[str, tuple[Any, Any]]) -> str:
-    """`tools_identity` as one hash: part of a child completion's journal key (a child is
-    replayed whole, so its tools' code and data must be what they were)."""
-    return value_hash("tools", tools_identity(tools))
-
-
-def tools_identity(tools: Mapping[str, tuple[Any, Any]]) -> list[Any]:
-    """What of a completion's custom tools its run key holds: each one's name and, for a
-    function, its code (not the state it reads: a tool's cache must not make every
-    attempt a new run), for data its value; changed tools make another run, never a
-    replay of answers computed with the old."""
+    """A completion's custom tools as one hash, part of a child completion's journal key
+    (a child is replayed whole, so its tools must be what they were): each one's name
+    and, for a function, its code (not the state it reads: a tool's cache must not change
+    the key), for data its value."""
     shown = []
     for name in sorted(tools):
         value = tools[name][0]
@@ -108,4 +102,4 @@ def tools_identity(tools: Mapping[str, tuple[Any, Any]]) -> list[Any]:
             shown.append([name, "function", code_fingerprint(value)])
         else:
             shown.append([name, "data", stable_value(value)])
-    return shown
+    return value_hash("tools", shown)

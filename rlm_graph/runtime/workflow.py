@@ -102,7 +102,10 @@ async def run_workflow(run: Run, op: WorkflowRun) -> None:
     done = {spec.id: trio.Event() for spec in op.workflow}
     records: dict[str, NodeRecord] = {}
     for spec in op.workflow:
-        record = NodeRecord(id=spec.id, kind=spec.kind, model=spec.model)
+        # Where a model node's call goes is known now: its start event and its span (a
+        # skipped node's too) say it; its prompt only once it runs.
+        routed = run.router.route(spec.model, 0).model if spec.kind == NodeKind.LLM_CALL else None
+        record = NodeRecord(id=spec.id, kind=spec.kind, model=routed)
         records[spec.id] = run.graph.add(record, after=spec.deps)
     threads = trio.CapacityLimiter(FUNCTION_THREADS)
 
@@ -127,8 +130,6 @@ async def _run_node(
         return  # a dependency was cancelled: so is this node (the run is stopping)
     failed = [dep for dep in spec.deps if dep in outcome.failures]
     if failed and not spec.receive_failures:
-        if spec.kind == NodeKind.LLM_CALL:  # its span names the model it would call
-            record.model = run.router.route(spec.model, record.depth).model
         await run.execute(record, _skip(outcome, spec.id, failed[0]), added=True)
         return
     args, kwargs = spec.arguments(lambda dep: outcome.value(dep, run.graph))
@@ -195,9 +196,6 @@ def _model_call(
     """A model node's body and journal key, over one `ModelCall` made on first use
     inside the node (so that a prompt function that fails fails its node)."""
     made: list[ModelCall] = []
-    # Where the call goes is known now: the node's start event says it (its prompt, a
-    # function of its inputs, only once the node runs).
-    record.model = run.router.route(spec.model, record.depth).model
 
     def call() -> ModelCall:
         if not made:
