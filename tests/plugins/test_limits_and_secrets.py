@@ -117,3 +117,31 @@ def test_requests_per_minute_holds_across_sync_completions() -> None:
         sent = len(server.requests)
     assert first.stop_reason is None and first.response == "x x x x x"
     assert second.stop_reason == "max_timeout" and sent == 6
+
+
+def test_requests_per_minute_holds_across_threads_at_once() -> None:
+    """Two threads' sync completions at the same moment draw on one bucket."""
+    import threading
+
+    from rlm_graph import RLM
+    from rlm_graph.testing import FakeOpenAIServer
+
+    code = "```repl\nFINAL(' '.join(llm_query_batched(['a', 'b', 'c'])))\n```"
+    with FakeOpenAIServer(lambda body: code if "repl" in str(body) else "x") as server:
+        rlm = RLM(
+            "vllm",
+            {"model_name": "m", "base_url": server.base_url, "requests_per_minute": 6},
+            max_timeout=1.5,
+        )
+        stops: list[str | None] = []
+        threads = [
+            threading.Thread(target=lambda: stops.append(rlm.completion("ctx").stop_reason))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        sent = len(server.requests)
+    assert sent == 6  # 8 asked, the minute's 6 allowed
+    assert len(stops) == 2 and "max_timeout" in stops  # whoever waited for the next minute
