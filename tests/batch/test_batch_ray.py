@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import sqlite3
 import tempfile
 import threading
 import time
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 
 from rlm_graph import run_batch
+from rlm_graph.errors import ConfigError
+from rlm_graph.journal import JournalStore
 from rlm_graph.testing import last_user_message
 from tests.support.batch import (
     KEY,
@@ -161,26 +162,29 @@ class SlowKillingServer(KillingServer):
         super().__init__(victim, **kwargs)
         self.journal = journal
         self.question = question
+        self.waited_for_journal = False
 
     def _root_turn_journaled(self) -> bool:
         if not self.journal.exists():
             return False
-        with closing(sqlite3.connect(self.journal, timeout=5)) as db:
-            try:
-                row = db.execute(
-                    "SELECT count(*) FROM nodes JOIN runs ON nodes.run = runs.number "
-                    "WHERE runs.label LIKE ? AND nodes.id = 'turn-1'",
-                    (f"%{self.question}%",),
-                ).fetchone()
-            except sqlite3.OperationalError:  # the tables are not there yet
-                return False
-        return bool(row[0])
+        try:
+            store = JournalStore(self.journal, read_only=True)
+        except ConfigError:  # not made yet, or its format not written yet
+            return False
+        try:
+            return any(
+                self.question in run.label and "turn-1" in store.load(run.key)
+                for run in store.runs()
+            )
+        finally:
+            store.close()
 
     def _respond(self, body: dict[str, Any]) -> Any:
         prompt = last_user_message(body)
         if not is_root_turn(body) and prompt.startswith(self.victim + "-") and not self.killed:
             for _ in range(600):  # at most 30 s; the kill and the assertions follow either way
                 if self._root_turn_journaled():
+                    self.waited_for_journal = True
                     break
                 time.sleep(0.05)
         return super()._respond(body)
@@ -194,6 +198,7 @@ def test_with_a_journal_the_retried_completion_does_not_pay_again_for_its_root_t
         kwargs = {**rlm_kwargs(server, max_concurrent=2), "journal": str(journal)}
         results = {r.id: r for r in run_batch(items(4), kwargs, concurrency=2, executor="ray")}
     assert len(server.killed) == 1
+    assert server.waited_for_journal, "the kill came before the root turn was journaled"
     assert all(r.ok and r.answer == expected(r.id) for r in results.values()), [
         (r.id, r.ok, r.answer, r.error, r.attempts) for r in results.values()
     ]
