@@ -36,6 +36,12 @@ MAX_BODY = 64 * 1024 * 1024
 or decoded: a reply is kilobytes, a server sending more is broken or hostile, and the
 engine's memory is not its to fill."""
 
+FLOWING = 16 * 1024
+"""A paced read (`ResponseStream`) that brought this many bytes or more is followed by
+the next at once, not at the next tick: a reply coming faster than about 160 KB a tick
+(a very fast model, a whole reply sent at once) is read at the speed it comes, and each
+of those reads still takes many tokens."""
+
 
 class Connection(Protocol):
     """A connection of the transport, with the response being read on it."""
@@ -49,7 +55,7 @@ class Reader(Protocol):
 
     async def _receive(self, conn: Any, timeout: float | None) -> int: ...
 
-    def _receive_now(self, conn: Any) -> bool: ...
+    def _receive_now(self, conn: Any) -> int | None: ...
 
     async def _release(self, conn: Any) -> None: ...
 
@@ -65,6 +71,8 @@ class ResponseStream(httpx.AsyncByteStream):
     one each. Those reads fall on the multiples of ``pace`` on trio's clock (`pacing.next_tick`),
     the same instants for every stream of the run, and one timer wakes them all
     (`pacing.ticker`): streams read at once cost the run loop one wake-up, not one each.
+    A read that brought `FLOWING` bytes or more is followed by the next at once: pacing
+    never caps how fast a reply can come.
     """
 
     def __init__(
@@ -129,12 +137,16 @@ class _BodyReader:
                 await ticker(pace).wait_until(self._next_read)
                 # Just woken (a checkpoint): the socket most likely holds what came
                 # meanwhile, and taking it at once saves trio's two task switches.
-                if not stream._transport._receive_now(conn):
-                    await stream._transport._receive(conn, stream._timeout)
+                got = stream._transport._receive_now(conn)
+                if got is None:
+                    got = await stream._transport._receive(conn, stream._timeout)
             else:
-                await stream._transport._receive(conn, stream._timeout)
+                got = await stream._transport._receive(conn, stream._timeout)
             if pace:
-                self._next_read = next_tick(trio.current_time(), pace)
+                # A read of `FLOWING` bytes or more: the reply comes faster than a tick
+                # takes it, so the next read is at once (each still brings plenty).
+                flowing = got >= FLOWING
+                self._next_read = -math.inf if flowing else next_tick(trio.current_time(), pace)
         raise StopAsyncIteration
 
 

@@ -128,33 +128,44 @@ class SSEDecoder:
     format: ``event:`` and ``data:`` fields, events ended by a blank line, ``:`` comments;
     ``data`` lines of one event joined by ``"\\n"``)."""
 
-    __slots__ = ("_rest",)
+    __slots__ = ("_cr", "_pending", "_size")
 
     def __init__(self) -> None:
-        self._rest = b""
+        self._pending: list[bytes] = []  # an event's bytes so far, line ends made "\n"
+        self._size = 0  # their length
+        self._cr = False  # the last chunk ended in "\r": a "\n" first in the next is its
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
-        """The events completed by ``chunk``, in order.
+        """The events completed by ``chunk``, in order. Each byte is looked at once: an
+        event that comes in many chunks is joined when it ends, not at every chunk.
 
         Raises:
             Oversized: an event has passed `MAX_EVENT` bytes without its end.
         """
-        data = self._rest + chunk if self._rest else chunk
-        if b"\r" in data:
-            if data.endswith(b"\r"):  # its "\n" may come in the next chunk
-                self._rest = data
-                return []
-            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        end = data.rfind(b"\n\n")
-        if end < 0:
-            if len(data) > MAX_EVENT:  # each chunk joined to it: cut off, not kept on
+        if self._cr and chunk[:1] == b"\n":  # the "\n" of a "\r\n" cut in two
+            chunk = chunk[1:]
+        self._cr = chunk[-1:] == b"\r"
+        if b"\r" in chunk:
+            chunk = chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        end = chunk.rfind(b"\n\n")
+        pending = self._pending
+        if end < 0 and pending and chunk[:1] == b"\n" and pending[-1].endswith(b"\n"):
+            end = -1  # the blank line falls between the two chunks
+        elif end < 0:
+            if chunk:
+                pending.append(chunk)
+                self._size += len(chunk)
+            if self._size > MAX_EVENT:  # cut off, not kept on
                 raise Oversized(f"an event over {MAX_EVENT // (1024 * 1024)} MiB")
-            self._rest = data
             return []
-        self._rest = data[end + 2 :]
+        head = b"".join(pending) if pending else b""
+        data = head + chunk[: max(end, 0)] if end >= 0 else head[:-1]
+        rest = chunk[end + 2 :]
+        self._pending = [rest] if rest else []
+        self._size = len(rest)
         events = []
         # Bytes that are not UTF-8 read as U+FFFD, as the event-stream format says.
-        for block in data[:end].decode("utf-8", errors="replace").split("\n\n"):
+        for block in data.decode("utf-8", errors="replace").split("\n\n"):
             if block.startswith("data: ") and "\n" not in block:  # the common one-liner
                 events.append(("message", block[6:]))
                 continue

@@ -392,22 +392,22 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
         return self._took(conn, data)
 
-    def _receive_now(self, conn: _Connection) -> bool:
+    def _receive_now(self, conn: _Connection) -> int | None:
         """`_receive` without waiting, on a plain socket that has bytes (or its end)
-        ready; False when it has none yet (or is a TLS stream): then `_receive`."""
+        ready: how many bytes came (0: the server closed the connection); None when it
+        has none yet (or is a TLS stream): then `_receive`."""
         stream = conn.stream
         if not plain(stream):
-            return False
+            return None
         try:
             data = read_now(stream.socket)  # type: ignore[attr-defined]
         except trio.ClosedResourceError:
-            return False
+            return None
         except OSError as exc:
             raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
         if data is None:
-            return False
-        self._took(conn, data)
-        return True
+            return None
+        return self._took(conn, data)
 
     def _took(self, conn: _Connection, data: bytes | bytearray) -> int:
         """What one read brought, fed to the response being read (``b""``: the server

@@ -3,7 +3,9 @@ text a sink is given across retried attempts (each once; a rewind where they dif
 
 from __future__ import annotations
 
-from rlm_graph._http.streaming import DeltaTracker, SSEDecoder
+import pytest
+
+from rlm_graph._http.streaming import MAX_EVENT, DeltaTracker, Oversized, SSEDecoder
 
 BODY = (
     b'data: {"a": 1}\n\n'
@@ -27,11 +29,31 @@ def test_events_come_out_the_same_whatever_the_chunks() -> None:
         for start in range(0, len(BODY), size):
             events += decoder.feed(BODY[start : start + size])
         assert events == EVENTS, size
-    crlf, body = SSEDecoder(), BODY.replace(b"\n", b"\r\n")
-    events = []
-    for start in range(0, len(body), 5):
-        events += crlf.feed(body[start : start + 5])
-    assert events == EVENTS
+    # Line ends as "\r\n" or a lone "\r" (each may be cut between two chunks), and a
+    # mix of all three, read the same.
+    lines = BODY.split(b"\n")
+    mixed = lines[0] + b"".join(
+        (b"\r\n", b"\n", b"\r")[i % 3] + line for i, line in enumerate(lines[1:])
+    )
+    for body in (BODY.replace(b"\n", b"\r\n"), BODY.replace(b"\n", b"\r"), mixed):
+        for size in (1, 2, 3, 5, 16, len(body)):
+            decoder, events = SSEDecoder(), []
+            for start in range(0, len(body), size):
+                events += decoder.feed(body[start : start + size])
+            assert events == EVENTS, (body, size)
+
+
+def test_an_event_in_many_chunks_is_joined_once_and_cut_off_past_its_limit() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: ") == []
+    for _ in range(100):
+        assert decoder.feed(b"y" * 1000) == []
+    assert decoder.feed(b"\n") == []
+    assert decoder.feed(b"\ndata: next\n\n") == [("message", "y" * 100_000), ("message", "next")]
+    decoder.feed(b"data: ")
+    with pytest.raises(Oversized, match="an event over 4 MiB"):
+        for _ in range(MAX_EVENT // 65536 + 1):
+            decoder.feed(b"z" * 65536)
 
 
 def _tracked() -> tuple[DeltaTracker, list[tuple[int, str]]]:

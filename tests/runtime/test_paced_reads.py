@@ -74,6 +74,29 @@ async def test_concurrent_streams_read_on_shared_ticks(
     assert all(b - a >= PACE * 0.999 for times in later for a, b in itertools.pairwise(times))
 
 
+async def test_a_reply_that_comes_faster_than_the_ticks_is_read_as_fast_as_it_comes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 4 MiB sent at once (a very fast model, a whole reply in one go): at one read of the
+    # socket per tick that was 64 reads and 6.4 s however fast it came; a read that
+    # brought plenty is followed by the next at once.
+    transport = LeanTransport()
+    piece = b"x" * 65536
+    client, server = trio.testing.memory_stream_pair()
+
+    async def serve() -> None:
+        await server.send_all(HEAD)
+        for _ in range(64):
+            await server.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
+        await server.send_all(b"0\r\n\r\n")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        pieces = await _read(transport, client)
+    assert b"".join(p for _, p in pieces) == piece * 64
+    assert trio.current_time() < PACE  # not one tick waited
+
+
 async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
