@@ -85,34 +85,60 @@ class BlockCutter:
             "Output:" label), or None; nothing after it is cut.
     """
 
-    __slots__ = ("_after", "_open", "_scan", "blocks", "committed", "diverged", "invented", "text")
+    __slots__ = (
+        "_after",
+        "_length",
+        "_line",
+        "_open",
+        "_pieces",
+        "_start",
+        "blocks",
+        "committed",
+        "diverged",
+        "invented",
+    )
 
     def __init__(self) -> None:
-        self.text = ""
+        self._pieces: list[str] = []  # the reply so far, joined when asked for (`text`)
+        self._length = 0  # its length
         self.blocks: list[str] = []
         self.committed = 0
         self.diverged = False
         self.invented: int | None = None
-        self._scan = 0  # the start of the first line not yet looked at
-        self._open: int | None = None  # where the open block's code starts, if one is open
+        self._line: list[str] = []  # the pieces of the line not yet complete
+        self._start = 0  # where that line starts in the reply
+        self._open: list[str] | None = None  # the open block's lines so far, if one is open
         self._after = False  # only blank lines since the last closing fence
+
+    @property
+    def text(self) -> str:
+        """The reply so far."""
+        if len(self._pieces) > 1:
+            self._pieces = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
 
     def feed(self, offset: int, text: str) -> list[str]:
         """Take the reply's text from ``offset`` on (a `rlm_graph.contracts.TextSink`'s
-        arguments); the blocks this cuts, in order."""
-        if offset < len(self.text):  # a retried attempt's text differs from here on
+        arguments); the blocks this cuts, in order. Each piece is looked at once, however
+        small the pieces: a reply streamed a token at a time costs its length, not its
+        length times its tokens."""
+        if offset < self._length:  # a retried attempt's text differs from here on
             if offset < self.committed:
                 self.diverged = True
                 return []
-            self.text = self.text[:offset]
-            self._scan, self._open = self.committed, None
-            self.invented, self._after = None, self.committed > 0
+            whole, committed = self.text, self.committed
+            text = whole[committed:offset] + text  # looked at again from the last cut block
+            self._pieces, self._length = [whole[:committed]], committed
+            self._line, self._start, self._open = [], committed, None
+            self.invented, self._after = None, committed > 0
         if self.diverged or self.invented is not None:
             return []
-        self.text += text
+        self._pieces.append(text)
+        self._length += len(text)
         if "\n" not in text:
+            self._line.append(text)
             return []
-        return self._cut()
+        return self._cut(text)
 
     def settled(self, reply: str) -> tuple[str, str] | None:
         """The reply to keep instead of the whole ``reply``, and the note that ends it
@@ -132,28 +158,33 @@ class BlockCutter:
             return None
         return reply[:cut] + f"[rlm-graph: {INVENTED_NOTE}]", INVENTED_NOTE
 
-    def _cut(self) -> list[str]:
+    def _cut(self, text: str) -> list[str]:
+        """The blocks the complete lines of ``text`` (just added) close."""
         cut: list[str] = []
-        text, scan = self.text, self._scan
-        end = text.find("\n", scan)
-        while end != -1:
-            line = text[scan:end]
+        *lines, rest = text.split("\n")
+        if self._line:
+            lines[0] = "".join([*self._line, lines[0]])
+        start = self._start
+        for line in lines:
+            end = start + len(line)  # where its "\n" is
             if self._open is None:
                 if self._after and line.strip():
                     self._after = False
                     if _INVENTED.fullmatch(line):
-                        self.invented = scan
-                        break
+                        self.invented = start
+                        return cut
                 if "```" in line and _OPENING.fullmatch(line):
-                    self._open = end + 1
+                    self._open = []
             elif "```" in line and _CLOSING.fullmatch(line):
-                code = text[self._open : scan].rstrip()
+                code = "\n".join(self._open).rstrip()
                 self._open, self._after = None, True
                 self.committed = end + 1
                 if code.strip():
                     self.blocks.append(code)
                     cut.append(code)
-            scan = end + 1
-            end = text.find("\n", scan)
-        self._scan = scan
+            else:
+                self._open.append(line)
+            start = end + 1
+        self._line = [rest] if rest else []
+        self._start = start
         return cut

@@ -71,6 +71,29 @@ def _check(rng: random.Random) -> None:
     assert kept[: len(seen)] == seen and len(kept) - len(seen) <= 1
 
 
+def test_a_rewound_reply_is_cut_as_the_reply_it_became() -> None:
+    # A retried attempt that agrees up to a point at or after the last cut block, then
+    # says something else: the blocks are those of the reply it became, as if it had
+    # streamed that way from the start.
+    for seed in range(600):
+        rng = random.Random(seed)
+        first, cutter = _reply(rng), BlockCutter()
+        pieces = _chunks(rng, first)
+        for chunk in pieces[: rng.randint(0, len(pieces))]:
+            cutter.feed(len(cutter.text), chunk)
+        if cutter.diverged or cutter.invented is not None:
+            continue
+        offset = rng.randint(cutter.committed, len(cutter.text))
+        became = cutter.text[:offset] + _reply(rng)
+        for i, chunk in enumerate(_chunks(rng, became[offset:])):
+            cutter.feed(offset if i == 0 else len(cutter.text), chunk)
+        fresh = BlockCutter()
+        fresh.feed(0, became)
+        assert (cutter.blocks, cutter.invented) == (fresh.blocks, fresh.invented), seed
+        if cutter.invented is None:
+            assert cutter.text == became
+
+
 def test_a_block_is_cut_when_its_closing_line_ends() -> None:
     cutter = BlockCutter()
     assert cutter.feed(0, "Let me look.\n```repl\nx = 1\n") == []
