@@ -142,6 +142,8 @@ class SSEDecoder:
         Raises:
             Oversized: an event has passed `MAX_EVENT` bytes without its end.
         """
+        if not chunk:
+            return []
         if self._cr and chunk[:1] == b"\n":  # the "\n" of a "\r\n" cut in two
             chunk = chunk[1:]
         self._cr = chunk[-1:] == b"\r"

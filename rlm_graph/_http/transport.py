@@ -109,6 +109,12 @@ class _Connection:
             await self.stream.aclose()
 
 
+def _readable(stream: trio.abc.Stream) -> bool:
+    """Whether a socket stream has bytes (or its end) to read now."""
+    sock = getattr(stream, "socket", None)
+    return sock is not None and sock.fileno() >= 0 and sock.is_readable()
+
+
 def _tls_buffered(stream: trio.SSLStream[Any]) -> bool:
     """Whether a TLS stream holds bytes it took off the socket and has not handed on: a
     record after an answer's last one, in the same TCP segment. (trio keeps undecrypted
@@ -408,6 +414,27 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if data is None:
             return None
         return self._took(conn, data)
+
+    async def _receive_waiting(self, conn: _Connection, timeout: float | None) -> int:
+        """After a paced read: what a TLS stream already has waiting, read now; how many
+        bytes. A TLS read takes one record, and a server that flushes each event sends
+        many small ones: one a tick would cap a reply at ten events a second. A plain
+        socket's one read took all there was (up to `READ_SIZE`): 0."""
+        stream = conn.stream
+        if not isinstance(stream, trio.SSLStream):
+            return 0
+        response, total = conn.response, 0
+        while (
+            total < READ_SIZE
+            and response is not None
+            and not response.done
+            and (_tls_buffered(stream) or _readable(stream.transport_stream))
+        ):
+            got = await self._receive(conn, timeout)
+            if not got:
+                break
+            total += got
+        return total
 
     def _took(self, conn: _Connection, data: bytes | bytearray) -> int:
         """What one read brought, fed to the response being read (``b""``: the server

@@ -43,6 +43,12 @@ def test_events_come_out_the_same_whatever_the_chunks() -> None:
             assert events == EVENTS, (body, size)
 
 
+def test_an_empty_chunk_between_cr_and_lf_is_nothing() -> None:
+    decoder = SSEDecoder()
+    events = [e for c in (b"data: a\r", b"", b"\ndata: b\n\n") for e in decoder.feed(c)]
+    assert events == [("message", "a\nb")]
+
+
 def test_an_event_in_many_chunks_is_joined_once_and_cut_off_past_its_limit() -> None:
     decoder = SSEDecoder()
     assert decoder.feed(b"data: ") == []

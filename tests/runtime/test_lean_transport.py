@@ -6,13 +6,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import re
-import shutil
 import socket
 import ssl
 import struct
-import subprocess
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -248,39 +245,6 @@ async def test_never_more_connections_than_the_limit() -> None:
                     nursery.start_soon(client.get, f"http://127.0.0.1:{port}/")
     assert stats["requests"] == 20
     assert stats["peak"] <= 4 and stats["connections"] <= 4
-
-
-@pytest.fixture
-def tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is needed to make a throw-away certificate")
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.load_cert_chain(cert, key)
-    client = ssl.create_default_context(cafile=str(cert))
-    return server, client
 
 
 async def test_https_over_tls(tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import ssl
 from collections.abc import AsyncIterator
 
 import pytest
@@ -95,6 +96,41 @@ async def test_a_reply_that_comes_faster_than_the_ticks_is_read_as_fast_as_it_co
         pieces = await _read(transport, client)
     assert b"".join(p for _, p in pieces) == piece * 64
     assert trio.current_time() < PACE  # not one tick waited
+
+
+@pytest.mark.parametrize("tls", [False, True])
+async def test_events_that_came_meanwhile_are_all_read_at_the_tick(
+    tls: bool,
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # 300 events of 200 bytes, each flushed on its own (each its own TLS record, as a
+    # server that flushes every token sends them), all there before the first tick: a
+    # TLS read takes one record, and one read a tick would have taken 30 s.
+    client: trio.abc.Stream
+    server: trio.abc.Stream
+    client, server = trio.testing.memory_stream_pair()
+    if tls:
+        server_ctx, client_ctx = tls_pair
+        client = trio.SSLStream(client, client_ctx, server_hostname="localhost")
+        server = trio.SSLStream(server, server_ctx, server_side=True)
+    event = b"data: " + b"t" * 192 + b"\n\n"
+
+    async def serve() -> None:
+        await server.send_all(HEAD)
+        for _ in range(300):
+            await server.send_all(b"%x\r\n%s\r\n" % (len(event), event))
+        await server.send_all(b"0\r\n\r\n")
+
+    async with trio.open_nursery() as nursery:
+        if isinstance(client, trio.SSLStream):
+            nursery.start_soon(server.do_handshake)  # type: ignore[attr-defined]
+            await client.do_handshake()
+        nursery.start_soon(serve)
+        await trio.sleep(0.01)  # every event sent before the body is read
+        pieces = await _read(LeanTransport(), client)
+    assert b"".join(p for _, p in pieces) == event * 300
+    assert trio.current_time() < 0.01 + 2 * PACE
 
 
 async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
