@@ -8,6 +8,7 @@ a plain reply and a streamed one fail the same way for the same status.
 
 from __future__ import annotations
 
+import ssl
 from types import TracebackType
 from typing import Any, Literal, NoReturn, Protocol
 
@@ -257,6 +258,14 @@ def _failure(provider: Speaker, timeout: float | None, exc: BaseException) -> Ex
     if isinstance(exc, httpx.LocalProtocolError):  # could not be written: no retry helps
         what = f"the request to {url} could not be written ({exc}); check its headers"
         return ProviderError(f"{name}: {what}", provider=name)
+    if isinstance(exc, httpx.TransportError) and (cert := _untrusted(exc)) is not None:
+        # Not retried: the same certificate comes back on every attempt.
+        what = cert.verify_message or str(cert)
+        return ProviderError(
+            f"{name}: the TLS certificate of {url} is not trusted ({what}); check base_url, "
+            "or set SSL_CERT_FILE to the bundle of the authority that signed it",
+            provider=name,
+        )
     if isinstance(exc, httpx.TransportError):
         error = ProviderError(
             f"{name}: connection to {url} failed ({type(exc).__name__}: "
@@ -267,4 +276,14 @@ def _failure(provider: Speaker, timeout: float | None, exc: BaseException) -> Ex
         )
         reason = "not sent" if isinstance(exc, RequestNotSent) else "connection"
         return AttemptFailed(error, None, reason)
+    return None
+
+
+def _untrusted(exc: BaseException) -> ssl.SSLCertVerificationError | None:
+    """The certificate check that failed a connection, wherever in its causes it is."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, ssl.SSLCertVerificationError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
     return None

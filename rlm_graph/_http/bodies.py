@@ -57,8 +57,6 @@ class Reader(Protocol):
 
     def _receive_now(self, conn: Any) -> int | None: ...
 
-    async def _receive_waiting(self, conn: Any, timeout: float | None) -> int: ...
-
     async def _release(self, conn: Any) -> None: ...
 
     async def _rest(self, conn: Any, timeout: float | None) -> bytes: ...
@@ -73,9 +71,9 @@ class ResponseStream(httpx.AsyncByteStream):
     one each. Those reads fall on the multiples of ``pace`` on trio's clock (`pacing.next_tick`),
     the same instants for every stream of the run, and one timer wakes them all
     (`pacing.ticker`): streams read at once cost the run loop one wake-up, not one each.
-    A read takes everything already there (a TLS stream's read takes one record: it
-    reads on while records are waiting), and one that brought `FLOWING` bytes or more
-    is followed by the next at once: pacing never caps how fast a reply can come.
+    A read takes everything already there (over TLS, every whole record), and one that
+    brought `FLOWING` bytes or more is followed by the next at once: pacing never caps
+    how fast a reply can come.
     """
 
     def __init__(
@@ -145,8 +143,6 @@ class _BodyReader:
                     got = await stream._transport._receive(conn, stream._timeout)
             else:
                 got = await stream._transport._receive(conn, stream._timeout)
-            if pace and got:
-                got += await stream._transport._receive_waiting(conn, stream._timeout)
             if pace:
                 # A read of `FLOWING` bytes or more: the reply comes faster than a tick
                 # takes it, so the next read is at once (each still brings plenty).

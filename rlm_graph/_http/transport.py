@@ -109,10 +109,28 @@ class _Connection:
             await self.stream.aclose()
 
 
-def _readable(stream: trio.abc.Stream) -> bool:
-    """Whether a socket stream has bytes (or its end) to read now."""
-    sock = getattr(stream, "socket", None)
-    return sock is not None and sock.fileno() >= 0 and sock.is_readable()
+def _records_waiting(stream: trio.SSLStream[Any]) -> bytes:
+    """The data of every whole TLS record ``stream`` has already taken off the socket,
+    decrypted now, without waiting (up to `READ_SIZE`). A TLS read hands over one record,
+    and a server that flushes each event of a streamed reply sends each as a record of its
+    own: read one at a time, a paced stream would take one event a tick, and a whole body
+    would cost a trip through the scheduler per record. ``b""`` when no whole record is
+    there (or this trio keeps its TLS state under other names); a failure is left for
+    trio's next read to raise."""
+    ssl_object = getattr(stream, "_ssl_object", None)
+    if not isinstance(ssl_object, ssl.SSLObject):
+        return b""
+    pieces, size = [], 0
+    while size < READ_SIZE:
+        try:
+            data = ssl_object.read(READ_SIZE - size)
+        except ssl.SSLError:  # no whole record yet (SSLWantReadError), or a failure
+            break
+        if not data:  # the server's close_notify: trio's next read says so
+            break
+        pieces.append(data)
+        size += len(data)
+    return b"".join(pieces)
 
 
 def _tls_buffered(stream: trio.SSLStream[Any]) -> bool:
@@ -207,9 +225,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
         tls = trio.SSLStream(stream, context, server_hostname=host, https_compatible=True)
         try:
             await tls.do_handshake()
-        except (trio.BrokenResourceError, ssl.SSLError) as exc:
-            await stream.aclose()
-            raise httpx.ConnectError(f"TLS handshake with {host} failed: {exc}") from exc
+        except BaseException as exc:  # a timeout or Ctrl-C too: the socket is closed
+            await trio.aclose_forcefully(stream)
+            if not isinstance(exc, (trio.BrokenResourceError, ssl.SSLError)):
+                raise
+            reason = exc if isinstance(exc, ssl.SSLError) else exc.__cause__ or exc
+            raise httpx.ConnectError(
+                f"TLS handshake with {host} failed: {reason or type(reason).__name__}"
+            ) from reason
         return tls
 
     async def _release(self, conn: _Connection) -> None:
@@ -394,6 +417,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
                     data = await read_when_ready(stream.socket)  # type: ignore[attr-defined]
                 else:
                     data = await stream.receive_some(READ_SIZE)
+                    if data and type(stream) is trio.SSLStream:
+                        data = bytes(data) + _records_waiting(stream)
             except _CONNECTION_ERRORS as exc:
                 raise httpx.ReadError(str(exc) or type(exc).__name__) from exc
         return self._took(conn, data)
@@ -414,27 +439,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if data is None:
             return None
         return self._took(conn, data)
-
-    async def _receive_waiting(self, conn: _Connection, timeout: float | None) -> int:
-        """After a paced read: what a TLS stream already has waiting, read now; how many
-        bytes. A TLS read takes one record, and a server that flushes each event sends
-        many small ones: one a tick would cap a reply at ten events a second. A plain
-        socket's one read took all there was (up to `READ_SIZE`): 0."""
-        stream = conn.stream
-        if not isinstance(stream, trio.SSLStream):
-            return 0
-        response, total = conn.response, 0
-        while (
-            total < READ_SIZE
-            and response is not None
-            and not response.done
-            and (_tls_buffered(stream) or _readable(stream.transport_stream))
-        ):
-            got = await self._receive(conn, timeout)
-            if not got:
-                break
-            total += got
-        return total
 
     def _took(self, conn: _Connection, data: bytes | bytearray) -> int:
         """What one read brought, fed to the response being read (``b""``: the server

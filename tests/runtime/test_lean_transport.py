@@ -4,12 +4,14 @@ connection loss and reuse, the connection limit, TLS, and the proxy fallback."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import gzip
 import re
 import socket
 import ssl
 import struct
 from functools import partial
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -22,7 +24,10 @@ from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import ConfigError, ProviderError, ProviderTimeout
 from rlm_graph.testing import FakeOpenAIServer
 from rlm_graph_openai import OpenAIProvider
+from tests.support.http import openai_kwargs
 from tests.support.rawhttp import plain_response, raw_server, read_request
+
+REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 
 
 async def test_keep_alive_reuses_one_connection() -> None:
@@ -264,6 +269,58 @@ async def test_https_over_tls(tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]) -
             with pytest.raises(httpx.ConnectError, match="TLS handshake"):
                 await client.get(f"https://127.0.0.1:{port}/")
     assert stats["connections"] == 2
+
+
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
+async def test_an_untrusted_certificate_is_named_and_not_retried(
+    pool: str, tls_pair: tuple[ssl.SSLContext, ssl.SSLContext]
+) -> None:
+    # The same certificate comes back on every attempt: ten handshakes and their backoff
+    # (about 40 s) bought nothing, and the lean transport's message had lost the reason.
+    server_ctx, _ = tls_pair
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        raise AssertionError("no request gets through an untrusted handshake")
+
+    async with raw_server(handler, tls=server_ctx) as (port, stats):
+        server = SimpleNamespace(base_url=f"https://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=5, http_transport=pool))
+        try:
+            with pytest.raises(ProviderError) as raised:
+                await provider.complete(REQUEST)
+        finally:
+            await provider.aclose()
+    assert "certificate" in str(raised.value) and "is not trusted" in str(raised.value)
+    assert "SSL_CERT_FILE" in str(raised.value) and not raised.value.retryable
+    assert stats["connections"] == 1
+
+
+async def test_a_handshake_cut_by_its_timeout_closes_the_socket() -> None:
+    # A server that takes the connection and never answers the TLS hello (an overloaded
+    # balancer): the connect timeout ends the handshake, and the socket is closed then,
+    # not left to the garbage collector.
+    closed = trio.Event()
+
+    async def silent(stream: trio.SocketStream) -> None:
+        while await stream.receive_some(65536):  # the hello, then nothing until the close
+            pass
+        closed.set()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        transport = LeanTransport(ssl_context=ssl.create_default_context())
+        gc.disable()  # only a close by the transport counts
+        try:
+            with pytest.raises(httpx.ConnectTimeout):
+                await transport.exchange(
+                    "GET", httpx.URL(f"https://127.0.0.1:{port}/"), [], b"", {"connect": 0.2}
+                )
+            with trio.fail_after(5):
+                await closed.wait()
+        finally:
+            gc.enable()
+        nursery.cancel_scope.cancel()
 
 
 async def test_provider_over_the_lean_transport() -> None:

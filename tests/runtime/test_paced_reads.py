@@ -133,6 +133,42 @@ async def test_events_that_came_meanwhile_are_all_read_at_the_tick(
     assert trio.current_time() < 0.01 + 2 * PACE
 
 
+async def test_an_event_is_not_held_back_by_a_tls_record_half_arrived(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Event A's record whole, then half of the next record (the rest a second later, as
+    # after a lost segment): A is handed on at its tick, not when the next record ends.
+    server_ctx, client_ctx = tls_pair
+    raw_client, raw_server = trio.testing.memory_stream_pair()
+    client = trio.SSLStream(raw_client, client_ctx, server_hostname="localhost")
+    server = trio.SSLStream(raw_server, server_ctx, server_side=True)
+    event_a = b"5\r\nA;A;A\r\n"
+    event_b = b"%x\r\n%s\r\n0\r\n\r\n" % (4000, b"b" * 4000)
+
+    async def serve() -> None:
+        await server.send_all(HEAD)
+        await trio.sleep(0.3)
+        # Each event its own record, the second cut in two on the wire (trio's own
+        # objects: its stream writes whole records only).
+        tls, outgoing = server._ssl_object, server._outgoing  # type: ignore[attr-defined]
+        tls.write(event_a)
+        first = outgoing.read()
+        tls.write(event_b)
+        second = outgoing.read()
+        await raw_server.send_all(first + second[: len(second) // 2])
+        await trio.sleep(1.0)
+        await raw_server.send_all(second[len(second) // 2 :])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(server.do_handshake)
+        await client.do_handshake()
+        nursery.start_soon(serve)
+        pieces = await _read(LeanTransport(), client)
+    assert b"".join(p for _, p in pieces) == b"A;A;A" + b"b" * 4000
+    assert [t for t, p in pieces if p.startswith(b"A;A;A")][0] < 1.0
+
+
 async def test_a_stream_cancelled_while_it_waits_leaves_the_others_on_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
