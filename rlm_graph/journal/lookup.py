@@ -9,6 +9,7 @@ diverged. The scheduler's half writes (`record`) and closes.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from .summary import ReplaySummary
 from .tools import MISSING, NOT_JOURNALED
 
 __all__ = ["JournalLookup"]
+
+_AFTER_ALL = chr(0x10FFFF)  # after every character a node id can hold: a prefix's range ends here
 
 logger = logging.getLogger("rlm_graph")
 
@@ -57,6 +60,7 @@ class JournalLookup:
         self.cost_saved = 0.0
         self.tokens_saved = 0
         self.tools_replayed = 0
+        self._ids: list[str] | None = None
 
     def record(self, record: NodeRecord, request: str, value: str | None) -> None:
         """Journal ``record`` with its request hash and ``value`` (the writer's half)."""
@@ -135,9 +139,10 @@ class JournalLookup:
         """Put the journaled nodes of the child completion of ``record`` (a replayed
         ``rlm_call``) into the run's graph, as replayed nodes; returns them."""
         prefix = record.id + "/"
-        inside = sorted(
-            (n for n in self.nodes.values() if n.id.startswith(prefix)), key=lambda n: n.seq
-        )
+        ids = self._sorted_ids()
+        first = bisect.bisect_left(ids, prefix)
+        end = bisect.bisect_left(ids, prefix + _AFTER_ALL, first)
+        inside = sorted((self.nodes[i] for i in ids[first:end]), key=lambda n: n.seq)
         inside = [
             n
             for n in inside
@@ -150,6 +155,14 @@ class JournalLookup:
                 if node.kind != NodeKind.RLM_CALL:
                     self._saved(node)
         return added
+
+    def _sorted_ids(self) -> list[str]:
+        """The journaled node ids in order, made once: a child's nodes are the range that
+        starts with its id (a replay of thousands of children looks each up in it, not
+        in every node)."""
+        if self._ids is None:
+            self._ids = sorted(self.nodes)
+        return self._ids
 
     def tool_result(self, node_id: str, request: str) -> Any:
         """The journaled result of the tool call ``node_id`` if its arguments match (a

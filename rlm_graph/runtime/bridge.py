@@ -15,7 +15,8 @@ name), and then becomes nodes of the graph:
 
 Invariants:
     - Nodes issued by a block get a ``spawn`` edge from that block; a call issued after
-      another call of the same block returned gets an ``after`` edge from it.
+      another call of the same block returned gets an ``after`` edge from it (from a
+      batch, from the last of its slots to return: the one that held it back).
     - A failed call is a string ``"[ERROR] <type>: <message>"`` in its slot, never an
       exception in the model's code; cancellation still propagates.
     - Batches run at most ``batch_max_concurrent`` slots at once; the provider limiter
@@ -101,7 +102,7 @@ class CompletionBridge:
     params: Mapping[str, Any] | None = None
     child_key: str = ""
     block: str | None = field(default=None, init=False)
-    _finished: list[str] = field(default_factory=list, init=False)
+    _finished: list[tuple[int, str]] = field(default_factory=list, init=False)
     _calls: int = field(default=0, init=False)
 
     def begin_block(self, block_id: str) -> None:
@@ -116,8 +117,17 @@ class CompletionBridge:
         return self._calls
 
     def _take_finished(self) -> list[str]:
-        after, self._finished = self._finished, []
-        return after
+        """The calls the next one comes after: those that returned since the last call
+        was issued, of each batch the last to return. A batch's slots share what they
+        came after, so the last of them holds the next call back the longest; an edge
+        from each would make a batch after a batch B x B edges (4 million for two of
+        2,000), where B say the same."""
+        last: dict[int, str] = {}
+        for ordinal, node_id in self._finished:
+            last.pop(ordinal, None)  # re-inserted: the dict keeps the order they returned in
+            last[ordinal] = node_id
+        self._finished = []
+        return list(last.values())
 
     @property
     def can_recurse(self) -> bool:
@@ -194,7 +204,7 @@ class CompletionBridge:
         try:
             return await self.run.execute(record, body, after=after, parent=self.block)
         finally:
-            self._finished.append(record.id)
+            self._finished.append((place.ordinal, record.id))
 
     async def _one(self, slot: Slot, prompt: Any, model: str | None, after: list[str]) -> Any:
         try:
@@ -276,7 +286,7 @@ class CompletionBridge:
                 journal=call.journaled if shape is None else typed,
             )
         finally:
-            self._finished.append(record.id)
+            self._finished.append((place.ordinal, record.id))
 
     async def _rlm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
         if not self.can_recurse:
@@ -315,7 +325,7 @@ class CompletionBridge:
                 record, body, after=after, parent=self.block, journal=journaled
             )
         finally:
-            self._finished.append(record.id)
+            self._finished.append((place.ordinal, record.id))
 
 
 async def _off_the_loop(check: Callable[[Any], Any], value: Any) -> Any:

@@ -115,6 +115,31 @@ async def test_sequential_calls_in_a_block_depend_on_each_other() -> None:
     assert first.id in set(result.graph.predecessors(second.id, kind="after"))
 
 
+async def test_a_batch_after_a_batch_comes_after_the_last_slot_to_return() -> None:
+    # Each slot of the second batch waited for the whole first batch: one edge from the
+    # first batch's last slot to return says so (one from each made 200 x 200 edges).
+    async def sub(request: object) -> str:
+        prompt = request.messages[-1].content  # type: ignore[attr-defined]
+        if prompt == "a3":
+            await trio.sleep(0.01)  # the last of the first batch to return
+        return prompt.upper()
+
+    code = (
+        "a = llm_query_batched([f'a{i}' for i in range(200)])\n"
+        "b = llm_query_batched([f'b{i}' for i in range(200)])\n"
+        "c = llm_query('c')\n"
+        "FINAL(a[3] + b[199] + c)"
+    )
+    result = await rlm([repl(code)], sub).acompletion("ctx")
+    assert result.response == "A3B199C"
+    graph = result.graph
+    calls = {r.input_preview: r.id for r in graph.records(NodeKind.LLM_CALL)}
+    for i in range(200):
+        assert list(graph.predecessors(calls[f"b{i}"], kind="after")) == [calls["a3"]]
+    assert len(list(graph.predecessors(calls["c"], kind="after"))) == 1
+    assert sum(kind == "after" for _, _, kind in graph.edges()) < 2 * 200 + 10
+
+
 async def test_code_that_raises_is_shown_to_the_model() -> None:
     engine = rlm([repl("1 / 0"), repl("FINAL('recovered')")])
     result = await engine.acompletion("ctx")
