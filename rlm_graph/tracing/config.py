@@ -75,6 +75,10 @@ _file_exporters: weakref.WeakKeyDictionary[TracerProvider, TraceFileExporter] = 
     weakref.WeakKeyDictionary()
 )
 
+FILE_QUEUE_SPANS = 1 << 20
+"""Spans a trace file's processor holds while its writer catches up (the SDK's default,
+2,048, drops the rest: a file trace is written whole)."""
+
 
 def configure_tracing(
     mode: TraceMode,
@@ -114,7 +118,14 @@ def configure_tracing(
     exporter = exporter or _exporter(mode, directory, formats)
     if isinstance(exporter, TraceFileExporter):
         _file_exporters[provider] = exporter
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+        # A file keeps every span: the SDK's queue of 2,048 dropped spans of a run that
+        # ended them faster than the file was written (half of a 20,000-node run's).
+        processor = BatchSpanProcessor(
+            exporter, max_queue_size=FILE_QUEUE_SPANS, max_export_batch_size=2048
+        )
+    else:
+        processor = BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
     return provider
 
 

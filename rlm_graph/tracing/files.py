@@ -167,13 +167,15 @@ def jaeger_span(span: ReadableSpan, process_id: str, scrub: Scrubber) -> dict[st
 
 
 class _JaegerTrace:
-    """The spans of one trace so far, with their processes (one per resource)."""
+    """The spans of one trace so far, with their processes (one per resource). Each span
+    is encoded once, when it comes: the file is the same document again at every batch,
+    and encoding all of it each time made a long run's trace quadratic to write."""
 
-    __slots__ = ("processes", "resource_ids", "spans", "trace_id")
+    __slots__ = ("encoded", "processes", "resource_ids", "trace_id")
 
     def __init__(self, trace_id: str) -> None:
         self.trace_id = trace_id
-        self.spans: list[dict[str, Any]] = []
+        self.encoded: list[str] = []  # each span's JSON
         self.processes: dict[str, dict[str, Any]] = {}
         self.resource_ids: dict[str, str] = {}
 
@@ -181,14 +183,14 @@ class _JaegerTrace:
     def load(cls, path: Path, trace_id: str) -> _JaegerTrace:
         found = cls(trace_id)
         data = json.loads(path.read_text(encoding="utf-8"))["data"][0]
-        found.spans = data["spans"]
+        found.encoded = [_compact(span) for span in data["spans"]]
         found.processes = data["processes"]
         for pid, process in found.processes.items():
             found.resource_ids[json.dumps(process, sort_keys=True)] = pid
         return found
 
     def add(self, span: ReadableSpan, scrub: Scrubber) -> None:
-        self.spans.append(jaeger_span(span, self._process_id(span, scrub), scrub))
+        self.encoded.append(_compact(jaeger_span(span, self._process_id(span, scrub), scrub)))
 
     def _process_id(self, span: ReadableSpan, scrub: Scrubber) -> str:
         attributes = dict(span.resource.attributes)
@@ -201,17 +203,17 @@ class _JaegerTrace:
             self.processes[pid] = process
         return pid
 
-    def document(self) -> dict[str, Any]:
-        return {
-            "data": [
-                {
-                    "traceID": self.trace_id,
-                    "spans": self.spans,
-                    "processes": self.processes,
-                    "warnings": None,
-                }
-            ]
-        }
+    def text(self) -> str:
+        """The trace's document (Jaeger's JSON), compact."""
+        return (
+            f'{{"data":[{{"traceID":{_compact(self.trace_id)},"spans":['
+            + ",".join(self.encoded)
+            + f'],"processes":{_compact(self.processes)},"warnings":null}}]}}'
+        )
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 # -- the exporter ------------------------------------------------------------------------
@@ -294,7 +296,7 @@ class TraceFileExporter(SpanExporter):
                 self._open[trace_id] = found
             for span in group:
                 found.add(span, self._scrub)
-            _replace(path, json.dumps(found.document(), separators=(",", ":")))
+            _replace(path, found.text())
             if any(span.parent is None or span.parent.is_remote for span in group):
                 del self._open[trace_id]
 
