@@ -14,9 +14,8 @@ name), and then becomes nodes of the graph:
     rlm_query_batched    -> one of those per prompt, concurrent
 
 Invariants:
-    - Nodes issued by a block get a ``spawn`` edge from that block; a call issued after
-      another call of the same block returned gets an ``after`` edge from it (from a
-      batch, from the last of its slots to return: the one that held it back).
+    - Nodes issued by a block get a ``spawn`` edge from it, and an ``after`` edge from each
+      call of the block that returned before they were issued (of a batch, its last).
     - A failed call is a string ``"[ERROR] <type>: <message>"`` in its slot, never an
       exception in the model's code; cancellation still propagates.
     - Batches run at most ``batch_max_concurrent`` slots at once; the provider limiter
@@ -64,8 +63,7 @@ def node_path(completion: str, name: str) -> str:
 
 
 ChildRunner = Callable[[str, "str | None", NodeRecord, Tally], Awaitable[str]]
-"""``runner(prompt, model, rlm_call_record, child_tally) -> answer``: runs a child
-completion as the given node."""
+"""``runner(prompt, model, rlm_call_record, child_tally) -> answer``: a child, as that node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,15 +115,10 @@ class CompletionBridge:
         return self._calls
 
     def _take_finished(self) -> list[str]:
-        """The calls the next one comes after: those that returned since the last call
-        was issued, of each batch the last to return. A batch's slots share what they
-        came after, so the last of them holds the next call back the longest; an edge
-        from each would make a batch after a batch B x B edges (4 million for two of
-        2,000), where B say the same."""
-        last: dict[int, str] = {}
-        for ordinal, node_id in self._finished:
-            last.pop(ordinal, None)  # re-inserted: the dict keeps the order they returned in
-            last[ordinal] = node_id
+        """What the next call comes after: the calls returned since the last was issued,
+        of a batch only the last to return (it held the next call back the longest; an
+        edge from each slot made a batch after a batch B x B edges)."""
+        last = {ordinal: node_id for ordinal, node_id in self._finished}
         self._finished = []
         return list(last.values())
 
