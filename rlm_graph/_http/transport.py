@@ -115,8 +115,10 @@ def _records_waiting(stream: trio.SSLStream[Any]) -> bytes:
     and a server that flushes each event of a streamed reply sends each as a record of its
     own: read one at a time, a paced stream would take one event a tick, and a whole body
     would cost a trip through the scheduler per record. ``b""`` when no whole record is
-    there (or this trio keeps its TLS state under other names); a failure is left for
-    trio's next read to raise."""
+    there (or this trio keeps its TLS state under other names).
+
+    Raises:
+        ssl.SSLError: a record that fails (a bad MAC: never read as the body's end)."""
     ssl_object = getattr(stream, "_ssl_object", None)
     if not isinstance(ssl_object, ssl.SSLObject):
         return b""
@@ -124,7 +126,7 @@ def _records_waiting(stream: trio.SSLStream[Any]) -> bytes:
     while size < READ_SIZE:
         try:
             data = ssl_object.read(READ_SIZE - size)
-        except ssl.SSLError:  # no whole record yet (SSLWantReadError), or a failure
+        except ssl.SSLWantReadError:  # no whole record yet; any other error is raised
             break
         if not data:  # the server's close_notify: trio's next read says so
             break
@@ -231,7 +233,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 raise
             reason = exc if isinstance(exc, ssl.SSLError) else exc.__cause__ or exc
             raise httpx.ConnectError(
-                f"TLS handshake with {host} failed: {reason or type(reason).__name__}"
+                f"TLS handshake with {host} failed: {str(reason) or type(reason).__name__}"
             ) from reason
         return tls
 

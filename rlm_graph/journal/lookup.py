@@ -156,6 +156,22 @@ class JournalLookup:
                     self._saved(node)
         return added
 
+    def holding_back(self, calls: list[NodeRecord]) -> list[NodeRecord]:
+        """Of the slots of one batch, in the order they returned, the one the next call
+        of their block comes after: the last to return. Replayed slots return in no
+        order of their own: theirs is the journaled one (the latest recorded end), so a
+        resumed run has the edges of the run it resumes; of a batch partly replayed, all
+        (two runs' clocks cannot say which came last)."""
+        ends = [
+            self.nodes[c.id].record.end if c.id in self.nodes and c.replayed else None
+            for c in calls
+        ]
+        if all(end is None for end in ends):
+            return calls[-1:]
+        if any(end is None for end in ends):
+            return calls
+        return [max(zip(ends, range(len(calls)), calls, strict=True))[2]]
+
     def _sorted_ids(self) -> list[str]:
         """The journaled node ids in order, made once: a child's nodes are the range that
         starts with its id (a replay of thousands of children looks each up in it, not

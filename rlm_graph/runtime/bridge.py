@@ -100,13 +100,11 @@ class CompletionBridge:
     params: Mapping[str, Any] | None = None
     child_key: str = ""
     block: str | None = field(default=None, init=False)
-    _finished: list[tuple[int, str]] = field(default_factory=list, init=False)
+    _finished: list[tuple[int, NodeRecord]] = field(default_factory=list, init=False)
     _calls: int = field(default=0, init=False)
 
     def begin_block(self, block_id: str) -> None:
-        self.block = block_id
-        self._finished = []
-        self._calls = 0
+        self.block, self._finished, self._calls = block_id, [], 0
 
     def next_ordinal(self) -> int:
         """The next call's ordinal within the current block (a batch takes one; so does
@@ -115,12 +113,14 @@ class CompletionBridge:
         return self._calls
 
     def _take_finished(self) -> list[str]:
-        """What the next call comes after: the calls returned since the last was issued,
-        of a batch only the last to return (it held the next call back the longest; an
-        edge from each slot made a batch after a batch B x B edges)."""
-        last = {ordinal: node_id for ordinal, node_id in self._finished}
-        self._finished = []
-        return list(last.values())
+        """The calls returned since the last was issued; of a batch, the last to return
+        (one edge from each slot made a batch after a batch B x B edges)."""
+        calls: dict[int, list[NodeRecord]] = {}
+        for ordinal, record in self._finished:
+            calls.setdefault(ordinal, []).append(record)
+        self._finished, journal = [], self.run.journal
+        held = (journal.holding_back(c) if journal else c[-1:] for c in calls.values())
+        return [record.id for records in held for record in records]
 
     @property
     def can_recurse(self) -> bool:
@@ -197,7 +197,7 @@ class CompletionBridge:
         try:
             return await self.run.execute(record, body, after=after, parent=self.block)
         finally:
-            self._finished.append((place.ordinal, record.id))
+            self._finished.append((place.ordinal, record))
 
     async def _one(self, slot: Slot, prompt: Any, model: str | None, after: list[str]) -> Any:
         try:
@@ -279,7 +279,7 @@ class CompletionBridge:
                 journal=call.journaled if shape is None else typed,
             )
         finally:
-            self._finished.append((place.ordinal, record.id))
+            self._finished.append((place.ordinal, record))
 
     async def _rlm(self, prompt: str, model: str | None, after: list[str], place: _Place) -> str:
         if not self.can_recurse:
@@ -318,7 +318,7 @@ class CompletionBridge:
                 record, body, after=after, parent=self.block, journal=journaled
             )
         finally:
-            self._finished.append((place.ordinal, record.id))
+            self._finished.append((place.ordinal, record))
 
 
 async def _off_the_loop(check: Callable[[Any], Any], value: Any) -> Any:

@@ -503,3 +503,31 @@ async def test_a_journaled_tool_called_otherwise_diverges_and_says_so(
     assert result.response == "price of MSFT" and calls == ["AAPL", "MSFT"]
     assert result.replay is not None and result.replay.diverged_at == "turn-1/block-1/tool-1"
     assert any("tool call turn-1/block-1/tool-1 differ" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_resumed_run_has_the_edges_of_the_run_it_resumes(tmp_path: Path) -> None:
+    # A call after a batch comes after the batch's last slot to return. Replayed slots
+    # return in the order the replay happens to finish them: the journaled ends say
+    # which was last, so the resumed graph's edges are the first run's.
+    code = "a = llm_query_batched(['slow', 'b', 'c', 'd'])\nx = llm_query('after')\nFINAL(x)"
+
+    def respond(request: ChatRequest) -> str:
+        return repl(code) if is_root_turn(request) else "sub:" + request.messages[-1].content
+
+    def latency(request: ChatRequest) -> float:
+        return 0.3 if request.messages[-1].content == "slow" else 0.01
+
+    def after_edges(result: Any) -> set[tuple[str, str]]:
+        return {(a, b) for a, b, kind in result.graph.edges() if kind == "after"}
+
+    journal = str(tmp_path / "run.sqlite")
+    runs = []
+    for _ in range(2):
+        rlm = RLM("scripted", {"respond": respond, "latency": latency}, journal=journal)
+        runs.append(await rlm.acompletion("ctx"))
+    first, resumed = runs
+    assert resumed.replay is not None and resumed.replay.replayed >= 5
+    slow = next(r.id for r in first.graph.records(NodeKind.LLM_CALL) if r.input_preview == "slow")
+    later = next(r.id for r in first.graph.records(NodeKind.LLM_CALL) if r.input_preview == "after")
+    assert (slow, later) in after_edges(first)
+    assert after_edges(resumed) == after_edges(first)

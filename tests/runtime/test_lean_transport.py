@@ -10,6 +10,8 @@ import re
 import socket
 import ssl
 import struct
+import threading
+import time
 from functools import partial
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from rlm_graph._http.bodies import read_whole
 from rlm_graph._http.transport import LeanTransport, RequestNotSent, _Connection, proxy_configured
@@ -293,6 +296,60 @@ async def test_an_untrusted_certificate_is_named_and_not_retried(
     assert "certificate" in str(raised.value) and "is not trusted" in str(raised.value)
     assert "SSL_CERT_FILE" in str(raised.value) and not raised.value.retryable
     assert stats["connections"] == 1
+
+
+async def test_a_tls_record_that_fails_its_check_is_an_error_not_the_bodys_end(
+    tls_pair: tuple[ssl.SSLContext, ssl.SSLContext],
+) -> None:
+    # A body read until the connection closes, its last record corrupt (a bad MAC): an
+    # error, never the body cut short as if the server had ended it there.
+    server_ctx, client_ctx = tls_pair
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def serve() -> None:  # stdlib TLS over its own buffers: records made by hand
+        sock, _ = listener.accept()
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = server_ctx.wrap_bio(incoming, outgoing, server_side=True)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outgoing.read())
+                incoming.write(sock.recv(65536))
+        sock.sendall(outgoing.read())
+        request = b""
+        while b"\r\n\r\n" not in request:
+            try:
+                request += tls.read(65536)
+            except ssl.SSLWantReadError:
+                incoming.write(sock.recv(65536))
+
+        def record(data: bytes) -> bytes:
+            tls.write(data)
+            return outgoing.read()
+
+        corrupt = bytearray(record(b"B" * 10))
+        corrupt[-3] ^= 0xFF
+        head = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
+        sock.sendall(record(head) + record(b"A" * 10) + bytes(corrupt))
+        time.sleep(0.5)
+        sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    transport = LeanTransport(ssl_context=client_ctx)
+    url = f"https://127.0.0.1:{listener.getsockname()[1]}/"
+    try:
+        with pytest.raises(httpx.ReadError):
+            response = await transport.handle_async_request(httpx.Request("GET", url))
+            await response.aread()
+    finally:
+        await transport.aclose()
+        thread.join(5)
+        listener.close()
 
 
 async def test_a_handshake_cut_by_its_timeout_closes_the_socket() -> None:
