@@ -34,6 +34,14 @@ async def _serve(stream: trio.abc.Stream, start: float, gap: float, count: int) 
     await stream.send_all(b"0\r\n\r\n")
 
 
+async def _send_at_once(stream: trio.abc.Stream, chunk: bytes, count: int) -> None:
+    """An answer whose body is ``count`` chunks of ``chunk``, each its own write."""
+    await stream.send_all(HEAD)
+    for _ in range(count):
+        await stream.send_all(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+    await stream.send_all(b"0\r\n\r\n")
+
+
 async def _read(transport: LeanTransport, stream: trio.abc.Stream) -> list[tuple[float, bytes]]:
     """The body of the answer on ``stream``: each piece with the instant it was read."""
     conn = _Connection(stream, ("http", "example.test", 80))
@@ -85,14 +93,8 @@ async def test_a_reply_that_comes_faster_than_the_ticks_is_read_as_fast_as_it_co
     piece = b"x" * 65536
     client, server = trio.testing.memory_stream_pair()
 
-    async def serve() -> None:
-        await server.send_all(HEAD)
-        for _ in range(64):
-            await server.send_all(b"%x\r\n%s\r\n" % (len(piece), piece))
-        await server.send_all(b"0\r\n\r\n")
-
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(serve)
+        nursery.start_soon(_send_at_once, server, piece, 64)
         pieces = await _read(transport, client)
     assert b"".join(p for _, p in pieces) == piece * 64
     assert trio.current_time() < PACE  # not one tick waited
@@ -116,17 +118,11 @@ async def test_events_that_came_meanwhile_are_all_read_at_the_tick(
         server = trio.SSLStream(server, server_ctx, server_side=True)
     event = b"data: " + b"t" * 192 + b"\n\n"
 
-    async def serve() -> None:
-        await server.send_all(HEAD)
-        for _ in range(300):
-            await server.send_all(b"%x\r\n%s\r\n" % (len(event), event))
-        await server.send_all(b"0\r\n\r\n")
-
     async with trio.open_nursery() as nursery:
         if isinstance(client, trio.SSLStream):
             nursery.start_soon(server.do_handshake)  # type: ignore[attr-defined]
             await client.do_handshake()
-        nursery.start_soon(serve)
+        nursery.start_soon(_send_at_once, server, event, 300)
         await trio.sleep(0.01)  # every event sent before the body is read
         pieces = await _read(LeanTransport(), client)
     assert b"".join(p for _, p in pieces) == event * 300
