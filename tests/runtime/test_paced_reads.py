@@ -119,8 +119,8 @@ async def test_events_that_came_meanwhile_are_all_read_at_the_tick(
     event = b"data: " + b"t" * 192 + b"\n\n"
 
     async with trio.open_nursery() as nursery:
-        if isinstance(client, trio.SSLStream):
-            nursery.start_soon(server.do_handshake)  # type: ignore[attr-defined]
+        if isinstance(client, trio.SSLStream) and isinstance(server, trio.SSLStream):
+            nursery.start_soon(server.do_handshake)
             await client.do_handshake()
         nursery.start_soon(_send_at_once, server, event, 300)
         await trio.sleep(0.01)  # every event sent before the body is read
@@ -147,7 +147,7 @@ async def test_an_event_is_not_held_back_by_a_tls_record_half_arrived(
         await trio.sleep(0.3)
         # Each event its own record, the second cut in two on the wire (trio's own
         # objects: its stream writes whole records only).
-        tls, outgoing = server._ssl_object, server._outgoing  # type: ignore[attr-defined]
+        tls, outgoing = server._ssl_object, server._outgoing
         tls.write(event_a)
         first = outgoing.read()
         tls.write(event_b)
