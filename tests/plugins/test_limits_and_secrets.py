@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 import trio
 import trio.testing
 
-from rlm_graph import Engine, Workflow
+from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.graph import NodeStatus, to_json
 from rlm_graph.runtime.slots import run_slots
 from rlm_graph.testing import FakeOpenAIServer, Reply
@@ -99,19 +101,26 @@ async def test_key_never_in_logs_errors_or_records(caplog: pytest.LogCaptureFixt
     assert any(r.headers.get("authorization") == f"Bearer {KEY}" for r in server.requests)
 
 
+def _six_a_minute(server: FakeOpenAIServer, max_timeout: float) -> RLM:
+    """A sync RLM on ``server`` allowed six requests a minute."""
+    return RLM(
+        "vllm",
+        {"model_name": "m", "base_url": server.base_url, "requests_per_minute": 6},
+        max_timeout=max_timeout,
+    )
+
+
+def _batch_of(prompts: str) -> Callable[[object], str]:
+    """The root's reply: one ``llm_query_batched`` of ``prompts``; every sub-call: "x"."""
+    code = f"```repl\nFINAL(' '.join(llm_query_batched({list(prompts)!r})))\n```"
+    return lambda body: code if "repl" in str(body) else "x"
+
+
 def test_requests_per_minute_holds_across_sync_completions() -> None:
     """Each sync completion runs a trio loop of its own; the rate buckets are the
     engine's, not a loop's: a second completion does not get a fresh minute."""
-    from rlm_graph import RLM
-    from rlm_graph.testing import FakeOpenAIServer
-
-    code = "```repl\nFINAL(' '.join(llm_query_batched(['a', 'b', 'c', 'd', 'e'])))\n```"
-    with FakeOpenAIServer(lambda body: code if "repl" in str(body) else "x") as server:
-        rlm = RLM(
-            "vllm",
-            {"model_name": "m", "base_url": server.base_url, "requests_per_minute": 6},
-            max_timeout=1.0,
-        )
+    with FakeOpenAIServer(_batch_of("abcde")) as server:
+        rlm = _six_a_minute(server, max_timeout=1.0)
         first = rlm.completion("ctx")  # six requests: the minute's whole allowance
         second = rlm.completion("ctx")  # the next request waits ten seconds
         sent = len(server.requests)
@@ -121,18 +130,8 @@ def test_requests_per_minute_holds_across_sync_completions() -> None:
 
 def test_requests_per_minute_holds_across_threads_at_once() -> None:
     """Two threads' sync completions at the same moment draw on one bucket."""
-    import threading
-
-    from rlm_graph import RLM
-    from rlm_graph.testing import FakeOpenAIServer
-
-    code = "```repl\nFINAL(' '.join(llm_query_batched(['a', 'b', 'c'])))\n```"
-    with FakeOpenAIServer(lambda body: code if "repl" in str(body) else "x") as server:
-        rlm = RLM(
-            "vllm",
-            {"model_name": "m", "base_url": server.base_url, "requests_per_minute": 6},
-            max_timeout=1.5,
-        )
+    with FakeOpenAIServer(_batch_of("abc")) as server:
+        rlm = _six_a_minute(server, max_timeout=1.5)
         stops: list[str | None] = []
         threads = [
             threading.Thread(target=lambda: stops.append(rlm.completion("ctx").stop_reason))
