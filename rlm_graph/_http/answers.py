@@ -207,13 +207,17 @@ class failures:
     def __init__(self, provider: Speaker, timeout: float | None, *, deadline: bool = False):
         self._provider = provider
         self._timeout = timeout
-        self._scope = trio.CancelScope() if deadline and timeout is not None else None
+        # Made whole here: a deadline set after construction runs one more generator
+        # context manager inside trio. A relative deadline counts from entering.
+        self._scope = (
+            trio.CancelScope(relative_deadline=timeout)
+            if deadline and timeout is not None
+            else None
+        )
 
     def __enter__(self) -> None:
-        scope = self._scope
-        if scope is not None:
-            scope.deadline = trio.current_time() + (self._timeout or 0.0)
-            scope.__enter__()
+        if self._scope is not None:
+            self._scope.__enter__()
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
