@@ -12,6 +12,7 @@ caller's trio loop and leaves them open until `aclose`.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
@@ -177,9 +178,11 @@ def _provider_problem(provider: object) -> str | None:
     for attr in ("requests_per_minute", "tokens_per_minute"):
         value = getattr(provider, attr, None)
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf  # NaN and infinity too
         ):
-            return f"{attr} must be a positive number or None, not {value!r:.60}"
+            return f"{attr} must be a positive number, or None for no limit, not {value!r:.60}"
     for attr in ("streams", "reports_cost"):
         value = getattr(provider, attr, None)
         if value is not None and not isinstance(value, bool):

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .errors import STOPS_WORKFLOW, NodeCancelled, NodeFailed, error_slot
 from .graph import (
@@ -230,9 +230,26 @@ class WorkflowResult(BaseModel):
     parallel_efficiency: float = 1.0
     leaked_threads: int = 0
     replay: ReplaySummary | None = None
+    _owner: int = PrivateAttr(default=0)  # the workflow's mark (`NodeRef.owner`)
+
+    def _key(self, node: NodeRef | str) -> str:
+        """The id ``node`` names here.
+
+        Raises:
+            KeyError: ``node`` is a handle of another workflow (ids repeat across
+                workflows, so it would stand for a node of the same name).
+        """
+        if not isinstance(node, NodeRef):
+            return node
+        if node.owner and self._owner and node.owner != self._owner:
+            raise KeyError(
+                f"{node.id!r} is a handle of another Workflow: index a result with its own "
+                "workflow's handles, or with a node id"
+            )
+        return node.id
 
     def __getitem__(self, node: NodeRef | str) -> Any:
-        key = node.id if isinstance(node, NodeRef) else node
+        key = self._key(node)
         if key in self.values:
             return self.values[key]
         error = self.exception(key)
@@ -244,9 +261,9 @@ class WorkflowResult(BaseModel):
         """What ``result[node]`` raises, or None for a node that has a value.
 
         Raises:
-            KeyError: the workflow has no such node.
+            KeyError: the workflow has no such node (or ``node`` is another's handle).
         """
-        key = node.id if isinstance(node, NodeRef) else node
+        key = self._key(node)
         if key in self.values:
             return None
         if key in self.failures or key in self.errors:
@@ -292,7 +309,8 @@ class WorkflowOutcome:
     succeeded, the errors and exceptions of those that failed or were skipped (the
     runtime's executor fills it in; `result` makes the `WorkflowResult`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: int = 0) -> None:
+        self.owner = owner  # the workflow's mark, which its result checks handles by
         self.values: dict[str, Any] = {}
         self.errors: dict[str, str] = {}
         self.failures: dict[str, BaseException] = {}
@@ -322,7 +340,7 @@ class WorkflowOutcome:
         self, graph: Graph, stop_reason: str | None, execution_time: float, leaked_threads: int
     ) -> WorkflowResult:
         path, efficiency = timing(graph)
-        return WorkflowResult(
+        made = WorkflowResult(
             values=self.values,
             errors=self.errors,
             failures=self.failures,
@@ -334,6 +352,8 @@ class WorkflowOutcome:
             parallel_efficiency=efficiency,
             leaked_threads=leaked_threads,
         )
+        made._owner = self.owner
+        return made
 
 
 def node_failure(

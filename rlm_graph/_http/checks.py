@@ -3,6 +3,7 @@ say what to pass instead (never pydantic's dump or httpx's traceback)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -83,10 +84,12 @@ def check_shapes(
         )
     for rate, value in zip(("requests_per_minute", "tokens_per_minute"), rates, strict=True):
         if value is not None and (
-            isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 < value < math.inf  # NaN and infinity too
         ):
             raise ConfigError(
-                f"{provider}: {rate} must be a positive number, or None, not {value!r}"
+                f"{provider}: {rate} must be a positive number, or None for no limit, not {value!r}"
             )
     if not isinstance(stream, bool):
         raise ConfigError(f"{provider}: stream must be True or False")

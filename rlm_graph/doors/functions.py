@@ -57,14 +57,18 @@ async def call_function(
     (``on_start`` called when it gets its thread: waiting for one is not running).
 
     Raises:
-        RuntimeError: the function called ``sys.exit()`` (a node cannot end the
-            program: it fails, and the rest of the workflow goes on).
+        RuntimeError: the function called ``sys.exit()``, or raised another exception
+            that is not an ``Exception`` (a class of its own, asyncio's
+            ``CancelledError``): a node cannot end the program or the run, it fails, and
+            the rest of the workflow goes on (trio's cancellation and Ctrl-C go on up).
     """
     if native:
         try:
             return await on_trio(fn, fn(*args, **kwargs))
-        except SystemExit as exc:
-            raise _exited(fn, exc) from None
+        except BaseException as exc:
+            if isinstance(exc, Exception) or _goes_on(exc):
+                raise
+            raise _not_an_exception(fn, exc) from None
     door = run_on_asyncio if loop == "asyncio" else run_in_thread
     if on_start is not None:
         limiter = cast(trio.CapacityLimiter, _Started(limiter, on_start))
@@ -107,8 +111,10 @@ async def run_in_thread(
     def work() -> Any:
         try:
             return fn(*args, **kwargs)
-        except SystemExit as exc:  # in a thread it would end only the thread, silently
-            raise _exited(fn, exc) from None
+        except BaseException as exc:  # sys.exit() in a thread would end only the thread
+            if isinstance(exc, Exception):
+                raise
+            raise _not_an_exception(fn, exc) from None
         finally:
             finished.set()
 
@@ -136,11 +142,29 @@ async def _unwinding(finished: threading.Event) -> None:
         await trio.to_thread.run_sync(finished.wait, _UNWIND, limiter=trio.CapacityLimiter(1))
 
 
-def _exited(fn: Callable[..., Any], exc: SystemExit) -> RuntimeError:
+def _goes_on(exc: BaseException) -> bool:
+    """Whether a trio function's ``exc`` is the run's own business (its cancellation,
+    Ctrl-C), not the node's failure."""
+    stops = (trio.Cancelled, KeyboardInterrupt, GeneratorExit)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(lambda e: isinstance(e, stops)) is not None
+    return isinstance(exc, stops)
+
+
+def _not_an_exception(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
+    """The node's error for a function that raised ``exc``, a ``BaseException`` that is
+    not an ``Exception`` (its text kept, its traceback dropped with the chain)."""
     name = getattr(fn, "__qualname__", type(fn).__name__)
+    if isinstance(exc, SystemExit):
+        return RuntimeError(
+            f"function {name!r} called sys.exit({exc.code!r}); a node cannot end the "
+            "program: raise an exception to fail the node"
+        )
+    what = type(exc).__name__ + (f"({exc})" if str(exc) else "")
+    hint = " (a task it awaited was cancelled?)" if isinstance(exc, asyncio.CancelledError) else ""
     return RuntimeError(
-        f"function {name!r} called sys.exit({exc.code!r}); a node cannot end the program: "
-        "raise an exception to fail the node"
+        f"function {name!r} raised {what}{hint}, which is not an Exception; a node cannot "
+        "end the run: it fails (raise an Exception to fail a node on purpose)"
     )
 
 
@@ -179,7 +203,12 @@ async def run_on_asyncio(
             if cancelled:  # cancelled before it could start: it never does
                 raise asyncio.CancelledError
             running.append((asyncio.get_running_loop(), task))
-        return await fn(*args, **kwargs)
+        try:
+            return await fn(*args, **kwargs)
+        except BaseException as exc:
+            if isinstance(exc, Exception) or cancelled:
+                raise
+            raise _not_an_exception(fn, exc) from None
 
     def cancel() -> None:
         with lock:

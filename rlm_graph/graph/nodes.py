@@ -55,8 +55,15 @@ class NodeStatus(str, enum.Enum):
 
 
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
-    """A short, single-purpose preview of a value for records and displays."""
-    text = value if isinstance(value, str) else repr(value)
+    """A short, single-purpose preview of a value for records and displays; a value
+    whose ``repr`` raises is named by its type (a preview never fails its node)."""
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = repr(value)
+        except Exception as exc:
+            text = f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
     if len(text) <= limit:
         return text
     return text[: limit - 1] + "…"

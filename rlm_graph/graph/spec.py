@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import io
@@ -203,7 +204,7 @@ def _resolve(value: Any, lookup: Callable[[str], Any]) -> tuple[Any, bool]:
         pairs = [(key, _resolve(item, lookup)) for key, item in value.items()]
         if not any(changed for _, (_, changed) in pairs):
             return value, False
-        return {key: item for key, (item, _) in pairs}, True
+        return _mapping_like(value, {key: item for key, (item, _) in pairs}), True
     if isinstance(value, list | tuple | set | frozenset):
         items = [_resolve(item, lookup) for item in value]
         if not any(changed for _, changed in items):
@@ -212,9 +213,42 @@ def _resolve(value: Any, lookup: Callable[[str], Any]) -> tuple[Any, bool]:
         if isinstance(value, tuple) and hasattr(value, "_make"):  # a namedtuple
             return value._make(values), True
         if isinstance(value, set | frozenset):
-            return type(value)(values) if type(value) in (set, frozenset) else set(values), True
+            return _set_like(value, values), True
         return (tuple(values) if isinstance(value, tuple) else values), True
     return value, False
+
+
+def _mapping_like(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """``items`` in a mapping of ``value``'s class where it is a dict's (a ``defaultdict``
+    keeps its default, an ``OrderedDict`` its type); a plain dict otherwise, or where
+    the class cannot be copied."""
+    if type(value) is dict or not isinstance(value, dict):
+        return items
+    try:
+        like = copy.copy(value)
+        like.clear()
+        like.update(items)
+    except Exception:
+        return items
+    return like
+
+
+def _set_like(value: set[Any] | frozenset[Any], values: list[Any]) -> Any:
+    """``values`` as a set of ``value``'s kind.
+
+    Raises:
+        TypeError: a value a set cannot hold (a dependency returned a list, say).
+    """
+    for item in values:
+        try:
+            hash(item)
+        except TypeError:
+            raise TypeError(
+                f"a {type(value).__name__} among the node's arguments cannot hold a "
+                f"{type(item).__name__} that a dependency returned (a set holds hashable "
+                "values only); pass the references in a list or a tuple instead"
+            ) from None
+    return type(value)(values) if type(value) in (set, frozenset) else set(values)
 
 
 def check_params(node_id: str, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -99,7 +99,7 @@ class Workflow:
         except ConfigError as exc:
             raise ConfigError(f"node {node_id!r}: {exc}") from None
         for name, ref in found.items():
-            if ref.owner and ref.owner != self._owner:
+            if not self._mine(ref):
                 raise GraphError(
                     f"node {node_id!r} refers to {name!r} of another Workflow; a node can "
                     "only use nodes of its own workflow: add that node to this one"
@@ -305,11 +305,26 @@ class Workflow:
     def __iter__(self) -> Iterator[NodeSpec]:
         return iter(self._specs.values())
 
+    @property
+    def owner(self) -> int:
+        """The mark this workflow's handles carry (`NodeRef.owner`)."""
+        return self._owner
+
     def __contains__(self, node: object) -> bool:
-        return (node.id if isinstance(node, NodeRef) else node) in self._specs
+        if isinstance(node, NodeRef):
+            return self._mine(node) and node.id in self._specs
+        return node in self._specs
 
     def __getitem__(self, node_id: str | NodeRef) -> NodeSpec:
-        return self._specs[node_id.id if isinstance(node_id, NodeRef) else node_id]
+        if isinstance(node_id, NodeRef):
+            if not self._mine(node_id):
+                raise KeyError(f"{node_id.id!r} is a handle of another Workflow")
+            node_id = node_id.id
+        return self._specs[node_id]
+
+    def _mine(self, ref: NodeRef) -> bool:
+        """Whether ``ref`` may name a node here: made by this workflow, or by hand."""
+        return not ref.owner or ref.owner == self._owner
 
 
 def _written_for_asyncio(fn: Callable[..., Any]) -> bool:

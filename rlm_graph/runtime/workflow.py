@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -46,6 +47,7 @@ FUNCTION_THREADS = 40
 """Worker threads a workflow's plain (and asyncio) function nodes may use at once."""
 
 Body = Callable[[NodeRecord], Awaitable[Any]]
+Inputs = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]  # a node's arguments, resolved
 
 
 class WorkflowRun:
@@ -59,7 +61,7 @@ class WorkflowRun:
     def __init__(self, workflow: Workflow, journal: JournalTarget | None) -> None:
         self.workflow = workflow
         self.journal = journal
-        self.outcome = WorkflowOutcome()
+        self.outcome = WorkflowOutcome(workflow.owner)
         self.abandoned: list[threading.Event] = []  # threads of cancelled function nodes
         self.started = time.perf_counter()
 
@@ -132,12 +134,13 @@ async def _run_node(
     if failed and not spec.receive_failures:
         await run.execute(record, _skip(outcome, spec.id, failed[0]), added=True)
         return
-    args, kwargs = spec.arguments(lambda dep: outcome.value(dep, run.graph))
+    # Resolved in the node: arguments that cannot be built fail it, not the run.
+    inputs = functools.cache(lambda: spec.arguments(lambda d: outcome.value(d, run.graph)))
     if spec.kind == NodeKind.LLM_CALL:
-        body, journal = _model_call(run, record, spec, args, kwargs)
+        body, journal = _model_call(run, record, spec, inputs)
     else:
-        body = _function(spec, args, kwargs, threads, op.abandoned)
-        journal = _function_journal(spec, args, kwargs)
+        body = _function(spec, inputs, threads, op.abandoned)
+        journal = _function_journal(spec, inputs)
     try:
         outcome.values[spec.id] = await run.execute(
             record, _tries(spec, body), added=True, journal=journal if spec.cache else None
@@ -191,7 +194,7 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
 
 
 def _model_call(
-    run: Run, record: NodeRecord, spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    run: Run, record: NodeRecord, spec: NodeSpec, inputs: Inputs
 ) -> tuple[Body, Callable[[], Journaled[str]]]:
     """A model node's body and journal key, over one `ModelCall` made on first use
     inside the node (so that a prompt function that fails fails its node)."""
@@ -199,7 +202,7 @@ def _model_call(
 
     def call() -> ModelCall:
         if not made:
-            messages = spec.messages(args, kwargs)
+            messages = spec.messages(*inputs())
             made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
         return made[0]
 
@@ -212,21 +215,15 @@ def _model_call(
     return body, lambda: call().journaled()
 
 
-def _function_journal(
-    spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
-) -> Callable[[], Journaled[Any]]:
+def _function_journal(spec: NodeSpec, inputs: Inputs) -> Callable[[], Journaled[Any]]:
     """A function node is journaled by its code, what it reads and its arguments
     (`rlm_graph.journal.keys.function_key`); its result as JSON when JSON gives it back
     equal (else it runs again on resume)."""
-    return lambda: Journaled(function_key(spec, args, kwargs), json_value, json.loads)
+    return lambda: Journaled(function_key(spec, *inputs()), json_value, json.loads)
 
 
 def _function(
-    spec: NodeSpec,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    threads: trio.CapacityLimiter,
-    abandoned: list[threading.Event],
+    spec: NodeSpec, inputs: Inputs, threads: trio.CapacityLimiter, abandoned: list[threading.Event]
 ) -> Body:
     """One try of a function node, where it belongs (`rlm_graph.doors.functions`)."""
     fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
@@ -241,6 +238,7 @@ def _function(
             record.began(trio.current_time(), time.time())
 
     async def body(record: NodeRecord) -> Any:
+        args, kwargs = inputs()
         record.input_preview = preview([*args, *kwargs.values()])
         result = await call_function(
             fn,

@@ -637,6 +637,7 @@ def test_a_timeout_that_is_not_a_positive_number_is_a_config_error(timeout: floa
         ({"stream": "no"}, "stream must be True or False"),
         ({"requests_per_minute": 0}, "requests_per_minute must be a positive number"),
         ({"tokens_per_minute": "10"}, "tokens_per_minute must be a positive number"),
+        ({"tokens_per_minute": float("inf")}, "or None for no limit, not inf"),
     ],
 )
 def test_a_keyword_of_the_wrong_shape_is_one_config_error_naming_it(

@@ -108,6 +108,100 @@ async def test_a_function_calling_sys_exit_fails_its_node_and_the_workflow_goes_
     assert "called sys.exit(4)" in result.errors[native.id]
 
 
+class _Halt(BaseException):
+    """A user's own BaseException, not an Exception."""
+
+
+async def test_a_function_raising_what_is_not_an_exception_fails_its_node_only() -> None:
+    import asyncio
+
+    def plain() -> None:
+        raise _Halt("stop everything")
+
+    async def on_trio() -> None:
+        raise _Halt("from trio")
+
+    async def awaits_a_cancelled_task() -> None:
+        task = asyncio.ensure_future(asyncio.sleep(10))
+        await asyncio.sleep(0)
+        task.cancel()
+        await task  # asyncio.CancelledError, a BaseException
+
+    wf = Workflow()
+    failing = [
+        wf.function(plain, id="plain"),
+        wf.function(on_trio, id="trio"),
+        wf.function(awaits_a_cancelled_task, id="asyncio", loop="asyncio"),
+    ]
+    answer = wf.llm("still asked", id="asked")
+    result = await echo_engine().arun(wf)
+    assert result[answer] == "<still asked>"
+    assert result.stop_reason is None
+    assert "raised _Halt(stop everything), which is not an Exception" in result.errors["plain"]
+    assert "raised _Halt(from trio)" in result.errors["trio"]
+    assert "raised CancelledError (a task it awaited was cancelled?)" in result.errors["asyncio"]
+    assert sorted(result.errors) == sorted(node.id for node in failing)
+
+
+async def test_a_set_argument_that_cannot_hold_a_dependencys_value_fails_its_node_only() -> None:
+    wf = Workflow()
+    listed = wf.function(lambda: [1, 2], id="listed")
+    counted = wf.function(len, {listed}, id="counted")
+    other = wf.function(lambda: "independent", id="other")
+    result = await echo_engine().arun(wf)
+    assert result[other] == "independent"
+    assert result[listed] == [1, 2]
+    assert "a set among the node's arguments cannot hold a list" in result.errors[counted.id]
+    assert "pass the references in a list or a tuple" in result.errors[counted.id]
+
+
+async def test_a_dict_subclass_holding_a_reference_arrives_as_its_own_class() -> None:
+    from collections import OrderedDict, defaultdict
+
+    wf = Workflow()
+    asked = wf.llm("q")
+
+    def grow(groups: defaultdict[str, list[object]]) -> tuple[str, list[object], list[object]]:
+        groups["new"].append(1)  # the default the user gave still works
+        return type(groups).__name__, groups["seen"], groups["new"]
+
+    grown = wf.function(grow, defaultdict(list, {"seen": [asked]}))
+    ordered = wf.function(lambda d: (type(d).__name__, list(d)), OrderedDict(b=asked, a=1))
+    result = await echo_engine().arun(wf)
+    assert result[grown] == ("defaultdict", ["<q>"], [1])
+    assert result[ordered] == ("OrderedDict", ["b", "a"])
+
+
+async def test_a_value_whose_repr_raises_is_a_value_not_a_failure() -> None:
+    class Opaque:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr for you")
+
+    wf = Workflow()
+    made = wf.function(Opaque, id="made")
+    used = wf.function(lambda thing: type(thing).__name__, made, id="used")
+    result = await echo_engine().arun(wf)
+    assert result.ok, result.errors
+    assert result[used] == "Opaque"
+    assert result.graph["made"].output_preview == "<Opaque object; its repr raised RuntimeError>"
+
+
+async def test_a_result_refuses_a_handle_of_another_workflow() -> None:
+    first, second = Workflow(), Workflow()
+    theirs = first.llm("question A")  # llm-1
+    mine = second.llm("question B")  # llm-1 too
+    result = await echo_engine().arun(second)
+    assert result[mine] == "<question B>"
+    assert result["llm-1"] == "<question B>"
+    with pytest.raises(KeyError, match="'llm-1' is a handle of another Workflow"):
+        result[theirs]
+    with pytest.raises(KeyError, match="another Workflow"):
+        result.exception(theirs)
+    assert theirs not in second and mine in second and NodeRef("llm-1") in second
+    with pytest.raises(KeyError, match="another Workflow"):
+        second[theirs]
+
+
 async def test_a_function_node_waiting_for_a_thread_is_queueing_not_running(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
