@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import networkx as nx
+from pydantic import ValidationError
 
 from ..errors import GraphError
 from .model import Graph, checked_graph
@@ -40,28 +42,56 @@ def from_json(text: str | dict[str, Any]) -> Graph:
     Raises:
         GraphError: the text is not an rlm-graph JSON export.
     """
-    data = json.loads(text) if isinstance(text, str) else text
+    try:
+        data = json.loads(text) if isinstance(text, str) else text
+    except ValueError as exc:
+        raise GraphError(f"not an rlm-graph export: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise GraphError(
             f"not an rlm-graph export (expected a JSON object with format {FORMAT!r}); "
             "write one with Graph export to_json()"
         )
+    nodes, edges = data.get("nodes"), data.get("edges", [])
+    if not isinstance(nodes, list) or not isinstance(edges, list):
+        raise GraphError(
+            "not a whole rlm-graph export: 'nodes' and 'edges' must be lists; "
+            "write one with Graph export to_json()"
+        )
     graph = Graph()
-    for node in data["nodes"]:
-        graph.add(NodeRecord.model_validate(node))
-    for source, target, kind in data["edges"]:
-        graph.add_edge(source, target, kind)
+    for index, node in enumerate(nodes):
+        try:
+            graph.add(NodeRecord.model_validate(node))
+        except ValidationError as exc:
+            raise GraphError(f"node {index} of the export is not a node record: {exc}") from None
+    for index, edge in enumerate(edges):
+        if not (
+            isinstance(edge, list) and len(edge) == 3 and all(isinstance(e, str) for e in edge)
+        ):
+            raise GraphError(f"edge {index} of the export is not [source, target, kind]")
+        graph.add_edge(*edge)
     return graph
 
 
+# What XML 1.0 cannot hold, even escaped (a model's reply may hold any of it).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(value: str) -> str:
+    """``value`` with each character XML cannot hold written as its escape (``\\x1b``)."""
+    return _NOT_XML.sub(lambda m: m[0].encode("unicode_escape", "backslashreplace").decode(), value)
+
+
 def _flat(record: NodeRecord) -> dict[str, Any]:
-    """Record fields as GraphML-able scalars (no None, no nested models)."""
+    """Record fields as GraphML-able scalars (no None, no nested models), text that
+    XML can hold."""
     flat: dict[str, Any] = {}
     for key, value in record.model_dump(mode="json").items():
         if key == "usage":
             if value:
                 flat["input_tokens"] = value["input_tokens"]
                 flat["output_tokens"] = value["output_tokens"]
+        elif isinstance(value, str):
+            flat[key] = _xml_text(value)
         elif value is not None:
             flat[key] = value
     flat["duration"] = record.duration
@@ -72,9 +102,9 @@ def to_graphml(graph: Graph) -> str:
     graph = checked_graph(graph, "to_graphml")
     out = nx.DiGraph()
     for record in graph.records():
-        out.add_node(record.id, **_flat(record))
+        out.add_node(_xml_text(record.id), **_flat(record))
     for source, target, kind in graph.edges():
-        out.add_edge(source, target, kind=kind)
+        out.add_edge(_xml_text(source), _xml_text(target), kind=kind)
     buffer = io.BytesIO()
     nx.write_graphml(out, buffer)
     return buffer.getvalue().decode("utf-8")

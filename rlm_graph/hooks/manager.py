@@ -267,7 +267,7 @@ class PluginHost:
         if installed is None:
             name = getattr(plugin, "__name__", None) or type(plugin).__qualname__
             return PluginError(f"plugin {name} ({self._origin(plugin)}): {problem}")
-        logger.warning(
+        _warn_once(
             "the installed rlm-graph plugin %r (%s) is skipped: %s",
             installed.name,
             installed.distribution,
@@ -340,7 +340,7 @@ class PluginHost:
         if earlier is None or not origin.startswith("entry point"):
             return
         kept = earlier.origin if _keeps(earlier, origin) else origin
-        logger.warning(
+        _warn_once(
             "%s %r is registered by %s and by %s; %s's is used (register yours in code, "
             "plugins=[...], to choose)",
             _SINGULAR[category],
@@ -402,3 +402,20 @@ class PluginHost:
     @property
     def hook(self) -> Any:
         return self.pm.hook
+
+
+_WARNED: set[str] = set()
+"""Warnings about installed plugins already given in this process."""
+
+
+def _warn_once(message: str, *args: object) -> None:
+    """A warning about the installed plugins, given once per process: every engine
+    (a batch may build one per completion) finds the same plugins again, and a pass
+    gathering them again after a skip meets the same clash again."""
+    text = message % args
+    if text in _WARNED:
+        logger.debug("%s", text)
+        return
+    if len(_WARNED) < 1024:
+        _WARNED.add(text)
+    logger.warning("%s", text)

@@ -101,9 +101,36 @@ def test_json_round_trips_every_field_and_edge() -> None:
     assert json.loads(text)["format"] == "rlm-graph/1"
 
 
-def test_from_json_rejects_something_else() -> None:
-    with pytest.raises(GraphError, match="not an rlm-graph export"):
-        from_json('{"nodes": []}')
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('{"nodes": []}', "not an rlm-graph export"),
+        ("{not json", "not an rlm-graph export: not JSON"),
+        ('{"format": "rlm-graph/1"}', "'nodes' and 'edges' must be lists"),
+        ('{"format": "rlm-graph/1", "nodes": [{"id": 3}]}', "node 0 of the export is not a node"),
+        (
+            '{"format": "rlm-graph/1", "nodes": [], "edges": [["a", "b"]]}',
+            "edge 0 of the export is not",
+        ),
+    ],
+)
+def test_from_json_rejects_something_else(text: str, says: str) -> None:
+    with pytest.raises(GraphError, match=says):
+        from_json(text)
+
+
+def test_graphml_holds_a_reply_with_characters_xml_cannot() -> None:
+    """A model's reply is untrusted text: a terminal escape or a NUL in a preview must
+    not make the export something no XML reader opens."""
+    import io
+    import xml.dom.minidom
+
+    g = diamond()
+    g["b"].output_preview = "\x1b[31mred\x1b[0m and \x00 nul"
+    graphml = to_graphml(g)
+    xml.dom.minidom.parseString(graphml)  # raises on a character XML cannot hold
+    back = nx.read_graphml(io.StringIO(graphml))
+    assert back.nodes["b"]["output_preview"] == "\\x1b[31mred\\x1b[0m and \\x00 nul"
 
 
 def test_graphml_and_dot_exports_carry_nodes_and_edges() -> None:
