@@ -265,7 +265,8 @@ class SubprocessEnvironment:
     def _write_context(self, value: Any, index: int) -> tuple[str, Literal["text", "json"]]:
         if isinstance(value, str):
             path = os.path.join(self._io, f"context_{index}.txt")
-            with open(path, "w", encoding="utf-8") as handle:
+            # A lone surrogate (not a character) is kept as the guest reads it back.
+            with open(path, "w", encoding="utf-8", errors="surrogatepass") as handle:
                 handle.write(value)
             fmt: Literal["text", "json"] = "text"
         else:

@@ -53,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rlm_graph.contracts import SubcallRequest
 from rlm_graph.repl import LimitStop
-from rlm_graph.repl.crossing import MessageTooLarge, json_arguments, raised_as
+from rlm_graph.repl.crossing import MessageTooLarge, json_arguments, pipe_line, raised_as
 
 if TYPE_CHECKING:
     from rlm_graph.contracts import ExecResult
@@ -318,7 +318,7 @@ class _Protocol:
     def encode(self, message: BaseModel) -> bytes:
         """``message`` as its line on the pipe; `MessageTooLarge` past the engine's cap,
         which would kill this guest and lose the REPL's state."""
-        line = message.model_dump_json().encode() + b"\n"
+        line = pipe_line(message)
         if self.max_message is not None and len(line) > self.max_message:
             raise MessageTooLarge(len(line), self.max_message)
         return line
@@ -523,7 +523,8 @@ def _execute(session: ReplSession, code: str) -> ExecResult:
 def _load(message: LoadContext) -> Any:
     from rlm_graph.contracts import image_json_hook
 
-    with open(message.path, encoding="utf-8") as handle:
+    # surrogatepass: a text context's lone surrogates arrive as the engine had them
+    with open(message.path, encoding="utf-8", errors="surrogatepass") as handle:
         if message.format == "json":
             return json.load(handle, object_hook=image_json_hook)
         return handle.read()

@@ -37,6 +37,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from rlm_graph import scratch
 from rlm_graph.errors import EnvironmentCrashed
+from rlm_graph.repl.crossing import pipe_line
 
 from . import watch
 from .guest import GuestMessage, Init, Ready
@@ -190,7 +191,7 @@ class GuestProcess:
     # -- talking ------------------------------------------------------------------------
 
     async def send(self, message: BaseModel) -> None:
-        line = message.model_dump_json().encode() + b"\n"
+        line = pipe_line(message)
         async with self._send_lock:
             await self.process.stdin.send_all(line)  # type: ignore[union-attr]
         self.bytes_sent += len(line)

@@ -1,5 +1,6 @@
-"""What crosses a guest's pipe to the engine, from the guest's side: messages within the
-engine's cap, a custom tool's arguments as JSON data, a tool's error raised as its type.
+"""What crosses a guest's pipe to the engine: each message as one line of UTF-8 JSON
+(`pipe_line`, both ways), within the engine's cap; from the guest's side, a custom tool's
+arguments as JSON data and a tool's error raised as its type.
 
 Imported by the ``subprocess`` guest (which may read ``rlm_graph/`` and nothing of the
 plugin's folder).
@@ -9,9 +10,30 @@ from __future__ import annotations
 
 import builtins
 import json
+import re
 from typing import Any
 
-__all__ = ["MessageTooLarge", "json_arguments", "raised_as"]
+from pydantic import BaseModel
+
+__all__ = ["MessageTooLarge", "json_arguments", "pipe_line", "raised_as"]
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def pipe_line(message: BaseModel) -> bytes:
+    """``message`` as its line on a guest's pipe: JSON, UTF-8, one line.
+
+    Text holding a lone surrogate (not a character: a reply's JSON ``\\ud800``, bytes
+    decoded with ``errors="surrogateescape"``, ``chr(0xDC80)``) has no UTF-8, and the
+    reader on the other side takes none in JSON either; each one crosses as U+FFFD,
+    the replacement character, as a UTF-8 decoder would give it, rather than ending
+    the run (or the guest and its variables).
+    """
+    try:
+        return message.model_dump_json().encode() + b"\n"
+    except ValueError:  # pydantic's serialization error, from the UnicodeEncodeError
+        text = json.dumps(message.model_dump(mode="json"), ensure_ascii=False)
+        return _SURROGATE.sub("\ufffd", text).encode() + b"\n"
 
 
 class MessageTooLarge(ValueError):

@@ -382,3 +382,22 @@ async def test_a_cpu_stop_inside_the_answers_text_is_the_blocks_error() -> None:
     result = await rlm.acompletion("ctx")
     assert result.response == "x"
     assert "CPULimitExceeded" in feedback(rlm, 1)
+
+
+async def test_lone_surrogates_cross_the_pipe_without_ending_the_run_or_the_guest() -> None:
+    """Text with a lone surrogate (a server's JSON ``\\udcff``, bytes decoded with
+    surrogateescape) has no UTF-8: a sub-call's reply, a printed line and a block's code
+    holding one cross as U+FFFD, a text context keeps it, and the guest keeps its
+    variables (it died, and the run with it)."""
+    rlm = engine(
+        [
+            repl(
+                "kept = 41\nsaid = llm_query('q')\nprint('bad byte: ' + b'\\xff'.decode('utf-8', 'surrogateescape'))"
+            ),
+            repl("# a comment holding \udcff\nFINAL(f'{kept + 1} {len(context)} {said!r}')"),
+        ],
+        sub=lambda request: "reply \ud800 end",
+    )
+    result = await rlm.acompletion("doc \udcff")
+    assert result.response == "42 5 'reply \ufffd end'"
+    assert "bad byte: \ufffd" in feedback(rlm, 2)
