@@ -208,9 +208,14 @@ class LocalOptions:
     def __post_init__(self) -> None:
         timeout, stop_grace, output_cap = self.timeout, self.stop_grace, self.output_cap
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < math.inf  # NaN and infinity too
         ):
-            raise ConfigError("local environment: timeout must be a positive number of seconds")
+            raise ConfigError(
+                "local environment: timeout must be a positive finite number of seconds "
+                f"(None for no limit), not {timeout!r:.40}"
+            )
         if self.scratch_dir is not None and not os.path.isdir(self.scratch_dir):
             raise ConfigError(
                 f"local environment: scratch_dir {self.scratch_dir!r} is not a folder"
@@ -220,9 +225,12 @@ class LocalOptions:
         if (
             isinstance(stop_grace, bool)
             or not isinstance(stop_grace, int | float)
-            or stop_grace < 0
+            or not 0 <= stop_grace < math.inf
         ):
-            raise ConfigError("local environment: stop_grace must be a number of seconds >= 0")
+            raise ConfigError(
+                f"local environment: stop_grace must be a finite number of seconds >= 0, "
+                f"not {stop_grace!r:.40}"
+            )
         if not isinstance(self.subcalls, bool):
             raise ConfigError("local environment: subcalls must be True or False")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -86,10 +87,13 @@ class ScriptedProvider:
     ) -> None:
         if match not in ("last", "all"):
             raise ConfigError(f"scripted: match must be 'last' or 'all', not {match!r}")
-        if max_concurrent < 1:
-            raise ConfigError("scripted: max_concurrent must be at least 1")
-        if not callable(latency) and latency < 0:
-            raise ConfigError("scripted: latency must be >= 0 seconds")
+        _check_number("max_concurrent", max_concurrent, whole=True, least=1)
+        if not callable(latency):
+            _check_number("latency", latency)
+        _check_number("stream_chunk", stream_chunk, whole=True)
+        _check_number("stream_delay", stream_delay)
+        if cost_per_call is not None:
+            _check_number("cost_per_call", cost_per_call)
         self.model = model_name
         self.max_concurrent = max_concurrent
         self.requests_per_minute = requests_per_minute
@@ -102,8 +106,6 @@ class ScriptedProvider:
         self._cost = cost_per_call
         # A cost on every answer: max_budget needs no price table for this provider.
         self.reports_cost = cost_per_call is not None
-        if stream_chunk < 0 or stream_delay < 0:
-            raise ConfigError("scripted: stream_chunk and stream_delay must be >= 0")
         self.streams = stream_chunk > 0
         self._chunk = stream_chunk
         self._delay = stream_delay
@@ -227,3 +229,16 @@ class ScriptedProvider:
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+def _check_number(name: str, value: object, *, whole: bool = False, least: int = 0) -> None:
+    """A keyword that must be a finite number (a whole one with ``whole``) >= ``least``
+    (from JSON on the command line it may be any shape).
+
+    Raises:
+        ConfigError: naming the keyword and what it must be.
+    """
+    kinds = int if whole else int | float
+    if isinstance(value, bool) or not isinstance(value, kinds) or not least <= value < math.inf:
+        what = "a whole number" if whole else "a number"
+        raise ConfigError(f"scripted: {name} must be {what} >= {least}, not {value!r:.40}")

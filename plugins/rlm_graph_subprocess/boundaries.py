@@ -10,11 +10,19 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 import rlm_graph
 from rlm_graph.errors import config_error
@@ -37,6 +45,10 @@ pydantic and the reader thread reserve about 180 MB at start)."""
 
 SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH")
 """A variable whose upper-cased name holds one of these never reaches the guest."""
+
+
+_MAY_BE_NONE = frozenset({"timeout", "cpu_seconds"})
+"""Limits whose None means none."""
 
 
 class GuestLimits(BaseModel):
@@ -85,9 +97,10 @@ class GuestLimits(BaseModel):
 
     @field_validator("timeout", "cpu_seconds", "start_timeout", "close_grace", "max_message_mb")
     @classmethod
-    def _positive(cls, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise ValueError("must be a positive number")
+    def _positive(cls, value: float | None, info: ValidationInfo) -> float | None:
+        if value is not None and not 0 < value < math.inf:  # NaN and infinity too
+            unbounded = " (None for no limit)" if info.field_name in _MAY_BE_NONE else ""
+            raise ValueError(f"must be a positive finite number{unbounded}")
         return value
 
     @field_validator("memory_limit_mb")

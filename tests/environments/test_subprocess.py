@@ -97,6 +97,20 @@ def test_asking_to_pass_a_secret_is_a_config_error() -> None:
         SubprocessEnvironment(bridge=None, timout=5)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("name", ["timeout", "cpu_seconds", "start_timeout", "max_message_mb"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), 0])
+def test_a_limit_that_is_no_positive_finite_number_is_a_config_error(
+    name: str, value: float
+) -> None:
+    """NaN passed the check that refused 0 (it compares false): cpu_seconds=nan turned
+    the CPU limit off, the others failed at the first block with no keyword named."""
+    with pytest.raises(ConfigError, match=f"{name}: must be a positive finite number"):
+        SubprocessEnvironment(bridge=None, **{name: value})  # type: ignore[arg-type]
+    if name == "timeout":
+        with pytest.raises(ConfigError, match="timeout must be a positive finite number"):
+            RLM("scripted", {"responses": ["x"]}, environment_kwargs={"timeout": value})
+
+
 async def test_a_crashed_guest_is_reported_and_replaced(spy: Spy) -> None:
     rlm = engine(
         [

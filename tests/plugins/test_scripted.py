@@ -83,3 +83,21 @@ def test_bad_settings_are_refused() -> None:
         ScriptedProvider(match="first")
     with pytest.raises(ConfigError, match="latency"):
         ScriptedProvider(latency=-1)
+
+
+@pytest.mark.parametrize(
+    ("keywords", "says"),
+    [
+        ({"max_concurrent": "4"}, "max_concurrent must be a whole number >= 1, not '4'"),
+        ({"max_concurrent": 0}, "max_concurrent must be a whole number >= 1, not 0"),
+        ({"latency": float("nan")}, "latency must be a number >= 0, not nan"),
+        ({"stream_chunk": 2.5}, "stream_chunk must be a whole number >= 0"),
+        ({"stream_delay": "fast"}, "stream_delay must be a number >= 0"),
+        ({"cost_per_call": -1}, "cost_per_call must be a number >= 0"),
+    ],
+)
+def test_a_keyword_of_the_wrong_shape_is_named(keywords: dict[str, object], says: str) -> None:
+    """What --backend-kwargs passes as JSON may be any shape: each keyword is named, not a
+    TypeError from a comparison."""
+    with pytest.raises(ConfigError, match=f"scripted: {says}"):
+        ScriptedProvider(**keywords)  # type: ignore[arg-type]
