@@ -54,12 +54,19 @@ def refuse(command: str, exc: Exception) -> int:
 
 
 def interrupted_after(command: str, done: str) -> int:
-    """Ctrl-C in a command that resumes: what it had finished, and how to go on."""
+    """Ctrl-C (or SIGTERM, SIGHUP) in a command that resumes: what it had finished, and
+    how to go on; 130, or 128 + the signal's number."""
+    signum = _STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT
+    how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     print(
-        f"\nrlm-graph {command}: interrupted after {done}; rerun the same command to resume",
+        f"\nrlm-graph {command}: interrupted{how} after {done}; rerun the same command to resume",
         file=sys.stderr,
     )
-    return EXIT_INTERRUPTED
+    return EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
+
+
+_STOPPED_BY: list[int] = []
+"""The stopping signals (SIGTERM, SIGHUP) the running command received, in order."""
 
 
 class UsageError(Exception):
@@ -127,19 +134,30 @@ def _reader_left() -> int:
 
 @contextmanager
 def _stops_as_interrupts() -> Iterator[list[int]]:
-    """SIGTERM and SIGHUP, while the command runs, become a SIGINT (the signals that
-    arrived are listed), so they stop a run the way Ctrl-C does: cleanly."""
-    received: list[int] = []
+    """SIGTERM and SIGHUP, while the command runs, become a Ctrl-C (the signals that
+    arrived are listed), so they stop a run the way Ctrl-C does: cleanly.
+
+    A stopping signal the command was started ignoring stays ignored (``nohup`` ignores
+    SIGHUP). A command started with SIGINT ignored (a background job of a script,
+    ``rlm-graph batch ... &``, where the shell has no job control) takes Ctrl-C while
+    it runs, since a SIGTERM goes that way (trio's own handler delivers it safely):
+    ignored, it took the SIGTERM with it, and only SIGKILL stopped the job.
+    """
+    received = _STOPPED_BY
+    received.clear()
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
 
     def interrupt(signum: int, frame: Any) -> None:
-        received.append(signum)
+        if not received or received[-1] != signum:
+            received.append(signum)
         signal.raise_signal(signal.SIGINT)
 
-    stops = (signal.SIGTERM, signal.SIGHUP)
+    stops = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
     before = {stop: signal.signal(stop, interrupt) for stop in stops}
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield received
     finally:

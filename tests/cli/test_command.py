@@ -535,8 +535,18 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
     return process.returncode, (seen + out).decode(), (progress + err).decode()
 
 
+def _as_background_job() -> None:
+    """What a script's ``command &`` does to it without job control: SIGINT ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["foreground", "background-job"])
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.Signals) -> None:
+def test_sigterm_and_sighup_clean_up_like_ctrl_c(
+    text_file: Path, stop: signal.Signals, background: bool
+) -> None:
+    """Also in a background job of a script, whose SIGINT is ignored (a SIGTERM there
+    was ignored with it: the run went on to its end)."""
     # The block says it runs (a sub-call the server sees), then sleeps.
     block = "```repl\nllm_query('the block runs')\nimport time\ntime.sleep(60)\n```"
     temp = tempfile.gettempdir()
@@ -547,6 +557,7 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.S
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_env(),
+            preexec_fn=_as_background_job if background else None,
         )
         mine = f"rlm-graph-{process.pid}-subprocess"
         try:
@@ -566,6 +577,48 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(text_file: Path, stop: signal.S
     assert process.returncode == 128 + stop
     assert without_progress(err.decode()).strip() == f"rlm-graph run: interrupted ({stop.name})"
     assert [n for n in os.listdir(temp) if n.startswith(f"rlm-graph-{process.pid}-")] == []
+
+
+def test_a_batch_stopped_by_sigterm_says_so_and_an_ignored_sighup_stays_ignored(
+    tmp_path: Path,
+) -> None:
+    """A batch in a script's background (SIGINT ignored) under nohup (SIGHUP ignored): a
+    hang-up does not stop it, a SIGTERM does, with 143 and how to resume."""
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(f'{{"id": {i}, "context": "c", "query": "q{i}"}}\n' for i in range(4)))
+    out = tmp_path / "results.jsonl"
+
+    def nohup_background() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    slow = "```repl\nimport time\ntime.sleep(60)\n```"
+    with FakeOpenAIServer(lambda body: slow) as server:
+        args = ["batch", "--input", str(items), "--output", str(out)]
+        args += ["--model", "m", "--base-url", server.base_url]
+        process = subprocess.Popen(
+            [str(COMMAND), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_env(),
+            preexec_fn=nohup_background,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while len(server.bodies) < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            process.send_signal(signal.SIGHUP)
+            time.sleep(0.5)
+            assert process.poll() is None, "a hang-up the command was started ignoring stopped it"
+            process.send_signal(signal.SIGTERM)
+            _, err = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == 143, err
+    assert "rlm-graph batch: interrupted (SIGTERM) after 0 items; rerun" in err.decode()
 
 
 def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path) -> None:
