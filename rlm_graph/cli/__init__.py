@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import io
 import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 if TYPE_CHECKING:
     from .output import Output
@@ -112,13 +113,71 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in words
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
     out = Output(command, as_json=as_json)
-    with _stops_as_interrupts() as received:
+    with _stops_as_interrupts() as received, _messages_never_fail():
         try:
             return _main(words, out, as_json)
         except KeyboardInterrupt:
             return _interrupted(out, received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
             return _reader_left()
+
+
+class _Messages(io.TextIOBase):
+    """stderr for a command's messages and progress, whose failure never stops the
+    command: a reader gone (``2>&1 >out | head``) or a closed stream swallows them, and
+    the answer on stdout, the results file, go on."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        if self.stream is not None:
+            try:
+                self.stream.write(text)
+            except (OSError, ValueError):  # a broken pipe, a full disk, a closed file
+                self.stream = None
+        return len(text)
+
+    def flush(self) -> None:
+        if self.stream is not None:
+            try:
+                self.stream.flush()
+            except (OSError, ValueError):
+                self.stream = None
+
+    def isatty(self) -> bool:
+        try:
+            return self.stream is not None and self.stream.isatty()
+        except (OSError, ValueError):
+            return False
+
+    def fileno(self) -> int:
+        if self.stream is None:
+            raise io.UnsupportedOperation("stderr is closed")
+        return self.stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.stream, "encoding", None) or "utf-8"
+
+
+@contextmanager
+def _messages_never_fail() -> Iterator[None]:
+    """While the command runs, `_Messages` stands in for stderr, and a stdout closed
+    before it started (``>&-``) is a sink: there is nothing to tell, not a crash."""
+    before_out, before_err = sys.stdout, sys.stderr
+    sink = open(os.devnull, "w", encoding="utf-8") if before_out is None else None  # noqa: SIM115
+    if sink is not None:
+        sys.stdout = sink
+    sys.stderr = _Messages(before_err)
+    try:
+        yield
+    finally:
+        if isinstance(sys.stderr, _Messages):  # unless the command put its own there
+            sys.stderr = before_err
+        if sink is not None:
+            sys.stdout = before_out
+            sink.close()
 
 
 def _reader_left() -> int:

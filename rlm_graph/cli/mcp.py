@@ -148,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
         return out.error(EXIT_USAGE, MISSING_SDK, kind="ConfigError")
     import anyio
 
+    if sys.stdin is None or getattr(sys.stdout, "name", "") == os.devnull:
+        return out.error(
+            EXIT_USAGE,
+            "stdin or stdout is closed: an MCP client starts rlm-graph mcp with a pipe on "
+            "both (see docs/mcp.md for a client's configuration)",
+            kind="ConfigError",
+        )
     provider = None
     try:
         provider = tracer_provider_for(args)

@@ -307,6 +307,11 @@ def _read_context(path: str, encoding: str) -> str:
     name = "stdin" if path == "-" else repr(path)
     try:
         if path == "-":
+            if sys.stdin is None:  # started with stdin closed (<&-)
+                raise ConfigError(
+                    "--context -: stdin is closed, nothing to read; pipe the context in "
+                    "(cat doc.txt | rlm-graph run --context - ...) or give its file"
+                )
             stream = getattr(sys.stdin, "buffer", None)
             if stream is None:  # a text stream stood in for stdin (an embedding program)
                 return str(sys.stdin.read())

@@ -621,6 +621,63 @@ def test_a_batch_stopped_by_sigterm_says_so_and_an_ignored_sighup_stays_ignored(
     assert "rlm-graph batch: interrupted (SIGTERM) after 0 items; rerun" in err.decode()
 
 
+def test_a_closed_stderr_loses_no_answer(text_file: Path) -> None:
+    """Started with stderr closed (``2>&-``), where Python has no sys.stderr: the
+    progress display failed and the answer was lost (exit 1, nothing on stdout)."""
+    answer = "```repl\nFINAL('the answer')\n```"
+    with FakeOpenAIServer(lambda body: answer) as server:
+        done = subprocess.run(
+            [str(COMMAND), *run_args(server, text_file)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            env=_env(),
+            preexec_fn=lambda: os.close(2),
+            timeout=60,
+        )
+    assert done.returncode == 0
+    assert done.stdout.decode().strip() == "the answer"
+
+
+def test_a_batch_whose_stderr_reader_left_writes_every_result(tmp_path: Path) -> None:
+    """``rlm-graph batch ... 2>&1 >/dev/null | head -2``: the progress lines' reader goes
+    away; the batch stopped at the next line (exit 1, most items never run, nothing said
+    of them). It goes on, its results all written."""
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(f'{{"id": {i}, "context": "c", "query": "q"}}\n' for i in range(30)))
+    out = tmp_path / "results.jsonl"
+    answer = "```repl\nFINAL('ok')\n```"
+    with FakeOpenAIServer(lambda body: answer) as server:
+        args = ["batch", "--input", str(items), "--output", str(out), "--concurrency", "2"]
+        process = subprocess.Popen(
+            [str(COMMAND), *args, "--model", "m", "--base-url", server.base_url],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=_env(),
+        )
+        assert process.stderr is not None
+        process.stderr.readline()  # one progress line, then the reader is gone
+        process.stderr.close()
+        code = process.wait(timeout=60)
+    assert code == 0
+    assert len(out.read_text().splitlines()) == 30
+
+
+def test_context_from_a_closed_stdin_is_one_line_and_exit_2(text_file: Path) -> None:
+    done = subprocess.run(
+        [str(COMMAND), "run", "--context", "-", "--query", "q", "--model", "m"],
+        capture_output=True,
+        env=_env(),
+        preexec_fn=lambda: os.close(0),
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().strip().splitlines() == [
+        "rlm-graph run: --context -: stdin is closed, nothing to read; pipe the "
+        "context in (cat doc.txt | rlm-graph run --context - ...) or give its file"
+    ]
+
+
 def test_read_path_grants_the_guest_one_folder_and_nothing_else(text_file: Path) -> None:
     root = Path(__file__).resolve().parents[2]
     # Beside the checkout, where the guest can reach it (not under the /tmp it sees as

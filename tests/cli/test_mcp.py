@@ -332,3 +332,21 @@ def test_a_report_dir_made_here_is_private(tmp_path: Path) -> None:
     build_server(args)
     assert stat.S_IMODE(reports.stat().st_mode) == 0o700
     assert os.access(reports, os.W_OK)
+
+
+def test_a_server_started_with_stdin_closed_says_so_in_one_line(tmp_path: Path) -> None:
+    """Started with no pipe to talk over (``<&-``), the SDK failed with a traceback."""
+    import subprocess
+
+    done = subprocess.run(
+        [str(COMMAND), "mcp", "--read-path", str(tmp_path), "--model", "m"],
+        capture_output=True,
+        preexec_fn=lambda: os.close(0),
+        env={**os.environ, "PYTHONPATH": tree_path()},
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.decode().strip().splitlines() == [
+        "rlm-graph mcp: stdin or stdout is closed: an MCP client starts rlm-graph mcp with a "
+        "pipe on both (see docs/mcp.md for a client's configuration)"
+    ]
