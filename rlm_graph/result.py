@@ -103,7 +103,7 @@ class UsageSummary(BaseModel):
                     total_calls=u.calls,
                     total_input_tokens=u.input_tokens,
                     total_output_tokens=u.output_tokens,
-                    total_cost=u.cost if u.cost else None,
+                    total_cost=u.cost if u.priced_calls else None,
                     cached_tokens=u.cached_tokens or None,
                     cache_write_tokens=u.cache_write_tokens or None,
                     estimated_calls=u.estimated_calls or None,

@@ -51,8 +51,12 @@ class ModelUsage(BaseModel):
     cache_write_tokens: int = 0
     """Input tokens written to the prompt cache (Anthropic; part of ``input_tokens``)."""
     cost: float = 0.0
+    """USD of the calls whose cost is known (``priced_calls``)."""
     estimated_calls: int = 0
     """Calls whose server reported no usage: their tokens are a 4-characters estimate."""
+    priced_calls: int = 0
+    """Calls whose cost is known (a price, 0 for a local model's too, or the server's
+    own): with none, the model's cost is unknown, not 0."""
 
 
 def critical_path(graph: Graph) -> CriticalPath:
@@ -162,13 +166,15 @@ def usage_by_model(graph: Graph) -> dict[str, ModelUsage]:
             continue
         entry = sums.get(record.model)
         if entry is None:
-            entry = sums[record.model] = [0, 0, 0, 0, 0, 0.0, 0]
+            entry = sums[record.model] = [0, 0, 0, 0, 0, 0.0, 0, 0]
         entry[0] += 1
         entry[1] += usage.input_tokens
         entry[2] += usage.output_tokens
         entry[3] += usage.cached_tokens
         entry[4] += usage.cache_write_tokens
-        entry[5] += record.cost or 0.0
+        if record.cost is not None:
+            entry[5] += record.cost
+            entry[7] += 1
         entry[6] += usage.estimated
     return {
         model: ModelUsage(**dict(zip(_USAGE_FIELDS, entry, strict=True)))
@@ -185,6 +191,7 @@ _USAGE_FIELDS = (
     "cache_write_tokens",
     "cost",
     "estimated_calls",
+    "priced_calls",
 )
 
 

@@ -166,6 +166,21 @@ def test_usage_by_model_counts_calls_tokens_and_cost() -> None:
     assert summary["big"].cost == pytest.approx(0.5)
 
 
+def test_a_free_model_costs_zero_and_an_unpriced_one_is_unknown() -> None:
+    """A local model priced 0 (``--price 0 0``) cost $0, not an unknown cost (its total
+    was None, and batch and eval said null and N/A)."""
+    from rlm_graph.result import UsageSummary
+
+    g = Graph()
+    for i, (model, cost) in enumerate([("local", 0.0), ("local", 0.0), ("mystery", None)]):
+        usage = Usage(input_tokens=10, output_tokens=5)
+        g.add(NodeRecord(id=f"n{i}", kind=NodeKind.LLM_CALL, model=model, usage=usage, cost=cost))
+    by_model = UsageSummary.from_graph(g).model_usage_summaries
+    assert by_model["local"].total_cost == 0.0
+    assert by_model["mystery"].total_cost is None
+    assert usage_by_model(g)["local"].priced_calls == 2
+
+
 def test_topological_order_is_networkx_order_on_random_dags() -> None:
     import random
 
