@@ -13,6 +13,7 @@ why), 2 bad usage, 3 the budget (``--max-budget``) ran out first, 130 interrupte
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -159,9 +160,26 @@ def _register_convert(actions: Any) -> None:
 # -- convert --------------------------------------------------------------------------------
 
 
+def _same_file(one: Path, other: Path) -> bool:
+    """Whether two paths name one file (a link, another spelling, a hard link)."""
+    try:
+        return one.resolve() == other.resolve() or os.path.samefile(one, other)
+    except OSError:  # one of them does not exist (yet): not the same file
+        return False
+
+
 def run_convert(args: argparse.Namespace) -> int:
     from ..eval.convert import convert, parse_filters, write_items
 
+    read = [path for path in (args.file, args.corpus) if path is not None]
+    if args.output is not None and any(_same_file(args.output, path) for path in read):
+        return refuse(
+            "eval convert",
+            ConfigError(
+                f"--output {args.output} is a file convert reads: the download would be "
+                "replaced by its items; write them to another file"
+            ),
+        )
     try:
         items = convert(
             args.source,

@@ -175,3 +175,16 @@ def test_a_filter_on_a_column_the_file_lacks_is_refused_and_no_match_is_said(
     )
     assert code == 0
     assert "0 items" in (err := capsys.readouterr().err) and "no row matched --filter" in err
+
+
+def test_converting_a_download_onto_itself_is_refused_and_the_download_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mine.jsonl"
+    mine.write_bytes((DATA / "oolong-synth.jsonl").read_bytes())
+    (tmp_path / "link.jsonl").symlink_to(mine)
+    for output in (mine, tmp_path / "." / "mine.jsonl", tmp_path / "link.jsonl"):
+        code = main(["eval", "convert", "--from", "oolong", str(mine), "-o", str(output)])
+        assert code == 2
+        assert "is a file convert reads: the download would be replaced" in capsys.readouterr().err
+    assert mine.read_bytes() == (DATA / "oolong-synth.jsonl").read_bytes()
