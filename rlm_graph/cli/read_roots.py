@@ -173,10 +173,18 @@ class ReadRoots:
             docs.skipped.append(f"{shown(str(error.filename))}: {error.strerror or error}")
 
         for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
+            for d in dirs:  # a linked folder is not walked into (its target may be anywhere)
+                path = os.path.join(parent, d)
+                if os.path.islink(path):
+                    out = not self.contains(os.path.realpath(path))
+                    why = "a link out of the read roots" if out else "a linked folder, not followed"
+                    docs.skipped.append(f"{shown(path)}: {why}")
             dirs[:] = sorted(
                 d
                 for d in dirs
-                if d not in SKIPPED_FOLDERS and self.contains(os.path.join(parent, d))
+                if d not in SKIPPED_FOLDERS
+                and not os.path.islink(os.path.join(parent, d))
+                and self.contains(os.path.join(parent, d))
             )
             for name in sorted(files):
                 path = os.path.join(parent, name)

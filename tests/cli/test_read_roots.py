@@ -79,6 +79,21 @@ def test_a_folder_the_server_cannot_open_is_listed_not_silently_dropped(tmp_path
     assert any("closed" in s for s in docs.skipped)
 
 
+def test_a_linked_folder_in_a_walk_is_listed_not_silently_dropped(tmp_path: Path) -> None:
+    root, outside = tmp_path / "proj", tmp_path / "outside"
+    for folder in (root / "inner", outside):
+        folder.mkdir(parents=True)
+        (folder / "note.txt").write_text(f"{folder.name} note")
+    (root / "out").symlink_to(outside)
+    (root / "again").symlink_to(root / "inner")
+    docs = roots(root).read(["."])
+    assert list(docs.files.values()) == ["inner note"]  # neither link walked into
+    assert sorted(s.split("/")[-1] for s in docs.skipped) == [
+        "again: a linked folder, not followed",
+        "out: a link out of the read roots",
+    ]
+
+
 def test_a_binary_file_is_skipped_from_its_first_bytes_whatever_its_size(tmp_path: Path) -> None:
     (tmp_path / "README").write_text("twelve bytes")
     (tmp_path / "blob.bin").write_bytes(b"\0" * 5000)  # larger than the whole limit
