@@ -21,6 +21,8 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictInt,
+    field_validator,
     model_serializer,
 )
 
@@ -184,9 +186,9 @@ class ChatRequest(BaseModel):
 
     messages: tuple[Message, ...]
     model: str
-    temperature: float | None = None
-    top_p: float | None = None
-    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    max_tokens: StrictInt | None = Field(default=None, gt=0)  # True is no token count
     seed: int | None = None
     stop: tuple[str, ...] | None = None
     extra: Mapping[str, Any] = Field(default_factory=dict)
@@ -194,6 +196,12 @@ class ChatRequest(BaseModel):
     depth: int = 0
     node_id: str = ""
     cache_key: str | None = None
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_stop(cls, value: Any) -> Any:
+        """``stop="END"`` is one stop sequence, as the APIs take it."""
+        return (value,) if isinstance(value, str) else value
 
     @property
     def prompt(self) -> str:

@@ -136,8 +136,26 @@ def test_request_parameters_are_checked_when_the_node_is_added() -> None:
         wf.llm("x", retries=-1)
     with pytest.raises(ConfigError, match="timeout must be a positive number"):
         wf.function(print, timeout=0)
+    # Values no server takes are refused now, not by the server at the first request.
+    for params, says in [
+        ({"temperature": float("nan")}, "temperature: Input should be a finite number"),
+        ({"temperature": -1}, "temperature: Input should be greater than or equal to 0"),
+        ({"top_p": 2}, "top_p: Input should be less than or equal to 1"),
+        ({"max_tokens": True}, "max_tokens: Input should be a valid integer"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            wf.llm("x", **params)
     wf.llm("x", temperature=0.2, max_tokens=10, extra={"reasoning_effort": "low"})
     assert [spec.id for spec in wf] == ["llm-1"]  # refused nodes took no ordinal
+
+
+async def test_one_stop_sequence_may_be_given_as_a_string() -> None:
+    engine = Engine("scripted", {"respond": lambda r: "ok"})
+    wf = Workflow()
+    node = wf.llm("x", stop="END")
+    result = await engine.arun(wf)
+    assert result[node] == "ok"
+    assert scripted(engine).requests[0].stop == ("END",)
 
 
 async def test_arguments_mix_references_constants_keywords_and_nesting() -> None:
