@@ -176,15 +176,20 @@ def gave_up(error: ProviderError, attempts: int) -> ProviderError:
     )
 
 
-def unreadable(provider: Speaker, exc: ValidationError) -> BadResponse:
+def unreadable(provider: Speaker, exc: Exception) -> BadResponse:
     """A reply a provider's `_parse` (or a stream's parser) could not make into a
     `ChatResponse` (a field of the wrong type from the server that the parser did not
-    check): a bad response naming the field, not pydantic's report."""
-    first = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in first["loc"]) or "the reply"
+    check, or a key or index it did not find): a bad response naming the field, not
+    pydantic's report or a bare ``KeyError``."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the reply"
+        what = f"{where}: {first['msg']}"
+    else:
+        what = f"{type(exc).__name__} {str(exc)[:200]} in its parser"
     return BadResponse(
-        f"{provider.name}: {provider.url} answered a reply the engine cannot read ({where}: "
-        f"{first['msg']}); check that base_url points at the API this provider speaks",
+        f"{provider.name}: {provider.url} answered a reply the engine cannot read ({what}); "
+        "check that base_url points at the API this provider speaks",
         provider=provider.name,
         retryable=True,
     )

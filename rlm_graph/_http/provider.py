@@ -521,11 +521,11 @@ class JSONProvider:
         data = self._read(response)
         try:
             return self._parse(data, request)
-        except (BadResponse, ValidationError) as exc:
-            # A 2xx that is JSON but not the API's shape (or with a field of a wrong type):
-            # a proxy or an overloaded server's stand-in answer more often than a wrong
-            # base_url (that is a 404).
-            error = unreadable(self, exc) if isinstance(exc, ValidationError) else exc
+        except (BadResponse, ValidationError, KeyError, IndexError, TypeError) as exc:
+            # A 2xx that is JSON but not the API's shape (or with a field of a wrong type,
+            # or one a plugin's parser indexed without checking): a proxy or an overloaded
+            # server's stand-in answer more often than a wrong base_url (that is a 404).
+            error = exc if isinstance(exc, BadResponse) else unreadable(self, exc)
             raise _Retry(
                 error, retry_delay_from_headers(response.headers), "bad response"
             ) from None

@@ -115,6 +115,30 @@ async def test_a_reply_the_parser_cannot_make_into_a_reply_is_a_bad_response() -
     assert "validation error" not in said and "pydantic" not in said
 
 
+async def test_a_key_the_parser_does_not_find_is_a_bad_response_retried() -> None:
+    """A plugin's ``_parse`` indexing a reply of another shape (a proxy's stand-in answer)
+    raised a bare ``KeyError`` once, unretried; it is a `BadResponse` naming it, retried,
+    and the next, right answer is the call's."""
+
+    class Careless(OpenAIProvider):
+        def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
+            return ChatResponse(content=data["choices"][0]["message"]["content"])
+
+    right = {"choices": [{"message": {"content": "42"}, "finish_reason": "stop"}]}
+    replies = [Reply(200, {"detail": "busy"}), Reply(200, {"choices": []}), Reply(200, right)]
+    with FakeOpenAIServer(replies=replies) as server:
+        provider = Careless(**openai_kwargs(server, max_attempts=3))
+        assert await _complete(provider) == "42"
+    assert len(server.requests) == 3
+    with FakeOpenAIServer(lambda body: Reply(200, {"detail": "busy"})) as server:
+        provider = Careless(**openai_kwargs(server, max_attempts=2))
+        with pytest.raises(BadResponse) as info:
+            await _complete(provider)
+    said = str(info.value)
+    assert "cannot read (KeyError 'choices' in its parser)" in said
+    assert "gave up after 2 attempts" in said
+
+
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 async def test_json_nested_past_the_stack_is_a_bad_response(streamed: bool) -> None:
     """A server's JSON nested 100,000 deep (a whole answer, or one streamed event) is a
