@@ -154,7 +154,10 @@ def references(value: Any) -> dict[str, NodeRef]:
 def _collect(value: Any, found: dict[str, NodeRef], depth: int) -> None:
     if depth > _MAX_NESTING:
         raise ConfigError(
-            f"node arguments nest deeper than {_MAX_NESTING} levels (a list holding itself?)"
+            f"node arguments nest lists, tuples, dicts or sets deeper than {_MAX_NESTING} "
+            "levels (or a container holds itself), past where node references are looked "
+            "for; pass data that deep as one string (json.dumps) or an object of your own "
+            "class, which are not searched"
         )
     if isinstance(value, NodeRef):
         found.setdefault(value.id, value)

@@ -270,3 +270,20 @@ async def test_a_timed_out_asyncio_function_is_stopped_and_not_counted_as_leaked
         assert "did not finish within timeout=0.1 s" in result.errors[node.id]
         assert stopped == ["cancelled in its loop"]
         assert result.leaked_threads == 0
+
+
+def test_arguments_nested_too_deep_say_how_to_pass_such_data() -> None:
+    deep: list[object] = []
+    for _ in range(150):
+        deep = [deep]
+    holds_itself: list[object] = []
+    holds_itself.append(holds_itself)
+    for value in (deep, holds_itself):
+        with pytest.raises(ConfigError, match="pass data that deep as one string"):
+            Workflow().function(len, value)
+
+    class Tree:  # the user's own object: not searched for references, however deep
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    Workflow().function(lambda tree: 1, Tree(deep))
