@@ -145,6 +145,9 @@ class _Messages(io.TextIOBase):
             except (OSError, ValueError):
                 self.stream = None
 
+    def writable(self) -> bool:
+        return True
+
     def isatty(self) -> bool:
         try:
             return self.stream is not None and self.stream.isatty()
