@@ -443,26 +443,38 @@ def test_trace_show_on_a_binary_file_or_a_journal_is_one_line(tmp_path: Path) ->
 # -- Ctrl-C ----------------------------------------------------------------------------
 
 
-def _interrupt(args: Sequence[str], started: Any) -> tuple[int, str, str]:
+def _interrupt(
+    args: Sequence[str],
+    started: Any,
+    stop: signal.Signals = signal.SIGINT,
+    *,
+    preexec_fn: Any = None,
+    first: Any = None,
+) -> tuple[int, str, str, int]:
+    """Run the command until ``started(process)``, then (after ``first(process)``, if
+    given) send it ``stop``: its exit code, stdout, stderr and process id."""
     process = subprocess.Popen(
         [str(COMMAND), *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(),
+        preexec_fn=preexec_fn,
     )
     try:
         deadline = time.monotonic() + 60
-        while not started() and process.poll() is None and time.monotonic() < deadline:
+        while not started(process) and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         assert process.poll() is None, "the command ended before it could be interrupted"
-        process.send_signal(signal.SIGINT)
+        if first is not None:
+            first(process)
+        process.send_signal(stop)
         out, err = process.communicate(timeout=30)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    return process.returncode, out.decode(), err.decode()
+    return process.returncode, out.decode(), err.decode(), process.pid
 
 
 @pytest.mark.parametrize("as_json", [False, True])
@@ -472,8 +484,8 @@ def test_ctrl_c_during_run_is_one_line_and_exit_130(text_file: Path, as_json: bo
         # --quiet: no progress lines (a feature of their own), so stderr is only what
         # Ctrl-C printed.
         extra = ("--json",) if as_json else ("--quiet",)
-        code, out, err = _interrupt(
-            [*run_args(server, text_file, *extra)], lambda: len(server.requests) >= 1
+        code, out, err, _ = _interrupt(
+            [*run_args(server, text_file, *extra)], lambda _: len(server.requests) >= 1
         )
     assert code == 130
     err = without_progress(err)
@@ -488,9 +500,9 @@ def test_ctrl_c_still_writes_the_report_of_what_ran(text_file: Path, tmp_path: P
     block = "```repl\nimport time\ntime.sleep(60)\n```"
     report = tmp_path / "run.html"
     with FakeOpenAIServer(lambda body: block) as server:
-        code, out, err = _interrupt(
+        code, out, err, _ = _interrupt(
             [*run_args(server, text_file, "--quiet", "--report", str(report))],
-            lambda: len(server.requests) >= 1,
+            lambda _: len(server.requests) >= 1,
         )
     assert code == 130, err
     assert f"report written to {report}" in err
@@ -550,33 +562,22 @@ def test_sigterm_and_sighup_clean_up_like_ctrl_c(
     # The block says it runs (a sub-call the server sees), then sleeps.
     block = "```repl\nllm_query('the block runs')\nimport time\ntime.sleep(60)\n```"
     temp = tempfile.gettempdir()
+
+    def started(process: subprocess.Popen[bytes]) -> bool:
+        running = any(last_user_message(b) == "the block runs" for b in server.bodies)
+        mine = f"rlm-graph-{process.pid}-subprocess"
+        return running and any(n.startswith(mine) for n in os.listdir(temp))
+
     with FakeOpenAIServer(lambda body: block) as server:
-        process = subprocess.Popen(
-            [str(COMMAND), *run_args(server, text_file, "--quiet")],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_env(),
+        code, _, err, pid = _interrupt(
+            run_args(server, text_file, "--quiet"),
+            started,
+            stop,
             preexec_fn=_as_background_job if background else None,
         )
-        mine = f"rlm-graph-{process.pid}-subprocess"
-        try:
-            deadline = time.monotonic() + 60
-            while process.poll() is None and time.monotonic() < deadline:
-                running = any(last_user_message(b) == "the block runs" for b in server.bodies)
-                if running and any(n.startswith(mine) for n in os.listdir(temp)):
-                    break
-                time.sleep(0.02)
-            assert process.poll() is None, "the command ended before it could be stopped"
-            process.send_signal(stop)
-            _, err = process.communicate(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert process.returncode == 128 + stop
-    assert without_progress(err.decode()).strip() == f"rlm-graph run: interrupted ({stop.name})"
-    assert [n for n in os.listdir(temp) if n.startswith(f"rlm-graph-{process.pid}-")] == []
+    assert code == 128 + stop
+    assert without_progress(err).strip() == f"rlm-graph run: interrupted ({stop.name})"
+    assert [n for n in os.listdir(temp) if n.startswith(f"rlm-graph-{pid}-")] == []
 
 
 def test_a_batch_stopped_by_sigterm_says_so_and_an_ignored_sighup_stays_ignored(
@@ -586,39 +587,28 @@ def test_a_batch_stopped_by_sigterm_says_so_and_an_ignored_sighup_stays_ignored(
     hang-up does not stop it, a SIGTERM does, with 143 and how to resume."""
     items = tmp_path / "items.jsonl"
     items.write_text("".join(f'{{"id": {i}, "context": "c", "query": "q{i}"}}\n' for i in range(4)))
-    out = tmp_path / "results.jsonl"
 
     def nohup_background() -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _as_background_job()
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    def hang_up(process: subprocess.Popen[bytes]) -> None:
+        process.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        assert process.poll() is None, "a hang-up the command was started ignoring stopped it"
 
     slow = "```repl\nimport time\ntime.sleep(60)\n```"
     with FakeOpenAIServer(lambda body: slow) as server:
-        args = ["batch", "--input", str(items), "--output", str(out)]
-        args += ["--model", "m", "--base-url", server.base_url]
-        process = subprocess.Popen(
-            [str(COMMAND), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_env(),
+        args = ["batch", "--input", str(items), "--output", str(tmp_path / "results.jsonl")]
+        code, _, err, _ = _interrupt(
+            [*args, "--model", "m", "--base-url", server.base_url],
+            lambda _: len(server.bodies) >= 4,
+            signal.SIGTERM,
             preexec_fn=nohup_background,
+            first=hang_up,
         )
-        try:
-            deadline = time.monotonic() + 60
-            while len(server.bodies) < 4 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            process.send_signal(signal.SIGHUP)
-            time.sleep(0.5)
-            assert process.poll() is None, "a hang-up the command was started ignoring stopped it"
-            process.send_signal(signal.SIGTERM)
-            _, err = process.communicate(timeout=30)
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    assert process.returncode == 143, err
-    assert "rlm-graph batch: interrupted (SIGTERM) after 0 items; rerun" in err.decode()
+    assert code == 143, err
+    assert "rlm-graph batch: interrupted (SIGTERM) after 0 items; rerun" in err
 
 
 def test_a_closed_stderr_loses_no_answer(text_file: Path) -> None:
