@@ -30,18 +30,32 @@ class TextFinal:
         return f"TextFinal({self.kind!r}, {self.value!r})"
 
 
-def _balanced(text: str, start: int) -> int | None:
-    """Index of the ``)`` closing the ``(`` just before ``start``, or None."""
+_SPECIAL = re.compile(r"[()\"'\\]")
+"""What the balancing scan stops at; the text between goes by at the regex's speed."""
+
+_WORK = 200_000
+"""Characters of that kind one reply's scans may visit in all: a reply of many
+``FINAL(`` lines that never close would otherwise cost its length squared."""
+
+
+def _balanced(text: str, start: int, budget: list[int]) -> int | None:
+    """Index of the ``)`` closing the ``(`` just before ``start``, or None (not closed,
+    or ``budget[0]``, the work left, ran out)."""
     depth = 1
     quote: str | None = None
-    i = start
-    while i < len(text):
-        ch = text[i]
+    skip = -1  # the character after a backslash in a string
+    for match in _SPECIAL.finditer(text, start):
+        at = match.start()
+        if at <= skip:
+            continue
+        budget[0] -= 1
+        if budget[0] < 0:
+            return None
+        ch = match.group()
         if quote:
             if ch == "\\":
-                i += 2
-                continue
-            if ch == quote:
+                skip = at + 1
+            elif ch == quote:
                 quote = None
         elif ch in "\"'":
             quote = ch
@@ -50,8 +64,7 @@ def _balanced(text: str, start: int) -> int | None:
         elif ch == ")":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return at
     return None
 
 
@@ -63,13 +76,15 @@ def _unquote(value: str) -> str:
 
 
 def find_text_final(text: str) -> TextFinal | None:
-    """The last ``FINAL(...)``/``FINAL_VAR(...)`` at the start of a line outside fences."""
+    """The last ``FINAL(...)``/``FINAL_VAR(...)`` at the start of a line outside fences
+    whose parentheses close; looked for from the end, within a bounded amount of work
+    (`_WORK`), so that a hostile reply costs no more than a long one."""
     prose = _FENCE.sub(lambda m: " " * len(m.group(0)), text)
-    found: TextFinal | None = None
-    for match in _START.finditer(prose):
-        end = _balanced(prose, match.end())
-        if end is None:
-            continue
-        inner = text[match.end() : end]
-        found = TextFinal(match.group(1), _unquote(inner))
-    return found
+    budget = [_WORK]
+    for match in reversed(list(_START.finditer(prose))):
+        end = _balanced(prose, match.end(), budget)
+        if end is not None:
+            return TextFinal(match.group(1), _unquote(text[match.end() : end]))
+        if budget[0] < 0:
+            return None
+    return None
