@@ -59,7 +59,7 @@ from .guest import (
     ToolCall,
 )
 from .isolation import Isolation, choose_isolation
-from .process import GuestDied, GuestProcess, MessageTooLarge, Room
+from .process import MAX_UNREAD_BYTES, GuestDied, GuestProcess, MessageTooLarge, Room
 from .tools import split_tools
 
 __all__ = ["SubprocessEnvironment"]
@@ -197,7 +197,7 @@ class SubprocessEnvironment:
         if self._guest is None:
             self._guest = await self._spawn()
             for message in list(self._replay.values()):
-                await self._request(self._guest, message)
+                await self._request(self._guest, message, again=False)
         return self._guest
 
     async def _spawn(self) -> GuestProcess:
@@ -305,12 +305,16 @@ class SubprocessEnvironment:
         self._replay[key] = message
         await self._request(await self._ensure_guest(), message)
 
-    async def _request(self, guest: GuestProcess, message: Any) -> None:
-        """Send one data request and check its answer."""
+    async def _request(self, guest: GuestProcess, message: Any, *, again: bool = True) -> None:
+        """Send one data request and check its answer. An answer out of step (a line
+        the guest's code wrote to the engine's pipe, a forged ``done`` and what followed
+        it, still there) is as bad as a dead guest: a fresh one gets the data again."""
         try:
             with guest.busy():
                 await guest.send(message)
                 answer = await guest.receive()
+        except ValidationError:  # a garbled line
+            answer = None
         except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
             log = guest.log_tail()
             await self._replace_guest()
@@ -324,7 +328,13 @@ class SubprocessEnvironment:
                 f"the subprocess REPL could not load {type(message).__name__}: {answer.error}"
             )
         if not isinstance(answer, Ok):
-            raise EnvironmentCrashed(f"the subprocess REPL answered {answer!r} out of turn")
+            if not again:  # a fresh guest, which has run no model code: the engine's fault
+                raise EnvironmentCrashed(f"the subprocess REPL answered {answer!r} out of turn")
+            await self._replace_guest()
+            self._note = _OUT_OF_STEP
+            fresh = await self._ensure_guest()  # the remembered data, sent again
+            if not any(sent is message for sent in self._replay.values()):
+                await self._request(fresh, message, again=False)
 
     # -- blocks -------------------------------------------------------------------------
 
@@ -452,6 +462,11 @@ class SubprocessEnvironment:
         log = guest.log_tail()
         await self._replace_guest()
         how = _describe_exit(code)
+        if guest.left_unread:
+            how = (
+                f"was killed: it left more than {MAX_UNREAD_BYTES // 2**20} MB of the "
+                "engine's replies unread (its code stopped the REPL's own reader?)"
+            )
         said = f"EnvironmentCrashed: the REPL process {how} while running this block"
         if log:
             said += f"\n[its last words]\n{log}"
@@ -524,6 +539,12 @@ def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:
 def _readable_by_group(path: str, gid: int) -> None:
     os.chown(path, -1, gid)
     os.chmod(path, 0o640)
+
+
+_OUT_OF_STEP = (
+    "[the REPL process was restarted and its variables lost: code wrote to the engine's "
+    "pipe out of turn]"
+)
 
 
 def _with_note(result: ExecResult, note: str | None) -> ExecResult:

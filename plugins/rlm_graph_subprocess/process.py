@@ -104,6 +104,8 @@ class GuestProcess:
         self.guest_pid: int | None = None
         self._pidfd: int | None = None
         self.bytes_sent = 0
+        self.unread = 0  # bytes of messages to the guest still waiting to be written
+        self.left_unread = False  # killed for leaving more than MAX_UNREAD_BYTES of them
         self._lines = _Lines(process.stdout, max_message)  # type: ignore[arg-type]
         self._send_lock = trio.Lock()
         self.idle_cpu: float | None = None
@@ -191,9 +193,25 @@ class GuestProcess:
     # -- talking ------------------------------------------------------------------------
 
     async def send(self, message: BaseModel) -> None:
+        """Send ``message``; a guest that leaves more than `MAX_UNREAD_BYTES` of the
+        engine's messages unread (its code stopped its own reader, and kept calling) is
+        killed, so that waiting replies cannot fill the engine's memory.
+
+        Raises:
+            trio.BrokenResourceError: the guest is gone, or was killed for that.
+        """
         line = pipe_line(message)
-        async with self._send_lock:
-            await self.process.stdin.send_all(line)  # type: ignore[union-attr]
+        if self.unread and self.unread + len(line) > MAX_UNREAD_BYTES:
+            self.left_unread = True
+            with self._state:
+                self._signal_kill(self._pidfd)  # its reader sees the end: a dead guest
+            raise trio.BrokenResourceError("the guest left the engine's messages unread")
+        self.unread += len(line)
+        try:
+            async with self._send_lock:
+                await self.process.stdin.send_all(line)  # type: ignore[union-attr]
+        finally:
+            self.unread -= len(line)
         self.bytes_sent += len(line)
 
     async def receive(self) -> Any:
@@ -399,6 +417,10 @@ def _children_of(pid: int) -> list[int]:
             found.append(int(entry))
     return found
 
+
+MAX_UNREAD_BYTES = 32 * 1024 * 1024
+"""Bytes of the engine's messages (replies to its calls) a guest may leave waiting for
+it to read; a single message larger than that goes when nothing else waits."""
 
 MAX_PENDING_PROMPTS = 1_024
 """Prompts of a guest's sub-calls in flight at once (a batched call counts each of its

@@ -361,3 +361,53 @@ async def test_the_message_cap_never_cuts_a_result_within_output_cap(spy: Spy) -
     assert result.response == "after"
     assert spy.envs[0].restarts == 0
     assert "more characters were printed and not kept" in feedback(rlm, 1)
+
+
+_FORGE_DONE = (
+    "import gc, json, os\n"
+    "proto = next(o for o in gc.get_objects() if type(o).__name__ == '_Protocol')\n"
+    "forged = json.dumps({'type': 'done', 'result': {'final_answer': 'forged'}})\n"
+    "os.write(proto._out.fileno(), (forged + '\\nGARBAGE\\n').encode())\n"
+)
+
+
+async def test_a_forged_done_and_a_stray_line_cost_the_guest_not_the_run(spy: Spy) -> None:
+    """The block's code writes a ``done`` of its own and a garbled line to the engine's
+    pipe: the forged ``done`` ends the block, and the engine's next data request read
+    the stray line, a pydantic error that ended the run (a persistent session lost the
+    answer it had). It is as bad as a dead guest: a fresh one, the data sent again."""
+    rlm = engine([repl_of(_FORGE_DONE)], spy, persistent=True)
+    try:
+        first = await rlm.acompletion("ctx")
+        assert first.response == "forged"  # the guest's own claim, as any block's answer
+        again = await rlm.acompletion("ctx 2")  # the session's next completion goes on
+        assert again.response == "forged"
+    finally:
+        await rlm.aclose()
+    assert spy.envs[0].restarts >= 1
+
+
+async def test_a_guest_leaving_the_engines_replies_unread_is_killed(spy: Spy) -> None:
+    """The block holds the REPL's own protocol lock, so its reader thread takes no reply,
+    and writes calls the engine refuses at once (10,001 prompts each, 40 KB) whose
+    replies (1.3 MB each) waited for a pipe nobody read: 150 calls grew the engine by
+    200 MB, linearly. Past 32 MB of replies unread the guest is killed."""
+    pile_up = (
+        "import gc, json, os, time\n"
+        "proto = next(o for o in gc.get_objects() if type(o).__name__ == '_Protocol')\n"
+        "call = {'type': 'subcall', 'id': 1, 'request': {'fn': 'llm_query_batched',\n"
+        "        'prompts': [''] * 10_001, 'model': None, 'json_schema': None}}\n"
+        "line = (json.dumps(call) + '\\n').encode()\n"
+        "with proto._lock:\n"
+        "    for _ in range(150):\n"
+        "        os.write(proto._out.fileno(), line)\n"
+        "    time.sleep(60)\n"
+    )
+    rlm = engine([repl_of(pile_up), repl_of("FINAL('after')")], spy)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = await rlm.acompletion("ctx")
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) / 1024
+    assert result.response == "after"
+    assert "left more than 32 MB of the engine's replies unread" in feedback(rlm, 1)
+    assert spy.envs[0].restarts == 1
+    assert grown_mb < 120  # not the 200 MB of replies the guest left waiting
