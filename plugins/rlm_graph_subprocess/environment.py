@@ -487,13 +487,19 @@ class _CpuWatchdog:
         self.fired = False
 
     async def watch(self, block: trio.CancelScope) -> None:
-        start = self.guest.cpu_seconds()
-        if self.limit is None or start is None:
+        last = self.guest.cpu_seconds()
+        if self.limit is None or last is None:
             return
+        # Growth summed sample by sample: a child that exits unreaped (SIGCHLD ignored)
+        # takes its CPU time out of the tree's total, which must not give it back.
+        spent = 0.0
         while True:
             await trio.sleep(_CPU_POLL)
             used = self.guest.cpu_seconds()
-            if used is not None and used - start > self.limit + _CPU_GRACE:
+            if used is None:
+                continue
+            spent, last = spent + max(0.0, used - last), used
+            if spent > self.limit + _CPU_GRACE:
                 self.fired = True
                 block.cancel()
                 return
