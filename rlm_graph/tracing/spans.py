@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
+import trio
 from opentelemetry import context as otel_context, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import (
@@ -251,8 +252,12 @@ class NodeTracer:
         try:
             yield span
         except BaseException as exc:
-            span.set_status(Status(StatusCode.ERROR, self._describe(str(exc))))
-            span.set_attribute("error.type", type(exc).__name__)
+            stopped = _stopped_by(exc)
+            if stopped is not None:  # cut, not failed: status UNSET, as its nodes'
+                span.set_attribute("rlm.stop_reason", stopped)
+            else:
+                span.set_status(Status(StatusCode.ERROR, self._describe(str(exc))))
+                span.set_attribute("error.type", type(exc).__name__)
             raise
         finally:
             self._root = outer
@@ -495,3 +500,22 @@ def _messages(role: str, text: str, finish_reason: str | None = None) -> str:
     if role == "assistant":
         message["finish_reason"] = finish_reason or "stop"
     return json.dumps([message], ensure_ascii=False)
+
+
+def _stopped_by(exc: BaseException) -> str | None:
+    """Why a run ended by ``exc`` was cut rather than failed: ``"interrupted"`` (Ctrl-C,
+    SIGTERM), ``"cancelled"`` (its caller cancelled it: a stream left early, a cancel
+    scope around it); None for a failure (anything else among them makes it one)."""
+    leaves: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        one = todo.pop()
+        if isinstance(one, BaseExceptionGroup):
+            todo.extend(one.exceptions)
+        else:
+            leaves.append(one)
+    if not all(isinstance(one, KeyboardInterrupt | trio.Cancelled) for one in leaves):
+        return None
+    return (
+        "interrupted" if any(isinstance(one, KeyboardInterrupt) for one in leaves) else "cancelled"
+    )

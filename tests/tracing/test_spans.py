@@ -296,3 +296,50 @@ def test_captured_content_is_the_node_s_whole_text_up_to_the_limit(memory: Memor
     got = json.loads(span.attributes["gen_ai.output.messages"])  # type: ignore[arg-type,index]
     assert len(given[0]["parts"][0]["content"]) == CONTENT_LIMIT
     assert got[0]["parts"][0]["content"] == long_out
+
+
+async def test_a_run_cut_by_ctrl_c_or_by_its_caller_is_not_an_error(memory: Memory) -> None:
+    """Its span keeps status UNSET and says why (`rlm.stop_reason`), as its nodes do: it
+    was an ERROR with ``KeyboardInterrupt``, a nursery's group or trio's ``Cancelled``,
+    and a report rebuilt from the trace lost "interrupted"."""
+    tracer = NodeTracer(memory.provider)
+    with trio.CancelScope() as caller:  # a stream left early cancels the run like this
+        with tracer.run_span("invoke_agent rlm", {}):
+            caller.cancel()
+            await trio.sleep(1)
+    with pytest.raises(KeyboardInterrupt), tracer.run_span("invoke_agent rlm", {}):
+        raise KeyboardInterrupt
+    group = BaseExceptionGroup("a nursery's", [KeyboardInterrupt(), trio.Cancelled._create()])
+    with pytest.raises(BaseExceptionGroup), tracer.run_span("invoke_workflow", {}):
+        raise group
+    mixed = BaseExceptionGroup("a failure too", [KeyboardInterrupt(), RuntimeError("boom")])
+    with pytest.raises(BaseExceptionGroup), tracer.run_span("invoke_workflow", {}):
+        raise mixed
+    cancelled, interrupted, in_group, failed = memory.spans
+    for span, why in [
+        (cancelled, "cancelled"),
+        (interrupted, "interrupted"),
+        (in_group, "interrupted"),
+    ]:
+        assert span.status.status_code == StatusCode.UNSET
+        assert attrs(span)["rlm.stop_reason"] == why
+        assert "error.type" not in attrs(span)
+    assert failed.status.status_code == StatusCode.ERROR
+
+
+def test_a_workflow_stopped_by_ctrl_c_says_so_on_its_span(memory: Memory) -> None:
+    import os
+    import signal
+
+    engine = Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=memory.provider)
+    wf = Workflow()
+
+    async def press_ctrl_c() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        await trio.sleep_forever()
+
+    wf.function(press_ctrl_c, id="pressed")
+    assert engine.run(wf).stop_reason == "interrupted"
+    (run,) = memory.run_spans()
+    assert run.status.status_code == StatusCode.UNSET
+    assert attrs(run)["rlm.stop_reason"] == "interrupted"
