@@ -19,7 +19,7 @@ from ..events import RunFinished
 from ..graph import Graph, from_json
 from ..hooks import hookimpl
 from ..report import write_report
-from ..tracing import TraceFileError, load_trace, to_graph
+from ..tracing import TraceFileError, choose_run, load_trace, to_graph
 from . import EXIT_OK, EXIT_USAGE, refuse
 from .trace import SQLITE_MAGIC, journal_graph
 
@@ -93,9 +93,10 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
         spans = load_trace(path)
     except TraceFileError as exc:
         raise TraceFileError(f"{exc} (or a graph JSON, or a journal)") from None
-    graph = to_graph(spans, trace_id)
+    chosen = choose_run(spans, trace_id)  # the run's own stop reason, not another's
+    graph = to_graph(chosen)
     stops = [
-        s.attributes.get("rlm.stop_reason") for s in spans if "rlm.stop_reason" in s.attributes
+        s.attributes.get("rlm.stop_reason") for s in chosen if "rlm.stop_reason" in s.attributes
     ]
     return graph, str(stops[0]) if stops else None
 

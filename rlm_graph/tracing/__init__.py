@@ -29,6 +29,7 @@ from .files import TraceFileExporter as TraceFileExporter
 from .reader import (
     TraceFileError as TraceFileError,
     TraceSpan as TraceSpan,
+    choose_run as choose_run,
     load_trace as load_trace,
     to_graph as to_graph,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "TraceFileExporter",
     "TraceMode",
     "TraceSpan",
+    "choose_run",
     "configure_tracing",
     "close_tracing",
     "flush_tracing",

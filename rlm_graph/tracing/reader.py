@@ -27,7 +27,16 @@ from ..contracts import Usage
 from ..errors import GraphError, RLMGraphError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
-__all__ = ["TraceFileError", "TraceSpan", "load_trace", "parse_trace", "split_traces", "to_graph"]
+__all__ = [
+    "TraceFileError",
+    "TraceSpan",
+    "choose_run",
+    "load_trace",
+    "parse_trace",
+    "split_runs",
+    "split_traces",
+    "to_graph",
+]
 
 _KINDS = {0: "unspecified", 1: "internal", 2: "server", 3: "client", 4: "producer", 5: "consumer"}
 _STATUS = {0: "unset", 1: "ok", 2: "error"}
@@ -284,25 +293,66 @@ def split_traces(spans: Sequence[TraceSpan]) -> dict[str, list[TraceSpan]]:
     return traces
 
 
+def split_runs(spans: Sequence[TraceSpan]) -> dict[str, list[TraceSpan]]:
+    """Spans by run: a trace holding one run is keyed by its trace id; one holding
+    several (a program that ran ``completion()`` twice under a span of its own) by
+    ``<trace id>/<run span id>`` for each, its run span and the spans below it."""
+    runs: dict[str, list[TraceSpan]] = {}
+    for trace_id, group in split_traces(spans).items():
+        heads = [s for s in group if s.node_id is None and s.name.startswith(_RUN_SPANS)]
+        if len(heads) <= 1:
+            runs[trace_id] = group
+            continue
+        by_id = {span.span_id: span for span in group}
+        keys = {head.span_id: f"{trace_id}/{head.span_id}" for head in heads}
+        for span in group:
+            above: TraceSpan | None = span
+            while above is not None and above.span_id not in keys:
+                above = by_id.get(above.parent_id or "")
+            if above is not None:
+                runs.setdefault(keys[above.span_id], []).append(span)
+    return runs
+
+
+_RUN_SPANS = ("invoke_agent", "invoke_workflow")
+
+
+def choose_run(spans: Sequence[TraceSpan], trace_id: str | None = None) -> list[TraceSpan]:
+    """The spans of the one run ``trace_id`` names (a trace id, or ``<trace id>/<run
+    span id>`` where a trace holds several runs); with no ``trace_id``, the file's only one.
+
+    Raises:
+        TraceFileError: several runs and no ``trace_id`` naming one, or an unknown one.
+    """
+    runs = split_runs(spans)
+    if trace_id is None and len(runs) > 1:
+        raise TraceFileError(
+            f"the file holds {len(runs)} runs ({', '.join(runs)}); choose one with --trace-id"
+        )
+    chosen = runs.get(trace_id) if trace_id else next(iter(runs.values()), [])
+    if chosen is None:
+        several = [key for key in runs if key.startswith(f"{trace_id}/")]
+        if several:
+            raise TraceFileError(
+                f"trace {trace_id} holds {len(several)} runs ({', '.join(several)}); choose "
+                "one with --trace-id"
+            )
+        raise TraceFileError(f"no trace {trace_id!r} in the file; it holds {', '.join(runs)}")
+    return chosen
+
+
 def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
     """The graph of the run a trace recorded.
 
     Args:
         spans: spans of a trace file (`load_trace`).
-        trace_id: which trace, when the file holds several.
+        trace_id: which run, when the file holds several (`choose_run`).
 
     Raises:
-        TraceFileError: several traces and no ``trace_id``, an unknown ``trace_id``, or no
+        TraceFileError: several runs and no ``trace_id``, an unknown ``trace_id``, or no
             span with ``rlm.node.*`` attributes.
     """
-    traces = split_traces(spans)
-    if trace_id is None and len(traces) > 1:
-        raise TraceFileError(
-            f"the file holds {len(traces)} traces ({', '.join(traces)}); choose one with --trace-id"
-        )
-    chosen = traces.get(trace_id) if trace_id else next(iter(traces.values()), [])
-    if chosen is None:
-        raise TraceFileError(f"no trace {trace_id!r} in the file; it holds {', '.join(traces)}")
+    chosen = choose_run(spans, trace_id)
     nodes = [span for span in chosen if span.node_id is not None]
     if not nodes:
         raise TraceFileError(

@@ -246,3 +246,40 @@ def test_bad_otel_settings_are_one_line_and_exit_2(
     assert main([*command, *extra, "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "OTEL_TRACES_EXPORTER='jaeger'" in err
+
+
+def test_two_runs_in_one_trace_are_each_exported_and_reported_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program running two completions under a span of its own writes one trace with
+    two runs: export and report failed with a traceback (one graph, node ids twice),
+    and a report took its stop reason from any run of the file."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from rlm_graph import RLM
+    from rlm_graph.tracing import TraceFileExporter
+
+    provider = TracerProvider(shutdown_on_exit=False)
+    exporter = TraceFileExporter(tmp_path / "traces", formats=["otlp"])
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    endless = "```repl\nprint('working')\n```"
+    with provider.get_tracer("app").start_as_current_span("my application"):
+        RLM("scripted", {"responses": [endless, endless]}, tracer_provider=provider,
+            max_iterations=1).completion("first")  # fmt: skip
+        RLM("scripted", {"responses": ["```repl\nFINAL('two')\n```"]}, tracer_provider=provider
+            ).completion("second")  # fmt: skip
+    provider.shutdown()
+    (path,) = exporter.paths
+    assert main(["trace", "export", str(path)]) == 2
+    said = capsys.readouterr().err
+    keys = said.split("holds 2 runs (")[1].split(")")[0].split(", ")
+    assert all("/" in key for key in keys) and "choose one with --trace-id" in said
+    stops = []
+    for key in keys:
+        assert main(["trace", "export", str(path), "--trace-id", key]) == 0
+        assert capsys.readouterr().out.count('"turn-1" [') == 1
+        page = tmp_path / f"{key.split('/')[1]}.html"
+        assert main(["report", str(path), "--trace-id", key, "-o", str(page)]) == 0
+        stops.append(page.read_text().split('"stop_reason":')[1].split(",")[0])
+    assert sorted(stops) == ['"max_iterations"', "null"]
