@@ -20,6 +20,8 @@ import re
 import sys
 from typing import Any, TextIO
 
+from ..tracing.scrub import without_url_passwords
+
 __all__ = ["Output", "for_stream", "strip_control"]
 
 # ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
@@ -95,6 +97,8 @@ class Output:
         summary = getattr(result, "usage_summary", None)
         elapsed = getattr(result, "execution_time", None)
         text = message if message is not None else (str(error) if error is not None else None)
+        if text is not None:  # a base URL's password, quoted in an error, stays unsaid
+            text = without_url_passwords(text)
         if self.as_json:
             payload = {
                 "answer": answer if answer or error is None else None,  # failed, none: null

@@ -25,6 +25,7 @@ from .._files import destination_problem, write_private
 from ..errors import ConfigError, GraphError
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
+    Scrubber,
     TraceFileError,
     close_tracing,
     configure_tracing,
@@ -96,12 +97,13 @@ def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None
         return
     out = stream or sys.stderr
     if not close_tracing(provider, 1_000) and not trace_files(provider):
-        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"
-        )
+        variable = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+        if not os.environ.get(variable):
+            variable = "OTEL_EXPORTER_OTLP_ENDPOINT"
+        endpoint = os.environ.get(variable) or "http://localhost:4318"
         print(
-            f"rlm-graph: the trace could not be sent within 1 s to {endpoint}; check that the "
-            "collector runs (OTEL_EXPORTER_OTLP_ENDPOINT)",
+            f"rlm-graph: the trace could not be sent within 1 s to {Scrubber().scrub(endpoint)}; "
+            f"check that the collector runs ({variable})",
             file=out,
         )
     for path in trace_files(provider):

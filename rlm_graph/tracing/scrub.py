@@ -60,6 +60,16 @@ _PAIR = re.compile(
 )
 
 
+# ``https://user:password@host``: the user kept, the password dropped.
+_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)(?!\[REDACTED\])([^\s/@]+)@")
+
+
+def without_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:password@``)
+    replaced by ``[REDACTED]``: what a command prints of a base URL or an endpoint."""
+    return _USERINFO.sub(lambda found: found.group(1) + REDACTED + "@", text)
+
+
 def _keep_name(found: re.Match[str]) -> str:
     return (found.group(1) or found.group(3)) + REDACTED
 
@@ -71,7 +81,8 @@ def secret_values(
 
     A value counts when its name holds ``KEY``, ``TOKEN``, ``SECRET``, ``PASSWORD`` (and a
     few spellings) and it is a string of at least `MIN_SECRET_CHARS` characters; a keyword
-    ending in ``_env`` (``api_key_env``) names a variable and is not one.
+    ending in ``_env`` (``api_key_env``) names a variable and is not one. The password of
+    a URL among ``kwargs`` (a ``base_url`` with ``user:password@``) is one too.
 
     Args:
         kwargs: keyword arguments, e.g. a provider's ``backend_kwargs`` (``api_key``).
@@ -82,6 +93,11 @@ def secret_values(
     """
     found: set[str] = set()
     keywords = kwargs or {}
+    for value in keywords.values():  # a URL's password (``base_url="https://u:pw@host"``)
+        if isinstance(value, str) and "@" in value:
+            found.update(
+                m.group(2) for m in _USERINFO.finditer(value) if len(m.group(2)) >= MIN_SECRET_CHARS
+            )
     for source in (keywords, os.environ if environ is None else environ):
         for name, value in source.items():
             if (
@@ -197,7 +213,7 @@ class Scrubber:
         ``[REDACTED]``."""
         text = self.scrub_literals(text)
         text = _SHAPES.sub(REDACTED, text)
-        return _PAIR.sub(_keep_name, text)
+        return _PAIR.sub(_keep_name, without_url_passwords(text))
 
     def __call__(self, text: str) -> str:
         return self.scrub(text)

@@ -283,3 +283,29 @@ def test_two_runs_in_one_trace_are_each_exported_and_reported_alone(
         assert main(["report", str(path), "--trace-id", key, "-o", str(page)]) == 0
         stops.append(page.read_text().split('"stop_reason":')[1].split(",")[0])
     assert sorted(stops) == ['"max_iterations"', "null"]
+
+
+def test_a_password_in_a_url_is_never_printed_or_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base URL's ``user:password@`` reached the error line, both trace files and the
+    report; an OTLP endpoint's, the line saying the trace could not be sent."""
+    from rlm_graph.tracing.scrub import Scrubber, secret_values
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("ctx")
+    base = "http://bob:s3cretPassw0rd@127.0.0.1:9/v1"
+    args = ["run", "--context", "c.txt", "--query", "q", "--model", "m", "--base-url", base]
+    report = tmp_path / "run.html"
+    code = main([*args, "--max-attempts", "1", "-q", "--trace", "file", "--report", str(report)])
+    assert code == 4
+    said = capsys.readouterr().err
+    assert "http://bob:[REDACTED]@127.0.0.1:9/v1" in said
+    written = [report, *(tmp_path / "traces").iterdir()]
+    assert len(written) == 3
+    for path in [*written]:
+        assert "s3cretPassw0rd" not in path.read_text(), path
+    assert "s3cretPassw0rd" not in said
+    assert secret_values({"base_url": base}, environ={}) == ["s3cretPassw0rd"]
+    shown = Scrubber(environ={}).scrub("to http://user:hunter2pass@h:9 and ftp://u:longpass1@h")
+    assert shown == "to http://user:[REDACTED]@h:9 and ftp://u:[REDACTED]@h"
