@@ -108,7 +108,8 @@ def configure_tracing(
 
     Raises:
         ConfigError: an unknown mode, an OTLP protocol other than ``http/protobuf`` and
-            ``grpc``, or ``grpc`` without the ``grpc`` extra installed.
+            ``grpc``, ``grpc`` without the ``grpc`` extra installed, or ``OTEL_BSP_*``
+            settings the SDK refuses.
     """
     if mode not in TRACE_MODES:
         raise ConfigError(f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}")
@@ -116,15 +117,24 @@ def configure_tracing(
         return NoOpTracerProvider()
     provider = SDKTracerProvider(resource=_resource(service_name))
     exporter = exporter or _exporter(mode, directory, formats)
+    try:
+        if isinstance(exporter, TraceFileExporter):
+            # A file keeps every span: the SDK's queue of 2,048 dropped spans of a run that
+            # ended them faster than the file was written (half of a 20,000-node run's).
+            processor = BatchSpanProcessor(
+                exporter, max_queue_size=FILE_QUEUE_SPANS, max_export_batch_size=2048
+            )
+        else:
+            processor = BatchSpanProcessor(exporter)
+    except ValueError as exc:  # the SDK's check of the OTEL_BSP_* variables
+        bsp = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("OTEL_BSP_")]
+        raise ConfigError(
+            f"the span batch settings are refused ({exc}): {', '.join(bsp) or 'none set'}; "
+            "each must be a positive number, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at most "
+            "OTEL_BSP_MAX_QUEUE_SIZE"
+        ) from None
     if isinstance(exporter, TraceFileExporter):
         _file_exporters[provider] = exporter
-        # A file keeps every span: the SDK's queue of 2,048 dropped spans of a run that
-        # ended them faster than the file was written (half of a 20,000-node run's).
-        processor = BatchSpanProcessor(
-            exporter, max_queue_size=FILE_QUEUE_SPANS, max_export_batch_size=2048
-        )
-    else:
-        processor = BatchSpanProcessor(exporter)
     provider.add_span_processor(processor)
     return provider
 

@@ -309,3 +309,30 @@ def test_a_password_in_a_url_is_never_printed_or_written(
     assert secret_values({"base_url": base}, environ={}) == ["s3cretPassw0rd"]
     shown = Scrubber(environ={}).scrub("to http://user:hunter2pass@h:9 and ftp://u:longpass1@h")
     assert shown == "to http://user:[REDACTED]@h:9 and ftp://u:[REDACTED]@h"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "trace"),
+    [
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096", "otlp"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "otlp"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "0", "file"),
+    ],
+)
+def test_batch_settings_the_sdk_refuses_are_one_line_and_exit_2(
+    variable: str,
+    value: str,
+    trace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """They were the SDK's ValueError from deep inside, exit 1."""
+    monkeypatch.setenv(variable, value)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("ctx")
+    args = ["run", "--backend", "scripted", "--context", "c.txt", "--query", "q", "--model", "m"]
+    assert main([*args, "--trace", trace, "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{variable}='{value}'" in err
+    assert "the span batch settings are refused" in err
