@@ -102,8 +102,9 @@ def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None
             variable = "OTEL_EXPORTER_OTLP_ENDPOINT"
         endpoint = os.environ.get(variable) or "http://localhost:4318"
         print(
-            f"rlm-graph: the trace could not be sent within 1 s to {Scrubber().scrub(endpoint)}; "
-            f"check that the collector runs ({variable})",
+            f"rlm-graph: the trace could not be sent to {Scrubber().scrub(endpoint)} (the "
+            f"collector refused it, or did not answer within 1 s); check that the collector "
+            f"runs and the endpoint ({variable})",
             file=out,
         )
     for path in trace_files(provider):

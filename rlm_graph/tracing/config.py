@@ -33,8 +33,13 @@ from typing import Literal, get_args
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
-from opentelemetry.sdk.trace import TracerProvider as SDKTracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider as SDKTracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+    SpanExportResult,
+)
 from opentelemetry.trace import NoOpTracerProvider, TracerProvider
 
 from .._files import destination_problem
@@ -74,6 +79,7 @@ _from_env_lock = threading.Lock()
 _file_exporters: weakref.WeakKeyDictionary[TracerProvider, TraceFileExporter] = (
     weakref.WeakKeyDictionary()
 )
+_watched: weakref.WeakKeyDictionary[TracerProvider, _Watched] = weakref.WeakKeyDictionary()
 
 FILE_QUEUE_SPANS = 1 << 20
 """Spans a trace file's processor holds while its writer catches up (the SDK's default,
@@ -135,15 +141,42 @@ def configure_tracing(
         ) from None
     if isinstance(exporter, TraceFileExporter):
         _file_exporters[provider] = exporter
+    if isinstance(exporter, _Watched):
+        _watched[provider] = exporter
     provider.add_span_processor(processor)
     return provider
+
+
+class _Watched(SpanExporter):
+    """An exporter that remembers the spans it could not export: a collector that
+    refused them (404, 400) answers at once, and the SDK's flush still says all is well."""
+
+    def __init__(self, inner: SpanExporter) -> None:
+        self.inner = inner
+        self.lost = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:
+            self.lost += len(spans)
+            raise
+        if result is not SpanExportResult.SUCCESS:
+            self.lost += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.inner.force_flush(timeout_millis)
 
 
 def _exporter(
     mode: TraceMode, directory: str | os.PathLike[str] | None, formats: Sequence[TraceFormat]
 ) -> SpanExporter:
     if mode == "otlp":
-        return _otlp_exporter(_check_protocol(os.environ))
+        return _Watched(_otlp_exporter(_check_protocol(os.environ)))
     if mode == "file":
         folder = directory or os.environ.get(TRACE_DIR_ENV) or DEFAULT_TRACE_DIR
         problem = destination_problem(folder, folder=True)
@@ -299,13 +332,14 @@ def close_tracing(provider: TracerProvider | None, timeout_millis: int = 1_000) 
     however long a large trace takes: a disk is not a collector that may be down.
 
     Returns:
-        ``True`` when every span was exported.
+        ``True`` when every span was exported (an OTLP collector refusing some is not).
     """
     if provider is not None and provider in _file_exporters:
         sent = flush_tracing(provider, 3_600_000)
         provider.shutdown()  # type: ignore[attr-defined]
         return sent
-    sent = flush_tracing(provider, timeout_millis)
+    watched = _watched.get(provider) if provider is not None else None
+    sent = flush_tracing(provider, timeout_millis) and not (watched and watched.lost)
     shutdown = getattr(provider, "shutdown", None)
     if callable(shutdown):
         at_exit = getattr(provider, "_atexit_handler", None)  # the SDK's, unbounded

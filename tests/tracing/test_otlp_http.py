@@ -23,12 +23,19 @@ class Receiver:
     def __init__(self) -> None:
         self.spans: list[dict[str, object]] = []
         self.requests = 0
+        self.refuse = 0  # a status to answer with instead of taking the spans
         self.lock = threading.Lock()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
+                if receiver.refuse:
+                    receiver.requests += 1
+                    self.send_response(receiver.refuse)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
                 request = ExportTraceServiceRequest.FromString(body)
@@ -164,3 +171,24 @@ def test_the_otel_variables_configure_a_completion_only_when_asked_and_it_is_flu
     names = sorted(str(s["name"]) for s in receiver.spans)
     assert names.count("invoke_agent rlm") == 1 and names.count("execute_tool repl") == 1
     provider.shutdown()  # type: ignore[attr-defined]
+
+
+def test_spans_a_collector_refuses_are_said_lost(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector answering 404 (a wrong path) lost every span while the command said
+    nothing: the SDK's flush still reports success."""
+    import io
+
+    from rlm_graph.cli.trace import finish_tracing
+
+    receiver.refuse = 404
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    provider = configure_tracing("otlp")
+    Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=provider).run(fan_out(3))
+    said = io.StringIO()
+    finish_tracing(provider, said)
+    assert receiver.requests >= 1 and receiver.spans == []
+    assert said.getvalue().startswith(f"rlm-graph: the trace could not be sent to {receiver.url}")
+    assert "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)" in said.getvalue()
