@@ -16,8 +16,10 @@ Layout, decided here rather than in the browser:
 from __future__ import annotations
 
 import heapq
+import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from typing import Any
 
 from ..graph import (
@@ -124,27 +126,41 @@ def _trajectory(
     for record in records:
         by_completion[record.completion].append(record)
     rows: list[list[int]] = []
-    stack: list[tuple[str, int]] = [("root", 0)]
-    seen: set[str] = set()
-    while stack:  # completions, depth first; a loop: a deep tree must not recurse
-        completion, level = stack.pop()
-        if completion in seen:
+    # Depth first, a child completion's rows right under its rlm_call; a stack of the
+    # completions being written, not recursion (a deep tree must not overflow).
+    stack = [_rows_of(graph, by_completion.get("root", []), 0)]
+    seen = {"root"}
+    while stack:
+        step = next(stack[-1], None)
+        if step is None:
+            stack.pop()
             continue
-        seen.add(completion)
-        pending: list[tuple[str, int]] = []
-        for record in _in_order(by_completion.get(completion, [])):
-            spawned = next(graph.predecessors(record.id, "spawn"), None) is not None
-            if spawned and record.kind not in _STEPS:
-                continue  # a sub-call: it comes under the block that made it
-            rows.append([index[record.id], level + (record.kind == NodeKind.REPL_BLOCK)])
-            if record.kind != NodeKind.REPL_BLOCK:
-                continue
-            for call in sorted(graph.successors(record.id, "spawn"), key=_natural):
-                rows.append([index[call], level + 2])
-                if graph[call].kind == NodeKind.RLM_CALL:
-                    pending.append((call, level + 3))
-        stack.extend(reversed(pending))
+        node_id, level = step
+        rows.append([index[node_id], level])
+        if graph[node_id].kind == NodeKind.RLM_CALL and node_id not in seen:
+            seen.add(node_id)
+            stack.append(_rows_of(graph, by_completion.get(node_id, []), level + 1))
     return rows
+
+
+def _rows_of(graph: Graph, records: list[NodeRecord], level: int) -> Iterator[tuple[str, int]]:
+    """One completion's rows: its turns and blocks in order, each block followed by the
+    sub-calls it made in the order they started."""
+    for record in _in_order(records):
+        spawned = next(graph.predecessors(record.id, "spawn"), None) is not None
+        if spawned and record.kind not in _STEPS:
+            continue  # a sub-call: it comes under the block that made it
+        yield record.id, level + (record.kind == NodeKind.REPL_BLOCK)
+        if record.kind == NodeKind.REPL_BLOCK:
+            for call in sorted(
+                graph.successors(record.id, "spawn"), key=lambda c: _started(graph, c)
+            ):
+                yield call, level + 2
+
+
+def _started(graph: Graph, node_id: str) -> tuple[float, list[Any]]:
+    start = graph[node_id].start
+    return (start if start is not None else math.inf, _natural(node_id))
 
 
 def _in_order(records: list[NodeRecord]) -> list[NodeRecord]:

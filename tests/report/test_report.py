@@ -344,3 +344,32 @@ def test_a_stray_percent_in_the_address_is_text_not_a_broken_page(tmp_path: Path
         assert body["data-trajectory-steps"] == "6"
     searched, _, _ = dump_in_chromium(page, tmp_path, "?q=chapter+two")
     assert searched["data-trajectory-shown"] == "4"  # + is a space, as in any query
+
+
+def test_a_child_completion_comes_under_its_rlm_call_in_the_order_things_ran() -> None:
+    """A child's steps were drawn after every step of its parent (under the parent's last
+    block), and a block's sub-calls by their ids (``llm-2`` before ``rlm-1``)."""
+
+    def respond(request: ChatRequest) -> str:
+        if request.depth == 1 and is_root_turn(request):
+            return repl("FINAL('child answer')")
+        if not is_root_turn(request):
+            return "leaf"
+        if turn_number(request) == 1:
+            return repl("a = rlm_query('part one')\nb = llm_query('part two')")
+        return repl("FINAL(a + b)")
+
+    rlm = RLM("scripted", {"respond": respond}, max_depth=2, record_content=True)
+    data = report_data(rlm.completion("doc").graph)
+    ids = data["nodes"]["id"]
+    rows = [(ids[i], level) for i, level in data["trajectory"]]
+    assert rows == [
+        ("turn-1", 0),
+        ("turn-1/block-1", 1),
+        ("turn-1/block-1/rlm-1", 2),
+        ("turn-1/block-1/rlm-1/turn-1", 3),
+        ("turn-1/block-1/rlm-1/turn-1/block-1", 4),
+        ("turn-1/block-1/llm-2", 2),
+        ("turn-2", 0),
+        ("turn-2/block-1", 1),
+    ]
