@@ -96,9 +96,7 @@ class Output:
         """
         summary = getattr(result, "usage_summary", None)
         elapsed = getattr(result, "execution_time", None)
-        text = message if message is not None else (str(error) if error is not None else None)
-        if text is not None:  # a base URL's password, quoted in an error, stays unsaid
-            text = without_url_passwords(text)
+        text = _said(message, error)
         if self.as_json:
             payload = {
                 "answer": answer if answer or error is None else None,  # failed, none: null
@@ -138,6 +136,12 @@ class Output:
     def error(self, code: int, text: str, *, kind: str, error: BaseException | None = None) -> int:
         """An error before or instead of any answer: one line (or one JSON object)."""
         return self.result(code, answer=None, error=error, message=text, kind=kind)
+
+
+def _said(message: str | None, error: BaseException | None) -> str | None:
+    """The error line's text (default ``str(error)``), a URL's password in it unsaid."""
+    text = message if message is not None else (str(error) if error is not None else None)
+    return without_url_passwords(text) if text is not None else None
 
 
 def _usage_line(summary: Any, elapsed: float) -> str:

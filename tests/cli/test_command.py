@@ -633,7 +633,7 @@ def test_a_batch_whose_stderr_reader_left_writes_every_result(tmp_path: Path) ->
     away; the batch stopped at the next line (exit 1, most items never run, nothing said
     of them). It goes on, its results all written."""
     items = tmp_path / "items.jsonl"
-    items.write_text("".join(f'{{"id": {i}, "context": "c", "query": "q"}}\n' for i in range(30)))
+    items.write_text("".join(f'{{"id": {i}, "context": "c", "query": "q"}}\n' for i in range(12)))
     out = tmp_path / "results.jsonl"
     answer = "```repl\nFINAL('ok')\n```"
     with FakeOpenAIServer(lambda body: answer) as server:
@@ -650,7 +650,7 @@ def test_a_batch_whose_stderr_reader_left_writes_every_result(tmp_path: Path) ->
         process.stderr.close()
         code = process.wait(timeout=60)
     assert code == 0
-    assert len(out.read_text().splitlines()) == 30
+    assert len(out.read_text().splitlines()) == 12
 
 
 def test_context_from_a_closed_stdin_is_one_line_and_exit_2(text_file: Path) -> None:
