@@ -27,6 +27,7 @@ from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
     Scrubber,
     TraceFileError,
+    TraceSpan,
     close_tracing,
     configure_tracing,
     load_trace,
@@ -37,7 +38,7 @@ from ..tracing import (
 )
 from ..tracing.config import TRACE_MODES
 from . import EXIT_OK, EXIT_USAGE, refuse
-from .output import for_stream
+from .output import for_stream, strip_control
 
 __all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
 
@@ -178,10 +179,21 @@ def run_show(args: argparse.Namespace) -> int:
         if len(args.files) > 1:
             sys.stdout.write(("\n" if number else "") + f"== {path}\n")
         # Span names and models come from servers and configurations: a terminal gets
-        # them without control sequences.
+        # them without control sequences, taken out before the columns are padded.
+        if for_stream(sys.stdout, "\x1b") == "":
+            spans = [_printable(span) for span in spans]
         shown = render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
         sys.stdout.write(for_stream(sys.stdout, shown))
     return EXIT_OK
+
+
+def _printable(span: TraceSpan) -> TraceSpan:
+    """``span`` with its name and text attributes stripped of control sequences."""
+    attributes = {
+        key: strip_control(value) if isinstance(value, str) else value
+        for key, value in span.attributes.items()
+    }
+    return span.model_copy(update={"name": strip_control(span.name), "attributes": attributes})
 
 
 def _newest(paths: list[Path]) -> Path:
