@@ -375,17 +375,18 @@ def build_server(
     async def rlm_answer(
         question: Annotated[str, Field(description="the question to answer over the documents")],
         paths: Annotated[
-            list[str] | None,
+            list[str] | str | None,
             Field(
                 description="files or folders to read (a folder: every text file in it), "
-                "inside the server's read roots (the tool's description names them)"
+                "inside the server's read roots (the tool's description names them); one "
+                "may be given as a string"
             ),
         ] = None,
         text: Annotated[
             str | None, Field(description="the document itself, instead of paths")
         ] = None,
     ) -> AnswerResult:
-        return await tools.answer(question, paths, text)
+        return await tools.answer(question, [paths] if isinstance(paths, str) else paths, text)
 
     server.add_tool(
         rlm_answer,

@@ -134,6 +134,8 @@ async def test_the_tool_is_listed_and_answers_over_the_files_named(
             text_result = await client.call_tool(
                 "rlm_answer", {"question": "Shout it.", "text": "a small document"}
             )
+            # One path as a string, as agents often give it: the pydantic report it got.
+            one = await client.call_tool("rlm_answer", {"question": "Which?", "paths": "docs"})
         bodies = json.dumps(server.bodies)
     log = (tmp_path / "server.log").read_text()
     tool = {t.name: t for t in listed.tools}["rlm_answer"]
@@ -163,6 +165,9 @@ async def test_the_tool_is_listed_and_answers_over_the_files_named(
     assert text_result.structured_content["answer"] == "text:a small document"
     assert SECRET not in bodies and "refs/heads" not in bodies  # no link out, no .git
     assert KEY not in text_of(result) + text_of(text_result)
+    assert not one.is_error, text_of(one)
+    assert one.structured_content is not None
+    assert one.structured_content["answer"] == found["answer"]
 
 
 async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
