@@ -278,48 +278,42 @@ async def test_except_exception_does_not_catch_the_cpu_stop(spy: Spy) -> None:
     assert spy.envs[0].restarts == 0
 
 
-async def test_except_base_exception_cannot_outlive_the_cpu_limit(spy: Spy) -> None:
-    stubborn = (
-        "while True:\n"
-        "    try:\n"
-        "        while True:\n"
-        "            pass\n"
-        "    except BaseException:\n"
-        "        continue"
-    )
+_STUBBORN = (
+    "while True:\n"
+    "    try:\n"
+    "        while True:\n"
+    "            pass\n"
+    "    except BaseException:\n"
+    "        continue"
+)
+# With SIGCHLD ignored, a child's CPU time leaves the guest's tree when it exits (never
+# added to the parent's ``cutime``): the block's watch compared the total with the
+# block's start, and children taking turns burned CPU for as long as they liked.
+_RELAY = (
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+    "for _ in range(30):\n"
+    "    if os.fork() == 0:\n"
+    "        start = time.process_time()\n"
+    "        while time.process_time() - start < 0.6:\n"
+    "            pass\n"
+    "        os._exit(0)\n"
+    "    time.sleep(0.7)\n"
+    "print('never stopped')"
+)
+
+
+@pytest.mark.parametrize(
+    "code", [_STUBBORN, _RELAY], ids=["except-base-exception", "children-reaped-by-the-kernel"]
+)
+async def test_a_block_cannot_outlive_the_cpu_limit(spy: Spy, code: str) -> None:
     rlm = engine(
-        [repl_of(stubborn), repl_of("FINAL('after')")], spy, environment_kwargs={"cpu_seconds": 1}
+        [repl_of(code), repl_of("FINAL('after')")], spy, environment_kwargs={"cpu_seconds": 1}
     )
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     assert "kept running past its CPU limit (1 s) and its process was killed" in feedback(rlm, 1)
     assert spy.envs[0].restarts == 1
-
-
-async def test_children_the_kernel_reaps_itself_still_count_against_cpu_seconds(
-    spy: Spy,
-) -> None:
-    """With SIGCHLD ignored, a child's CPU time leaves the guest's tree when it exits
-    (never added to the parent's ``cutime``): the block's watch compared the total with
-    the block's start, and children taking turns burned CPU for as long as they liked."""
-    relay = (
-        "import os, signal, time\n"
-        "signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
-        "for _ in range(30):\n"
-        "    if os.fork() == 0:\n"
-        "        start = time.process_time()\n"
-        "        while time.process_time() - start < 0.6:\n"
-        "            pass\n"
-        "        os._exit(0)\n"
-        "    time.sleep(0.7)\n"
-        "print('never stopped')"
-    )
-    rlm = engine(
-        [repl_of(relay), repl_of("FINAL('after')")], spy, environment_kwargs={"cpu_seconds": 1}
-    )
-    result = await rlm.acompletion("ctx")
-    assert result.response == "after"
-    assert "kept running past its CPU limit (1 s) and its process was killed" in feedback(rlm, 1)
 
 
 def repl_of(code: str) -> str:
