@@ -282,7 +282,14 @@ class _MessageStream:
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"anthropic: {self._url} {what}", provider="anthropic", retryable=True)
 
+    def _count(self, usage: Mapping[str, Any]) -> None:
+        """Take the counts a usage object gives; a ``null`` one (the API types them
+        optional) leaves the count an earlier event gave."""
+        self._usage.update((key, value) for key, value in usage.items() if value is not None)
+
     def feed(self, event: str, data: str) -> str:
+        if not data or data.isspace():  # an event with no data: nothing to read, no fault
+            return ""
         message = event_object(data)
         if message is None:
             raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
@@ -297,13 +304,13 @@ class _MessageStream:
             start = message["message"]
             self._model = str(start.get("model") or self._model)
             if isinstance(start.get("usage"), Mapping):
-                self._usage.update(start["usage"])
+                self._count(start["usage"])
         elif kind == "message_delta":
             delta = message.get("delta")
             if isinstance(delta, Mapping) and delta.get("stop_reason"):
                 self._stop = reason_text(delta["stop_reason"])
             if isinstance(message.get("usage"), Mapping):
-                self._usage.update(message["usage"])
+                self._count(message["usage"])
         elif kind == "message_stop":
             self.finished = True
         elif kind == "error":

@@ -213,8 +213,10 @@ class _ChunkStream:
         return BadResponse(f"{self._name}: {self._url} {what}", provider=self._name, retryable=True)
 
     def feed(self, event: str, data: str) -> str:
-        if data == "[DONE]":
+        if data == "[DONE]" or data.strip() == "[DONE]":
             self.finished = True
+            return ""
+        if not data or data.isspace():  # an event with no data: nothing to read, no fault
             return ""
         chunk = event_object(data)
         if chunk is None:

@@ -174,8 +174,11 @@ async def wait_before_retry(reason: str, wait: float, *, named: float | None = N
     its place under the provider's concurrency limit back, the limit learns from it
     (docs/limits.md), and the retry queues for a place again; a wait the server named
     (``named``, from ``Retry-After``) holds every request to that provider, not only
-    this one. Outside a run it is ``trio.sleep(wait)``.
+    this one. Outside a run it is ``trio.sleep(wait)``. A wait below 0 (a reset time
+    already past) is none.
     """
+    wait = max(0.0, wait)
+    named = max(0.0, named) if named is not None else None
     current = _CURRENT.get()
     if current is None or current.hooks is None:
         await trio.sleep(wait)

@@ -36,19 +36,26 @@ def codings_of(headers: httpx.Headers) -> list[str]:
     return [c for c in (v.strip().lower() for v in values) if c in _WBITS]
 
 
+_GZIP = b"\x1f\x8b"  # a gzip member's first bytes
+
+
 class _Layer:
     """One coding, undone a `PIECE` at a time."""
 
-    __slots__ = ("_first", "_raw_deflate", "_z")
+    __slots__ = ("_first", "_gzip", "_raw_deflate", "_z")
 
     def __init__(self, coding: str) -> None:
         self._z = zlib.decompressobj(_WBITS[coding])
         self._raw_deflate = coding == "deflate"  # may fall back to raw deflate, once
+        self._gzip = coding == "gzip"  # may hold several members, one after the other
         self._first = True
 
     def feed(self, data: bytes) -> Iterator[bytes]:
         pending = data
         while True:
+            if self._z.eof and self._gzip and (self._z.unused_data + pending)[:2] == _GZIP:
+                pending = self._z.unused_data + pending  # the next member (RFC 1952, 2.2)
+                self._z = zlib.decompressobj(_WBITS["gzip"])
             try:
                 out = self._z.decompress(pending, PIECE)
             except zlib.error as exc:
@@ -59,11 +66,16 @@ class _Layer:
                     f"the body is not what its encoding says ({exc})"
                 ) from None
             self._first = False
-            pending = self._z.unconsumed_tail
+            # At its end, what follows is unused_data (which the next member starts).
+            pending = self._z.unconsumed_tail if not self._z.eof else b""
             if out:
                 yield out
-            # Done with this input: all of it taken, and no full piece left behind it.
-            if self._z.eof or (not pending and len(out) < PIECE):
+            # Done with this input: all of it taken, and no full piece left behind it
+            # (or the stream's end, unless another gzip member follows it).
+            if self._z.eof:
+                if not (self._gzip and self._z.unused_data[:2] == _GZIP):
+                    return
+            elif not pending and len(out) < PIECE:
                 return
 
 

@@ -115,7 +115,7 @@ def parse_retry_after(value: str, now: float | None = None) -> float | None:
 def _parse_reset(value: str, now: float) -> float | None:
     seconds = parse_duration(value)
     if seconds is not None:
-        return seconds - now if seconds > _EPOCH_THRESHOLD else seconds
+        return max(0.0, seconds - now) if seconds > _EPOCH_THRESHOLD else seconds
     try:
         from datetime import datetime
 

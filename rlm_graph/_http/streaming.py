@@ -123,17 +123,21 @@ async def read_events(
     return parser.result()
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 class SSEDecoder:
     """Splits a ``text/event-stream`` body into ``(event, data)`` pairs (the WHATWG
     format: ``event:`` and ``data:`` fields, events ended by a blank line, ``:`` comments;
     ``data`` lines of one event joined by ``"\\n"``)."""
 
-    __slots__ = ("_cr", "_pending", "_size")
+    __slots__ = ("_cr", "_head", "_pending", "_size")
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []  # an event's bytes so far, line ends made "\n"
         self._size = 0  # their length
         self._cr = False  # the last chunk ended in "\r": a "\n" first in the next is its
+        self._head: bytes | None = b""  # the stream's first bytes, until a BOM is ruled out
 
     def feed(self, chunk: bytes) -> list[tuple[str, str]]:
         """The events completed by ``chunk``, in order. Each byte is looked at once: an
@@ -142,6 +146,13 @@ class SSEDecoder:
         Raises:
             Oversized: an event has passed `MAX_EVENT` bytes without its end.
         """
+        if self._head is not None:  # the format's one byte-order mark, first: dropped
+            chunk = self._head + chunk
+            if len(chunk) < 3 and _BOM.startswith(chunk):
+                self._head = chunk
+                return []
+            self._head = None
+            chunk = chunk[3:] if chunk.startswith(_BOM) else chunk
         if not chunk:
             return []
         if self._cr and chunk[:1] == b"\n":  # the "\n" of a "\r\n" cut in two

@@ -330,6 +330,27 @@ async def test_a_body_that_is_not_what_its_encoding_says_is_a_bad_response(pool:
 
 
 @pytest.mark.parametrize("pool", ["lean", "httpx"])
+async def test_a_gzip_body_of_several_members_is_read_whole(pool: str) -> None:
+    """gzip allows several members one after the other (RFC 1952): the body was cut to
+    the first, read as JSON that is not, and retried, the error blaming base_url."""
+    import gzip
+
+    reply = json.dumps({"choices": [{"message": {"content": "whole"}}]}).encode()
+    body = gzip.compress(reply[:20]) + gzip.compress(reply[20:])
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+        await stream.send_all(head % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=1, http_transport=pool))
+        assert await _complete(provider) == "whole"
+    assert stats["requests"] == 1
+
+
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
 @pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
 async def test_a_call_cancelled_mid_body_leaves_nothing_behind(pool: str, streamed: bool) -> None:
     """A call cancelled (a deadline, Ctrl-C) while a gzip body trickles in, whole or

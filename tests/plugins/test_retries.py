@@ -175,6 +175,20 @@ def test_retry_after_seconds_and_http_date() -> None:
     assert parse_retry_after("soon") is None
 
 
+async def test_a_rate_limit_reset_already_past_is_no_wait_and_the_call_is_retried() -> None:
+    """An ``x-ratelimit-reset`` time just gone (clock skew, a window that just reset)
+    was a negative wait: trio's ValueError failed the call at once, unretried."""
+    import time
+
+    past = str(int(time.time()) - 30)
+    refused = Reply(429, {"error": {"message": "slow down"}}, headers={"x-ratelimit-reset": past})
+    with FakeOpenAIServer(replies=[refused, "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server))
+        assert await _complete(provider) == "ok"
+    assert len(server.requests) == 2
+    assert retry_delay_from_headers({"x-ratelimit-reset": past}) == 0.0
+
+
 def test_reset_headers() -> None:
     assert parse_duration("6m0s") == 360
     assert parse_duration("20ms") == pytest.approx(0.02)

@@ -105,3 +105,55 @@ def test_a_shorter_retried_attempt_takes_the_rest_back() -> None:
     tracker.feed("Hello")
     tracker.finish()
     assert given[-1] == (5, "") and _text(given) == "Hello"
+
+
+def test_a_byte_order_mark_first_in_the_stream_is_dropped_even_cut_in_two() -> None:
+    """The event-stream format drops one leading BOM; kept, it made the first line's
+    field name "\ufeffdata", and the first event's text was lost."""
+    for cut in range(0, 5):
+        body = b"\xef\xbb\xbfdata: Hel\n\ndata: lo\n\n"
+        decoder = SSEDecoder()
+        events = decoder.feed(body[:cut]) + decoder.feed(body[cut:])
+        assert events == [("message", "Hel"), ("message", "lo")], cut
+    assert SSEDecoder().feed(b"data: \xef\xbb\xbfx\n\n") == [("message", "\ufeffx")]  # later: text
+
+
+def test_events_with_no_data_and_a_done_with_spaces_are_read_not_refused() -> None:
+    """An event whose data is empty, and ``data: [DONE] ``, failed the attempt as "not a
+    JSON object": every retry a completion billed again."""
+    from rlm_graph.contracts import ChatRequest, Message
+    from rlm_graph_openai.provider import _ChunkStream
+
+    stream = _ChunkStream("openai", "http://127.0.0.1:9/v1", ChatRequest(
+        messages=(Message(role="user", content="q"),), model="m"))  # fmt: skip
+    chunk = '{"choices": [{"delta": {"content": "Hi"}, "finish_reason": "stop"}]}'
+    said = [stream.feed("message", data) for data in ("", " ", chunk, "[DONE] ")]
+    assert said == ["", "", "Hi", ""] and stream.finished
+
+
+def test_anthropic_usage_given_as_null_later_keeps_the_counts_given_first() -> None:
+    """``message_delta``'s usage may hold ``null`` counts (the API types them optional):
+    they wiped the input and cache counts ``message_start`` gave (and so cost and
+    max_budget), without marking the usage estimated."""
+    import json
+
+    from rlm_graph.contracts import ChatRequest, Message
+    from rlm_graph_anthropic.provider import _MessageStream
+
+    stream = _MessageStream("http://127.0.0.1:9/v1/messages", ChatRequest(
+        messages=(Message(role="user", content="q"),), model="m"))  # fmt: skip
+    start = {"input_tokens": 100, "cache_read_input_tokens": 1000,
+             "cache_creation_input_tokens": 50, "output_tokens": 1}  # fmt: skip
+    nulls = {"input_tokens": None, "cache_read_input_tokens": None,
+             "cache_creation_input_tokens": None, "output_tokens": 7}  # fmt: skip
+    events = [
+        {"type": "message_start", "message": {"model": "m", "usage": start}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": nulls},
+        {"type": "message_stop"},
+    ]
+    for event in events:
+        stream.feed(event["type"], json.dumps(event))
+    usage = stream.result().usage
+    assert (usage.input_tokens, usage.output_tokens) == (1150, 7)
+    assert (usage.cached_tokens, usage.cache_write_tokens) == (1000, 50)
