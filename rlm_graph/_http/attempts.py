@@ -32,6 +32,7 @@ __all__ = [
     "AttemptHooks",
     "CallAttempts",
     "RetryLog",
+    "note_held",
     "note_rate_headers",
     "note_retry",
     "wait_before_retry",
@@ -100,6 +101,10 @@ class AttemptHooks(Protocol):
 
     def rate_headers(self, headers: Mapping[str, str]) -> None:
         """An answer's headers, for the rate-limit windows they report."""
+
+    def hold(self, seconds: float) -> None:
+        """The server asked every request to wait ``seconds`` (a call that will not wait
+        that long fails; the others are held all the same)."""
 
 
 class CallAttempts:
@@ -184,6 +189,15 @@ async def wait_before_retry(reason: str, wait: float, *, named: float | None = N
         await trio.sleep(wait)
         return
     await current.hooks.before_retry(reason, wait, named)
+
+
+def note_held(seconds: float) -> None:
+    """Tell the engine the server asked for a wait this call will not make (past
+    ``max_retry_after``): the provider's other requests are held all the same. Never
+    fails, never blocks."""
+    current = _CURRENT.get()
+    if current is not None and current.hooks is not None:
+        current.hooks.hold(seconds)
 
 
 def note_rate_headers(headers: Mapping[str, str]) -> None:

@@ -66,7 +66,7 @@ from .answers import (
     read_json,
     unreadable,
 )
-from .attempts import note_rate_headers, note_retry, wait_before_retry
+from .attempts import note_held, note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
 from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
@@ -430,6 +430,8 @@ class JSONProvider:
         if retry.wait is None:
             return self.retry.backoff(attempt)
         if retry.wait > self.retry.max_retry_after:
+            if retry.reason in ("429", "503", "529"):  # this call fails; the others wait
+                note_held(retry.wait)
             raise type(retry.error)(
                 f"{retry.error}; the server asked to wait {retry.wait:.0f} s, more than "
                 f"max_retry_after={self.retry.max_retry_after:.0f} s: lower your request rate "

@@ -34,10 +34,12 @@ from .adaptive import AdaptiveLimit, Ticket
 __all__ = [
     "MAX_PAUSE",
     "REFUSALS",
+    "GateHooks",
     "InProcessLimiter",
     "ProviderSlot",
     "RateLimiter",
     "SharedGate",
+    "attempt_hooks",
 ]
 
 
@@ -255,6 +257,36 @@ REFUSALS = frozenset({"429", "503", "529"})
 overloaded)."""
 
 
+class GateHooks:
+    """The `AttemptHooks` of a call under a fixed limit (an explicit ``max_concurrent``):
+    the call keeps its place through its retries, and a wait the server names, or a
+    window it reports used up, holds every request to the provider all the same."""
+
+    __slots__ = ("gate",)
+
+    def __init__(self, gate: SharedGate) -> None:
+        self.gate = gate
+
+    async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
+        if named and reason in REFUSALS:
+            self.gate.pause(named)
+        await trio.sleep(wait)
+
+    def rate_headers(self, headers: Mapping[str, str]) -> None:
+        wait = exhausted_for(headers)
+        if wait:
+            self.gate.pause(wait)
+
+    def hold(self, seconds: float) -> None:
+        if seconds > 0:
+            self.gate.pause(seconds)
+
+
+def attempt_hooks(slot: ProviderSlot | SharedGate) -> ProviderSlot | GateHooks:
+    """What a call's attempts tell the engine through (`CallAttempts`), for its slot."""
+    return slot if isinstance(slot, ProviderSlot) else GateHooks(slot)
+
+
 class ProviderSlot:
     """One model call's place under its provider's limit, through all its attempts: the
     `AttemptHooks` of its `CallAttempts` (rlm_graph._http.attempts).
@@ -322,6 +354,10 @@ class ProviderSlot:
         wait = exhausted_for(headers) if self.gate is not None else None
         if wait and self.gate is not None:
             self.gate.pause(wait)
+
+    def hold(self, seconds: float) -> None:
+        if self.gate is not None and seconds > 0:
+            self.gate.pause(seconds)
 
     async def _take(self) -> None:
         assert self.gate is not None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import trio
 
 from .._http.attempts import CallAttempts
-from ..concurrency.limiter import ProviderSlot
+from ..concurrency.limiter import attempt_hooks
 from ..concurrency.tokens import take
 from ..contracts import (
     ChatRequest,
@@ -316,9 +316,7 @@ async def _request(
                 record.wall_start = time.time()
             if on_slot is not None and not on_slot():
                 await trio.sleep_forever()  # a duplicate too late: its cancellation is on the way
-            attempts = CallAttempts(
-                run.retries, provider.name, slot if isinstance(slot, ProviderSlot) else None
-            )
+            attempts = CallAttempts(run.retries, provider.name, attempt_hooks(slot))
             try:
                 # The node's span is current: the request carries its traceparent.
                 with attempts, run.tracer.activate(record.id):

@@ -218,3 +218,22 @@ def test_an_answer_saying_its_rate_window_is_used_up_names_the_wait() -> None:
     tokens = {"anthropic-ratelimit-tokens-remaining": "0", "anthropic-ratelimit-tokens-reset": "2s"}
     assert exhausted_for(tokens) == pytest.approx(2.0)
     assert exhausted_for({"x-ratelimit-remaining-requests": "zero"}) is None
+
+
+def test_a_wait_beyond_max_retry_after_still_holds_the_providers_other_requests() -> None:
+    """The call asked to wait an hour fails at once, as before; the provider's other
+    requests were sent straight after it, each refused in turn, instead of waiting (up
+    to the engine's 60 s hold) as a shorter wait makes them."""
+    from rlm_graph import Engine, Workflow
+
+    refused = Reply.error(429, "Quota used up", retry_after="3600")
+    with FakeOpenAIServer(replies=[refused, "ok", "ok"]) as server:
+        engine = Engine("openai", openai_kwargs(server, max_concurrent=1), max_timeout=1)
+        wf = Workflow()
+        wf.llm("first", id="first")
+        wf.llm("second", id="second")
+        result = engine.run(wf)
+    (refused_node,) = result.errors  # whichever went first
+    assert "more than max_retry_after" in result.errors[refused_node]
+    assert len(server.requests) == 1  # the other waited, and the run's deadline came
+    assert result.stop_reason == "max_timeout"
