@@ -222,7 +222,8 @@ async def call_model(call: ModelCall) -> ChatResponse:
             sink = run.events.text_sink(record, call.on_text) if streams else None
             response = await _request(run, route, request, record, sink, True, None)
         else:
-            response, duplicate = await _race(run, route, request, record, hedges)
+            pace = partial(rate.acquire, estimate) if rate is not None else None
+            response, duplicate = await _race(run, route, request, record, hedges, pace)
     except BaseException:
         if reservation is not None:
             run.spend.release(reservation)
@@ -274,11 +275,14 @@ def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float 
 
 
 async def _race(
-    run: Run, route: Route, request: ChatRequest, record: NodeRecord, hedges: HedgeBudget
+    run: Run, route: Route, request: ChatRequest, record: NodeRecord, hedges: HedgeBudget, pace: Any
 ) -> tuple[ChatResponse, Duplicate | None]:
-    """A hedged sub-call's request raced against a duplicate (`rlm_graph.hedging.race`)."""
+    """A hedged sub-call's request raced against a duplicate (`rlm_graph.hedging.race`),
+    which takes the provider's rate buckets as any request does (``pace``, if any)."""
 
     async def send(first: bool, on_slot: Callable[[], bool]) -> ChatResponse:
+        if not first and pace is not None:
+            await pace()
         return await _request(run, route, request, record, None, first, on_slot)
 
     reserve_now = partial(_reserve_now, run, route, request) if run.budget.limited else None

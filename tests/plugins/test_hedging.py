@@ -277,3 +277,30 @@ def test_a_duplicate_that_failed_is_not_billed() -> None:
         assert record.hedge == "lost" and record.status == "ok"
         assert record.usage is not None and plain.usage is not None
         assert record.usage.input_tokens == plain.usage.input_tokens  # one request billed
+
+
+def test_a_duplicate_takes_the_providers_rate_buckets_as_any_request_does() -> None:
+    """With ``requests_per_minute=31`` a batch of thirty (and the root turn) empties the
+    bucket: the two stragglers' duplicates went out at once all the same. Now they wait
+    for it (a token every two seconds), and the stragglers answer first."""
+    seen: Counter[str] = Counter()
+    lock = threading.Lock()
+    code = "got = llm_query_batched([f'fast {i}' for i in range(28)] + ['slow a', 'slow b'])"
+
+    def respond(body: dict[str, Any]) -> Any:
+        if any(m.get("role") == "system" for m in body["messages"]):
+            turn = sum(m.get("role") == "assistant" for m in body["messages"])
+            return f"```repl\n{code}\n```" if turn == 0 else "```repl\nFINAL(' | '.join(got))\n```"
+        prompt = last_user_message(body)
+        with lock:
+            seen[prompt] += 1
+        slow = prompt.startswith("slow") and seen[prompt] == 1
+        return Reply(body=prompt, delay=1.2 if slow else 0.05)
+
+    with FakeOpenAIServer(respond) as server:
+        kwargs = openai_kwargs(server, requests_per_minute=31)
+        rlm = RLM("openai", kwargs, hedge={"quantile": 0.5, "min_samples": 4, "max_extra": 1.0})
+        result = rlm.completion("ctx", root_prompt="q")
+    assert result.response.split(" | ") == [f"fast {i}" for i in range(28)] + ["slow a", "slow b"]
+    assert len(server.requests) == 32  # two turns and thirty calls: no duplicate went
+    assert max(seen.values()) == 1
