@@ -59,6 +59,7 @@ class _LocalBatch:
         self.out: queue.SimpleQueue[object] = queue.SimpleQueue()
         self.error: BaseException | None = None
         self.token: trio.lowlevel.TrioToken | None = None
+        self.bad_item: Exception | None = None
         self.scope: trio.CancelScope | None = None
 
     def results(self, thread: threading.Thread) -> Iterator[BatchResult]:
@@ -94,7 +95,7 @@ class _LocalBatch:
             async with RLM(**self.rlm_kwargs, limiter=InProcessLimiter()) as rlm:
 
                 async def worker() -> None:
-                    for item in self.items:  # one shared iterator: each takes the next item
+                    while (item := self._next()) is not None:  # one shared iterator
                         self.out.put(await complete_item(rlm, item, executor=self.name))
 
                 # The engine is built and its plugins imported: that heap is frozen for
@@ -103,6 +104,20 @@ class _LocalBatch:
                     async with trio.open_nursery() as nursery:
                         for _ in range(self.concurrency):
                             nursery.start_soon(worker)
+        if self.bad_item is not None:  # raised once the completions running have ended
+            raise self.bad_item
+
+    def _next(self) -> BatchItem | None:
+        """The next item, or None once there is none: also after an item that cannot
+        be read (a duplicate id, a bad line), which is raised when the completions
+        already running have given their results (they are paid for)."""
+        if self.bad_item is not None:
+            return None
+        try:
+            return next(self.items, None)
+        except Exception as exc:
+            self.bad_item = exc
+            return None
 
 
 def _single(exc: BaseException) -> BaseException:

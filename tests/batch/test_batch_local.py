@@ -120,6 +120,20 @@ def test_bad_items_name_the_problem(bad: list[dict[str, object]], message: str) 
     assert message in str(caught.value)
 
 
+def test_a_bad_item_met_midway_is_raised_after_the_completions_already_running() -> None:
+    """`run_batch` reads items lazily, raising a bad one when it reaches it: the
+    completions running then (their requests sent and paid for) were cancelled and lost."""
+    given = items(6)
+    given.insert(4, dict(given[0]))  # item-0 again, met while items 1 to 3 run
+    answered = []
+    with BatchServer(latency=0.3) as server:
+        with pytest.raises(ConfigError, match="id 'item-0' is given twice"):
+            for result in run_batch(given, rlm_kwargs(server, max_concurrent=8), concurrency=3):
+                answered.append(result.id)
+        sent = sorted(server.root_turns)
+    assert sorted(answered) == ["item-0", "item-1", "item-2", "item-3"] == sent
+
+
 def test_bad_configuration_fails_before_any_item_runs() -> None:
     with BatchServer() as server:
         with pytest.raises(PluginError, match="unknown executor 'nope'; registered: local"):
