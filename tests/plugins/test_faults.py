@@ -310,23 +310,32 @@ async def test_gzip_inside_gzip_is_cut_off_with_little_in_memory(
     assert peak < 8 * 1024 * 1024, f"{peak / 2**20:.1f} MiB at the peak"
 
 
-@pytest.mark.parametrize("pool", ["lean", "httpx"])
-async def test_a_body_that_is_not_what_its_encoding_says_is_a_bad_response(pool: str) -> None:
-    """A body labelled gzip that is not gzip fails its attempt as a `BadResponse`
-    saying so, retried, not httpx's `DecodingError` from deep inside."""
+async def _labelled_gzip(pool: str, body: bytes, attempts: int) -> tuple[str | Exception, int]:
+    """What a provider makes of answers labelled gzip holding ``body`` (its reply or its
+    `BadResponse`), and how many requests it sent."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        body = b"this is not gzip at all"
         head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
         await stream.send_all(head % len(body) + body)
         return True
 
     async with raw_server(handler) as (port, stats):
         server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
-        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=2, http_transport=pool))
-        with pytest.raises(BadResponse, match="does not decode"):
-            await _complete(provider)
-    assert stats["requests"] == 2
+        kwargs = openai_kwargs(server, max_attempts=attempts, http_transport=pool)
+        try:
+            got: str | Exception = await _complete(OpenAIProvider(**kwargs))
+        except BadResponse as exc:
+            got = exc
+    return got, stats["requests"]
+
+
+@pytest.mark.parametrize("pool", ["lean", "httpx"])
+async def test_a_body_that_is_not_what_its_encoding_says_is_a_bad_response(pool: str) -> None:
+    """A body labelled gzip that is not gzip fails its attempt as a `BadResponse`
+    saying so, retried, not httpx's `DecodingError` from deep inside."""
+    got, requests = await _labelled_gzip(pool, b"this is not gzip at all", attempts=2)
+    assert isinstance(got, BadResponse) and "does not decode" in str(got)
+    assert requests == 2
 
 
 @pytest.mark.parametrize("pool", ["lean", "httpx"])
@@ -337,17 +346,7 @@ async def test_a_gzip_body_of_several_members_is_read_whole(pool: str) -> None:
 
     reply = json.dumps({"choices": [{"message": {"content": "whole"}}]}).encode()
     body = gzip.compress(reply[:20]) + gzip.compress(reply[20:])
-
-    async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
-        await stream.send_all(head % len(body) + body)
-        return True
-
-    async with raw_server(handler) as (port, stats):
-        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
-        provider = OpenAIProvider(**openai_kwargs(server, max_attempts=1, http_transport=pool))
-        assert await _complete(provider) == "whole"
-    assert stats["requests"] == 1
+    assert await _labelled_gzip(pool, body, attempts=1) == ("whole", 1)
 
 
 @pytest.mark.parametrize("pool", ["lean", "httpx"])
