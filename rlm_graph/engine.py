@@ -12,7 +12,6 @@ caller's trio loop and leaves them open until `aclose`.
 from __future__ import annotations
 
 import inspect
-import math
 import os
 import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
@@ -34,7 +33,7 @@ from .graph import Graph, Workflow
 from .hooks import PluginHost
 from .journal.keys import provider_identity, workflow_key
 from .journal.seam import JournalTarget
-from .limits import Limits
+from .limits import Limits, is_rate
 from .result import WorkflowResult
 from .routing import ProviderRouter
 from .runtime.capacity import LoopLimiters, SharedLimiter
@@ -177,11 +176,7 @@ def _provider_problem(provider: object) -> str | None:
             return f"{attr} must be a whole number >= 1, not {value!r:.60}"
     for attr in ("requests_per_minute", "tokens_per_minute"):
         value = getattr(provider, attr, None)
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < math.inf  # NaN and infinity too
-        ):
+        if value is not None and not is_rate(value):
             return f"{attr} must be a positive number, or None for no limit, not {value!r:.60}"
     for attr in ("streams", "reports_cost"):
         value = getattr(provider, attr, None)

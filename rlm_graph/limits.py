@@ -32,6 +32,7 @@ __all__ = [
     "RateBucket",
     "Reservation",
     "Tally",
+    "is_rate",
     "model_names",
     "resolve_model_info",
 ]
@@ -293,6 +294,12 @@ class Tally(_Counts):
         while node is not None:
             node._add(usage, cost)
             node = node.parent
+
+
+def is_rate(value: object) -> bool:
+    """Whether ``value`` is a rate a provider may declare (``requests_per_minute``,
+    ``tokens_per_minute``): a positive finite number (not a bool, NaN or infinity)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
 
 
 class RateBucket:

@@ -102,9 +102,9 @@ class AttemptHooks(Protocol):
     def rate_headers(self, headers: Mapping[str, str]) -> None:
         """An answer's headers, for the rate-limit windows they report."""
 
-    def hold(self, seconds: float) -> None:
-        """The server asked every request to wait ``seconds`` (a call that will not wait
-        that long fails; the others are held all the same)."""
+    def hold(self, reason: str, seconds: float) -> None:
+        """The server asked for a wait of ``seconds`` this call will not make (it fails);
+        for a refusal (``reason``), every other request is held all the same."""
 
 
 class CallAttempts:
@@ -191,13 +191,13 @@ async def wait_before_retry(reason: str, wait: float, *, named: float | None = N
     await current.hooks.before_retry(reason, wait, named)
 
 
-def note_held(seconds: float) -> None:
+def note_held(reason: str, seconds: float) -> None:
     """Tell the engine the server asked for a wait this call will not make (past
     ``max_retry_after``): the provider's other requests are held all the same. Never
     fails, never blocks."""
     current = _CURRENT.get()
     if current is not None and current.hooks is not None:
-        current.hooks.hold(seconds)
+        current.hooks.hold(reason, seconds)
 
 
 def note_rate_headers(headers: Mapping[str, str]) -> None:

@@ -3,7 +3,6 @@ say what to pass instead (never pydantic's dump or httpx's traceback)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +10,7 @@ import httpx
 from pydantic import ValidationError
 
 from ..errors import ConfigError, config_error
+from ..limits import is_rate
 from . import wire
 from .retry import RetryPolicy
 
@@ -83,11 +83,7 @@ def check_shapes(
             f"{type(transport).__name__}; to choose the HTTP client use http_transport"
         )
     for rate, value in zip(("requests_per_minute", "tokens_per_minute"), rates, strict=True):
-        if value is not None and (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not 0 < value < math.inf  # NaN and infinity too
-        ):
+        if value is not None and not is_rate(value):
             raise ConfigError(
                 f"{provider}: {rate} must be a positive number, or None for no limit, not {value!r}"
             )

@@ -430,8 +430,7 @@ class JSONProvider:
         if retry.wait is None:
             return self.retry.backoff(attempt)
         if retry.wait > self.retry.max_retry_after:
-            if retry.reason in ("429", "503", "529"):  # this call fails; the others wait
-                note_held(retry.wait)
+            note_held(retry.reason, retry.wait)  # this call fails; the others may wait
             raise type(retry.error)(
                 f"{retry.error}; the server asked to wait {retry.wait:.0f} s, more than "
                 f"max_retry_after={self.retry.max_retry_after:.0f} s: lower your request rate "

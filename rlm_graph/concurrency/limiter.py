@@ -268,18 +268,23 @@ class GateHooks:
         self.gate = gate
 
     async def before_retry(self, reason: str, wait: float, named: float | None) -> None:
-        if named and reason in REFUSALS:
-            self.gate.pause(named)
+        self.hold(reason, named or 0.0)
         await trio.sleep(wait)
 
     def rate_headers(self, headers: Mapping[str, str]) -> None:
-        wait = exhausted_for(headers)
-        if wait:
-            self.gate.pause(wait)
+        _pause_for_window(self.gate, headers)
 
-    def hold(self, seconds: float) -> None:
-        if seconds > 0:
+    def hold(self, reason: str, seconds: float) -> None:
+        if seconds > 0 and reason in REFUSALS:
             self.gate.pause(seconds)
+
+
+def _pause_for_window(gate: SharedGate | None, headers: Mapping[str, str]) -> None:
+    """Hold ``gate``'s provider until a rate-limit window the headers report used up
+    resets."""
+    wait = exhausted_for(headers) if gate is not None else None
+    if wait and gate is not None:
+        gate.pause(wait)
 
 
 def attempt_hooks(slot: ProviderSlot | SharedGate) -> ProviderSlot | GateHooks:
@@ -351,12 +356,10 @@ class ProviderSlot:
         await self._take()
 
     def rate_headers(self, headers: Mapping[str, str]) -> None:
-        wait = exhausted_for(headers) if self.gate is not None else None
-        if wait and self.gate is not None:
-            self.gate.pause(wait)
+        _pause_for_window(self.gate, headers)
 
-    def hold(self, seconds: float) -> None:
-        if self.gate is not None and seconds > 0:
+    def hold(self, reason: str, seconds: float) -> None:
+        if self.gate is not None and seconds > 0 and reason in REFUSALS:
             self.gate.pause(seconds)
 
     async def _take(self) -> None:
