@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from ..tracing.scrub import without_url_passwords
 
-__all__ = ["Output", "for_stream", "strip_control"]
+__all__ = ["Output", "for_stream", "on_terminal", "strip_control"]
 
 # ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
 # in BEL or ESC \), and two-byte escapes; then the 8-bit forms (CSI 0x9b, OSC 0x9d...);
@@ -43,11 +43,16 @@ def strip_control(text: str) -> str:
     return _CONTROL.sub("", text)
 
 
+def on_terminal(stream: TextIO) -> bool:
+    """Whether ``stream`` is a terminal (control sequences written there act)."""
+    isatty = getattr(stream, "isatty", None)
+    return callable(isatty) and bool(isatty())
+
+
 def for_stream(stream: TextIO, text: str) -> str:
     """``text`` as it may be written to ``stream``: stripped of control sequences when
     that is a terminal."""
-    isatty = getattr(stream, "isatty", None)
-    return strip_control(text) if callable(isatty) and isatty() else text
+    return strip_control(text) if on_terminal(stream) else text
 
 
 class Output:

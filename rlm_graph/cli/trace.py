@@ -38,7 +38,7 @@ from ..tracing import (
 )
 from ..tracing.config import TRACE_MODES
 from . import EXIT_OK, EXIT_USAGE, refuse
-from .output import for_stream, strip_control
+from .output import for_stream, on_terminal, strip_control
 
 __all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
 
@@ -180,7 +180,7 @@ def run_show(args: argparse.Namespace) -> int:
             sys.stdout.write(("\n" if number else "") + f"== {path}\n")
         # Span names and models come from servers and configurations: a terminal gets
         # them without control sequences, taken out before the columns are padded.
-        if for_stream(sys.stdout, "\x1b") == "":
+        if on_terminal(sys.stdout):
             spans = [_printable(span) for span in spans]
         shown = render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
         sys.stdout.write(for_stream(sys.stdout, shown))
