@@ -23,10 +23,20 @@ __all__ = [
     "open_private",
     "read_results",
     "regular_or_missing",
+    "same_file",
     "write_private",
 ]
 
 PRIVATE = 0o600
+
+
+def same_file(one: str | os.PathLike[str], other: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (a link, another spelling, a hard link); a path
+    that does not exist yet names none."""
+    try:
+        return Path(one).resolve() == Path(other).resolve() or os.path.samefile(one, other)
+    except OSError:
+        return False
 
 
 def open_private(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:

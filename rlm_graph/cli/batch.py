@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from .._files import same_file
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
 from ..batch.run import check_batch
 from ..errors import ConfigError
@@ -175,7 +176,7 @@ def _item_line(result: BatchResult, number: int, total: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        if args.input.resolve() == args.output.resolve():
+        if same_file(args.input, args.output):
             raise ConfigError("--output must not be the --input file")
         _regular_input(args.input)
         ids = scan_items(args.input)

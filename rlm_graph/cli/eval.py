@@ -13,13 +13,12 @@ why), 2 bad usage, 3 the budget (``--max-budget``) ran out first, 130 interrupte
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._files import open_private
+from .._files import open_private, same_file
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
 from .batch import _executor_kwargs, add_executor_arguments
@@ -160,19 +159,11 @@ def _register_convert(actions: Any) -> None:
 # -- convert --------------------------------------------------------------------------------
 
 
-def _same_file(one: Path, other: Path) -> bool:
-    """Whether two paths name one file (a link, another spelling, a hard link)."""
-    try:
-        return one.resolve() == other.resolve() or os.path.samefile(one, other)
-    except OSError:  # one of them does not exist (yet): not the same file
-        return False
-
-
 def run_convert(args: argparse.Namespace) -> int:
     from ..eval.convert import convert, parse_filters, write_items
 
     read = [path for path in (args.file, args.corpus) if path is not None]
-    if args.output is not None and any(_same_file(args.output, path) for path in read):
+    if args.output is not None and any(same_file(args.output, path) for path in read):
         return refuse(
             "eval convert",
             ConfigError(

@@ -381,3 +381,22 @@ def test_a_full_disk_stops_the_batch_with_how_to_go_on(
     assert "cannot write --output" in err and "No space left on device; 1 results" in err
     assert "rerun the same command: it goes on from there" in err and "Traceback" not in err
     assert [line["id"] for line in read_lines(out)] == written
+
+
+def test_an_output_that_is_the_input_under_another_name_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same file spelt another way, a symlink or a hard link to it, as --output would
+    have the results overwrite the items they come from."""
+    write_items(tmp_path / "in.jsonl", items(2))
+    before = (tmp_path / "in.jsonl").read_bytes()
+    (tmp_path / "soft.jsonl").symlink_to(tmp_path / "in.jsonl")
+    os.link(tmp_path / "in.jsonl", tmp_path / "hard.jsonl")
+    with BatchServer() as server:
+        for other in ("in.jsonl", "soft.jsonl", "hard.jsonl", "./in.jsonl"):
+            args = cli_args(server, tmp_path)
+            args[args.index("--output") + 1] = str(tmp_path / other)
+            assert main(args) == 2
+            assert "--output must not be the --input file" in capsys.readouterr().err
+        assert server.requests == []
+    assert (tmp_path / "in.jsonl").read_bytes() == before
