@@ -307,9 +307,11 @@ def split_runs(spans: Sequence[TraceSpan]) -> dict[str, list[TraceSpan]]:
         keys = {head.span_id: f"{trace_id}/{head.span_id}" for head in heads}
         for span in group:
             above: TraceSpan | None = span
-            while above is not None and above.span_id not in keys:
+            for _ in range(len(group)):  # a file's parents may loop: never more steps
+                if above is None or above.span_id in keys:
+                    break
                 above = by_id.get(above.parent_id or "")
-            if above is not None:
+            if above is not None and above.span_id in keys:
                 runs.setdefault(keys[above.span_id], []).append(span)
     return runs
 

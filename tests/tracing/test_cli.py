@@ -336,3 +336,25 @@ def test_batch_settings_the_sdk_refuses_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{variable}='{value}'" in err
     assert "the span batch settings are refused" in err
+
+
+def test_a_trace_file_whose_parents_loop_is_read_without_hanging(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file is input: two spans naming each other as parent must not keep the search
+    for their run going forever."""
+    node = {"rlm.node.kind": "llm_call"}
+    spans = [
+        span("a", "invoke_agent rlm", 0, 2),
+        span("b", "invoke_agent rlm", 0, 2),
+        span("c", "chat m", 0, 1, "a", **{"rlm.node.id": "turn-1", **node}),
+        span("d", "chat m", 0, 1, "e", **{"rlm.node.id": "llm-1", **node}),
+        span("e", "chat m", 0, 1, "d", **{"rlm.node.id": "llm-2", **node}),
+    ]
+    path = tmp_path / "loop.jaeger.json"
+    document = {"traceID": "ab" * 16, "spans": spans, "processes": {"p1": {"serviceName": "x"}}}
+    path.write_text(json.dumps({"data": [document]}))
+    assert main(["trace", "export", str(path)]) == 2
+    assert "holds 2 runs" in capsys.readouterr().err
+    assert main(["trace", "export", str(path), "--trace-id", f"{'ab' * 16}/{'a' * 16}"]) == 0
+    assert '"turn-1"' in capsys.readouterr().out
