@@ -13,7 +13,7 @@ An item is one JSON object a line (``items.jsonl``)::
 - ``answer_type``: how the prediction is scored (`rlm_graph.eval.scoring`);
 - exactly one of ``context`` (a string, a list of documents, or a dict) and
   ``context_path`` (a ``.txt`` file of UTF-8 text, or a ``.json`` file holding the
-  context value; relative to the items file's folder);
+  context value; relative to the items file's folder, and never out of it);
 - ``meta``: anything else worth keeping (the source's own columns, the task's length...).
 
 Invariants:
@@ -178,8 +178,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
     if context_path is not None:
         if not isinstance(context_path, str) or not context_path:
             raise ConfigError(f"{where}: 'context_path' must be a path (a string)")
-        path = Path(context_path)
-        context_path = str(path if path.is_absolute() or base is None else base / path)
+        context_path = _inside(Path(context_path), base, where)
     try:
         return EvalItem(
             id=str(item_id),
@@ -192,6 +191,24 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
         )
     except ValidationError as exc:
         raise config_error(where, exc) from None
+
+
+def _inside(path: Path, base: Path | None, where: str) -> str:
+    """``path`` of an items file in ``base`` as an absolute path, refused when it leads
+    out of ``base`` (``..``, an absolute path, a link): a downloaded items file must not
+    send ``/proc/self/environ`` or ``~/.ssh`` to a model. Items given in code (``base``
+    None) name any file."""
+    if base is None:
+        return str(path)
+    folder = base.resolve()
+    full = (folder / path).resolve()
+    if not full.is_relative_to(folder):
+        raise ConfigError(
+            f"{where}: context_path {str(path)!r} leads out of the items file's folder "
+            f"{str(folder)!r}; an items file names only files in its own folder or below "
+            "(put the context file there, or the context inline)"
+        )
+    return str(full)
 
 
 def _context_path_exists(item: EvalItem, where: str) -> None:

@@ -141,3 +141,33 @@ def test_the_draw_is_seeded_and_keeps_the_file_order() -> None:
     assert drawn == sample_items(ids, 10, seed=4) and drawn != sample_items(ids, 10, seed=5)
     assert drawn == sorted(drawn, key=ids.index) and len(drawn) == 10
     assert sample_items(ids, None, seed=4) == ids == sample_items(ids, 80, seed=4)
+
+
+def test_an_items_file_cannot_name_a_context_out_of_its_folder(tmp_path: Path) -> None:
+    """A downloaded items file naming ``/proc/self/environ`` (the API key) or a file
+    beside its folder sent it to the model as the context."""
+    folder = tmp_path / "download"
+    (folder / "docs").mkdir(parents=True)
+    (folder / "docs" / "ok.txt").write_text("the context")
+    (tmp_path / "secret.txt").write_text("not for the model")
+    (folder / "docs" / "link.txt").symlink_to(tmp_path / "secret.txt")
+    lines = [
+        {"id": i, "question": "q", "answer": "x", "answer_type": "exact", "context_path": name}
+        for i, name in enumerate(
+            ["docs/ok.txt", "/proc/self/environ", "../secret.txt", "docs/link.txt"]
+        )
+    ]
+    path = folder / "items.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ConfigError) as info:
+        scan_items(path)
+    message = str(info.value)
+    for number, name in ((2, "/proc/self/environ"), (3, "../secret.txt"), (4, "docs/link.txt")):
+        assert (
+            f"items.jsonl:{number}: context_path {name!r} leads out of the items file's folder"
+            in message
+        )
+    assert "items.jsonl:1" not in message
+    path.write_text(json.dumps(lines[0]) + "\n")
+    (item,) = read_items(path)
+    assert item.load_context() == "the context"
