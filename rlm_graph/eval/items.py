@@ -25,6 +25,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -125,10 +126,10 @@ def _check_answer(answer: Any, answer_type: str) -> str | None:
         if isinstance(answer, bool):
             return "a numeric answer must be a number"
         try:
-            float(str(answer).replace(",", ""))
+            value = float(str(answer).replace(",", ""))
         except ValueError:
             return f"a numeric answer must be a number, not {answer!r}"
-        return None
+        return None if math.isfinite(value) else f"a numeric answer must be finite, not {answer!r}"
     if answer_type == "pairs":
         if not isinstance(answer, list) or not all(
             isinstance(p, list | tuple) and len(p) == 2 for p in answer

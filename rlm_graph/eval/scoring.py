@@ -19,12 +19,12 @@ Invariants:
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
-import string
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = [
@@ -42,17 +42,29 @@ __all__ = [
 ]
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
+# A number keeps its sign and decimal point (``3.5`` is not ``35``, ``-5`` not ``5``)
+# and loses its thousands commas (``1,204`` is ``1204``); elsewhere punctuation goes.
+_NUMBER_WORD = re.compile(r"(?<![\w.-])-?\d+(?:,\d{3})*(?:\.\d+)?(?!\d)")
 _COMPARISONS = ("more common", "less common", "same frequency")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def normalize(text: Any) -> str:
-    """Lower case, accents folded, punctuation, articles and extra spaces removed."""
+    """Lower case, accents folded, punctuation (but a number's sign and decimal point),
+    articles and extra spaces removed."""
     folded = unicodedata.normalize("NFKD", str(text))
     folded = "".join(c for c in folded if not unicodedata.combining(c)).lower()
-    folded = folded.translate(_PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", folded).split())
+    pieces, last = [], 0
+    for number in _NUMBER_WORD.finditer(folded):
+        pieces += [_unpunctuated(folded[last : number.start()]), number[0].replace(",", "")]
+        last = number.end()
+    pieces.append(_unpunctuated(folded[last:]))
+    return " ".join(_ARTICLES.sub(" ", "".join(pieces)).split())
+
+
+def _unpunctuated(text: str) -> str:
+    """``text`` without punctuation, Unicode's too (curly quotes, dashes, ``¿``)."""
+    return "".join(c for c in text if not unicodedata.category(c).startswith("P"))
 
 
 def exact_match(prediction: str | None, gold: Any) -> float:
@@ -113,19 +125,48 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
     return left, right
 
 
+def _lists(text: str) -> Iterator[Any]:
+    """The values of the outermost ``[...]`` spans of ``text``, in order, each read as
+    JSON or else as a Python literal (``FINAL(pairs)`` hands over ``str()`` of a list of
+    tuples of strings). Linear: the spans do not overlap, and each is read once."""
+    depth, start = 0, -1
+    for index, char in enumerate(text):
+        if char == "[":
+            if depth == 0:
+                start = index
+            depth += 1
+        elif char == "]" and depth:
+            depth -= 1
+            if depth == 0:
+                span = text[start : index + 1]
+                try:
+                    yield json.loads(span)
+                    continue
+                except (ValueError, RecursionError):  # not JSON, or nested past the stack
+                    pass
+                try:
+                    yield ast.literal_eval(span)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    pass
+
+
+def _is_pairs(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(p, list | tuple) and len(p) == 2 for p in value
+    )
+
+
 def parse_pairs(prediction: str) -> set[tuple[str, str]]:
-    """The set of unordered pairs in a reply: a JSON list of two-element lists (the
-    asked-for form) found anywhere in it, else every ``(a, b)`` written out."""
-    start, end = prediction.find("["), prediction.rfind("]")
-    if 0 <= start < end:
-        try:
-            value = json.loads(prediction[start : end + 1])
-        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
-            value = None
-        if isinstance(value, list) and all(isinstance(p, list) and len(p) == 2 for p in value):
+    """The set of unordered pairs in a reply: the first list of two-element lists (the
+    asked-for form, as JSON or as Python prints it) found anywhere in it, else every
+    ``(a, b)`` written out (quotes around the names removed)."""
+    for value in _lists(prediction):
+        if _is_pairs(value):
             return {_pair(a, b) for a, b in value}
+    quotes = "'\""
     return {
-        _pair(a, b) for a, b in re.findall(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", prediction)
+        _pair(a.strip(quotes), b.strip(quotes))
+        for a, b in re.findall(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", prediction)
     }
 
 
@@ -154,7 +195,7 @@ def choice_letter(prediction: str) -> str | None:
     for pattern in (  # the keyword in any case, the letter a capital
         r"(?i:correct answer is)\s*\(([A-Z])\)",
         r"(?i:correct answer is)\s*([A-Z])\b",
-        r"(?i:answer)(?: (?i:is)|:)\s*\(?([A-Z])\)?(?![A-Za-z])",
+        r"(?i:answer)(?:\s+(?i:is)\s*:?|\s*:)\s*\(?([A-Z])\)?(?![A-Za-z])",
     ):
         found = re.search(pattern, text)
         if found:

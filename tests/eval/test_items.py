@@ -171,3 +171,21 @@ def test_an_items_file_cannot_name_a_context_out_of_its_folder(tmp_path: Path) -
     path.write_text(json.dumps(lines[0]) + "\n")
     (item,) = read_items(path)
     assert item.load_context() == "the context"
+
+
+def test_a_numeric_gold_answer_is_finite(tmp_path: Path) -> None:
+    """A gold NaN or infinity passed the check, and its item then scored 0 whatever the
+    model answered."""
+    path = tmp_path / "items.jsonl"
+    lines = [
+        {"id": i, "question": "q", "answer": gold, "answer_type": "numeric", "context": "c"}
+        for i, gold in enumerate(["nan", "inf", "-Infinity", 12])
+    ]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    with pytest.raises(ConfigError) as info:
+        scan_items(path)
+    for number, gold in ((1, "nan"), (2, "inf"), (3, "-Infinity")):
+        assert f"items.jsonl:{number}: a numeric answer must be finite, not {gold!r}" in str(
+            info.value
+        )
+    assert "items.jsonl:4" not in str(info.value)

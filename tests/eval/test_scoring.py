@@ -70,6 +70,20 @@ def test_pairs_f1_of_a_known_overlap() -> None:
     assert parse_pairs("[" * 100_000 + "(1, 2)" + "]" * 100_000) == {("1", "2")}
 
 
+def test_pairs_as_python_prints_them_and_beside_other_brackets_score_as_pairs() -> None:
+    """``FINAL(pairs)`` hands over ``str()`` of the list: user ids found with
+    ``re.findall`` are strings, printed in single quotes, which is not JSON; the quotes
+    stayed in the written-out pairs and a right answer scored 0. A bracket elsewhere in
+    the reply hid a JSON list the same way."""
+    gold = [["10001", "10002"], ["10003", "10004"]]
+    assert score("pairs", gold, str([("10001", "10002"), ("10003", "10004")])) == 1.0
+    assert score("pairs", gold, str([["10002", "10001"], ["10003", "10004"]])) == 1.0
+    assert score("pairs", gold, "Pairs: [[10001, 10002], [10003, 10004]] (see [note])") == 1.0
+    assert score("pairs", gold, "[note] then [[10001, 10002]]") == 2 / 3
+    assert score("pairs", gold, "('10001', '10002') and (\"10003\", \"10004\")") == 1.0
+    assert score("pairs", gold, "[['10001', '10002'], ['10003', '99']]") == 0.5
+
+
 def test_choice_reads_longbench_v2s_form_first() -> None:
     assert choice_letter("The correct answer is (B)") == "B"
     assert choice_letter("**The correct answer is C**") == "C"
@@ -92,3 +106,19 @@ def test_every_score_is_in_zero_one_and_an_unknown_type_is_refused() -> None:
             assert 0.0 <= score(answer_type, gold, prediction) <= 1.0
     with pytest.raises(ValueError, match="unknown answer_type"):
         score("fuzzy", "x", "x")
+
+
+def test_normalising_keeps_what_makes_a_number_and_drops_unicode_punctuation() -> None:
+    """``35`` matched a gold ``3.5`` and ``5`` a gold ``-5`` (their points and signs went
+    with the punctuation), while a curly apostrophe kept ``O’Brien`` from ``O'Brien``."""
+    assert score("exact", "3.5", "35") == 0.0 and score("exact", "3.5", "3.5.") == 1.0
+    assert score("exact", "-5", "5") == 0.0 and score("exact", "-5", "-5") == 1.0
+    assert score("exact", "1204", "1,204") == 1.0
+    assert score("exact", "O'Brien", "O’Brien") == 1.0
+    assert score("exact", "Paris", "“Paris”") == 1.0
+    assert score("exact", "well-known", "wellknown") == 1.0  # as SQuAD's normalisation
+
+
+def test_choice_reads_answer_is_colon_letter() -> None:
+    assert choice_letter("The answer is: B") == "B"
+    assert choice_letter("the answer is a function of x") is None
