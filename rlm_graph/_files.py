@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import stat
 from pathlib import Path
 from typing import IO
@@ -19,15 +20,31 @@ from typing import IO
 __all__ = [
     "PRIVATE",
     "destination_problem",
+    "has_surrogate",
     "hold_alone",
     "open_private",
     "read_results",
     "regular_or_missing",
     "same_file",
+    "utf8_text",
     "write_private",
 ]
 
 PRIVATE = 0o600
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8_text(text: str) -> str:
+    """``text`` with each lone surrogate (half a character, with no UTF-8 form: a reply's
+    JSON ``\\ud83d``, bytes decoded with ``surrogateescape``) as U+FFFD, the replacement
+    character, as a UTF-8 decoder gives it: what a results line is written as, rather
+    than failing the write (and every rerun at the same row)."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def has_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (an id with one cannot be written as is)."""
+    return _SURROGATE.search(text) is not None
 
 
 def same_file(one: str | os.PathLike[str], other: str | os.PathLike[str]) -> bool:
@@ -46,9 +63,10 @@ def open_private(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` (a new file created 0600) and return the path."""
+    """Write ``text`` to ``path`` (a new file created 0600) and return the path; a lone
+    surrogate in it is written as U+FFFD (`utf8_text`)."""
     with open_private(path) as handle:
-        handle.write(text)
+        handle.write(utf8_text(text))
     return Path(path)
 
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ConfigError, config_error
 from ..limits import Limits
-from .lines import coerce, read_lines, scan_ids
+from .lines import coerce, item_id, read_lines, scan_ids
 
 __all__ = ["ITEM_LIMITS", "BatchItem", "coerce_items", "read_items", "scan_items"]
 
@@ -86,9 +86,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; an item has id, query, "
             f"context or context_file, and may override {', '.join(ITEM_LIMITS)}"
         )
-    item_id = raw.get("id")
-    if isinstance(item_id, bool) or not isinstance(item_id, str | int) or item_id == "":
-        raise ConfigError(f"{where}: 'id' must be a non-empty string or an integer")
+    identifier = item_id(raw, where)
     if "query" not in raw:
         raise ConfigError(f"{where}: 'query' (the question, a string) is missing")
     if not isinstance(raw["query"], str):
@@ -116,7 +114,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
             raise ConfigError(f"{where}: {exc}") from None
     try:
         return BatchItem(
-            id=str(item_id),
+            id=identifier,
             query=raw["query"],
             context=raw.get("context"),
             context_file=context_file,

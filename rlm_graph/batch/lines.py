@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from .._files import has_surrogate
 from ..errors import ConfigError
 
-__all__ = ["Parse", "coerce", "jsonl_lines", "read_lines", "scan_ids"]
+__all__ = ["Parse", "coerce", "item_id", "jsonl_lines", "read_lines", "scan_ids"]
 
 
 class _Item(Protocol):
@@ -28,6 +29,26 @@ class _Item(Protocol):
 T = TypeVar("T", bound=_Item)
 
 Parse = Callable[[Any, str, "Path | None"], T]
+
+
+def item_id(raw: Mapping[str, Any], where: str) -> str:
+    """A line's ``id`` as text: a non-empty string or an integer, which a results file
+    can hold (so that a rerun finds it there).
+
+    Raises:
+        ConfigError: another type, an empty string, or text with a lone surrogate.
+    """
+    value = raw.get("id")
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise ConfigError(f"{where}: 'id' must be a non-empty string or an integer")
+    if isinstance(value, str) and has_surrogate(value):
+        raise ConfigError(
+            f"{where}: 'id' {value!r} holds half a character (a lone surrogate, as the "
+            "JSON escape \\ud83d alone), which no results file can hold; fix the id"
+        )
+    return str(value)
+
+
 """``parse(raw, where, base)``: the item of a decoded line (``where``: ``"file:line"`` for
 messages; ``base``: the file's folder, for relative paths; None for items from code).
 Raises `ConfigError` naming ``where``."""
@@ -60,6 +81,8 @@ def jsonl_lines(path: Path, what: str) -> Iterator[tuple[int, Any, str | None]]:
                 yield number, json.loads(line), None
             except ValueError as exc:
                 yield number, None, f"not JSON ({exc})"
+            except RecursionError:
+                yield number, None, "not JSON this reader takes (nested past Python's stack)"
 
 
 def scan_ids(

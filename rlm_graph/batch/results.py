@@ -20,7 +20,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import hold_alone, open_private, read_results, regular_or_missing
+from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..errors import ConfigError
 
 __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
@@ -81,7 +81,7 @@ class BatchResult(BaseModel):
         return self.error is None
 
     def to_line(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), ensure_ascii=False) + "\n"
+        return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
 
 
 def _percentile(values: list[float], share: float) -> float | None:

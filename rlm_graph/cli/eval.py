@@ -185,12 +185,13 @@ def run_convert(args: argparse.Namespace) -> int:
             count = write_items(items, sys.stdout)
         else:
             partial = args.output.with_name(args.output.name + ".partial")
-            with open_private(partial) as handle:
-                count = write_items(items, handle)
-            partial.replace(args.output)
+            try:
+                with open_private(partial) as handle:
+                    count = write_items(items, handle)
+                partial.replace(args.output)
+            finally:  # whatever stopped it (a bad row, Ctrl-C): no half a file left
+                partial.unlink(missing_ok=True)
     except ConfigError as exc:
-        if args.output is not None:
-            args.output.with_name(args.output.name + ".partial").unlink(missing_ok=True)
         return refuse("eval convert", exc)
     except BrokenPipeError:  # the reader of stdout left (| head): quietly, as every command
         raise

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..batch.lines import coerce, read_lines, scan_ids
+from ..batch.lines import coerce, item_id, read_lines, scan_ids
 from ..errors import ConfigError, config_error
 
 __all__ = [
@@ -158,9 +158,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
             f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; an item has "
             f"{', '.join(_FIELDS)} (put anything else under 'meta')"
         )
-    item_id = raw.get("id")
-    if isinstance(item_id, bool) or not isinstance(item_id, str | int) or item_id == "":
-        raise ConfigError(f"{where}: 'id' must be a non-empty string or an integer")
+    identifier = item_id(raw, where)
     if not isinstance(raw.get("question"), str) or not raw["question"].strip():
         raise ConfigError(f"{where}: 'question' (a non-empty string) is missing")
     answer_type = raw.get("answer_type")
@@ -182,7 +180,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> EvalItem:
         context_path = _inside(Path(context_path), base, where)
     try:
         return EvalItem(
-            id=str(item_id),
+            id=identifier,
             question=raw["question"],
             answer=raw["answer"],
             answer_type=answer_type,

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from .._files import hold_alone, open_private, read_results, regular_or_missing
+from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..batch import BatchError
 from ..errors import ConfigError
 
@@ -63,7 +63,7 @@ class EvalRow(BaseModel):
     error: BatchError | None = None
 
     def to_line(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), ensure_ascii=False) + "\n"
+        return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
 
 
 class ResultsLog:

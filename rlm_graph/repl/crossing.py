@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import builtins
 import json
-import re
 from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["MessageTooLarge", "json_arguments", "pipe_line", "raised_as"]
+from .._files import utf8_text
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+__all__ = ["MessageTooLarge", "json_arguments", "pipe_line", "raised_as"]
 
 
 def pipe_line(message: BaseModel) -> bytes:
@@ -33,7 +32,7 @@ def pipe_line(message: BaseModel) -> bytes:
         return message.model_dump_json().encode() + b"\n"
     except ValueError:  # pydantic's serialization error, from the UnicodeEncodeError
         text = json.dumps(message.model_dump(mode="json"), ensure_ascii=False)
-        return _SURROGATE.sub("\ufffd", text).encode() + b"\n"
+        return utf8_text(text).encode() + b"\n"
 
 
 class MessageTooLarge(ValueError):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlm_graph import ConfigError, PluginError, run_batch
-from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile
+from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile, scan_items
 from rlm_graph.cli import main
 from tests.support.batch import (
     FAIL,
@@ -400,3 +400,23 @@ def test_an_output_that_is_the_input_under_another_name_is_refused(
             assert "--output must not be the --input file" in capsys.readouterr().err
         assert server.requests == []
     assert (tmp_path / "in.jsonl").read_bytes() == before
+
+
+def test_an_answer_with_half_a_character_is_written_and_found_again(tmp_path: Path) -> None:
+    """A model reply cut inside an emoji (a lone surrogate from its JSON ``\\ud83d``) has no
+    UTF-8: writing its result failed, and every rerun failed at the same item."""
+    path = tmp_path / "out.jsonl"
+    with ResultsFile(path) as results:
+        results.append(
+            BatchResult(id="a", answer="7 \ud83d", started_at=0, finished_at=1, seconds=1)
+        )
+    assert json.loads(path.read_bytes().decode("utf-8"))["answer"] == "7 \ufffd"
+    with ResultsFile(path) as again:
+        assert again.done() == {"a"}
+
+
+def test_an_id_with_half_a_character_is_refused_with_its_line(tmp_path: Path) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text('{"id": "a\\ud83d", "context": "c", "query": "q"}\n')
+    with pytest.raises(ConfigError, match=r"in.jsonl:1: 'id' .* holds half a character"):
+        scan_items(source)

@@ -188,3 +188,33 @@ def test_converting_a_download_onto_itself_is_refused_and_the_download_kept(
         assert code == 2
         assert "is a file convert reads: the download would be replaced" in capsys.readouterr().err
     assert mine.read_bytes() == (DATA / "oolong-synth.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "says"),
+    [
+        ("deep.jsonl", b"[" * 200_000 + b"\n", "deep.jsonl:1: not JSON (nested past"),
+        ("latin.jsonl", '{"id": "caf\xe9"}\n'.encode("latin-1"), "latin.jsonl:1: not UTF-8 text"),
+        ("deep.json", b"[" * 200_000, "deep.json is not JSON (nested past"),
+    ],
+)
+def test_a_download_that_is_not_json_it_can_read_is_named_and_leaves_no_partial_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes, says: str
+) -> None:
+    """A line nested past Python's stack and a file that is not UTF-8 ended convert with a
+    traceback and left ``ITEMS.jsonl.partial`` behind."""
+    (tmp_path / name).write_bytes(data)
+    out = tmp_path / "items.jsonl"
+    assert main(["eval", "convert", "--from", "oolong", str(tmp_path / name), "-o", str(out)]) == 2
+    assert says in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]
+
+
+def test_a_download_with_a_byte_order_mark_converts(tmp_path: Path) -> None:
+    source = tmp_path / "bom.jsonl"
+    source.write_bytes(b"\xef\xbb\xbf" + (DATA / "oolong-synth.jsonl").read_bytes())
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert _convert(tmp_path, "--from", "oolong", str(source)) == _convert(
+        plain, "--from", "oolong", str(DATA / "oolong-synth.jsonl")
+    )

@@ -189,3 +189,24 @@ def test_a_numeric_gold_answer_is_finite(tmp_path: Path) -> None:
             info.value
         )
     assert "items.jsonl:4" not in str(info.value)
+
+
+def test_a_line_nested_past_the_stack_and_an_id_with_half_a_character_are_bad_lines(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "items.jsonl"
+    good = {"id": "ok", "question": "q", "answer": "x", "answer_type": "exact", "context": "c"}
+    path.write_text(
+        "[" * 200_000
+        + "\n"
+        + json.dumps({**good, "id": "a\ud83d"})
+        + "\n"
+        + json.dumps(good)
+        + "\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        scan_items(path)
+    assert "items.jsonl:1: not JSON this reader takes (nested past Python's stack)" in str(
+        info.value
+    )
+    assert "items.jsonl:2: 'id' 'a\\ud83d' holds half a character" in str(info.value)

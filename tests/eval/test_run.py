@@ -14,6 +14,7 @@ import pytest
 from rlm_graph import hookimpl
 from rlm_graph.errors import ConfigError, PluginError
 from rlm_graph.eval import Call, EvalItem, MethodSetup, NotRun, item_call, run_eval
+from rlm_graph.testing import FakeOpenAIServer
 from tests.support.eval import CONSTANT_SCORES, KEY, EvalServer, items, rlm_kwargs
 
 METHODS = ["rlm", "rlm-no-subcalls", "base", "summary"]
@@ -345,3 +346,19 @@ def test_a_rerun_with_other_models_into_the_same_out_is_refused(tmp_path: Path) 
         again = run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path)
     assert again.written == 0  # the same models resume, as before
     assert json.loads((tmp_path / "summary.json").read_text())["models"]["root"] != "another-model"
+
+
+def test_a_reply_with_half_a_character_is_kept_and_a_rerun_asks_nothing(tmp_path: Path) -> None:
+    """A reply cut inside an emoji (a lone surrogate from its JSON ``\\ud83d``) failed the
+    write of its row with a traceback, and every rerun replayed it and failed again."""
+    lines = [
+        {"id": f"q{i}", "question": "Q", "answer": "7", "answer_type": "exact", "context": "x"}
+        for i in range(2)
+    ]
+    with FakeOpenAIServer(lambda body: "7 \ud83d") as server:
+        first = run_eval(lines, rlm_kwargs(server), methods=["base"], out=tmp_path)
+        second = run_eval(lines, rlm_kwargs(server), methods=["base"], out=tmp_path)
+        asked = len(server.requests)
+    assert (first.written, second.written, asked) == (2, 0, 2)
+    rows = _rows(tmp_path)
+    assert rows["q0", "base"]["prediction"] == "7 \ufffd"

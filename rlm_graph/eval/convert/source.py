@@ -20,14 +20,24 @@ __all__ = ["read_rows", "require_columns"]
 
 
 def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM some editors write
+                raw = raw[3:]
+            if not raw.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                raise ConfigError(
+                    f"{path}:{number}: not UTF-8 text (byte {exc.start + 1} of the line)"
+                ) from None
             except ValueError as exc:
                 raise ConfigError(f"{path}:{number}: not JSON ({exc})") from None
+            except RecursionError:
+                raise ConfigError(
+                    f"{path}:{number}: not JSON (nested past Python's stack)"
+                ) from None
             if not isinstance(row, dict):
                 raise ConfigError(
                     f"{path}:{number}: a row is a JSON object, not {type(row).__name__}"
@@ -37,10 +47,11 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
 
 def _json(path: Path) -> Iterator[dict[str, Any]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        reason = exc if isinstance(exc, ValueError) else "nested past Python's stack"
         raise ConfigError(
-            f"{path} is not JSON ({exc}); give a .json array or a .jsonl file"
+            f"{path} is not JSON ({reason}); give a .json array or a .jsonl file"
         ) from None
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
