@@ -100,6 +100,11 @@ CREATE TABLE IF NOT EXISTS chunks (
 """
 
 
+def _block(node_id: str) -> str:
+    """The block of a journaled tool call's row (``<block>/tool-n``)."""
+    return node_id.rpartition("/")[0]
+
+
 def _storable(text: str) -> str:
     """``text`` as SQLite can store it: a lone surrogate (untrusted text can carry one)
     has no UTF-8 form and becomes U+FFFD. For what the runs table shows (a question, an
@@ -287,10 +292,10 @@ class JournalStore:
                 # latest row of each node still valid.
                 valid = set(keep)
                 number = self._number(key)
-                kept = [
+                kept = [  # a journaled tool's row stays with its block
                     (a, row)
                     for node_id, (a, row) in self._latest(number).items()
-                    if node_id in valid
+                    if node_id in valid or (is_tool_call(node_id) and _block(node_id) in valid)
                 ]
                 self._db.execute("DELETE FROM chunks WHERE run=?", (number,))
                 for attempt in sorted({a for a, _ in kept}):

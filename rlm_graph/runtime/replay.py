@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -87,6 +88,7 @@ class Replayer(JournalLookup):
         # Journaled tools run on REPL threads: list.append is their only write here.
         self._tool_rows: list[tuple[NodeRecord, str, str | None]] = []
         self._wake = trio.Event()
+        self._token = trio.lowlevel.current_trio_token()
         self._stop = trio.CancelScope()
         self._stopped = trio.Event()
         self._failed: BaseException | None = None
@@ -94,8 +96,11 @@ class Replayer(JournalLookup):
     # -- journaled tools (REPL threads) -------------------------------------------------
 
     def record_tool(self, record: NodeRecord, request: str, text: str) -> None:
-        """Record one journaled tool call (from a REPL thread: one list append)."""
+        """Record one journaled tool call (from a REPL thread) and wake the writer: on
+        disk within the flush delay, as a node is, not at the next node's."""
         self._tool_rows.append((record, request, text))
+        with contextlib.suppress(trio.RunFinishedError):
+            self._token.run_sync_soon(lambda: self._wake.set())
 
     # -- recording ----------------------------------------------------------------------
 
@@ -120,14 +125,8 @@ class Replayer(JournalLookup):
                 requests.append(request)
                 values.append(value)
             del self._tool_rows[:tools]
-        chunks = encode_nodes(
-            self._seq,
-            records,
-            requests,
-            values,
-            self.graph.incoming,
-            trio.current_time(),
-        )
+        incoming, now = self.graph.incoming, trio.current_time()
+        chunks = encode_nodes(self._seq, records, requests, values, incoming, now)
         self._seq += len(records)
         return chunks
 

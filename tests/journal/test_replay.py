@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -531,3 +532,55 @@ async def test_a_resumed_run_has_the_edges_of_the_run_it_resumes(tmp_path: Path)
     later = next(r.id for r in first.graph.records(NodeKind.LLM_CALL) if r.input_preview == "after")
     assert (slow, later) in after_edges(first)
     assert after_edges(resumed) == after_edges(first)
+
+
+def test_a_journaled_tools_result_is_on_disk_while_its_block_still_runs(tmp_path: Path) -> None:
+    """A tool journaled "because it must not happen twice" waited for the next node to
+    finish before it was written: a crash in a long block lost calls made seconds ago,
+    and the resumed run made them again."""
+    path = str(tmp_path / "run.sqlite")
+
+    def on_disk() -> bool:  # what a crash now would keep, read as a resumed run reads it
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            store = JournalStore(path)
+            try:
+                (run,) = store.runs()
+                if any("/tool-" in node_id for node_id in store.load(run.key)):
+                    return True
+            finally:
+                store.close()
+            time.sleep(0.05)
+        return False
+
+    tools = {"charge": {"tool": lambda n: f"receipt-{n}", "journal": True}, "on_disk": on_disk}
+    code = "import time\ntime.sleep(0.5)\nr = charge(1)\nFINAL(f'{r} {on_disk()}')"
+    rlm = RLM("scripted", {"respond": lambda request: repl(code)}, custom_tools=tools, journal=path)
+    assert rlm.completion("ctx").response == "receipt-1 True"
+
+
+def test_a_finished_run_that_diverged_keeps_the_journaled_tools_of_its_blocks(
+    tmp_path: Path,
+) -> None:
+    """A run that replays a journaled tool, goes live at a later turn and finishes
+    rewrote its journal without the tool's row: the next run paid the tool again."""
+    path = str(tmp_path / "run.sqlite")
+    calls: list[int] = []
+    state = {"printed": "one"}
+
+    def charge(n: int) -> str:
+        calls.append(n)
+        return f"receipt-{n}"
+
+    def respond(request: ChatRequest) -> str:
+        first = turn_number(request) == 1
+        return repl("r = charge(7)\nprint(stamp())" if first else "FINAL(r)")
+
+    tools = {"charge": {"tool": charge, "journal": True}, "stamp": lambda: state["printed"]}
+    for printed in ("one", "two", "two"):  # the second run diverges at its second turn
+        state["printed"] = printed
+        result = RLM("scripted", {"respond": respond}, custom_tools=tools, journal=path).completion(
+            "ctx"
+        )
+        assert result.response == "receipt-7"
+    assert calls == [7]
