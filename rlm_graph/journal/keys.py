@@ -35,10 +35,39 @@ __all__ = [
 
 
 def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces; values JSON cannot hold become their ``repr``."""
+    """JSON with sorted keys and no spaces, the same in every process for the same value:
+    a set is its members' texts sorted (its own order is its hash order, which differs
+    between processes); a dict whose keys cannot be sorted together (``1`` and ``"a"``)
+    is its pairs sorted by their keys' texts; other values JSON cannot hold become their
+    ``repr``."""
+    try:
+        return _dumps(value)
+    except TypeError:  # keys of several types: '<' between them fails
+        return _dumps(_sortable(value))
+
+
+def _dumps(value: Any) -> str:
     return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), default=repr, ensure_ascii=False
+        value, sort_keys=True, separators=(",", ":"), default=_default, ensure_ascii=False
     )
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, set | frozenset):
+        return ["set", sorted(canonical_json(member) for member in value)]
+    return repr(value)
+
+
+def _sortable(value: Any, depth: int = 0) -> Any:
+    """``value`` with every dict as its pairs sorted by their keys' canonical texts."""
+    if depth > 200:  # as deep as json itself goes before RecursionError, roughly
+        return repr(value)
+    if isinstance(value, dict):
+        pairs = sorted((canonical_json(k), _sortable(v, depth + 1)) for k, v in value.items())
+        return ["dict", [list(pair) for pair in pairs]]
+    if isinstance(value, list | tuple):
+        return [_sortable(v, depth + 1) for v in value]
+    return value
 
 
 def _digest(parts: list[str]) -> str:

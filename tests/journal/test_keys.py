@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 import zlib
 
 from rlm_graph.contracts import ChatRequest, Image, Message, ResponseSchema
-from rlm_graph.journal.keys import call_hash, request_hash
+from rlm_graph.journal.keys import call_hash, request_hash, run_key
 
 
 def _png(width: int, height: int) -> Image:
@@ -87,3 +90,34 @@ def test_the_model_call_path_hashes_as_the_request_does() -> None:
     ):
         settled = request if request.max_tokens is not None else None
         assert call_hash(request.model, request.messages, settled) == request_hash(request)
+
+
+def test_a_context_holding_a_set_keys_the_same_run_in_every_process() -> None:
+    """A set's own order is its members' hash order, which differs between processes:
+    a journaled run over a context holding one never resumed (a new key each time)."""
+    code = (
+        "from rlm_graph.journal.keys import run_key\n"
+        "print(run_key('rlm', {'context': {'tags': {'alpha', 'beta', 'gamma', 'delta'}}}, []))"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(keys) == 1
+
+
+def test_a_dict_with_keys_of_several_types_has_a_key_and_keeps_them_apart() -> None:
+    """``{1: ..., "a": ...}`` as a journaled run's context crashed the run (sorting its
+    keys); ``1`` and ``"1"`` are different keys."""
+    assert run_key("rlm", {"context": {1: "x", "a": "y"}}, []) == run_key(
+        "rlm", {"context": {"a": "y", 1: "x"}}, []
+    )
+    assert run_key("rlm", {"context": {1: "x", "a": "y"}}, []) != run_key(
+        "rlm", {"context": {"1": "x", "a": "y"}}, []
+    )
