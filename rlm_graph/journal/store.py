@@ -175,6 +175,11 @@ class JournalStore:
                 raise ConfigError(
                     f"cannot create journal {str(self.path)!r}: {exc.strerror}"
                 ) from None
+        elif not os.access(self.path, os.W_OK):  # SQLite would open it read-only, silently
+            raise ConfigError(
+                f"cannot write journal {str(self.path)!r}: this user may not write it (a "
+                "run's journal is written as it goes); check its mode, or give another path"
+            )
         try:
             self._db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=not threads
@@ -192,13 +197,23 @@ class JournalStore:
         journal this user may read but not write, and nothing written to any file."""
         if not self.path.is_file():
             raise ConfigError(f"no journal at {str(self.path)!r}")
+        uri = self.path.resolve().as_uri()
         try:
-            self._db = sqlite3.connect(
-                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
-            )
-            version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            try:
+                self._db = sqlite3.connect(f"{uri}?mode=ro", uri=True, isolation_level=None)
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.OperationalError:
+                # A folder this user cannot write: SQLite cannot make the shared-memory
+                # file a WAL journal is read with. With no write-ahead log left beside it
+                # (every run ended), the file itself is the whole journal.
+                if Path(f"{self.path}-wal").exists():
+                    raise
+                self._db = sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
+                version = self._db.execute("PRAGMA user_version").fetchone()[0]
         except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"cannot read journal {str(self.path)!r}: {_fix(exc)}") from None
+            raise ConfigError(
+                f"cannot read journal {str(self.path)!r}: {_fix(exc, True)}"
+            ) from None
         if version != SCHEMA_VERSION:
             raise ConfigError(
                 f"{str(self.path)!r} is not an rlm-graph journal of format {SCHEMA_VERSION} "
@@ -253,6 +268,12 @@ class JournalStore:
         """Start an attempt of run ``key``: its number in this file, and the run as it
         was (None: a new run)."""
         now = time.time()
+        try:
+            return self._begin(key, kind, label, now)
+        except sqlite3.DatabaseError as exc:  # a file that changed under the open one
+            raise ConfigError(f"cannot write journal {str(self.path)!r}: {_fix(exc)}") from None
+
+    def _begin(self, key: str, kind: str, label: str, now: float) -> tuple[int, RunRow | None]:
         with self._transaction():
             before = self._run(key)
             if before is None:
@@ -436,11 +457,18 @@ class _Transaction:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
 
 
-def _fix(exc: sqlite3.DatabaseError) -> str:
+def _fix(exc: sqlite3.DatabaseError, reading: bool = False) -> str:
     """SQLite's reason, with what to do about it."""
     said = str(exc)
     if "malformed" in said or "not a database" in said:
         return f"{said}: the file is damaged or not a journal; give a new file name"
+    if reading and "unable to open" in said:
+        return (
+            f"{said}: this user cannot write its folder, and its write-ahead log (a run on "
+            "it is going on, or was killed) is read through a file made there; copy the "
+            "journal and its -wal file to a folder you may write, or read it once a run on "
+            "it has ended"
+        )
     if "readonly" in said or "unable to open" in said:
         return (
             f"{said}: this user cannot write it or its folder (a run's journal is written "

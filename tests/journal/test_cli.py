@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +113,64 @@ def test_reading_a_journal_writes_nothing(
     assert empty.read_bytes() == b"" and other.read_bytes() == before
     err = capsys.readouterr().err
     assert "is not an rlm-graph journal" in err and "Traceback" not in err
+
+
+@contextlib.contextmanager
+def _unwritable(path: Path) -> Iterator[None]:
+    """``path`` (a file or a folder) made one this user may read but not write: by its
+    mode, or for root (who writes whatever the mode) by the immutable attribute."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(path)]).returncode:
+        pytest.skip("root writes any file, and this machine cannot set the immutable attribute")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def _journaled(journal: Path) -> list[str]:
+    from rlm_graph import RLM
+
+    RLM(
+        "scripted", {"respond": lambda request: "```repl\nFINAL('done')\n```"}, journal=str(journal)
+    ).completion("ctx")
+    return [p.name for p in journal.parent.iterdir()]
+
+
+def test_a_journal_this_user_cannot_write_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SQLite opened it read-only without a word, and the run died in its first write
+    with sqlite3's traceback (exit 1)."""
+    journal = tmp_path / "run.sqlite"
+    _journaled(journal)
+    context = tmp_path / "context.txt"
+    context.write_text("ctx")
+    args = ["run", "--context", str(context), "--query", "q", "--backend", "scripted"]
+    with _unwritable(journal):
+        assert main([*args, "--model", "m", "--journal", str(journal)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write journal" in err and "this user may not write it" in err
+    assert "Traceback" not in err
+
+
+def test_a_journal_in_a_folder_this_user_cannot_write_can_be_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = tmp_path / "kept"
+    folder.mkdir()
+    journal = folder / "run.sqlite"
+    assert _journaled(journal) == ["run.sqlite"]  # the run ended: no log beside
+    with _unwritable(folder):
+        assert main(["journal", "ls", str(journal), "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["status"] == "finished" and sorted(p.name for p in folder.iterdir()) == [
+        "run.sqlite"
+    ]
