@@ -66,7 +66,20 @@ __all__ = [
     "TokenLimitExceeded",
     "error_slot",
     "is_context_length_error",
+    "without_url_passwords",
+    "URL_USERINFO",
 ]
+
+
+# ``https://user:password@host``: the user kept, the password dropped.
+URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)(?!\[REDACTED\])([^\s/@]+)@")
+
+
+def without_url_passwords(text: str) -> str:
+    """``text`` with the password of every URL in it (``scheme://user:password@``)
+    replaced by ``[REDACTED]``: what an error, a command or a span shows of a base URL
+    or an endpoint."""
+    return URL_USERINFO.sub(lambda found: found.group(1) + "[REDACTED]@", text)
 
 
 class RLMGraphError(Exception):
@@ -109,7 +122,7 @@ class ProviderError(RLMGraphError):
         status_code: int | None = None,
         retryable: bool = False,
     ) -> None:
-        super().__init__(message)
+        super().__init__(without_url_passwords(message))  # a base_url's password, in any form
         self.provider = provider
         self.status_code = status_code
         self.retryable = retryable

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError, config_error
 from ..limits import is_rate
+from ..tracing.scrub import without_url_passwords
 from . import wire
 from .retry import RetryPolicy
 
@@ -95,13 +96,16 @@ def checked_base_url(provider: str, base_url: object) -> str:
     """``base_url`` without its trailing slash, or a `ConfigError` saying what is wrong."""
     if not isinstance(base_url, str) or not base_url.strip():
         raise ConfigError(f"{provider}: base_url must be a URL like 'http://localhost:8000/v1'")
+    shown = without_url_passwords(repr(base_url))
     try:
         url = httpx.URL(base_url.strip())
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
-        raise ConfigError(f"{provider}: base_url {base_url!r} is not a valid URL ({exc})") from None
+        raise ConfigError(
+            f"{provider}: base_url {shown} is not a valid URL ({without_url_passwords(str(exc))})"
+        ) from None
     if url.scheme not in ("http", "https") or not url.host:
         raise ConfigError(
-            f"{provider}: base_url {base_url!r} must be an http:// or https:// URL with a host, "
+            f"{provider}: base_url {shown} must be an http:// or https:// URL with a host, "
             "e.g. 'http://localhost:8000/v1'"
         )
     return base_url.strip().rstrip("/")

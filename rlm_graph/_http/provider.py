@@ -57,7 +57,7 @@ from pydantic import ValidationError
 from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError, ProviderTimeout
-from ..tracing.scrub import Scrubber
+from ..tracing.scrub import Scrubber, without_url_passwords
 from .answers import (
     AttemptFailed as _Retry,
     failures,
@@ -216,7 +216,7 @@ class JSONProvider:
         key = "set" if self._api_key else "none"
         return (
             f"{type(self).__name__}(name={self.name!r}, model_name={self.model!r}, "
-            f"base_url={self.base_url!r}, api_key=<{key}>, max_concurrent={self.max_concurrent})"
+            f"base_url={without_url_passwords(repr(self.base_url))}, api_key=<{key}>, max_concurrent={self.max_concurrent})"
         )
 
     @property

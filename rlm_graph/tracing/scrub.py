@@ -22,6 +22,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from ..errors import URL_USERINFO, without_url_passwords as without_url_passwords
+
 __all__ = ["REDACTED", "RUN_CHARS", "SecretRuns", "Scrubber", "secret_values"]
 
 REDACTED = "[REDACTED]"
@@ -60,16 +62,6 @@ _PAIR = re.compile(
 )
 
 
-# ``https://user:password@host``: the user kept, the password dropped.
-_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)(?!\[REDACTED\])([^\s/@]+)@")
-
-
-def without_url_passwords(text: str) -> str:
-    """``text`` with the password of every URL in it (``scheme://user:password@``)
-    replaced by ``[REDACTED]``: what a command prints of a base URL or an endpoint."""
-    return _USERINFO.sub(lambda found: found.group(1) + REDACTED + "@", text)
-
-
 def _keep_name(found: re.Match[str]) -> str:
     return (found.group(1) or found.group(3)) + REDACTED
 
@@ -96,7 +88,9 @@ def secret_values(
     for value in keywords.values():  # a URL's password (``base_url="https://u:pw@host"``)
         if isinstance(value, str) and "@" in value:
             found.update(
-                m.group(2) for m in _USERINFO.finditer(value) if len(m.group(2)) >= MIN_SECRET_CHARS
+                m.group(2)
+                for m in URL_USERINFO.finditer(value)
+                if len(m.group(2)) >= MIN_SECRET_CHARS
             )
     for source in (keywords, os.environ if environ is None else environ):
         for name, value in source.items():

@@ -11,9 +11,11 @@ import trio
 import trio.testing
 
 from rlm_graph import RLM, Engine, Workflow
+from rlm_graph.errors import ConfigError, ProviderNotFound
 from rlm_graph.graph import NodeStatus, to_json
 from rlm_graph.runtime.slots import run_slots
 from rlm_graph.testing import FakeOpenAIServer, Reply
+from rlm_graph_openai import OpenAIProvider
 from tests.support.http import KEY, openai_kwargs
 
 
@@ -144,3 +146,18 @@ def test_requests_per_minute_holds_across_threads_at_once() -> None:
         sent = len(server.requests)
     assert sent == 6  # 8 asked, the minute's 6 allowed
     assert len(stops) == 2 and "max_timeout" in stops  # whoever waited for the next minute
+
+
+def test_a_base_urls_password_is_in_no_error_and_no_repr() -> None:
+    """A 404 said ``POST http://alice:PASSWORD@host/... answered 404`` and named the
+    base_url with its password; so did a provider's repr and a malformed base_url's error."""
+    with FakeOpenAIServer(lambda body: "x", api_key="k") as server:
+        url = server.base_url.replace("http://", "http://alice:URLPASSWORD@") + "/oops"
+        rlm = RLM("openai", {"model_name": "m", "base_url": url, "api_key": "k", "stream": False})
+        with pytest.raises(ProviderNotFound) as info:
+            rlm.completion("ctx", root_prompt="q")
+    assert "URLPASSWORD" not in str(info.value) and "alice:[REDACTED]@" in str(info.value)
+    assert "URLPASSWORD" not in repr(OpenAIProvider(model_name="m", base_url=url, api_key="k"))
+    with pytest.raises(ConfigError) as bad:
+        OpenAIProvider(model_name="m", base_url="ftp://alice:URLPASSWORD@host/v1", api_key="k")
+    assert "URLPASSWORD" not in str(bad.value) and "alice:[REDACTED]@" in str(bad.value)
