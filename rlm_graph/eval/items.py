@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -40,6 +41,7 @@ __all__ = [
     "ANSWER_TYPES",
     "AnswerType",
     "EvalItem",
+    "asked_hash",
     "coerce_items",
     "context_tokens",
     "read_items",
@@ -118,6 +120,14 @@ def context_tokens(context: Any, question: str = "") -> int:
     token; a list or dict counted as its JSON, as a one-call answer sends it)."""
     text = context if isinstance(context, str) else json.dumps(context, default=str)
     return (len(text) + len(question) + 3) // 4
+
+
+def asked_hash(question: str, context: Any) -> str:
+    """A short hash of what an item asks (its question over its context): a result row
+    keeps it, so that a row made for another item of the same id (another ``--seed`` of
+    a task, an edited items file) is asked again rather than counted."""
+    text = json.dumps([question, context], sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def _check_answer(answer: Any, answer_type: str) -> str | None:

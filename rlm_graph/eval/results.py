@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,6 +48,8 @@ class EvalRow(BaseModel):
         stop_reason: the limit that stopped a call, or why the item did not run
             (``does_not_fit``); else ``None``.
         error: why there is no prediction, else ``None``.
+        asked: a hash of the item's question and context when it was asked
+            (`rlm_graph.eval.items.asked_hash`); ``None`` in rows of older versions.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -61,6 +64,7 @@ class EvalRow(BaseModel):
     output_tokens: int = 0
     stop_reason: str | None = None
     error: BatchError | None = None
+    asked: str | None = None
 
     def to_line(self) -> str:
         return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
@@ -136,17 +140,25 @@ class ResultsLog:
             ) from None
         self._rows[key] = record
 
-    def done(self, method: str, *, retry_failed: bool = False) -> set[str]:
-        """Ids with a row for ``method`` (with ``retry_failed``: a row without an error)."""
+    def done(
+        self, method: str, *, retry_failed: bool = False, asked: Mapping[str, str] | None = None
+    ) -> set[str]:
+        """Ids with a row for ``method`` (with ``retry_failed``: a row without an error;
+        with ``asked``, the items' `asked_hash` by id: a row made for what they ask now)."""
         return {
             item_id
             for (item_id, name), row in self._rows.items()
-            if name == method and not (retry_failed and row.get("error") is not None)
+            if name == method
+            and not (retry_failed and row.get("error") is not None)
+            and (asked is None or _current(row, asked))
         }
 
-    def rows(self) -> list[dict[str, Any]]:
-        """The last row of every (id, method), in the order they were first written."""
-        return list(self._rows.values())
+    def rows(self, asked: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """The last row of every (id, method), in the order they were first written
+        (with ``asked``: of the items given, made for what they ask now)."""
+        if asked is None:
+            return list(self._rows.values())
+        return [row for row in self._rows.values() if _current(row, asked)]
 
     def append(self, row: EvalRow) -> None:
         """Write one row and flush it (a killed run keeps every finished item)."""
@@ -165,6 +177,13 @@ class ResultsLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _current(row: Mapping[str, Any], asked: Mapping[str, str]) -> bool:
+    """Whether ``row`` is of an item in ``asked``, made for what it asks now (a row of an
+    older version, without the hash, is taken as it is)."""
+    now = asked.get(str(row["id"]))
+    return now is not None and row.get("asked") in (None, now)
 
 
 class SharedBudget:

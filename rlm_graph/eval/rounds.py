@@ -30,6 +30,7 @@ class EvaluationParts(Protocol):
     setup: MethodSetup
     source: Any
     role_kwargs: dict[str, dict[str, dict[str, Any]]]
+    asked: dict[str, str]
 
 
 class _Pending:
@@ -207,6 +208,7 @@ class MethodRun:
             output_tokens=pending.tokens_out,
             stop_reason=stop_reason or pending.stop_reason,
             error=error,
+            asked=self.ev.asked.get(item.id),
         )
         with self._lock:
             self._made.append(row)

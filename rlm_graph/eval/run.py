@@ -32,11 +32,12 @@ from pydantic import BaseModel, ConfigDict
 
 from .._files import write_private
 from ..errors import ConfigError
-from .items import EvalItem, coerce_items, context_tokens, read_items, scan_items
+from .items import EvalItem, asked_hash, coerce_items, context_tokens, read_items, scan_items
 from .methods import EvalMethod, MethodSetup, lookup_methods
 from .page import render_eval_page
 from .results import EvalRow, ResultsLog, SharedBudget
 from .rounds import MethodRun, RowHook
+from .scoring import score
 from .stats import EvalSummary, summarize
 from .table import render_table
 
@@ -184,13 +185,12 @@ class Evaluation:
         self.setup = MethodSetup.of(kwargs)
         self.methods = lookup_methods(list(methods), self.plugins)
         self.role_kwargs = {m.name: self._roles(m, check) for m in self.methods}
+        self.asked: dict[str, str] = {}
+        self.golds: dict[str, tuple[str, Any]] = {}
         self.ids, self.tokens, estimate_items = self._scan()
         self.log = ResultsLog(self.out / "results.jsonl")
         self._prepare_out()
-        self.todo = {
-            m.name: set(self.ids) - self.log.done(m.name, retry_failed=retry_failed)
-            for m in self.methods
-        }
+        self.todo = self._todo()
         self.estimate = Estimate(
             items=len(self.ids),
             tokens=sum(self.tokens.values()),
@@ -240,7 +240,10 @@ class Evaluation:
         kept: dict[str, EvalItem] = {}
         for item in coerce_items(self.source):
             ids.append(item.id)
-            tokens[item.id] = context_tokens(item.load_context(), item.question)
+            context = item.load_context()
+            tokens[item.id] = context_tokens(context, item.question)
+            self.asked[item.id] = asked_hash(item.question, context)
+            self.golds[item.id] = (item.answer_type, item.answer)
             kept[item.id] = item.model_copy(update={"context": None, "context_path": None})
         if not ids:
             raise ConfigError("the evaluation has no item")
@@ -265,17 +268,29 @@ class Evaluation:
         self.log.read()  # nothing is written before run()
         self._check_models()
 
+    def _todo(self) -> dict[str, set[str]]:
+        """Per method, the ids without a row made for what their item asks now."""
+        return {
+            m.name: set(self.ids)
+            - self.log.done(m.name, retry_failed=self.retry_failed, asked=self.asked)
+            for m in self.methods
+        }
+
+    def _models(self) -> dict[str, str | None]:
+        return {"root": self.setup.root_model, "sub": self.setup.sub_model}
+
     def _check_models(self) -> None:
-        """A rerun resumes only the evaluation of the same models (the summary of the
-        last run says which): a row does not say which model made it, and another
-        model's rows would be counted as this one's."""
+        """A rerun resumes only the evaluation of the same models (``models.json``, written
+        before the first row, says which; a folder of an older version, its summary): a
+        row does not say which model made it, and another model's rows would be counted
+        as this one's."""
         try:
-            kept = json.loads((self.out / "summary.json").read_text(encoding="utf-8"))["models"]
+            kept = self._kept_models()
         except (OSError, ValueError, KeyError, TypeError):
-            return  # a new folder, or a run cut short before its summary
+            return  # a new folder (or one of an older version cut short before its summary)
         if not isinstance(kept, dict):
             return
-        asked = {"root": self.setup.root_model, "sub": self.setup.sub_model}
+        asked = self._models()
         if self.log.rows() and kept != asked:
             raise ConfigError(
                 f"--out {str(self.out)!r} holds the results of root model "
@@ -283,6 +298,14 @@ class Evaluation:
                 f"{asked['root']!r} (sub {asked['sub']!r}): give a new --out, or the same "
                 "models to resume"
             )
+
+    def _kept_models(self) -> Any:
+        for name in ("models.json", "summary.json"):
+            path = self.out / name
+            if path.exists() or name == "summary.json":
+                data = json.loads(path.read_text(encoding="utf-8"))
+                return data if name == "models.json" else data["models"]
+        return None
 
     # -- running ----------------------------------------------------------------------------
 
@@ -298,11 +321,10 @@ class Evaluation:
         except OSError as exc:
             raise ConfigError(f"cannot make --out {str(self.out)!r}: {exc.strerror}") from None
         self.log.open()
-        self.todo = {
-            m.name: set(self.ids) - self.log.done(m.name, retry_failed=self.retry_failed)
-            for m in self.methods
-        }
+        self.todo = self._todo()
         try:
+            if any(self.todo.values()):  # which models the rows are of, before the first
+                write_private(self.out / "models.json", json.dumps(self._models()) + "\n")
             for method in self.methods:
                 if not self.todo[method.name]:
                     continue
@@ -311,7 +333,7 @@ class Evaluation:
                 errors += counted.errors
         finally:
             self.log.close()
-        done = {(str(r["id"]), str(r["method"])) for r in self.log.rows()}
+        done = {(str(r["id"]), str(r["method"])) for r in self.log.rows(self.asked)}
         unfinished = sum(1 for m in self.methods for i in self.ids if (i, m.name) not in done)
         summary = self.write_summary()
         return EvalOutcome(
@@ -326,12 +348,11 @@ class Evaluation:
     def write_summary(self) -> EvalSummary:
         """Summarise every row of this evaluation's items: ``summary.json``, ``summary.md``
         and ``report.html`` in the output folder."""
-        wanted = set(self.ids)
-        rows = [r for r in self.log.rows() if str(r["id"]) in wanted]
+        rows = [self._rescored(r) for r in self.log.rows(self.asked)]
         names = [m.name for m in self.methods]
         summary = summarize(rows, methods=names, seed=self.seed, title=self.title)
         data = summary.public()
-        data["models"] = {"root": self.setup.root_model, "sub": self.setup.sub_model}
+        data["models"] = self._models()
         write_private(self.out / "summary.json", json.dumps(data, indent=2) + "\n")
         descriptions = {m.name: m.description for m in self.methods}
         models = {"root_model": self.setup.root_model, "sub_model": self.setup.sub_model}
@@ -343,6 +364,14 @@ class Evaluation:
             render_eval_page(summary, rows, descriptions=descriptions, **models),
         )
         return summary
+
+    def _rescored(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` scored against its item's gold answer as it is now (a corrected answer,
+        or a scorer of a newer version, counts without asking the model again)."""
+        if row.get("error") is not None or row.get("prediction") is None:
+            return row
+        answer_type, gold = self.golds[str(row["id"])]
+        return {**row, "score": score(answer_type, gold, row["prediction"])}
 
 
 class _Counting:

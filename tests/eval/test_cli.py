@@ -62,6 +62,7 @@ def test_a_data_file_gives_the_four_outputs_and_the_same_command_again_asks_noth
     again = capsys.readouterr()
     assert json.loads((out / "summary.json").read_text()) == summary
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith("journal")) == [
+        "models.json",
         "report.html",
         "results.jsonl",
         "summary.json",

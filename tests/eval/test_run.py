@@ -47,6 +47,7 @@ def test_an_oracle_scores_one_under_every_method(tmp_path: Path) -> None:
         "output_tokens",
         "stop_reason",
         "error",
+        "asked",
     }
     assert rows["n1", "base"]["cost"] > 0 and rows["n1", "base"]["input_tokens"] > 0
 
@@ -362,3 +363,37 @@ def test_a_reply_with_half_a_character_is_kept_and_a_rerun_asks_nothing(tmp_path
     assert (first.written, second.written, asked) == (2, 0, 2)
     rows = _rows(tmp_path)
     assert rows["q0", "base"]["prediction"] == "7 \ufffd"
+
+
+def test_an_item_that_asks_something_else_now_is_asked_again_and_a_corrected_answer_rescored(
+    tmp_path: Path,
+) -> None:
+    """A rerun reused a row of the same id made for another item (a task made with
+    another --seed, an edited file): no request, and the old answer scored against the
+    new gold. Now the changed item is asked again, and a corrected gold answer rescores
+    the kept prediction without asking."""
+    with EvalServer() as server:
+        first = run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path)
+        asked = len(server.requests)
+        changed = [dict(item) for item in items()]
+        changed[0]["question"] += " (reworded)"
+        changed[4]["answer"] = "another gold answer"  # e1, an exact answer
+        second = run_eval(changed, rlm_kwargs(server), methods=["base"], out=tmp_path)
+        assert len(server.requests) == asked + 1  # the reworded item only
+    assert first.summary.methods["base"].score == 1.0
+    assert second.written == 1 and second.summary.methods["base"].n == 6
+    assert math.isclose(second.summary.methods["base"].score, 5 / 6)  # e1 rescored: 0
+    rows = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows].count(changed[0]["id"]) == 2  # the old row is kept, unused
+
+
+def test_a_run_cut_before_its_summary_still_refuses_other_models(tmp_path: Path) -> None:
+    """``summary.json`` is written when a run ends: a run cut short (Ctrl-C) left rows
+    and no summary, and a rerun with another model counted them as its own."""
+    with EvalServer(constant=True) as server:
+        run_eval(items()[:2], rlm_kwargs(server), methods=["base"], out=tmp_path)
+        (tmp_path / "summary.json").unlink()  # as a run cut short leaves its folder
+        other = rlm_kwargs(server)
+        other["backend_kwargs"] = {**other["backend_kwargs"], "model_name": "another-model"}
+        with pytest.raises(ConfigError, match="holds the results of root model"):
+            run_eval(items(), other, methods=["base"], out=tmp_path)
