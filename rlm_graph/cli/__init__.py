@@ -50,8 +50,15 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd comman
 
 def refuse(command: str, exc: Exception) -> int:
     """A command's configuration error, said on stderr: the usage exit code."""
-    print(f"rlm-graph {command}: {exc}", file=sys.stderr)
+    print(f"rlm-graph {command}: {on_the_command_line(str(exc))}", file=sys.stderr)
     return EXIT_USAGE
+
+
+def on_the_command_line(text: str) -> str:
+    """A library error's message, with the command line's fix where its fix is Python's."""
+    if "no price is known" in text:
+        text += " [on the command line: --price INPUT OUTPUT (USD per million tokens)]"
+    return text
 
 
 def interrupted_after(command: str, done: str) -> int:

@@ -30,7 +30,7 @@ from ..errors import (
     RateLimited,
     RLMGraphError,
 )
-from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE
+from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_PROVIDER, EXIT_USAGE, on_the_command_line
 from .output import Output
 from .progress import ProgressDisplay, add_progress_arguments, progress_for
 from .report import add_report_argument, report_writers
@@ -442,9 +442,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except ConfigError as exc:
         finish_tracing(provider)
-        text = str(exc)
-        if "no price is known" in text:  # the library's fixes are Python's
-            text += " [on the command line: --price INPUT OUTPUT (USD per million tokens)]"
+        text = on_the_command_line(str(exc))  # the library's fixes are Python's
         return out.error(EXIT_USAGE, text, kind=type(exc).__name__, error=exc)
     try:
         return _complete(out, rlm, context, args.query, display, schema)

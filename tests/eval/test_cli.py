@@ -204,3 +204,15 @@ def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixt
     (tmp_path / "e" / "results.jsonl").write_text('{"id": "q-1", "answer": "from a batch"}\n')
     assert main(_args(server, tmp_path / "e", "--data", str(data), "--method", "base")) == 2
     assert "is not a row of rlm-graph eval" in capsys.readouterr().err
+
+
+def test_a_budget_over_an_unpriced_model_names_the_command_lines_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with EvalServer() as server:
+        args = _args(server, tmp_path / "out", "--task", "sniah", "--lengths", "8k", "--n", "1")
+        args[args.index(MODEL)] = "my-local-model"
+        assert main([*args, "--max-budget", "1"]) == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    assert "no price is known for 'my-local-model'" in err and "--price INPUT OUTPUT" in err
