@@ -11,6 +11,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ __all__ = [
     "image_json_default",
     "image_json_hook",
     "image_media_type",
+    "messages_from_json",
+    "messages_json",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -540,6 +543,18 @@ class SharedLimiter(Protocol):
 
     def rate(self, key: str, rpm: float | None, tpm: float | None) -> RateGate | None:
         """The rate buckets of provider ``key`` (called only when ``rpm`` or ``tpm`` is set)."""
+
+
+def messages_json(messages: Sequence[Message]) -> str:
+    """A conversation as JSON, images and all (what the journal keeps of a compaction);
+    `messages_from_json` reads it back."""
+    return json.dumps(
+        [m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default
+    )
+
+
+def messages_from_json(text: str) -> list[Message]:
+    return [Message.model_validate(m) for m in json.loads(text, object_hook=image_json_hook)]
 
 
 def compacted_history(strategy: Any, got: object) -> list[Message]:

@@ -61,13 +61,14 @@ class TurnBlocks:
 
     def feed(self, offset: int, text: str) -> bool:
         """The turn's `TextSink`: a block whose closing fence arrived is queued to run.
-        True (stop the generation) once the reply invents its block's output."""
+        True (stop the generation) once the reply invents its block's output, or a retried
+        attempt's text differs from the blocks that ran (the rest would be thrown away)."""
         for code in self._cutter.feed(offset, text):
             try:
                 self._send.send_nowait(code)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 break  # the runner is gone (the turn is being cancelled)
-        return self._cutter.invented is not None
+        return self._cutter.invented is not None or self._cutter.diverged
 
     def body(self, text: Callable[[NodeRecord], Awaitable[str]]) -> Callable[..., Awaitable[str]]:
         """The turn node's body: ``text`` (the model call), then `settle`, inside the node,

@@ -7,13 +7,12 @@ resumed run replays it without a call) and which the next turn sends.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import contracts
-from ..contracts import ChatResponse, Message, image_json_default, image_json_hook
+from ..contracts import ChatResponse, Message, messages_from_json, messages_json
 from ..graph import NodeRecord
 from ..journal import value_hash
 from ..journal.seam import Journaled
@@ -31,7 +30,8 @@ DEFAULT_CONTEXT_WINDOW = 128_000
 class CompactionNode:
     """One compaction: ``strategy`` rewriting ``messages`` for ``model`` (whose window is
     ``window``); ``asked_model`` is the completion's own model name (None: the default),
-    ``tally`` the completion's."""
+    ``tally`` the completion's; its calls take the root turns' ``params`` (but their
+    ``max_tokens``: a summary needs its room) and ``cache_key`` (the same prefix)."""
 
     run: Run
     strategy: Any
@@ -40,6 +40,8 @@ class CompactionNode:
     window: int
     asked_model: str | None
     tally: Tally
+    params: dict[str, Any] | None
+    cache_key: str | None
 
     async def body(self, record: NodeRecord) -> list[Message]:
         got = await self.strategy.compact(self.messages, _CompactionCall(self.run, record, self))
@@ -50,8 +52,8 @@ class CompactionNode:
     def journaled(self) -> Journaled[list[Message]]:
         """Keyed by the strategy, the model and the history it rewrites."""
         name = type(self.strategy).__name__
-        request = value_hash("compaction", name, self.model, _messages_text(self.messages))
-        return Journaled(request, _messages_text, _messages_of)
+        request = value_hash("compaction", name, self.model, messages_json(self.messages))
+        return Journaled(request, messages_json, messages_from_json)
 
 
 class _CompactionCall:
@@ -71,7 +73,9 @@ class _CompactionCall:
             self.record,
             messages,
             model=self.node.asked_model,
+            params={k: v for k, v in (self.node.params or {}).items() if k != "max_tokens"},
             tally=self.node.tally,
+            cache_key=self.node.cache_key,
         )
         response = await call_model(call)
         if before is not None and self.record.usage is not None:  # a second call adds up
@@ -79,14 +83,3 @@ class _CompactionCall:
             if cost is not None:
                 self.record.cost = cost + (self.record.cost or 0.0)
         return response
-
-
-def _messages_text(messages: list[Message]) -> str:
-    """A compaction's result as the journal keeps it."""
-    return json.dumps(
-        [m.model_dump() for m in messages], ensure_ascii=False, default=image_json_default
-    )
-
-
-def _messages_of(text: str) -> list[Message]:
-    return [Message.model_validate(m) for m in json.loads(text, object_hook=image_json_hook)]

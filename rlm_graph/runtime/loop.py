@@ -115,11 +115,13 @@ class RLMRunner:
         if session is None:
             return await self.root(context, root_prompt, state, tally)
         env, index = await session.begin(context)
-        outcome = await self.root(
-            context, root_prompt, state, tally, env=env, proxy=session.proxy, index=index
-        )
-        await session.end(self.run, state)
-        return outcome
+        try:
+            return await self.root(
+                context, root_prompt, state, tally, env=env, proxy=session.proxy, index=index
+            )
+        finally:  # stopped by a limit or an error too: its context and history stay
+            with trio.CancelScope(shield=True):
+                await session.end(self.run, state)
 
     async def root(
         self,
@@ -403,9 +405,9 @@ class RLMRunner:
         )
         state.last_reply = reply
         state.add(Message(role="assistant", content=reply))
-        if record.usage is not None and record.usage.total_tokens:
-            state.counted_tokens = record.usage.total_tokens
-            state.counted_messages = len(state.messages)
+        if record.usage is not None and record.usage.total_tokens:  # hidden reasoning is
+            state.counted_tokens = record.usage.total_tokens - record.usage.reasoning_tokens
+            state.counted_messages = len(state.messages)  # never sent again
         return reply, without_note(reply, record.note)
 
     async def _compact(
@@ -436,7 +438,10 @@ class RLMRunner:
             f"{len(messages)} messages, ~{tokens:,} of {window:,} tokens",
         )
 
-        node = CompactionNode(self.run, strategy, messages, model, window, c.model, c.tally)
+        params = self.settings.root_params if c.depth == 0 else self.settings.sub_params
+        node = CompactionNode(
+            self.run, strategy, messages, model, window, c.model, c.tally, params, c.cache_key
+        )
         try:
             state.messages = await self.run.execute(
                 record,
@@ -473,7 +478,10 @@ class RLMRunner:
                 codes = find_code_blocks(written)
                 blocks.finish(codes)
         except BaseExceptionGroup as group:  # the turn's or a block's error, as itself
-            raise single_or_group(group) from None
+            error = single_or_group(group)
+            if blocks.final is not None and isinstance(error, Exception):
+                return blocks.final, blocks.last  # a block gave FINAL: the answer stands
+            raise error from None
         return await self._after_blocks(c, state, iteration, reply, codes, blocks)
 
     async def _after_blocks(
@@ -501,17 +509,9 @@ class RLMRunner:
         failed = any(not r.ok for r in results)
         state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
         if results:
-            state.add(
-                Message(
-                    role="user",
-                    content=format_repl_output(
-                        results,
-                        limit=self.settings.output_chars,
-                        turn=iteration,
-                        max_iterations=limits.max_iterations,
-                    ),
-                )
-            )
+            limit, most = self.settings.output_chars, limits.max_iterations
+            shown = format_repl_output(results, limit=limit, turn=iteration, max_iterations=most)
+            state.add(Message(role="user", content=shown))
         return final, previous
 
     async def _block(

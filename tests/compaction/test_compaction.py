@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from rlm_graph import RLM, NodeKind, NodeStatus
-from rlm_graph.contracts import ChatRequest, CompactionContext, Message, estimate_tokens
+from rlm_graph.contracts import (
+    ChatRequest,
+    ChatResponse,
+    CompactionContext,
+    Message,
+    Usage,
+    estimate_tokens,
+)
 from rlm_graph.errors import PluginError, ProviderError
 from rlm_graph.hooks import hookimpl
 from rlm_graph_compaction import SUMMARY_PROMPT
@@ -138,6 +145,67 @@ async def test_a_failed_summary_is_recorded_and_the_run_goes_on() -> None:
     assert result.response == f"{sum(range(STEPS))}|False|none"
     failed = list(result.graph.records(NodeKind.COMPACTION))
     assert failed and all(node.status == NodeStatus.ERROR for node in failed)
+
+
+@pytest.mark.parametrize(
+    "summary",
+    [
+        ChatResponse(content="", finish_reason="content_filter"),
+        ChatResponse(content="", finish_reason="stop"),
+        ChatResponse(content="Summary: `parts` holds one entry per st", finish_reason="length"),
+    ],
+)
+async def test_a_summary_that_is_not_whole_keeps_the_history(summary: ChatResponse) -> None:
+    """A refused, empty or cut-off summary replaced the whole history all the same (the
+    next turn saw the engine's note about an empty reply, or half a summary)."""
+
+    def respond_with(request: ChatRequest) -> Any:
+        return summary if request.messages[-1].content == SUMMARY_PROMPT else repl(STEP)
+
+    rlm = long_run(True, respond=respond_with, max_iterations=20)
+    result = await rlm.acompletion("ctx")
+    assert result.response == f"{sum(range(STEPS))}|False|none"  # never compacted
+    nodes = list(result.graph.records(NodeKind.COMPACTION))
+    assert nodes and all(node.status == NodeStatus.ERROR for node in nodes)
+    assert all("the summary is not whole" in (node.error or "") for node in nodes)
+
+
+async def test_hidden_reasoning_does_not_count_as_history() -> None:
+    """A thinking model's reasoning tokens are output tokens never sent again: counted as
+    history, a history of a few hundred tokens was summarised before every turn."""
+    turns = {"n": 0}
+
+    def thinking(request: ChatRequest) -> Any:
+        if request.messages[-1].content == SUMMARY_PROMPT:
+            return "Summary."
+        turns["n"] += 1
+        code = "FINAL('done')" if turns["n"] == 6 else "print('a short result')"
+        usage = Usage(input_tokens=200, output_tokens=28_000, reasoning_tokens=27_990)
+        return ChatResponse(content=repl(code), usage=usage)
+
+    rlm = RLM(
+        "scripted",
+        {"respond": thinking},
+        models={"scripted": {"context_window": 32_000}},
+        compaction=True,
+    )
+    result = await rlm.acompletion("ctx")
+    assert result.response == "done"
+    assert not list(result.graph.records(NodeKind.COMPACTION))
+
+
+async def test_the_summary_call_takes_the_root_turns_parameters_and_cache_key() -> None:
+    """The summary went without the root's sampling parameters and without its cache
+    key, so a provider with prompt caching paid its whole, already cached prefix again."""
+    rlm = long_run(True, max_iterations=20, sampling_args={"temperature": 0.25, "max_tokens": 50})
+    await rlm.acompletion("ctx")
+    requests = scripted(rlm).requests
+    summaries = [r for r in requests if r.messages[-1].content == SUMMARY_PROMPT]
+    turn = next(r for r in requests if r.messages[-1].content != SUMMARY_PROMPT)
+    assert summaries and turn.cache_key is not None and turn.max_tokens == 50
+    for request in summaries:
+        assert request.temperature == 0.25 and request.cache_key == turn.cache_key
+        assert request.max_tokens is None  # a summary needs its room
 
 
 class KeepLastTurn:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rlm_graph import RLM, NodeKind
+from rlm_graph import RLM, NodeKind, NodeStatus
 from rlm_graph.errors import ProviderError
 from rlm_graph.events import NodeFinished, TextDelta
 from rlm_graph.journal import JournalStore
@@ -132,6 +132,38 @@ async def test_a_stream_cut_off_midway_is_retried_and_nothing_is_counted_twice(
     outputs = "completion_tokens" if api == "openai" else "output_tokens"
     assert summary.total_input_tokens == sum(u[inputs] for u in sent)
     assert summary.total_output_tokens == sum(u[outputs] for u in sent)
+
+
+@APIS
+async def test_a_retry_that_says_something_else_is_not_read_to_its_end(api: str) -> None:
+    """Once a retried attempt differs from the block that ran, nothing more of it is
+    used: its whole length was read (and paid for) all the same."""
+    other = repl("x = llm_query('second')\nprint(x)", after="Something else. " * 300)
+    script = TurnScript(
+        [[Reply(body=FIRST, fault="truncated", keep=BLOCK_END + 5), other], repl(FINISH)]
+    )
+    with SERVERS[api](script, stream_rate=2000) as server:
+        async with RLM(api, KWARGS[api](server)) as rlm:
+            result = await rlm.acompletion("ctx", root_prompt="q")
+        streamed = list(server.streamed)
+    assert result.response == "done:sub:first" and script.subcalls == ["first"]
+    retried = streamed[1]  # (tokens sent, tokens in the reply) of the retried attempt
+    assert retried[0] < retried[1] / 2
+
+
+@APIS
+async def test_a_final_answer_stands_when_the_rest_of_its_reply_never_arrives(api: str) -> None:
+    """The block gave FINAL while the reply streamed; then every attempt of the turn broke
+    off: the run failed with an empty partial answer."""
+    reply = repl("FINAL('the answer is 42')", after="Let me explain at length. " * 40)
+    cut = Reply(body=reply, fault="error", keep=len(reply) - 100)
+    script = TurnScript([[cut]])
+    with SERVERS[api](script, stream_rate=4000) as server:
+        async with RLM(api, KWARGS[api](server, max_attempts=2)) as rlm:
+            result = await rlm.acompletion("ctx", root_prompt="q")
+    assert result.response == "the answer is 42"
+    assert script.attempts == {1: 2}
+    assert result.graph["turn-1"].status == NodeStatus.ERROR
 
 
 @APIS

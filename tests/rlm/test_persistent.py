@@ -142,3 +142,25 @@ def test_history_stays_the_first_completions_when_a_later_one_compacts() -> None
     verdict, size = engine.completion("c").response.split()
     assert verdict == "True" and int(size) >= 3
     engine.close()
+
+
+def test_a_completion_stopped_by_a_limit_keeps_its_place_in_the_session() -> None:
+    """A completion stopped by ``max_budget`` (or an error) skipped the session's
+    bookkeeping: the next completion's context overwrote its ``context_1`` and its
+    ``history_1`` was never kept."""
+
+    def respond(request: ChatRequest) -> str:
+        task = request.messages[1].content
+        if "`context_2`" in task:
+            names = "sorted(k for k in globals() if k.startswith(('context_', 'history_')))"
+            return repl(f"FINAL(repr(context_1) + ' ' + repr({names}))")
+        if "`context_1`" in task:
+            return repl("print('looking')")  # never answers: the budget stops it
+        return repl("FINAL('first')")
+
+    scripted = {"respond": respond, "cost_per_call": 0.01}
+    with RLM("scripted", scripted, persistent=True, max_budget=0.025) as engine:
+        assert engine.completion("ctx 0").response == "first"
+        assert engine.completion("ctx 1").stop_reason == "max_budget"
+        third = engine.completion("ctx 2").response
+    assert third == "'ctx 1' ['context_0', 'context_1', 'context_2', 'history_0', 'history_1']"
