@@ -18,7 +18,8 @@ Invariants:
     - Cheap: containers count up to `MAX_ITEMS` items each (past that, their length and
       the first items), nesting up to `MAX_DEPTH` levels, functions named by functions up
       to `MAX_HOPS` hops, objects inside objects while under `MAX_STATE_DEPTH` levels of
-      nesting; a module counts by its name, a class by its qualified name.
+      nesting; a module counts by its name; a class of the user's own code by its code
+      (methods and class attributes, down its bases), any other by its qualified name.
       What lies beyond these bounds is not seen: a change there is not a divergence.
 """
 
@@ -28,7 +29,9 @@ import functools
 import hashlib
 import inspect
 import itertools
+import os
 import re
+import sys
 import textwrap
 import types
 from collections.abc import Callable
@@ -46,7 +49,7 @@ __all__ = [
 
 MAX_ITEMS = 10_000
 MAX_DEPTH = 20
-MAX_HOPS = 3
+MAX_HOPS = 8
 MAX_STATE_DEPTH = 8  # an object's state is a dict a level down: four objects deep
 
 # "<Foo object at 0x7f...>", "<function f at 0x...>": an address changes every run.
@@ -72,9 +75,10 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
     if isinstance(value, dict):
         # Sorted: equal dicts are equal in any order (one built from a set is built in
         # its hash order, which differs between processes).
+        # A copy first, in one step: a function node's thread may be filling the dict.
+        items = list(itertools.islice(value.items(), MAX_ITEMS))
         pairs = [
-            (repr(stable_value(k, depth + 1)), stable_value(v, depth + 1, hops))
-            for k, v in itertools.islice(value.items(), MAX_ITEMS)
+            (repr(stable_value(k, depth + 1)), stable_value(v, depth + 1, hops)) for k, v in items
         ]
         pairs.sort(key=lambda pair: pair[0])
         return ["dict", len(value), [list(pair) for pair in pairs]]
@@ -82,12 +86,14 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
         items = list(value[:MAX_ITEMS])
         return [type(value).__name__, len(value), [stable_value(v, depth + 1, hops) for v in items]]
     if isinstance(value, set | frozenset):
-        shown = sorted(repr(stable_value(v, depth + 1, hops)) for v in value)
+        shown = sorted(repr(stable_value(v, depth + 1, hops)) for v in list(value))
         return ["set", len(value), shown[:MAX_ITEMS]]
     if isinstance(value, types.ModuleType):
         return ["module", value.__name__]
     if isinstance(value, type):
-        return ["type", _name(value)]
+        if hops >= MAX_HOPS or not _users(value):
+            return ["type", _name(value)]
+        return ["type", _name(value), _class_parts(value, depth, hops + 1)]
     if isinstance(value, types.FunctionType | functools.partial | types.MethodType):
         if hops >= MAX_HOPS:
             return ["function", _name(value)]
@@ -95,13 +101,54 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
     if isinstance(value, types.BuiltinMethodType) and _bound_to(value) is not None:
         # ", ".join: a C method of a value, which its repr shows by address only
         return ["builtin", _name(value), stable_value(_bound_to(value), depth + 1, hops)]
+    # Its state where Python can read it (a repr may show a set in its hash order, or
+    # an address); else its repr, where that shows no address; else its type alone.
+    state = _state(value) if depth < MAX_STATE_DEPTH else None
+    kind = stable_value(type(value), depth + 1, hops)
+    if state:
+        return ["object", kind, stable_value(state, depth + 1, hops)]
     text = repr(value)
-    if _ADDRESS.search(text):
-        state = _state(value) if depth < MAX_STATE_DEPTH else None
-        if not state:
-            return ["object", _name(type(value))]
-        return ["object", _name(type(value)), stable_value(state, depth + 1, hops)]
-    return ["repr", _name(type(value)), text]
+    return ["object", kind] if _ADDRESS.search(text) else ["repr", kind, text]
+
+
+_LIBRARIES = tuple(
+    {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+)
+
+
+def _users(cls: type) -> bool:
+    """Whether ``cls`` is the user's own code (not the standard library's, not an
+    installed package's, not built in): only such a class is keyed by its code."""
+    module = sys.modules.get(cls.__module__)
+    where = next(
+        (
+            member.__code__.co_filename
+            for member in vars(cls).values()
+            if isinstance(member, types.FunctionType)
+        ),
+        getattr(module, "__file__", None),  # no method of its own: its module's file
+    )
+    if module is None and where is None:  # a module run from a file, not imported: its own
+        return True
+    return bool(where) and not os.path.realpath(where).startswith(_LIBRARIES)
+
+
+def _class_parts(cls: type, depth: int, hops: int) -> list[Any]:
+    """A class as its code: every attribute its own classes define (methods by their
+    code, class attributes by value), sorted by name, down its bases."""
+    parts: list[Any] = []
+    for klass in cls.__mro__:
+        if klass is object or not _users(klass):
+            continue
+        for name, member in sorted(vars(klass).items()):
+            inner = getattr(member, "__func__", None) or getattr(member, "fget", None) or member
+            if isinstance(inner, types.FunctionType):
+                parts.append([name, _code(inner.__code__)])
+            elif not (name.startswith("__") and name.endswith("__")):
+                # Not the class's plumbing (__dict__, __module__, a framework's own
+                # __pydantic_core_schema__, which holds ids): its own attributes.
+                parts.append([name, stable_value(member, depth + 1, hops)])
+    return parts
 
 
 def _bound_to(fn: Any) -> Any:
@@ -125,12 +172,14 @@ def _state(value: Any) -> dict[str, Any]:
     return state
 
 
-def _source(fn: types.FunctionType) -> str:
-    """The function's source, or its code object's content where there is no source."""
+def _source(fn: types.FunctionType) -> list[Any]:
+    """The function's own source (not the function a decorator wrapped) and its code
+    object's content: two lambdas on one line share their source, not their code."""
     try:
-        return textwrap.dedent(inspect.getsource(fn))
+        source = textwrap.dedent(inspect.getsource(fn.__code__))
     except (OSError, TypeError):
-        return repr(_code(fn.__code__))
+        source = ""
+    return [source, _code(fn.__code__)]
 
 
 def _code(code: types.CodeType) -> list[Any]:
@@ -182,7 +231,7 @@ def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:
             stable_value(fn.args, hops=hops),
             stable_value(fn.keywords, hops=hops),
         ]
-    elif isinstance(fn, types.MethodType):
+    elif isinstance(fn, types.MethodType):  # the instance counts with its class's code
         parts += [stable_value(fn.__func__, hops=hops), stable_value(fn.__self__, hops=hops)]
     elif isinstance(fn, types.FunctionType):
         parts += _function_parts(fn, hops)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..contracts import ChatRequest, Image, Message
-from ..graph import Workflow
+from ..graph import NodeKind, Workflow
 from ..graph.spec import NodeSpec
 from .code import function_fingerprint, stable_value
 
@@ -23,6 +23,7 @@ __all__ = [
     "call_hash",
     "canonical_json",
     "provider_identity",
+    "function_fingerprints",
     "function_key",
     "json_value",
     "qualname",
@@ -202,19 +203,36 @@ def _same(back: Any, value: Any) -> bool:
     return bool(back == value)
 
 
-def function_key(spec: NodeSpec, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+def function_key(
+    spec: NodeSpec, args: Sequence[Any], kwargs: Mapping[str, Any], fingerprint: str | None = None
+) -> str:
     """The request hash of a workflow's function node: its function's fingerprint (its
-    code, closure and the globals it reads: `rlm_graph.journal.code`) and its arguments,
-    so that a changed function or argument is a divergence, not a stale replay."""
+    code, closure and the globals it reads: `rlm_graph.journal.code`; ``fingerprint``,
+    taken when the run started, else now) and its arguments, so that a changed function
+    or argument is a divergence, not a stale replay."""
     assert spec.fn is not None
     return _digest(
         [
             "function",
-            function_fingerprint(spec.fn),
+            fingerprint or function_fingerprint(spec.fn),
             canonical_json(stable_value(list(args))),
             canonical_json(stable_value(dict(kwargs))),
         ]
     )
+
+
+def function_fingerprints(specs: Iterable[NodeSpec]) -> dict[str, str]:
+    """The fingerprint of every cached function node's function, by node id, taken once
+    as a run starts: what the code reads then (a memo an earlier node fills, a global
+    an earlier node sets) would make the same run's keys depend on which of its nodes
+    were replayed."""
+    taken: dict[int, str] = {}
+    fingerprints = {}
+    for spec in specs:
+        if spec.fn is not None and spec.cache and spec.kind != NodeKind.LLM_CALL:
+            fingerprints[spec.id] = taken.get(id(spec.fn)) or function_fingerprint(spec.fn)
+            taken[id(spec.fn)] = fingerprints[spec.id]
+    return fingerprints
 
 
 def provider_identity(key: str, provider: Any) -> list[Any]:

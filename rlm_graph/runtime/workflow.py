@@ -33,7 +33,7 @@ from ..doors.functions import call_function
 from ..errors import LIMIT_ERRORS, STOPS_WORKFLOW, LimitExceeded
 from ..graph import NodeKind, NodeRecord, Workflow, preview
 from ..graph.spec import NodeSpec, is_async
-from ..journal.keys import function_key, json_value
+from ..journal.keys import function_fingerprints, function_key, json_value
 from ..journal.seam import Journaled, JournalTarget
 from ..result import WorkflowOutcome, WorkflowResult
 from .calls import ModelCall
@@ -110,12 +110,13 @@ async def run_workflow(run: Run, op: WorkflowRun) -> None:
         record = NodeRecord(id=spec.id, kind=spec.kind, model=routed)
         records[spec.id] = run.graph.add(record, after=spec.deps)
     threads = trio.CapacityLimiter(FUNCTION_THREADS)
+    keys = function_fingerprints(op.workflow) if run.journal is not None else {}
 
     async def run_spec(spec: NodeSpec) -> None:
         try:
             for dep in spec.deps:
                 await done[dep].wait()
-            await _run_node(run, op, spec, records[spec.id], threads)
+            await _run_node(run, op, spec, records[spec.id], threads, keys.get(spec.id))
         finally:
             done[spec.id].set()
 
@@ -125,7 +126,12 @@ async def run_workflow(run: Run, op: WorkflowRun) -> None:
 
 
 async def _run_node(
-    run: Run, op: WorkflowRun, spec: NodeSpec, record: NodeRecord, threads: trio.CapacityLimiter
+    run: Run,
+    op: WorkflowRun,
+    spec: NodeSpec,
+    record: NodeRecord,
+    threads: trio.CapacityLimiter,
+    key: str | None,
 ) -> None:
     outcome = op.outcome
     if any(dep not in outcome.values and dep not in outcome.failures for dep in spec.deps):
@@ -140,7 +146,7 @@ async def _run_node(
         body, journal = _model_call(run, record, spec, inputs)
     else:
         body = _function(spec, inputs, threads, op.abandoned)
-        journal = _function_journal(spec, inputs)
+        journal = _function_journal(spec, inputs, key)
     try:
         outcome.values[spec.id] = await run.execute(
             record, _tries(spec, body), added=True, journal=journal if spec.cache else None
@@ -215,11 +221,12 @@ def _model_call(
     return body, lambda: call().journaled()
 
 
-def _function_journal(spec: NodeSpec, inputs: Inputs) -> Callable[[], Journaled[Any]]:
-    """A function node is journaled by its code, what it reads and its arguments
-    (`rlm_graph.journal.keys.function_key`); its result as JSON when JSON gives it back
-    equal (else it runs again on resume)."""
-    return lambda: Journaled(function_key(spec, *inputs()), json_value, json.loads)
+def _function_journal(
+    spec: NodeSpec, inputs: Inputs, key: str | None
+) -> Callable[[], Journaled[Any]]:
+    """A function node keyed by its code, what it reads (``key``: as the run started) and
+    its arguments (`function_key`); its result kept as JSON when JSON gives it back equal."""
+    return lambda: Journaled(function_key(spec, *inputs(), key), json_value, json.loads)
 
 
 def _function(

@@ -101,7 +101,7 @@ def test_an_instance_s_state_is_read_within_bounds() -> None:
     looped.me = looped  # type: ignore[attr-defined]  # a cycle ends at the depth cap
     assert "me" in str(stable_value(looped))
     # A C object has no state to read: its type stands for it (docs: use cache=False).
-    assert stable_value(threading.Lock()) == ["object", "_thread.lock"]
+    assert stable_value(threading.Lock()) == ["object", ["type", "_thread.lock"]]
 
 
 def load(tmp_path: Path, name: str, source: str) -> ModuleType:
@@ -131,8 +131,38 @@ def load(tmp_path: Path, name: str, source: str) -> ModuleType:
             "def sep():\n    return '-'\ndef merge(*parts):\n    return sep().join(parts)\n",
             "def sep():\n    return '+'\ndef merge(*parts):\n    return sep().join(parts)\n",
         ),
+        (  # a method of a class it uses
+            "class J:\n    def sep(self):\n        return '-'\n"
+            "    def join(self, parts):\n        return self.sep().join(parts)\n"
+            "def merge(*parts):\n    return J().join(parts)\n",
+            "class J:\n    def sep(self):\n        return '+'\n"
+            "    def join(self, parts):\n        return self.sep().join(parts)\n"
+            "def merge(*parts):\n    return J().join(parts)\n",
+        ),
+        (  # a class attribute
+            "class J:\n    SEP = '-'\ndef merge(*parts):\n    return J.SEP.join(parts)\n",
+            "class J:\n    SEP = '+'\ndef merge(*parts):\n    return J.SEP.join(parts)\n",
+        ),
+        (  # the wrapper of a decorated function (inspect.getsource showed the inner one)
+            "import functools\ndef deco(f):\n    @functools.wraps(f)\n"
+            "    def wrapper(*parts):\n        return '-'.join(parts)\n    return wrapper\n"
+            "@deco\ndef merge(*parts):\n    return None\n",
+            "import functools\ndef deco(f):\n    @functools.wraps(f)\n"
+            "    def wrapper(*parts):\n        return '+'.join(parts)\n    return wrapper\n"
+            "@deco\ndef merge(*parts):\n    return None\n",
+        ),
+        (  # another lambda of the same line
+            "OPS = {'a': lambda *p: '-'.join(p), 'b': lambda *p: '+'.join(p)}\nmerge = OPS['a']\n",
+            "OPS = {'a': lambda *p: '-'.join(p), 'b': lambda *p: '+'.join(p)}\nmerge = OPS['b']\n",
+        ),
+        (  # a helper five calls down
+            "def h4():\n    return '-'\ndef h3():\n    return h4()\ndef h2():\n    return h3()\n"
+            "def h1():\n    return h2()\ndef merge(*parts):\n    return h1().join(parts)\n",
+            "def h4():\n    return '+'\ndef h3():\n    return h4()\ndef h2():\n    return h3()\n"
+            "def h1():\n    return h2()\ndef merge(*parts):\n    return h1().join(parts)\n",
+        ),
     ],
-    ids=["body", "global", "helper"],
+    ids=["body", "global", "helper", "method", "class-attribute", "decorator", "lambda", "deep"],
 )
 async def test_a_changed_function_is_a_divergence(tmp_path: Path, before: str, after: str) -> None:
     journal = tmp_path / "wf.sqlite"
@@ -169,9 +199,15 @@ class Box:
     pass
 BOX = Box()
 BOX.words = WORDS  # an instance's state counts, sorted as any set
+import dataclasses
+@dataclasses.dataclass
+class Cfg:
+    stop: set
+CFG = Cfg({{"the", "a", "an", "of", "to"}})  # its repr shows the set in hash order
 def outer(sep):
     def merge(*parts):
-        return sep.join(sorted(WORDS)) + str(TABLE) + str(LENGTHS) + repr(BOX) + sep.join(parts)
+        text = str(TABLE) + str(LENGTHS) + repr(BOX) + repr(CFG)
+        return sep.join(sorted(WORDS)) + text + sep.join(parts)
     return merge
 print(function_fingerprint(outer(", ")))
 """
@@ -190,3 +226,33 @@ def test_the_key_is_the_same_in_every_process(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         keys.add(done.stdout.strip())
     assert len(keys) == 1
+
+
+class Memo:
+    """A callable object that remembers what it saw: its state changes as nodes run."""
+
+    def __init__(self) -> None:
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, text: str) -> str:
+        self.seen[text] = len(self.seen)
+        return text.lower()
+
+
+async def test_a_function_is_keyed_as_it_was_when_the_run_started(tmp_path: Path) -> None:
+    """Keys read a callable's state when each node started: its memo, filled by the
+    first node in a first run and empty in a rerun that replayed that node, gave the
+    second node another key, and the rest of the run was paid again."""
+    journal = tmp_path / "wf.sqlite"
+
+    def flow(memo: Memo) -> Workflow:
+        wf = Workflow()
+        first = wf.function(memo, wf.llm("part a", id="a"), id="first")
+        wf.function(memo, wf.llm(lambda text: f"again {text}", first, id="b"), id="second")
+        return wf
+
+    await engine().arun(flow(Memo()), journal=journal)
+    e = engine()
+    again = await e.arun(flow(Memo()), journal=journal)  # as a new process would
+    assert again.replay is not None and again.replay.diverged == 0
+    assert again.replay.replayed == 4 and scripted(e).requests == []
