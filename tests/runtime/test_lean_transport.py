@@ -193,7 +193,7 @@ async def test_the_provider_s_direct_path_has_a_deadline() -> None:
             backend="vllm",
             model_name="m",
             base_url=f"http://127.0.0.1:{port}",
-            timeout=0.05,
+            timeout=0.5,  # room for a loaded machine to connect; the server waits 5 s
             max_timeouts=1,
             stream=False,
         )
@@ -235,7 +235,9 @@ async def test_read_timeout() -> None:
         return False
 
     async with raw_server(handler) as (port, _):
-        async with httpx.AsyncClient(transport=LeanTransport(), timeout=0.05) as client:
+        # The read times out; connecting may take a loaded machine longer than that.
+        timeout = httpx.Timeout(5.0, read=0.05)
+        async with httpx.AsyncClient(transport=LeanTransport(), timeout=timeout) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(f"http://127.0.0.1:{port}/")
 
@@ -1038,7 +1040,7 @@ async def test_a_server_that_hangs_mid_body_is_a_timeout_that_frees_the_connecti
             backend="vllm",
             model_name="m",
             base_url=f"http://127.0.0.1:{port}",
-            timeout=0.1,
+            timeout=0.5,  # the second call's whole answer, on a loaded machine too
             max_timeouts=1,
             max_concurrent=1,
             stream=False,
