@@ -51,6 +51,8 @@ class EventStream(Generic[T]):
         self._error: BaseException | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._scope: trio.CancelScope | None = None
+        self._closing = False  # close() came before the run's scope existed
+        self._lock = threading.Lock()
         # The caller's context variables go with the run (its current span: the run's
         # span nests under it), as they do for completion().
         context = contextvars.copy_context()
@@ -75,9 +77,11 @@ class EventStream(Generic[T]):
             self.buffer.close()
 
     async def _produce(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
         with trio.CancelScope() as scope:
-            self._scope = scope
+            with self._lock:
+                self._token, self._scope = trio.lowlevel.current_trio_token(), scope
+                if self._closing:  # left before the run had begun: it never starts
+                    scope.cancel()
             self.result = await self._start(self.buffer)
 
     def __iter__(self) -> Iterator[Any]:
@@ -97,9 +101,12 @@ class EventStream(Generic[T]):
 
     def close(self) -> None:
         """Cancel the run if it is still going, and wait for it to end."""
-        if self._thread.is_alive() and self._token is not None and self._scope is not None:
+        with self._lock:
+            self._closing = True
+            token, scope = self._token, self._scope
+        if self._thread.is_alive() and token is not None and scope is not None:
             try:
-                trio.from_thread.run_sync(self._scope.cancel, trio_token=self._token)
+                trio.from_thread.run_sync(scope.cancel, trio_token=token)
             except trio.RunFinishedError:
                 pass  # it ended meanwhile
         self._thread.join()

@@ -191,6 +191,23 @@ def test_closing_the_stream_early_cancels_the_run() -> None:
     assert isinstance(seen[-1], RunFinished) and "Cancelled" in (seen[-1].error or "")
 
 
+@pytest.mark.parametrize("runs", range(3))  # the race: close() before the run has begun
+def test_leaving_the_stream_at_once_cancels_the_run_before_it_begins(runs: int) -> None:
+    """``with engine.stream(wf): pass`` waited for the whole run: close() came before
+    the run's thread had made the scope it cancels, and then only joined it."""
+    calls: list[str] = []
+    engine = Engine(
+        "scripted", {"respond": lambda r: calls.append(r.prompt) or "ok", "latency": 20.0}
+    )
+    wf = Workflow()
+    wf.llm("an hour-long step", id="only")
+    started = time.monotonic()
+    with engine.stream(wf) as stream:
+        pass  # the caller changed their mind
+    assert time.monotonic() - started < 10 and not stream.running and stream.result is None
+    assert len(calls) <= 1  # a call already sent was cancelled, not waited for
+
+
 async def test_limit_warnings_come_once_at_80_percent_of_tokens() -> None:
     def respond(request: ChatRequest) -> str:
         return repl("print(1)")  # never answers: tokens run out
