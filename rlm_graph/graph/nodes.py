@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
@@ -54,14 +55,32 @@ class NodeStatus(str, enum.Enum):
         return self in (NodeStatus.OK, NodeStatus.ERROR, NodeStatus.CANCELLED, NodeStatus.SKIPPED)
 
 
+class _Short(reprlib.Repr):
+    def repr_instance(self, x: Any, level: int) -> str:
+        text = repr(x)  # a repr that raises is the preview's to name (reprlib hides it)
+        return text if len(text) <= self.maxother else text[: self.maxother] + "…"
+
+
+def _short_repr() -> reprlib.Repr:
+    short = _Short()
+    for name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+        setattr(short, name, PREVIEW_CHARS)  # more items than a preview shows
+    short.maxarray = short.maxstring = short.maxlong = short.maxother = 10 * PREVIEW_CHARS
+    short.maxlevel = 8
+    return short
+
+
+_SHORT = _short_repr()
+
+
 def preview(value: Any, limit: int = PREVIEW_CHARS) -> str:
     """A short, single-purpose preview of a value for records and displays; a value
     whose ``repr`` raises is named by its type (a preview never fails its node)."""
     if isinstance(value, str):
         text = value
     else:
-        try:
-            text = repr(value)
+        try:  # bounded: a list of millions of rows is not written out to keep 200 characters
+            text = _SHORT.repr(value)
         except Exception as exc:
             text = f"<{type(value).__name__} object; its repr raised {type(exc).__name__}>"
     if len(text) <= limit:

@@ -23,6 +23,7 @@ from rlm_graph.graph import (
     to_json,
     usage_by_model,
 )
+from rlm_graph.graph.nodes import preview
 
 
 def node(node_id: str, start: float, end: float, kind: NodeKind = NodeKind.FUNCTION) -> NodeRecord:
@@ -257,3 +258,20 @@ def test_analysis_and_export_given_a_workflow_say_what_they_take() -> None:
             TypeError, match=r"takes a run's Graph \(result.graph\), not Workflow; .*wf.to_json\(\)"
         ):
             function(wf)  # type: ignore[arg-type]
+
+
+def test_a_preview_of_a_huge_value_reads_only_what_it_shows() -> None:
+    """The preview of a node's value wrote the whole repr out to keep 200 characters: a
+    function node returning millions of rows held the scheduler for seconds."""
+    written = []
+
+    class Row:
+        def __repr__(self) -> str:
+            written.append(1)
+            return "Row()"
+
+    rows = [Row() for _ in range(100_000)]
+    shown = preview(rows)
+    assert shown.startswith("[Row(), Row()") and len(shown) <= 200
+    assert len(written) <= 250  # not 100,000
+    assert preview({"a": [1, "x"]}) == "{'a': [1, 'x']}"  # a small value reads as repr
