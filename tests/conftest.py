@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import trio.testing
+
+# The suite sends itself Ctrl-C (and its commands SIGINT, SIGTERM, SIGHUP) as a terminal
+# would. Started as a script's background job (`make test &`), or under `nohup`, those
+# signals come in ignored; the tests' own process and the commands they start get them
+# back (see `as_from_a_terminal`).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture

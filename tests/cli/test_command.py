@@ -19,6 +19,7 @@ import pytest
 
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from tests.support.guests import folder_the_guest_can_reach
+from tests.support.terminal import as_from_a_terminal
 
 pytestmark = pytest.mark.processes
 
@@ -462,7 +463,7 @@ def _interrupt(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(),
-        preexec_fn=preexec_fn,
+        preexec_fn=as_from_a_terminal(preexec_fn),
     )
     try:
         deadline = time.monotonic() + 60
@@ -528,6 +529,7 @@ def _interrupt_demo(out_file: Path) -> tuple[int, str, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=_env(),
+        preexec_fn=as_from_a_terminal(),
     )
     try:
         assert process.stdout is not None and process.stderr is not None

@@ -23,6 +23,7 @@ import pytest
 
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer
+from tests.support.terminal import as_from_a_terminal
 
 pytestmark = pytest.mark.processes
 
@@ -218,6 +219,7 @@ def test_ctrl_c_ends_the_progress_with_interrupted_and_counts_cancelled_calls(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=_env(),
+            preexec_fn=as_from_a_terminal(),
         )
         try:
             deadline = time.monotonic() + 60
