@@ -120,7 +120,7 @@ def _users(cls: type) -> bool:
     """Whether ``cls`` is the user's own code (not the standard library's, not an
     installed package's, not built in): only such a class is keyed by its code."""
     module = sys.modules.get(cls.__module__)
-    where = next(
+    where: str | None = next(
         (
             member.__code__.co_filename
             for member in vars(cls).values()
@@ -128,9 +128,9 @@ def _users(cls: type) -> bool:
         ),
         getattr(module, "__file__", None),  # no method of its own: its module's file
     )
-    if module is None and where is None:  # a module run from a file, not imported: its own
-        return True
-    return bool(where) and not os.path.realpath(where).startswith(_LIBRARIES)
+    if where is None:  # a module run from a file, not imported, is its own; else C code
+        return module is None
+    return not os.path.realpath(where).startswith(_LIBRARIES)
 
 
 def _class_parts(cls: type, depth: int, hops: int) -> list[Any]:

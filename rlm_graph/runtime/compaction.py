@@ -7,7 +7,7 @@ resumed run replays it without a call) and which the next turn sends.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ class CompactionNode:
     window: int
     asked_model: str | None
     tally: Tally
-    params: dict[str, Any] | None
+    params: Mapping[str, Any] | None
     cache_key: str | None
 
     async def body(self, record: NodeRecord) -> list[Message]:
