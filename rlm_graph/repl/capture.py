@@ -31,7 +31,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TextIO, cast
+from typing import Any, TextIO, cast
 
 __all__ = ["CappedBuffer", "capture_output"]
 
@@ -135,6 +135,19 @@ class _StdinDispatch:
 
 _capturing = 0  # blocks inside `capture_output` now, over all threads
 
+# Every dispatcher ever put in place, kept for the life of the process (one per stream
+# and real stream: a handful): `print()` on another thread may still be writing to one
+# when the last block hands the streams back (CPython 3.11's print holds ``sys.stdout``
+# without a reference of its own), and a freed one crashed the interpreter.
+_made: dict[tuple[str, int], Any] = {}
+
+
+def _dispatcher(name: str, fallback: Any) -> Any:
+    key = (name, id(fallback))  # the dispatcher keeps its fallback alive: ids stay apart
+    if key not in _made:
+        _made[key] = _StdinDispatch(fallback) if name == "stdin" else _Dispatch(name, fallback)
+    return _made[key]
+
 
 def _install() -> None:
     """Count one more capturing block; put the dispatchers in place if they are not.
@@ -144,11 +157,11 @@ def _install() -> None:
     with _install_lock:
         _capturing += 1
         if not isinstance(sys.stdout, _Dispatch):
-            sys.stdout = _Dispatch("stdout", sys.stdout)
+            sys.stdout = _dispatcher("stdout", sys.stdout)
         if not isinstance(sys.stderr, _Dispatch):
-            sys.stderr = _Dispatch("stderr", sys.stderr)
+            sys.stderr = _dispatcher("stderr", sys.stderr)
         if sys.stdin is not None and not isinstance(sys.stdin, _StdinDispatch):
-            sys.stdin = cast(TextIO, _StdinDispatch(sys.stdin))
+            sys.stdin = cast(TextIO, _dispatcher("stdin", sys.stdin))
 
 
 def _uninstall() -> None:

@@ -378,3 +378,27 @@ async def test_a_ready_answer_whose_text_raises_is_the_blocks_error() -> None:
     result = await rlm.acompletion("ctx")
     assert result.response == "fixed"
     assert "ValueError: no text" in scripted(rlm).requests[-1].messages[-1].content
+
+
+STREAMING_CALLER = """
+from rlm_graph import RLM
+
+rlm = RLM("scripted", {"respond": lambda req: "```repl\\nFINAL(llm_query('hi'))\\n```"})
+for _ in range(40):
+    with rlm.stream("a long context", root_prompt="what does it say?") as events:
+        for event in events:
+            print(event.seq, event.type, event.node_id or "")
+    print("answer:", events.result.response)
+"""
+
+
+def test_the_callers_own_prints_survive_blocks_handing_the_streams_back() -> None:
+    """README's "Watching a run", its stdout a pipe: the caller's print() on the main
+    thread went on writing to the stream dispatcher a block's end had just taken away and
+    freed (CPython's print holds sys.stdout borrowed): AttributeError, or a crash (139)."""
+    done = subprocess.run(
+        [sys.executable, "-c", STREAMING_CALLER], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert done.stdout.count("answer: ") == 40
