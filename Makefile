@@ -1,14 +1,16 @@
 # Two commands a fresh machine with Python 3.11 needs: `make demo` and `make test`.
 # Each creates .venv on first use and installs the project (editable) with what it needs.
+# The checkout's own paths, whatever folder make runs in (`make -f path/to/Makefile test`).
 PYTHON ?= python3.11
-VENV := .venv
+ROOT := $(patsubst %/,%,$(dir $(lastword $(MAKEFILE_LIST))))
+VENV := $(ROOT)/.venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-$(STAMP): pyproject.toml examples/rlm-graph-echo-provider/pyproject.toml
+$(STAMP): $(ROOT)/pyproject.toml $(ROOT)/examples/rlm-graph-echo-provider/pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,grpc,mcp,docs]' -e examples/rlm-graph-echo-provider
+	$(BIN)/python -m pip install --quiet -e '$(ROOT)[test,grpc,mcp,docs]' -e $(ROOT)/examples/rlm-graph-echo-provider
 	touch $(STAMP)
 
 .PHONY: demo test quick install browser
@@ -27,9 +29,9 @@ demo: $(STAMP)
 	$(BIN)/rlm-graph demo
 
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	cd $(ROOT) && $(BIN)/python -m pytest -q
 
 # The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
 # another process, tests slow by design); `make test` runs them all.
 quick: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes or slow)"
+	cd $(ROOT) && $(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes or slow)"
