@@ -29,9 +29,9 @@ demo: $(STAMP)
 	$(BIN)/rlm-graph demo
 
 test: $(STAMP) browser
-	cd $(ROOT) && $(BIN)/python -m pytest -q
+	cd $(ROOT) && .venv/bin/python -m pytest -q
 
 # The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
 # another process, tests slow by design); `make test` runs them all.
 quick: $(STAMP)
-	cd $(ROOT) && $(BIN)/python -m pytest -q -m "not (ray or browser or mypy or processes or slow)"
+	cd $(ROOT) && .venv/bin/python -m pytest -q -m "not (ray or browser or mypy or processes or slow)"

@@ -79,6 +79,8 @@ def without_url_passwords(text: str) -> str:
     """``text`` with the password of every URL in it (``scheme://user:password@``)
     replaced by ``[REDACTED]``: what an error, a command or a span shows of a base URL
     or an endpoint."""
+    if "://" not in text:  # most messages: no URL, no scan
+        return text
     return URL_USERINFO.sub(lambda found: found.group(1) + "[REDACTED]@", text)
 
 

@@ -33,6 +33,7 @@ import os
 import re
 import sys
 import textwrap
+import threading
 import types
 from collections.abc import Callable
 from typing import Any
@@ -101,14 +102,30 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
     if isinstance(value, types.BuiltinMethodType) and _bound_to(value) is not None:
         # ", ".join: a C method of a value, which its repr shows by address only
         return ["builtin", _name(value), stable_value(_bound_to(value), depth + 1, hops)]
-    # Its state where Python can read it (a repr may show a set in its hash order, or
-    # an address); else its repr, where that shows no address; else its type alone.
-    state = _state(value) if depth < MAX_STATE_DEPTH else None
-    kind = stable_value(type(value), depth + 1, hops)
-    if state:
-        return ["object", kind, stable_value(state, depth + 1, hops)]
+    kind = _name(type(value))
+    fields = _fields(value)
+    if fields is not None:  # its repr would show a set field in its hash order
+        return ["object", kind, stable_value(fields, depth + 1, hops)]
     text = repr(value)
-    return ["object", kind] if _ADDRESS.search(text) else ["repr", kind, text]
+    if _ADDRESS.search(text):
+        state = _state(value) if depth < MAX_STATE_DEPTH else None
+        if not state:
+            return ["object", kind]
+        return ["object", kind, stable_value(state, depth + 1, hops)]
+    return ["repr", kind, text]
+
+
+def _fields(value: Any) -> dict[str, Any] | None:
+    """A dataclass's or a pydantic model's fields, or a namespace's attributes, by name;
+    None for other objects."""
+    if isinstance(value, types.SimpleNamespace):
+        return dict(vars(value))
+    names = getattr(type(value), "__dataclass_fields__", None) or getattr(
+        type(value), "model_fields", None
+    )
+    if not isinstance(names, dict):
+        return None
+    return {name: getattr(value, name, None) for name in names}
 
 
 _LIBRARIES = tuple(
@@ -146,8 +163,10 @@ def _class_parts(cls: type, depth: int, hops: int) -> list[Any]:
                 parts.append([name, _code(inner.__code__)])
             elif not (name.startswith("__") and name.endswith("__")):
                 # Not the class's plumbing (__dict__, __module__, a framework's own
-                # __pydantic_core_schema__, which holds ids): its own attributes.
-                parts.append([name, stable_value(member, depth + 1, hops)])
+                # __pydantic_core_schema__, which holds ids): its own attributes, each
+                # by value, classes and functions in them by name (no walk from class to
+                # class: a class whose attributes are its own instances stays linear).
+                parts.append([name, stable_value(member, depth + 1, MAX_HOPS)])
     return parts
 
 
@@ -222,8 +241,29 @@ def code_fingerprint(fn: Callable[..., Any]) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
 
+_reading = threading.local()  # the fingerprints of the functions met in one reading
+
+
 def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:
-    """The hash of ``fn`` as the journal keys it (see the module docstring)."""
+    """The hash of ``fn`` as the journal keys it (see the module docstring). Each
+    function is read once per fingerprint: helpers that call each other cost their
+    number, not their number to the power of the hops; one met again while it is being
+    read (recursion) counts by its name there."""
+    memo: dict[int, str] | None = getattr(_reading, "memo", None)
+    top = memo is None
+    if memo is None:
+        memo = _reading.memo = {}
+    try:
+        if id(fn) not in memo:
+            memo[id(fn)] = _name(fn)
+            memo[id(fn)] = _fingerprint(fn, hops)
+        return memo[id(fn)]
+    finally:
+        if top:
+            _reading.memo = None
+
+
+def _fingerprint(fn: Callable[..., Any], hops: int) -> str:
     parts: list[Any] = [_name(fn)]
     if isinstance(fn, functools.partial):
         parts += [
@@ -232,14 +272,17 @@ def function_fingerprint(fn: Callable[..., Any], hops: int = 0) -> str:
             stable_value(fn.keywords, hops=hops),
         ]
     elif isinstance(fn, types.MethodType):  # the instance counts with its class's code
-        parts += [stable_value(fn.__func__, hops=hops), stable_value(fn.__self__, hops=hops)]
+        owner = fn.__self__
+        parts += [stable_value(fn.__func__, hops=hops), stable_value(owner, hops=hops)]
+        parts.append(stable_value(owner if isinstance(owner, type) else type(owner), hops=hops))
     elif isinstance(fn, types.FunctionType):
         parts += _function_parts(fn, hops)
     elif isinstance(fn, types.BuiltinMethodType):
         parts += [stable_value(_bound_to(fn), hops=hops)]
-    else:  # a callable object: its class's __call__ and its own state
+    else:  # a callable object: its class's code and its own state
         call = next((vars(c)["__call__"] for c in type(fn).__mro__ if "__call__" in vars(c)), None)
         parts += [stable_value(call, hops=hops), stable_value(fn, hops=hops)]
+        parts.append(stable_value(type(fn), hops=hops))
     text = repr(parts)
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 

@@ -229,9 +229,13 @@ def function_fingerprints(specs: Iterable[NodeSpec]) -> dict[str, str]:
     taken: dict[int, str] = {}
     fingerprints = {}
     for spec in specs:
-        if spec.fn is not None and spec.cache and spec.kind != NodeKind.LLM_CALL:
+        if spec.fn is None or not spec.cache or spec.kind == NodeKind.LLM_CALL:
+            continue
+        try:
             fingerprints[spec.id] = taken.get(id(spec.fn)) or function_fingerprint(spec.fn)
-            taken[id(spec.fn)] = fingerprints[spec.id]
+        except Exception:  # noqa: BLE001 - read again when its node runs, and fails there
+            continue
+        taken[id(spec.fn)] = fingerprints[spec.id]
     return fingerprints
 
 

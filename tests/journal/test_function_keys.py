@@ -101,7 +101,7 @@ def test_an_instance_s_state_is_read_within_bounds() -> None:
     looped.me = looped  # type: ignore[attr-defined]  # a cycle ends at the depth cap
     assert "me" in str(stable_value(looped))
     # A C object has no state to read: its type stands for it (docs: use cache=False).
-    assert stable_value(threading.Lock()) == ["object", ["type", "_thread.lock"]]
+    assert stable_value(threading.Lock()) == ["object", "_thread.lock"]
 
 
 def load(tmp_path: Path, name: str, source: str) -> ModuleType:
@@ -204,9 +204,14 @@ import dataclasses
 class Cfg:
     stop: set
 CFG = Cfg({{"the", "a", "an", "of", "to"}})  # its repr shows the set in hash order
+import logging, pathlib, types
+DATA = pathlib.Path("/data/items.jsonl")  # keeps its string's hash (random) in a slot
+log = logging.getLogger("flows")
+NS = types.SimpleNamespace(tags={{"x", "y", "z"}})
 def outer(sep):
     def merge(*parts):
-        text = str(TABLE) + str(LENGTHS) + repr(BOX) + repr(CFG)
+        log.debug("merging")
+        text = str(TABLE) + str(LENGTHS) + repr(BOX) + repr(CFG) + str(DATA) + repr(NS)
         return sep.join(sorted(WORDS)) + text + sep.join(parts)
     return merge
 print(function_fingerprint(outer(", ")))
@@ -256,3 +261,28 @@ async def test_a_function_is_keyed_as_it_was_when_the_run_started(tmp_path: Path
     again = await e.arun(flow(Memo()), journal=journal)  # as a new process would
     assert again.replay is not None and again.replay.diverged == 0
     assert again.replay.replayed == 4 and scripted(e).requests == []
+
+
+CONSTANTS = """
+import sys, time
+sys.path.insert(0, {root!r})
+from rlm_graph.journal.code import function_fingerprint
+class Level:
+    def __init__(self, n):
+        self.n = n
+for i in range(8):  # class attributes that are its own instances: a constants pattern
+    setattr(Level, f"L{{i}}", Level(i))
+def rank(name):
+    return getattr(Level, name).n
+print(function_fingerprint(rank))
+"""
+
+
+@pytest.mark.processes
+def test_a_class_holding_its_own_instances_is_read_once(tmp_path: Path) -> None:
+    """Reading a class's attributes went into the class again at each of them: eight
+    constants took longer than anyone waits (exponential), at the start of the run."""
+    script = tmp_path / "constants.py"
+    script.write_text(CONSTANTS.format(root=str(Path(__file__).parents[2])))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and len(done.stdout.strip()) == 32
