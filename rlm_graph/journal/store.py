@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._files import utf8_text
 from ..errors import ConfigError
 from ..graph import Graph
 from .rows import (
@@ -103,17 +104,6 @@ CREATE TABLE IF NOT EXISTS chunks (
 def _block(node_id: str) -> str:
     """The block of a journaled tool call's row (``<block>/tool-n``)."""
     return node_id.rpartition("/")[0]
-
-
-def _storable(text: str) -> str:
-    """``text`` as SQLite can store it: a lone surrogate (untrusted text can carry one)
-    has no UTF-8 form and becomes U+FFFD. For what the runs table shows (a question, an
-    answer); nodes keep theirs exactly, in their chunks."""
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-    return text
 
 
 _RUN_COLUMNS = (
@@ -280,7 +270,7 @@ class JournalStore:
                 cursor = self._db.execute(
                     "INSERT INTO runs (key, kind, label, status, attempts, created, updated) "
                     "VALUES (?, ?, ?, 'running', 1, ?, ?)",
-                    (key, kind, _storable(label), now, now),
+                    (key, kind, utf8_text(label), now, now),
                 )
                 number = cursor.lastrowid
                 assert number is not None
@@ -306,7 +296,7 @@ class JournalStore:
         with self._transaction():
             self._db.execute(
                 "UPDATE runs SET status=?, updated=?, answer=? WHERE key=?",
-                (status, time.time(), None if answer is None else _storable(answer), key),
+                (status, time.time(), None if answer is None else utf8_text(answer), key),
             )
             if keep is not None:
                 # Rare (a finished run that diverged): rewrite the run's chunks with the

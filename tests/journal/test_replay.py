@@ -584,3 +584,44 @@ def test_a_finished_run_that_diverged_keeps_the_journaled_tools_of_its_blocks(
         )
         assert result.response == "receipt-7"
     assert calls == [7]
+
+
+def test_a_question_and_an_answer_with_half_a_character_are_listed(tmp_path: Path) -> None:
+    """The runs table holds text SQLite can store: a lone surrogate in the question or the
+    answer is kept as U+FFFD there (the nodes keep theirs exactly)."""
+    path = str(tmp_path / "run.sqlite")
+    rlm = RLM("scripted", {"respond": lambda request: repl("FINAL('7 \\ud83d')")}, journal=path)
+    assert rlm.completion("ctx", root_prompt="half \ud83d").response == "7 \ud83d"
+    store = JournalStore(path)
+    try:
+        (run,) = store.runs()
+    finally:
+        store.close()
+    assert "half \ufffd" in run.label and run.answer == "7 \ufffd"
+
+
+def test_a_journaled_tool_called_after_its_run_has_ended_is_only_not_journaled(
+    tmp_path: Path,
+) -> None:
+    """A thread the block left running calls a journaled tool once the run is over: the
+    writer it would wake is gone, and the call must not raise in that thread."""
+    path = str(tmp_path / "run.sqlite")
+    late: list[str] = []
+    code = (
+        "import threading, time\n"
+        "def later(report=report, charge=charge):  # held past the REPL's end\n"
+        "    time.sleep(0.3)  # the run has returned by then\n"
+        "    try:\n"
+        "        report(charge(2))\n"
+        "    except BaseException as exc:\n"
+        "        report(repr(exc))\n"
+        "threading.Thread(target=later).start()\n"
+        "FINAL(charge(1))"
+    )
+    tools = {"charge": {"tool": lambda n: f"receipt-{n}", "journal": True}, "report": late.append}
+    rlm = RLM("scripted", {"respond": lambda request: repl(code)}, custom_tools=tools, journal=path)
+    assert rlm.completion("ctx").response == "receipt-1"
+    deadline = time.monotonic() + 5
+    while not late and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert late == ["receipt-2"]
