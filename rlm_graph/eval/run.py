@@ -300,12 +300,11 @@ class Evaluation:
             )
 
     def _kept_models(self) -> Any:
-        for name in ("models.json", "summary.json"):
-            path = self.out / name
-            if path.exists() or name == "summary.json":
-                data = json.loads(path.read_text(encoding="utf-8"))
-                return data if name == "models.json" else data["models"]
-        return None
+        """``models.json``; in a folder of an older version, its summary's models."""
+        models = self.out / "models.json"
+        if models.exists():
+            return json.loads(models.read_text(encoding="utf-8"))
+        return json.loads((self.out / "summary.json").read_text(encoding="utf-8"))["models"]
 
     # -- running ----------------------------------------------------------------------------
 
