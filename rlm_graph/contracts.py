@@ -223,7 +223,8 @@ class ChatResponse(BaseModel):
     """What a provider answers.
 
     ``cost`` is the USD cost the server reported, or ``None`` to let the engine price the
-    call from its price table.
+    call from its price table (a finite number, at least 0: a negative or NaN cost would
+    switch ``max_budget`` off, so a provider that reads one from its server gives None).
     """
 
     model_config = _FROZEN
@@ -231,7 +232,7 @@ class ChatResponse(BaseModel):
     content: str
     model: str = ""
     usage: Usage = Field(default_factory=Usage)
-    cost: float | None = None
+    cost: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     finish_reason: str | None = None
 
 

@@ -129,6 +129,10 @@ def event_object(data: str) -> dict[str, Any] | None:
     return value if type(value) is dict else None
 
 
+MAX_TOKEN_COUNT = 10**12
+"""The largest token count a usage field is read as (a trillion: no call's)."""
+
+
 def token_count(value: object) -> int:
     """A usage field read as a token count, whatever the server put there.
 
@@ -140,16 +144,17 @@ def token_count(value: object) -> int:
         value: the field's JSON value.
 
     Returns:
-        The count (ints, whole floats, numeric strings), else 0.
+        The count (ints, whole floats, numeric strings), else 0; a count past
+        `MAX_TOKEN_COUNT`, which no call has, is unknown too (priced, it would overflow).
     """
     if type(value) is int:  # what servers send: one check
-        return value if value > 0 else 0
+        return value if 0 < value <= MAX_TOKEN_COUNT else 0
     if isinstance(value, bool):
         return 0
     if isinstance(value, int):
-        return max(0, value)
+        return token_count(int(value))
     if isinstance(value, float) and value == value and value not in (float("inf"), float("-inf")):
-        return max(0, int(value))
+        return token_count(int(value))
     if isinstance(value, str):
         try:
             return token_count(float(value.strip()))

@@ -19,6 +19,7 @@ through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -304,7 +305,13 @@ def _cost(raw: Any) -> float | None:
         return None
     cost = raw.get("cost")
     if isinstance(cost, (int, float)) and not isinstance(cost, bool):
-        return float(cost)
+        try:
+            value = float(cost)
+        except OverflowError:  # an integer past a float's range: no cost at all
+            return None
+        # A negative, NaN or infinite cost is no price: the engine prices the call itself
+        # (taken as it was, it would switch max_budget off).
+        return value if 0 <= value < math.inf else None
     return None
 
 

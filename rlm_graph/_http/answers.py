@@ -38,6 +38,8 @@ __all__ = [
     "oversized",
     "raise_for_status",
     "read_json",
+    "scrubbed",
+    "timed_out",
     "unreadable",
 ]
 
@@ -88,7 +90,7 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
         web_page = "html" in response.headers.get("content-type", "")
         error = BadResponse(
             f"{provider.name}: {provider.url} answered {response.status_code} with {what} "
-            f"({provider._quote(response.text)}); check that base_url points at the API root",
+            f"({provider._quote(_head_text(response))}); check that base_url points at the API root",
             provider=provider.name,
             status_code=response.status_code,
             retryable=not web_page,
@@ -100,13 +102,27 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
     return data
 
 
+ERROR_TEXT = 64 * 1024
+"""The bytes of an error's body the engine reads as text: what a server says of an error
+is at its start (a body of megabytes, searched whole, would hold the event loop)."""
+
+
+def _head_text(response: httpx.Response) -> str:
+    """The start of an answer's body as text (`ERROR_TEXT` bytes at most)."""
+    content = response.content
+    if len(content) <= ERROR_TEXT:
+        return response.text
+    return content[:ERROR_TEXT].decode(response.encoding or "utf-8", errors="replace")
+
+
 def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> NoReturn:
     """The error of an answer with a status of 300 or more (`AttemptFailed` for a retry)."""
     status = response.status_code
-    said = provider._quote(provider._server_message(data) or response.text)
+    text = _head_text(response)
+    said = provider._quote(provider._server_message(data) or text)
     name, model = provider.name, provider.model
     where = f"{name}: POST {provider.url} answered {status}"
-    if status != 429 and is_context_length_error(response.text):
+    if status != 429 and is_context_length_error(text):
         raise ContextLengthExceeded(
             f"{where}: {said}. The request does not fit model {model!r}'s context "
             "window: turn on compaction with the server's window (RLM(compaction=True, "
@@ -188,11 +204,41 @@ def unreadable(provider: Speaker, exc: Exception) -> BadResponse:
     else:
         what = f"{type(exc).__name__} {str(exc)[:200]} in its parser"
     return BadResponse(
-        f"{provider.name}: {provider.url} answered a reply the engine cannot read ({what}); "
+        f"{provider.name}: {provider.url} answered a reply the engine cannot read "
+        f"({provider._scrub(what)}); "
         "check that base_url points at the API this provider speaks",
         provider=provider.name,
         retryable=True,
     )
+
+
+def timed_out(
+    provider: Speaker, deadlines: list[float | None], attempts: int, max_timeouts: int
+) -> ProviderTimeout:
+    """The error of a call whose last ``len(deadlines)`` attempts, in a row, timed out
+    (``max_timeouts`` of them)."""
+    timeouts = len(deadlines)
+    shown = ", ".join(f"{d:g} s" for d in deadlines if d is not None)
+    in_a_row = "s in a row" if timeouts != 1 else ""
+    return ProviderTimeout(
+        f"{provider.name}: no answer from {provider.url}: {timeouts} attempt{in_a_row} timed "
+        f"out (deadlines {shown}; {attempts} attempt{'s' * (attempts != 1)} in all, "
+        f"max_timeouts={max_timeouts}); check that the server is not hung, "
+        "or for a slow model raise backend_kwargs['timeout'] (rlm-graph run --timeout) "
+        "or max_timeouts",
+        provider=provider.name,
+        retryable=True,
+    )
+
+
+def scrubbed(provider: Speaker, error: BadResponse) -> BadResponse:
+    """``error`` without the key in its text (a stream's error event quotes the server,
+    and a server may echo the key)."""
+    text = str(error)
+    clean = provider._scrub(text)
+    if clean == text:
+        return error
+    return BadResponse(clean, provider=error.provider, retryable=error.retryable)
 
 
 def oversized(provider: Speaker, exc: Exception) -> BadResponse:

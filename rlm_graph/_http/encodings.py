@@ -25,6 +25,9 @@ __all__ = ["PIECE", "Inflater", "codings_of"]
 PIECE = 64 * 1024
 """The most bytes one coding gives per call."""
 
+MAX_CODINGS = 8
+"""The most codings one body may name (a server applies one, now and then two)."""
+
 _WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 
 
@@ -86,6 +89,11 @@ class Inflater:
     __slots__ = ("_layers", "_limit", "_too_large", "size")
 
     def __init__(self, codings: list[str], limit: int, too_large: Callable[[], Exception]) -> None:
+        if len(codings) > MAX_CODINGS:  # each is a layer of the decoder, and a frame
+            raise httpx.DecodingError(
+                f"the body names {len(codings)} content codings, more than the {MAX_CODINGS} "
+                "the engine undoes"
+            )
         self._layers = [_Layer(c) for c in reversed(codings)]  # the last applied first
         self._limit = limit
         self._too_large = too_large

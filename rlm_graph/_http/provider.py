@@ -52,11 +52,10 @@ from typing import Any
 import httpx
 import trio
 from opentelemetry.propagate import inject
-from pydantic import ValidationError
 
 from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
-from ..errors import BadResponse, ProviderError, ProviderTimeout
+from ..errors import BadResponse, ProviderError
 from ..tracing.scrub import Scrubber, without_url_passwords
 from .answers import (
     AttemptFailed as _Retry,
@@ -64,6 +63,8 @@ from .answers import (
     gave_up,
     oversized,
     read_json,
+    scrubbed,
+    timed_out,
     unreadable,
 )
 from .attempts import note_held, note_rate_headers, note_retry, wait_before_retry
@@ -92,6 +93,10 @@ logger = logging.getLogger("rlm_graph.providers")
 
 # Attempt deadlines grow after each timeout, up to this many times ``timeout``.
 TIMEOUT_GROWTH_CAP = 8.0
+
+# Seconds a streamed body's end may take after the API's end marker (the connection is
+# then reused): a server holding the stream open, or sending comments, is not waited for.
+END_GRACE = 0.25
 
 
 _DEFAULT_HEADERS = {
@@ -365,7 +370,8 @@ class JSONProvider:
             except _Retry as retry:
                 timeouts = self._timeouts_in_a_row(timeouts, retry)
                 if retry.reason == "timeout" and timeouts >= self.retry.max_timeouts:
-                    raise self._timed_out(timeouts, attempt) from None
+                    deadlines = [self._attempt_timeout(n) for n in range(timeouts)]
+                    raise timed_out(self, deadlines, attempt, self.retry.max_timeouts) from None
                 if attempt == attempts:
                     raise gave_up(retry.error, attempts) from None
                 wait = self._wait_before_retry(retry, attempt)
@@ -408,20 +414,6 @@ class JSONProvider:
             error,
             self._attempt_timeout(timeouts),
             self.retry.max_timeouts,
-        )
-
-    def _timed_out(self, timeouts: int, attempts: int) -> ProviderTimeout:
-        """The error of a call that ran out of ``max_timeouts``."""
-        deadlines = ", ".join(f"{self._attempt_timeout(n):g} s" for n in range(timeouts))
-        in_a_row = "s in a row" if timeouts != 1 else ""
-        return ProviderTimeout(
-            f"{self.name}: no answer from {self.url}: {timeouts} attempt{in_a_row} timed "
-            f"out (deadlines {deadlines}; {attempts} attempt{'s' * (attempts != 1)} in all, "
-            f"max_timeouts={self.retry.max_timeouts}); check that the server is not hung, "
-            "or for a slow model raise backend_kwargs['timeout'] (rlm-graph run --timeout) "
-            "or max_timeouts",
-            provider=self.name,
-            retryable=True,
         )
 
     def _wait_before_retry(self, retry: _Retry, attempt: int) -> float:
@@ -520,16 +512,18 @@ class JSONProvider:
     def _whole(self, response: httpx.Response, request: ChatRequest) -> ChatResponse:
         """A read answer as a reply (or the error, or the retry, it calls for)."""
         data = self._read(response)
+        # A 2xx that is JSON but not the API's shape (or with a field of a wrong type, or
+        # one a plugin's parser indexed or called without checking): a proxy or an
+        # overloaded server's stand-in answer more often than a wrong base_url (a 404).
         try:
             return self._parse(data, request)
-        except (BadResponse, ValidationError, KeyError, IndexError, TypeError) as exc:
-            # A 2xx that is JSON but not the API's shape (or with a field of a wrong type,
-            # or one a plugin's parser indexed without checking): a proxy or an overloaded
-            # server's stand-in answer more often than a wrong base_url (that is a 404).
-            error = exc if isinstance(exc, BadResponse) else unreadable(self, exc)
-            raise _Retry(
-                error, retry_delay_from_headers(response.headers), "bad response"
-            ) from None
+        except BadResponse as exc:
+            error = scrubbed(self, exc)
+        except ProviderError:  # a plugin's own verdict on the reply (a refusal, say)
+            raise
+        except Exception as exc:
+            error = unreadable(self, exc)
+        raise _Retry(error, retry_delay_from_headers(response.headers), "bad response") from None
 
     async def _stream_attempt(
         self, content: bytes, request: ChatRequest, timeout: float | None, tracker: DeltaTracker
@@ -563,17 +557,27 @@ class JSONProvider:
                             stall.deadline = trio.current_time() + timeout + self.stream_interval
 
                     parser = self._stream_parser(request)
-                    with trio.CancelScope() as halt:  # cancelled: the sink has what it wants
+                    # Cancelled: the sink has what it wants, or the API's end marker came
+                    # and the body's own end did not follow it at once.
+                    with trio.CancelScope() as halt:
+
+                        def ended() -> None:
+                            halt.deadline = trio.current_time() + END_GRACE
+
                         try:
-                            reply = await read_events(chunks, parser, tracker, heard, halt.cancel)
-                        except BadResponse as exc:
-                            raise _Retry(exc, None, "cut stream") from None
-                        except ValidationError as exc:
-                            raise _Retry(unreadable(self, exc), None, "bad response") from None
+                            reply = await read_events(
+                                chunks, parser, tracker, heard, halt.cancel, ended
+                            )
+                        except BadResponse as exc:  # its text may quote the server's
+                            raise _Retry(scrubbed(self, exc), None, "cut stream") from None
                         except Oversized as exc:
                             raise _Retry(oversized(self, exc), None, "cut stream") from None
+                        except ProviderError:  # a plugin's own verdict on the reply
+                            raise
+                        except Exception as exc:  # ValidationError, or a parser's own slip
+                            raise _Retry(unreadable(self, exc), None, "bad response") from None
                     if halt.cancelled_caught:
-                        reply = parser.partial()
+                        reply = parser.result() if parser.finished else parser.partial()
             if stall.cancelled_caught:
                 raise trio.TooSlowError
         tracker.finish()
@@ -586,7 +590,7 @@ class JSONProvider:
         return self._redact(text)
 
     def _quote(self, text: str, limit: int = 300) -> str:
-        text = self._scrub(" ".join(text.split()))
+        text = self._scrub(" ".join(text[: 16 * limit].split()))  # a body may be megabytes
         if not text:
             return "(empty body)"
         return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -7,6 +7,7 @@ through `rlm_graph.http`.
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import re
 import time
@@ -81,13 +82,19 @@ def parse_duration(value: str) -> float | None:
     """Seconds in a duration like ``"1s"``, ``"6m0s"``, ``"20ms"`` or ``"2.5"``."""
     text = value.strip().lower()
     try:
-        return max(0.0, float(text))
+        return _seconds(float(text))
     except ValueError:
         pass
     parts = _DURATION.findall(text)
     if not parts or "".join(n + u for n, u in parts) != text:
         return None
-    return sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts)
+    return _seconds(sum(float(number) * _UNIT_SECONDS[unit] for number, unit in parts))
+
+
+def _seconds(value: float) -> float | None:
+    """A wait a server named, read: never negative; None for NaN or infinity (a value
+    no server means, unreadable like any other)."""
+    return max(0.0, value) if math.isfinite(value) else None
 
 
 def parse_retry_after(value: str, now: float | None = None) -> float | None:
@@ -102,14 +109,14 @@ def parse_retry_after(value: str, now: float | None = None) -> float | None:
     """
     text = value.strip()
     try:
-        return max(0.0, float(text))
+        return _seconds(float(text))
     except ValueError:
         pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError):
+    try:  # a date past what a datetime holds is as unreadable as any other
+        when = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, OverflowError, OSError):
         return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return _seconds(when - (time.time() if now is None else now))
 
 
 def _parse_reset(value: str, now: float) -> float | None:
@@ -119,8 +126,8 @@ def _parse_reset(value: str, now: float) -> float | None:
     try:
         from datetime import datetime
 
-        return max(0.0, datetime.fromisoformat(value.strip()).timestamp() - now)
-    except ValueError:
+        return _seconds(datetime.fromisoformat(value.strip()).timestamp() - now)
+    except (ValueError, OverflowError, OSError):
         return None
 
 
@@ -135,9 +142,11 @@ def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = Non
     now = time.time() if now is None else now
     if "retry-after-ms" in lowered:
         try:
-            return max(0.0, float(lowered["retry-after-ms"]) / 1000)
+            wait = _seconds(float(lowered["retry-after-ms"]) / 1000)
         except ValueError:
-            pass
+            wait = None
+        if wait is not None:
+            return wait
     if "retry-after" in lowered:
         wait = parse_retry_after(lowered["retry-after"], now)
         if wait is not None:

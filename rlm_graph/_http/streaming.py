@@ -25,7 +25,6 @@ from typing import Protocol
 import trio
 
 from ..contracts import ChatResponse, TextSink
-from ..errors import BadResponse
 from . import bodies
 
 __all__ = ["MAX_EVENT", "DeltaTracker", "Oversized", "SSEDecoder", "StreamParser", "read_events"]
@@ -79,40 +78,50 @@ async def read_events(
     tracker: DeltaTracker,
     heard: Callable[[], None],
     halt: Callable[[], None],
+    ended: Callable[[], None] = lambda: None,
 ) -> ChatResponse:
     """A streamed body, chunk by chunk (``heard()`` after each: the provider's stall
     deadline), through ``parser`` into ``tracker``; the reply. When the sink says it has
     what it wants, ``halt()`` (the provider cancels the reading, then takes
-    ``parser.partial()``).
+    ``parser.partial()``). Once the API's end marker has come, ``ended()``, once, and no
+    more ``heard()``: the provider gives the body's end a moment to come (the connection
+    is then reused), then halts, whatever the server sends or holds back after it.
 
-    The body is always read to its end, even past an event that fails the attempt:
-    leaving its (async generator) iterators half-way would leave them to the garbage
-    collector. A server closes the stream after such an event anyway. Stopped between
-    two chunks (a Ctrl-C in the parse), the iterator is closed here for the same reason:
+    The body is read on past an event that fails the attempt (the server closes the
+    stream after it anyway). However the reading stops, the iterator is closed here:
     collected after its trio run has ended, it could not be finalized.
 
     Raises:
         BadResponse: an event failed the attempt, or the stream ended early.
         Oversized: the body passed `bodies.MAX_BODY` bytes (or an event `MAX_EVENT`):
             the reading stops there.
+        Exception: any other error of ``parser.feed`` (a plugin's parser that met a shape
+            it did not check): the provider makes it a retried `BadResponse`.
     """
     decoder = SSEDecoder()
-    failed: BadResponse | None = None
+    failed: Exception | None = None
     size = 0
+    done = False
     try:
         async for chunk in chunks:
-            heard()
+            if not done:
+                heard()
             size += len(chunk)
             if size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
                 raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
-            if failed is None:
+            if failed is None and not done:
                 try:  # one piece of text per read: the sink's work is per read, not per token
                     text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
-                except BadResponse as exc:
+                except Oversized:
+                    raise
+                except Exception as exc:  # raised once the body has been read, below
                     failed = exc
                 else:
                     if tracker.feed(text):
                         halt()
+                    if parser.finished:
+                        done = True
+                        ended()
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
