@@ -219,10 +219,7 @@ def _remove_tree(path: str) -> None:
 
     def retry(function: Any, name: str, _: Any) -> None:
         for folder in (os.path.dirname(name), name):
-            try:
-                os.chmod(folder, 0o700)
-            except OSError:
-                pass
+            _open_up(folder)
         try:
             if os.path.isdir(name) and not os.path.islink(name):
                 shutil.rmtree(name, ignore_errors=True)
@@ -233,6 +230,21 @@ def _remove_tree(path: str) -> None:
 
     if os.path.lexists(path):
         shutil.rmtree(path, onerror=retry)
+
+
+def _open_up(folder: str) -> None:
+    """Give this user back the rights to ``folder``, if it is a folder: never through a
+    link (a guest's link to any file of the engine's user would have it made 0700)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:  # not a folder, a link, or gone
+        return
+    try:
+        os.fchmod(fd, 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 @atexit.register

@@ -92,6 +92,7 @@ def test_only_the_runtime_and_facade_import_trio() -> None:
         "doors",
         "concurrency/limiter.py",
         "concurrency/tokens.py",
+        "concurrency/threads.py",
         "hedging/race.py",
         "batch/complete.py",
         "engine.py",

@@ -15,7 +15,11 @@ schema is a program for a validator, so it is checked like untrusted input (pure
                   to be reached by a ``$ref``); no ``patternProperties`` (jsonschema
                   matches its keys with Python's backtracking ``re``, which a pattern like
                   ``(a+)+$`` stalls for minutes; OpenAI's structured outputs do not take
-                  it either); ``$schema`` names a dialect jsonschema knows; ``$id`` only
+                  it either); no ``unevaluatedItems`` or ``unevaluatedProperties``
+                  (jsonschema checks them by walking every reference again, outside
+                  any keyword, where no fuel is spent: a few lines of ``$ref`` and
+                  ``$dynamicRef`` double the walk at each level); ``$schema`` names a
+                  dialect jsonschema knows; ``$id`` only
                   at the top (a nested one would move what ``#/...`` means)
         refs      every ``$ref`` (``$dynamicRef``, ``$recursiveRef``) points into the
                   schema itself (``#...``), and a JSON pointer among them leads through
@@ -101,6 +105,13 @@ _SUBSCHEMA = frozenset(
         "unevaluatedProperties",
     }
 )
+# Checking these walks the schema's references outside any keyword (jsonschema's
+# ``find_evaluated_*``), where no step is paid for: a schema of a few lines whose
+# ``$ref`` and ``$dynamicRef`` both lead on doubles the walk at every level.
+_UNEVALUATED = {
+    "unevaluatedItems": "items (or additionalItems)",
+    "unevaluatedProperties": "additionalProperties",
+}
 _SUBSCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
 # ``items``: a subschema, or a list of them (before 2020-12); ``dependencies``: names to
@@ -271,9 +282,15 @@ def _subschemas(key: str, value: Any) -> list[Any]:
     """The subschemas the keyword ``key`` holds in ``value``.
 
     Raises:
-        ConfigError: ``patternProperties``, or a keyword the walk does not know holding
-            an object or a list.
+        ConfigError: ``patternProperties``, ``unevaluated*``, or a keyword the walk does
+            not know holding an object or a list.
     """
+    if key in _UNEVALUATED:
+        raise ConfigError(
+            f"schema: {key} is not taken from model code (checking it walks every $ref "
+            "and $dynamicRef of the schema again, unbounded); use "
+            f"{_UNEVALUATED[key]} instead"
+        )
     if key in _SUBSCHEMA:
         return [value]
     if key in _SUBSCHEMA_LISTS:
@@ -537,8 +554,8 @@ def _clipped(instance: Any) -> str:
 def json_validator(schema: dict[str, Any], *, bounded: bool = False) -> Any:
     """A ``jsonschema`` validator of ``schema`` (the dialect it names, Draft 2020-12 by
     default) that never fetches: a ``$ref`` that is not in the schema itself is a
-    mismatch, not a request to some server. ``bounded``: also RE2 patterns and `FUEL`
-    (for a schema `check_guest_schema` accepted).
+    mismatch, not a request to some server; ``uniqueItems`` in linear time. ``bounded``:
+    also RE2 patterns and `FUEL` (for a schema `check_guest_schema` accepted).
 
     Raises:
         ConfigError: ``schema`` is not a valid JSON Schema of its dialect.
@@ -554,12 +571,15 @@ def json_validator(schema: dict[str, Any], *, bounded: bool = False) -> Any:
         raise ConfigError(
             f"schema is not a valid JSON Schema: {exc.message} (at {where})"
         ) from None
+    # ``uniqueItems`` in linear time for every schema (a user's own checks the answer
+    # model code gives, which may hold thousands of objects: pairwise, seconds each).
+    keywords: dict[str, Any] = {"uniqueItems": _unique_items}
     if bounded:
         keywords = {name: _fueled(name, fn) for name, fn in cls.VALIDATORS.items()}
         keywords["pattern"] = _pattern
         keywords["uniqueItems"] = _unique_items
-        cls = jsonschema.validators.extend(cls, keywords)
-        cls._rlm_bounded = True
+    cls = jsonschema.validators.extend(cls, keywords)
+    cls._rlm_bounded = bounded
     # referencing's stubs leave out the attrs field it takes at run time
     return cls(schema, registry=referencing.Registry(retrieve=_never_fetch))  # type: ignore[call-arg]
 

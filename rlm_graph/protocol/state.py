@@ -56,15 +56,13 @@ class CompletionState:
         """The best partial answer: ``answer["content"]`` if set, else the last reply."""
         return self.answer_content or self.last_reply
 
-    def accept(self, schema: AnswerSchema, text: str) -> str:
-        """Validate a typed answer; keep the value (``parsed``) and return its JSON.
-
-        Raises:
-            SchemaMismatch: the answer does not match.
-        """
-        self.parsed = schema.parse_text(text)
+    def accept(self, schema: AnswerSchema, parsed: Any) -> str:
+        """Keep a typed answer, ``schema.parse_text`` of its text (``parsed``: the engine
+        checks it off its event loop, as model code's answer may be costly to check), and
+        return its JSON."""
+        self.parsed = parsed
         self.schema_error = None
-        return schema.dump_json(self.parsed)
+        return schema.dump_json(parsed)
 
     def add(self, message: Message) -> None:
         """Append to the history the model sees, and to the full trajectory."""

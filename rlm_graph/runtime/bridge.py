@@ -39,6 +39,7 @@ from typing import Any
 
 import trio
 
+from ..concurrency.threads import off_the_loop
 from ..contracts import Message, ResponseSchema, SubcallRequest
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
@@ -142,7 +143,7 @@ class CompletionBridge:
         try:
             self.run.router.check_allowed(request.model, request.fn)
             if request.json_schema is not None and request.fn.startswith("llm"):
-                shape = await _off_the_loop(AnswerSchema.from_guest, request.json_schema)
+                shape = await off_the_loop(AnswerSchema.from_guest, request.json_schema)
         except ConfigError as exc:
             refusal = exc
         slot = self._slot(request, shape, refusal)
@@ -157,13 +158,13 @@ class CompletionBridge:
         except KeyError:
             raise RLMGraphError(f"no custom tool {name!r}") from None
         if isinstance(tool, JournaledTool):
-            journaled = tool
-            call = functools.partial(journaled.call, self, tuple(args), dict(kwargs))
-            return await trio.to_thread.run_sync(call)
-        if inspect.iscoroutinefunction(tool):
+            call = functools.partial(tool.call, self, tuple(args), dict(kwargs))
+        elif inspect.iscoroutinefunction(tool):
             return await tool(*args, **kwargs)
-        # A slow synchronous tool must not stall the scheduler.
-        return await trio.to_thread.run_sync(functools.partial(tool, *args, **kwargs))
+        else:  # a slow synchronous tool must not stall the scheduler
+            call = functools.partial(tool, *args, **kwargs)
+        # Nor outlive the run: the block's timeout and the run's deadline give it up.
+        return await trio.to_thread.run_sync(call, abandon_on_cancel=True)
 
     # -- plumbing -----------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class CompletionBridge:
                 rec.keep_content(message.content, text)
             if shape is None:
                 return text
-            return await _off_the_loop(shape.parse_text, text)  # a mismatch fails the node
+            return await off_the_loop(shape.parse_text, text)  # a mismatch fails the node
 
         def typed() -> Journaled[Any]:
             assert shape is not None
@@ -319,13 +320,6 @@ class CompletionBridge:
             )
         finally:
             self._finished.append((place.ordinal, record))
-
-
-async def _off_the_loop(check: Callable[[Any], Any], value: Any) -> Any:
-    """Check a guest's schema, or an answer against it, in a worker thread: the loop
-    runs on meanwhile, and the run's deadline gives it up at once (it ends by itself,
-    within its fuel: `rlm_graph.protocol.guest_schema`)."""
-    return await trio.to_thread.run_sync(check, value, abandon_on_cancel=True)
 
 
 class BridgeProxy:

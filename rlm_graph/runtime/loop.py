@@ -33,6 +33,7 @@ from typing import Any
 
 import trio
 
+from ..concurrency.threads import off_the_loop
 from ..contracts import (
     Environment,
     ExecResult,
@@ -316,7 +317,8 @@ class RLMRunner:
         reply, _ = await self._turn(c, state, last, previous)
         if schema is not None:
             try:
-                return CompletionOutcome(state.accept(schema, reply), "max_iterations", state)
+                parsed = await off_the_loop(schema.parse_text, reply)
+                return CompletionOutcome(state.accept(schema, parsed), "max_iterations", state)
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
         return CompletionOutcome(reply, "max_iterations", state)
@@ -334,7 +336,8 @@ class RLMRunner:
         if schema is None or result.final_answer is None:
             return result
         try:
-            text = state.accept(schema, result.final_json or result.final_answer)
+            parsed = await off_the_loop(schema.parse_text, result.final_json or result.final_answer)
+            text = state.accept(schema, parsed)
         except SchemaMismatch as exc:
             state.schema_error = f"SchemaMismatch: {exc}"
             await c.env.reset_answer()
@@ -575,7 +578,8 @@ class RLMRunner:
             if schema is None:
                 return found.value, previous
             try:
-                return state.accept(schema, found.value), previous
+                parsed = await off_the_loop(schema.parse_text, found.value)
+                return state.accept(schema, parsed), previous
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
                 state.add(Message(role="user", content=schema_rejected_note(str(exc))))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,3 +142,37 @@ def test_a_stale_folder_is_found_whatever_its_random_part() -> None:
         assert folder in scratch.sweep_stale(os.path.dirname(folder))
     finally:
         scratch.remove(folder)
+
+
+_LOCKED_WITH_A_LINK = """
+import os, stat, sys
+from rlm_graph import scratch
+base = sys.argv[1]
+victim = os.path.join(base, "victim.txt")  # any file of the engine's user
+open(victim, "w").write("x")
+os.chmod(victim, 0o644)
+folder = os.path.join(base, "rlm-folder")  # a guest's working folder
+locked = os.path.join(folder, "d")
+os.makedirs(locked)
+os.symlink(victim, os.path.join(locked, "link"))  # planted by the guest...
+os.chmod(locked, 0o500)  # ...which then takes its own rights away from its folder
+scratch.remove(folder)
+print(os.path.exists(folder), oct(stat.S_IMODE(os.stat(victim).st_mode)))
+"""
+
+
+def test_removing_a_guests_locked_folder_never_changes_a_file_its_links_name(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A folder whose writer took its own rights away is opened up again to be removed:
+    that chmod followed a link the guest planted in it, making any file of the engine's
+    user 0700. Run without the rights that let root unlink anyway (as the engine runs
+    when it is not root)."""
+    command = [sys.executable, "-c", _LOCKED_WITH_A_LINK, str(tmp_path)]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv to drop root's right to unlink in a locked folder")
+        drop = "-dac_override,-dac_read_search,-fowner"
+        command = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", *command]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
+    assert done.stdout.split() == ["False", "0o644"], done.stderr

@@ -57,12 +57,8 @@ HIDDEN: dict[str, tuple[dict[str, Any], str]] = {
         },
         "$id is taken at the top of the schema only",
     ),
-    "under additionalItems, contains, if/then/else, not, prefixItems, unevaluated*": (
-        _under(
-            "additionalItems contains if then else not prefixItems unevaluatedProperties "
-            "unevaluatedItems",
-            STALLING,
-        ),
+    "under additionalItems, contains, if/then/else, not, prefixItems": (
+        _under("additionalItems contains if then else not prefixItems", STALLING),
         "patternProperties is not taken",
     ),
     "in an items array": ({"items": [{}, {"items": [STALLING]}]}, "patternProperties is not"),
@@ -75,6 +71,28 @@ def test_a_subschema_cannot_hide_from_the_check(case: str) -> None:
     with pytest.raises(ConfigError, match="^schema") as refused:
         AnswerSchema.from_guest(schema)
     assert told in str(refused.value)
+
+
+@pytest.mark.parametrize("keyword", ["unevaluatedItems", "unevaluatedProperties"])
+def test_unevaluated_keywords_are_refused_from_model_code(keyword: str) -> None:
+    """jsonschema checks ``unevaluated*`` by walking the schema's references again,
+    outside any keyword, where no fuel is spent: a kilobyte of ``$ref`` and
+    ``$dynamicRef`` that both lead on doubled the walk at every level (40 levels: years
+    on the engine's CPU, past the run's end). Refused up front, naming what to use; a
+    user's own schema may still use them."""
+    levels = 40
+    defs: dict[str, Any] = {
+        f"d{i}": {"$ref": f"#/$defs/d{i + 1}", "$dynamicRef": f"#/$defs/d{i + 1}"}
+        for i in range(levels)
+    }
+    defs[f"d{levels}"] = {}
+    schema = {keyword: False, "$ref": "#/$defs/d0", "$defs": defs}
+    with pytest.raises(ConfigError, match=f"^schema: {keyword} is not taken from model code"):
+        AnswerSchema.from_guest(schema)
+    nested = {"type": "object", "properties": {"p": {keyword: False}}}
+    with pytest.raises(ConfigError, match="use (items|additionalProperties)"):
+        AnswerSchema.from_guest(nested)
+    assert AnswerSchema.of({keyword: False}).json_schema == {keyword: False}
 
 
 def test_names_and_data_are_not_keywords() -> None:
