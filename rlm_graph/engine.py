@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -72,6 +73,13 @@ def _make_provider(
     try:
         provider = factory(**dict(kwargs or {}))
     except TypeError as exc:
+        unknown = _UNKNOWN_KEYWORD.search(str(exc))
+        if unknown is not None and unknown.group(1) in (kwargs or {}):  # passed on by **kwargs
+            name = unknown.group(1)
+            fix = _REFERENCE_KEYWORDS.get(name, "see the provider's documentation")
+            raise ConfigError(
+                f"backend {backend!r} takes no backend_kwargs[{name!r}]: {fix}"
+            ) from None
         if _binds(factory, kwargs):  # the keywords fit: a bug inside the factory
             raise PluginError(f"backend {backend!r} failed to build: {exc}") from exc
         raise ConfigError(
@@ -79,6 +87,15 @@ def _make_provider(
             "documentation for the keywords it takes"
         ) from None
     return _checked(provider, repr(backend))
+
+
+_UNKNOWN_KEYWORD = re.compile(r"__init__\(\) got an unexpected keyword argument '(\w+)'")
+# The reference library's client keywords, and where each goes here.
+_REFERENCE_KEYWORDS = {
+    "sampling_args": "give the call's parameters as RLM(sampling_args={...})",
+    "default_headers": "give headers as backend_kwargs['headers']",
+    "max_retries": "give attempts as backend_kwargs['max_attempts'] (retries + 1)",
+}
 
 
 def _binds(factory: Any, kwargs: Mapping[str, Any] | None) -> bool:

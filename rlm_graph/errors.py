@@ -44,11 +44,13 @@ __all__ = [
     "config_error",
     "BadResponse",
     "BudgetExceeded",
+    "BudgetExceededError",
     "ConfigError",
     "ContextLengthExceeded",
     "DeadlineExceeded",
     "EnvironmentCrashed",
     "ErrorLimitExceeded",
+    "ErrorThresholdExceededError",
     "GraphError",
     "IterationLimitExceeded",
     "LimitExceeded",
@@ -64,6 +66,8 @@ __all__ = [
     "SchemaMismatch",
     "STOPS_WORKFLOW",
     "TokenLimitExceeded",
+    "TokenLimitExceededError",
+    "TimeoutExceededError",
     "error_slot",
     "is_context_length_error",
     "without_url_passwords",
@@ -189,6 +193,11 @@ class LimitExceeded(RLMGraphError):
         self.partial = partial
         self.result = result
 
+    @property
+    def partial_answer(self) -> str:
+        """``partial``, by the reference library's name."""
+        return self.partial
+
 
 class DeadlineExceeded(LimitExceeded):
     limit_name = "max_timeout"
@@ -208,6 +217,13 @@ class IterationLimitExceeded(LimitExceeded):
 
 class ErrorLimitExceeded(LimitExceeded):
     limit_name = "max_errors"
+
+
+# The reference library's names for the same errors: code written for it catches them.
+TimeoutExceededError = DeadlineExceeded
+TokenLimitExceededError = TokenLimitExceeded
+BudgetExceededError = BudgetExceeded
+ErrorThresholdExceededError = ErrorLimitExceeded
 
 
 LIMIT_ERRORS: dict[str, type[LimitExceeded]] = {

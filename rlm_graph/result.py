@@ -57,6 +57,15 @@ class ModelUsageSummary(BaseModel):
     estimated_calls: int | None = None
     """Calls whose tokens were estimated (the server reported no usage); absent when none."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The reference library's shape: the counts, and the others where known."""
+        return self.model_dump(exclude_none=True)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelUsageSummary:
+        """What `to_dict` gave (or the reference library's ``to_dict``)."""
+        return cls.model_validate(dict(data))
+
 
 class UsageSummary(BaseModel):
     """Usage per model (the reference library's shape), children included."""
@@ -87,13 +96,22 @@ class UsageSummary(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model_usage_summaries": {
-                name: m.model_dump(exclude_none=True)
-                for name, m in self.model_usage_summaries.items()
+                name: m.to_dict() for name, m in self.model_usage_summaries.items()
             }
         }
         if self.total_cost is not None:
             out["total_cost"] = self.total_cost
         return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UsageSummary:
+        """What `to_dict` gave (or the reference library's ``to_dict``)."""
+        models = data.get("model_usage_summaries") or {}
+        return cls(
+            model_usage_summaries={
+                name: ModelUsageSummary.from_dict(m) for name, m in models.items()
+            }
+        )
 
     @classmethod
     def from_graph(cls, graph: Graph) -> UsageSummary:
@@ -178,8 +196,25 @@ class RLMChatCompletion(BaseModel):
             "critical_path_seconds": self.critical_path.length,
             "parallel_efficiency": self.parallel_efficiency,
             "leaked_threads": self.leaked_threads,
+            "metadata": self.metadata,
         }
         return {k: v for k, v in out.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RLMChatCompletion:
+        """A result from what `to_dict` gave (or the reference library's ``to_dict``):
+        its answer, usage, time and metadata; the graph is not in that dict, so the
+        result's ``graph`` is empty (its critical path too)."""
+        kept = ("stop_reason", "iterations", "leaked_threads", "metadata", "error")
+        return cls(
+            root_model=data.get("root_model", ""),
+            prompt=data.get("prompt"),
+            response=data.get("response", ""),
+            usage_summary=UsageSummary.from_dict(data.get("usage_summary") or {}),
+            execution_time=data.get("execution_time", 0.0),
+            graph=Graph(),
+            **{key: data[key] for key in kept if data.get(key) is not None},
+        )
 
 
 class UpstreamFailed(Exception):

@@ -8,19 +8,21 @@ __all__ = ["DIVERGED_NOTE", "INVENTED_NOTE", "BlockCutter", "find_code_blocks", 
 
 # An opening fence whose info string is exactly `repl`, at the start of a line, up to the
 # next closing fence at the start of a line (or the end of the reply: a model cut off by
-# its token limit still gets its code run).
+# its token limit still gets its code run). Lines may end in "\r\n" (the code keeps
+# them: Python reads them as "\n"); an indented fence (in a list item) has its
+# indentation taken off the code's lines, as Markdown does.
 _BLOCK = re.compile(
-    r"^[ \t]*```repl[ \t]*\n(.*?)(?:^[ \t]*```[ \t]*$|\Z)", re.DOTALL | re.MULTILINE
+    r"^([ \t]*)```repl[ \t\r]*\n(.*?)(?:^[ \t]*```[ \t\r]*$|\Z)", re.DOTALL | re.MULTILINE
 )
 # The same fences, one line at a time (a line without its "\n").
-_OPENING = re.compile(r"[ \t]*```repl[ \t]*")
-_CLOSING = re.compile(r"[ \t]*```[ \t]*")
+_OPENING = re.compile(r"[ \t]*```repl[ \t\r]*")
+_CLOSING = re.compile(r"[ \t]*```[ \t\r]*")
 # The first line after a block, when the model goes on to write the block's output
 # itself: a bare or output-like fence (```, ```output, ```text...) or a label line
 # (Output:, **REPL output:**, ### Result).
 _INVENTED = re.compile(
-    r"[ \t]*```[ \t]*(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?[ \t]*"
-    r"|[ \t>#*_]*(?:(?:repl|execution|console|code)[ \t]+)?(?:output|result|stdout)[ \t]*:?[ \t*_]*",
+    r"[ \t]*```[ \t]*(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?[ \t\r]*"
+    r"|[ \t>#*_]*(?:(?:repl|execution|console|code)[ \t]+)?(?:output|result|stdout)[ \t]*:?[ \t*_\r]*",
     re.IGNORECASE,
 )
 
@@ -56,10 +58,23 @@ def find_code_blocks(text: str) -> list[str]:
     """
     blocks = []
     for match in _BLOCK.finditer(text):
-        code = match.group(1).rstrip()
+        indent, code = match.group(1), match.group(2)
+        if indent:
+            code = "\n".join(_unindented(code.split("\n"), len(indent)))
+        code = code.rstrip()
         if code.strip():
             blocks.append(code)
     return blocks
+
+
+def _unindented(lines: list[str], width: int) -> list[str]:
+    """``lines`` without up to ``width`` characters of leading spaces and tabs each: the
+    indentation of the fence they were in."""
+    out = []
+    for line in lines:
+        blank = len(line) - len(line.lstrip(" \t"))
+        out.append(line[min(blank, width) :])
+    return out
 
 
 class BlockCutter:
@@ -87,6 +102,7 @@ class BlockCutter:
 
     __slots__ = (
         "_after",
+        "_indent",
         "_length",
         "_line",
         "_open",
@@ -108,6 +124,7 @@ class BlockCutter:
         self._line: list[str] = []  # the pieces of the line not yet complete
         self._start = 0  # where that line starts in the reply
         self._open: list[str] | None = None  # the open block's lines so far, if one is open
+        self._indent = 0  # the indentation of its opening fence
         self._after = False  # only blank lines since the last closing fence
 
     @property
@@ -174,9 +191,10 @@ class BlockCutter:
                         self.invented = start
                         return cut
                 if "```" in line and _OPENING.fullmatch(line):
-                    self._open = []
+                    self._open, self._indent = [], len(line) - len(line.lstrip(" \t"))
             elif "```" in line and _CLOSING.fullmatch(line):
-                code = "\n".join(self._open).rstrip()
+                body = _unindented(self._open, self._indent) if self._indent else self._open
+                code = "\n".join(body).rstrip()
                 self._open, self._after = None, True
                 self.committed = end + 1
                 if code.strip():

@@ -13,8 +13,10 @@ import re
 
 __all__ = ["TextFinal", "find_text_final"]
 
-_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
-_START = re.compile(r"^[ \t]*(FINAL_VAR|FINAL)\(", re.MULTILINE)
+# A fence opens and closes at the start of a line (three backticks inside a line are
+# text: "I'd write a ```repl block").
+_FENCE = re.compile(r"^[ \t]*```.*?(?:^[ \t]*```[^\n]*$|\Z)", re.DOTALL | re.MULTILINE)
+_START = re.compile(r"^[ \t]*(FINAL_VAR|FINAL)[ \t]*\(", re.MULTILINE)
 
 
 class TextFinal:
@@ -38,9 +40,10 @@ _WORK = 200_000
 ``FINAL(`` lines that never close would otherwise cost its length squared."""
 
 
-def _balanced(text: str, start: int, budget: list[int]) -> int | None:
+def _balanced(text: str, start: int, budget: list[int], quotes: bool = True) -> int | None:
     """Index of the ``)`` closing the ``(`` just before ``start``, or None (not closed,
-    or ``budget[0]``, the work left, ran out)."""
+    or ``budget[0]``, the work left, ran out). ``quotes``: parentheses inside quoted
+    strings do not count (without, quotes are text: an apostrophe, an inch mark)."""
     depth = 1
     quote: str | None = None
     skip = -1  # the character after a backslash in a string
@@ -58,7 +61,7 @@ def _balanced(text: str, start: int, budget: list[int]) -> int | None:
             elif ch == quote:
                 quote = None
         elif ch in "\"'":
-            quote = ch
+            quote = ch if quotes else None
         elif ch == "(":
             depth += 1
         elif ch == ")":
@@ -77,12 +80,16 @@ def _unquote(value: str) -> str:
 
 def find_text_final(text: str) -> TextFinal | None:
     """The last ``FINAL(...)``/``FINAL_VAR(...)`` at the start of a line outside fences
-    whose parentheses close; looked for from the end, within a bounded amount of work
-    (`_WORK`), so that a hostile reply costs no more than a long one."""
+    whose parentheses close (outside quoted strings; or, where a quote never closes, as
+    an apostrophe in ``FINAL(Bob's)`` does, counting every parenthesis); looked for from
+    the end, within a bounded amount of work (`_WORK`), so that a hostile reply costs no
+    more than a long one."""
     prose = _FENCE.sub(lambda m: " " * len(m.group(0)), text)
     budget = [_WORK]
     for match in reversed(list(_START.finditer(prose))):
         end = _balanced(prose, match.end(), budget)
+        if end is None and budget[0] >= 0:  # a quote that never closed is prose ("Bob's")
+            end = _balanced(prose, match.end(), budget, quotes=False)
         if end is not None:
             return TextFinal(match.group(1), _unquote(text[match.end() : end]))
         if budget[0] < 0:

@@ -96,10 +96,17 @@ def system_prompt(
     """The root model's system prompt.
 
     A ``custom`` prompt replaces the built-in one; a ``{custom_tools_section}`` in it is
-    replaced by the tools list (the reference library's placeholder).
+    replaced by the tools list (the reference library's placeholder). A prompt written
+    for the reference, which formats it with ``str.format`` (its braces doubled: ``{{``),
+    is formatted the same way; any other is taken as it is.
     """
     section = tools_section(tools or {})
     if custom is not None:
+        if "{{" in custom or "}}" in custom:
+            try:
+                return custom.format(custom_tools_section=section)
+            except (KeyError, IndexError, ValueError, AttributeError):
+                pass  # single braces of its own: not a format string
         return custom.replace("{custom_tools_section}", section)
     return (
         SYSTEM_PROMPT.replace("{output_chars}", f"{output_chars:,}")

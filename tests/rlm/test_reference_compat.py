@@ -1,0 +1,144 @@
+"""What code written for the reference library (``rlm``) does here: the replies its
+models write, the prompts, errors and results its users handle. Each works as it did
+there, or fails naming the fix."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlm_graph import RLM
+from rlm_graph.errors import (
+    BudgetExceededError,
+    ConfigError,
+    ErrorThresholdExceededError,
+    TimeoutExceededError,
+    TokenLimitExceededError,
+)
+from rlm_graph.protocol import find_code_blocks
+from rlm_graph.protocol.final import find_text_final
+from rlm_graph.result import ModelUsageSummary, RLMChatCompletion, UsageSummary
+from tests.support.scripts import scripted
+
+BODY = 'answer["content"] = "ran"\nanswer["ready"] = True'
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "```repl\r\n" + BODY.replace("\n", "\r\n") + "\r\n```\r\n",
+        "Steps:\n1. Look:\n   ```repl\n   " + BODY.replace("\n", "\n   ") + "\n   ```\n",
+    ],
+    ids=["CRLF line ends", "a fence in a list item"],
+)
+def test_replies_the_reference_runs_are_run(reply: str, environment: str) -> None:
+    """A reply with CRLF line ends had no block that ran (the model's turn was lost), and
+    a fence indented in a list item ran its code indented (an IndentationError)."""
+    rlm = RLM(
+        "scripted", {"responses": [reply, "fallback"]}, max_iterations=1, environment=environment
+    )
+    assert rlm.completion("ctx").response == "ran"
+
+
+def test_an_indented_fence_gives_its_code_without_the_indentation() -> None:
+    reply = "1. First:\n    ```repl\n    x = 1\n    if x:\n        print(x)\n    ```\n"
+    assert find_code_blocks(reply) == ["x = 1\nif x:\n    print(x)"]
+
+
+@pytest.mark.parametrize(
+    ("reply", "value"),
+    [
+        ("I found it.\nFINAL(The author's name is Bob)", "The author's name is Bob"),
+        ('FINAL(The screen is 27" wide)', 'The screen is 27" wide'),
+        ("FINAL (42)", "42"),
+        ("I'd write a ```repl block, but I know.\nFINAL(42)", "42"),
+        ("```repl\nprint('use ``` fences')\n```\nFINAL(42)", "42"),
+        ("FINAL(\"a (quoted) ')' value\")", "a (quoted) ')' value"),
+    ],
+)
+def test_a_text_final_the_papers_parser_reads_is_read(reply: str, value: str) -> None:
+    """An apostrophe or an inch mark opened a string that never closed, a space before
+    the parenthesis, and three backticks inside a line (taken for a fence to the reply's
+    end) each lost a text ``FINAL`` (``accept_text_final=True``): the run went on."""
+    found = find_text_final(reply)
+    assert found is not None and (found.kind, found.value) == ("FINAL", value)
+
+
+def test_a_reference_style_custom_prompt_is_formatted_as_the_reference_does() -> None:
+    """The reference formats ``custom_system_prompt`` with ``str.format``, so prompts
+    written for it double their braces: the model got ``{{"content": ...}}``."""
+    reference_style = (
+        'Finish with answer = {{"content": x}}; loop with f"chunk {{i}}".{custom_tools_section}'
+    )
+    ours = 'Finish with answer = {"content": x}.{custom_tools_section}'
+    for prompt, expected in [
+        (reference_style, 'answer = {"content": x}; loop with f"chunk {i}".'),
+        (ours, 'answer = {"content": x}.'),
+    ]:
+        rlm = RLM(
+            "scripted",
+            {"responses": ["```repl\nFINAL('x')\n```"]},
+            custom_system_prompt=prompt,
+            custom_tools={"lookup": {"tool": len, "description": "lookup(x) -> int"}},
+        )
+        rlm.completion("ctx")
+        system = scripted(rlm).requests[0].messages[0].content
+        assert expected in system and "lookup(x) -> int" in system
+        assert "{{" not in system and "{custom_tools_section}" not in system
+
+
+def test_results_round_trip_through_the_reference_dict_shape() -> None:
+    rlm = RLM("scripted", {"responses": ["```repl\nFINAL(llm_query('hi'))\n```"]})
+    result = rlm.completion("ctx")
+    data = json.loads(json.dumps(result.to_dict()))
+    again = RLMChatCompletion.from_dict(data)
+    assert (again.response, again.root_model, again.prompt) == (
+        result.response,
+        result.root_model,
+        "ctx",
+    )
+    assert again.usage_summary == result.usage_summary
+    model, usage = next(iter(result.usage_summary.model_usage_summaries.items()))
+    assert usage.to_dict()["total_calls"] == usage.total_calls
+    assert ModelUsageSummary.from_dict(usage.to_dict()) == usage
+    assert UsageSummary.from_dict(result.usage_summary.to_dict()) == result.usage_summary
+    reference = {
+        "model_usage_summaries": {
+            model: {"total_calls": 2, "total_input_tokens": 5, "total_output_tokens": 1}
+        }
+    }
+    assert UsageSummary.from_dict(reference).total_calls == 2
+
+
+def test_the_reference_error_names_catch_the_same_stops() -> None:
+    assert TimeoutExceededError.limit_name == "max_timeout"
+    assert TokenLimitExceededError.limit_name == "max_tokens"
+    assert BudgetExceededError.limit_name == "max_budget"
+    assert ErrorThresholdExceededError.limit_name == "max_errors"
+    rlm = RLM(
+        "scripted",
+        {"responses": ['```repl\nanswer["content"] = "so far"\nprint(undefined)\n```'] * 3},
+        max_errors=2,
+        on_limit="raise",
+    )
+    with pytest.raises(ErrorThresholdExceededError) as caught:
+        rlm.completion("ctx")
+    assert caught.value.partial_answer == caught.value.partial == "so far"
+
+
+@pytest.mark.parametrize(
+    ("keyword", "fix"),
+    [
+        ("sampling_args", "RLM(sampling_args={...})"),
+        ("default_headers", "backend_kwargs['headers']"),
+        ("max_retries", "backend_kwargs['max_attempts']"),
+    ],
+)
+def test_a_reference_client_keyword_names_where_it_goes(keyword: str, fix: str) -> None:
+    kwargs = {"model_name": "gpt-x", "api_key": "sk-not-a-key", keyword: {}}
+    with pytest.raises(ConfigError) as caught:
+        RLM("openai", kwargs)
+    said = str(caught.value)
+    assert f"takes no backend_kwargs[{keyword!r}]" in said and fix in said
