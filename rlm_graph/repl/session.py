@@ -289,6 +289,13 @@ class ReplSession:
         """The thread left the block: code it runs next is not stopped."""
         self._stopped.discard(thread_id)
 
+    def _raise_if_stopped(self, exc: BaseException) -> None:
+        """Raise ``exc`` again if it is the environment stopping this thread's block: a
+        `BlockInterrupted` after `stop_thread`. One the model's code raised itself (it
+        can import the class) is the block's error, as anything it raises is."""
+        if isinstance(exc, BlockInterrupted) and threading.get_ident() in self._stopped:
+            raise exc
+
     def _protocol_names(self) -> dict[str, Any]:
         caller = self.caller
 
@@ -367,7 +374,10 @@ class ReplSession:
                 f"FINAL_VAR: there is no variable {key!r} (variables: {known or 'none'}); "
                 "create it first, or call FINAL(value)"
             )
-        return self.final(self.ns[key])
+        value = self.ns[key]
+        if key == "answer" and value is self.answer:  # the protocol's dict: its content
+            value = self.answer.get("content", "")
+        return self.final(value)
 
     # -- data in ------------------------------------------------------------------------
 
@@ -413,9 +423,8 @@ class ReplSession:
         with capture_output(self.output_cap) as (out, err):
             try:
                 self._run(code, out, err)
-            except BlockInterrupted:  # the environment stopping the block
-                raise
             except BaseException as exc:  # the model's own KeyboardInterrupt too: its error
+                self._raise_if_stopped(exc)  # the environment stopping the block
                 error = _described(exc)
                 err.write(self._traceback(exc))
             notes = self._restore_names()
@@ -423,9 +432,8 @@ class ReplSession:
                 err.write(notes)
             try:
                 final = self._final_answer()  # str() of a ready answer runs the model's code
-            except BlockInterrupted:
-                raise
             except BaseException as exc:
+                self._raise_if_stopped(exc)
                 final, error = None, error or _described(exc)
                 err.write(self._traceback(exc))
         stdout = out.getvalue()

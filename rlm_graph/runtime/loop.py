@@ -507,7 +507,7 @@ class RLMRunner:
         results, final, previous = blocks.results, blocks.final, blocks.last
         if final is None and text_final is not None:
             final, previous = await self._text_final(
-                c, state, iteration, text_final, previous, turn_id, len(results) + 1
+                c, state, iteration, text_final, previous, turn_id, results
             )
         failed = any(not r.ok for r in results)
         state.consecutive_errors = state.consecutive_errors + 1 if failed else 0
@@ -571,7 +571,7 @@ class RLMRunner:
         found: Any,
         previous: str,
         turn_id: str,
-        number: int,
+        results: list[ExecResult],  # what it says is shown with them (a refusal: failed)
     ) -> tuple[str | None, str]:
         if found.kind == "FINAL":
             schema = self._schema(c)
@@ -582,11 +582,12 @@ class RLMRunner:
                 return state.accept(schema, parsed), previous
             except SchemaMismatch as exc:
                 state.schema_error = f"SchemaMismatch: {exc}"
-                state.add(Message(role="user", content=schema_rejected_note(str(exc))))
+                refused = schema_rejected_note(str(exc))
+                results.append(ExecResult(stderr=refused, error=state.schema_error))
                 return None, previous
-        result, previous = await self._block(
-            c, state, iteration, f"FINAL_VAR({found.value!r})", previous, turn_id, number
-        )
+        code, number = f"FINAL_VAR({found.value!r})", len(results) + 1
+        result, previous = await self._block(c, state, iteration, code, previous, turn_id, number)
+        results.append(result)
         return result.final_answer, previous
 
 
