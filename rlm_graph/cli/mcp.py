@@ -19,7 +19,8 @@ Invariants:
     - Each call is a run of its own (its own `RLM`, closed after it): the limits hold
       per call, as they do per ``rlm-graph run``. The engine runs on its trio thread
       (`RLM.acompletion` from asyncio), never on the server's event loop; a call the
-      client cancels cancels its run.
+      client cancels cancels its run, and the reading of its files too (the walk's
+      thread is stopped at its next entry, not waited for).
     - API keys come from the environment only, as for ``run``; they are never in a
       tool's result or error.
     - A report is a file of its own (mode 0600) in ``--report-dir`` (mode 0700 when
@@ -34,6 +35,7 @@ import os
 import secrets
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,7 +46,7 @@ from .. import __version__
 from ..errors import ConfigError, LimitExceeded, ProviderError, RLMGraphError
 from . import EXIT_OK, EXIT_USAGE
 from .output import Output
-from .read_roots import ReadRoots
+from .read_roots import ENTRIES_PER_FILE, ReadRoots
 from .report import ReportWriter
 from .run import add_engine_arguments, provider_message, rlm_kwargs
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
@@ -117,7 +119,9 @@ def register(subparsers: Any) -> None:
         type=int,
         default=DEFAULT_MAX_READ_FILES,
         metavar="N",
-        help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,})",
+        help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,}); a walk "
+        f"of a folder looks at no more than {ENTRIES_PER_FILE} files and folders per file, "
+        "skipped ones included",
     )
     parser.add_argument(
         "--allow-local",
@@ -293,10 +297,18 @@ class _Tools:
                 )
             return text, 0, size, []
         assert paths is not None
+        # A cancelled call leaves its reading thread behind at once (a walk of a large
+        # folder can take a minute), and the stop ends that thread at its next entry, so
+        # that it neither reads on for nothing nor holds the server's exit.
+        stop = threading.Event()
         try:
-            docs = await anyio.to_thread.run_sync(self.roots.read, paths, room)
+            docs = await anyio.to_thread.run_sync(
+                self.roots.read, paths, room, stop, abandon_on_cancel=True
+            )
         except ConfigError as exc:
             raise ToolError(str(exc)) from None
+        finally:
+            stop.set()
         if not docs.files:
             raise ToolError(
                 "no text file to read in the paths given: " + "; ".join(_listed(docs.skipped, 20))

@@ -22,7 +22,12 @@ Invariants:
       skipped and listed (a repository may hold such links innocently); folders of
       version control, caches and virtual environments are not walked.
     - Reading stops at ``max_bytes`` in total and ``max_files`` files: past either the
-      call fails and says which flag raises it. Nothing is cut silently.
+      call fails and says which flag raises it. Nothing is cut silently. A walk looks at
+      no more than ``ENTRIES_PER_FILE * max_files`` files and folders, the skipped ones
+      included, so a folder of countless binary files fails the call the same way.
+    - A read given a ``stop`` event checks it before each entry it looks at, and ends
+      (`ReadStopped`) soon after it is set: the thread of a cancelled call does not go
+      on walking after the call is gone.
 """
 
 from __future__ import annotations
@@ -31,10 +36,21 @@ import os
 import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RLMGraphError
 
-__all__ = ["NEVER_READ", "SKIPPED_FOLDERS", "Documents", "ReadRoots"]
+if TYPE_CHECKING:
+    import threading
+
+__all__ = [
+    "ENTRIES_PER_FILE",
+    "NEVER_READ",
+    "SKIPPED_FOLDERS",
+    "Documents",
+    "ReadRoots",
+    "ReadStopped",
+]
 
 SKIPPED_FOLDERS = frozenset(
     {
@@ -58,6 +74,10 @@ NEVER_READ = ("/proc", "/sys", "/dev")
 """Pseudo-filesystems refused inside any root: their files are the live state of the
 machine and of this process (its environment, its memory), not documents."""
 
+ENTRIES_PER_FILE = 10
+"""How many files and folders a walk may look at per file it may read (``max_files``):
+the binary, unreadable and linked ones it skips cost a look each."""
+
 _BINARY_PROBE = 8192  # bytes looked at for a NUL: the sign of a binary file
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -70,11 +90,18 @@ class Documents:
         files: the text of each file read, by its resolved path, in the order read.
         skipped: ``"path: why"`` for each file of a walked folder that was not read.
         size: the bytes read.
+        looked_at: the files and folders of walked folders looked at, skipped or not.
     """
 
     files: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     size: int = 0
+    looked_at: int = 0
+
+
+class ReadStopped(RLMGraphError):
+    """A read whose ``stop`` event was set (its call was cancelled): what it had read is
+    dropped."""
 
 
 class ReadRoots:
@@ -140,13 +167,21 @@ class ReadRoots:
             raise ConfigError(f"{path!r} does not exist (inside the read roots)")
         return resolved
 
-    def read(self, paths: Sequence[str], room: int | None = None) -> Documents:
+    def read(
+        self,
+        paths: Sequence[str],
+        room: int | None = None,
+        stop: threading.Event | None = None,
+    ) -> Documents:
         """Read the files and folders ``paths`` name (see the module's invariants), at
-        most ``room`` bytes (default ``max_bytes``).
+        most ``room`` bytes (default ``max_bytes``). Called in a worker thread by the MCP
+        tool, which sets ``stop`` when its call is cancelled.
 
         Raises:
             ConfigError: a named path that is refused or missing, a named file that
-                cannot be read, or more than ``max_bytes``/``max_files`` in all.
+                cannot be read, or more than ``max_bytes``/``max_files`` in all (or a walk
+                past its ``ENTRIES_PER_FILE * max_files`` entries).
+            ReadStopped: ``stop`` was set before the read was done.
         """
         if not paths:
             raise ConfigError("paths is empty: name at least one file or folder")
@@ -157,23 +192,27 @@ class ReadRoots:
         for path, resolved in named:
             if os.path.isdir(resolved):
                 try:
-                    for found in self._walk(resolved, docs):
+                    for found in self._walk(resolved, docs, path, stop):
                         self._read_file(found, docs, named=False)
                 except RecursionError:  # os.walk recurses, one frame per level
                     raise ConfigError(
                         f"{path!r} nests folders too deep to walk; name a folder further down"
                     ) from None
             else:
+                _check(stop)
                 self._read_file(resolved, docs, named=True, given=path)
         docs.size -= spent
         return docs
 
-    def _walk(self, folder: str, docs: Documents) -> Iterator[str]:
+    def _walk(
+        self, folder: str, docs: Documents, given: str, stop: threading.Event | None
+    ) -> Iterator[str]:
         def unreadable(error: OSError) -> None:
             docs.skipped.append(f"{shown(str(error.filename))}: {error.strerror or error}")
 
         for parent, dirs, files in os.walk(folder, onerror=unreadable, followlinks=False):
             for d in dirs:  # a linked folder is not walked into (its target may be anywhere)
+                self._look(docs, given, stop)
                 path = os.path.join(parent, d)
                 if os.path.islink(path):
                     out = not self.contains(os.path.realpath(path))
@@ -187,12 +226,26 @@ class ReadRoots:
                 and self.contains(os.path.join(parent, d))
             )
             for name in sorted(files):
+                self._look(docs, given, stop)
                 path = os.path.join(parent, name)
                 resolved = os.path.realpath(path)
                 if not self.contains(resolved):
                     docs.skipped.append(f"{shown(path)}: a link out of the read roots")
                 elif shown(resolved) not in docs.files:
                     yield resolved
+
+    def _look(self, docs: Documents, given: str, stop: threading.Event | None) -> None:
+        """Count one entry of a walk, first checking that the read should go on."""
+        _check(stop)
+        docs.looked_at += 1
+        most = ENTRIES_PER_FILE * self.max_files
+        if docs.looked_at > most:
+            raise ConfigError(
+                f"{given!r} holds more than {most:,} files and folders (the binary and "
+                f"skipped ones count too, {ENTRIES_PER_FILE} per file of --max-read-files); "
+                "name a folder further down, or start the server with a larger "
+                "--max-read-files"
+            )
 
     def _read_file(self, path: str, docs: Documents, *, named: bool, given: str = "") -> None:
         key = shown(path)  # a name that is not UTF-8 is kept, its odd bytes escaped
@@ -256,6 +309,11 @@ def shown(path: str) -> str:
     (kept by Python as lone surrogates) gets them as ``\\xNN`` escapes, so it can go
     into a JSON answer and be printed by the model's code."""
     return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _check(stop: threading.Event | None) -> None:
+    if stop is not None and stop.is_set():
+        raise ReadStopped("the read was stopped: its call was cancelled")
 
 
 def _below(path: str, folder: str) -> bool:

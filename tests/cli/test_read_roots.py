@@ -137,3 +137,30 @@ def test_the_mcp_answer_says_how_many_skipped_files_it_left_out() -> None:
     shown = _listed(skipped, 200)
     assert len(shown) == 201 and shown[-1] == "... and 50 more files skipped"
     assert _listed(skipped[:3], 200) == skipped[:3]
+
+
+def test_a_read_whose_stop_is_set_ends_at_its_next_entry(tmp_path: Path) -> None:
+    import threading
+
+    from rlm_graph.cli.read_roots import ReadStopped
+
+    for i in range(3):
+        (tmp_path / f"{i}.txt").write_text("x")
+    stop = threading.Event()
+    assert len(roots(tmp_path).read(["."], stop=stop).files) == 3
+    stop.set()
+    for named in (["."], ["0.txt"]):
+        with pytest.raises(ReadStopped):
+            roots(tmp_path).read(named, stop=stop)
+
+
+def test_a_walk_past_ten_entries_per_file_allowed_fails_and_names_the_flag(
+    tmp_path: Path,
+) -> None:
+    """Binary and skipped files count toward no limit of what is read, and a folder of
+    countless ones was walked to its end at any limits."""
+    for i in range(21):
+        (tmp_path / f"{i}.bin").write_bytes(b"\0")
+    with pytest.raises(ConfigError, match="more than 20 files and folders.*--max-read-files"):
+        roots(tmp_path, max_files=2).read(["."])
+    assert len(roots(tmp_path, max_files=3).read(["."]).skipped) == 21
