@@ -73,6 +73,13 @@ def interrupted_after(command: str, done: str) -> int:
     return EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
 
 
+def interrupted(out: Output) -> int:
+    """A command stopped by Ctrl-C, SIGTERM or SIGHUP (the last one received), which
+    caught the stop itself: its one line on stderr, and its exit code (130, or 128 + the
+    signal's number)."""
+    return _interrupted(out, _STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT)
+
+
 _STOPPED_BY: list[int] = []
 """The stopping signals (SIGTERM, SIGHUP) the running command received, in order."""
 

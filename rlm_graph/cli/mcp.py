@@ -30,21 +30,23 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 from pydantic import BaseModel, Field
 
-from .. import __version__
+from .. import __version__, scratch
 from ..errors import ConfigError, LimitExceeded, ProviderError, RLMGraphError
-from . import EXIT_OK, EXIT_USAGE
+from . import EXIT_OK, EXIT_USAGE, interrupted
 from .output import Output
 from .read_roots import ENTRIES_PER_FILE, ReadRoots
 from .report import ReportWriter
@@ -52,6 +54,9 @@ from .run import add_engine_arguments, provider_message, rlm_kwargs
 from .trace import add_trace_argument, finish_tracing, tracer_provider_for
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import anyio
     from mcp.server.mcpserver import MCPServer
     from opentelemetry.trace import TracerProvider
 
@@ -162,15 +167,57 @@ def run(args: argparse.Namespace) -> int:
     provider = None
     try:
         provider = tracer_provider_for(args)
-        server = build_server(args, provider)
+        server, tools = _build(args, provider)
     except ConfigError as exc:
         finish_tracing(provider)
         return out.error(EXIT_USAGE, str(exc), kind=type(exc).__name__, error=exc)
     try:
-        anyio.run(server.run_stdio_async)
+        anyio.run(_serve, server, tools, functools.partial(_leave, out, provider))
     finally:
         finish_tracing(provider)
     return EXIT_OK
+
+
+async def _serve(server: MCPServer[Any], tools: _Tools, leave: Callable[[], NoReturn]) -> None:
+    """Serve until the client closes stdin. At a stop (Ctrl-C; SIGTERM and SIGHUP, which
+    the command turns into one), cancel every call, wait until each has closed its run
+    (guest killed, folders removed), and `leave`: the SDK reads stdin in a worker thread
+    blocked in ``read(2)``, which no cancellation interrupts and which the interpreter
+    would wait for at exit, so a client holding stdin open kept a stopped server alive."""
+    import anyio
+
+    if threading.current_thread() is not threading.main_thread():  # no signals to take
+        await server.run_stdio_async()
+        return
+    async with anyio.create_task_group() as serving:
+
+        async def serve_stdio() -> None:
+            await server.run_stdio_async()
+            serving.cancel_scope.cancel()  # stdin's end: the server's own end, no stop
+
+        serving.start_soon(serve_stdio)
+        with anyio.open_signal_receiver(signal.SIGINT) as stops:
+            async for _ in stops:
+                break
+        serving.cancel_scope.cancel()
+        with anyio.CancelScope(shield=True):
+            await tools.wait_idle()
+        leave()
+
+
+def _leave(out: Output, provider: TracerProvider | None) -> NoReturn:
+    """End the process of a stopped server, its calls' runs closed, with the exit code
+    and the one line of a stopped command (130, or 128 + SIGTERM's or SIGHUP's number)."""
+    code = interrupted(out)
+    scratch.clear_kept()  # what atexit would remove, which os._exit skips
+    finish_tracing(provider)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to tell
+            pass
+    os._exit(code)
 
 
 class _Tools:
@@ -187,6 +234,17 @@ class _Tools:
         self.trace_content = bool(getattr(args, "trace_content", False))
         self._check_engine()
         self.report_dir = _report_dir(args.report_dir)
+        self.calls = 0  # in flight: each until its run is closed
+        self._idle: anyio.Event | None = None  # while `wait_idle` waits
+
+    async def wait_idle(self) -> None:
+        """Wait until no call is in flight: each has closed its run (its guest killed,
+        its folders removed) and its report."""
+        import anyio
+
+        while self.calls:
+            self._idle = anyio.Event()
+            await self._idle.wait()
 
     def _check_engine(self) -> None:
         """Build (and drop) one RLM now, so that a bad backend, environment or limit is a
@@ -196,6 +254,18 @@ class _Tools:
         RLM(**self.kwargs).close()
 
     async def answer(
+        self, question: str, paths: list[str] | None, text: str | None
+    ) -> AnswerResult:
+        """One call of the tool, counted in flight (`wait_idle`) from start to end."""
+        self.calls += 1
+        try:
+            return await self._answer(question, paths, text)
+        finally:
+            self.calls -= 1
+            if not self.calls and self._idle is not None:
+                self._idle.set()
+
+    async def _answer(
         self, question: str, paths: list[str] | None, text: str | None
     ) -> AnswerResult:
         import anyio
@@ -370,6 +440,12 @@ def build_server(
         ConfigError: a flag that cannot work (a missing --read-path, a bad limit, an
             unknown backend or environment).
     """
+    return _build(args, provider)[0]
+
+
+def _build(
+    args: argparse.Namespace, provider: TracerProvider | None
+) -> tuple[MCPServer[Any], _Tools]:
     from mcp.server.mcpserver import MCPServer
 
     tools = _Tools(args, provider)
@@ -412,4 +488,4 @@ def build_server(
             f"of the run. Readable paths: {roots}."
         ),
     )
-    return server
+    return server, tools

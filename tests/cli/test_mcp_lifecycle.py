@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,14 +36,15 @@ def model_flags(server: FakeOpenAIServer) -> list[str]:
 class RawClient:
     """The installed ``rlm-graph mcp``, and the JSON-RPC lines of an MCP client."""
 
-    def __init__(self, root: Path, log: IO[bytes], *extra: str) -> None:
+    def __init__(self, root: Path, log: IO[bytes], *extra: str, tmp: Path | None = None) -> None:
         assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
+        env = {"OPENAI_API_KEY": KEY, "PYTHONPATH": tree_path(), "PATH": os.environ["PATH"]}
         self.process = subprocess.Popen(
             [str(COMMAND), "mcp", "--read-path", str(root), "--model", "gpt-test", *extra],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
-            env={"OPENAI_API_KEY": KEY, "PYTHONPATH": tree_path(), "PATH": os.environ["PATH"]},
+            env={**env, "TMPDIR": str(tmp)} if tmp is not None else env,
         )
 
     def send(self, message: dict[str, Any]) -> None:
@@ -95,9 +98,9 @@ class RawClient:
 
 
 @contextmanager
-def raw_server(root: Path, log: Path, *extra: str) -> Iterator[RawClient]:
+def raw_server(root: Path, log: Path, *extra: str, tmp: Path | None = None) -> Iterator[RawClient]:
     with log.open("wb") as errlog:
-        client = RawClient(root, errlog, *extra)
+        client = RawClient(root, errlog, *extra, tmp=tmp)
         try:
             client.initialize()
             yield client
@@ -153,3 +156,83 @@ def test_a_call_cancelled_while_reading_stops_reading_and_the_server_exits(
         assert client.close_stdin_and_wait() == 0
         assert not last.is_set(), "the cancelled walk read the folder to its end"
         assert not server.requests
+
+
+@pytest.mark.parametrize(
+    ("stop", "code", "line"),
+    [
+        (signal.SIGTERM, 143, "rlm-graph mcp: interrupted (SIGTERM)"),
+        (signal.SIGHUP, 129, "rlm-graph mcp: interrupted (SIGHUP)"),
+        (signal.SIGINT, 130, "rlm-graph mcp: interrupted"),
+    ],
+    ids=["SIGTERM", "SIGHUP", "SIGINT"],
+)
+def test_a_stop_signal_ends_the_server_while_the_client_holds_stdin_open(
+    tmp_path: Path, stop: signal.Signals, code: int, line: str
+) -> None:
+    """It stopped answering and lived on until the client closed stdin (docs/cli.md:
+    SIGTERM and SIGHUP stop every command, 143 and 129; Ctrl-C 130)."""
+    with (
+        model_server() as server,
+        raw_server(tmp_path, tmp_path / "server.log", *model_flags(server)) as client,
+    ):
+        client.process.send_signal(stop)
+        assert client.process.wait(GUARD) == code  # stdin still open
+    assert (tmp_path / "server.log").read_text().splitlines()[-1] == line
+
+
+GUEST_BLOCK = "```repl\nimport time\ntime.sleep(600)\n```"
+
+
+def test_a_server_stopped_mid_call_kills_the_guest_and_removes_its_folders_first(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "root").mkdir()
+    tmp = tmp_path / "tmp"  # the server's temporary folder, where its guests' folders go
+    tmp.mkdir()
+    with (
+        model_server(GUEST_BLOCK) as server,
+        raw_server(
+            tmp_path / "root",
+            tmp_path / "server.log",
+            *model_flags(server),
+            "--report-dir",
+            str(tmp_path / "reports"),
+            tmp=tmp,
+        ) as client,
+    ):
+        client.call(1, {"question": "Wait.", "text": "a document"})
+        for _ in range(GUARD * 20):  # until the model has answered and the guest runs
+            guests = descendants(client.process.pid)
+            if server.requests and guests:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the guest never started")
+        client.process.send_signal(signal.SIGTERM)
+        assert client.process.wait(GUARD) == 143  # stdin still open
+    assert [pid for pid in guests if alive(pid)] == []
+    assert list(tmp.glob("rlm-graph-*")) == []
+
+
+def descendants(pid: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found += frontier
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
