@@ -251,11 +251,6 @@ class ReadRoots:
         key = shown(path)  # a name that is not UTF-8 is kept, its odd bytes escaped
         if key in docs.files:
             return
-        if len(docs.files) >= self.max_files:
-            raise ConfigError(
-                f"more than {self.max_files:,} files; name fewer, or start the server with a "
-                "larger --max-read-files"
-            )
         try:
             data = self._read_bytes(path, self.max_bytes - docs.size)
         except OSError as exc:
@@ -268,6 +263,11 @@ class ReadRoots:
                 raise ConfigError(f"{given or key} is a binary file, not text")
             docs.skipped.append(f"{key}: binary")
             return
+        if len(docs.files) >= self.max_files:  # counted once known text: skipped files are not
+            raise ConfigError(
+                f"more than {self.max_files:,} files; name fewer, or start the server with a "
+                "larger --max-read-files"
+            )
         docs.size += len(data)
         docs.files[key] = data.decode("utf-8", errors="replace")
 

@@ -164,3 +164,18 @@ def test_a_walk_past_ten_entries_per_file_allowed_fails_and_names_the_flag(
     with pytest.raises(ConfigError, match="more than 20 files and folders.*--max-read-files"):
         roots(tmp_path, max_files=2).read(["."])
     assert len(roots(tmp_path, max_files=3).read(["."]).skipped) == 21
+
+
+def test_only_the_text_files_read_count_toward_the_file_limit(tmp_path: Path) -> None:
+    """A binary file, or a link out of the roots, met after the last file allowed failed
+    the call as one file too many."""
+    (tmp_path / "a.txt").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    (tmp_path / "c.bin").write_bytes(b"\0")
+    (tmp_path / "d.txt").symlink_to("/etc/hostname")
+    docs = roots(tmp_path, max_files=2).read(["."])
+    assert sorted(Path(p).name for p in docs.files) == ["a.txt", "b.txt"]
+    assert len(docs.skipped) == 2
+    (tmp_path / "e.txt").write_text("e")
+    with pytest.raises(ConfigError, match="more than 2 files.*--max-read-files"):
+        roots(tmp_path, max_files=2).read(["."])
