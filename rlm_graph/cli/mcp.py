@@ -86,6 +86,9 @@ class AnswerResult(BaseModel):
     report: str | None = Field(
         description="path of the run's one-file HTML report (null: none written)"
     )
+    no_report: str | None = Field(
+        default=None, description="why no report could be written, if none could"
+    )
     files_read: int = Field(description="files given to the model (0 for text)")
     bytes_read: int = Field(description="bytes of those files, or of the text")
     skipped: list[str] = Field(description="files of the folders named that were not read, and why")
@@ -274,23 +277,19 @@ class _Tools:
         from .. import RLM
 
         context, files, size, skipped = await self._read(question, paths, text)
-        try:
-            report = self._new_report()
-        except OSError as exc:
-            raise ToolError(
-                f"cannot write a report in {self.report_dir}: {exc.strerror or exc}"
-            ) from None
-        writer = ReportWriter(report, f"rlm-graph mcp: {question[:80]}", _log)
+        report, no_report = self._new_report()
+        writer = ReportWriter(report or Path(), f"rlm-graph mcp: {question[:80]}", _log)
         try:
             rlm = RLM(
                 **self.kwargs,
                 tracer_provider=self.provider,
                 trace_content=self.trace_content,
                 record_content=self.trace_content,
-                listeners=[writer],
+                listeners=[writer] if report is not None else [],
             )
         except BaseException:
-            report.unlink(missing_ok=True)
+            if report is not None:
+                report.unlink(missing_ok=True)
             raise
         try:
             result = await rlm.acompletion(context, root_prompt=question)
@@ -311,7 +310,7 @@ class _Tools:
         finally:
             with anyio.CancelScope(shield=True):
                 await rlm.aclose()
-            if writer.written is None:
+            if report is not None and writer.written is None:
                 report.unlink(missing_ok=True)
         summary = result.usage_summary
         return AnswerResult(
@@ -321,6 +320,7 @@ class _Tools:
             cost_usd=summary.total_cost,
             execution_time=result.execution_time,
             report=str(writer.written) if writer.written is not None else None,
+            no_report=no_report,
             files_read=files,
             bytes_read=size,
             skipped=skipped,
@@ -385,12 +385,27 @@ class _Tools:
             )
         return docs.files, len(docs.files), docs.size, _listed(docs.skipped, 200)
 
-    def _new_report(self) -> Path:
+    def _new_report(self) -> tuple[Path | None, str | None]:
+        """A new private file for the call's report; or None and why there is none. The
+        report is a by-product: it never fails the call."""
         name = f"rlm-answer-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}.html"
         path = self.report_dir / name
-        # Created here, private, before the report is written into it.
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
-        return path
+        try:
+            try:
+                _create_private(path)
+            except FileNotFoundError:  # the folder went (a cleaner of /tmp): made again
+                self.report_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _create_private(path)
+        except OSError as exc:
+            why = f"cannot write a report in {self.report_dir}: {exc.strerror or exc}"
+            _log(f"{why}; answering without one")
+            return None, why
+        return path, None
+
+
+def _create_private(path: Path) -> None:
+    """Create ``path``, private (0600), before the report is written into it."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
 
 
 def _listed(skipped: list[str], most: int) -> list[str]:

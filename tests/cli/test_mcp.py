@@ -355,3 +355,30 @@ def test_a_server_started_with_stdin_closed_says_so_in_one_line(tmp_path: Path) 
         "rlm-graph mcp: stdin or stdout is closed: an MCP client starts rlm-graph mcp with a "
         "pipe on both (see docs/mcp.md for a client's configuration)"
     ]
+
+
+async def test_a_report_folder_gone_is_made_again_and_never_fails_a_call(
+    tree: Path, tmp_path: Path
+) -> None:
+    """Removed while the server ran (a cleaner of /tmp), it failed every call after."""
+    import shutil
+
+    reports = tmp_path / "reports"
+    with model_server() as server:
+        async with session(
+            server, tree, tmp_path / "server.log", "--report-dir", str(reports)
+        ) as client:
+            shutil.rmtree(reports)
+            again = await client.call_tool("rlm_answer", {"question": "Q?", "text": "a"})
+            shutil.rmtree(reports)
+            reports.write_text("a file where the folder was")  # cannot be made again
+            without = await client.call_tool("rlm_answer", {"question": "Q?", "text": "b"})
+    assert not again.is_error, text_of(again)
+    assert Path(again.structured_content["report"]).parent == reports.resolve()
+    assert again.structured_content["no_report"] is None
+    assert not without.is_error, text_of(without)
+    assert without.structured_content["answer"] == "text:b"
+    assert without.structured_content["report"] is None
+    assert (
+        f"cannot write a report in {reports.resolve()}" in (without.structured_content["no_report"])
+    )
