@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from ..errors import ConfigError
 from ..hooks import PluginHost
+from ..journal.store import check_journal
 from .items import BatchItem, coerce_items
 from .results import BatchResult
 
@@ -46,8 +47,9 @@ def check_rlm_kwargs(rlm_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     """The ``RLM(...)`` keywords of a batch, checked by building one `RLM` here.
 
     Raises:
-        ConfigError: not a dict, a keyword a batch sets itself, or any error
-            ``RLM(**rlm_kwargs)`` reports (an unknown backend, a bad limit...).
+        ConfigError: not a dict, a keyword a batch sets itself, any error
+            ``RLM(**rlm_kwargs)`` reports (an unknown backend, a bad limit...), or a
+            ``journal`` that cannot be opened or made.
     """
     if rlm_kwargs is None:
         return {}
@@ -62,6 +64,8 @@ def check_rlm_kwargs(rlm_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     from ..rlm import RLM
 
     RLM(**kwargs)  # fail here, before any item runs, on a bad configuration
+    if kwargs.get("journal") is not None:
+        check_journal(kwargs["journal"])  # else every item would be a failed row
     return kwargs
 
 

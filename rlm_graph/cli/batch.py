@@ -178,6 +178,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if same_file(args.input, args.output):
             raise ConfigError("--output must not be the --input file")
+        for name, other in (("--output", args.output), ("--input", args.input)):
+            if args.journal and same_file(args.journal, other):
+                raise ConfigError(f"--journal must not be the {name} file; give its own path")
         _regular_input(args.input)
         ids = scan_items(args.input)
         # Everything a run needs is checked before --output is created or touched.

@@ -65,6 +65,7 @@ __all__ = [
     "COUNTED_KINDS",
     "SCHEMA_VERSION",
     "JournalStore",
+    "check_journal",
     "RunRow",
     "StoredNode",
     "encode_nodes",
@@ -445,6 +446,32 @@ class _Transaction:
 
     def __exit__(self, kind: object, *rest: object) -> None:
         self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+
+def check_journal(path: str | os.PathLike[str]) -> None:
+    """Refuse a journal path a run could not use, before the run starts: a batch checks it
+    once, rather than have every completion fail on it (each a failed row that a rerun
+    then counts as done). A file already there is opened as a run opens it (a journal of
+    this format, or an empty file, that this user may write); a missing one is not made,
+    only its folder looked at.
+
+    Raises:
+        ConfigError: what is wrong, and what to do.
+    """
+    target = Path(path)
+    if not os.fspath(path) or target.exists():
+        JournalStore(path).close()
+        return
+    if not target.parent.is_dir():
+        raise ConfigError(
+            f"cannot create journal {str(target)!r}: the folder {str(target.parent)!r} does "
+            "not exist; make it first, or give another path"
+        )
+    if not os.access(target.parent, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"cannot create journal {str(target)!r}: the folder {str(target.parent)!r} is "
+            "not writable; give another path"
+        )
 
 
 def _fix(exc: sqlite3.DatabaseError, reading: bool = False) -> str:

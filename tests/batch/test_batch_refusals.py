@@ -1,0 +1,64 @@
+"""What `rlm-graph batch` refuses before anything runs (exit 2, --output untouched), and
+what it refuses to write to, over the fake OpenAI server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from rlm_graph.cli import main
+from tests.support.batch import KEY, BatchServer, items, local_cli_args, read_lines, write_items
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+
+def test_a_journal_that_cannot_be_made_is_refused_before_any_item_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_items(tmp_path / "in.jsonl", items(3))
+    out = tmp_path / "out.jsonl"
+    with BatchServer() as server:
+        bad = local_cli_args(server, tmp_path, "--journal", str(tmp_path / "no" / "j.sqlite"))
+        assert main(bad) == 2
+        assert server.requests == []
+        assert "the folder" in capsys.readouterr().err
+        assert not out.exists()  # no failed rows that a rerun would count as done
+        good = local_cli_args(server, tmp_path, "--journal", str(tmp_path / "j.sqlite"))
+        assert main(good) == 0
+    err = capsys.readouterr().err
+    assert "already in" not in err and "3 answered" in err
+    assert sorted(line["id"] for line in read_lines(out)) == ["item-0", "item-1", "item-2"]
+
+
+@pytest.mark.parametrize("same_as", ["--output", "--input"])
+def test_a_journal_that_is_the_output_or_the_input_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], same_as: str
+) -> None:
+    write_items(tmp_path / "in.jsonl", items(2))
+    path = tmp_path / ("out.jsonl" if same_as == "--output" else "in.jsonl")
+    before = path.read_bytes() if path.exists() else None
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--journal", str(path))) == 2
+        assert server.requests == []
+    assert f"--journal must not be the {same_as} file" in capsys.readouterr().err
+    assert (path.read_bytes() if path.exists() else None) == before  # not made SQLite
+
+
+def test_a_journal_that_is_another_database_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_items(tmp_path / "in.jsonl", items(2))
+    other = tmp_path / "app.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+    db.close()
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--journal", str(other))) == 2
+        assert server.requests == []
+    assert "not an rlm-graph journal" in capsys.readouterr().err
+    assert not (tmp_path / "out.jsonl").exists()
