@@ -7,8 +7,9 @@ time; each finished result goes to the caller at once. While they run, the heap 
 existed before is frozen for the garbage collector (`rlm_graph.batch.heap`).
 
 The loop runs in a thread of its own so that the batch is a plain iterator for sync
-code: results cross to the caller through a queue. Closing the iterator (or an exception
-in the caller) cancels the loop and joins the thread before it returns.
+code: results cross to the caller through a queue. The thread starts at the iterator's
+first ``next()``. Closing the iterator (or an exception in the caller) cancels the loop
+and joins the thread before it returns.
 """
 
 from __future__ import annotations
@@ -41,10 +42,7 @@ class LocalExecutor:
     def run(
         self, items: Iterator[BatchItem], rlm_kwargs: Mapping[str, Any], *, concurrency: int
     ) -> Iterator[BatchResult]:
-        batch = _LocalBatch(items, dict(rlm_kwargs), concurrency, self.name)
-        thread = threading.Thread(target=batch.thread, name="rlm-graph-batch", daemon=True)
-        thread.start()
-        return batch.results(thread)
+        return _LocalBatch(items, dict(rlm_kwargs), concurrency, self.name).results()
 
 
 class _LocalBatch:
@@ -62,9 +60,13 @@ class _LocalBatch:
         self.bad_item: Exception | None = None
         self.scope: trio.CancelScope | None = None
 
-    def results(self, thread: threading.Thread) -> Iterator[BatchResult]:
+    def results(self) -> Iterator[BatchResult]:
         """The results as they come (the caller's thread); leaving early cancels the
-        loop and joins its thread."""
+        loop and joins its thread. The loop's thread starts at the first ``next()``: an
+        iterator closed or dropped before it has started nothing, since a generator's
+        ``finally`` (the cancel and join) runs only once its body has begun."""
+        thread = threading.Thread(target=self.thread, name="rlm-graph-batch", daemon=True)
+        thread.start()
         try:
             while (got := self.out.get()) is not _DONE:
                 assert isinstance(got, BatchResult)

@@ -39,7 +39,9 @@ class Executor(Protocol):
 
         Every engine built must get the same `SharedLimiter` (``limiter=``), so that
         the providers' limits hold across the batch. A failing item is a result with
-        ``error`` set, never an exception. Closing the iterator stops the batch.
+        ``error`` set, never an exception. Closing the iterator stops the batch, also
+        before its first ``next()``: start the work lazily, in the iterator's body (a
+        generator's ``finally`` never runs if its body never began).
         """
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -420,3 +421,16 @@ def test_an_id_with_half_a_character_is_refused_with_its_line(tmp_path: Path) ->
     source.write_text('{"id": "a\\ud83d", "context": "c", "query": "q"}\n')
     with pytest.raises(ConfigError, match=r"in.jsonl:1: 'id' .* holds half a character"):
         scan_items(source)
+
+
+@pytest.mark.parametrize("how", ["close", "drop"])
+def test_an_iterator_closed_or_dropped_before_its_first_result_runs_nothing(how: str) -> None:
+    with BatchServer() as server:
+        stream = run_batch(items(20), rlm_kwargs(server), concurrency=2)
+        if how == "close":
+            stream.close()  # type: ignore[attr-defined]
+        else:
+            del stream
+            gc.collect()
+        assert not [t for t in threading.enumerate() if t.name == "rlm-graph-batch"]
+    assert server.requests == []
