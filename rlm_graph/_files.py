@@ -11,6 +11,7 @@ folder's files made beforehand).
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import re
 import stat
@@ -111,7 +112,7 @@ def regular_or_missing(path: Path, what: str) -> bool:
     return True
 
 
-def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
+def read_results(path: Path, what: str, starts: bytes, keys: frozenset[str]) -> tuple[bytes, int]:
     """A results file's bytes and where its complete lines end, before appending to it
     (a missing file is empty): what a resumed run reads first.
 
@@ -120,6 +121,9 @@ def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
         what: how the user named it, for errors (``"--output 'r.jsonl'"``).
         starts: how a line of such a file starts (``b'{"id"'``): a last line cut off by
             a killed run is cut off again only if it starts so.
+        keys: what every line of such a file has: a last line that is whole JSON (only
+            its newline missing) is cut off only if it has them; any other is the last
+            line of another kind of file.
 
     Raises:
         ValueError: it is not a regular file (a FIFO or a device would hang or never end),
@@ -134,12 +138,24 @@ def read_results(path: Path, what: str, starts: bytes) -> tuple[bytes, int]:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
     end = data.rfind(b"\n") + 1  # what follows the last newline was cut off by a kill
     tail = data[end:].strip()  # cut anywhere: even inside its first bytes
-    if tail and not (tail.startswith(starts) or starts.startswith(tail)):
+    if tail and not (
+        (tail.startswith(starts) or starts.startswith(tail)) and _cut_or_result(tail, keys)
+    ):
         raise ValueError(
             f"{what} is not a results file (its last line is not a result); give a new "
             "path, or the results file of an earlier run to resume it"
         )
     return data, end
+
+
+def _cut_or_result(tail: bytes, keys: frozenset[str]) -> bool:
+    """Whether a last line with no newline may be cut: it is not whole JSON (a kill cut
+    it), or it is a whole result whose newline the kill cut."""
+    try:
+        value = json.loads(tail)
+    except (ValueError, RecursionError):
+        return True
+    return isinstance(value, dict) and keys <= value.keys()
 
 
 def hold_alone(handle: IO[str], what: str) -> None:

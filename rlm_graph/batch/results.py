@@ -174,7 +174,7 @@ class ResultsFile:
             raise ConfigError(f"cannot write {what}: {exc.strerror}") from None
         try:
             try:
-                data, end = read_results(self.path, what, b'{"id"')
+                data, end = read_results(self.path, what, b'{"id"', _RESULT_KEYS)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
             for number, line in enumerate(data[:end].splitlines(), start=1):

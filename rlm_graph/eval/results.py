@@ -70,6 +70,10 @@ class EvalRow(BaseModel):
         return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
 
 
+_ROW_KEYS = frozenset(("id", "method"))
+"""What every row has (`ResultsLog._note` refuses a line without them)."""
+
+
 class ResultsLog:
     """``results.jsonl``: what is done already, and appending rows as items finish.
 
@@ -94,7 +98,7 @@ class ResultsLog:
                 result row (then it is not an evaluation's results).
         """
         try:
-            data, end = read_results(self.path, repr(str(self.path)), b'{"id"')
+            data, end = read_results(self.path, repr(str(self.path)), b'{"id"', _ROW_KEYS)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self._rows.clear()

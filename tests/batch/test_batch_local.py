@@ -161,6 +161,11 @@ def test_a_partial_last_line_is_cut_off_before_appending(tmp_path: Path) -> None
     with ResultsFile(path) as results:
         assert results.done() == {"a"}
     assert path.read_text() == whole
+    other = BatchResult(id="b", answer="y", started_at=0, finished_at=1, seconds=1).to_line()
+    path.write_text(whole + other.rstrip("\n"))  # killed just before the newline
+    with ResultsFile(path) as results:
+        assert results.done() == {"a"}
+    assert path.read_text() == whole
 
 
 def test_a_file_that_is_not_a_results_file_is_refused(tmp_path: Path) -> None:
@@ -305,6 +310,11 @@ def test_an_output_that_is_not_a_results_file_is_never_cut_or_appended_to(tmp_pa
     with pytest.raises(ConfigError, match="is not a results file"):
         ResultsFile(config).open()
     assert config.read_text() == '{"settings": {"a": 1}}'
+    one_item = tmp_path / "one_item.jsonl"
+    one_item.write_text('{"id": "q-1", "context": "c", "query": "q"}')  # whole, no newline
+    with pytest.raises(ConfigError, match="is not a results file"):
+        ResultsFile(one_item).open()
+    assert one_item.read_text() == '{"id": "q-1", "context": "c", "query": "q"}'
     inputs = tmp_path / "items.jsonl"
     inputs.write_text('{"id": "a", "context": "c", "query": "q"}\n')  # has ids, is no result
     with pytest.raises(ConfigError, match="items.jsonl:1 is not a batch result line"):

@@ -204,6 +204,11 @@ def test_exit_codes_say_what_happened(tmp_path: Path, capsys: pytest.CaptureFixt
     (tmp_path / "e" / "results.jsonl").write_text('{"id": "q-1", "answer": "from a batch"}\n')
     assert main(_args(server, tmp_path / "e", "--data", str(data), "--method", "base")) == 2
     assert "is not a row of rlm-graph eval" in capsys.readouterr().err
+    batch_line = '{"id": "q-1", "answer": "from a batch"}'  # whole, with no newline
+    (tmp_path / "e" / "results.jsonl").write_text(batch_line)
+    assert main(_args(server, tmp_path / "e", "--data", str(data), "--method", "base")) == 2
+    assert "is not a results file" in capsys.readouterr().err
+    assert (tmp_path / "e" / "results.jsonl").read_text() == batch_line  # neither cut nor added to
 
 
 def test_a_budget_over_an_unpriced_model_names_the_command_lines_fix(
