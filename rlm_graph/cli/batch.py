@@ -24,6 +24,7 @@ from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batc
 from ..batch.run import check_batch
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
+from .output import for_stream
 from .progress import LiveLine
 from .run import add_engine_arguments, rlm_kwargs
 
@@ -146,7 +147,8 @@ class BatchProgress(LiveLine):
         if result.cost is not None:
             self.cost = (self.cost or 0.0) + result.cost
         if self.mode == "plain" or (self.mode == "live" and not result.ok):
-            line = _item_line(result, self.done, self.total)
+            # An id (from the items file) and an error (from a server) are untrusted text.
+            line = for_stream(self.stream, _item_line(result, self.done, self.total))
             if self._live is not None:
                 self._console.print(Text(line), soft_wrap=True)  # above the live line
             else:

@@ -6,6 +6,7 @@ import gc
 import io
 import json
 import os
+import pty
 import subprocess
 import sys
 import threading
@@ -286,6 +287,37 @@ def test_on_a_terminal_progress_is_one_live_line_and_failures_get_their_own() ->
     assert "3/3 done, 1 failed" in text  # the live line's last drawing
     assert "b FAILED ProviderError: refused" in text
     assert "] a ok" not in text  # answered items have no line of their own on a terminal
+
+
+def test_control_sequences_in_a_failed_items_id_never_reach_the_terminal(tmp_path: Path) -> None:
+    hostile = "x\x1b]0;owned\x07\x1b[2J\x1b[31mred\rfake"
+    batch = items(2, fail=(0,))
+    batch[0]["id"] = hostile
+    write_items(tmp_path / "in.jsonl", batch)
+    controller, terminal = pty.openpty()
+    with BatchServer() as server:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rlm_graph.cli", *local_cli_args(server, tmp_path)],
+            env={**os.environ, "OPENAI_API_KEY": KEY},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=terminal,  # the progress goes to stderr: a live line on a terminal
+        )
+        os.close(terminal)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the process closed its end
+                break
+            if not chunk:
+                break
+            shown += chunk
+        os.close(controller)
+        assert process.wait(timeout=60) == 1
+    assert b"xredfake FAILED ProviderError" in shown  # its line, the sequences taken out
+    assert b"owned" not in shown and b"\x1b[2J" not in shown and b"\x1b[31m" not in shown
+    assert hostile in {line["id"] for line in read_lines(tmp_path / "out.jsonl")}  # kept there
 
 
 def test_a_failed_item_keeps_the_usage_it_already_spent() -> None:
