@@ -11,6 +11,7 @@ caller's.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -18,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 from .._files import has_surrogate
 from ..errors import ConfigError
 
-__all__ = ["Parse", "coerce", "item_id", "jsonl_lines", "read_lines", "scan_ids"]
+__all__ = ["MAX_DEPTH", "Parse", "coerce", "item_id", "jsonl_lines", "read_lines", "scan_ids"]
 
 
 class _Item(Protocol):
@@ -55,6 +56,29 @@ Raises `ConfigError` naming ``where``."""
 
 _SHOWN = 10  # bad lines a scan reports in full
 
+MAX_DEPTH = 200
+"""Arrays and objects an item may nest, one in another. Python's JSON reader gives up
+near its recursion limit, a limit on the depth of the stack it runs on: the whole-file
+check (the main thread) and the run (a batch's own thread, deeper) would judge a line
+near it differently, and the run would stop at a line the check let pass. A fixed depth
+well under it gives one verdict in both."""
+
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def _too_deep(line: str) -> bool:
+    """Whether ``line`` nests arrays and objects past `MAX_DEPTH` (brackets inside its
+    strings aside); cheap when it has fewer brackets than that, as most lines do."""
+    if line.count("[") + line.count("{") <= MAX_DEPTH:
+        return False
+    depth = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", line)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > MAX_DEPTH:
+            return True
+    return False
+
 
 def jsonl_lines(path: Path, what: str) -> Iterator[tuple[int, Any, str | None]]:
     """(line number, decoded object or None, error) for every non-blank line.
@@ -76,6 +100,9 @@ def jsonl_lines(path: Path, what: str) -> Iterator[tuple[int, Any, str | None]]:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 yield number, None, f"not UTF-8 text (byte {exc.start + 1} of the line)"
+                continue
+            if _too_deep(line):
+                yield number, None, f"nested more than {MAX_DEPTH} arrays and objects deep"
                 continue
             try:
                 yield number, json.loads(line), None

@@ -3,6 +3,7 @@ what it refuses to write to, over the fake OpenAI server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -62,3 +63,18 @@ def test_a_journal_that_is_another_database_is_refused(
         assert server.requests == []
     assert "not an rlm-graph journal" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+@pytest.mark.parametrize("depth", [300, 985])
+def test_an_item_nested_too_deep_is_refused_with_its_line_before_any_item_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int
+) -> None:
+    lines = [json.dumps(item) for item in items(4)]
+    lines[2] = '{"id": "deep", "query": "q", "context": {"k": %s}}' % ("[" * depth + "]" * depth)
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path)) == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    assert "in.jsonl:3: nested more than 200 arrays and objects deep" in err
+    assert not (tmp_path / "out.jsonl").exists()  # the same verdict at each reading
