@@ -2,8 +2,9 @@
 
 One `RLM` (one engine, one set of provider limiters) serves the whole batch, so the
 providers' ``max_concurrent`` and rate limits hold across all its completions exactly as
-they hold across one recursion tree. ``concurrency`` worker tasks pull items one at a
-time; each finished result goes to the caller at once. While they run, the heap that
+they hold across one recursion tree. Each item is a task of its own, started once fewer
+than ``concurrency`` are running (so never more tasks than items in flight, whatever
+``concurrency`` says); each finished result goes to the caller at once. While they run, the heap that
 existed before is frozen for the garbage collector (`rlm_graph.batch.heap`).
 
 The loop runs in a thread of its own so that the batch is a plain iterator for sync
@@ -17,7 +18,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -28,6 +29,9 @@ from rlm_graph.executors import (
     complete_item,
     frozen_heap,
 )
+
+if TYPE_CHECKING:
+    from rlm_graph import RLM
 
 __all__ = ["LocalExecutor"]
 
@@ -95,19 +99,34 @@ class _LocalBatch:
         with trio.CancelScope() as scope:
             self.token, self.scope = trio.lowlevel.current_trio_token(), scope
             async with RLM(**self.rlm_kwargs, limiter=InProcessLimiter()) as rlm:
-
-                async def worker() -> None:
-                    while (item := self._next()) is not None:  # one shared iterator
-                        self.out.put(await complete_item(rlm, item, executor=self.name))
-
                 # The engine is built and its plugins imported: that heap is frozen for
                 # the batch, so no full collection stalls every completion to walk it.
                 with frozen_heap():
                     async with trio.open_nursery() as nursery:
-                        for _ in range(self.concurrency):
-                            nursery.start_soon(worker)
+                        await self._feed(rlm, nursery)
         if self.bad_item is not None:  # raised once the completions running have ended
             raise self.bad_item
+
+    async def _feed(self, rlm: RLM, nursery: trio.Nursery) -> None:
+        """Start one task per item, each once a place is free among ``concurrency``:
+        never more tasks than items in flight (``concurrency`` may be far more than
+        there are items)."""
+        running = trio.CapacityLimiter(self.concurrency)
+        while True:
+            place = object()
+            await running.acquire_on_behalf_of(place)
+            item = self._next()  # taken once a place is free, as the file is read
+            if item is None:
+                return
+            nursery.start_soon(self._complete, rlm, item, running, place)
+
+    async def _complete(
+        self, rlm: RLM, item: BatchItem, running: trio.CapacityLimiter, place: object
+    ) -> None:
+        try:
+            self.out.put(await complete_item(rlm, item, executor=self.name))
+        finally:
+            running.release_on_behalf_of(place)
 
     def _next(self) -> BatchItem | None:
         """The next item, or None once there is none: also after an item that cannot

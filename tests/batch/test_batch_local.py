@@ -10,6 +10,7 @@ import pty
 import subprocess
 import sys
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -476,3 +477,22 @@ def test_an_iterator_closed_or_dropped_before_its_first_result_runs_nothing(how:
             gc.collect()
         assert not [t for t in threading.enumerate() if t.name == "rlm-graph-batch"]
     assert server.requests == []
+
+
+def test_a_concurrency_far_above_the_items_costs_no_more_than_the_items() -> None:
+    def peak_memory(concurrency: int) -> int:
+        tracemalloc.start()
+        try:
+            results = list(run_batch(items(3), rlm_kwargs(server), concurrency=concurrency))
+            assert sorted(r.answer or "" for r in results) == [
+                expected(f"item-{i}") for i in range(3)
+            ]
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    with BatchServer() as server:
+        peak_memory(3)  # the first batch of the process pays for its imports
+        small, huge = peak_memory(3), peak_memory(50_000)
+    # One task per item in flight: a task per unused place was about 1 KiB, 50 MiB here.
+    assert huge < small + 8 * 2**20
