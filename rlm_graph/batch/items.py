@@ -8,7 +8,7 @@ override of a completion limit (`ITEM_LIMITS`). Pure: no trio.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -129,16 +129,27 @@ def _context_file_exists(item: BatchItem, where: str) -> None:
         raise ConfigError(f"{where}: context_file {item.context_file!r} is not a file")
 
 
-def scan_items(path: Path) -> list[str]:
+def scan_items(path: Path, check: Callable[[BatchItem, str], None] | None = None) -> list[str]:
     """Check every line of a JSONL input file; return the ids in order.
 
     Reads the file once without keeping contexts in memory, so a bad line is reported
     before any completion runs, whatever the file's size.
 
+    Args:
+        path: the file.
+        check: more to check of each item (``check(item, "file:line")`` raises
+            `ConfigError`), such as `item_limits_check`'s.
+
     Raises:
         ConfigError: every bad line (up to ten), with its number and the fix.
     """
-    return scan_ids(path, _parse, what="--input", title="bad input", check=_context_file_exists)
+
+    def checked(item: BatchItem, where: str) -> None:
+        _context_file_exists(item, where)
+        if check is not None:
+            check(item, where)
+
+    return scan_ids(path, _parse, what="--input", title="bad input", check=checked)
 
 
 def read_items(path: Path) -> Iterator[BatchItem]:

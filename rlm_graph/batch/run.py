@@ -8,7 +8,7 @@ every engine it builds one `SharedLimiter` (see `rlm_graph.runtime.capacity`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Protocol
 
 from ..errors import ConfigError
@@ -69,6 +69,28 @@ def check_rlm_kwargs(rlm_kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
     if kwargs.get("journal") is not None:
         check_journal(kwargs["journal"])  # else every item would be a failed row
     return kwargs
+
+
+def item_limits_check(rlm_kwargs: Mapping[str, Any]) -> Callable[[BatchItem, str], None]:
+    """A check for `scan_items`: each item's own limits over the batch's, taken as its
+    completion will take them, so that a limit that cannot be kept (a ``max_budget`` on
+    a model with no price) is a bad line of the whole-file check, not a failed row.
+
+    Raises:
+        ConfigError: any error ``RLM(**rlm_kwargs)`` reports (see `check_rlm_kwargs`).
+    """
+    from ..rlm import RLM
+
+    engine = RLM(**check_rlm_kwargs(rlm_kwargs)).engine
+
+    def check(item: BatchItem, where: str) -> None:
+        if item.limits:
+            try:
+                engine.limits_with(item.limits)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+
+    return check
 
 
 def make_executor(

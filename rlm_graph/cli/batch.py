@@ -21,7 +21,7 @@ from rich.text import Text
 
 from .._files import same_file
 from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
-from ..batch.run import check_batch
+from ..batch.run import check_batch, item_limits_check
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
 from .output import for_stream
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
             if args.journal and same_file(args.journal, other):
                 raise ConfigError(f"--journal must not be the {name} file; give its own path")
         _regular_input(args.input)
-        ids = scan_items(args.input)
+        ids = scan_items(args.input, item_limits_check(rlm_kwargs(args)))
         # Everything a run needs is checked before --output is created or touched.
         check_batch(rlm_kwargs(args), args.concurrency, args.executor, _executor_kwargs(args))
         results_file = ResultsFile(args.output).open()

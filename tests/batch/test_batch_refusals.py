@@ -78,3 +78,20 @@ def test_an_item_nested_too_deep_is_refused_with_its_line_before_any_item_runs(
     err = capsys.readouterr().err
     assert "in.jsonl:3: nested more than 200 arrays and objects deep" in err
     assert not (tmp_path / "out.jsonl").exists()  # the same verdict at each reading
+
+
+def test_an_items_budget_on_a_model_with_no_price_is_refused_with_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = items(3)
+    batch[1]["max_budget"] = 0.5
+    write_items(tmp_path / "in.jsonl", batch)
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path)) == 2
+        assert server.requests == []
+        err = capsys.readouterr().err
+        assert "in.jsonl:2: max_budget=$0.5 cannot be kept: no price is known" in err
+        assert "--price INPUT OUTPUT" in err
+        assert not (tmp_path / "out.jsonl").exists()
+        assert main(local_cli_args(server, tmp_path, "--price", "1", "2")) == 0  # priced: kept
+    assert len(read_lines(tmp_path / "out.jsonl")) == 3
