@@ -24,9 +24,12 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rlm_graph import scratch
@@ -40,14 +43,30 @@ __all__ = ["RayExecutor"]
 
 _STOP_WAIT = 15.0  # seconds stopped workers get to clean up before they are killed
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # the colours of Ray's error texts
+
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 
 # The limits actor of each Ray job (driver) this process has run batches in.
 _ACTORS: dict[str, Any] = {}
-# The completion workers of each Ray job: (shape, workers); reused by its next batch of
-# the same shape (a worker is a process: a second or two to start). They keep their CPUs
-# reserved while the driver lives.
-_POOLS: dict[str, tuple[tuple[int, int, float], list[Any]]] = {}
+
+
+@dataclass(eq=False)
+class _Pool:
+    """Completion workers of one shape (workers, completions each, CPUs each), and how
+    many batches of the driver are using them now."""
+
+    shape: tuple[int, int, float]
+    workers: list[Any]
+    users: int = 1
+
+
+# The completion workers of each Ray job; reused by its next batch of the same shape (a
+# worker is a process: a second or two to start). They keep their CPUs reserved while the
+# driver lives. Batches of one driver may run at once (threads): a pool is stopped only
+# when no batch uses it.
+_POOLS: dict[str, _Pool] = {}
+_POOLS_LOCK = threading.Lock()
 
 
 def _import_ray() -> Any:
@@ -140,13 +159,15 @@ class RayExecutor:
         self._connect()
         return self._run(items, dict(rlm_kwargs), concurrency)
 
-    def _pool(self, concurrency: int) -> list[Any]:
-        """This driver's completion workers for ``concurrency`` completions at once.
+    def _pool(self, concurrency: int) -> _Pool:
+        """This driver's completion workers for ``concurrency`` completions at once,
+        counted as used by one more batch (`_leave` when it ends).
 
         One worker per CPU of the cluster (never more than ``concurrency``), each running
         its share of the completions; each reserves ``task_cpus`` per completion it runs,
         at most one CPU (a share of 64 completions on a 2-CPU node still fits it). A pool
-        of another shape (an earlier batch's) is stopped first.
+        of another shape (an earlier batch's) is stopped first, or by the last batch
+        using it when it ends.
         """
         ray = self._ray
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -154,21 +175,47 @@ class RayExecutor:
         per_worker = math.ceil(concurrency / workers)
         shape = (workers, per_worker, self._worker_cpus(per_worker))
         job = ray.get_runtime_context().get_job_id()
-        cached = _POOLS.get(job)
-        if cached is not None and cached[0] == shape:
-            return cached[1]
-        if cached is not None:
-            self._stop_pool(job)
-        pool = [self._new_worker(per_worker) for _ in range(workers)]
-        ray.get([w.pid.remote() for w in pool])  # started: the batch's clock is not theirs
-        _POOLS[job] = (shape, pool)
+        with _POOLS_LOCK:
+            cached = _POOLS.get(job)
+            if cached is not None and cached.shape == shape:
+                cached.users += 1
+                return cached
+            _POOLS.pop(job, None)
+        if cached is not None and cached.users == 0:
+            self._stop_workers(cached.workers)
+        pool = _Pool(shape, [self._new_worker(per_worker) for _ in range(workers)])
+        ray.get([w.pid.remote() for w in pool.workers])  # started: the batch's clock is not theirs
+        with _POOLS_LOCK:
+            _POOLS.setdefault(job, pool)
         return pool
 
-    def _stop_pool(self, job: str) -> None:
+    def _leave(self, job: str, pool: _Pool, batch: str, early: bool) -> bool:
+        """A batch on ``pool`` has ended (``early``: its caller stopped reading, calls
+        still running). Its running completions cannot be interrupted but by the worker:
+        with no other batch on the pool, the workers are stopped and killed; else only
+        this batch's completions are stopped, and the pool serves on. Returns whether
+        the workers were stopped and killed."""
+        with _POOLS_LOCK:
+            pool.users -= 1
+            last = pool.users == 0
+            retired = _POOLS.get(job) is not pool  # replaced by a pool of another shape
+            if last and (early or retired) and _POOLS.get(job) is pool:
+                del _POOLS[job]
+        if last and (early or retired):
+            self._stop_workers(pool.workers)
+            return True
+        if early:
+            stops = [worker.stop.remote(batch=batch) for worker in pool.workers]
+            try:
+                self._ray.get(stops, timeout=_STOP_WAIT)
+            except (self._ray.exceptions.RayError, TimeoutError):
+                pass  # a worker that died meanwhile is replaced by the batch that finds it
+        return False
+
+    def _stop_workers(self, pool: list[Any]) -> None:
         """Stop the workers (their running completions cancelled and cleaned up), then
         kill them."""
         ray = self._ray
-        _, pool = _POOLS.pop(job, ((0, 0, 0.0), []))
         try:
             ray.get([worker.stop.remote() for worker in pool], timeout=_STOP_WAIT)
         except (ray.exceptions.RayError, TimeoutError):
@@ -203,7 +250,8 @@ class RayExecutor:
     ) -> Iterator[BatchResult]:
         ray = self._ray
         job = ray.get_runtime_context().get_job_id()
-        calls = _Calls(self, self._pool(concurrency), ray.put(rlm_kwargs), concurrency)
+        pool = self._pool(concurrency)
+        calls = _Calls(self, pool.workers, ray.put(rlm_kwargs), concurrency)
         try:
             calls.fill(items)
             while calls.pending or calls.failed_early:
@@ -219,9 +267,7 @@ class RayExecutor:
                         yield result
                 calls.fill(items)
         finally:
-            if calls.pending:  # stopped early: the running completions cannot be interrupted
-                self._stop_pool(job)
-            else:
+            if not self._leave(job, pool, calls.batch, early=bool(calls.pending)):
                 for worker, holder in zip(calls.pool, calls.holders, strict=True):
                     worker.forget.remote(holder)
             calls.actor.forget_batch.remote(calls.batch)
@@ -320,8 +366,15 @@ def _driver_keys() -> dict[str, str]:
 
 
 def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:
+    """A failed item's result. An error the call raised in its worker comes as Ray's
+    wrapper (``RayTaskError``, whose text is a coloured header and a traceback): the
+    row says the worker's own error, its type and message."""
     now = time.time()
-    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        exc = cause
+    text = _ANSI.sub("", str(exc)).strip()
+    message = text.splitlines()[0] if text else type(exc).__name__
     return BatchResult(
         id=item.id,
         started_at=now,

@@ -17,10 +17,11 @@ the cluster-wide gate with no message to the limits actor.
 Invariants:
     - One loop per worker process, started before the first call returns; a call never
       runs outside it.
-    - `CompletionWorker.stop` cancels every completion running in the worker and waits
-      (bounded) until they have ended, their environments closed and scratch folders
-      removed: the driver calls it before it kills a worker whose completions it stopped
-      waiting for.
+    - `CompletionWorker.stop` cancels every completion running in the worker (or one
+      batch's) and waits (bounded) until they have ended, their environments closed and
+      scratch folders removed: the driver calls it before it kills a worker whose
+      completions it stopped waiting for, and with ``batch`` when a batch stops early
+      while another batch of the driver still uses the worker.
     - Every slot a worker holds is held under its ``holder`` name, so when the worker
       dies the driver releases all of them with one ``release_owner(holder)``.
 """
@@ -57,7 +58,7 @@ class CompletionWorker:
         threading.Thread(target=trio.run, args=(serve,), name="rlm-graph-trio", daemon=True).start()
         started.wait()
         self._limiters: dict[str, RayLimiter] = {}  # holder -> its batch's limiter here
-        self._running: set[trio.CancelScope] = set()
+        self._running: dict[trio.CancelScope, str] = {}  # each running completion's batch
         self._ended = threading.Condition()
 
     def pid(self) -> int:
@@ -71,20 +72,25 @@ class CompletionWorker:
         if limiter is not None:
             trio.from_thread.run_sync(limiter.recall, key, news, trio_token=self._token)
 
-    def stop(self, timeout: float = 10.0) -> int:
-        """Cancel the completions running here and wait up to ``timeout`` seconds for
-        them to end (their environments close: nothing of theirs is left on disk).
-        Returns how many were still running after that."""
+    def stop(self, timeout: float = 10.0, batch: str | None = None) -> int:
+        """Cancel the completions running here (with ``batch``: that batch's only, the
+        worker serving on) and wait up to ``timeout`` seconds for them to end (their
+        environments close: nothing of theirs is left on disk). Returns how many were
+        still running after that."""
+
+        def mine() -> list[trio.CancelScope]:
+            return [s for s, b in list(self._running.items()) if batch in (None, b)]
 
         def cancel() -> None:
-            for scope in list(self._running):
+            for scope in mine():
                 scope.cancel()
 
         trio.from_thread.run_sync(cancel, trio_token=self._token)
         with self._ended:
-            self._ended.wait_for(lambda: not self._running, timeout)
-            left = len(self._running)
-        scratch.clear_kept()  # the empty folders kept for reuse: this worker is stopping
+            self._ended.wait_for(lambda: not mine(), timeout)
+            left = len(mine())
+        if batch is None:
+            scratch.clear_kept()  # the empty folders kept for reuse: this worker is stopping
         return left
 
     def forget(self, holder: str) -> None:
@@ -124,7 +130,7 @@ class CompletionWorker:
 
         async def answer() -> BatchResult:
             scope = trio.CancelScope()
-            self._running.add(scope)
+            self._running[scope] = batch
             try:
                 with scope:
                     async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
@@ -133,7 +139,7 @@ class CompletionWorker:
             finally:
                 limiter.flush()  # releases the loop had no time to send
                 with self._ended:
-                    self._running.discard(scope)
+                    self._running.pop(scope, None)
                     self._ended.notify_all()
 
         # A worker process holds Ray's heap too: no full collection walks it mid-batch.

@@ -216,3 +216,68 @@ def test_a_batch_after_the_limits_actor_died_starts_a_new_one(ray_cluster: Any) 
             ray_cluster.kill(actor)
         results = list(run_batch(items(3), rlm_kwargs(server), concurrency=2, executor="ray"))
     assert all(r.ok and r.answer == expected(r.id) for r in results)
+
+
+class HoldingServer(BatchServer):
+    """Holds every root turn whose question says HOLD until `release` is set; counts them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.release = threading.Event()
+        self.held = 0
+
+    def _respond(self, body: dict[str, Any]) -> Any:
+        if is_root_turn(body) and "HOLD" in str(body):
+            with self._count_lock:
+                self.held += 1
+            self.release.wait(60)
+        return super()._respond(body)
+
+
+def test_a_batch_stopped_early_leaves_another_batch_of_the_driver_running(
+    ray_cluster: Any,
+) -> None:
+    held = [dict(item, query=item["query"] + " HOLD") for item in items(4)]
+    results_b: list[Any] = []
+    with HoldingServer() as server:
+        try:
+            b = run_batch(held, rlm_kwargs(server, max_concurrent=8), concurrency=4, executor="ray")
+            reader = threading.Thread(target=lambda: results_b.extend(b))
+            reader.start()
+            deadline = time.monotonic() + 60
+            while server.held < 4 and time.monotonic() < deadline:  # B's 4 calls are running
+                time.sleep(0.01)
+            assert server.held == 4
+            # A second batch on the same pool (same shape), left after its first result
+            # while its other items still run.
+            with closing(
+                run_batch(
+                    items(3), rlm_kwargs(server, max_concurrent=8), concurrency=4, executor="ray"
+                )
+            ) as a:
+                assert next(iter(a)).ok
+        finally:
+            server.release.set()
+        reader.join(120)
+    assert sorted(r.id for r in results_b) == [f"item-{i}" for i in range(4)]
+    for result in results_b:  # not killed with A's stop: answered at their first attempt
+        assert result.ok and result.answer == expected(result.id), result.error
+        assert result.attempts == 1
+
+
+def test_an_error_raised_in_the_worker_is_its_own_in_the_row(
+    ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key is in the driver's environment only, and not sent: the worker's engine refuses.
+    monkeypatch.setenv("ONLY_IN_THE_DRIVER_API_KEY", KEY)
+    with BatchServer() as server:
+        kwargs = rlm_kwargs(server)
+        del kwargs["backend_kwargs"]["api_key"]
+        kwargs["backend_kwargs"]["api_key_env"] = "ONLY_IN_THE_DRIVER_API_KEY"
+        (result,) = run_batch(
+            items(1), kwargs, executor="ray", executor_kwargs={"forward_keys": False}
+        )
+        assert server.requests == []
+    assert result.error is not None and result.error.type == "ConfigError"
+    assert "$ONLY_IN_THE_DRIVER_API_KEY is not set" in result.error.message
+    assert "\x1b" not in result.error.message and "ray::" not in result.error.message
