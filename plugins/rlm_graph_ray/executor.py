@@ -25,6 +25,7 @@ import itertools
 import math
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -42,6 +43,7 @@ from .pool import CompletionWorker
 __all__ = ["RayExecutor"]
 
 _STOP_WAIT = 15.0  # seconds stopped workers get to clean up before they are killed
+_CONNECT_WAIT = 5.0  # seconds a cluster's address gets to answer before ray.init
 
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # the colours of Ray's error texts
 
@@ -91,8 +93,12 @@ class RayExecutor:
         forward_keys: set the driver's ``*_API_KEY`` environment variables in the
             workers' environment (default on; off: the nodes' own environment holds them).
 
+    Joins the cluster when made (``ray.init``, unless this process has joined one), so a
+    batch's settings are checked, the address with them, before anything is written.
+
     Raises:
-        ConfigError: Ray is not installed (the message says how to install it).
+        ConfigError: Ray is not installed (the message says how to install it), or the
+            cluster cannot be reached or joined.
     """
 
     name = "ray"
@@ -115,11 +121,17 @@ class RayExecutor:
         self.max_retries = max_retries
         self.init_kwargs = dict(init_kwargs or {})
         self.forward_keys = forward_keys
+        self._connect()  # a bad address is refused here, before a batch writes anything
 
     def _connect(self) -> None:
         ray = self._ray
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            return
+        _check_reachable(self.address)
+        try:
             ray.init(address=self.address, log_to_driver=False, **self.init_kwargs)
+        except ConnectionError as exc:  # "auto" with no cluster on this machine, say
+            raise ConfigError(f"cannot join the Ray cluster at {self.address!r}: {exc}") from None
 
     def _limits_actor(self) -> Any:
         """This driver's `ClusterLimits` actor, started once and ready before use.
@@ -156,7 +168,7 @@ class RayExecutor:
     def run(
         self, items: Iterator[BatchItem], rlm_kwargs: Mapping[str, Any], *, concurrency: int
     ) -> Iterator[BatchResult]:
-        self._connect()
+        self._connect()  # joined at construction; again if ray.shutdown() came between
         return self._run(items, dict(rlm_kwargs), concurrency)
 
     def _pool(self, concurrency: int) -> _Pool:
@@ -357,6 +369,26 @@ class _Calls:
         if result is None:
             self.submit(item, attempt + 1)
         return result
+
+
+def _check_reachable(address: str | None) -> None:
+    """Refuse a cluster address (``host:port``, ``ray://host:port``) that nothing answers
+    within `_CONNECT_WAIT` seconds: ``ray.init`` has no timeout of its own, and waits for
+    minutes on such an address, deaf to Ctrl-C. ``auto`` and no address are Ray's to
+    find."""
+    if address is None or address in ("auto", "local"):
+        return
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return  # not an address this check understands: Ray says what is wrong with it
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_WAIT).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc} (nothing "
+            f"answered a connection there within {_CONNECT_WAIT:g} s); start the cluster "
+            "(ray start --head) or give its address"
+        ) from None
 
 
 def _driver_keys() -> dict[str, str]:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +30,7 @@ from tests.support.batch import (
     items,
     kill_and_resume,
     rlm_kwargs,
+    write_items,
 )
 
 pytestmark = pytest.mark.ray
@@ -281,3 +285,25 @@ def test_an_error_raised_in_the_worker_is_its_own_in_the_row(
     assert result.error is not None and result.error.type == "ConfigError"
     assert "$ONLY_IN_THE_DRIVER_API_KEY is not set" in result.error.message
     assert "\x1b" not in result.error.message and "ray::" not in result.error.message
+
+
+def test_a_ray_address_nothing_answers_is_refused_before_the_output_is_made(
+    tmp_path: Path,
+) -> None:
+    write_items(tmp_path / "in.jsonl", items(1))
+    with socket.socket() as closed:  # a port of this machine that nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{closed.getsockname()[1]}"
+    args = ["batch", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o.jsonl")]
+    done = subprocess.run(
+        [sys.executable, "-m", "rlm_graph.cli", *args, "--model", "m", "--executor", "ray"]
+        + ["--ray-address", address],
+        env={**os.environ, "OPENAI_API_KEY": KEY},
+        capture_output=True,
+        text=True,
+        timeout=120,  # without its own check, ray.init waited minutes on such an address
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"cannot reach the Ray cluster at '{address}'" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "o.jsonl").exists()
