@@ -224,6 +224,20 @@ class RayExecutor:
                 pass  # a worker that died meanwhile is replaced by the batch that finds it
         return False
 
+    def _drain(self, refs: list[Any]) -> None:
+        """Fetch the outcomes of the calls a stopped batch left (stopped or killed by
+        now): Ray prints every error nobody fetched as an "Unhandled error" traceback,
+        after the command's own last line."""
+        ray = self._ray
+        if not refs:
+            return
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_STOP_WAIT)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError:
+                pass  # the stop this batch asked for
+
     def _stop_workers(self, pool: list[Any]) -> None:
         """Stop the workers (their running completions cancelled and cleaned up), then
         kill them."""
@@ -282,6 +296,7 @@ class RayExecutor:
             if not self._leave(job, pool, calls.batch, early=bool(calls.pending)):
                 for worker, holder in zip(calls.pool, calls.holders, strict=True):
                     worker.forget.remote(holder)
+            self._drain(list(calls.pending))
             calls.actor.forget_batch.remote(calls.batch)
 
     def _outcome(

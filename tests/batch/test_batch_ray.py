@@ -29,9 +29,12 @@ from tests.support.batch import (
     is_root_turn,
     items,
     kill_and_resume,
+    local_cli_args,
     rlm_kwargs,
+    wait_for_lines,
     write_items,
 )
+from tests.support.terminal import as_from_a_terminal
 
 pytestmark = pytest.mark.ray
 
@@ -279,7 +282,7 @@ def test_an_error_raised_in_the_worker_is_its_own_in_the_row(
         del kwargs["backend_kwargs"]["api_key"]
         kwargs["backend_kwargs"]["api_key_env"] = "ONLY_IN_THE_DRIVER_API_KEY"
         (result,) = run_batch(
-            items(1), kwargs, executor="ray", executor_kwargs={"forward_keys": False}
+            items(1), kwargs, concurrency=2, executor="ray", executor_kwargs={"forward_keys": False}
         )
         assert server.requests == []
     assert result.error is not None and result.error.type == "ConfigError"
@@ -307,3 +310,33 @@ def test_a_ray_address_nothing_answers_is_refused_before_the_output_is_made(
     assert f"cannot reach the Ray cluster at '{address}'" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "o.jsonl").exists()
+
+
+@pytest.mark.processes
+def test_ctrl_c_on_a_ray_batch_ends_on_its_own_message(ray_cluster: Any, tmp_path: Path) -> None:
+    write_items(tmp_path / "in.jsonl", items(30))
+    out = tmp_path / "out.jsonl"
+    address = ray_cluster.get_runtime_context().gcs_address
+    with BatchServer(latency=0.2) as server:
+        # --concurrency 2: this driver's workers need CPUs the test process's pool leaves.
+        args = local_cli_args(
+            server, tmp_path, "--concurrency", "2", "--executor", "ray", "--ray-address", address
+        )
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rlm_graph.cli", *args],
+            env={**os.environ, "OPENAI_API_KEY": KEY},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # Ctrl-C goes to the whole group, as on a terminal
+            preexec_fn=as_from_a_terminal(),
+        )
+        try:
+            wait_for_lines(out, 3, process)  # type: ignore[arg-type]
+        finally:
+            os.killpg(process.pid, signal.SIGINT)
+            _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    after = err.split("rerun the same command to resume", 1)[1]
+    # Not Ray's "Unhandled error" traceback of each call the stop ended, after that line.
+    assert after.strip() == "", after
