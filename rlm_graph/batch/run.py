@@ -75,13 +75,15 @@ def item_limits_check(rlm_kwargs: Mapping[str, Any]) -> Callable[[BatchItem, str
     """A check for `scan_items`: each item's own limits over the batch's, taken as its
     completion will take them, so that a limit that cannot be kept (a ``max_budget`` on
     a model with no price) is a bad line of the whole-file check, not a failed row.
-
-    Raises:
-        ConfigError: any error ``RLM(**rlm_kwargs)`` reports (see `check_rlm_kwargs`).
+    With a configuration that is bad itself, the check passes every item: the
+    configuration's error is `check_batch`'s to say, after the items' own problems.
     """
     from ..rlm import RLM
 
-    engine = RLM(**check_rlm_kwargs(rlm_kwargs)).engine
+    try:
+        engine = RLM(**check_rlm_kwargs(rlm_kwargs)).engine
+    except ConfigError:  # PluginError too
+        return lambda item, where: None
 
     def check(item: BatchItem, where: str) -> None:
         if item.limits:
