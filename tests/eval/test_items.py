@@ -206,7 +206,5 @@ def test_a_line_nested_past_the_stack_and_an_id_with_half_a_character_are_bad_li
     )
     with pytest.raises(ConfigError) as info:
         scan_items(path)
-    assert "items.jsonl:1: not JSON this reader takes (nested past Python's stack)" in str(
-        info.value
-    )
+    assert "items.jsonl:1: nested more than 200 arrays and objects" in str(info.value)
     assert "items.jsonl:2: 'id' 'a\\ud83d' holds half a character" in str(info.value)
