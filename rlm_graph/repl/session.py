@@ -135,6 +135,12 @@ def _image_part(where: str, index: int, item: object, scratch_dir: str) -> dict[
             image = Image.from_path(
                 path if os.path.isabs(path) else os.path.join(scratch_dir, path)
             )
+        elif isinstance(item, dict) and "role" in item and "content" in item:
+            raise TypeError(
+                f"{where}: part {index} is a chat message; a prompt is text (or text and "
+                "images), not a list of messages: pass the text, e.g. "
+                "'\\n\\n'.join(m['content'] for m in messages)"
+            )
         else:
             raise TypeError(
                 f"{where}: part {index} is a {type(item).__name__}; parts are str "

@@ -142,3 +142,13 @@ def test_a_reference_client_keyword_names_where_it_goes(keyword: str, fix: str) 
         RLM("openai", kwargs)
     said = str(caught.value)
     assert f"takes no backend_kwargs[{keyword!r}]" in said and fix in said
+
+
+def test_a_list_of_chat_messages_as_a_prompt_says_what_to_pass() -> None:
+    """The reference hands ``llm_query([{"role": ..., "content": ...}])`` to its client;
+    here a prompt is text (and images): the model is told to pass the text."""
+    code = "llm_query([{'role': 'user', 'content': 'hi'}])"
+    rlm = RLM("scripted", {"responses": [f"```repl\n{code}\n```", "```repl\nFINAL(1)\n```"]})
+    rlm.completion("ctx")
+    shown = scripted(rlm).requests[1].messages[-1].content
+    assert "part 0 is a chat message" in shown and "join(m['content']" in shown
