@@ -234,13 +234,17 @@ def _remove_tree(path: str) -> None:
 
 def _open_up(folder: str) -> None:
     """Give this user back the rights to ``folder``, if it is a folder: never through a
-    link (a guest's link to any file of the engine's user would have it made 0700)."""
+    link (a guest's link to any file of the engine's user would have it made 0700).
+
+    Opened as a path only (``O_PATH``: no right on the folder needed, as mode 000 leaves
+    none), without following a link, then changed through that descriptor."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:  # not a folder, a link, or gone
+        fd = os.open(folder, os.O_PATH | os.O_NOFOLLOW)
+    except OSError:  # gone
         return
     try:
-        os.fchmod(fd, 0o700)
+        if stat.S_ISDIR(os.fstat(fd).st_mode):  # not a link, nor a file
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)
     except OSError:
         pass
     finally:

@@ -199,13 +199,16 @@ async def _serve(server: MCPServer[Any], tools: _Tools, leave: Callable[[], NoRe
             serving.cancel_scope.cancel()  # stdin's end: the server's own end, no stop
 
         serving.start_soon(serve_stdio)
+        # Open until the process leaves: a second stop while the calls close their runs
+        # is taken here too (else a KeyboardInterrupt skips `leave`, and the reader's
+        # thread holds the exit again).
         with anyio.open_signal_receiver(signal.SIGINT) as stops:
             async for _ in stops:
                 break
-        serving.cancel_scope.cancel()
-        with anyio.CancelScope(shield=True):
-            await tools.wait_idle()
-        leave()
+            serving.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await tools.wait_idle()
+            leave()
 
 
 def _leave(out: Output, provider: TracerProvider | None) -> NoReturn:

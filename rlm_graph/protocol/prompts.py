@@ -105,7 +105,7 @@ def system_prompt(
         if "{{" in custom or "}}" in custom:
             try:
                 return custom.format(custom_tools_section=section)
-            except (KeyError, IndexError, ValueError, AttributeError):
+            except (KeyError, IndexError, ValueError, AttributeError, TypeError):
                 pass  # single braces of its own: not a format string
         return custom.replace("{custom_tools_section}", section)
     return (

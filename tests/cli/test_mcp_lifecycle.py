@@ -215,6 +215,31 @@ def test_a_server_stopped_mid_call_kills_the_guest_and_removes_its_folders_first
     assert list(tmp.glob("rlm-graph-*")) == []
 
 
+def test_a_second_stop_while_the_calls_close_still_ends_the_server(tmp_path: Path) -> None:
+    """A second SIGTERM while the stopped server waited for its calls to close (a
+    ``local`` block gets a second to stop) raised a KeyboardInterrupt past its exit: the
+    server lived on until the client closed stdin."""
+    (tmp_path / "root").mkdir()
+    sleeping = "```repl\nimport time\nfor _ in range(100):\n    time.sleep(600)\n```"
+    flags = ("--environment", "local", "--allow-local")
+    with (
+        model_server(sleeping) as server,
+        raw_server(
+            tmp_path / "root", tmp_path / "server.log", *model_flags(server), *flags
+        ) as client,
+    ):
+        client.call(1, {"question": "Wait.", "text": "a document"})
+        for _ in range(GUARD * 20):  # until the model has answered: the block sleeps
+            if server.requests:
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        client.process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)  # the block is being stopped (up to a second)
+        client.process.send_signal(signal.SIGTERM)
+        assert client.process.wait(GUARD) == 143  # stdin still open
+
+
 def descendants(pid: int) -> list[int]:
     parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):

@@ -155,20 +155,21 @@ folder = os.path.join(base, "rlm-folder")  # a guest's working folder
 locked = os.path.join(folder, "d")
 os.makedirs(locked)
 os.symlink(victim, os.path.join(locked, "link"))  # planted by the guest...
-os.chmod(locked, 0o500)  # ...which then takes its own rights away from its folder
+os.chmod(locked, int(sys.argv[2], 8))  # ...which then takes its rights away from its folder
 scratch.remove(folder)
 print(os.path.exists(folder), oct(stat.S_IMODE(os.stat(victim).st_mode)))
 """
 
 
+@pytest.mark.parametrize("mode", ["500", "300", "000"])
 def test_removing_a_guests_locked_folder_never_changes_a_file_its_links_name(
-    tmp_path: os.PathLike[str],
+    tmp_path: os.PathLike[str], mode: str
 ) -> None:
     """A folder whose writer took its own rights away is opened up again to be removed:
     that chmod followed a link the guest planted in it, making any file of the engine's
-    user 0700. Run without the rights that let root unlink anyway (as the engine runs
-    when it is not root)."""
-    command = [sys.executable, "-c", _LOCKED_WITH_A_LINK, str(tmp_path)]
+    user 0700 (and a folder of mode 000 must still go). Run without the rights that let
+    root unlink anyway (as the engine runs when it is not root)."""
+    command = [sys.executable, "-c", _LOCKED_WITH_A_LINK, str(tmp_path), mode]
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
             pytest.skip("needs setpriv to drop root's right to unlink in a locked folder")

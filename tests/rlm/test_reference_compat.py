@@ -30,8 +30,9 @@ BODY = 'answer["content"] = "ran"\nanswer["ready"] = True'
     [
         "```repl\r\n" + BODY.replace("\n", "\r\n") + "\r\n```\r\n",
         "Steps:\n1. Look:\n   ```repl\n   " + BODY.replace("\n", "\n   ") + "\n   ```\n",
+        "Let me run: ```repl\n" + BODY + "\n```\n",
     ],
-    ids=["CRLF line ends", "a fence in a list item"],
+    ids=["CRLF line ends", "a fence in a list item", "words before the fence"],
 )
 def test_replies_the_reference_runs_are_run(reply: str, environment: str) -> None:
     """A reply with CRLF line ends had no block that ran (the model's turn was lost), and
@@ -56,6 +57,7 @@ def test_an_indented_fence_gives_its_code_without_the_indentation() -> None:
         ("I'd write a ```repl block, but I know.\nFINAL(42)", "42"),
         ("```repl\nprint('use ``` fences')\n```\nFINAL(42)", "42"),
         ("FINAL(\"a (quoted) ')' value\")", "a (quoted) ')' value"),
+        ("Answer: ```repl\nFINAL(x)\n```\nFINAL(42)", "42"),
     ],
 )
 def test_a_text_final_the_papers_parser_reads_is_read(reply: str, value: str) -> None:
@@ -64,6 +66,14 @@ def test_a_text_final_the_papers_parser_reads_is_read(reply: str, value: str) ->
     end) each lost a text ``FINAL`` (``accept_text_final=True``): the run went on."""
     found = find_text_final(reply)
     assert found is not None and (found.kind, found.value) == ("FINAL", value)
+
+
+def test_a_final_in_a_block_opened_after_words_is_code_not_a_text_answer() -> None:
+    reply = "I'll compute it: ```repl\nresult = 6 * 7\nFINAL(result)\n```"
+    assert find_code_blocks(reply) == ["result = 6 * 7\nFINAL(result)"]
+    assert find_text_final(reply) is None
+    rlm = RLM("scripted", {"responses": [reply]}, accept_text_final=True)
+    assert rlm.completion("ctx").response == "42"
 
 
 def test_a_reference_style_custom_prompt_is_formatted_as_the_reference_does() -> None:
@@ -87,6 +97,10 @@ def test_a_reference_style_custom_prompt_is_formatted_as_the_reference_does() ->
         system = scripted(rlm).requests[0].messages[0].content
         assert expected in system and "lookup(x) -> int" in system
         assert "{{" not in system and "{custom_tools_section}" not in system
+    odd = "Use {{x}}. Tools: {custom_tools_section[x]}"  # not a format string after all
+    rlm = RLM("scripted", {"responses": ["```repl\nFINAL('x')\n```"]}, custom_system_prompt=odd)
+    rlm.completion("ctx")
+    assert scripted(rlm).requests[0].messages[0].content.startswith("Use {{x}}.")
 
 
 def test_results_round_trip_through_the_reference_dict_shape() -> None:
