@@ -256,11 +256,12 @@ class NodeRecord:
         output: str,
     ) -> None:
         """What a model call's reply says of the node: usage, cost, the model that
-        answered, why it stopped, what was wrong with it (``note``), its preview."""
+        answered, why it stopped, what was wrong with it (``note``), its preview. The
+        server names the model and the reason: each is bounded as a preview is."""
         self.usage = usage
         self.cost = cost
-        self.response_model = response_model
-        self.finish_reason = finish_reason
+        self.response_model = None if response_model is None else preview(response_model)
+        self.finish_reason = None if finish_reason is None else preview(finish_reason)
         if note is not None:
             self.note = note
         self.output_preview = preview(output)
@@ -297,10 +298,14 @@ class NodeRecord:
         self.content_out = made
 
     def redact(self, scrub: Callable[[str], str]) -> None:
-        """Pass the previews, the content and the error through ``scrub`` (known
-        secrets out)."""
+        """Pass the previews, the content, the error and what the server named (the
+        model that answered, why it stopped) through ``scrub`` (known secrets out)."""
         self.input_preview = scrub(self.input_preview)
         self.output_preview = scrub(self.output_preview)
+        if self.response_model:
+            self.response_model = scrub(self.response_model)
+        if self.finish_reason:
+            self.finish_reason = scrub(self.finish_reason)
         if self.error:
             self.error = scrub(self.error)
         if self.content_in:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import TracebackType
 from typing import Any
@@ -59,6 +59,8 @@ INSTRUMENTATION_NAME = "rlm_graph"
 SEMCONV_VERSION = "1.41.0"
 SCHEMA_URL = f"https://opentelemetry.io/schemas/{SEMCONV_VERSION}"
 CONTENT_LIMIT = 2000
+# The most characters of a label a server names (the model that answered, why it stopped).
+LABEL_LIMIT = 200
 
 # Attribute names used on spans; docs/tracing.md documents each (a test checks both ways).
 SPAN_ATTRIBUTES = (
@@ -363,6 +365,11 @@ class NodeTracer:
     def _describe(self, text: str) -> str:
         return _truncate(self.scrubber.scrub(text), 500)
 
+    def _label(self, text: str) -> str:
+        """A word the server chose (``gen_ai.response.model``, a finish reason): the
+        server's to say, so scrubbed and bounded as any text it sends."""
+        return _truncate(self.scrubber.scrub(text), LABEL_LIMIT)
+
     def _end_attributes(self, record: NodeRecord) -> dict[str, Any]:
         attrs: dict[str, Any] = {"rlm.node.status": record.status.value}
         if record.model:
@@ -370,7 +377,7 @@ class NodeTracer:
         if record.provider:
             attrs["gen_ai.provider.name"] = record.provider
         if _OPERATION[record.kind] == "chat":
-            _chat_attributes(record, attrs, self._servers)
+            _chat_attributes(record, attrs, self._servers, self._label)
         if record.cost is not None:
             attrs["rlm.cost_usd"] = record.cost
         if record.replayed:
@@ -399,7 +406,8 @@ class NodeTracer:
             if given:
                 attrs["gen_ai.input.messages"] = _messages("user", given)
             if got:
-                attrs["gen_ai.output.messages"] = _messages("assistant", got, record.finish_reason)
+                reason = self._label(record.finish_reason or "stop")
+                attrs["gen_ai.output.messages"] = _messages("assistant", got, reason)
             return attrs
         attrs = {}
         if given:
@@ -476,16 +484,19 @@ def _start_attributes(record: NodeRecord) -> dict[str, Any]:
 
 
 def _chat_attributes(
-    record: NodeRecord, attrs: dict[str, Any], servers: Mapping[Any, tuple[str, int | None]]
+    record: NodeRecord,
+    attrs: dict[str, Any],
+    servers: Mapping[Any, tuple[str, int | None]],
+    label: Callable[[str], str],
 ) -> None:
     response_model = getattr(record, "response_model", None) if _HAS_RESPONSE_MODEL else None
     if response_model:
-        attrs["gen_ai.response.model"] = response_model
+        attrs["gen_ai.response.model"] = label(response_model)
     if record.usage is not None:
         attrs["gen_ai.usage.input_tokens"] = record.usage.input_tokens
         attrs["gen_ai.usage.output_tokens"] = record.usage.output_tokens
     if record.finish_reason:
-        attrs["gen_ai.response.finish_reasons"] = (record.finish_reason,)
+        attrs["gen_ai.response.finish_reasons"] = (label(record.finish_reason),)
     server = getattr(record, "server_address", None) if _HAS_SERVER_ADDRESS else None
     found = (server, None) if server else servers.get((record.provider, record.model))
     found = found or servers.get(record.provider)
@@ -497,8 +508,8 @@ def _chat_attributes(
 
 def _messages(role: str, text: str, finish_reason: str | None = None) -> str:
     message: dict[str, Any] = {"role": role, "parts": [{"type": "text", "content": text}]}
-    if role == "assistant":
-        message["finish_reason"] = finish_reason or "stop"
+    if finish_reason is not None:
+        message["finish_reason"] = finish_reason
     return json.dumps([message], ensure_ascii=False)
 
 
