@@ -9,6 +9,9 @@ Invariants:
       at each node event: tokens and dollars after each model call, time at each node).
     - With no listener, nothing is built (a run nobody watches pays one attribute test
       per node).
+    - Every text of an event is whole UTF-8 (a lone surrogate, half a character a REPL
+      printed, is U+FFFD): an event a listener gets is one it can write (the stream's
+      buffer spills events to disk as JSON), and a spilled event reads back equal.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
+from .._files import has_surrogate, utf8_text
 from ..concurrency import AdaptiveLimit
 from ..graph import NodeRecord
 from ..limits import Budget, Limits
@@ -214,6 +218,9 @@ class EventEmitter:
         if not self._listeners:
             return
         self._seq += 1
+        for name, value in fields.items():
+            if isinstance(value, str) and has_surrogate(value):
+                fields[name] = utf8_text(value)
         event = cls(
             seq=self._seq,
             run_id=self.run_id,

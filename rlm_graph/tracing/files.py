@@ -34,11 +34,12 @@ from typing import Any, Literal
 
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped,unused-ignore]
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind, StatusCode
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .._files import open_private, write_private
+from .._files import open_private, utf8_text, write_private
 from ..errors import ConfigError
 from .scrub import Scrubber
 
@@ -49,6 +50,7 @@ __all__ = [
     "TraceFormat",
     "jaeger_span",
     "otlp_json",
+    "utf8_span",
 ]
 
 logger = logging.getLogger(__name__)
@@ -66,8 +68,49 @@ _TEXT_KEYS = frozenset({"stringValue", "name", "message"})
 
 def otlp_json(spans: Sequence[ReadableSpan], scrub: Scrubber) -> dict[str, Any]:
     """One OTLP/JSON ``ExportTraceServiceRequest`` holding ``spans`` (hex ids)."""
-    message = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+    try:
+        encoded = encode_spans(spans)
+    except UnicodeEncodeError:  # half a character in one span: not the batch's loss
+        encoded = encode_spans([utf8_span(span) for span in spans])
+    message = MessageToDict(encoded, use_integers_for_enums=True)
     return _fix_otlp(message, scrub)  # type: ignore[no-any-return]
+
+
+def utf8_span(span: ReadableSpan) -> ReadableSpan:
+    """``span`` with each lone surrogate of its texts as U+FFFD (`utf8_text`): what the
+    OTLP encoder can write. Another tracer's span may hold one (ours never do)."""
+    status = span.status
+    if status.description:
+        status = Status(status.status_code, utf8_text(status.description))
+    return ReadableSpan(
+        name=utf8_text(span.name),
+        context=span.context,
+        parent=span.parent,
+        resource=Resource(_utf8_attributes(span.resource.attributes), span.resource.schema_url),
+        attributes=_utf8_attributes(span.attributes),
+        events=[
+            Event(utf8_text(e.name), _utf8_attributes(e.attributes), e.timestamp)
+            for e in span.events
+        ],
+        links=[Link(link.context, _utf8_attributes(link.attributes)) for link in span.links],
+        kind=span.kind,
+        status=status,
+        start_time=span.start_time,
+        end_time=span.end_time,
+        instrumentation_scope=span.instrumentation_scope,
+    )
+
+
+def _utf8_attributes(attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {utf8_text(key): _utf8_value(value) for key, value in (attributes or {}).items()}
+
+
+def _utf8_value(value: Any) -> Any:
+    if isinstance(value, str):
+        return utf8_text(value)
+    if isinstance(value, tuple | list):
+        return tuple(_utf8_value(item) for item in value)
+    return value
 
 
 def _fix_otlp(value: Any, scrub: Scrubber) -> Any:

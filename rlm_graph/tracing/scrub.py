@@ -14,6 +14,9 @@ Invariants:
       whitespace, no ``://``): a shorter secret's 8-character run is nearly all of it and
       is better matched whole, and a URL's or a sentence's 8-grams are ordinary text.
     - Redaction replaces the secret with ``[REDACTED]``; it never raises.
+    - A scrubbed text is whole UTF-8: each lone surrogate (half a character: a file name
+      that is not UTF-8, an exception's message) becomes U+FFFD, since a single one made
+      the OTLP encoder lose the whole batch it was in.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 
+from .._files import utf8_text
 from ..errors import URL_USERINFO, without_url_passwords as without_url_passwords
 
 __all__ = ["REDACTED", "RUN_CHARS", "SecretRuns", "Scrubber", "secret_values"]
@@ -204,8 +208,8 @@ class Scrubber:
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret (and every 8+ character run of one) replaced by
-        ``[REDACTED]``."""
-        text = self.scrub_literals(text)
+        ``[REDACTED]``, and each lone surrogate by U+FFFD (`utf8_text`)."""
+        text = self.scrub_literals(utf8_text(text))
         text = _SHAPES.sub(REDACTED, text)
         return _PAIR.sub(_keep_name, without_url_passwords(text))
 

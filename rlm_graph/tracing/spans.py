@@ -16,6 +16,8 @@ Invariants:
       span work at all.
     - Text (prompts, code, outputs, error messages) passes a `Scrubber` before it is put
       on a span; content is captured only when ``capture_content=True``, truncated.
+    - Every text on a span is whole UTF-8 (a lone surrogate is U+FFFD): one half a
+      character made the OTLP encoder lose its whole batch.
 
 Span names and attributes follow the OpenTelemetry GenAI semantic conventions, version
 `SEMCONV_VERSION`; docs/tracing.md has the table, and a test keeps the two in step.
@@ -49,6 +51,7 @@ from opentelemetry.trace import (
     TracerProvider,
 )
 
+from .._files import utf8_text
 from ..contracts import Provider, ProviderCapabilities
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 from .scrub import Scrubber
@@ -144,8 +147,8 @@ def _is_disabled(provider: TracerProvider) -> bool:
 
 def _span_name(record: NodeRecord) -> str:
     if _OPERATION[record.kind] == "chat":
-        return f"chat {record.model}" if record.model else "chat"
-    return SPAN_NAMES[record.kind].format(id=record.id)
+        return utf8_text(f"chat {record.model}") if record.model else "chat"
+    return utf8_text(SPAN_NAMES[record.kind].format(id=record.id))
 
 
 def _server_table(providers: Iterable[Provider]) -> dict[Any, tuple[str, int | None]]:
@@ -373,9 +376,9 @@ class NodeTracer:
     def _end_attributes(self, record: NodeRecord) -> dict[str, Any]:
         attrs: dict[str, Any] = {"rlm.node.status": record.status.value}
         if record.model:
-            attrs["gen_ai.request.model"] = record.model
+            attrs["gen_ai.request.model"] = utf8_text(record.model)
         if record.provider:
-            attrs["gen_ai.provider.name"] = record.provider
+            attrs["gen_ai.provider.name"] = utf8_text(record.provider)
         if _OPERATION[record.kind] == "chat":
             _chat_attributes(record, attrs, self._servers, self._label)
         if record.cost is not None:
@@ -389,7 +392,7 @@ class NodeTracer:
             if queued > 0:
                 attrs["rlm.queue_seconds"] = queued
         if record.status == NodeStatus.ERROR:
-            attrs["error.type"] = record.error_type or "_OTHER"
+            attrs["error.type"] = utf8_text(record.error_type or "_OTHER")
         elif record.status == NodeStatus.CANCELLED:
             attrs["error.type"] = "cancelled"
         if self.capture_content:
@@ -462,16 +465,16 @@ class _NodeSpan:
 def _start_attributes(record: NodeRecord) -> dict[str, Any]:
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": _OPERATION[record.kind],
-        "rlm.node.id": record.id,
+        "rlm.node.id": utf8_text(record.id),
         "rlm.node.kind": record.kind.value,
         "rlm.depth": record.depth,
-        "rlm.completion.id": record.completion,
+        "rlm.completion.id": utf8_text(record.completion),
     }
     if record.kind == NodeKind.REPL_BLOCK:
         attrs["gen_ai.tool.name"] = "repl"
         attrs["gen_ai.tool.type"] = "extension"
     elif record.kind == NodeKind.FUNCTION:
-        attrs["gen_ai.tool.name"] = record.id
+        attrs["gen_ai.tool.name"] = attrs["rlm.node.id"]
         attrs["gen_ai.tool.type"] = "function"
     elif record.kind == NodeKind.RLM_CALL:
         attrs["gen_ai.agent.name"] = "rlm"

@@ -80,3 +80,29 @@ def test_a_consumer_thread_waits_and_gets_all() -> None:
 def test_capacity_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         EventBuffer(capacity=0)
+
+
+@pytest.mark.parametrize("capacity", [1, 1024])
+def test_half_a_character_a_repl_printed_drops_no_event_spilled_or_not(capacity: int) -> None:
+    """Code in the local environment printing ``chr(0xd83d)`` (half an emoji): its
+    events keep every ``seq``, whether they wait in memory or spill to disk, and say the
+    same (U+FFFD for the half character) either way."""
+    from rlm_graph import RLM
+    from rlm_graph.events import NodeFinished
+
+    rlm = RLM(
+        "scripted",
+        {
+            "responses": [
+                "```repl\nprint('half: ' + chr(0xd83d))\n```",
+                "```repl\nFINAL('x')\n```",
+            ]
+        },
+        environment="local",
+    )
+    with rlm.stream("ctx", root_prompt="q", capacity=capacity) as events:
+        got = list(events)
+    assert [event.seq for event in got] == list(range(1, len(got) + 1))
+    assert events.buffer.delivered == events.buffer.received
+    (block,) = [e for e in got if isinstance(e, NodeFinished) and e.kind == "repl_block"][:1]
+    assert block.preview == "half: \ufffd\n"

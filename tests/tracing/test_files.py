@@ -4,6 +4,7 @@ read back into the same spans and graph, and never hold a secret."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -283,3 +284,38 @@ def test_a_file_trace_keeps_every_span_of_a_run_faster_than_its_writer(tmp_path:
     assert close_tracing(provider)
     (written,) = tmp_path.glob("*.otlp.jsonl")
     assert len(load_trace(written)) == 6001
+
+
+def test_half_a_character_in_a_failed_node_loses_no_trace_file(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A node failing with a file name that is not UTF-8 in its message: both trace
+    files are written, and read back with U+FFFD for the half character."""
+    from rlm_graph.tracing import close_tracing, configure_tracing, trace_files
+    from tests.tracing.test_otlp_http import half_a_character
+
+    provider = configure_tracing("file", directory=tmp_path)
+    engine = Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=provider)
+    engine.run(half_a_character(tmp_path_factory))
+    assert close_tracing(provider)
+    written = trace_files(provider)
+    assert sorted(p.name.split(".", 1)[1] for p in written) == ["jaeger.json", "otlp.jsonl"]
+    for path in written:
+        (read,) = [s for s in load_trace(path) if s.attributes.get("rlm.node.id") == "read-\ufffd"]
+        assert read.status_message == "cannot parse caf\ufffd.txt"
+
+
+def test_a_span_of_another_tracer_with_half_a_character_loses_not_its_batch(
+    tmp_path: Path,
+) -> None:
+    from rlm_graph.tracing import close_tracing, configure_tracing
+
+    provider = configure_tracing("file", directory=tmp_path, formats=("otlp",))
+    tracer = provider.get_tracer("an application's own")
+    with tracer.start_as_current_span("outer"):
+        with tracer.start_as_current_span(os.fsdecode(b"open caf\xe9")) as span:
+            span.set_attribute("path", os.fsdecode(b"caf\xe9.txt"))
+    assert close_tracing(provider)
+    (written,) = tmp_path.glob("*.otlp.jsonl")
+    spans = load_trace(written)
+    assert sorted(s.name for s in spans) == ["open caf\ufffd", "outer"]

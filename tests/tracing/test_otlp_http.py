@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -192,3 +193,31 @@ def test_spans_a_collector_refuses_are_said_lost(
     assert receiver.requests >= 1 and receiver.spans == []
     assert said.getvalue().startswith(f"rlm-graph: the trace could not be sent to {receiver.url}")
     assert "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)" in said.getvalue()
+
+
+def half_a_character(tmp_path_factory: pytest.TempPathFactory) -> Workflow:
+    """A workflow whose function fails naming a file that is not UTF-8: ``os.listdir``
+    gives its name with a lone surrogate (PEP 383), and so does the error message."""
+    folder = tmp_path_factory.mktemp("latin1")
+    (folder / os.fsdecode(b"caf\xe9.txt")).touch()
+
+    def read_first(_: str) -> str:
+        raise ValueError(f"cannot parse {os.listdir(folder)[0]}")
+
+    wf = Workflow()
+    wf.function(read_first, wf.llm("hi", id="ask"), id=os.fsdecode(b"read-\xe9"))
+    return wf
+
+
+def test_half_a_character_on_a_span_loses_nothing_at_the_collector(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.url)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    provider = configure_tracing("otlp")
+    engine = Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=provider)
+    result = engine.run(half_a_character(tmp_path_factory))
+    assert flush_tracing(provider)
+    provider.shutdown()  # type: ignore[attr-defined]
+    assert len(receiver.spans) == len(result.graph) + 1
+    assert {s["node"] for s in receiver.spans} == {None, "ask", "read-\ufffd"}
