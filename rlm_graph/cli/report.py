@@ -93,8 +93,11 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
         spans = load_trace(path)
     except TraceFileError as exc:
         raise TraceFileError(f"{exc} (or a graph JSON, or a journal)") from None
-    chosen = choose_run(spans, trace_id)  # the run's own stop reason, not another's
-    graph = to_graph(chosen)
+    try:
+        chosen = choose_run(spans, trace_id)  # the run's own stop reason, not another's
+        graph = to_graph(chosen)
+    except TraceFileError as exc:
+        raise TraceFileError(f"{path}: {exc}") from None
     stops = [
         s.attributes.get("rlm.stop_reason") for s in chosen if "rlm.stop_reason" in s.attributes
     ]

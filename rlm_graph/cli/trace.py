@@ -225,7 +225,11 @@ def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Gra
             return from_json(path.read_text(encoding="utf-8"))
         except (ValueError, GraphError) as exc:
             raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
-    return to_graph(load_trace(path), trace_id)
+    spans = load_trace(path)
+    try:
+        return to_graph(spans, trace_id)
+    except TraceFileError as exc:
+        raise TraceFileError(f"{path}: {exc}") from None
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"

@@ -36,6 +36,12 @@ def to_json(graph: Graph, *, indent: int | None = None) -> str:
     return json.dumps(to_jsonable(graph), indent=indent)
 
 
+def _no_constant(name: str) -> Any:
+    """NaN and infinities are no JSON, nor any number a record holds: refused when read,
+    not when a report of them cannot be written."""
+    raise ValueError(f"{name} is not a number a graph export holds")
+
+
 def from_json(text: str | dict[str, Any]) -> Graph:
     """Rebuild a graph from ``to_json`` output.
 
@@ -43,7 +49,7 @@ def from_json(text: str | dict[str, Any]) -> Graph:
         GraphError: the text is not an rlm-graph JSON export.
     """
     try:
-        data = json.loads(text) if isinstance(text, str) else text
+        data = json.loads(text, parse_constant=_no_constant) if isinstance(text, str) else text
     except ValueError as exc:
         raise GraphError(f"not an rlm-graph export: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -8,6 +8,10 @@ and its span links (Jaeger ``FOLLOWS_FROM``) its ``after`` edges.
 Invariants:
     - Times are integer microseconds since the epoch; a graph rebuilt from a trace has
       its times in seconds from the trace's first span.
+    - What a file holds that cannot be read (a text where a count goes, a node kind or
+      status of another version, a repeated node id, a Jaeger id that is not hex) is a
+      `TraceFileError` naming the span and the field, never another exception. A NaN or
+      infinite cost or queueing time is unknown: read as absent.
     - Spans appear once each, in start order, whatever order the file holds them in.
 """
 
@@ -16,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +48,19 @@ _STATUS = {0: "unset", 1: "ok", 2: "error"}
 # Jaeger has no array tags: arrays travel as JSON text, which a reader cannot tell from a
 # string attribute holding JSON (gen_ai.input.messages); decode only the known arrays.
 _ARRAY_ATTRIBUTES = frozenset({"gen_ai.response.finish_reasons"})
+# Attributes that are counts, and amounts, as the graph and `trace show` read them.
+_COUNTS = frozenset(
+    {
+        "rlm.depth",
+        "rlm.iteration",
+        "rlm.batch.index",
+        "rlm.batch.size",
+        "gen_ai.usage.input_tokens",
+        "gen_ai.usage.output_tokens",
+    }
+)
+_AMOUNTS = frozenset({"rlm.cost_usd", "rlm.queue_seconds"})
+_HEX = frozenset("0123456789abcdef")
 _JAEGER_SPECIAL = frozenset(
     {
         "span.kind",
@@ -122,7 +140,7 @@ def parse_trace(text: str) -> list[TraceSpan]:
     try:
         documents = _documents(text)
         spans = list(_spans(documents))
-    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         if isinstance(exc, TraceFileError):
             raise
         raise TraceFileError(
@@ -216,7 +234,7 @@ def _otlp_span(span: Mapping[str, Any], service: str) -> TraceSpan:
         kind=_enum(span.get("kind", 0), _KINDS, "SPAN_KIND_"),
         start_us=start // 1000,
         duration_us=max(0, end - start) // 1000,
-        attributes=_attributes(span.get("attributes", [])),
+        attributes=_checked(_attributes(span.get("attributes", [])), span),
         status=_enum(status.get("code", 0), _STATUS, "STATUS_CODE_"),  # type: ignore[arg-type]
         status_message=status.get("message", ""),
         links=tuple(_hex_id(link["spanId"], 16) for link in span.get("links", [])),
@@ -263,22 +281,68 @@ def _jaeger_span(span: Mapping[str, Any], processes: Mapping[str, Any]) -> Trace
         status = "error"
     process = processes.get(span.get("processID", ""), {})
     return TraceSpan(
-        trace_id=span["traceID"].lower().rjust(32, "0"),
-        span_id=span["spanID"].lower().rjust(16, "0"),
-        parent_id=parents[0].lower().rjust(16, "0") if parents else None,
+        trace_id=_jaeger_id(span["traceID"], 32, "traceID"),
+        span_id=_jaeger_id(span["spanID"], 16, "spanID"),
+        parent_id=_jaeger_id(parents[0], 16, "parent spanID") if parents else None,
         name=span["operationName"],
         kind=str(tags.get("span.kind", "internal")),
         start_us=int(span["startTime"]),
         duration_us=int(span.get("duration", 0)),
-        attributes={k: v for k, v in tags.items() if k not in _JAEGER_SPECIAL},
+        attributes=_checked({k: v for k, v in tags.items() if k not in _JAEGER_SPECIAL}, span),
         status=status if status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
         status_message=str(tags.get("otel.status_description", "")),
         links=tuple(
-            r["spanID"].lower().rjust(16, "0")
+            _jaeger_id(r["spanID"], 16, "reference spanID")
             for r in references
             if r.get("refType") == "FOLLOWS_FROM"
         ),
         service=str(process.get("serviceName", "")),
+    )
+
+
+def _jaeger_id(value: Any, length: int, field: str) -> str:
+    """A Jaeger id as hex of ``length`` digits (Jaeger drops leading zeros)."""
+    text = value.lower() if isinstance(value, str) else ""
+    if not 0 < len(text) <= length or not set(text) <= _HEX:
+        raise TraceFileError(
+            f"a Jaeger {field} is {_shown(value)}, not hex of at most {length} digits"
+        )
+    return text.rjust(length, "0")
+
+
+def _shown(value: Any) -> str:
+    """A value of the file, for a message: short, in repr's quotes and escapes."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+def _checked(attributes: dict[str, Any], span: Mapping[str, Any]) -> dict[str, Any]:
+    """``attributes`` with each count a whole number and each amount a finite number
+    (a NaN or infinite one is unknown, so left out).
+
+    Raises:
+        TraceFileError: a count or an amount that is no number (naming span and field).
+    """
+    for key in _COUNTS.intersection(attributes):
+        value = attributes[key]
+        if isinstance(value, float) and value.is_integer():
+            value = attributes[key] = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad_field(span, key, value, "a whole number")
+    for key in _AMOUNTS.intersection(attributes):
+        value = attributes[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise _bad_field(span, key, value, "a number")
+        if not math.isfinite(value):
+            del attributes[key]
+    return attributes
+
+
+def _bad_field(span: Mapping[str, Any], key: str, value: Any, what: str) -> TraceFileError:
+    ident = span.get("spanId") or span.get("spanID")
+    name = span.get("name") or span.get("operationName")
+    return TraceFileError(
+        f"span {str(ident)[:40]} ({_shown(name)}): {key} is {_shown(value)}, not {what}"
     )
 
 
@@ -364,7 +428,18 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
     node_of = {span.span_id: str(span.node_id) for span in nodes}
     graph = Graph()
     for span in nodes:
-        graph.add(_record(span, origin))
+        try:
+            record = _record(span, origin)
+        except (TypeError, ValueError) as exc:  # pydantic's refusal; ours pass through
+            if isinstance(exc, TraceFileError):
+                raise
+            raise TraceFileError(f"span {span.span_id} ({span.name!r}): {exc}") from None
+        if record.id in graph:
+            raise TraceFileError(
+                f"span {span.span_id} ({span.name!r}): rlm.node.id {record.id!r} is another "
+                "span's too; a node has one span"
+            )
+        graph.add(record)
     try:
         for span in nodes:
             for source, kind in _edges(span, node_of, graph):
@@ -397,32 +472,52 @@ def _record(span: TraceSpan, origin_us: int) -> NodeRecord:
     attrs = span.attributes
     submitted = (span.start_us - origin_us) / 1e6
     queued = float(attrs.get("rlm.queue_seconds", 0.0))
-    status = attrs.get("rlm.node.status") or ("error" if span.status == "error" else "ok")
+    status = _known(
+        span, "rlm.node.status", NodeStatus, "error" if span.status == "error" else "ok"
+    )
     usage = None
     if "gen_ai.usage.input_tokens" in attrs or "gen_ai.usage.output_tokens" in attrs:
         usage = Usage(
-            input_tokens=int(attrs.get("gen_ai.usage.input_tokens", 0)),
-            output_tokens=int(attrs.get("gen_ai.usage.output_tokens", 0)),
+            input_tokens=attrs.get("gen_ai.usage.input_tokens", 0),
+            output_tokens=attrs.get("gen_ai.usage.output_tokens", 0),
         )
     reasons = attrs.get("gen_ai.response.finish_reasons") or []
+    failed = status == NodeStatus.ERROR
     return NodeRecord(
         id=str(attrs["rlm.node.id"]),
-        kind=NodeKind(attrs.get("rlm.node.kind", "function")),
-        depth=int(attrs.get("rlm.depth", 0)),
+        kind=_known(span, "rlm.node.kind", NodeKind, "function"),
+        depth=attrs.get("rlm.depth", 0),
         completion=str(attrs.get("rlm.completion.id", "root")),
-        model=attrs.get("gen_ai.request.model"),
-        provider=attrs.get("gen_ai.provider.name"),
+        model=_text(attrs.get("gen_ai.request.model")),
+        provider=_text(attrs.get("gen_ai.provider.name")),
         iteration=attrs.get("rlm.iteration"),
         batch_index=attrs.get("rlm.batch.index"),
         batch_size=attrs.get("rlm.batch.size"),
-        status=NodeStatus(status),
+        status=status,
         submitted=submitted,
         start=submitted + queued,
         end=(span.end_us - origin_us) / 1e6,
         wall_start=span.start_us / 1e6 + queued,
         usage=usage,
         cost=attrs.get("rlm.cost_usd"),
-        error=span.status_message or None if status == "error" else None,
-        error_type=attrs.get("error.type") if status == "error" else None,
+        error=span.status_message or None if failed else None,
+        error_type=_text(attrs.get("error.type")) if failed else None,
         finish_reason=str(reasons[0]) if isinstance(reasons, list) and reasons else None,
     )
+
+
+def _known(span: TraceSpan, key: str, kind: type[Any], default: str) -> Any:
+    """The member of the enum ``kind`` that attribute ``key`` names."""
+    value = span.attributes.get(key) or default
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(member.value for member in kind)
+        raise TraceFileError(
+            f"span {span.span_id} ({span.name!r}): {key} is {_shown(value)}, which this "
+            f"version does not know (it knows {names}); a trace of a newer rlm-graph?"
+        ) from None
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
