@@ -49,8 +49,13 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd comman
 
 
 def refuse(command: str, exc: Exception) -> int:
-    """A command's configuration error, said on stderr: the usage exit code."""
-    print(f"rlm-graph {command}: {on_the_command_line(str(exc))}", file=sys.stderr)
+    """A command's configuration error, said on stderr: the usage exit code. The message
+    may quote a file's text or name (a trace's, a journal's): it is printed without
+    control sequences, wherever stderr goes, so an error line cannot retitle a terminal
+    or clear it, nor break a log's lines."""
+    from .output import strip_control
+
+    print(f"rlm-graph {command}: {strip_control(on_the_command_line(str(exc)))}", file=sys.stderr)
     return EXIT_USAGE
 
 

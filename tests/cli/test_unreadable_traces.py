@@ -110,9 +110,13 @@ def jaeger_span(span_id: str, trace_id: Any = "a" * 32) -> dict[str, Any]:
     ("text", "says"),
     [
         (jaeger(jaeger_span("1" * 16, trace_id=1)), "a Jaeger traceID is 1, not hex"),
+        (
+            jaeger(jaeger_span("1" * 16, trace_id="a" * 32 + "\x1b]0;owned\x07")),
+            "a Jaeger traceID is 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\\x1b]0;owned\\x07', not hex",
+        ),
         (jaeger(jaeger_span("1" * 16), jaeger_span("2" * 16)), "rlm.node.id 'turn-1' is another"),
     ],
-    ids=["trace-id-a-number", "one-node-two-spans"],
+    ids=["trace-id-a-number", "trace-id-with-an-escape", "one-node-two-spans"],
 )
 def test_a_jaeger_file_no_run_could_write_is_one_line(text: str, says: str, tmp_path: Path) -> None:
     path = tmp_path / "t.jaeger.json"
@@ -153,3 +157,20 @@ def test_a_graph_json_holding_nan_is_one_line(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert str(path) in line and "NaN is not a number" in line
+
+
+def test_an_error_line_quoting_a_file_has_no_control_sequences(tmp_path: Path) -> None:
+    """A trace file handed over whose name sets a terminal's title: the error line naming
+    it is printed without the sequence, by every command that reads one."""
+    path = tmp_path / "run\x1b]0;owned\x07\x1b[2J.otlp.jsonl"
+    path.write_text("{}\n")
+    for command in (
+        ["trace", "show", str(path)],
+        ["trace", "export", str(path)],
+        ["report", str(path), "-o", str(tmp_path / "r.html")],
+    ):
+        done = rlm_graph(*command)
+        assert done.returncode == 2, done.stderr
+        (line,) = done.stderr.strip().splitlines()
+        assert "/run.otlp.jsonl: not a trace" in line
+        assert "\x1b" not in line and "\x07" not in line
