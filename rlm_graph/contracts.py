@@ -249,10 +249,10 @@ class ModelInfo(BaseModel):
     model_config = _FROZEN
 
     context_window: int | None = Field(default=None, gt=0)
-    input_usd_per_mtok: float | None = Field(default=None, ge=0)
-    output_usd_per_mtok: float | None = Field(default=None, ge=0)
-    cached_input_usd_per_mtok: float | None = Field(default=None, ge=0)
-    cache_write_usd_per_mtok: float | None = Field(default=None, ge=0)
+    input_usd_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    output_usd_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cached_input_usd_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    cache_write_usd_per_mtok: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     def price(self, usage: Usage) -> float | None:
         """What ``usage`` is billed, in USD (None: the model has no price)."""

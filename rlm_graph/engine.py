@@ -73,18 +73,15 @@ def _make_provider(
     try:
         provider = factory(**dict(kwargs or {}))
     except TypeError as exc:
-        unknown = _UNKNOWN_KEYWORD.search(str(exc))
-        if unknown is not None and unknown.group(1) in (kwargs or {}):  # passed on by **kwargs
-            name = unknown.group(1)
-            fix = _REFERENCE_KEYWORDS.get(name, "see the provider's documentation")
-            raise ConfigError(
-                f"backend {backend!r} takes no backend_kwargs[{name!r}]: {fix}"
-            ) from None
-        if _binds(factory, kwargs):  # the keywords fit: a bug inside the factory
+        found = _UNKNOWN_KEYWORD.search(str(exc))  # also one a factory's **kwargs passed on
+        unknown = found.group(1) if found and found.group(1) in (kwargs or {}) else ""
+        if not unknown and _binds(factory, kwargs):  # the keywords fit: a bug in the factory
             raise PluginError(f"backend {backend!r} failed to build: {exc}") from exc
+        fix = _REFERENCE_KEYWORDS.get(
+            unknown, "see the provider's documentation for the keywords it takes"
+        )
         raise ConfigError(
-            f"backend {backend!r} rejected its backend_kwargs: {exc}; see the provider's "
-            "documentation for the keywords it takes"
+            f"backend {backend!r} rejected its backend_kwargs: {exc}; {fix}"
         ) from None
     return _checked(provider, repr(backend))
 

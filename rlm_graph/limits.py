@@ -317,7 +317,8 @@ class RateBucket:
     def __init__(self, rpm: float | None = None, tpm: float | None = None) -> None:
         self.rpm = rpm
         self.tpm = tpm
-        self.requests = float(rpm) if rpm else math.inf
+        # At least one request at once: below one a minute, the first would wait.
+        self.requests = max(1.0, float(rpm)) if rpm else math.inf
         self.tokens = float(tpm) if tpm else math.inf
         self.stamp: float | None = None  # the time of the last refill; None: full, never read
 
@@ -329,7 +330,8 @@ class RateBucket:
         if self.stamp is not None:
             elapsed = now - self.stamp
             if self.rpm:
-                self.requests = min(float(self.rpm), self.requests + elapsed * self.rpm / 60)
+                most = max(1.0, float(self.rpm))
+                self.requests = min(most, self.requests + elapsed * self.rpm / 60)
             if self.tpm:
                 self.tokens = min(float(self.tpm), self.tokens + elapsed * self.tpm / 60)
         self.stamp = now

@@ -118,6 +118,8 @@ class GuestLimits(BaseModel):
     def _existing_paths(cls, value: Any) -> tuple[str, ...]:
         if isinstance(value, str | os.PathLike):
             value = [value]
+        if any(not os.fspath(path) for path in value):  # "" would be the current folder
+            raise ValueError("an empty path names no file or folder")
         paths = tuple(os.path.abspath(os.fspath(path)) for path in value)
         missing = [path for path in paths if not os.path.exists(path)]
         if missing:

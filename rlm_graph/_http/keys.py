@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -104,6 +105,9 @@ class ResolvedKey:
     rule: str
 
 
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _same_url(a: str, b: str) -> bool:
     return a.rstrip("/") == b.rstrip("/")
 
@@ -181,11 +185,17 @@ def _from_named_variable(backend: str, variable: str, env: Mapping[str, str]) ->
         raise ConfigError(
             f"{backend}: api_key_env must name an environment variable, e.g. 'OPENAI_API_KEY'"
         )
+    if not _VARIABLE.fullmatch(variable):  # a key pasted where its name goes: not echoed
+        raise ConfigError(
+            f"{backend}: api_key_env must be the name of an environment variable (letters, "
+            "digits and _), not the key itself; export the key as a variable and name it "
+            "(rlm-graph run --api-key-env NAME)"
+        )
     value = env.get(variable)
     if not value:
         raise ConfigError(
             f"{backend}: api_key_env={variable!r} but ${variable} is not set (or empty); "
-            "export it, or pass api_key"
+            "export it (or pass api_key)"
         )
     return value
 

@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     as_json = "--json" in words
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
     out = Output(command, as_json=as_json)
+    _replace_what_cannot_be_printed()
     with _stops_as_interrupts() as received, _messages_never_fail():
         try:
             return _main(words, out, as_json)
@@ -139,6 +140,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(out, received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
             return _reader_left()
+
+
+def _replace_what_cannot_be_printed() -> None:
+    """A stdout or stderr whose encoding cannot write every character (``latin-1``, an
+    old console) prints ``?`` for one it cannot: an answer with a character outside it
+    was lost to a ``UnicodeEncodeError``, and every later message with it."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "utf-8").lower().replace("-", "")
+        reconfigure = getattr(stream, "reconfigure", None)
+        if encoding not in ("utf8", "utf16", "utf32") and reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (OSError, ValueError):
+                pass
 
 
 class _Messages(io.TextIOBase):
@@ -257,6 +272,7 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
                 "there is no --api-key flag (a key on a command line lands in the shell's "
                 "history); set OPENAI_API_KEY, ANTHROPIC_API_KEY... in the environment"
             )
+        exc.message = _without_keys(exc.message)  # "--openai-api-key sk-...": not echoed
         if as_json:
             return out.error(EXIT_USAGE, exc.message, kind="UsageError")
         # One line (docs/cli.md), naming the subcommand even where the top parser found
@@ -271,6 +287,13 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
         return EXIT_USAGE
     code: int = args.func(args)
     return code
+
+
+def _without_keys(text: str) -> str:
+    """``text`` with what looks like a key (``sk-...``, ``key=...``) as ``[REDACTED]``."""
+    from ..tracing.scrub import Scrubber
+
+    return Scrubber((), environ={}).scrub(text)
 
 
 def _interrupted(out: Output, signum: int) -> int:

@@ -8,7 +8,8 @@ to the provider's official host unless ``--api-key-env NAME`` says to send ``$NA
 Exit codes (see `rlm_graph.cli`): 0 answered, 1 the run failed otherwise, 2 bad usage or
 configuration (an unreadable or binary context file too), 3 a limit stopped the run (the
 partial answer is printed), 4 a provider failed (the partial answer and the usage so far
-are printed), 130 Ctrl-C. With ``--json`` every one of them prints one JSON object.
+are printed), 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP. With ``--json`` every one of them
+prints one JSON object.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import json
+import math
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -68,7 +70,8 @@ def register(subparsers: Any) -> None:
         description="Answer --query over the context in FILE (or stdin with '-'). API keys "
         "are read from the environment only (OPENAI_API_KEY, OPENROUTER_API_KEY, "
         "ANTHROPIC_API_KEY). Exit codes: 0 answered, 1 failed, 2 bad usage, 3 limit reached "
-        "(partial answer printed), 4 provider error (partial answer printed), 130 Ctrl-C.",
+        "(partial answer printed), 4 provider error (partial answer printed), 130 Ctrl-C, "
+        "143 SIGTERM, 129 SIGHUP.",
     )
     parser.add_argument(
         "--context", required=True, metavar="FILE|-", help="the context; '-' reads stdin"
@@ -301,9 +304,11 @@ def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
 
 def _read_context(path: str, encoding: str) -> str:
     try:
-        codecs.lookup(encoding)
+        b"a".decode(encoding, "ignore")  # a text encoding (not rot13, base64, zlib...)
     except LookupError:
-        raise ConfigError(f"unknown --encoding {encoding!r}; e.g. utf-8, latin-1, utf-16") from None
+        raise ConfigError(
+            f"unknown --encoding {encoding!r} (not a text encoding); e.g. utf-8, latin-1, utf-16"
+        ) from None
     name = "stdin" if path == "-" else repr(path)
     try:
         if path == "-":
@@ -315,26 +320,40 @@ def _read_context(path: str, encoding: str) -> str:
             stream = getattr(sys.stdin, "buffer", None)
             if stream is None:  # a text stream stood in for stdin (an embedding program)
                 return str(sys.stdin.read())
-            data: bytes = stream.read()
+            data = _read_text_bytes(stream, name, encoding)
         else:
             with open(path, "rb") as handle:
-                data = handle.read()
+                data = _read_text_bytes(handle, name, encoding)
     except OSError as exc:
         raise ConfigError(f"cannot read --context {path!r}: {exc.strerror or exc}") from None
-    encoding = _by_byte_order_mark(data, encoding)
-    if b"\0" in data[:65536] and encoding.lower().replace("_", "-")[:6] not in ("utf-16", "utf-32"):
+    except MemoryError:
         raise ConfigError(
-            f"--context {name} looks like a binary file (it has NUL bytes), not text; "
-            "extract its text first (e.g. pdftotext), or name its --encoding if it is text"
-        )
+            f"--context {name} does not fit in memory; give a smaller context (or split it)"
+        ) from None
     try:
-        return data.decode(encoding)
+        return data.decode(_by_byte_order_mark(data, encoding))
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--context {name} is not {encoding} text (byte 0x{data[exc.start]:02x} at "
             f"offset {exc.start}); pass --encoding (e.g. --encoding latin-1) if it is text "
             "in another encoding"
         ) from None
+    except UnicodeError as exc:  # a codec's own complaint (punycode...)
+        raise ConfigError(f"--context {name} is not {encoding} text ({exc})") from None
+
+
+def _read_text_bytes(handle: Any, name: str, encoding: str) -> bytes:
+    """A context's bytes; a binary one refused at its first 64 KiB, before the rest is
+    read (a file of gigabytes is not read whole to be refused)."""
+    head: bytes = handle.read(65536)
+    wide = codecs.lookup(_by_byte_order_mark(head, encoding)).name.startswith(("utf-16", "utf-32"))
+    if b"\0" in head and not wide:
+        raise ConfigError(
+            f"--context {name} looks like a binary file (it has NUL bytes), not text; "
+            "extract its text first (e.g. pdftotext), or name its --encoding if it is text"
+        )
+    rest: bytes = handle.read()
+    return head + rest if rest else head
 
 
 def _by_byte_order_mark(data: bytes, encoding: str) -> str:
@@ -363,9 +382,9 @@ def _models(args: argparse.Namespace) -> dict[str, dict[str, Any]] | None:
         entry["context_window"] = args.context_window
     price = getattr(args, "price", None)
     if price is not None:
-        if not all(value >= 0 for value in price):  # NaN too
+        if not all(0 <= value < math.inf for value in price):  # NaN too
             raise ConfigError(
-                "--price takes two numbers >= 0: USD per million input, output tokens"
+                "--price takes two finite numbers >= 0: USD per million input, output tokens"
             )
         entry.update(input_usd_per_mtok=price[0], output_usd_per_mtok=price[1])
     if not entry:
