@@ -182,6 +182,10 @@ def _runs_apply(secret: str) -> bool:
     )
 
 
+_SHORT_TEXT = 80  # a text this short, scrubbed once, is remembered (at most _SHORT_KEPT)
+_SHORT_KEPT = 256
+
+
 class Scrubber:
     """Redacts secrets from text.
 
@@ -195,7 +199,7 @@ class Scrubber:
         'pw [REDACTED], [REDACTED]'
     """
 
-    __slots__ = ("_literals", "_runs")
+    __slots__ = ("_literals", "_runs", "_short")
 
     def __init__(
         self, secrets: Iterable[str] = (), *, environ: Mapping[str, str] | None = None
@@ -205,6 +209,7 @@ class Scrubber:
         ordered = sorted(values, key=len, reverse=True)
         self._literals = re.compile("|".join(map(re.escape, ordered))) if ordered else None
         self._runs = SecretRuns(ordered)
+        self._short: dict[str, str] = {}  # short texts scrubbed (a model's name, a reason)
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret (and every 8+ character run of one) replaced by
@@ -225,4 +230,11 @@ class Scrubber:
         enough for every node."""
         if self._literals is None:
             return text
-        return self._runs.redact(self._literals.sub(REDACTED, text))
+        if len(text) > _SHORT_TEXT:
+            return self._runs.redact(self._literals.sub(REDACTED, text))
+        done = self._short.get(text)  # every call's model and finish reason: the same few
+        if done is None:
+            done = self._runs.redact(self._literals.sub(REDACTED, text))
+            if len(self._short) < _SHORT_KEPT:
+                self._short[text] = done
+        return done
