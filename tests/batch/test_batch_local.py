@@ -31,6 +31,7 @@ from tests.support.batch import (
     rlm_kwargs,
     write_items,
 )
+from tests.support.terminal import read_until_closed
 
 
 @pytest.mark.slow
@@ -305,16 +306,7 @@ def test_control_sequences_in_a_failed_items_id_never_reach_the_terminal(tmp_pat
             stderr=terminal,  # the progress goes to stderr: a live line on a terminal
         )
         os.close(terminal)
-        shown = b""
-        while True:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the process closed its end
-                break
-            if not chunk:
-                break
-            shown += chunk
-        os.close(controller)
+        shown = read_until_closed(controller)
         assert process.wait(timeout=60) == 1
     assert b"xredfake FAILED ProviderError" in shown  # its line, the sequences taken out
     assert b"owned" not in shown and b"\x1b[2J" not in shown and b"\x1b[31m" not in shown

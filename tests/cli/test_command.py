@@ -19,7 +19,7 @@ import pytest
 
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from tests.support.guests import folder_the_guest_can_reach
-from tests.support.terminal import as_from_a_terminal
+from tests.support.terminal import as_from_a_terminal, read_until_closed
 
 pytestmark = pytest.mark.processes
 
@@ -355,17 +355,8 @@ def _run_on_a_terminal(args: Sequence[str], *, stderr: bool = False) -> tuple[in
         env=_env(),
     )
     os.close(terminal)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(controller, 4096)
-        except OSError:  # EIO: the process closed its end
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(controller)
-    return process.wait(timeout=60), b"".join(chunks)
+    shown = read_until_closed(controller)
+    return process.wait(timeout=60), shown
 
 
 def test_control_sequences_are_stripped_on_a_terminal_only(text_file: Path) -> None:

@@ -18,3 +18,21 @@ def as_from_a_terminal(then: Any = None) -> Any:
             then()
 
     return reset
+
+
+def read_until_closed(controller: int) -> bytes:
+    """Everything a pseudo-terminal's program wrote, until it closed its end; closes
+    ``controller``."""
+    import os
+
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the process closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(controller)
+    return b"".join(chunks)
