@@ -238,13 +238,19 @@ def _open_up(folder: str) -> None:
 
     Opened as a path only (``O_PATH``: no right on the folder needed, as mode 000 leaves
     none), without following a link, then changed through that descriptor."""
+    path_only = getattr(os, "O_PATH", 0)  # Linux; elsewhere a folder it may read
+    flags = (path_only or os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW
     try:
-        fd = os.open(folder, os.O_PATH | os.O_NOFOLLOW)
-    except OSError:  # gone
+        fd = os.open(folder, flags)
+    except OSError:  # gone (or, without O_PATH, a link or a folder it may not read)
         return
     try:
-        if stat.S_ISDIR(os.fstat(fd).st_mode):  # not a link, nor a file
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):  # a link, or a file
+            pass
+        elif path_only:
             os.chmod(f"/proc/self/fd/{fd}", 0o700)
+        else:
+            os.fchmod(fd, 0o700)
     except OSError:
         pass
     finally:

@@ -93,8 +93,9 @@ class RayExecutor:
         forward_keys: set the driver's ``*_API_KEY`` environment variables in the
             workers' environment (default on; off: the nodes' own environment holds them).
 
-    Joins the cluster when made (``ray.init``, unless this process has joined one), so a
-    batch's settings are checked, the address with them, before anything is written.
+    Joins the cluster ``address`` names when made (``ray.init``, unless this process has
+    joined one), so a batch's settings are checked, the address with them, before
+    anything is written; with no address, a local Ray starts when a batch first runs.
 
     Raises:
         ConfigError: Ray is not installed (the message says how to install it), or the
@@ -121,7 +122,8 @@ class RayExecutor:
         self.max_retries = max_retries
         self.init_kwargs = dict(init_kwargs or {})
         self.forward_keys = forward_keys
-        self._connect()  # a bad address is refused here, before a batch writes anything
+        if address is not None:  # a cluster named: joined (or refused) before anything is
+            self._connect()  # written; with none, Ray starts a local one when a batch runs
 
     def _connect(self) -> None:
         ray = self._ray
@@ -178,8 +180,9 @@ class RayExecutor:
         One worker per CPU of the cluster (never more than ``concurrency``), each running
         its share of the completions; each reserves ``task_cpus`` per completion it runs,
         at most one CPU (a share of 64 completions on a 2-CPU node still fits it). A pool
-        of another shape (an earlier batch's) is stopped first, or by the last batch
-        using it when it ends.
+        of another shape (an earlier batch's) is stopped first; while another batch uses
+        it, this batch shares it whatever its shape (a second pool could not get the
+        CPUs the first holds: it would wait for them until that batch ends).
         """
         ray = self._ray
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
@@ -189,7 +192,7 @@ class RayExecutor:
         job = ray.get_runtime_context().get_job_id()
         with _POOLS_LOCK:
             cached = _POOLS.get(job)
-            if cached is not None and cached.shape == shape:
+            if cached is not None and (cached.shape == shape or cached.users > 0):
                 cached.users += 1
                 return cached
             _POOLS.pop(job, None)

@@ -290,10 +290,10 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
 
 
 def _without_keys(text: str) -> str:
-    """``text`` with what looks like a key (``sk-...``, ``key=...``) as ``[REDACTED]``."""
-    from ..tracing.scrub import Scrubber
+    """``text`` with what has a key's shape (``sk-...``) as ``[REDACTED]``."""
+    from ..tracing.scrub import without_key_shapes
 
-    return Scrubber((), environ={}).scrub(text)
+    return without_key_shapes(text)
 
 
 def _interrupted(out: Output, signum: int) -> int:

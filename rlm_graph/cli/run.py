@@ -305,7 +305,7 @@ def _backend_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
 def _read_context(path: str, encoding: str) -> str:
     try:
         b"a".decode(encoding, "ignore")  # a text encoding (not rot13, base64, zlib...)
-    except LookupError:
+    except (LookupError, UnicodeError):  # ("undefined" refuses every byte)
         raise ConfigError(
             f"unknown --encoding {encoding!r} (not a text encoding); e.g. utf-8, latin-1, utf-16"
         ) from None

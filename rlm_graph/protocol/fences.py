@@ -7,17 +7,18 @@ import re
 __all__ = ["DIVERGED_NOTE", "INVENTED_NOTE", "BlockCutter", "find_code_blocks", "invented_output"]
 
 # An opening fence whose info string is exactly `repl`, ending its line (at its start, or
-# after words and a space or colon: "Let me run: ```repl", as the reference library
-# reads it), up to the next closing fence at the start of a line (or the end of the
+# after words that end in a colon: "Let me run: ```repl", as the reference library reads
+# it; "blocks marked ```repl" is prose), up to the next closing fence at the start of a
+# line (or the end of the
 # reply: a model cut off by its token limit still gets its code run). Lines may end in
 # "\r\n" (the code keeps them: Python reads them as "\n"); an indented fence (in a list
 # item) has its indentation taken off the code's lines, as Markdown does.
 _BLOCK = re.compile(
-    r"^(?:([ \t]*)|[^\n]*[ \t:])```repl[ \t\r]*\n(.*?)(?:^[ \t]*```[ \t\r]*$|\Z)",
+    r"^(?:([ \t]*)|[^\n]*:[ \t]*)```repl[ \t\r]*\n(.*?)(?:^[ \t]*```[ \t\r]*$|\Z)",
     re.DOTALL | re.MULTILINE,
 )
 # The same fences, one line at a time (a line without its "\n").
-_OPENING = re.compile(r"(?:[ \t]*|.*[ \t:])```repl[ \t\r]*")
+_OPENING = re.compile(r"(?:[ \t]*|.*:[ \t]*)```repl[ \t\r]*")
 _CLOSING = re.compile(r"[ \t]*```[ \t\r]*")
 # The first line after a block, when the model goes on to write the block's output
 # itself: a bare or output-like fence (```, ```output, ```text...) or a label line
@@ -195,7 +196,8 @@ class BlockCutter:
                 if "```" in line and _OPENING.fullmatch(line):
                     bare = line.lstrip(" \t")  # the fence alone on its line: its indentation
                     self._open = []
-                    self._indent = len(line) - len(bare) if bare.startswith("```") else 0
+                    alone = bare.startswith("```repl") and not bare[7:].strip(" \t\r")
+                    self._indent = len(line) - len(bare) if alone else 0
             elif "```" in line and _CLOSING.fullmatch(line):
                 body = _unindented(self._open, self._indent) if self._indent else self._open
                 code = "\n".join(body).rstrip()

@@ -13,11 +13,11 @@ import re
 
 __all__ = ["TextFinal", "find_text_final"]
 
-# A fence opens at the start of a line, or ends one ("Let me run: ```repl", a block that
-# runs), and closes at the start of a line; three backticks inside a line are text ("I'd
-# write a ```repl block, but...").
+# A fence opens at the start of a line, or ends one after a colon ("Let me run: ```repl",
+# a block that runs), and closes at the start of a line; three backticks inside a line
+# are text ("I'd write a ```repl block, but...").
 _FENCE = re.compile(
-    r"(?:^[ \t]*```|(?<=[ \t:])```[\w+-]*[ \t\r]*$).*?(?:^[ \t]*```[^\n]*$|\Z)",
+    r"(?:^[ \t]*```|:[ \t]*```[\w+-]*[ \t\r]*$).*?(?:^[ \t]*```[^\n]*$|\Z)",
     re.DOTALL | re.MULTILINE,
 )
 _START = re.compile(r"^[ \t]*(FINAL_VAR|FINAL)[ \t]*\(", re.MULTILINE)

@@ -28,7 +28,14 @@ from collections.abc import Iterable, Mapping
 from .._files import utf8_text
 from ..errors import URL_USERINFO, without_url_passwords as without_url_passwords
 
-__all__ = ["REDACTED", "RUN_CHARS", "SecretRuns", "Scrubber", "secret_values"]
+__all__ = [
+    "REDACTED",
+    "RUN_CHARS",
+    "SecretRuns",
+    "Scrubber",
+    "secret_values",
+    "without_key_shapes",
+]
 
 REDACTED = "[REDACTED]"
 
@@ -52,6 +59,13 @@ _SHAPE_PATTERNS = (
     r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",  # JWT
 )
 _SHAPES = re.compile("|".join(_SHAPE_PATTERNS))
+
+
+def without_key_shapes(text: str) -> str:
+    """``text`` with what has a key's shape (``sk-...``, ``ghp_...``, a bearer token) as
+    ``[REDACTED]``; names and values around it left as they are."""
+    return _SHAPES.sub(REDACTED, text)
+
 
 # ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name (and an
 # authorization's scheme, ``Basic``), drop the value; but not a number after a key or

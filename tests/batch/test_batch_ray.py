@@ -272,6 +272,31 @@ def test_a_batch_stopped_early_leaves_another_batch_of_the_driver_running(
         assert result.attempts == 1
 
 
+def test_a_batch_of_another_shape_runs_while_the_first_is_open(ray_cluster: Any) -> None:
+    """A second batch of another concurrency, while a first one's pool held all of the
+    cluster's CPUs (8 at once: two workers of one CPU each), waited for new workers that
+    could not start (forever, read from the same thread): it shares the pool in use."""
+    got: list[Any] = []
+    with (
+        BatchServer() as server,
+        closing(
+            run_batch(
+                items(12), rlm_kwargs(server, max_concurrent=16), concurrency=8, executor="ray"
+            )
+        ) as first,
+    ):
+        assert next(iter(first)).ok
+        with closing(
+            run_batch(
+                items(2), rlm_kwargs(server, max_concurrent=16), concurrency=2, executor="ray"
+            )
+        ) as second:
+            reader = threading.Thread(target=lambda: got.extend(second), daemon=True)
+            reader.start()
+            reader.join(90)  # a guard: without the fix it never ends
+    assert [result.ok for result in got] == [True, True]
+
+
 def test_an_error_raised_in_the_worker_is_its_own_in_the_row(
     ray_cluster: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
