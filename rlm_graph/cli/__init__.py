@@ -262,6 +262,8 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
 
 
 def _main(words: list[str], out: Output, as_json: bool) -> int:
+    from ..tracing.scrub import without_key_shapes
+
     parser = build_parser()
     try:
         args = parser.parse_args(words)
@@ -272,7 +274,7 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
                 "there is no --api-key flag (a key on a command line lands in the shell's "
                 "history); set OPENAI_API_KEY, ANTHROPIC_API_KEY... in the environment"
             )
-        exc.message = _without_keys(exc.message)  # "--openai-api-key sk-...": not echoed
+        exc.message = without_key_shapes(exc.message)  # "--openai-api-key sk-...": not echoed
         if as_json:
             return out.error(EXIT_USAGE, exc.message, kind="UsageError")
         # One line (docs/cli.md), naming the subcommand even where the top parser found
@@ -287,13 +289,6 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
         return EXIT_USAGE
     code: int = args.func(args)
     return code
-
-
-def _without_keys(text: str) -> str:
-    """``text`` with what has a key's shape (``sk-...``) as ``[REDACTED]``."""
-    from ..tracing.scrub import without_key_shapes
-
-    return without_key_shapes(text)
 
 
 def _interrupted(out: Output, signum: int) -> int:

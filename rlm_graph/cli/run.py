@@ -320,10 +320,10 @@ def _read_context(path: str, encoding: str) -> str:
             stream = getattr(sys.stdin, "buffer", None)
             if stream is None:  # a text stream stood in for stdin (an embedding program)
                 return str(sys.stdin.read())
-            data = _read_text_bytes(stream, name, encoding)
+            data, encoding = _read_text_bytes(stream, name, encoding)
         else:
             with open(path, "rb") as handle:
-                data = _read_text_bytes(handle, name, encoding)
+                data, encoding = _read_text_bytes(handle, name, encoding)
     except OSError as exc:
         raise ConfigError(f"cannot read --context {path!r}: {exc.strerror or exc}") from None
     except MemoryError:
@@ -331,7 +331,7 @@ def _read_context(path: str, encoding: str) -> str:
             f"--context {name} does not fit in memory; give a smaller context (or split it)"
         ) from None
     try:
-        return data.decode(_by_byte_order_mark(data, encoding))
+        return data.decode(encoding)
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"--context {name} is not {encoding} text (byte 0x{data[exc.start]:02x} at "
@@ -342,18 +342,19 @@ def _read_context(path: str, encoding: str) -> str:
         raise ConfigError(f"--context {name} is not {encoding} text ({exc})") from None
 
 
-def _read_text_bytes(handle: Any, name: str, encoding: str) -> bytes:
-    """A context's bytes; a binary one refused at its first 64 KiB, before the rest is
-    read (a file of gigabytes is not read whole to be refused)."""
+def _read_text_bytes(handle: Any, name: str, encoding: str) -> tuple[bytes, str]:
+    """A context's bytes and the encoding to read them by (a byte order mark's, if it
+    has one); a binary one refused at its first 64 KiB, before the rest is read (a file
+    of gigabytes is not read whole to be refused)."""
     head: bytes = handle.read(65536)
-    wide = codecs.lookup(_by_byte_order_mark(head, encoding)).name.startswith(("utf-16", "utf-32"))
-    if b"\0" in head and not wide:
+    encoding = _by_byte_order_mark(head, encoding)
+    if b"\0" in head and not codecs.lookup(encoding).name.startswith(("utf-16", "utf-32")):
         raise ConfigError(
             f"--context {name} looks like a binary file (it has NUL bytes), not text; "
             "extract its text first (e.g. pdftotext), or name its --encoding if it is text"
         )
     rest: bytes = handle.read()
-    return head + rest if rest else head
+    return (head + rest if rest else head), encoding
 
 
 def _by_byte_order_mark(data: bytes, encoding: str) -> str:

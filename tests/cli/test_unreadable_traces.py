@@ -71,6 +71,13 @@ def test_a_field_this_version_cannot_read_is_one_line_naming_it(
     change, field = CASES[case]
     path = tmp_path / f"{case}.otlp.jsonl"
     path.write_text(edited(good_trace, change))
+    for line in refusals(path, tmp_path):
+        assert str(path) in line and " span " in line and field in line, line
+
+
+def refusals(path: Path, tmp_path: Path) -> list[str]:
+    """The one line `trace export` and `report` each refuse ``path`` with (exit 2)."""
+    lines = []
     for command in (
         ["trace", "export", str(path)],
         ["report", str(path), "-o", str(tmp_path / "r.html")],
@@ -78,7 +85,8 @@ def test_a_field_this_version_cannot_read_is_one_line_naming_it(
         done = rlm_graph(*command)
         assert done.returncode == 2, done.stderr
         (line,) = done.stderr.strip().splitlines()
-        assert str(path) in line and " span " in line and field in line, line
+        lines.append(line)
+    return lines
 
 
 def test_a_token_count_that_is_text_is_one_line_for_trace_show_too(
@@ -121,13 +129,7 @@ def jaeger_span(span_id: str, trace_id: Any = "a" * 32) -> dict[str, Any]:
 def test_a_jaeger_file_no_run_could_write_is_one_line(text: str, says: str, tmp_path: Path) -> None:
     path = tmp_path / "t.jaeger.json"
     path.write_text(text)
-    for command in (
-        ["trace", "export", str(path)],
-        ["report", str(path), "-o", str(tmp_path / "r.html")],
-    ):
-        done = rlm_graph(*command)
-        assert done.returncode == 2, done.stderr
-        (line,) = done.stderr.strip().splitlines()
+    for line in refusals(path, tmp_path):
         assert str(path) in line and says in line, line
 
 
