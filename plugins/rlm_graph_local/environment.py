@@ -50,10 +50,30 @@ _REINTERRUPT = 0.05  # seconds between interrupts while the grace period runs
 _LEAKED_REINTERRUPT = 0.5  # and after it, for a leaked thread
 
 
-def _send_stop(thread_id: int) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(BlockInterrupted)
-    )
+# The threads being started (`threading.Thread.start` puts a thread there before the
+# new thread exists, its first step takes it out) and the lock that guards them.
+_STARTING: dict[Any, Any] = getattr(threading, "_limbo", {})
+_STARTING_LOCK: Any = getattr(threading, "_active_limbo_lock", threading.Lock())
+
+
+def _send_stop(thread_id: int) -> bool:
+    """Raise `BlockInterrupted` in the thread ``thread_id``; False if it was not sent.
+
+    Not while any thread is being started: until a new thread runs its first step,
+    CPython files it under the id of the thread that starts it, so the exception would
+    also land in the new thread before it says it has started, and the starter would
+    wait for it forever (inside ``concurrent.futures``, holding a lock that every pool of
+    the process takes: the whole process's pools would hang). Holding the lock that
+    `Thread.start` takes first, no thread begins starting while the exception is sent;
+    the caller sends again a moment later.
+    """
+    with _STARTING_LOCK:
+        if _STARTING:
+            return False
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread_id), ctypes.py_object(BlockInterrupted)
+        )
+        return True
 
 
 class _BlockControl:

@@ -239,8 +239,6 @@ async def main() -> None:
             outputs.append(messages[-1].content)
         return f"```repl\n{blocks[min(turn, len(blocks) - 1)]}\n```"
 
-    from rlm_graph_subprocess.process import GUEST_PROGRAM
-
     rlm = RLM(
         "scripted",
         {"respond": respond},
@@ -250,7 +248,9 @@ async def main() -> None:
     )
     result = await rlm.acompletion(str(os.getpid()))
     # Closing the environment ended the guest; give the kernel a moment to reap.
-    marks = [f"sleep 97.{os.getpid()}", f"sleep 98.{os.getpid()}", GUEST_PROGRAM]
+    # This engine's guests only (their command line names its folders, rlm-graph-PID-):
+    # another engine's guest on the machine (a test running beside this one) is not ours.
+    marks = [f"sleep 97.{os.getpid()}", f"sleep 98.{os.getpid()}", f"rlm-graph-{os.getpid()}-"]
     for _ in range(40):
         if not leftovers(marks):
             break

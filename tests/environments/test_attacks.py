@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import trio
 
-from rlm_graph_subprocess.process import GUEST_PROGRAM, MAX_PENDING_PROMPTS
+from rlm_graph_subprocess.process import MAX_PENDING_PROMPTS
 from tests.support.guests import (
     Spy,
     engine,
@@ -251,10 +251,13 @@ async def test_a_fork_bomb_stays_inside_max_processes(spy: Spy) -> None:
         pytest.skip(f"the guest shares its uid with the engine here ({isolation.describe()})")
     assert "stopped after" in feedback(rlm, 1) and "BlockingIOError" in feedback(rlm, 1)
     assert int(result.response) < 48
+    # The guest and its forks name this engine's folder on their command line (another
+    # engine's guests, of a test running beside this one, do not).
+    ours = f"rlm-graph-{os.getpid()}-"
     deadline = trio.current_time() + 3
-    while processes_running(GUEST_PROGRAM) and trio.current_time() < deadline:
+    while processes_running(ours) and trio.current_time() < deadline:
         await trio.sleep(0.05)
-    assert processes_running(GUEST_PROGRAM) == []  # the forks went with the guest
+    assert processes_running(ours) == []  # the forks went with the guest
 
 
 async def test_except_exception_does_not_catch_the_cpu_stop(spy: Spy) -> None:

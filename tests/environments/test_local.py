@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import subprocess
@@ -402,3 +403,58 @@ def test_the_callers_own_prints_survive_blocks_handing_the_streams_back() -> Non
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert done.stdout.count("answer: ") == 40
+
+
+# Model code that starts threads one after another, beside a thread that holds the
+# interpreter (so that each new thread waits a while before its first step).
+STARTS_THREADS = (
+    "import threading\n"
+    "def spin():\n"
+    "    import time\n"
+    "    end = time.monotonic() + 1.0\n"
+    "    while time.monotonic() < end:\n"
+    "        pass\n"
+    "threading.Thread(target=spin, daemon=True).start()\n"
+    "while True:\n"
+    "    t = threading.Thread(target=int)\n"
+    "    t.start()\n"
+    "    t.join()"
+)
+
+
+@pytest.mark.slow
+def test_stopping_a_block_that_starts_threads_leaves_the_process_able_to_start_threads() -> None:
+    """The stop is never sent while a thread is being started: CPython files a new thread
+    under its starter's id until its first step, so the stop also hit the new thread,
+    which died before saying it had started; the block then waited for it forever inside
+    `Thread.start` (in a pool's `submit`, holding the lock every pool of the process
+    takes: all of them hung). The race cannot be made certain: before the fix,
+    this test failed about one run in two on a 2-core machine."""
+    # On one core, beside a spinning thread, a new thread waits a while for its first step.
+    cores = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cores)})
+    try:
+        for _ in range(10):
+            result = _stopped_while_starting_threads()
+            assert result.response == "after"
+            assert result.leaked_threads == 0
+    finally:
+        os.sched_setaffinity(0, cores)
+    pooled = threading.Event()
+
+    def use_a_pool() -> None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(int).result()
+        pooled.set()
+
+    threading.Thread(target=use_a_pool, daemon=True).start()
+    assert pooled.wait(10), "a thread pool of the process hangs"
+
+
+def _stopped_while_starting_threads() -> Any:
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(STARTS_THREADS), repl("FINAL('after')")])},
+        environment_kwargs={"timeout": 0.2, "stop_grace": 1.0},
+    )
+    return rlm.completion("ctx")
