@@ -515,4 +515,6 @@ def _completion_journal(
     ]
     inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
     label = preview(root_prompt if root_prompt is not None else context, 80)
+    if run.redact is not None:  # `journal ls` shows it: no known key in it
+        label = run.redact(label)
     return JournalTarget(path, run_key("rlm", inputs, configuration), "rlm", label)

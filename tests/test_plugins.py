@@ -79,6 +79,28 @@ def test_a_plugin_that_returns_garbage_is_named() -> None:
         PluginHost([Broken()])
 
 
+def test_a_register_hook_that_forgot_its_return_is_named() -> None:
+    class Forgot:
+        @hookimpl
+        def rlm_register_providers(self) -> None:
+            {"mine": object}  # noqa: B018 - the mistake under test
+
+    with pytest.raises(PluginError, match="rlm_register_providers returned None; return a dict"):
+        PluginHost([Forgot()])
+
+
+def test_an_async_observer_hook_is_refused_as_it_would_never_run() -> None:
+    """Hooks are called, not awaited: an async one only made a coroutine nobody awaited."""
+
+    class Metrics:
+        @hookimpl
+        async def rlm_node_finished(self, record: object) -> None:
+            pass
+
+    with pytest.raises(PluginError, match="hook rlm_node_finished is async, and would never run"):
+        Engine("scripted", {"responses": []}, observers=[Metrics()])
+
+
 def test_plugins_command_lists_names_and_origins(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plugins", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -20,7 +20,9 @@ Invariants:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
+import inspect
 import logging
 import types
 import weakref
@@ -203,8 +205,7 @@ class PluginHost:
             loaded, broken = _entry_points()
             self.broken = list(broken)
             for name, value, dist, plugin in loaded:
-                self._register(plugin, f"entry point {name!r} of {dist}")
-                self._installed[id(plugin)] = BrokenPlugin(name, value, dist, "")
+                self._register_installed(plugin, BrokenPlugin(name, value, dist, ""))
         if isinstance(plugins, str | bytes) or not isinstance(plugins, Iterable):
             raise PluginError(
                 f"plugins must be a list of plugin objects or modules, not "
@@ -230,9 +231,30 @@ class PluginHost:
             raise PluginError(f"cannot register plugin {plugin!r} ({origin}): {exc}") from exc
         self._origins[id(plugin)] = origin
 
+    def _register_installed(self, plugin: object, entry: BrokenPlugin) -> None:
+        """An installed plugin that cannot be registered (a hook whose arguments are not
+        the hook's, an entry point naming a class) or has an ``async`` hook is skipped
+        with a warning and listed as broken: one package never stops every engine."""
+        try:
+            self._register(plugin, f"entry point {entry.name!r} of {entry.distribution}")
+        except PluginError as exc:
+            _warn_once(
+                "the installed rlm-graph plugin %r (%s) is skipped: %s",
+                entry.name,
+                entry.distribution,
+                exc,
+            )
+            self.broken.append(dataclasses.replace(entry, error=str(exc)))
+            return
+        self._installed[id(_hook_object(plugin))] = entry
+        problem = _async_hook(self.pm, _hook_object(plugin))
+        if problem is not None:
+            self._fault(_hook_object(plugin), problem)
+
     def _register_code(self, plugin: object) -> None:
         """A plugin passed in code; one with no hook implementation is a mistake (its
-        methods lack ``@hookimpl``, or it is not a plugin at all), said at once."""
+        methods lack ``@hookimpl``, or it is not a plugin at all), said at once, as is an
+        ``async`` hook (it would never run: hooks are called, not awaited)."""
         self._register(plugin, "registered in code")
         hooked = _hook_object(plugin)
         if self.pm.is_registered(hooked) and not self.pm.get_hookcallers(hooked):
@@ -242,6 +264,10 @@ class PluginHost:
                 "mark a plugin's or an observer's methods with @rlm_graph.hooks.hookimpl "
                 "and name them after the hooks (docs/plugins.md)"
             )
+        problem = _async_hook(self.pm, hooked)
+        if problem is not None:
+            self.pm.unregister(hooked)
+            raise PluginError(f"plugin {plugin!r:.60} (registered in code): {problem}")
 
     def register(self, plugin: object) -> None:
         """Register one more plugin (an observer, say) after construction."""
@@ -313,6 +339,13 @@ class PluginHost:
                 error = self._fault(plugin, f"{hook_name} raised {type(exc).__name__}: {exc}")
                 if error is not None:
                     raise error from exc
+                continue
+            if not answers:  # pluggy leaves a None answer out: a forgotten ``return``
+                error = self._fault(
+                    plugin, f"{hook_name} returned None; return a dict (a forgotten return?)"
+                )
+                if error is not None:
+                    raise error
                 continue
             results.extend((plugin, r) for r in answers)
         return results
@@ -402,6 +435,22 @@ class PluginHost:
     @property
     def hook(self) -> Any:
         return self.pm.hook
+
+
+def _async_hook(pm: pluggy.PluginManager, plugin: object) -> str | None:
+    """What is wrong with ``plugin`` if one of its hooks is ``async`` (or a generator):
+    the engine calls hooks and never awaits them, so such a hook would never run."""
+    for caller in pm.get_hookcallers(plugin) or ():
+        for impl in caller.get_hookimpls():
+            function = impl.function
+            if impl.plugin is plugin and (
+                inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function)
+            ):
+                return (
+                    f"hook {caller.name} is async, and would never run: hooks are called, "
+                    "not awaited; make it a plain def and start async work elsewhere"
+                )
+    return None
 
 
 _WARNED: set[str] = set()

@@ -110,6 +110,11 @@ def secret_values(
                 for m in URL_USERINFO.finditer(value)
                 if len(m.group(2)) >= MIN_SECRET_CHARS
             )
+    for name, value in keywords.items():  # ``api_key_env="TEAM_CREDS"``: the key is there
+        if name.lower().endswith("_env") and _SECRET_NAME.search(name[:-4]):
+            named = os.environ.get(value) if isinstance(value, str) and value else None
+            if named is not None and len(named) >= MIN_SECRET_CHARS:
+                found.add(named)
     for source in (keywords, os.environ if environ is None else environ):
         for name, value in source.items():
             if (

@@ -92,12 +92,13 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(broken_site: Path) -> 
     assert "Traceback" not in err and "BrokenPipeError" not in err
 
 
-def _installed(site: Path, dist: str, module: str, source: str) -> Path:
-    """An installed distribution ``dist`` whose entry point ``module`` is ``source``."""
+def _installed(site: Path, dist: str, module: str, source: str, value: str = "") -> Path:
+    """An installed distribution ``dist`` whose entry point ``module`` is ``source`` (or
+    ``value`` in it, e.g. ``module:Class``)."""
     info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[rlm_graph]\n{module} = {module}\n")
+    (info / "entry_points.txt").write_text(f"[rlm_graph]\n{module} = {value or module}\n")
     (site / f"{module}.py").write_text(source)
     return site
 
@@ -178,3 +179,64 @@ def test_an_installed_plugin_cannot_take_a_built_in_name_and_the_clash_is_said(
             f"of {dist}" in done.stderr
             and "entry point 'openai' of rlm-graph's is used" in done.stderr
         )
+
+
+WRONG_ARGUMENTS = """
+from rlm_graph import hookimpl
+
+@hookimpl
+def rlm_node_finished(node):  # the hook's arguments are (record, graph)
+    pass
+"""
+
+A_CLASS = """
+from rlm_graph import hookimpl
+
+class MyPlugin:
+    @hookimpl
+    def rlm_register_models(self):
+        return {}
+"""
+
+ASYNC_OBSERVER = """
+from rlm_graph import hookimpl
+
+@hookimpl
+async def rlm_node_finished(record):
+    pass
+"""
+
+FORGOT_RETURN = """
+from rlm_graph import hookimpl
+
+@hookimpl
+def rlm_register_providers():
+    {"mine": object}
+"""
+
+
+def test_installed_plugins_that_cannot_work_are_skipped_and_every_engine_still_runs(
+    tmp_path: Path,
+) -> None:
+    """Hooks whose arguments are not the hook's, an entry point naming a class, an async
+    hook (never awaited, so never run) and a register hook that forgot its return: each
+    used to stop every engine of the install (or to be dropped without a word)."""
+    _installed(tmp_path, "rlm-graph-wrong-args", "wrong_args", WRONG_ARGUMENTS)
+    _installed(tmp_path, "rlm-graph-a-class", "a_class", A_CLASS, value="a_class:MyPlugin")
+    _installed(tmp_path, "rlm-graph-async", "async_observer", ASYNC_OBSERVER)
+    _installed(tmp_path, "rlm-graph-no-return", "no_return", FORGOT_RETURN)
+    done = _run(tmp_path, sys.executable, "-c", ENGINES)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "works: hello"
+    for name in ("wrong_args", "a_class", "async_observer", "no_return"):
+        assert f"the installed rlm-graph plugin {name!r}" in done.stderr, done.stderr
+    done = _run(tmp_path, str(COMMAND), "plugins", "--json")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    broken = {
+        row["name"]: row["error"] for row in json.loads(done.stdout) if row["category"] == "broken"
+    }
+    assert "declared in the hookimpl but can not be found in the hookspec" in broken["wrong_args"]
+    assert "cannot register the class MyPlugin" in broken["a_class"]
+    assert "hook rlm_node_finished is async" in broken["async_observer"]
+    assert "rlm_register_providers returned None" in broken["no_return"]

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from rlm_graph import Engine, Workflow
+from rlm_graph import RLM, Engine, Workflow
+from rlm_graph.cli import main
 from rlm_graph.errors import ConfigError
 from rlm_graph.graph import to_json
 from rlm_graph.http import resolve_key
@@ -177,3 +178,34 @@ async def test_a_server_echoing_part_of_the_key_leaks_none_of_it(
     for name, text in texts.items():
         for start in range(len(KEY) - 7):
             assert KEY[start : start + 8] not in text, (name, start)
+
+
+async def test_a_key_named_by_api_key_env_is_redacted_whatever_its_variable_is_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A team's variable name with no KEY or TOKEN in it: the key it holds is still one
+    the engine knows, so a server echoing it leaves it in no record."""
+    monkeypatch.setenv("TEAM_CREDS", KEY)
+    with FakeOpenAIServer(replies=[f"you sent {KEY}"]) as server:
+        kwargs = {"model_name": "m", "base_url": server.base_url, "api_key_env": "TEAM_CREDS"}
+        async with Engine("openai", {**kwargs, **FAST}) as engine:
+            wf = Workflow()
+            wf.llm("hello")
+            result = await engine.arun(wf)
+    assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+    graph = to_json(result.graph)
+    assert KEY not in graph and "you sent [REDACTED]" in graph
+
+
+def test_a_key_in_the_question_is_not_in_the_journals_list_of_runs(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`journal ls` shows each run's question: it is kept redacted, as every record is."""
+    journal = tmp_path / "run.sqlite"
+    with FakeOpenAIServer(replies=["```repl\nFINAL('done')\n```"]) as server:
+        kwargs = {"model_name": "m", "base_url": server.base_url, "api_key": KEY, **FAST}
+        rlm = RLM("openai", kwargs, journal=str(journal))
+        assert rlm.completion("ctx", root_prompt=f"why was {KEY} refused?").response == "done"
+    assert main(["journal", "ls", str(journal), "--json"]) == 0
+    listed = capsys.readouterr().out
+    assert "why was [REDACTED] refused?" in listed and KEY not in listed

@@ -79,15 +79,19 @@ def test_service_name_defaults_to_rlm_graph_unless_the_user_set_one(
         provider.shutdown()  # type: ignore[attr-defined]
 
 
-def test_secret_values_come_from_secret_names_only() -> None:
+def test_secret_values_come_from_secret_names_only(monkeypatch: pytest.MonkeyPatch) -> None:
     found = secret_values(
         {"api_key": "abcdef123", "model_name": "gpt-4o-mini-long", "token": "x"},
         environ={"OPENAI_API_KEY": "sk-zzzzzzzz", "HOME": "/home/someone", "GH_TOKEN": "ghp_1"},
     )
     assert found == ["sk-zzzzzzzz", "abcdef123"]
-    # api_key_env names the variable that holds the key: its value is no secret (the
-    # text "OPENAI_API_KEY" in model code stays readable on spans)
-    assert secret_values({"api_key_env": "OPENAI_API_KEY"}, environ={}) == []
+    # api_key_env names the variable that holds the key: the name is no secret (the text
+    # "TEAM_CREDS" in model code stays readable on spans), what the variable holds is,
+    # whatever it is called
+    monkeypatch.setenv("TEAM_CREDS", "team-credential-1234")
+    assert secret_values({"api_key_env": "TEAM_CREDS"}, environ={}) == ["team-credential-1234"]
+    monkeypatch.delenv("TEAM_CREDS")
+    assert secret_values({"api_key_env": "TEAM_CREDS"}, environ={}) == []
 
 
 @pytest.mark.parametrize(
