@@ -135,11 +135,13 @@ class Usage(BaseModel):
 
     model_config = _FROZEN
 
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cached_tokens: int = 0
-    reasoning_tokens: int = 0
-    cache_write_tokens: int = 0
+    # At least 0: a negative count (a server's bogus number passed on) would make the
+    # run's totals shrink and ``max_tokens`` never be reached.
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    cached_tokens: int = Field(default=0, ge=0)
+    reasoning_tokens: int = Field(default=0, ge=0)
+    cache_write_tokens: int = Field(default=0, ge=0)
     estimated: bool = False
 
     @property

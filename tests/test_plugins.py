@@ -9,6 +9,7 @@ import pytest
 
 from rlm_graph import ChatResponse, Engine, Workflow, hookimpl
 from rlm_graph.cli import main
+from rlm_graph.contracts import Usage
 from rlm_graph.errors import ConfigError, PluginError
 from rlm_graph.hooks import PluginHost
 
@@ -99,6 +100,26 @@ def test_an_async_observer_hook_is_refused_as_it_would_never_run() -> None:
 
     with pytest.raises(PluginError, match="hook rlm_node_finished is async, and would never run"):
         Engine("scripted", {"responses": []}, observers=[Metrics()])
+
+
+def test_a_negative_token_count_fails_the_call_instead_of_shrinking_the_totals() -> None:
+    """A provider passing on a server's bogus ``prompt_tokens: -5000``: the totals went
+    down with every call and ``max_tokens`` was never reached."""
+
+    class Bogus:
+        name, model, max_concurrent = "bogus", "m", 4
+
+        async def complete(self, request: object) -> ChatResponse:
+            return ChatResponse(content="x", usage=Usage(input_tokens=-5000, output_tokens=10))
+
+        async def aclose(self) -> None:
+            pass
+
+    wf = Workflow()
+    refs = [wf.llm(f"q{i}") for i in range(3)]
+    result = Engine(Bogus(), max_tokens=1000).run(wf)
+    assert all("input_tokens" in result.errors[ref.id] for ref in refs)
+    assert all(r.usage is None or r.usage.total_tokens >= 0 for r in result.graph.records())
 
 
 def test_plugins_command_lists_names_and_origins(capsys: pytest.CaptureFixture[str]) -> None:

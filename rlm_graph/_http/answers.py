@@ -119,7 +119,11 @@ def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> 
     """The error of an answer with a status of 300 or more (`AttemptFailed` for a retry)."""
     status = response.status_code
     text = _head_text(response)
-    said = provider._quote(provider._server_message(data) or text)
+    try:  # a plugin's override slipping on an odd body (a proxy's HTML page) loses no retry
+        message = provider._server_message(data)
+    except Exception:
+        message = None
+    said = provider._quote(message if isinstance(message, str) and message else text)
     name, model = provider.name, provider.model
     where = f"{name}: POST {provider.url} answered {status}"
     if status != 429 and is_context_length_error(text):

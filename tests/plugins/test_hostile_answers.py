@@ -296,3 +296,33 @@ async def test_a_plugins_own_verdict_on_a_reply_is_not_made_a_bad_response() -> 
             await provider.complete(REQUEST)
         await provider.aclose()
     assert not isinstance(caught.value, BadResponse) and len(server.requests) == 1
+
+
+async def test_a_plugins_error_reader_that_slips_on_a_proxys_page_loses_no_retry() -> None:
+    """writing-a-provider.md says to override ``_server_message`` for an API's error
+    shape; one reading ``data.get(...)`` met a proxy's HTML 503 (``data`` is None) and
+    the call failed at once with a bare AttributeError, the 503 never retried."""
+
+    class Reads(OpenAIProvider):
+        def _server_message(self, data: Any) -> str:
+            return str(data.get("detail", ""))
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:  # the first request
+            page = b"<html>Service Unavailable</html>"
+            head = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/html\r\n"
+            await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(page) + page)
+        else:
+            body = json.dumps(
+                {"choices": [{"message": {"content": "the answer"}, "finish_reason": "stop"}]}
+            ).encode()
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        provider = Reads(**openai_kwargs(server, max_attempts=3))
+        answer = await provider.complete(REQUEST)
+        await provider.aclose()
+    assert answer.content == "the answer" and stats["requests"] == 2
