@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .contracts import ChatRequest, lacking
+from .contracts import ChatRequest, contract_problem, lacking
 from .errors import ConfigError, PluginError, checked_flag, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
@@ -139,11 +139,11 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             made = factory(**dict(kwargs or {}))
         except TypeError as exc:
             raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-        missing = lacking(made, _STRATEGY_METHODS)
-        if missing is not None:
+        problem = contract_problem(made, ("compact",), ("should_compact",))
+        if problem is not None:
             raise PluginError(
-                f"compaction {name!r}: its factory made {type(made).__name__}, which has no "
-                f"{missing}(); a strategy must follow rlm_graph.contracts.CompactionStrategy"
+                f"compaction {name!r}: its factory made {type(made).__name__}, which "
+                f"{problem}; a strategy must follow rlm_graph.contracts.CompactionStrategy"
             )
         return made
     missing = lacking(compaction, _STRATEGY_METHODS)
@@ -152,6 +152,9 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             "compaction must be True, a strategy name or a CompactionStrategy; "
             f"{type(compaction).__name__} has no {missing}()"
         )
+    problem = contract_problem(compaction, ("compact",), ("should_compact",))
+    if problem is not None:
+        raise PluginError(f"compaction {type(compaction).__name__} {problem}")
     return compaction
 
 

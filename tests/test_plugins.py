@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 
 from rlm_graph import ChatResponse, Engine, Workflow, hookimpl
 from rlm_graph.cli import main
-from rlm_graph.contracts import Usage
+from rlm_graph.contracts import ExecResult, Usage
 from rlm_graph.errors import ConfigError, PluginError
 from rlm_graph.hooks import PluginHost
 
@@ -405,3 +406,94 @@ def test_a_registered_compaction_or_environment_that_is_no_such_thing_is_named()
         PluginError, match="made object, which has no start\\(\\); an environment must follow"
     ):
         rlm.completion("context")
+
+
+def _environment(execute: Any, closes: list[int], start_fails: bool = False) -> type:
+    """An environment plugin whose ``execute`` is ``execute``; ``closes`` counts closes."""
+
+    class Env:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        async def start(self) -> None:
+            if start_fails:
+                raise RuntimeError("the container did not start")
+
+        async def add_context(self, value: object, index: int) -> None:
+            pass
+
+        async def add_history(self, messages: object, index: int) -> None:
+            pass
+
+        async def set_variable(self, name: str, value: object) -> None:
+            pass
+
+        async def reset_answer(self) -> None:
+            pass
+
+        async def answer_content(self) -> str:
+            return ""
+
+        async def aclose(self) -> None:
+            closes.append(1)
+
+    Env.execute = execute  # type: ignore[attr-defined]
+    return Env
+
+
+async def _answers_text(self: object, code: str) -> str:
+    return "done"
+
+
+def _plain_execute(self: object, code: str) -> ExecResult:
+    return ExecResult(final_answer="done")
+
+
+@pytest.mark.parametrize(
+    ("execute", "start_fails", "error"),
+    [
+        (_answers_text, False, "execute\\(\\) answered with str, not an ExecResult; return"),
+        (_plain_execute, False, "has a plain def execute\\(\\), which the engine awaits"),
+        (_answers_text, True, "the container did not start"),
+    ],
+    ids=["answers-text", "plain-def", "start-fails"],
+)
+def test_an_environment_plugin_outside_its_contract_is_named_and_closed_once(
+    execute: Any, start_fails: bool, error: str
+) -> None:
+    """These failed with an AttributeError or a TypeError from inside the engine's loop;
+    an environment whose start() failed was closed twice."""
+    from rlm_graph import RLM
+
+    closes: list[int] = []
+
+    class Plugin:
+        @hookimpl
+        def rlm_register_environments(self) -> dict[str, object]:
+            return {"mine": _environment(execute, closes, start_fails)}
+
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nFINAL('done')\n```"]},
+        environment="mine",
+        plugins=[Plugin()],
+    )
+    with pytest.raises((PluginError, RuntimeError), match=error):
+        rlm.completion("context")
+    assert len(closes) == (0 if execute is _plain_execute else 1)
+
+
+def test_a_compaction_strategy_with_async_and_sync_swapped_is_named() -> None:
+    """An async should_compact was always true (a coroutine), compacting every turn; a
+    plain compact() failed with a TypeError from inside the engine."""
+    from rlm_graph import RLM
+
+    class AsyncCheck:
+        async def should_compact(self, *args: object) -> bool:
+            return False
+
+        async def compact(self, messages: object) -> ChatResponse:
+            return ChatResponse(content="summary")
+
+    with pytest.raises(PluginError, match="async def should_compact\\(\\), which the engine calls"):
+        RLM("scripted", {"responses": []}, compaction=AsyncCheck())

@@ -38,6 +38,7 @@ from ..contracts import (
     Environment,
     ExecResult,
     Message,
+    exec_result,
 )
 from ..doors.sync import single_or_group
 from ..errors import ProviderError, SchemaMismatch
@@ -330,9 +331,8 @@ class RLMRunner:
     async def _check_final(
         self, c: _Completion, state: CompletionState, result: ExecResult
     ) -> ExecResult:
-        """A block's final answer, checked against the schema: a mismatch is the block's
-        error (shown to the model next turn), and ``answer`` is reset in the REPL."""
-        schema = self._schema(c)
+        """The block's answer checked: a schema mismatch is its error, ``answer`` reset."""
+        schema, result = self._schema(c), exec_result(c.env, result)  # a plugin's slip named
         if schema is None or result.final_answer is None:
             return result
         try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..contracts import Environment, lacking
+from ..contracts import Environment, contract_problem
 from ..errors import ConfigError, PluginError
 from ..journal.tools import JournaledTool
 from ..protocol.state import CompletionState, LoopSettings, ToolTable
@@ -42,11 +42,11 @@ def make_environment(
     env: Environment = factory(
         bridge=bridge, tools=bound, depth=depth, **dict(settings.environment_kwargs)
     )
-    missing = lacking(env, _ENVIRONMENT_METHODS)
-    if missing is not None:
+    problem = contract_problem(env, _ENVIRONMENT_METHODS)
+    if problem is not None:
         raise PluginError(
             f"the environment factory {getattr(factory, '__qualname__', factory)!r} made "
-            f"{type(env).__name__}, which has no {missing}(); an environment must follow "
+            f"{type(env).__name__}, which {problem}; an environment must follow "
             "rlm_graph.contracts.Environment"
         )
     return env
@@ -76,14 +76,9 @@ async def environment_scope(
     """Make, start and load (``context`` as ``context_0``) one completion's
     environment; close it on the way out, and count the threads it left behind."""
     env = make_environment(factory, settings, bridge, tools, depth)
-    try:
-        try:
-            await env.start()
-            await env.add_context(context, 0)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await env.aclose()
-            raise
+    try:  # closed once, however far it got (a start() that failed included)
+        await env.start()
+        await env.add_context(context, 0)
         yield env
     finally:
         with trio.CancelScope(shield=True):
