@@ -497,3 +497,51 @@ def test_a_compaction_strategy_with_async_and_sync_swapped_is_named() -> None:
 
     with pytest.raises(PluginError, match="async def should_compact\\(\\), which the engine calls"):
         RLM("scripted", {"responses": []}, compaction=AsyncCheck())
+
+
+REPLY = "```repl\nFINAL('done')\n```"
+
+
+class _Streams:
+    """A streaming provider (``streams = True``) whose ``stream`` is set per test."""
+
+    name, model, max_concurrent, streams = "streams", "m", 4, True
+
+    async def complete(self, request: object) -> ChatResponse:
+        return ChatResponse(content=REPLY)
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def _str_offset(self: object, request: object, sink: Any) -> ChatResponse:
+    sink("0", REPLY)
+    return ChatResponse(content=REPLY)
+
+
+async def _bytes_text(self: object, request: object, sink: Any) -> ChatResponse:
+    sink(0, REPLY.encode())
+    return ChatResponse(content=REPLY)
+
+
+def _plain_stream(self: object, request: object, sink: Any) -> ChatResponse:
+    return ChatResponse(content=REPLY)
+
+
+@pytest.mark.parametrize(
+    ("stream", "error"),
+    [
+        (_str_offset, "called its sink with \\(str, str\\); a TextSink takes \\(offset: int"),
+        (_bytes_text, "called its sink with \\(int, bytes\\)"),
+        (_plain_stream, "not an awaitable; define stream\\(\\) with async def"),
+    ],
+    ids=["str-offset", "bytes-text", "plain-def-stream"],
+)
+def test_a_streaming_provider_outside_its_contract_is_named(stream: Any, error: str) -> None:
+    """A TypeError from the block cutter, or advice to fix complete(), before."""
+    from rlm_graph import RLM
+
+    provider = _Streams()
+    provider.stream = stream.__get__(provider)  # type: ignore[attr-defined]
+    with pytest.raises(PluginError, match=error):
+        RLM(provider).completion("context")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ..errors import PluginError
+
 __all__ = ["DIVERGED_NOTE", "INVENTED_NOTE", "BlockCutter", "find_code_blocks", "invented_output"]
 
 # An opening fence whose info string is exactly `repl`, ending its line (at its start, or
@@ -141,7 +143,17 @@ class BlockCutter:
         """Take the reply's text from ``offset`` on (a `rlm_graph.contracts.TextSink`'s
         arguments); the blocks this cuts, in order. Each piece is looked at once, however
         small the pieces: a reply streamed a token at a time costs its length, not its
-        length times its tokens."""
+        length times its tokens.
+
+        Raises:
+            PluginError: the provider called its sink with other types (its mistake, named).
+        """
+        if type(offset) is not int or type(text) is not str:
+            raise PluginError(
+                f"a streaming provider called its sink with ({type(offset).__name__}, "
+                f"{type(text).__name__}); a TextSink takes (offset: int, text: str), the "
+                "reply's text from that character on (rlm_graph.contracts.TextSink)"
+            )
         if offset < self._length:  # a retried attempt's text differs from here on
             if offset < self.committed:
                 self.diverged = True

@@ -333,7 +333,7 @@ async def _request(
                     except TypeError:
                         if inspect.isawaitable(pending):
                             raise
-                        raise _broken(provider, pending, "not an awaitable") from None
+                        raise _broken(provider, pending, "not an awaitable", sink) from None
                     if not isinstance(response, ChatResponse):
                         raise _broken(provider, response, "not a ChatResponse")
             finally:
@@ -344,11 +344,12 @@ async def _request(
     return response
 
 
-def _broken(provider: Provider, got: object, what: str) -> PluginError:
+def _broken(provider: Provider, got: object, what: str, sink: object = None) -> PluginError:
     """A provider's answer that is not what the contract says, named as the plugin's
     mistake (not a TypeError or AttributeError from deep inside the engine)."""
+    method = "complete" if sink is None else "stream"
     fix = (
-        "define complete() with async def"
+        f"define {method}() with async def"
         if what == "not an awaitable"
         else ("return rlm_graph.contracts.ChatResponse")
     )
