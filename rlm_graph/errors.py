@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checked_flag",
+    "message_of",
     "config_error",
     "BadResponse",
     "BudgetExceeded",
@@ -322,9 +323,19 @@ def is_context_length_error(text: str) -> bool:
     return bool(_CONTEXT_LENGTH.search(text))
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or what it is when that raises (a plugin's error whose ``__str__``
+    formats a field its server left out): the failure stays the error's, not the
+    ``__str__``'s."""
+    try:
+        return str(exc)
+    except Exception as inner:
+        return f"(its message could not be made: {type(inner).__name__} in __str__)"
+
+
 def error_slot(exc: BaseException) -> str:
     """The string a failed slot carries: ``"[ERROR] <type>: <message>"``."""
-    message = str(exc).strip() or "(no message)"
+    message = message_of(exc).strip() or "(no message)"
     return f"[ERROR] {type(exc).__name__}: {message}"
 
 

@@ -545,3 +545,35 @@ def test_a_streaming_provider_outside_its_contract_is_named(stream: Any, error: 
     provider.stream = stream.__get__(provider)  # type: ignore[attr-defined]
     with pytest.raises(PluginError, match=error):
         RLM(provider).completion("context")
+
+
+def test_a_provider_error_whose_message_cannot_be_made_is_still_that_error() -> None:
+    """An error class formatting a field its server left out: the node was marked
+    cancelled and the completion raised the KeyError of ``__str__``, its own type lost."""
+    from rlm_graph import RLM
+    from rlm_graph.errors import ProviderError
+
+    class ServerError(ProviderError):
+        def __init__(self, body: dict[str, Any]) -> None:
+            super().__init__("server error", provider="mine")
+            self.body = body
+
+        def __str__(self) -> str:
+            return f"server said {self.body['error']['message']}"
+
+    class Provider:
+        name, model, max_concurrent = "mine", "m", 2
+
+        async def complete(self, request: object) -> ChatResponse:
+            raise ServerError({})
+
+        async def aclose(self) -> None:
+            pass
+
+    wf = Workflow()
+    ref = wf.llm("q")
+    result = Engine(Provider()).run(wf)
+    assert result.graph[ref.id].status == "error"
+    assert result.errors[ref.id].startswith("[ERROR] ServerError: (its message could not be made")
+    with pytest.raises(ServerError):
+        RLM(Provider()).completion("context")

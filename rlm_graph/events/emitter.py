@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from .._files import has_surrogate, utf8_text
 from ..concurrency import AdaptiveLimit
+from ..errors import message_of
 from ..graph import NodeRecord
 from ..limits import Budget, Limits
 from .models import (
@@ -187,7 +188,7 @@ class EventEmitter:
             RunFinished,
             nodes=nodes,
             stop_reason=stop_reason,
-            error=f"{type(error).__name__}: {error}" if error is not None else None,
+            error=f"{type(error).__name__}: {message_of(error)}" if error is not None else None,
             usage=self._budget.usage,
             cost=self._budget.cost,
             result=result,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import trio
 
 from .._http.attempts import RetryLog
+from ..errors import message_of
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hedging import HedgeBudget
@@ -64,7 +65,7 @@ def _mark_failed(record: NodeRecord, exc: BaseException) -> None:
     if _is_cancellation(exc):
         record.status = NodeStatus.CANCELLED
     elif isinstance(exc, Exception):
-        record.fail(type(exc).__name__, str(exc))
+        record.fail(type(exc).__name__, message_of(exc))
 
 
 class Run:
