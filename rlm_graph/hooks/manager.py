@@ -254,9 +254,12 @@ class PluginHost:
     def _register_code(self, plugin: object) -> None:
         """A plugin passed in code; one with no hook implementation is a mistake (its
         methods lack ``@hookimpl``, or it is not a plugin at all), said at once, as is an
-        ``async`` hook (it would never run: hooks are called, not awaited)."""
-        self._register(plugin, "registered in code")
+        ``async`` hook (it would never run: hooks are called, not awaited). An installed
+        plugin passed in code is code's from then on: registered last, it wins."""
         hooked = _hook_object(plugin)
+        if self._installed.pop(id(hooked), None) is not None:
+            self.pm.unregister(hooked)
+        self._register(plugin, "registered in code")
         if self.pm.is_registered(hooked) and not self.pm.get_hookcallers(hooked):
             self.pm.unregister(hooked)
             raise PluginError(

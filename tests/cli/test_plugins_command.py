@@ -240,3 +240,50 @@ def test_installed_plugins_that_cannot_work_are_skipped_and_every_engine_still_r
     assert "cannot register the class MyPlugin" in broken["a_class"]
     assert "hook rlm_node_finished is async" in broken["async_observer"]
     assert "rlm_register_providers returned None" in broken["no_return"]
+
+
+FAST = """
+from rlm_graph import hookimpl
+from rlm_graph.contracts import ChatResponse
+
+class Provider:
+    name, model, max_concurrent = "NAME", "m", 2
+
+    def __init__(self, **_):
+        pass
+
+    async def complete(self, request):
+        return ChatResponse(content="answered by NAME")
+
+    async def aclose(self):
+        pass
+
+@hookimpl
+def rlm_register_providers():
+    return {"fast": Provider}
+"""
+
+CHOOSE = """
+import logging
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+import alpha_fast, beta_fast
+from rlm_graph import Engine, Workflow
+for chosen in ([], [alpha_fast], [beta_fast]):
+    wf = Workflow()
+    ref = wf.llm("q")
+    print(Engine("fast", plugins=chosen).run(wf)[ref])
+"""
+
+
+def test_an_installed_plugin_passed_in_code_wins_a_clash_as_the_warning_says(
+    tmp_path: Path,
+) -> None:
+    """The clash warning says to register yours in code to choose; passing the installed
+    module in code changed nothing (the later entry point kept winning)."""
+    for name in ("alpha", "beta"):
+        _installed(tmp_path, f"{name}-fast", f"{name}_fast", FAST.replace("NAME", name))
+    done = _run(tmp_path, sys.executable, "-c", CHOOSE)
+    assert done.returncode == 0, done.stderr
+    default, alpha, beta = done.stdout.splitlines()
+    assert "register yours in code, plugins=[...], to choose" in done.stderr
+    assert (alpha, beta) == ("answered by alpha", "answered by beta")
