@@ -11,7 +11,6 @@ Invariants:
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -64,8 +63,6 @@ __all__ = [
     "Usage",
     "compacted_history",
     "estimate_tokens",
-    "contract_problem",
-    "exec_result",
     "lacking",
     "image_json_default",
     "image_json_hook",
@@ -83,40 +80,6 @@ def lacking(made: object, methods: tuple[str, ...]) -> str | None:
     """The first of ``methods`` that ``made`` does not have as a callable, if any: what a
     plugin's factory made, checked against its contract before it is used."""
     return next((m for m in methods if not callable(getattr(made, m, None))), None)
-
-
-def contract_problem(
-    made: object, awaited: tuple[str, ...], called: tuple[str, ...] = ()
-) -> str | None:
-    """What is wrong with ``made`` against a contract whose ``awaited`` methods the engine
-    awaits and whose ``called`` ones it calls, if anything: "has no execute()", "has a
-    plain def execute()...". A plain function where an ``async def`` belongs (or the other
-    way round) would fail deep inside the engine, or (an async check) always pass."""
-    missing = lacking(made, called + awaited)
-    if missing is not None:
-        return f"has no {missing}()"
-    for name in awaited:
-        method = getattr(made, name)
-        if inspect.isroutine(method) and not inspect.iscoroutinefunction(method):
-            return f"has a plain def {name}(), which the engine awaits: define it with async def"
-    for name in called:
-        if inspect.iscoroutinefunction(getattr(made, name)):
-            return f"has an async def {name}(), which the engine calls: make it a plain def"
-    return None
-
-
-def exec_result(env: object, result: object) -> ExecResult:
-    """What ``env.execute`` answered, if it is an `ExecResult`.
-
-    Raises:
-        PluginError: it is something else (the environment plugin's mistake, named).
-    """
-    if isinstance(result, ExecResult):
-        return result
-    raise PluginError(
-        f"environment {type(env).__name__}: execute() answered with {type(result).__name__}, "
-        "not an ExecResult; return rlm_graph.contracts.ExecResult(stdout=..., error=...)"
-    )
 
 
 def estimate_tokens(text: str) -> int:

@@ -15,10 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .contracts import ChatRequest, contract_problem, lacking
+from .contracts import ChatRequest, lacking
 from .errors import ConfigError, PluginError, checked_flag, config_error
 from .graph import Graph, NodeKind, NodeRecord
 from .hooks import hookimpl
+from .hooks.checks import contract_problem
 from .journal.tools import JournaledTool
 from .repl import RESERVED_NAMES
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,13 @@ import trio.testing
 # back (see `as_from_a_terminal`).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# pytest-xdist's workers set COLUMNS=80 and LINES=24 for their own output. The commands
+# the tests start in a pseudo-terminal must see that terminal's size, as under one
+# process: rich takes COLUMNS over the terminal's own width.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 
 @pytest.fixture

@@ -115,15 +115,21 @@ def _head_text(response: httpx.Response) -> str:
     return content[:ERROR_TEXT].decode(response.encoding or "utf-8", errors="replace")
 
 
-def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> NoReturn:
-    """The error of an answer with a status of 300 or more (`AttemptFailed` for a retry)."""
-    status = response.status_code
-    text = _head_text(response)
-    try:  # a plugin's override slipping on an odd body (a proxy's HTML page) loses no retry
+def _server_said(provider: Speaker, data: Any) -> str | None:
+    """The server's message by the provider's reading of its error body; None when that
+    reading slips on an odd body (a proxy's HTML page: ``data`` is None), so that the
+    body's text is quoted and the failure is retried as any other."""
+    try:
         message = provider._server_message(data)
     except Exception:
-        message = None
-    said = provider._quote(message if isinstance(message, str) and message else text)
+        return None
+    return message if isinstance(message, str) else None
+
+
+def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> NoReturn:
+    """The error of an answer with a status of 300 or more (`AttemptFailed` for a retry)."""
+    status, text = response.status_code, _head_text(response)
+    said = provider._quote(_server_said(provider, data) or text)
     name, model = provider.name, provider.model
     where = f"{name}: POST {provider.url} answered {status}"
     if status != 429 and is_context_length_error(text):

@@ -38,11 +38,11 @@ from ..contracts import (
     Environment,
     ExecResult,
     Message,
-    exec_result,
 )
 from ..doors.sync import single_or_group
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
+from ..hooks.checks import exec_result
 from ..journal import value_hash
 from ..journal.keys import text_hash
 from ..journal.seam import Journaled

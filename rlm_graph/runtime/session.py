@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ..contracts import Environment, contract_problem
+from ..contracts import Environment
 from ..errors import ConfigError, PluginError
+from ..hooks.checks import contract_problem
 from ..journal.tools import JournaledTool
 from ..protocol.state import CompletionState, LoopSettings, ToolTable
 from .bridge import BridgeProxy, CompletionBridge
