@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
+from ..errors import ConfigError
 from .models import RunFinished, parse_event
 
 __all__ = ["DEFAULT_CAPACITY", "EMPTY", "END", "EventBuffer"]
@@ -38,7 +39,8 @@ class EventBuffer:
     """A listener that queues every event for a consumer, memory-bounded, lossless.
 
     Args:
-        capacity: events held in memory before spilling to disk (at least 1).
+        capacity: events held in memory before spilling to disk (at least 1; else a
+            `ConfigError`).
         wakeup: called (on the producer's thread) after each event is queued and at
             `close`; the async stream uses it to wake its consumer.
 
@@ -51,8 +53,11 @@ class EventBuffer:
     def __init__(
         self, capacity: int = DEFAULT_CAPACITY, *, wakeup: Callable[[], None] | None = None
     ) -> None:
-        if capacity < 1:
-            raise ValueError("an event buffer's capacity must be at least 1")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError(
+                "capacity (the events a stream holds in memory; the rest wait on disk) must "
+                f"be a whole number, at least 1, not {type(capacity).__name__} {capacity!r:.40}"
+            )
         self.capacity = capacity
         self.wakeup = wakeup
         self._memory: deque[Any] = deque()

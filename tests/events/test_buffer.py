@@ -8,6 +8,7 @@ import threading
 
 import pytest
 
+from rlm_graph.errors import ConfigError
 from rlm_graph.events import EventBuffer, NodeStarted, RunFinished
 from rlm_graph.events.buffer import EMPTY, END
 
@@ -77,9 +78,10 @@ def test_a_consumer_thread_waits_and_gets_all() -> None:
     assert got == list(range(1, 501))
 
 
-def test_capacity_must_be_positive() -> None:
-    with pytest.raises(ValueError, match="at least 1"):
-        EventBuffer(capacity=0)
+@pytest.mark.parametrize("capacity", [0, "100", 2.5, True])
+def test_capacity_must_be_a_whole_number_at_least_1(capacity: object) -> None:
+    with pytest.raises(ConfigError, match="capacity .* must be a whole number, at least 1"):
+        EventBuffer(capacity=capacity)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("capacity", [1, 1024])
