@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
-from typing import Any
+from typing import Any, get_args
 
 import networkx as nx
 from pydantic import ValidationError
 
 from ..errors import GraphError
-from .model import Graph, checked_graph
+from .model import EdgeKind, Graph, checked_graph
 from .nodes import NodeRecord
 
 __all__ = ["from_json", "to_dot", "to_graphml", "to_json", "to_jsonable"]
 
 FORMAT = "rlm-graph/1"
+_EDGE_KINDS: tuple[str, ...] = get_args(EdgeKind)
 
 
 def to_jsonable(graph: Graph) -> dict[str, Any]:
@@ -42,6 +44,15 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a number a graph export holds")
 
 
+def _finite(text: str) -> float:
+    """A JSON number as a float; one past a float's range (``1e400``, which Python
+    reads as an infinity) is refused as the literal ``Infinity`` is."""
+    value = float(text)
+    if not math.isfinite(value):
+        _no_constant(text)
+    return value
+
+
 def from_json(text: str | dict[str, Any]) -> Graph:
     """Rebuild a graph from ``to_json`` output.
 
@@ -49,7 +60,11 @@ def from_json(text: str | dict[str, Any]) -> Graph:
         GraphError: the text is not an rlm-graph JSON export.
     """
     try:
-        data = json.loads(text, parse_constant=_no_constant) if isinstance(text, str) else text
+        data = (
+            json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+            if isinstance(text, str)
+            else text
+        )
     except ValueError as exc:
         raise GraphError(f"not an rlm-graph export: not JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -74,6 +89,11 @@ def from_json(text: str | dict[str, Any]) -> Graph:
             isinstance(edge, list) and len(edge) == 3 and all(isinstance(e, str) for e in edge)
         ):
             raise GraphError(f"edge {index} of the export is not [source, target, kind]")
+        if edge[2] not in _EDGE_KINDS:
+            raise GraphError(
+                f"edge {index} of the export has kind {edge[2]!r}; an edge's kind is one of "
+                f"{', '.join(map(repr, _EDGE_KINDS))}"
+            )
         graph.add_edge(*edge)
     return graph
 

@@ -113,6 +113,15 @@ def test_json_round_trips_every_field_and_edge() -> None:
             '{"format": "rlm-graph/1", "nodes": [], "edges": [["a", "b"]]}',
             "edge 0 of the export is not",
         ),
+        (
+            '{"format": "rlm-graph/1", "nodes": [{"id": "a", "kind": "function"}, '
+            '{"id": "b", "kind": "function"}], "edges": [["a", "b", "sideways"]]}',
+            "edge 0 of the export has kind 'sideways'; an edge's kind is one of 'after', 'spawn'",
+        ),
+        (
+            '{"format": "rlm-graph/1", "nodes": [{"id": "a", "kind": "function", "start": 1e400}]}',
+            "not JSON \\(1e400 is not a number a graph export holds\\)",
+        ),
     ],
 )
 def test_from_json_rejects_something_else(text: str, says: str) -> None:
