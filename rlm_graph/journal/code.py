@@ -14,7 +14,8 @@ Invariants:
       ``repr`` shows an address (``<Foo object at 0x...>``) counts by its type and its
       own state (its ``__dict__`` and ``__slots__`` values, through `stable_value`), so
       ``C(", ").join`` and ``C(" | ").join`` differ; one with no state to read (a C
-      object: a lock, a socket) counts by its type alone.
+      object: a lock, a socket) counts by its type alone. So does one whose ``repr``
+      raises: a key never fails its node.
     - Cheap: containers count up to `MAX_ITEMS` items each (past that, their length and
       the first items), nesting up to `MAX_DEPTH` levels, functions named by functions up
       to `MAX_HOPS` hops, objects inside objects while under `MAX_STATE_DEPTH` levels of
@@ -106,8 +107,11 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
     fields = _fields(value)
     if fields is not None:  # its repr would show a set field in its hash order
         return ["object", kind, stable_value(fields, depth + 1, hops)]
-    text = repr(value)
-    if _ADDRESS.search(text):
+    try:
+        text = repr(value)
+    except Exception:  # a repr that needs what it lacks here (an ORM row's session)
+        text = ""  # counts by its type and state, as one whose repr shows an address
+    if not text or _ADDRESS.search(text):
         state = _state(value) if depth < MAX_STATE_DEPTH else None
         if not state:
             return ["object", kind]

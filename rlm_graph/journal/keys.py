@@ -56,13 +56,21 @@ def _dumps(value: Any) -> str:
 def _default(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return ["set", sorted(canonical_json(member) for member in value)]
-    return repr(value)
+    return _repr(value)
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, or its type's name where that raises: a key never fails."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{qualname(type(value))} object; its repr raised>"
 
 
 def _sortable(value: Any, depth: int = 0) -> Any:
     """``value`` with every dict as its pairs sorted by their keys' canonical texts."""
     if depth > 200:  # as deep as json itself goes before RecursionError, roughly
-        return repr(value)
+        return _repr(value)
     if isinstance(value, dict):
         pairs = sorted((canonical_json(k), _sortable(v, depth + 1)) for k, v in value.items())
         return ["dict", [list(pair) for pair in pairs]]

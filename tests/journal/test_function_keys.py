@@ -20,6 +20,7 @@ import pytest
 
 from rlm_graph import Engine, Workflow
 from rlm_graph.journal.code import function_fingerprint, stable_value
+from rlm_graph.journal.keys import canonical_json
 from tests.support.scripts import scripted
 
 
@@ -286,3 +287,19 @@ def test_a_class_holding_its_own_instances_is_read_once(tmp_path: Path) -> None:
     script.write_text(CONSTANTS.format(root=str(Path(__file__).parents[2])))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and len(done.stdout.strip()) == 32
+
+
+class Unprintable:
+    """An ORM row whose repr needs a session it no longer has."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        raise RuntimeError("repr not available")
+
+
+def test_a_value_whose_repr_raises_is_keyed_by_its_type_and_state() -> None:
+    assert stable_value(Unprintable(1)) == stable_value(Unprintable(1))
+    assert stable_value(Unprintable(1)) != stable_value(Unprintable(2))
+    assert "Unprintable object; its repr raised" in canonical_json([Unprintable(1)])
