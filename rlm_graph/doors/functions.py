@@ -1,7 +1,8 @@
 """The way out: a workflow's function nodes that are not trio code, run from the scheduler.
 
 - A plain (sync) function runs in a worker thread (`run_in_thread`), so the scheduler
-  and every other node go on while it works.
+  and every other node go on while it works; so does a model node's prompt function
+  (`prompt_messages`).
 - An ``async`` function written for trio is awaited on the scheduler's loop; one that
   turns out to be asyncio code fails with a `NodeFailed` that says to pass
   ``loop="asyncio"`` (`on_trio`), not with asyncio's or trio's own puzzling error.
@@ -26,15 +27,27 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, cast
 
 import trio
 
+from ..contracts import Message
 from ..errors import NodeFailed
+from ..graph import NodeRecord, preview
+from ..graph.spec import NodeSpec, is_async
 
-__all__ = ["call_function", "on_trio", "run_in_thread", "run_on_asyncio"]
+__all__ = [
+    "call_function",
+    "function_try",
+    "on_trio",
+    "prompt_messages",
+    "run_in_thread",
+    "run_on_asyncio",
+]
 
 # What asyncio code says on trio's loop: asyncio.get_running_loop() (and all that calls
 # it), and trio's answer to the bare yield of asyncio.sleep(0) or an asyncio future.
@@ -63,19 +76,85 @@ async def call_function(
             the rest of the workflow goes on (trio's cancellation and Ctrl-C go on up).
     """
     if native:
-        try:
-            return await on_trio(fn, fn(*args, **kwargs))
-        except BaseException as exc:
-            if isinstance(exc, Exception) or _goes_on(exc):
-                raise
-            raise _not_an_exception(fn, exc) from None
+        return await _awaited(fn, lambda: fn(*args, **kwargs))
     door = run_on_asyncio if loop == "asyncio" else run_in_thread
     if on_start is not None:
         limiter = cast(trio.CapacityLimiter, _Started(limiter, on_start))
     result = await door(fn, args, kwargs, limiter=limiter, abandoned=abandoned)
     if loop == "trio" and hasattr(result, "__await__"):
-        result = await on_trio(fn, result)  # a plain function that returned a trio awaitable
+        # A plain function that returned a trio awaitable (a lambda calling an async def)
+        result = await _awaited(fn, lambda: result)
     return result
+
+
+async def _awaited(fn: Callable[..., Any], start: Callable[[], Awaitable[Any]]) -> Any:
+    """``await start()`` on the scheduler's loop (`on_trio`); a ``BaseException`` that
+    is not the run's own business fails the node (`_not_an_exception`)."""
+    try:
+        return await on_trio(fn, start())
+    except BaseException as exc:
+        if isinstance(exc, Exception) or _goes_on(exc):
+            raise
+        raise _not_an_exception(fn, exc) from None
+
+
+def function_try(
+    spec: NodeSpec,
+    inputs: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+    limiter: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> Callable[[NodeRecord], Awaitable[Any]]:
+    """One try of a workflow's function node (the graph executor's body for it):
+    ``spec.fn`` of the node's resolved arguments (``inputs()``), where it belongs
+    (`call_function`), its previews on its record."""
+    fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
+    assert fn is not None
+    waited: list[bool] = []
+
+    def started(record: NodeRecord) -> None:
+        """The first try got its thread: the node's service starts (waiting for one,
+        like a model node's wait for a provider slot, is queueing)."""
+        if not waited:
+            waited.append(True)
+            record.began(trio.current_time(), time.time())
+
+    async def body(record: NodeRecord) -> Any:
+        args, kwargs = inputs()
+        record.input_preview = preview([*args, *kwargs.values()])
+        result = await call_function(
+            fn,
+            args,
+            kwargs,
+            native=native,
+            loop=spec.loop,
+            limiter=limiter,
+            abandoned=abandoned,
+            on_start=lambda: started(record),
+        )
+        record.output_preview = preview(result)
+        return result
+
+    return body
+
+
+async def prompt_messages(
+    spec: NodeSpec,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    *,
+    limiter: trio.CapacityLimiter,
+    abandoned: list[threading.Event],
+) -> list[Message]:
+    """A workflow model node's messages (`NodeSpec.messages`). Its prompt function, if
+    it has one, runs in a worker thread under ``limiter``, as a plain function node does:
+    a slow one holds only its node (whose timeout and the run's deadline go on), and
+    one that calls ``sys.exit()`` or raises another ``BaseException`` fails its node."""
+    prompt = spec.prompt
+    if callable(prompt):
+        prompt = await run_in_thread(
+            prompt, args, kwargs, limiter=limiter, abandoned=abandoned, role="prompt function"
+        )
+    return spec.messages(prompt)
 
 
 async def on_trio(fn: Callable[..., Any], awaitable: Awaitable[Any]) -> Any:
@@ -102,24 +181,29 @@ async def run_in_thread(
     limiter: trio.CapacityLimiter,
     abandoned: list[threading.Event],
     on_cancel: Callable[[], None] | None = None,
+    role: str = "function",
 ) -> Any:
-    """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises. Cancelled,
-    it calls ``on_cancel`` (a way to stop the thread's work, if there is one) and hands
-    the thread, still running, to ``abandoned``."""
+    """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises (a
+    ``BaseException`` that is not an ``Exception`` as a `RuntimeError` naming ``fn``
+    by its ``role``). Cancelled, it calls ``on_cancel`` (a way to stop the thread's work,
+    if there is one) and hands the thread, still running, to ``abandoned``."""
     finished = threading.Event()
 
     def work() -> Any:
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except BaseException as exc:  # sys.exit() in a thread would end only the thread
             if isinstance(exc, Exception):
                 raise
-            raise _not_an_exception(fn, exc) from None
+            raise _not_an_exception(fn, exc, role) from None
         finally:
             finished.set()
+        # trio refuses a coroutine back from a thread (it takes the function for async)
+        return _Coroutine(result) if inspect.iscoroutine(result) else result
 
     try:
-        return await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+        result = await trio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=limiter)
+        return result.coroutine if isinstance(result, _Coroutine) else result
     except trio.Cancelled:
         if on_cancel is not None:
             on_cancel()
@@ -127,6 +211,15 @@ async def run_in_thread(
         if not finished.is_set():
             abandoned.append(finished)
         raise
+
+
+class _Coroutine:
+    """A coroutine a plain function returned, carried out of its thread to be awaited."""
+
+    __slots__ = ("coroutine",)
+
+    def __init__(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        self.coroutine = coroutine
 
 
 _UNWIND = 0.2
@@ -151,19 +244,22 @@ def _goes_on(exc: BaseException) -> bool:
     return isinstance(exc, stops)
 
 
-def _not_an_exception(fn: Callable[..., Any], exc: BaseException) -> RuntimeError:
-    """The node's error for a function that raised ``exc``, a ``BaseException`` that is
-    not an ``Exception`` (its text kept, its traceback dropped with the chain)."""
+def _not_an_exception(
+    fn: Callable[..., Any], exc: BaseException, role: str = "function"
+) -> RuntimeError:
+    """The node's error for a function (a node's ``role``: its function, its prompt
+    function) that raised ``exc``, a ``BaseException`` that is not an ``Exception`` (its
+    text kept, its traceback dropped with the chain)."""
     name = getattr(fn, "__qualname__", type(fn).__name__)
     if isinstance(exc, SystemExit):
         return RuntimeError(
-            f"function {name!r} called sys.exit({exc.code!r}); a node cannot end the "
+            f"{role} {name!r} called sys.exit({exc.code!r}); a node cannot end the "
             "program: raise an exception to fail the node"
         )
     what = type(exc).__name__ + (f"({exc})" if str(exc) else "")
     hint = " (a task it awaited was cancelled?)" if isinstance(exc, asyncio.CancelledError) else ""
     return RuntimeError(
-        f"function {name!r} raised {what}{hint}, which is not an Exception; a node cannot "
+        f"{role} {name!r} raised {what}{hint}, which is not an Exception; a node cannot "
         "end the run: it fails (raise an Exception to fail a node on purpose)"
     )
 

@@ -3,7 +3,8 @@
 ``Workflow.to_json()`` / ``Workflow.to_dot()`` call these. The JSON (``"format":
 "rlm-graph-workflow/1"``) lists every node with its kind, dependencies, arguments (node
 references as ``{"ref": id}``, constants as JSON, or ``{"repr": ...}`` when JSON cannot
-hold them), model, parameters and options, and every dependency edge.
+hold them: an object, NaN, an infinity), model, parameters and options, and every
+dependency edge.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .export import dot_quote
-from .nodes import NodeKind
+from .nodes import NodeKind, preview
 from .spec import NodeRef, NodeSpec, is_async
 
 __all__ = ["PLAN_FORMAT", "plan_dot", "plan_jsonable"]
@@ -37,9 +38,12 @@ def _shown(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return {"set": sorted((_shown(item) for item in value), key=repr)}
     try:
-        json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
+        json.dumps(value, allow_nan=False)  # NaN and infinities are not JSON
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = repr(value)
+        except Exception:  # its preview names its type
+            text = preview(value)
         return {"repr": text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT] + "..."}
     return value
 

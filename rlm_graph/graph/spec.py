@@ -16,15 +16,18 @@ Invariants:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
+import functools
 import inspect
 import io
 import math
-from collections.abc import Callable, Iterator, Mapping
+import types
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..contracts import ChatRequest, Message
 from ..errors import ConfigError, config_error
@@ -42,6 +45,7 @@ __all__ = [
     "refs_in",
     "resolve",
     "snapshot",
+    "unpartial",
 ]
 
 FunctionLoop = Literal["trio", "asyncio"]
@@ -68,7 +72,15 @@ class NodeRef:
     owner: int = field(default=0, compare=False, repr=False)
 
     def __str__(self) -> str:
-        return self.id
+        raise ConfigError(
+            f"node handle {self!r} was made into text (an f-string, str() or format()), "
+            "which would put its id where its result belongs: a node's result exists only "
+            "once it ran. Pass the handle as an argument and build the text in a function: "
+            f'wf.llm(lambda text: f"... {{text}}", handle); its id is {self.id!r} (handle.id)'
+        )
+
+    def __format__(self, format_spec: str) -> str:
+        return self.__str__()
 
 
 @dataclass(slots=True)
@@ -114,15 +126,17 @@ class NodeSpec:
             return self.args, self.kwargs
         return resolve(self.args, lookup), resolve(self.kwargs, lookup)
 
-    def messages(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[Message]:
-        """A model node's messages: its system text, then its prompt (the prompt
-        function's answer to the node's arguments, when it is a function).
+    def messages(self, prompt: object) -> list[Message]:
+        """A model node's messages: its system text, then ``prompt``: its prompt text, or
+        what its prompt function returned for the node's arguments (the runtime calls it
+        in a worker thread: `rlm_graph.doors.functions.prompt_messages`).
 
         Raises:
             TypeError: the prompt function returned something other than a string.
         """
-        prompt = self.prompt(*args, **kwargs) if callable(self.prompt) else self.prompt
         if not isinstance(prompt, str):
+            if inspect.iscoroutine(prompt):
+                prompt.close()  # it will never be awaited: no warning that it was not
             raise TypeError(
                 f"the prompt function of node {self.id!r} returned {type(prompt).__name__}; "
                 "it must return a string"
@@ -179,9 +193,57 @@ def _collect(value: Any, found: dict[str, NodeRef], depth: int) -> None:
             "(list(...)) instead"
         )
     else:
+        _refuse_hidden(value, depth)
         return
     for item in items:
         _collect(item, found, depth + 1)
+
+
+_TEXTS = str | bytes | bytearray | memoryview | range
+
+
+def _refuse_hidden(value: Any, depth: int) -> None:
+    """Refuse a reference where the node would receive the handle, not its result:
+    inside a sequence other than a list or a tuple (a ``deque``), or in a field of a
+    dataclass, a pydantic model or a namespace (objects are passed as they are).
+
+    Raises:
+        ConfigError: naming the reference, where it is, and what to pass instead.
+    """
+    parts: dict[str, Any]
+    if isinstance(value, Sequence) and not isinstance(value, _TEXTS):
+        try:
+            parts = {"": list(value)}
+        except Exception:  # a sequence that cannot be read here is passed as a value
+            return
+        where = f"a {type(value).__name__}"
+    elif isinstance(value, types.SimpleNamespace):
+        parts, where = dict(vars(value)), "attribute {} of a SimpleNamespace"
+    elif isinstance(value, BaseModel):
+        parts = {name: getattr(value, name, None) for name in type(value).model_fields}
+        where = f"field {{}} of a {type(value).__name__}"
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        parts = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+        where = f"field {{}} of a {type(value).__name__}"
+    else:
+        return
+    for name, part in parts.items():
+        inner: dict[str, NodeRef] = {}
+        try:
+            _collect(part, inner, depth + 1)
+        except ConfigError:  # too deep, an iterator: what the object holds is its business
+            continue
+        if inner:
+            _hidden(next(iter(inner)), where.format(repr(name)), type(value).__name__)
+
+
+def _hidden(ref_id: str, where: str, kind: str) -> None:
+    raise ConfigError(
+        f"node reference {ref_id!r} inside {where} would reach the node as the handle, "
+        "not its result: only lists, tuples, dicts and sets are rebuilt with results. "
+        f"Pass the reference in a list, a tuple or as an argument, and build the {kind} "
+        "in the function"
+    )
 
 
 def snapshot(value: Any, found: Mapping[str, NodeRef]) -> Any:
@@ -287,23 +349,38 @@ def check_options(
     """
     if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
         raise ConfigError(f"node {node_id!r}: retries must be a whole number >= 0, not {retries!r}")
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not math.isfinite(timeout)
-        or timeout <= 0
-    ):
+    if timeout is not None and not _seconds(timeout):
         raise ConfigError(
-            f"node {node_id!r}: timeout must be a positive number of seconds, not {timeout!r}"
+            f"node {node_id!r}: timeout must be a positive number of seconds (finite), not "
+            f"{timeout!r:.60}"
         )
     for name, value in (("cache", cache), ("receive_failures", receive_failures)):
         if not isinstance(value, bool):
             raise ConfigError(f"node {node_id!r}: {name} must be True or False, not {value!r}")
 
 
+def unpartial(fn: Any) -> Any:
+    """The callable a ``functools.partial`` (of a partial...) calls in the end."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
+
+
+def _seconds(value: object) -> bool:
+    """Whether ``value`` is a positive, finite number of seconds (an int too large for
+    a float is not)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value > 0
+    except OverflowError:
+        return False
+
+
 def is_async(fn: Callable[..., Any] | None) -> bool:
-    """Whether calling ``fn`` makes a coroutine (an ``async def``, a partial of one, or
-    an object whose ``__call__`` is one)."""
+    """Whether calling ``fn`` makes a coroutine (an ``async def``, or an object whose
+    ``__call__`` is one, or a partial of either)."""
+    fn = unpartial(fn)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004 - the method itself, not callable()
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -40,11 +41,13 @@ from .spec import (
     is_async,
     references,
     snapshot,
+    unpartial,
 )
 
 __all__ = ["NodeRef", "NodeSpec", "Workflow"]
 
 _OWNERS = itertools.count(1)
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Workflow:
@@ -191,6 +194,12 @@ class Workflow:
                 f"arguments, not {type(keywords).__name__}"
             )
         if callable(prompt):
+            if is_async(prompt):
+                raise ConfigError(
+                    f"node {node_id!r}: the prompt function is async; a prompt function is a "
+                    "plain function that returns the prompt text (it runs in a worker "
+                    "thread): do async work in a wf.function node and pass its result"
+                )
             _check_prompt_keywords(node_id, prompt, params)
         return self._spec(
             node_id,
@@ -291,8 +300,10 @@ class Workflow:
         return plan_jsonable(self)
 
     def to_json(self, *, indent: int | None = None) -> str:
-        """`to_jsonable` as JSON text."""
-        return json.dumps(self.to_jsonable(), indent=indent, ensure_ascii=False)
+        """`to_jsonable` as JSON text (a lone surrogate, from a file name that is not
+        UTF-8, written as its escape: the text can be written as UTF-8)."""
+        text = json.dumps(self.to_jsonable(), indent=indent, ensure_ascii=False, allow_nan=False)
+        return _SURROGATE.sub(lambda m: f"\\u{ord(m[0]):04x}", text)
 
     def to_dot(self) -> str:
         """The plan as Graphviz DOT text (``dot -Tsvg``): a box per model call, a
@@ -330,7 +341,9 @@ class Workflow:
 def _written_for_asyncio(fn: Callable[..., Any]) -> bool:
     """Whether ``fn``'s code (its nested functions too) names asyncio's libraries and
     not trio: ``await asyncio.sleep(0)`` on trio's loop fails."""
-    code = getattr(inspect.unwrap(fn), "__code__", None)
+    fn = unpartial(fn)
+    call = getattr(fn, "__call__", None)  # noqa: B004 - an object's async __call__
+    code = getattr(inspect.unwrap(fn), "__code__", None) or getattr(call, "__code__", None)
     names: set[str] = set()
     todo = [code] if code is not None else []
     while todo:

@@ -136,7 +136,7 @@ class Run:
         parent: str | None = None,
         span_parent: str | None = None,
         added: bool = False,
-        journal: Journaled[T] | Callable[[], Journaled[T]] | None = None,
+        journal: Journaled[T] | Callable[[], Journaled[T] | Awaitable[Journaled[T]]] | None = None,
     ) -> T:
         """Run ``body(record)`` as the node ``record``; what ``body`` raises is recorded
         on the node, then raised. ``body`` may fill in the record's usage, model, previews.
@@ -146,11 +146,10 @@ class Run:
             parent: the node that issued this one (a ``spawn`` edge).
             span_parent: the node whose span is this span's parent (default: ``parent``;
                 ``None`` for both means the run's own span).
-            added: the record is already in the graph (planned workflows add every node
-                before running any).
-            journal: how the node is journaled (or a function that says, called in the
-                node when the run has a journal): a recorded result of the same request
-                is the node's result, else what ``body`` returns is recorded.
+            added: the record is already in the graph (a workflow adds all nodes first).
+            journal: how the node is journaled (or a function, maybe async, that says,
+                called in the node when the run has a journal): a recorded result of the
+                same request is the node's result, else what ``body`` returns is recorded.
         """
         if not added:
             self.graph.add(record, after=after, parent=parent)
@@ -166,6 +165,7 @@ class Run:
                         result = await body(record)
                     else:  # the journal's seam; no await of its own (every frame costs)
                         key = journal if isinstance(journal, tuple) else journal()
+                        key = key if isinstance(key, tuple) else await key  # a prompt function's
                         result = replayer.replay(record, key)
                         if result is NOT_JOURNALED:
                             result = await body(record)

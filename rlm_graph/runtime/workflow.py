@@ -29,10 +29,10 @@ from typing import Any, Literal
 
 import trio
 
-from ..doors.functions import call_function
+from ..doors.functions import function_try, prompt_messages
 from ..errors import LIMIT_ERRORS, STOPS_WORKFLOW, LimitExceeded
-from ..graph import NodeKind, NodeRecord, Workflow, preview
-from ..graph.spec import NodeSpec, is_async
+from ..graph import NodeKind, NodeRecord, Workflow
+from ..graph.spec import NodeSpec
 from ..journal.keys import function_fingerprints, function_key, json_value
 from ..journal.seam import Journaled, JournalTarget
 from ..result import WorkflowOutcome, WorkflowResult
@@ -48,6 +48,7 @@ FUNCTION_THREADS = 40
 
 Body = Callable[[NodeRecord], Awaitable[Any]]
 Inputs = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]  # a node's arguments, resolved
+Limiter = trio.CapacityLimiter
 
 
 class WorkflowRun:
@@ -142,10 +143,11 @@ async def _run_node(
         return
     # Resolved in the node: arguments that cannot be built fail it, not the run.
     inputs = functools.cache(lambda: spec.arguments(lambda d: outcome.value(d, run.graph)))
+    journal: Callable[[], Journaled[Any] | Awaitable[Journaled[Any]]]
     if spec.kind == NodeKind.LLM_CALL:
-        body, journal = _model_call(run, record, spec, inputs)
+        body, journal = _model_call(run, op, record, spec, inputs, threads)
     else:
-        body = _function(spec, inputs, threads, op.abandoned)
+        body = function_try(spec, inputs, threads, op.abandoned)
         journal = _function_journal(spec, inputs, key)
     try:
         outcome.values[spec.id] = await run.execute(
@@ -200,25 +202,31 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
 
 
 def _model_call(
-    run: Run, record: NodeRecord, spec: NodeSpec, inputs: Inputs
-) -> tuple[Body, Callable[[], Journaled[str]]]:
-    """A model node's body and journal key, over one `ModelCall` made on first use
-    inside the node (so that a prompt function that fails fails its node)."""
+    run: Run, op: WorkflowRun, record: NodeRecord, spec: NodeSpec, inputs: Inputs, threads: Limiter
+) -> tuple[Body, Callable[[], Awaitable[Journaled[str]]]]:
+    """A model node's body and journal key, over one `ModelCall` made on first use inside
+    the node, its prompt function in a thread (`prompt_messages`): one that fails, or is
+    slow, fails or holds its node only (a journaled run's key is under its timeout too)."""
     made: list[ModelCall] = []
 
-    def call() -> ModelCall:
+    async def call(record: NodeRecord) -> ModelCall:
         if not made:
-            messages = spec.messages(*inputs())
+            messages = await prompt_messages(
+                spec, *inputs(), limiter=threads, abandoned=op.abandoned
+            )
             made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
         return made[0]
 
     async def body(record: NodeRecord) -> str:
-        reply = await call().text(record)
+        reply = await (await call(record)).text(record)
         if run.record_content:
-            record.keep_content(call().messages[-1].content, reply)
+            record.keep_content(made[0].messages[-1].content, reply)
         return reply
 
-    return body, lambda: call().journaled()
+    async def journaled() -> Journaled[str]:
+        return (await _tries(spec, call)(record)).journaled()  # type: ignore[no-any-return]
+
+    return body, journaled
 
 
 def _function_journal(
@@ -227,37 +235,3 @@ def _function_journal(
     """A function node keyed by its code, what it reads (``key``: as the run started) and
     its arguments (`function_key`); its result kept as JSON when JSON gives it back equal."""
     return lambda: Journaled(function_key(spec, *inputs(), key), json_value, json.loads)
-
-
-def _function(
-    spec: NodeSpec, inputs: Inputs, threads: trio.CapacityLimiter, abandoned: list[threading.Event]
-) -> Body:
-    """One try of a function node, where it belongs (`rlm_graph.doors.functions`)."""
-    fn, native = spec.fn, is_async(spec.fn) and spec.loop == "trio"
-    assert fn is not None
-    waited: list[bool] = []
-
-    def started(record: NodeRecord) -> None:
-        """The first try got its thread: the node's service starts (waiting for one,
-        like a model node's wait for a provider slot, is queueing)."""
-        if not waited:
-            waited.append(True)
-            record.began(trio.current_time(), time.time())
-
-    async def body(record: NodeRecord) -> Any:
-        args, kwargs = inputs()
-        record.input_preview = preview([*args, *kwargs.values()])
-        result = await call_function(
-            fn,
-            args,
-            kwargs,
-            native=native,
-            loop=spec.loop,
-            limiter=threads,
-            abandoned=abandoned,
-            on_start=lambda: started(record),
-        )
-        record.output_preview = preview(result)
-        return result
-
-    return body
