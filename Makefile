@@ -28,11 +28,12 @@ browser:
 demo: $(STAMP)
 	$(BIN)/rlm-graph demo
 
-# Two workers (pytest-xdist), one test file each at a time: the suite's time is mostly
-# waiting (other processes, servers, sleeps by design), so two cores take it in about
-# two thirds of the time one does.
+# Two workers (pytest-xdist), one test file each at a time and the tests on a Ray cluster
+# on one of them (tests/conftest.py groups them): the suite's time is mostly waiting
+# (other processes, servers, sleeps by design), so two cores take it in about two thirds
+# of the time one does.
 test: $(STAMP) browser
-	cd $(ROOT) && .venv/bin/python -m pytest -q -n 2 --dist loadfile
+	cd $(ROOT) && .venv/bin/python -m pytest -q -n 2 --dist loadgroup
 
 # The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
 # another process, tests slow by design); `make test` runs them all.

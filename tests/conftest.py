@@ -23,6 +23,18 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``): a test file runs whole on
+    one worker, and every test on a Ray cluster on the same one, so that there is one
+    cluster for the session, not one per worker on the same two cores."""
+    for item in items:
+        on_ray = item.get_closest_marker("ray") is not None or "ray_cluster" in getattr(
+            item, "fixturenames", ()
+        )
+        item.add_marker(pytest.mark.xdist_group("ray" if on_ray else item.nodeid.split("::")[0]))
+
+
 @pytest.fixture
 def autojump_clock() -> trio.testing.MockClock:
     """Mock time that jumps ahead whenever every task is blocked: latency costs nothing."""

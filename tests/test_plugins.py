@@ -7,6 +7,9 @@ import re
 from typing import Any
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rlm_graph import ChatResponse, Engine, Workflow, hookimpl
 from rlm_graph.cli import main
@@ -81,14 +84,19 @@ def test_a_plugin_that_returns_garbage_is_named() -> None:
         PluginHost([Broken()])
 
 
-def test_a_register_hook_that_forgot_its_return_is_named() -> None:
+def test_a_register_hook_that_forgot_its_return_is_said(caplog: pytest.LogCaptureFixture) -> None:
+    """pluggy leaves a None answer out: the engine then said only "unknown backend"."""
+
     class Forgot:
         @hookimpl
         def rlm_register_providers(self) -> None:
             {"mine": object}  # noqa: B018 - the mistake under test
 
-    with pytest.raises(PluginError, match="rlm_register_providers returned None; return a dict"):
-        PluginHost([Forgot()])
+    with caplog.at_level("WARNING", logger="rlm_graph"):
+        host = PluginHost([Forgot()])
+    assert "mine" not in host.names("providers")
+    assert "rlm_register_providers returned None, so it registers nothing" in caplog.text
+    assert "a forgotten return?" in caplog.text
 
 
 def test_an_async_observer_hook_is_refused_as_it_would_never_run() -> None:
@@ -453,16 +461,17 @@ def _plain_execute(self: object, code: str) -> ExecResult:
     ("execute", "start_fails", "error"),
     [
         (_answers_text, False, "execute\\(\\) answered with str, not an ExecResult; return"),
-        (_plain_execute, False, "has a plain def execute\\(\\), which the engine awaits"),
+        (_plain_execute, False, "can't be used in 'await' expression"),
         (_answers_text, True, "the container did not start"),
     ],
     ids=["answers-text", "plain-def", "start-fails"],
 )
 def test_an_environment_plugin_outside_its_contract_is_named_and_closed_once(
-    execute: Any, start_fails: bool, error: str
+    execute: Any, start_fails: bool, error: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """These failed with an AttributeError or a TypeError from inside the engine's loop;
-    an environment whose start() failed was closed twice."""
+    """An execute() answering text failed with an AttributeError from inside the engine's
+    loop; a plain def one is warned of when the environment is made (it may return an
+    awaitable: one delegating to another's); one whose start() failed was closed twice."""
     from rlm_graph import RLM
 
     closes: list[int] = []
@@ -478,9 +487,12 @@ def test_an_environment_plugin_outside_its_contract_is_named_and_closed_once(
         environment="mine",
         plugins=[Plugin()],
     )
-    with pytest.raises((PluginError, RuntimeError), match=error):
-        rlm.completion("context")
-    assert len(closes) == (0 if execute is _plain_execute else 1)
+    with caplog.at_level("WARNING", logger="rlm_graph"):
+        with pytest.raises((PluginError, RuntimeError, TypeError), match=error):
+            rlm.completion("context")
+    assert len(closes) == 1
+    plain = "Env.execute() is a plain def, and the engine awaits it" in caplog.text
+    assert plain == (execute is _plain_execute)
 
 
 def test_a_compaction_strategy_with_async_and_sync_swapped_is_named() -> None:
@@ -577,3 +589,11 @@ def test_a_provider_error_whose_message_cannot_be_made_is_still_that_error() -> 
     assert result.errors[ref.id].startswith("[ERROR] ServerError: (its message could not be made")
     with pytest.raises(ServerError):
         RLM(Provider()).completion("context")
+    # Traced too: the node's span takes the same note as its status's description.
+    exporter = InMemorySpanExporter()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(exporter))
+    with pytest.raises(ServerError):
+        RLM(Provider(), tracer_provider=tracing).completion("context")
+    failed = [s for s in exporter.get_finished_spans() if s.status.description]
+    assert any("its message could not be made" in str(s.status.description) for s in failed)

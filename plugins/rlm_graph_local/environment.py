@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -50,30 +51,37 @@ _REINTERRUPT = 0.05  # seconds between interrupts while the grace period runs
 _LEAKED_REINTERRUPT = 0.5  # and after it, for a leaked thread
 
 
-# The threads being started (`threading.Thread.start` puts a thread there before the
-# new thread exists, its first step takes it out) and the lock that guards them.
-_STARTING: dict[Any, Any] = getattr(threading, "_limbo", {})
-_STARTING_LOCK: Any = getattr(threading, "_active_limbo_lock", threading.Lock())
+_STARTING_A_THREAD = threading.Thread.start.__code__
 
 
 def _send_stop(thread_id: int) -> bool:
     """Raise `BlockInterrupted` in the thread ``thread_id``; False if it was not sent.
 
-    Not while any thread is being started: until a new thread runs its first step,
+    Not while that thread is starting another: until a new thread runs its first step,
     CPython files it under the id of the thread that starts it, so the exception would
     also land in the new thread before it says it has started, and the starter would
     wait for it forever (inside ``concurrent.futures``, holding a lock that every pool of
-    the process takes: the whole process's pools would hang). Holding the lock that
-    `Thread.start` takes first, no thread begins starting while the exception is sent;
-    the caller sends again a moment later.
+    the process takes: the whole process's pools would hang). Under the lock that
+    `Thread.start` takes first (looked up now: a forked child has a new one), no thread
+    begins starting while the exception is sent; the caller sends again a moment later.
     """
-    with _STARTING_LOCK:
-        if _STARTING:
+    with threading._active_limbo_lock:  # type: ignore[attr-defined]
+        if threading._limbo and _in_thread_start(thread_id):  # type: ignore[attr-defined]
             return False
         ctypes.pythonapi.PyThreadState_SetAsyncExc(
             ctypes.c_ulong(thread_id), ctypes.py_object(BlockInterrupted)
         )
         return True
+
+
+def _in_thread_start(thread_id: int) -> bool:
+    """Whether the thread ``thread_id`` is inside `threading.Thread.start`."""
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        if frame.f_code is _STARTING_A_THREAD:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class _BlockControl:

@@ -8,6 +8,7 @@ import inspect
 
 from ..contracts import ExecResult, lacking
 from ..errors import PluginError
+from .manager import _warn_once
 
 __all__ = ["contract_problem", "exec_result"]
 
@@ -16,19 +17,28 @@ def contract_problem(
     made: object, awaited: tuple[str, ...], called: tuple[str, ...] = ()
 ) -> str | None:
     """What is wrong with ``made`` against a contract whose ``awaited`` methods the engine
-    awaits and whose ``called`` ones it calls, if anything: "has no execute()", "has a
-    plain def execute()...". A plain function where an ``async def`` belongs (or the other
-    way round) would fail deep inside the engine, or (an async check) always pass."""
+    awaits and whose ``called`` ones it calls, if anything: "has no execute()", "has an
+    async def should_compact()..." (a coroutine is always true: such a check would always
+    pass). A plain ``def`` where the engine awaits is only warned of (logger
+    ``rlm_graph``): it may return an awaitable (a method delegating to another object's,
+    one under a decorator), and if it does not, awaiting its answer says so."""
     missing = lacking(made, called + awaited)
     if missing is not None:
         return f"has no {missing}()"
-    for name in awaited:
-        method = getattr(made, name)
-        if inspect.isroutine(method) and not inspect.iscoroutinefunction(method):
-            return f"has a plain def {name}(), which the engine awaits: define it with async def"
     for name in called:
-        if inspect.iscoroutinefunction(getattr(made, name)):
+        if inspect.iscoroutinefunction(inspect.unwrap(getattr(made, name))):
             return f"has an async def {name}(), which the engine calls: make it a plain def"
+    for name in awaited:
+        method = inspect.unwrap(getattr(made, name))
+        if inspect.isroutine(method) and not (
+            inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
+        ):
+            _warn_once(
+                "%s.%s() is a plain def, and the engine awaits it: if it does not return an "
+                "awaitable, define it with async def",
+                type(made).__qualname__,
+                name,
+            )
     return None
 
 

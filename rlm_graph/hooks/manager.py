@@ -343,13 +343,16 @@ class PluginHost:
                 if error is not None:
                     raise error from exc
                 continue
-            if not answers:  # pluggy leaves a None answer out: a forgotten ``return``
-                error = self._fault(
-                    plugin, f"{hook_name} returned None; return a dict (a forgotten return?)"
+            if not answers and any(
+                impl.plugin is plugin and not (impl.wrapper or impl.hookwrapper) for impl in impls
+            ):  # pluggy leaves a None answer out: nothing, or a forgotten ``return``
+                _warn_once(
+                    "the rlm-graph plugin %s (%s): %s returned None, so it registers nothing "
+                    "there (a forgotten return?)",
+                    getattr(plugin, "__name__", None) or type(plugin).__qualname__,
+                    self._origin(plugin),
+                    hook_name,
                 )
-                if error is not None:
-                    raise error
-                continue
             results.extend((plugin, r) for r in answers)
         return results
 

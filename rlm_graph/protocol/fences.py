@@ -148,7 +148,7 @@ class BlockCutter:
         Raises:
             PluginError: the provider called its sink with other types (its mistake, named).
         """
-        if type(offset) is not int or type(text) is not str:
+        if not (isinstance(offset, int) and isinstance(text, str)):
             raise PluginError(
                 f"a streaming provider called its sink with ({type(offset).__name__}, "
                 f"{type(text).__name__}); a TextSink takes (offset: int, text: str), the "

@@ -53,6 +53,7 @@ from opentelemetry.trace import (
 
 from .._files import utf8_text
 from ..contracts import Provider, ProviderCapabilities
+from ..errors import message_of
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 from .scrub import Scrubber
 
@@ -261,7 +262,7 @@ class NodeTracer:
             if stopped is not None:  # cut, not failed: status UNSET, as its nodes'
                 span.set_attribute("rlm.stop_reason", stopped)
             else:
-                span.set_status(Status(StatusCode.ERROR, self._describe(str(exc))))
+                span.set_status(Status(StatusCode.ERROR, self._describe(message_of(exc))))
                 span.set_attribute("error.type", type(exc).__name__)
             raise
         finally:

@@ -458,3 +458,35 @@ def _stopped_while_starting_threads() -> Any:
         environment_kwargs={"timeout": 0.2, "stop_grace": 1.0},
     )
     return rlm.completion("ctx")
+
+
+# Model code whose helper threads keep starting one another while the block spins: some
+# thread of the process is nearly always being started.
+CHAIN_OF_THREADS = (
+    "import sys, threading\n"
+    "def chain(start=threading.Thread, s=sys):\n"
+    "    if not getattr(s, 'RLM_GRAPH_TEST_STOP_CHAIN', False):\n"
+    "        start(target=s.RLM_GRAPH_TEST_CHAIN, daemon=True).start()\n"
+    "sys.RLM_GRAPH_TEST_CHAIN = chain\n"
+    "chain()\n"
+    "chain()\n"
+    "while True:\n"
+    "    pass"
+)
+
+
+def test_a_block_is_stopped_while_other_threads_keep_starting_threads() -> None:
+    """The stop waits only while the block's own thread is starting a thread: waiting
+    while any thread of the process was, a chain of helper threads kept every stop from
+    being sent, and the block was leaked."""
+    try:
+        rlm = RLM(
+            "scripted",
+            {"respond": root_and_sub([repl(CHAIN_OF_THREADS), repl("FINAL('after')")])},
+            environment_kwargs={"timeout": 0.2, "stop_grace": 1.0},
+        )
+        result = rlm.completion("ctx")
+    finally:
+        sys.RLM_GRAPH_TEST_STOP_CHAIN = True  # type: ignore[attr-defined]
+    assert result.response == "after"
+    assert result.leaked_threads == 0
