@@ -597,3 +597,30 @@ def test_a_provider_error_whose_message_cannot_be_made_is_still_that_error() -> 
         RLM(Provider(), tracer_provider=tracing).completion("context")
     failed = [s for s in exporter.get_finished_spans() if s.status.description]
     assert any("its message could not be made" in str(s.status.description) for s in failed)
+
+
+def test_an_asyncio_cancellation_from_a_provider_fails_its_slot_not_the_completion() -> None:
+    """An asyncio SDK's CancelledError is a BaseException: it crashed the completion, and
+    the other slot's answer was lost."""
+    import asyncio
+
+    from rlm_graph import RLM
+
+    class Provider:
+        name, model, max_concurrent = "p", "m", 4
+
+        async def complete(self, request: Any) -> ChatResponse:
+            if request.depth == 0:
+                return ChatResponse(
+                    content='```repl\nr = llm_query_batched(["a", "b"])\nFINAL(repr(r))\n```'
+                )
+            if request.prompt == "a":
+                raise asyncio.CancelledError()
+            return ChatResponse(content="fine")
+
+        async def aclose(self) -> None:
+            pass
+
+    answers = eval(RLM(Provider()).completion("context").response)
+    assert answers[1] == "fine"
+    assert answers[0].startswith("[ERROR] PluginError: provider 'p' answered with CancelledError")

@@ -334,6 +334,10 @@ async def _request(
                         if inspect.isawaitable(pending):
                             raise
                         raise _broken(provider, pending, "not an awaitable", sink) from None
+                    except BaseException as exc:  # asyncio's CancelledError, say: the slot's
+                        if isinstance(exc, _PASSES):
+                            raise
+                        raise _broken(provider, exc, "raised, not an Exception") from exc
                     if not isinstance(response, ChatResponse):
                         raise _broken(provider, response, "not a ChatResponse")
             finally:
@@ -344,15 +348,28 @@ async def _request(
     return response
 
 
+# What a provider's call may raise that is not its slot's failure: trio's cancellation,
+# the user's Ctrl-C or exit, a closing coroutine's GeneratorExit, a nursery's group.
+_PASSES = (
+    Exception,
+    trio.Cancelled,
+    KeyboardInterrupt,
+    SystemExit,
+    GeneratorExit,
+    BaseExceptionGroup,
+)
+
+
 def _broken(provider: Provider, got: object, what: str, sink: object = None) -> PluginError:
     """A provider's answer that is not what the contract says, named as the plugin's
     mistake (not a TypeError or AttributeError from deep inside the engine)."""
     method = "complete" if sink is None else "stream"
-    fix = (
-        f"define {method}() with async def"
-        if what == "not an awaitable"
-        else ("return rlm_graph.contracts.ChatResponse")
-    )
+    if what == "not an awaitable":
+        fix = f"define {method}() with async def"
+    elif isinstance(got, BaseException):
+        fix = "raise a ProviderError (rlm_graph.errors) for a call that failed"
+    else:
+        fix = "return rlm_graph.contracts.ChatResponse"
     return PluginError(
         f"provider {provider.name!r} answered with {type(got).__name__}, {what}; {fix}"
     )
