@@ -5,6 +5,7 @@ contract before the engine uses it: the plugin's mistake named with the fix, not
 from __future__ import annotations
 
 import inspect
+import weakref
 
 from ..contracts import ExecResult, lacking
 from ..errors import PluginError
@@ -25,6 +26,8 @@ def contract_problem(
     missing = lacking(made, called + awaited)
     if missing is not None:
         return f"has no {missing}()"
+    if type(made) in _CONFORMING:  # checked before (a batch makes one per completion)
+        return None
     for name in called:
         if inspect.iscoroutinefunction(inspect.unwrap(getattr(made, name))):
             return f"has an async def {name}(), which the engine calls: make it a plain def"
@@ -39,7 +42,12 @@ def contract_problem(
                 type(made).__qualname__,
                 name,
             )
+    _CONFORMING.add(type(made))
     return None
+
+
+_CONFORMING: weakref.WeakSet[type] = weakref.WeakSet()
+"""Classes whose methods `contract_problem` found as the contract says."""
 
 
 def exec_result(env: object, result: object) -> ExecResult:
