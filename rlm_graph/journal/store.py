@@ -32,10 +32,11 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,14 @@ def _block(node_id: str) -> str:
 _RUN_COLUMNS = (
     "number", "key", "kind", "label", "status", "attempts", "created", "updated", "trace_id",
     "span_id", "answer",
+)  # fmt: skip
+
+
+# What each column of a runs row must hold (a file changed by hand or damaged may hold
+# anything, NULL included): the type, or types, Python gets it as.
+_RUN_TYPES: tuple[tuple[type, ...], ...] = (
+    (int,), (str,), (str,), (str,), (str,), (int,), (int, float), (int, float),
+    (str, type(None)), (str, type(None)), (str, type(None)),
 )  # fmt: skip
 
 
@@ -205,10 +214,15 @@ class JournalStore:
             raise ConfigError(
                 f"cannot read journal {str(self.path)!r}: {_fix(exc, True)}"
             ) from None
+        if not version:
+            raise ConfigError(
+                f"{str(self.path)!r} is not an rlm-graph journal (it has no journal format); "
+                "give the path of a journal (--journal, RLM(journal=...))"
+            )
         if version != SCHEMA_VERSION:
             raise ConfigError(
-                f"{str(self.path)!r} is not an rlm-graph journal of format {SCHEMA_VERSION} "
-                f"(its format: {version or 'none'})"
+                f"journal {str(self.path)!r} has format {version}; this rlm-graph reads "
+                f"format {SCHEMA_VERSION}: start a new journal file"
             )
 
     def _use_wal(self) -> None:
@@ -321,14 +335,20 @@ class JournalStore:
                     )
 
     def runs(self) -> list[RunRow]:
-        """Every run, newest first, with its node count and the cost of its model calls."""
-        rows = self._db.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY updated DESC, number DESC"
-        ).fetchall()
+        """Every run, newest first, with its node count and the cost of its model calls.
+
+        Raises:
+            ConfigError: the file cannot be read as a journal (damaged, or changed by hand).
+        """
+        with self._reading():
+            rows = self._db.execute(
+                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY updated DESC, number DESC"
+            ).fetchall()
         found = []
         cost_at = _RECORD_FIELDS.index("cost")
         for row in rows:
-            counted = [r for _, r in self._latest(row[0]).values() if r[_COUNTED]]
+            run = self._run_row(row)
+            counted = [r for _, r in self._latest(run.number).values() if r[_COUNTED]]
             cost = sum(r[_FIELDS][cost_at] or 0.0 for r in counted)
             found.append(
                 RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)), nodes=len(counted), cost=cost)
@@ -354,10 +374,34 @@ class JournalStore:
         return matches[0]
 
     def _run(self, key: str) -> RunRow | None:
-        row = self._db.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)
-        ).fetchone()
-        return RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True))) if row else None
+        with self._reading():
+            row = self._db.execute(
+                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)
+            ).fetchone()
+        return self._run_row(row) if row else None
+
+    def _run_row(self, row: tuple[Any, ...]) -> RunRow:
+        """A runs row as a `RunRow`, each column checked (a NULL, a blob where text goes).
+
+        Raises:
+            ConfigError: a column holds what the engine never writes there.
+        """
+        for column, value, types in zip(_RUN_COLUMNS, row, _RUN_TYPES, strict=True):
+            if type(value) not in types:
+                raise ConfigError(
+                    f"journal {str(self.path)!r} has a damaged run row (its {column} is "
+                    f"{'NULL' if value is None else type(value).__name__}); start a new journal file"
+                )
+        return RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)))
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """SQLite's errors while reading (a damaged page, a table missing from a file
+        changed by hand) as one `ConfigError` naming the file and what to do."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"cannot read journal {str(self.path)!r}: {_fix(exc)}") from None
 
     def _number(self, key: str) -> int:
         found = self._run(key)
@@ -385,26 +429,33 @@ class JournalStore:
             ConfigError: a chunk cannot be read (the file was changed by hand or damaged).
         """
         latest: dict[str, tuple[int, tuple[Any, ...]]] = {}
-        cursor = self._db.execute(
-            "SELECT attempt, nodes FROM chunks WHERE run=? ORDER BY first", (number,)
-        )
-        for attempt, data in cursor:
-            try:
-                rows = load_chunk(data)
-            except DamagedRow as exc:
-                raise ConfigError(
-                    f"journal {str(self.path)!r} has a damaged row for {exc}; "
-                    "start a new journal file"
-                ) from None
-            except Exception as exc:
-                raise ConfigError(
-                    f"journal {str(self.path)!r} has a damaged node chunk ({exc}); start a new journal file"
-                ) from None
-            for row in rows:
-                node_id = row[_FIELDS][0]
-                latest.pop(node_id, None)  # re-inserted: the dict's order stays seq order
-                latest[node_id] = (attempt, row)
+        with self._reading():  # a damaged page fails when the cursor reaches it
+            cursor = self._db.execute(
+                "SELECT attempt, nodes FROM chunks WHERE run=? ORDER BY first", (number,)
+            )
+            for attempt, data in cursor:
+                for row in self._chunk_rows(data):
+                    node_id = row[_FIELDS][0]
+                    latest.pop(node_id, None)  # re-inserted: the dict's order stays seq order
+                    latest[node_id] = (attempt, row)
         return latest
+
+    def _chunk_rows(self, data: Any) -> list[tuple[Any, ...]]:
+        """A chunk's rows, read as plain values only (`load_chunk`).
+
+        Raises:
+            ConfigError: it is not a chunk the engine wrote.
+        """
+        try:
+            return load_chunk(data)
+        except DamagedRow as exc:
+            raise ConfigError(
+                f"journal {str(self.path)!r} has a damaged row for {exc}; start a new journal file"
+            ) from None
+        except Exception as exc:
+            raise ConfigError(
+                f"journal {str(self.path)!r} has a damaged node chunk ({exc}); start a new journal file"
+            ) from None
 
     def load(self, key: str) -> dict[str, StoredNode]:
         """Every journaled node of run ``key`` (its latest row), by node id.
@@ -479,6 +530,8 @@ def _fix(exc: sqlite3.DatabaseError, reading: bool = False) -> str:
     said = str(exc)
     if "malformed" in said or "not a database" in said:
         return f"{said}: the file is damaged or not a journal; give a new file name"
+    if "no such table" in said or "no such column" in said:
+        return f"{said}: the file is damaged or not a journal; start a new journal file"
     if reading and "unable to open" in said:
         return (
             f"{said}: this user cannot write its folder, and its write-ahead log (a run on "

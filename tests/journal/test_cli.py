@@ -174,3 +174,136 @@ def test_a_journal_in_a_folder_this_user_cannot_write_can_be_listed(
     assert row["status"] == "finished" and sorted(p.name for p in folder.iterdir()) == [
         "run.sqlite"
     ]
+
+
+HOSTILE = "\x1b]0;PWNED\x07\x1b[2J\x1b[31mred\x1b[0m\rFAKE-PROMPT$ "
+
+
+def _asked(journal: Path, question: str) -> Path:
+    from rlm_graph import RLM
+
+    RLM(
+        "scripted", {"respond": lambda request: "```repl\nFINAL('done')\n```"}, journal=str(journal)
+    ).completion("ctx", root_prompt=question)
+    return journal
+
+
+def test_journal_ls_prints_the_question_without_control_sequences_on_a_terminal(
+    tmp_path: Path,
+) -> None:
+    """The question is untrusted text (a caller's, a document's): it retitled the
+    terminal and cleared it."""
+    from tests.cli.test_command import _run_on_a_terminal
+
+    journal = _asked(tmp_path / "run.sqlite", HOSTILE)
+    status, shown = _run_on_a_terminal(["journal", "ls", str(journal)])
+    assert status == 0
+    assert b"\x1b" not in shown and b"\x07" not in shown
+    assert shown.decode().splitlines()[1].rstrip().endswith("red FAKE-PROMPT$")
+    from tests.cli.test_command import rlm_graph
+
+    piped = rlm_graph("journal", "ls", "--json", str(journal))
+    assert json.loads(piped.stdout)["label"].startswith("\x1b]0;PWNED")  # JSON: as it was
+
+
+def test_a_question_holding_a_newline_cannot_forge_a_row(tmp_path: Path) -> None:
+    from tests.cli.test_command import rlm_graph
+
+    forged = "harmless\n000000000000  rlm  finished  1  9  $0.0000  2026-01-01 00:00  forged"
+    journal = _asked(tmp_path / "run.sqlite", forged + "\ttab")
+    done = rlm_graph("journal", "ls", str(journal))
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()  # one run, one row
+    assert "harmless 000000000000  rlm  finished" in row
+    assert _asked(tmp_path / "tab.sqlite", "a\tb\r\nc").read_bytes()
+    done = rlm_graph("journal", "ls", str(tmp_path / "tab.sqlite"))
+    assert done.stdout.splitlines()[1].endswith("a b c")
+
+
+def _malformed(journal: Path) -> Path:
+    """``journal`` with its chunks table's root page garbled, as a bad disk leaves it."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        page = db.execute("PRAGMA page_size").fetchone()[0]
+        root = db.execute("SELECT rootpage FROM sqlite_master WHERE name='chunks'").fetchone()[0]
+    data = bytearray(journal.read_bytes())
+    data[(root - 1) * page + 8 : (root - 1) * page + 200] = b"\xff" * 192
+    damaged = journal.with_name("damaged.sqlite")
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
+def _changed_by_hand(folder: Path, name: str, *statements: str) -> Path:
+    import sqlite3
+
+    path = folder / name
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        for statement in (*statements, "PRAGMA user_version=2"):
+            db.execute(statement)
+        db.commit()
+    return path
+
+
+RUNS = (
+    "CREATE TABLE runs (number INTEGER PRIMARY KEY, key, kind, label, status, attempts, "
+    "created, updated, trace_id, span_id, answer)"
+)
+
+
+def test_a_damaged_journal_is_one_line_naming_it_for_every_command(tmp_path: Path) -> None:
+    """Each was a traceback of sqlite3 (or a TypeError) and exit 1."""
+    from tests.cli.test_command import rlm_graph
+
+    journal = tmp_path / "run.sqlite"
+    batch = "```repl\nparts = llm_query_batched(['q%d' % i for i in range(60)])\nFINAL('x')\n```"
+    from rlm_graph import RLM
+
+    RLM(
+        "scripted",
+        {"respond": lambda r: batch if r.depth == 0 else "answer " * 100},
+        journal=str(journal),
+    ).completion("ctx", root_prompt="q")
+    cases = {
+        _malformed(journal): "malformed",
+        _changed_by_hand(tmp_path, "no-runs.sqlite", "CREATE TABLE t (x)"): "no such table: runs",
+        _changed_by_hand(
+            tmp_path, "null.sqlite", RUNS, "CREATE TABLE chunks (run, first, attempt, nodes)",
+            "INSERT INTO runs VALUES (1, NULL, 'rlm', NULL, NULL, 1, 0, 0, NULL, NULL, NULL)",
+        ): "damaged run row (its key is NULL)",
+        _changed_by_hand(
+            tmp_path, "blob.sqlite", RUNS, "CREATE TABLE chunks (run, first, attempt, nodes)",
+            "INSERT INTO runs VALUES (1, 'k', 'rlm', x'ff00', 'finished', 1, 0, 0, NULL, NULL, NULL)",
+        ): "damaged run row (its label is bytes)",
+    }  # fmt: skip
+    for path, says in cases.items():
+        for command in (
+            ["journal", "ls", str(path)],
+            ["report", str(path), "-o", str(tmp_path / "r.html")],
+            ["trace", "export", str(path)],
+        ):
+            done = rlm_graph(*command)
+            assert done.returncode == 2, (command, done.stderr)
+            (line,) = done.stderr.strip().splitlines()
+            assert str(path) in line and says in line, line
+            assert "new journal file" in line or "give a new file name" in line, line
+
+
+def test_reading_a_journal_of_another_format_says_to_start_a_new_one(tmp_path: Path) -> None:
+    import sqlite3
+
+    from tests.cli.test_command import rlm_graph
+
+    journal = _asked(tmp_path / "old.sqlite", "q")
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        db.execute("PRAGMA user_version=1")
+        db.commit()
+    for command in (
+        ["journal", "ls", str(journal)],
+        ["report", str(journal), "-o", str(tmp_path / "r.html")],
+    ):
+        done = rlm_graph(*command)
+        assert done.returncode == 2
+        assert (
+            "has format 1; this rlm-graph reads format 2: start a new journal file" in done.stderr
+        )
