@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE, refuse
+from .output import for_stream
 
 __all__ = ["register", "run_ls"]
 
@@ -76,8 +78,20 @@ def run_ls(args: argparse.Namespace) -> int:
     )
     for run in runs:
         updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.updated))
-        print(
-            f"{run.key[:12]:<12}  {run.kind:<8}  {run.status:<8}  {run.attempts:>5}  "
-            f"{run.nodes:>6}  {'$' + format(run.cost, '.4f'):>9}  {updated:<16}  {run.label}"
+        row = (
+            f"{_cell(run.key[:12]):<12}  {_cell(run.kind):<8}  {_cell(run.status):<8}  "
+            f"{run.attempts:>5}  {run.nodes:>6}  {'$' + format(run.cost, '.4f'):>9}  "
+            f"{updated:<16}  {_cell(run.label)}"
         )
+        print(for_stream(sys.stdout, row))  # the question is the user's (or a caller's) text
     return EXIT_OK
+
+
+# Whatever ends a line or moves to the next column, on a terminal or in a file: a
+# question holding one would start a row of its own (a forged run) in the table.
+_BREAKS = re.compile(r"[\t\n\v\f\r\x1c-\x1e\x85\u2028\u2029]+")
+
+
+def _cell(text: str) -> str:
+    """``text`` on one line of the table: each run of line breaks and tabs one space."""
+    return _BREAKS.sub(" ", text)
