@@ -53,6 +53,15 @@ def _finite(text: str) -> float:
     return value
 
 
+def _first_problem(exc: ValidationError) -> str:
+    """Pydantic's report, on one line: the first field it refused, and how many more."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": str(exc)}
+    where = ".".join(str(part) for part in first["loc"]) or "the record"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
 def from_json(text: str | dict[str, Any]) -> Graph:
     """Rebuild a graph from ``to_json`` output.
 
@@ -83,7 +92,9 @@ def from_json(text: str | dict[str, Any]) -> Graph:
         try:
             graph.add(NodeRecord.model_validate(node))
         except ValidationError as exc:
-            raise GraphError(f"node {index} of the export is not a node record: {exc}") from None
+            raise GraphError(
+                f"node {index} of the export is not a node record: {_first_problem(exc)}"
+            ) from None
     for index, edge in enumerate(edges):
         if not (
             isinstance(edge, list) and len(edge) == 3 and all(isinstance(e, str) for e in edge)

@@ -122,6 +122,14 @@ def test_json_round_trips_every_field_and_edge() -> None:
             '{"format": "rlm-graph/1", "nodes": [{"id": "a", "kind": "function", "start": 1e400}]}',
             "not JSON \\(1e400 is not a number a graph export holds\\)",
         ),
+        (
+            '{"format": "rlm-graph/1", "nodes": [{"cost": 1e999}]}',
+            "1e999 is not a number a graph export holds",
+        ),
+        (
+            '{"format": "rlm-graph/1", "nodes": [{"id": "a"}]}',
+            r"not a node record: kind: Field required$",
+        ),
     ],
 )
 def test_from_json_rejects_something_else(text: str, says: str) -> None:
