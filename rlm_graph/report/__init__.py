@@ -13,17 +13,28 @@ __all__ = ["render_report", "report_data", "write_report"]
 
 
 def render_report(
-    graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None
+    graph: Graph,
+    *,
+    title: str = "rlm-graph run",
+    stop_reason: str | None = None,
+    ended: str | None = None,
 ) -> str:
-    """The report of ``graph`` as one self-contained HTML document."""
-    return render_page(report_data(graph, title=title, stop_reason=stop_reason))
+    """The report of ``graph`` as one self-contained HTML document (`report_data` says
+    what ``stop_reason`` and ``ended`` are)."""
+    return render_page(report_data(graph, title=title, stop_reason=stop_reason, ended=ended))
 
 
 def write_report(
-    graph: Graph, path: str | Path, *, title: str = "rlm-graph run", stop_reason: str | None = None
+    graph: Graph,
+    path: str | Path,
+    *,
+    title: str = "rlm-graph run",
+    stop_reason: str | None = None,
+    ended: str | None = None,
 ) -> Path:
     """Write the report of ``graph`` to ``path`` (folders created) and return the path."""
     target = Path(path)
     if target.parent and not target.parent.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-    return write_private(target, render_report(graph, title=title, stop_reason=stop_reason))
+    page = render_report(graph, title=title, stop_reason=stop_reason, ended=ended)
+    return write_private(target, page)

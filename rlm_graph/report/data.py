@@ -38,7 +38,11 @@ STATUSES = ("ok", "error", "cancelled", "pending", "running", "skipped")
 
 
 def report_data(
-    graph: Graph, *, title: str = "rlm-graph run", stop_reason: str | None = None
+    graph: Graph,
+    *,
+    title: str = "rlm-graph run",
+    stop_reason: str | None = None,
+    ended: str | None = None,
 ) -> dict[str, Any]:
     """The report's data for ``graph`` (JSON-ready).
 
@@ -46,6 +50,9 @@ def report_data(
         graph: a finished run's graph (from a result, a graph JSON or a trace file).
         title: shown at the top of the page.
         stop_reason: the limit that stopped the run, if one did.
+        ended: how the run ended, in words that follow "the run" ("failed (...)"), where
+            no stop reason says it (a journal keeps a run's status only); shown instead
+            of the stop reason.
     """
     records = list(graph.records())
     index = {record.id: i for i, record in enumerate(records)}
@@ -64,6 +71,7 @@ def report_data(
     return {
         "title": title,
         "stop_reason": stop_reason,
+        "ended": ended,
         "makespan": makespan(graph),
         "kinds": kinds,
         "models": models,
@@ -105,8 +113,23 @@ def _node_columns(
         "cost": [r.cost for r in records],
         "input": [r.input_preview for r in records],
         "output": [r.output_preview for r in records],
-        "error": [f"{r.error_type or 'error'}: {r.error}" if r.error else "" for r in records],
+        "error": [_error_text(r) for r in records],
     }
+
+
+ERROR_CHARS = 2_000
+"""Characters of a node's error the report shows (the page shows it twice; one line of
+model code can raise an error of megabytes)."""
+
+
+def _error_text(record: NodeRecord) -> str:
+    """A node's error as the report shows it, cut to `ERROR_CHARS` (saying so)."""
+    if not record.error:
+        return ""
+    text = f"{record.error_type or 'error'}: {record.error}"
+    if len(text) <= ERROR_CHARS:
+        return text
+    return f"{text[:ERROR_CHARS]}… [cut: {len(text) - ERROR_CHARS:,} more characters]"
 
 
 _STEPS = (NodeKind.ROOT_TURN, NodeKind.COMPACTION)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 from typing import Any
 
 __all__ = ["render_page"]
@@ -22,9 +23,32 @@ __all__ = ["render_page"]
 
 def embed_json(data: Any) -> str:
     """``data`` as JSON that can stand inside a ``<script>`` element: no ``<``, ``>`` or
-    ``&`` in it, so no text of a run can close the element or open another."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=str)
+    ``&`` in it, so no text of a run can close the element or open another. A number
+    JSON cannot hold (infinity, NaN: a cost that overflowed) is null, shown as unknown."""
+    try:
+        text = json.dumps(data, separators=(",", ":"), allow_nan=False, default=str)
+    except ValueError:  # rare: walk the data again only then
+        text = json.dumps(_finite(data), separators=(",", ":"), allow_nan=False, default=str)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _finite(data: Any) -> Any:
+    """``data`` with each float that is not finite as None (iterative: columns of
+    20,000 nodes, no recursion limit)."""
+    root = [data]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        value = parent[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            parent[key] = None
+        elif isinstance(value, dict):
+            parent[key] = value = dict(value)
+            stack.extend((value, k) for k in value)
+        elif isinstance(value, list | tuple):
+            parent[key] = value = list(value)
+            stack.extend((value, i) for i in range(len(value)))
+    return root[0]
 
 
 def html_document(
@@ -156,7 +180,9 @@ _SCRIPT = r"""
   var failed = D.errors.length;
   var summary = n + " nodes, makespan " + fmt(D.makespan, 3) + " s, critical path " +
     fmt(D.critical_seconds, 3) + " s, " + failed + " failed, " + D.cancelled + " cancelled";
-  if (D.stop_reason) summary += ", stopped by " + D.stop_reason;
+  // How the run ended: a journal keeps only a run's status, said in words (D.ended).
+  var ending = D.ended || (D.stop_reason ? "stopped by " + D.stop_reason : "");
+  if (ending) summary += ", " + ending;
   document.getElementById("summary").textContent = summary;
   var legend = document.getElementById("legend");
   D.kinds.forEach(function (k, i) {
@@ -174,7 +200,7 @@ _SCRIPT = r"""
   });
   if (!D.usage.length) { var tr = el("tr"); tr.appendChild(el("td", "no model calls", "muted")); models.appendChild(tr); }
   var errorsBox = document.getElementById("errors");
-  if (D.stop_reason) errorsBox.appendChild(el("p", "The run was stopped by " + D.stop_reason + ".", "err"));
+  if (ending) errorsBox.appendChild(el("p", "The run " + (D.ended || "was " + ending) + ".", "err"));
   if (D.cancelled) errorsBox.appendChild(el("p", D.cancelled + " node(s) cancelled.", "muted"));
   if (failed) {
     var ul = el("ul");
@@ -185,24 +211,28 @@ _SCRIPT = r"""
     });
     if (failed > 500) ul.appendChild(el("li", "… and " + (failed - 500) + " more", "muted"));
     errorsBox.appendChild(ul);
-  } else if (!D.stop_reason) {
+  } else if (!ending) {
     errorsBox.appendChild(el("p", "No failed node.", "muted"));
   }
 
   // -- timeline ------------------------------------------------------------------------
+  var MAX_CANVAS = 30000, AXIS = 18;
   var tl = document.getElementById("timeline"), tlBox = document.getElementById("timeline-box");
   var lanes = 0, timed = [];
   for (var i = 0; i < n; i++) {
     if (N.start[i] != null && N.lane[i] >= 0) { timed.push(i); lanes = Math.max(lanes, N.lane[i] + 1); }
   }
   var tlWidth = Math.max(600, tlBox.clientWidth - 2);
-  var laneH = Math.max(3, Math.min(14, Math.floor(12000 / Math.max(1, lanes))));
+  // Lanes are 3 pixels at least, until the canvas would pass 30,000 (browsers draw no
+  // larger one): past that, lanes share pixels.
+  var laneH = Math.min(14, Math.max(3, Math.floor(12000 / Math.max(1, lanes))),
+                       (MAX_CANVAS - AXIS - 2) / Math.max(1, lanes));
   var span = Math.max(D.makespan, 1e-9);
   for (var t = 0; t < timed.length; t++) { var e0 = N.end[timed[t]]; if (e0 != null && e0 > span) span = e0; }
   var baseScale = (tlWidth - 20) / span, scaleX = baseScale;
   function zoom(factor) {
     // A canvas past ~32,000 pixels is not drawn by browsers: the zoom stops there.
-    var next = Math.min(Math.max(scaleX * factor, baseScale), 30000 / span);
+    var next = Math.min(Math.max(scaleX * factor, baseScale), (MAX_CANVAS - 20) / span);
     var centre = (tlBox.scrollLeft + tlBox.clientWidth / 2 - 10) / scaleX;
     scaleX = next; tlWidth = Math.round(20 + span * scaleX);
     drawTimeline();
@@ -212,7 +242,6 @@ _SCRIPT = r"""
   for (var l = 0; l < lanes; l++) byLane.push([]);
   timed.forEach(function (i) { byLane[N.lane[i]].push(i); });
   byLane.forEach(function (list) { list.sort(function (a, b) { return N.start[a] - N.start[b]; }); });
-  var AXIS = 18;
   function tlRect(i) {
     var x = 10 + N.start[i] * scaleX;
     var end = N.end[i] == null ? N.start[i] : N.end[i];
@@ -230,7 +259,7 @@ _SCRIPT = r"""
     }
   }
   function drawTimeline() {
-    tl.width = tlWidth; tl.height = Math.max(20, AXIS + lanes * laneH + 2);
+    tl.width = tlWidth; tl.height = Math.max(20, Math.ceil(AXIS + lanes * laneH + 2));
     var c = tl.getContext("2d"), drawn = 0;
     c.clearRect(0, 0, tl.width, tl.height);
     drawAxis(c);
@@ -268,11 +297,12 @@ _SCRIPT = r"""
   }
 
   // -- DAG -----------------------------------------------------------------------------
-  var dag = document.getElementById("dag");
+  var dag = document.getElementById("dag"), DAG_MAX = 8000;
   var cols = 0, rowsMax = 0;
   for (var d = 0; d < n; d++) { cols = Math.max(cols, N.col[d] + 1); rowsMax = Math.max(rowsMax, N.row[d] + 1); }
-  var colW = Math.max(8, Math.min(90, Math.floor(8000 / Math.max(1, cols))));
-  var rowH = Math.max(2, Math.min(22, Math.floor(8000 / Math.max(1, rowsMax))));
+  // 8,000 pixels across and down at most: past that, columns (rows) share pixels.
+  var colW = Math.min(90, (DAG_MAX - 24) / Math.max(1, cols));
+  var rowH = Math.min(22, (DAG_MAX - 20) / Math.max(1, rowsMax));
   var radius = Math.max(1, Math.min(6, Math.floor(Math.min(colW, rowH) / 2) - 1));
   var byCol = [];
   for (var cc = 0; cc < cols; cc++) byCol.push([]);
@@ -283,7 +313,8 @@ _SCRIPT = r"""
   var onPath = new Uint8Array(n);
   D.critical.forEach(function (i) { onPath[i] = 1; });
   function drawDag() {
-    dag.width = Math.max(600, 24 + cols * colW); dag.height = Math.max(40, 20 + rowsMax * rowH);
+    dag.width = Math.max(600, Math.ceil(24 + cols * colW));
+    dag.height = Math.max(40, Math.ceil(20 + rowsMax * rowH));
     var c = dag.getContext("2d"), E = D.edges, drawn = 0;
     c.clearRect(0, 0, dag.width, dag.height);
     [0, 1].forEach(function (spawn) {
