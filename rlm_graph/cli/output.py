@@ -16,13 +16,16 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from collections.abc import Iterable
 from typing import Any, TextIO
 
+from .._files import same_file
 from ..tracing.scrub import without_url_passwords
 
-__all__ = ["Output", "for_stream", "on_terminal", "strip_control"]
+__all__ = ["Output", "for_stream", "on_terminal", "overwrite_problem", "strip_control"]
 
 # ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
 # in BEL or ESC \), and two-byte escapes; then the 8-bit forms (CSI 0x9b, OSC 0x9d...);
@@ -53,6 +56,30 @@ def for_stream(stream: TextIO, text: str) -> str:
     """``text`` as it may be written to ``stream``: stripped of control sequences when
     that is a terminal."""
     return strip_control(text) if on_terminal(stream) else text
+
+
+_BESIDE = {"-wal": "write-ahead log", "-shm": "shared-memory file"}
+
+
+def overwrite_problem(
+    flag: str, output: str | os.PathLike[str], reads: Iterable[tuple[str, Any]]
+) -> str | None:
+    """What writing ``output`` would destroy, said before anything is written: ``reads``
+    are ``(what, path)`` of the files the command reads or keeps (a path None or ``-``
+    is none), each with the ``-wal`` and ``-shm`` files SQLite keeps beside a journal;
+    None when ``output`` is none of them (another spelling, a link, a hard link count).
+    """
+    for what, path in reads:
+        if path is None or os.fspath(path) in ("", "-"):
+            continue
+        for suffix in ("", "-wal", "-shm"):
+            if same_file(output, f"{os.fspath(path)}{suffix}"):
+                which = f"the {_BESIDE[suffix]} of {what} ({path}{suffix})" if suffix else what
+                return (
+                    f"{flag} {os.fspath(output)} is {which}: writing there would destroy "
+                    "it; give another path"
+                )
+    return None
 
 
 class Output:

@@ -11,19 +11,28 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._files import destination_problem
-from ..errors import ConfigError, GraphError
+from ..errors import ConfigError
 from ..events import RunFinished
-from ..graph import Graph, from_json
+from ..graph import Graph
 from ..hooks import hookimpl
 from ..report import write_report
-from ..tracing import TraceFileError, choose_run, load_trace, to_graph
+from ..tracing import TraceFileError, choose_run, to_graph
+from ..tracing.reader import parse_trace
 from . import EXIT_OK, EXIT_USAGE, refuse
-from .trace import SQLITE_MAGIC, journal_graph
+from .output import overwrite_problem
+from .trace import graph_from_json, is_graph_json, journal_graph, read_run_file
 
-__all__ = ["ReportWriter", "add_report_argument", "load_run", "register", "report_writers"]
+__all__ = [
+    "LoadedRun",
+    "ReportWriter",
+    "add_report_argument",
+    "load_run",
+    "register",
+    "report_writers",
+]
 
 
 def register(subparsers: Any) -> None:
@@ -64,35 +73,44 @@ def add_report_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None]:
-    """The graph recorded in ``path`` (a trace file, a graph JSON, or a journal, whose run
-    ``trace_id`` names by the start of its key) and the limit that stopped the run (if
-    known).
+# What a report says of a journal's run that did not finish: the journal keeps the
+# run's status, not which limit or error ended it, nor the nodes that failed.
+_JOURNAL_ENDINGS = {
+    "stopped": "stopped by a limit (a journal keeps the run's status, not which limit)",
+    "failed": "failed (an error or Ctrl-C ended it; the journal keeps neither which, nor "
+    "the nodes that failed or were cancelled)",
+    "running": "did not finish (it crashed, was killed, or is still running; the journal "
+    "keeps finished nodes only)",
+}
+
+
+class LoadedRun(NamedTuple):
+    """A run read back for a report: its graph, the limit that stopped it (if known), and
+    how it ended in words where no stop reason says it (a journal's run)."""
+
+    graph: Graph
+    stop_reason: str | None = None
+    ended: str | None = None
+
+
+def load_run(path: Path, trace_id: str | None = None) -> LoadedRun:
+    """The run recorded in ``path`` (a trace file, a graph JSON, or a journal, whose run
+    ``trace_id`` names by the start of its key), read once (a pipe works).
 
     Raises:
-        TraceFileError: the file cannot be read, or is neither a trace nor a graph JSON.
+        TraceFileError: the file cannot be read, or is neither a trace, a graph JSON nor a
+            journal.
     """
+    text = read_run_file(path)
+    if text is None:  # a journal: --trace-id names the run
+        graph, status = journal_graph(path, trace_id)
+        return LoadedRun(graph, ended=_JOURNAL_ENDINGS.get(status))
+    if is_graph_json(text):
+        return LoadedRun(graph_from_json(path, text))
     try:
-        with path.open("rb") as raw:
-            if raw.read(16) == SQLITE_MAGIC:  # a journal: --trace-id names the run
-                return journal_graph(path, trace_id), None
-        with path.open(encoding="utf-8") as handle:
-            head = handle.read(200)
-    except OSError as exc:
-        raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TraceFileError(
-            f"{path} is not a text file: give a trace file, a graph JSON or a journal"
-        ) from None
-    if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
-        try:
-            return from_json(path.read_text(encoding="utf-8")), None
-        except (ValueError, KeyError, TypeError, GraphError) as exc:
-            raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
-    try:
-        spans = load_trace(path)
+        spans = parse_trace(text)
     except TraceFileError as exc:
-        raise TraceFileError(f"{exc} (or a graph JSON, or a journal)") from None
+        raise TraceFileError(f"{path}: {exc} (or a graph JSON, or a journal)") from None
     try:
         chosen = choose_run(spans, trace_id)  # the run's own stop reason, not another's
         graph = to_graph(chosen)
@@ -101,27 +119,33 @@ def load_run(path: Path, trace_id: str | None = None) -> tuple[Graph, str | None
     stops = [
         s.attributes.get("rlm.stop_reason") for s in chosen if "rlm.stop_reason" in s.attributes
     ]
-    return graph, str(stops[0]) if stops else None
+    return LoadedRun(graph, str(stops[0]) if stops else None)
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = destination_problem(args.output)
+    problem = f"-o: {problem}" if problem is not None else None
+    problem = problem or overwrite_problem("-o", args.output, [("the run it reads", args.run)])
+    if problem is not None:  # said before anything is read, let alone written
+        return refuse("report", ValueError(problem))
     try:
-        graph, stop_reason = load_run(args.run, args.trace_id)
+        loaded = load_run(args.run, args.trace_id)
     except TraceFileError as exc:
         return refuse("report", exc)
     try:
         path = write_report(
-            graph,
+            loaded.graph,
             args.output,
             title=args.title or f"rlm-graph run: {args.run.name}",
-            stop_reason=stop_reason,
+            stop_reason=loaded.stop_reason,
+            ended=loaded.ended,
         )
     except OSError as exc:
         print(
             f"rlm-graph report: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr
         )
         return EXIT_USAGE
-    print(f"report written to {path} ({len(graph):,} nodes)", file=sys.stderr)
+    print(f"report written to {path} ({len(loaded.graph):,} nodes)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -174,4 +198,12 @@ def report_writers(args: argparse.Namespace, say: Callable[[str], None], title: 
     problem = destination_problem(path)
     if problem is not None:  # said before the run, not after it was paid for
         raise ConfigError(f"--report: {problem}")
+    kept = [
+        (f"the {flag} file", getattr(args, name, None))
+        for flag, name in (("--context", "context"), ("--journal", "journal"),
+                           ("--schema", "schema"), ("--out", "out"))
+    ]  # fmt: skip
+    problem = overwrite_problem("--report", path, kept)
+    if problem is not None:
+        raise ConfigError(problem)
     return [ReportWriter(path, title, say)]

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import shutil
+import stat
 import sys
 from pathlib import Path
 from typing import Any, TextIO
@@ -37,8 +38,9 @@ from ..tracing import (
     tracer_provider_from_env,
 )
 from ..tracing.config import TRACE_MODES
+from ..tracing.reader import parse_trace
 from . import EXIT_OK, EXIT_USAGE, refuse
-from .output import for_stream, on_terminal, strip_control
+from .output import for_stream, on_terminal, overwrite_problem, strip_control
 
 __all__ = ["add_trace_argument", "finish_tracing", "register", "tracer_provider_for"]
 
@@ -211,39 +213,102 @@ def _newest(paths: list[Path]) -> Path:
 def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Graph:
     """A graph from a trace file, a graph JSON export (``rlm-graph demo --out``), or a
     run of a journal."""
+    text = read_run_file(path)
+    if text is None:
+        return journal_graph(path, run)[0]
+    if is_graph_json(text):
+        return graph_from_json(path, text)
     try:
-        with path.open("rb") as raw:
-            magic = raw.read(16)
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            head = "" if magic == SQLITE_MAGIC else handle.read(200)
-    except OSError as exc:
-        raise TraceFileError(f"cannot read trace file {path}: {exc.strerror}") from None
-    if magic == SQLITE_MAGIC:
-        return journal_graph(path, run)
-    if '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head:
-        try:
-            return from_json(path.read_text(encoding="utf-8"))
-        except (ValueError, GraphError) as exc:
-            raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
-    spans = load_trace(path)
-    try:
-        return to_graph(spans, trace_id)
+        return to_graph(parse_trace(text), trace_id)
     except TraceFileError as exc:
         raise TraceFileError(f"{path}: {exc}") from None
 
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+_NOT_A_RUN = "give a trace file, a graph JSON or a journal"
 
 
-def journal_graph(path: Path, run: str | None) -> Graph:
-    """The graph of a journal's run (``run``: the start of its key; None: the newest)."""
-    from ..errors import ConfigError
+def read_run_file(path: Path) -> str | None:
+    """The text of a file a run left (a trace file, a graph JSON), read once, so that a
+    pipe works (``<(zcat run.otlp.jsonl.gz)``, ``/dev/stdin``); None for a journal (an
+    SQLite file, which SQLite opens by its path).
+
+    Raises:
+        TraceFileError: it cannot be read, is a folder or a device, is not UTF-8 text,
+            or is a journal given through a pipe.
+    """
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise TraceFileError(f"{path} is a folder; {_NOT_A_RUN}")
+        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
+            raise TraceFileError(f"{path} is neither a file nor a pipe; {_NOT_A_RUN}")
+        data = _read_once(path, stat.S_ISFIFO(info.st_mode))
+    except OSError as exc:
+        raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceFileError(f"{path} is not a text file: {_NOT_A_RUN}") from None
+
+
+def _read_once(path: Path, pipe: bool) -> bytes | None:
+    """The bytes of ``path``, or None for a regular file that is a journal. A pipe is
+    opened without waiting for a writer (a FIFO nobody writes to would hold the command
+    for ever), then read to its end."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if pipe else 0))
+    if pipe:
+        os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as handle:
+        head = handle.read(len(SQLITE_MAGIC))
+        if head == SQLITE_MAGIC and not pipe:
+            return None
+        data = head + handle.read()
+    if pipe and head == SQLITE_MAGIC:
+        raise TraceFileError(
+            f"{path} is a journal given through a pipe; SQLite reads a journal from a "
+            "file: give the journal's path"
+        )
+    if pipe and not data:
+        raise TraceFileError(
+            f"nothing was written to {path}, a pipe (a FIFO with no writer yet is read as "
+            "empty); start the program that writes it first, or give a file"
+        )
+    return data
+
+
+def is_graph_json(text: str) -> bool:
+    """Whether ``text`` (a file's whole text) is a graph JSON (``rlm-graph demo --out``,
+    `rlm_graph.graph.to_json`): its format is named in its first 200 characters."""
+    head = text[:200]
+    return '"format": "rlm-graph/1"' in head or '"format":"rlm-graph/1"' in head
+
+
+def graph_from_json(path: Path, text: str) -> Graph:
+    """The graph of a graph JSON read from ``path``.
+
+    Raises:
+        TraceFileError: it is not a graph export this version reads (one line, naming
+            ``path``).
+    """
+    try:
+        return from_json(text)
+    except (ValueError, KeyError, TypeError, GraphError) as exc:
+        raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
+
+
+def journal_graph(path: Path, run: str | None) -> tuple[Graph, str]:
+    """The graph of a journal's run (``run``: the start of its key; None: the newest)
+    and the run's status (``finished``, ``stopped``, ``failed``, ``running``)."""
     from ..journal import JournalStore
 
     try:
         store = JournalStore(path, read_only=True)
         try:
-            return store.graph(store.find(run or "").key)
+            found = store.find(run or "")
+            return store.graph(found.key), found.status
         finally:
             store.close()
     except ConfigError as exc:
@@ -251,9 +316,14 @@ def journal_graph(path: Path, run: str | None) -> Graph:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    problem = None if args.output is None else destination_problem(args.output)
-    if problem is not None:
-        return refuse("trace export", ValueError(f"-o: {problem}"))
+    if args.output is not None:
+        problem = destination_problem(args.output)
+        problem = f"-o: {problem}" if problem is not None else None
+        problem = problem or overwrite_problem(
+            "-o", args.output, [("a file it reads", path) for path in args.files]
+        )
+        if problem is not None:
+            return refuse("trace export", ValueError(problem))
     try:
         graph = _load_graph(_newest(args.files), args.trace_id, getattr(args, "run", None))
     except TraceFileError as exc:

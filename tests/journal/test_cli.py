@@ -14,6 +14,7 @@ import pytest
 
 from rlm_graph.cli import main
 from rlm_graph.testing import FakeOpenAIServer, last_user_message
+from tests.support.report_page import run_page_script
 
 KEY = "sk-test-journal-cli"
 
@@ -307,3 +308,47 @@ def test_reading_a_journal_of_another_format_says_to_start_a_new_one(tmp_path: P
         assert (
             "has format 1; this rlm-graph reads format 2: start a new journal file" in done.stderr
         )
+
+
+@pytest.mark.parametrize(
+    ("status", "says"),
+    [
+        ("stopped", "stopped by a limit (a journal keeps the run's status, not which limit)"),
+        ("failed", "failed (an error or Ctrl-C ended it"),
+        ("running", "did not finish (it crashed, was killed, or is still running"),
+    ],
+)
+def test_a_report_from_a_journal_says_how_the_run_ended(
+    status: str, says: str, tmp_path: Path
+) -> None:
+    """The journal's run was stopped, failed or never finished; its report showed a clean
+    run ("No failed node.", no stop)."""
+    from tests.cli.test_command import rlm_graph
+
+    context = tmp_path / "ctx.txt"
+    context.write_text("ctx")
+    journal = tmp_path / "run.sqlite"
+    loop = "```repl\nprint(llm_query('a'))\n```"
+    replies = {"stopped": [loop, "x"] * 5, "failed": [loop, "x", loop], "running": []}[status]
+    run = ["run", "--backend", "scripted", "--model", "scripted", "--context", str(context)]
+    run += ["--query", "q", "--journal", str(journal), "--max-iterations", "2", "-q"]
+    rlm_graph(*run, "--backend-kwargs", json.dumps({"responses": replies or [loop, "x"]}))
+    if status == "running":  # as a run killed midway leaves it
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(journal)) as db:
+            db.execute("UPDATE runs SET status='running'")
+            db.commit()
+    ls = rlm_graph("journal", "ls", "--json", str(journal))
+    assert json.loads(ls.stdout)["status"] == status
+    page = tmp_path / "r.html"
+    assert rlm_graph("report", str(journal), "-o", str(page)).returncode == 0
+    import re
+
+    found = re.search(r'id="run-data">(.*?)</script>', page.read_text(), re.S)
+    assert found is not None
+    assert json.loads(found.group(1))["ended"].startswith(says)
+    if shutil.which("node") is not None:  # what the page shows
+        shown = run_page_script(page)
+        assert f", {says}" in shown["summary"] and "No failed node." not in shown["problems"]
+        assert shown["problems"][0].startswith(f"The run {says}")
