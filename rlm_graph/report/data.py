@@ -66,8 +66,14 @@ def report_data(
     nodes = _node_columns(graph, records, index, kinds, models)
     trajectory = _trajectory(graph, records, index)
     if trajectory is not None:
-        nodes["content_in"] = [r.content_in for r in records]
+        # A node that did not finish kept no content (a cancelled block, a failed
+        # sub-call): its input's preview stands in, marked as one.
+        shown = [_unfinished_input(r) for r in records]
+        nodes["content_in"] = [
+            r.content_in if s is None else s for r, s in zip(records, shown, strict=True)
+        ]
         nodes["content_out"] = [r.content_out for r in records]
+        nodes["content_preview"] = [1 if s is not None else 0 for s in shown]
     return {
         "title": title,
         "stop_reason": stop_reason,
@@ -133,6 +139,15 @@ def _error_text(record: NodeRecord) -> str:
 
 
 _STEPS = (NodeKind.ROOT_TURN, NodeKind.COMPACTION)
+_UNFINISHED = (NodeStatus.ERROR, NodeStatus.CANCELLED)
+
+
+def _unfinished_input(record: NodeRecord) -> str | None:
+    """The input preview the trajectory shows for a node that kept no content because
+    it did not finish (None: it kept its content, or has no preview)."""
+    if record.content_in is None and record.status in _UNFINISHED and record.input_preview:
+        return record.input_preview
+    return None
 
 
 def _trajectory(

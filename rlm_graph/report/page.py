@@ -437,7 +437,8 @@ _SCRIPT = r"""
                      "  " + D.statuses[N.status[i]]);
       title.addEventListener("click", function () { select(i); });
       step.appendChild(title);
-      [[labels[0], N.content_in[i]], [labels[1], N.content_out[i]]].forEach(function (part) {
+      var cut = N.content_preview[i] ? " (its preview only: the node did not finish)" : "";
+      [[labels[0] + cut, N.content_in[i]], [labels[1], N.content_out[i]]].forEach(function (part) {
         if (part[1] == null) return;
         step.appendChild(el("p", part[0], "label"));
         step.appendChild(el("pre", part[1] === "" ? "(empty)" : part[1]));

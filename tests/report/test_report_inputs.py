@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -250,3 +251,35 @@ def test_the_canvases_stay_within_what_browsers_draw(shape: str, tmp_path: Path)
     sizes = run_page_script(write_report(graph, tmp_path / "r.html"))
     assert max(sizes["dag"]) <= 8_000 and max(sizes["timeline"]) <= 30_000, sizes
     assert sizes["drawn"] == [len(graph), len(graph)] and sizes["errors"] == "0"
+
+
+def test_the_trajectory_shows_what_a_node_that_did_not_finish_was_given(
+    tmp_path: Path,
+) -> None:
+    """A cancelled block and a failed sub-call showed a bare title: no code, no prompt."""
+    from rlm_graph.errors import ProviderError
+
+    code = (
+        "try:\n    llm_query('a sub-call whose provider fails')\nexcept Exception as e:\n"
+        "    print('caught', e)\nimport time; time.sleep(30)"
+    )
+
+    def respond(request: Any) -> Any:
+        if "Question" in request.prompt:
+            return f"```repl\n{code}\n```"
+        return ProviderError("scripted: upstream 500")
+
+    result = RLM("scripted", {"respond": respond}, record_content=True, max_timeout=1.5).completion(
+        "ctx", root_prompt="q"
+    )
+    page = write_report(result.graph, tmp_path / "r.html", stop_reason=result.stop_reason)
+    nodes = _data(page)["nodes"]
+    given = dict(zip(nodes["id"], nodes["content_in"], strict=True))
+    assert given["turn-1/block-1"].startswith("try:\n    llm_query(")
+    assert given["turn-1/block-1/llm-1"] == "a sub-call whose provider fails"
+    if shutil.which("node") is not None:
+        steps = {step[0].split()[1]: step for step in run_page_script(page)["steps"]}
+        block = steps["turn-1/block-1"]
+        assert block[1] == "code (its preview only: the node did not finish)"
+        assert block[2].startswith("try:")
+        assert steps["turn-1/block-1/llm-1"][2] == "a sub-call whose provider fails"

@@ -31,4 +31,5 @@ console.log(JSON.stringify({
   errors: body.attrs["data-errors"] || "0",
   summary: elements.summary.textContent,
   problems: elements.errors.children.map((child) => child.textContent),
+  steps: (elements.steps || element("steps")).children.map((step) => step.children.map((part) => part.textContent)),
 }));

@@ -17,7 +17,8 @@ needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="no node on
 def run_page_script(page: Path) -> dict[str, Any]:
     """``dag`` and ``timeline`` ([width, height] of each canvas), ``drawn`` (nodes drawn
     in each view), ``errors`` (script errors caught), ``summary`` (the line under the
-    title) and ``problems`` (the texts of the errors box)."""
+    title), ``problems`` (the texts of the errors box) and ``steps`` (each step of the
+    trajectory as the texts of its parts: title, label, text, label, text...)."""
     done = subprocess.run(
         ["node", str(Path(__file__).with_name("report_page.js")), str(page)],
         capture_output=True,
