@@ -138,22 +138,21 @@ def function_try(
 
 
 async def prompt_messages(
-    spec: NodeSpec,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    *,
-    limiter: trio.CapacityLimiter,
-    abandoned: list[threading.Event],
+    spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> list[Message]:
-    """A workflow model node's messages (`NodeSpec.messages`). Its prompt function, if
-    it has one, runs in a worker thread under ``limiter``, as a plain function node does:
-    a slow one holds only its node (whose timeout and the run's deadline go on), and
-    one that calls ``sys.exit()`` or raises another ``BaseException`` fails its node."""
-    prompt = spec.prompt
-    if callable(prompt):
-        prompt = await run_in_thread(
-            prompt, args, kwargs, limiter=limiter, abandoned=abandoned, role="prompt function"
-        )
+    """A workflow model node's messages (`NodeSpec.messages`). Its prompt function, if it
+    has one, runs here, on the scheduler's thread (it builds text: keep it quick, and
+    give slow work to a function node whose result it takes), as it always has: shared
+    state and thread-bound objects it uses stay safe. One that calls ``sys.exit()`` or
+    raises another ``BaseException`` fails its node; Ctrl-C and cancellation pass."""
+    make, prompt = spec.prompt, spec.prompt
+    if callable(make):
+        try:
+            prompt = make(*args, **kwargs)
+        except (Exception, KeyboardInterrupt, trio.Cancelled):
+            raise
+        except BaseException as exc:
+            raise _not_an_exception(make, exc, "prompt function") from None
     return spec.messages(prompt)
 
 

@@ -15,19 +15,18 @@ Invariants:
 
 from __future__ import annotations
 
+import collections
 import copy
-import dataclasses
 import difflib
 import functools
 import inspect
 import io
 import math
-import types
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ..contracts import ChatRequest, Message
 from ..errors import ConfigError, config_error
@@ -72,15 +71,17 @@ class NodeRef:
     owner: int = field(default=0, compare=False, repr=False)
 
     def __str__(self) -> str:
-        raise ConfigError(
-            f"node handle {self!r} was made into text (an f-string, str() or format()), "
-            "which would put its id where its result belongs: a node's result exists only "
-            "once it ran. Pass the handle as an argument and build the text in a function: "
-            f'wf.llm(lambda text: f"... {{text}}", handle); its id is {self.id!r} (handle.id)'
-        )
+        # Its repr, never the bare id: text such as "Improve " + str(handle) must not
+        # read as a result (print, logging and error messages still show the handle).
+        return repr(self)
 
     def __format__(self, format_spec: str) -> str:
-        return self.__str__()
+        raise ConfigError(
+            f"node handle {self!r} was put in an f-string (or format()), which would put "
+            "its id where its result belongs: a node's result exists only once it ran. "
+            "Pass the handle as an argument and build the text in a function: "
+            f'wf.llm(lambda text: f"... {{text}}", handle); its id is {self.id!r} (handle.id)'
+        )
 
 
 @dataclass(slots=True)
@@ -199,42 +200,28 @@ def _collect(value: Any, found: dict[str, NodeRef], depth: int) -> None:
         _collect(item, found, depth + 1)
 
 
-_TEXTS = str | bytes | bytearray | memoryview | range
+_HIDING = (collections.deque, collections.UserList)
+"""Sequences a node's arguments are not rebuilt from (lists, tuples, dicts and sets are)."""
 
 
 def _refuse_hidden(value: Any, depth: int) -> None:
-    """Refuse a reference where the node would receive the handle, not its result:
-    inside a sequence other than a list or a tuple (a ``deque``), or in a field of a
-    dataclass, a pydantic model or a namespace (objects are passed as they are).
+    """Refuse a reference inside a ``deque`` or a ``UserList``, where the node would
+    receive the handle, not its result. Other objects (a dataclass, a model, an ORM row)
+    are passed as they are and not read: reading them could be slow, have side effects or
+    never end (objects that point back at each other).
 
     Raises:
         ConfigError: naming the reference, where it is, and what to pass instead.
     """
-    parts: dict[str, Any]
-    if isinstance(value, Sequence) and not isinstance(value, _TEXTS):
-        try:
-            parts = {"": list(value)}
-        except Exception:  # a sequence that cannot be read here is passed as a value
-            return
-        where = f"a {type(value).__name__}"
-    elif isinstance(value, types.SimpleNamespace):
-        parts, where = dict(vars(value)), "attribute {} of a SimpleNamespace"
-    elif isinstance(value, BaseModel):
-        parts = {name: getattr(value, name, None) for name in type(value).model_fields}
-        where = f"field {{}} of a {type(value).__name__}"
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        parts = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-        where = f"field {{}} of a {type(value).__name__}"
-    else:
+    if not isinstance(value, _HIDING):
         return
-    for name, part in parts.items():
-        inner: dict[str, NodeRef] = {}
-        try:
-            _collect(part, inner, depth + 1)
-        except ConfigError:  # too deep, an iterator: what the object holds is its business
-            continue
-        if inner:
-            _hidden(next(iter(inner)), where.format(repr(name)), type(value).__name__)
+    inner: dict[str, NodeRef] = {}
+    try:
+        _collect(list(value), inner, depth + 1)
+    except ConfigError:  # too deep, an iterator: what it holds is its business
+        return
+    if inner:
+        _hidden(next(iter(inner)), f"a {type(value).__name__}", type(value).__name__)
 
 
 def _hidden(ref_id: str, where: str, kind: str) -> None:

@@ -48,7 +48,6 @@ FUNCTION_THREADS = 40
 
 Body = Callable[[NodeRecord], Awaitable[Any]]
 Inputs = Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]  # a node's arguments, resolved
-Limiter = trio.CapacityLimiter
 
 
 class WorkflowRun:
@@ -145,7 +144,7 @@ async def _run_node(
     inputs = functools.cache(lambda: spec.arguments(lambda d: outcome.value(d, run.graph)))
     journal: Callable[[], Journaled[Any] | Awaitable[Journaled[Any]]]
     if spec.kind == NodeKind.LLM_CALL:
-        body, journal = _model_call(run, op, record, spec, inputs, threads)
+        body, journal = _model_call(run, record, spec, inputs)
     else:
         body = function_try(spec, inputs, threads, op.abandoned)
         journal = _function_journal(spec, inputs, key)
@@ -202,18 +201,15 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
 
 
 def _model_call(
-    run: Run, op: WorkflowRun, record: NodeRecord, spec: NodeSpec, inputs: Inputs, threads: Limiter
+    run: Run, record: NodeRecord, spec: NodeSpec, inputs: Inputs
 ) -> tuple[Body, Callable[[], Awaitable[Journaled[str]]]]:
     """A model node's body and journal key, over one `ModelCall` made on first use inside
-    the node, its prompt function in a thread (`prompt_messages`): one that fails, or is
-    slow, fails or holds its node only (a journaled run's key is under its timeout too)."""
+    the node (`prompt_messages`: a prompt function that fails fails its node)."""
     made: list[ModelCall] = []
 
     async def call(record: NodeRecord) -> ModelCall:
         if not made:
-            messages = await prompt_messages(
-                spec, *inputs(), limiter=threads, abandoned=op.abandoned
-            )
+            messages = await prompt_messages(spec, *inputs())
             made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
         return made[0]
 
@@ -223,7 +219,7 @@ def _model_call(
             record.keep_content(made[0].messages[-1].content, reply)
         return reply
 
-    async def journaled() -> Journaled[str]:
+    async def journaled() -> Journaled[str]:  # a prompt function that raised is retried
         return (await _tries(spec, call)(record)).journaled()  # type: ignore[no-any-return]
 
     return body, journaled

@@ -14,7 +14,6 @@ import types
 from typing import Any
 
 import pytest
-from pydantic import BaseModel
 
 from rlm_graph import ConfigError, Workflow
 from rlm_graph.graph.spec import NodeRef, is_async
@@ -26,10 +25,9 @@ def test_a_handle_in_an_f_string_is_refused_with_the_fix() -> None:
     with pytest.raises(ConfigError, match=r"wf.llm\(lambda text: f\"... \{text\}\", handle\)"):
         wf.llm(f"Improve this haiku: {draft}")
     with pytest.raises(ConfigError, match="its id is 'draft'"):
-        str(draft)
-    with pytest.raises(ConfigError, match="made into text"):
         format(draft, ">10")
-    assert repr(draft) == "NodeRef(id='draft')" and f"{draft!r}" == repr(draft)
+    # str() shows the handle, never the bare id: print and logging still work.
+    assert str(draft) == repr(draft) == "NodeRef(id='draft')" and f"{draft!r}" == repr(draft)
     assert len(wf) == 1  # the refused node was not added
 
 
@@ -38,22 +36,11 @@ class Job:
     text: object
 
 
-class Task(BaseModel):
-    text: object
-
-
 @pytest.mark.parametrize(
     ("argument", "where"),
     [
         (lambda ref: collections.deque([ref]), "inside a deque"),
         (lambda ref: collections.UserList([[ref]]), "inside a UserList"),
-        (lambda ref: Job(ref), "inside field 'text' of a Job"),
-        (lambda ref: Job([{"nested": ref}]), "inside field 'text' of a Job"),
-        (lambda ref: Task(text=ref), "inside field 'text' of a Task"),
-        (
-            lambda ref: types.SimpleNamespace(text=ref),
-            "inside attribute 'text' of a SimpleNamespace",
-        ),
     ],
 )
 def test_a_handle_where_its_result_would_not_replace_it_is_refused(
@@ -63,6 +50,29 @@ def test_a_handle_where_its_result_would_not_replace_it_is_refused(
     draft = wf.llm("q", id="draft")
     with pytest.raises(ConfigError, match=f"'draft' {where} would reach the node as the handle"):
         wf.function(lambda value: value, argument(draft))
+
+
+@dataclasses.dataclass
+class Linked:
+    """A list whose items point back at each other, as ORM rows and trees do."""
+
+    value: int
+    next: Linked | None = None
+    previous: Linked | None = None
+
+
+def test_objects_are_passed_unread_even_when_they_point_back_at_each_other() -> None:
+    """Reading objects' fields for handles walked every path of a structure with
+    back-references (a doubly linked list of 40 items did not finish), and read ORM
+    rows' lazy fields."""
+    head = Linked(0)
+    item = head
+    for value in range(1, 40):
+        item.next = Linked(value, previous=item)
+        item = item.next
+    wf = Workflow()
+    node = wf.function(lambda first, *_: first.value, head, types.SimpleNamespace(a=1), Job("x"))
+    assert wf[node].deps == ()
 
 
 def test_objects_and_sequences_without_a_handle_are_still_plain_values() -> None:

@@ -1,5 +1,5 @@
-"""Prompt functions and callables as a run sees them: a prompt function runs in a worker
-thread and fails only its node, whatever it raises; async callables behind a partial or
+"""Prompt functions and callables as a run sees them: a prompt function fails only its
+node, whatever it raises; async callables behind a partial or
 returned by a plain function; a journal that cannot read an argument's repr; cache=False
 and divergence; a stream's capacity."""
 
@@ -8,8 +8,6 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -49,35 +47,6 @@ async def test_a_prompt_function_raising_what_is_not_an_exception_fails_its_node
         "cannot end the program: raise an exception to fail the node",
     }
     assert result["sum-3"] == "<Summarize <part 3>>"
-
-
-@pytest.mark.parametrize("journaled", [False, True])
-async def test_a_slow_prompt_function_holds_only_its_node_under_its_timeout(
-    tmp_path: Path, journaled: bool
-) -> None:
-    release = threading.Event()
-
-    def slow_prompt(text: str) -> str:
-        release.wait(10)  # reads a file, asks a service...
-        return f"Summarize {text}"
-
-    wf = Workflow()
-    wf.llm(slow_prompt, wf.llm("a", id="a"), id="slow", timeout=0.3)
-    quick = wf.function(lambda: "done", id="quick")
-    wf.llm(lambda text: f"next {text}", quick, id="next")
-    began = time.perf_counter()
-    try:
-        result = await echo_engine().arun(
-            wf, max_timeout=5, journal=tmp_path / "wf.sqlite" if journaled else None
-        )
-    finally:
-        release.set()
-    assert time.perf_counter() - began < 3
-    assert result.errors == {
-        "slow": "[ERROR] TimeoutError: node 'slow' did not finish within timeout=0.3 s"
-    }
-    assert result["next"] == "<next done>" and result.stop_reason is None
-    assert result.graph["next"].end < result.graph["slow"].end
 
 
 async def test_a_prompt_function_retried_after_it_raised(tmp_path: Path) -> None:
