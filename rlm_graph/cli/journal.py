@@ -77,7 +77,7 @@ def run_ls(args: argparse.Namespace) -> int:
         f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<8}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION"
     )
     for run in runs:
-        updated = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.updated))
+        updated = _when(run.updated)
         row = (
             f"{_cell(run.key[:12]):<12}  {_cell(run.kind):<8}  {_cell(run.status):<8}  "
             f"{run.attempts:>5}  {run.nodes:>6}  {'$' + format(run.cost, '.4f'):>9}  "
@@ -95,3 +95,11 @@ _BREAKS = re.compile(r"[\t\n\v\f\r\x1c-\x1e\x85\u2028\u2029]+")
 def _cell(text: str) -> str:
     """``text`` on one line of the table: each run of line breaks and tabs one space."""
     return _BREAKS.sub(" ", text)
+
+
+def _when(seconds: float) -> str:
+    """A row's time as a date, or ``?`` for one no calendar holds (a row edited by hand)."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return "?"

@@ -352,3 +352,16 @@ def test_a_report_from_a_journal_says_how_the_run_ended(
         shown = run_page_script(page)
         assert f", {says}" in shown["summary"] and "No failed node." not in shown["problems"]
         assert shown["problems"][0].startswith(f"The run {says}")
+
+
+def test_a_run_row_with_a_time_no_calendar_holds_is_listed_with_a_question_mark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A row edited by hand (updated = 1e300) made `journal ls` raise an OverflowError."""
+    path = _changed_by_hand(
+        tmp_path, "when.sqlite", RUNS, "CREATE TABLE chunks (run, first, attempt, nodes)",
+        "INSERT INTO runs VALUES (1, 'k', 'rlm', 'q', 'finished', 1, 0, 1e300, NULL, NULL, NULL)",
+    )  # fmt: skip
+    assert main(["journal", "ls", str(path)]) == 0
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if "finished" in line]
+    assert "?" in row and "q" in row
