@@ -126,7 +126,8 @@ def check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] 
         ) from None
 
 
-_STRATEGY_METHODS = ("should_compact", "compact")
+_CALLED, _AWAITED = ("should_compact",), ("compact",)  # a strategy's methods, by how used
+_STRATEGY_METHODS = _CALLED + _AWAITED
 
 
 def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | None) -> Any:
@@ -140,7 +141,7 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             made = factory(**dict(kwargs or {}))
         except TypeError as exc:
             raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-        problem = contract_problem(made, ("compact",), ("should_compact",))
+        problem = contract_problem(made, _AWAITED, _CALLED)
         if problem is not None:
             raise PluginError(
                 f"compaction {name!r}: its factory made {type(made).__name__}, which "
@@ -153,7 +154,7 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             "compaction must be True, a strategy name or a CompactionStrategy; "
             f"{type(compaction).__name__} has no {missing}()"
         )
-    problem = contract_problem(compaction, ("compact",), ("should_compact",))
+    problem = contract_problem(compaction, _AWAITED, _CALLED)
     if problem is not None:
         raise PluginError(f"compaction {type(compaction).__name__} {problem}")
     return compaction

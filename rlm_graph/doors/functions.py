@@ -1,8 +1,9 @@
 """The way out: a workflow's function nodes that are not trio code, run from the scheduler.
 
 - A plain (sync) function runs in a worker thread (`run_in_thread`), so the scheduler
-  and every other node go on while it works; so does a model node's prompt function
-  (`prompt_messages`).
+  and every other node go on while it works. A model node's prompt function runs on the
+  scheduler's thread (`prompt_messages`): it builds text, and may use what the caller's
+  thread holds.
 - An ``async`` function written for trio is awaited on the scheduler's loop; one that
   turns out to be asyncio code fails with a `NodeFailed` that says to pass
   ``loop="asyncio"`` (`on_trio`), not with asyncio's or trio's own puzzling error.
@@ -137,7 +138,7 @@ def function_try(
     return body
 
 
-async def prompt_messages(
+def prompt_messages(
     spec: NodeSpec, args: tuple[Any, ...], kwargs: Mapping[str, Any]
 ) -> list[Message]:
     """A workflow model node's messages (`NodeSpec.messages`). Its prompt function, if it
@@ -149,9 +150,9 @@ async def prompt_messages(
     if callable(make):
         try:
             prompt = make(*args, **kwargs)
-        except (Exception, KeyboardInterrupt, trio.Cancelled):
-            raise
         except BaseException as exc:
+            if isinstance(exc, Exception) or _goes_on(exc):
+                raise
             raise _not_an_exception(make, exc, "prompt function") from None
     return spec.messages(prompt)
 
@@ -180,11 +181,10 @@ async def run_in_thread(
     limiter: trio.CapacityLimiter,
     abandoned: list[threading.Event],
     on_cancel: Callable[[], None] | None = None,
-    role: str = "function",
 ) -> Any:
     """``fn(*args, **kwargs)`` in a worker thread; what it returns or raises (a
-    ``BaseException`` that is not an ``Exception`` as a `RuntimeError` naming ``fn``
-    by its ``role``). Cancelled, it calls ``on_cancel`` (a way to stop the thread's work,
+    ``BaseException`` that is not an ``Exception`` as a `RuntimeError` naming ``fn``).
+    Cancelled, it calls ``on_cancel`` (a way to stop the thread's work,
     if there is one) and hands the thread, still running, to ``abandoned``."""
     finished = threading.Event()
 
@@ -194,7 +194,7 @@ async def run_in_thread(
         except BaseException as exc:  # sys.exit() in a thread would end only the thread
             if isinstance(exc, Exception):
                 raise
-            raise _not_an_exception(fn, exc, role) from None
+            raise _not_an_exception(fn, exc) from None
         finally:
             finished.set()
         # trio refuses a coroutine back from a thread (it takes the function for async)

@@ -209,7 +209,7 @@ def _model_call(
 
     async def call(record: NodeRecord) -> ModelCall:
         if not made:
-            messages = await prompt_messages(spec, *inputs())
+            messages = prompt_messages(spec, *inputs())
             made.append(ModelCall(run, record, messages, model=spec.model, params=spec.params))
         return made[0]
 
