@@ -30,6 +30,7 @@ from .journal.keys import provider_identity
 from .journal.seam import JournalTarget
 from .protocol.schema import AnswerSchema
 from .protocol.state import LoopSettings
+from .protocol.tool_code import check_tool_code, check_tool_prompts
 from .protocol.truncate import DEFAULT_OUTPUT_CHARS
 from .result import ModelUsageSummary, RLMChatCompletion, UsageSummary
 from .rlm_options import (
@@ -97,6 +98,14 @@ class RLM:
             for ``"summarize"``, a registered strategy name (built with
             ``compaction_kwargs``), or a `CompactionStrategy` object.
         custom_system_prompt: replaces the built-in system prompt.
+        tool_prompts: a str or a list of str: sections appended to every system prompt
+            of the run (the root's and children's), e.g. to describe ``tool_code``'s
+            functions.
+        tool_code: Python source run in every REPL of the run (the root's and each
+            child RLM's) after the context is loaded and before the first turn: your
+            set-up code, defining functions and data for the model's code. Invalid
+            Python is a `ConfigError` here; code that raises stops the completion with a
+            `ConfigError` carrying its error.
         accept_text_final: also accept ``FINAL(...)`` written as text outside code.
         direct_if_fits: answer with one plain call of the root model (no REPL) when the
             question and context fit ``direct_share`` of its window (from the model
@@ -157,6 +166,8 @@ class RLM:
         compaction_threshold_pct: float = 0.85,
         compaction_kwargs: Mapping[str, Any] | None = None,
         custom_system_prompt: str | None = None,
+        tool_prompts: str | Sequence[str] | None = None,
+        tool_code: str | None = None,
         accept_text_final: bool = False,
         direct_if_fits: bool = False,
         direct_share: float = 0.5,
@@ -258,6 +269,8 @@ class RLM:
             tools=tools,
             sub_tools=sub_tools,
             custom_system_prompt=custom_system_prompt,
+            tool_prompts=check_tool_prompts(tool_prompts),
+            tool_code=check_tool_code(tool_code),
             accept_text_final=accept_text_final,
             output_chars=output_chars,
             compaction=strategy,
@@ -513,6 +526,8 @@ def _completion_journal(
         settings.compaction_threshold_pct,
         repr(getattr(settings, "schema", None)),
     ]
+    if settings.tool_prompts or settings.tool_code is not None:  # older journals' keys hold
+        configuration += [list(settings.tool_prompts), settings.tool_code]
     inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
     label = preview(root_prompt if root_prompt is not None else context, 80)
     if run.redact is not None:  # `journal ls` shows it: no known key in it

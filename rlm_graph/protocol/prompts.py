@@ -7,10 +7,13 @@ models and prompts written for it work; the text is rlm-graph's own.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..contracts import ExecResult, Image, Message
 from .truncate import truncate_output
+
+if TYPE_CHECKING:
+    from .state import LoopSettings
 
 __all__ = [
     "opening_messages",
@@ -92,15 +95,25 @@ def system_prompt(
     can_recurse: bool = True,
     output_chars: int = 20_000,
     context_hint: str = "a str, list or dict",
+    sections: Sequence[str] = (),
 ) -> str:
     """The root model's system prompt.
 
     A ``custom`` prompt replaces the built-in one; a ``{custom_tools_section}`` in it is
     replaced by the tools list (the reference library's placeholder). A prompt written
     for the reference, which formats it with ``str.format`` (its braces doubled: ``{{``),
-    is formatted the same way; any other is taken as it is.
+    is formatted the same way; any other is taken as it is. ``sections`` (the RLM's
+    ``tool_prompts``) follow it, each after a blank line, as they are.
     """
-    section = tools_section(tools or {})
+    prompt = _base_prompt(
+        custom, tools_section(tools or {}), can_recurse, output_chars, context_hint
+    )
+    return "\n\n".join([prompt.rstrip(), *sections]) if sections else prompt
+
+
+def _base_prompt(
+    custom: str | None, section: str, can_recurse: bool, output_chars: int, context_hint: str
+) -> str:
     if custom is not None:
         if "{{" in custom or "}}" in custom:
             try:
@@ -235,19 +248,22 @@ def opening_messages(
     context: Any,
     root_prompt: str | None,
     *,
-    custom: str | None,
+    settings: LoopSettings,
     tools: Mapping[str, tuple[Any, str | None]],
     can_recurse: bool,
-    output_chars: int,
     index: int,
     max_iterations: int,
     schema: str | None,
 ) -> list[Message]:
-    """A completion's first two messages: the system prompt (`system_prompt`) and the
-    task (`first_user_message`; a persistent session's completion ``index`` also names
-    its earlier histories)."""
+    """A completion's first two messages: the system prompt (`system_prompt`, as
+    ``settings`` say) and the task (`first_user_message`; a persistent session's
+    completion ``index`` also names its earlier histories)."""
     system = system_prompt(
-        custom=custom, tools=tools, can_recurse=can_recurse, output_chars=output_chars
+        custom=settings.custom_system_prompt,
+        tools=tools,
+        can_recurse=can_recurse,
+        output_chars=settings.output_chars,
+        sections=settings.tool_prompts,
     )
     task = first_user_message(
         context,

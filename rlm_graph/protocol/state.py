@@ -34,6 +34,8 @@ class LoopSettings:
     root_params: Mapping[str, Any] | None = None  # request parameters of depth-0 turns
     sub_params: Mapping[str, Any] | None = None  # of sub-calls and children's turns
     schema: AnswerSchema | None = None  # the root's answer shape (completion(schema=...))
+    tool_prompts: tuple[str, ...] = ()  # sections after every system prompt
+    tool_code: str | None = None  # the user's code, run in every REPL before its first turn
 
 
 @dataclass(slots=True)

@@ -294,10 +294,9 @@ class RLMRunner:
         for message in opening_messages(
             context,
             root_prompt,
-            custom=settings.custom_system_prompt,
+            settings=settings,
             tools=settings.tools if c.depth == 0 else settings.sub_tools,
             can_recurse=c.bridge.can_recurse,
-            output_chars=settings.output_chars,
             index=index,
             max_iterations=self.run.limits.max_iterations,
             schema=schema.describe() if schema is not None else None,

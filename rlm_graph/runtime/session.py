@@ -24,6 +24,7 @@ from ..errors import ConfigError, PluginError
 from ..hooks.checks import contract_problem
 from ..journal.tools import JournaledTool
 from ..protocol.state import CompletionState, LoopSettings, ToolTable
+from ..protocol.tool_code import run_tool_code
 from .bridge import BridgeProxy, CompletionBridge
 
 if TYPE_CHECKING:
@@ -80,6 +81,7 @@ async def environment_scope(
     try:  # closed once, however far it got (a start() that failed included)
         await env.start()
         await env.add_context(context, 0)
+        await run_tool_code(env, settings.tool_code)
         yield env
     finally:
         with trio.CancelScope(shield=True):
@@ -128,6 +130,7 @@ class PersistentSession:
     async def begin(self, context: Any) -> tuple[Environment, int]:
         """Ready the REPL for the next completion (started on first use): the answer
         reset, ``context`` loaded as ``context_N``. Returns the environment and N."""
+        fresh = self.env is None
         if self.env is None:
             env = make_environment(self.factory, self.settings, self.proxy, self.settings.tools, 0)
             await env.start()
@@ -135,6 +138,8 @@ class PersistentSession:
         self._leaked = getattr(self.env, "leaked_threads", 0)
         await self.env.reset_answer()
         await self.env.add_context(context, self.completions)
+        if fresh:
+            await run_tool_code(self.env, self.settings.tool_code)
         return self.env, self.completions
 
     async def end(self, run: Run, state: CompletionState) -> None:

@@ -5,6 +5,7 @@ there, or fails naming the fix."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -166,3 +167,86 @@ def test_a_list_of_chat_messages_as_a_prompt_says_what_to_pass() -> None:
     rlm.completion("ctx")
     shown = scripted(rlm).requests[1].messages[-1].content
     assert "part 0 is a chat message" in shown and "join(m['content']" in shown
+
+
+TOOL_CODE = "RUNS = globals().get('RUNS', 0) + 1\ndef shout(text):\n    return text.upper()\n"
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+def test_tool_code_and_tool_prompts_reach_every_repl_of_the_run(environment: str) -> None:
+    """The reference's ``tool_prompts`` and ``tool_code``: the sections follow every
+    system prompt, and the code runs once in each REPL (the root's and a child RLM's)
+    before its first turn, so the model's code can call what it defined."""
+
+    def respond(request: Any) -> str:
+        if "str of 10 characters" in str(request.messages[1].content):  # the child
+            return "```repl\nFINAL(shout(context) + str(RUNS))\n```"
+        return "```repl\nFINAL(rlm_query('child task') + '|' + shout('root') + str(RUNS))\n```"
+
+    rlm = RLM(
+        "scripted",
+        {"respond": respond},
+        environment=environment,
+        max_depth=2,
+        tool_prompts=["Call `shout(text)` to shout.", "   ", "Be loud."],
+        tool_code=TOOL_CODE,
+    )
+    assert rlm.completion("ctx").response == "CHILD TASK1|ROOT1"
+    systems = [r.messages[0].content for r in scripted(rlm).requests]
+    assert len(systems) == 2
+    for system in systems:
+        assert system.endswith("\n\nCall `shout(text)` to shout.\n\nBe loud.")
+        assert system.startswith("You are a Recursive Language Model")
+
+
+def test_tool_code_runs_once_in_a_persistent_session() -> None:
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: "```repl\nRUNS += 10\nFINAL(str(RUNS))\n```"},
+        persistent=True,
+        tool_code=TOOL_CODE,
+    )
+    assert [rlm.completion("a").response, rlm.completion("b").response] == ["11", "21"]
+
+
+def test_tool_prompts_follow_a_custom_system_prompt() -> None:
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nFINAL('x')\n```"]},
+        custom_system_prompt="Mine.",
+        tool_prompts="Tools: none.",
+    )
+    rlm.completion("ctx")
+    assert scripted(rlm).requests[0].messages[0].content == "Mine.\n\nTools: none."
+
+
+@pytest.mark.parametrize(
+    ("keywords", "message"),
+    [
+        ({"tool_code": "def f(:\n    pass"}, "tool_code is not valid Python: "),
+        ({"tool_code": b"x = 1"}, "tool_code must be a str of Python source, not bytes"),
+        ({"tool_prompts": ["a", 3]}, "tool_prompts must be a str or a list of str"),
+        ({"tool_prompts": {"a": "b"}}, "tool_prompts must be a str or a list of str"),
+    ],
+)
+def test_bad_tool_code_or_prompts_are_refused_when_made(
+    keywords: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        RLM("scripted", {"responses": ["x"]}, **keywords)
+
+
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+def test_tool_code_that_raises_stops_the_completion_with_its_error(environment: str) -> None:
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nFINAL('x')\n```"]},
+        environment=environment,
+        tool_code="import os\nraise LookupError('no table named vendors')\n",
+    )
+    with pytest.raises(ConfigError) as caught:
+        rlm.completion("ctx")
+    text = str(caught.value)
+    assert "tool_code failed in the REPL before the first turn" in text
+    assert "LookupError: no table named vendors" in text
+    assert scripted(rlm).requests == []  # no turn was spent on it
