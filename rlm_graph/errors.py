@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checked_flag",
+    "clipped",
     "message_of",
     "config_error",
     "BadResponse",
@@ -331,6 +332,16 @@ def message_of(exc: BaseException) -> str:
         return str(exc)
     except Exception as inner:
         return f"(its message could not be made: {type(inner).__name__} in __str__)"
+
+
+def clipped(text: str, limit: int = 1_000) -> str:
+    """``text`` cut to about ``limit`` characters in the middle, keeping its start and its
+    end (where a message says what to do): an error that quotes what a guest sent stays
+    short, however much it sent."""
+    if len(text) <= limit:
+        return text
+    head, tail = text[: limit * 2 // 3], text[-(limit // 3) :]
+    return f"{head} [... {len(text) - len(head) - len(tail):,} characters ...] {tail}"
 
 
 def error_slot(exc: BaseException) -> str:

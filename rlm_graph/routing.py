@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .contracts import ModelInfo, Provider, ProviderCapabilities, Usage
-from .errors import ConfigError
+from .errors import ConfigError, clipped
 from .limits import resolve_model_info
 
 __all__ = ["ProviderRouter", "Route"]
@@ -103,7 +103,7 @@ class ProviderRouter:
         if model is None or model in self._allowed:
             return
         raise ConfigError(
-            f"{caller}(..., model={model!r}): that model is not configured; allowed: "
+            f"{caller}(..., model={clipped(repr(model), 200)}): that model is not configured; allowed: "
             f"{', '.join(map(repr, self.allowed))}. To allow it, add it to "
             "allowed_models=[...] (or configure a backend with it)"
         )

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 
-from ..errors import ConfigError, SchemaMismatch
+from ..errors import ConfigError, SchemaMismatch, clipped
 
 __all__ = ["MAX_PROBLEMS", "AnswerSchema", "to_jsonable"]
 
@@ -83,9 +83,11 @@ class AnswerSchema:
         """
         from .guest_schema import check_guest_schema, json_validator
 
-        data = check_guest_schema(schema)
-        shape = cls(data, check=False)
-        shape._validator = json_validator(shape.json_schema, bounded=True)
+        try:
+            shape = cls(check_guest_schema(schema), check=False)
+            shape._validator = json_validator(shape.json_schema, bounded=True)
+        except ConfigError as exc:  # it may quote the guest's schema: every slot carries it
+            raise ConfigError(clipped(str(exc))) from None
         return shape
 
     @classmethod

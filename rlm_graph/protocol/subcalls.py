@@ -10,11 +10,13 @@ checked here before the engine builds a node, a request or a validator from it:
                       base64, their type read from their bytes, their size capped
                       (`rlm_graph.contracts.MAX_IMAGE_BYTES`)
     the schema        data only: `rlm_graph.protocol.schema.AnswerSchema.from_guest`
-    the model name    configured ones only (the router's ``check_allowed``)
+    the model name    at most `MAX_MODEL_CHARS` characters; configured ones only (the
+                      router's ``check_allowed``)
 
 A call over the caps is refused whole, before any node is made (what the guest sent is
 all the engine holds of it); a call with a bad schema or model name fails each of its
-slots, each a node with the reason; a bad part of one prompt fails that slot only.
+slots, each a node with the reason (the first `MAX_REFUSED_NODES` of a completion; then
+refused whole); a bad part of one prompt fails that slot only.
 """
 
 from __future__ import annotations
@@ -25,15 +27,32 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..contracts import MAX_IMAGE_BYTES, Image, SubcallRequest
-from ..errors import ConfigError
+from ..errors import ConfigError, error_slot
 
-__all__ = ["MAX_PROMPTS", "MAX_PROMPT_CHARS", "Prompt", "check_request", "prompt_parts"]
+__all__ = [
+    "MAX_MODEL_CHARS",
+    "MAX_PROMPTS",
+    "MAX_PROMPT_CHARS",
+    "MAX_REFUSED_NODES",
+    "Prompt",
+    "check_request",
+    "prompt_parts",
+    "refused_whole",
+]
 
 MAX_PROMPTS = 10_000
 """Prompts of one ``*_batched`` call (each is a node of the graph)."""
 
 MAX_PROMPT_CHARS = 16 * 1024 * 1024
 """Characters of text in one prompt (16 Mi: far above any model's window)."""
+
+MAX_REFUSED_NODES = 1_000
+"""Slots of a completion refused for their model name or schema that get a node each;
+past it such calls are refused whole (the same ``[ERROR]`` slots, no node): a guest
+looping on a refused call costs the engine nothing that grows."""
+
+MAX_MODEL_CHARS = 256
+"""Characters of a model name that model code passes (``model=``)."""
 
 Prompt = str | Sequence[Any]
 """What ``llm_query`` takes: text, or a list of parts (str, `Image`, or an image as the
@@ -49,6 +68,11 @@ def check_request(request: SubcallRequest) -> None:
     name = request.fn
     if not request.prompts and not request.batched:
         raise ConfigError(f"{name}() needs a prompt")
+    if request.model is not None and str.__len__(request.model) > MAX_MODEL_CHARS:
+        raise ConfigError(
+            f"{name}(..., model=...) names a model of {len(request.model):,} characters; "
+            f"a model name has at most {MAX_MODEL_CHARS}: pass one of the allowed names"
+        )
     if len(request.prompts) > MAX_PROMPTS:
         raise ConfigError(
             f"{name}() got {len(request.prompts):,} prompts; at most {MAX_PROMPTS:,} go in "
@@ -59,11 +83,17 @@ def check_request(request: SubcallRequest) -> None:
         if name.startswith("rlm") and not isinstance(prompt, str):
             raise ConfigError(f"{where} is a {type(prompt).__name__}; rlm_query takes text")
         texts = [prompt] if isinstance(prompt, str) else [p for p in prompt if isinstance(p, str)]
-        if sum(len(text) for text in texts) > MAX_PROMPT_CHARS:
+        if sum(str.__len__(text) for text in texts) > MAX_PROMPT_CHARS:  # not a subclass's
             raise ConfigError(
                 f"{where} holds more than {MAX_PROMPT_CHARS:,} characters; no model reads "
                 "that much: send a part of it, or summarise it first"
             )
+
+
+def refused_whole(request: SubcallRequest, exc: ConfigError) -> Any:
+    """What a call refused whole returns: one ``[ERROR]`` string in each of its slots."""
+    error = error_slot(exc)
+    return [error] * len(request.prompts) if request.batched else error
 
 
 def prompt_parts(prompt: Prompt) -> list[str | Image]:

@@ -22,8 +22,9 @@ Invariants:
       and the per-depth child limiter bound them further, tree-wide.
     - Model code names only configured models (``model=``): a backend's, or one of
       ``allowed_models``. Any other name, and a schema that is refused, fails every slot
-      of the call (each a failed node) before any request; a call over the size caps is
-      refused whole, before any node.
+      of the call (each a failed node, for the first `MAX_REFUSED_NODES` of a
+      completion) before any request; a call over the size caps is refused whole,
+      before any node.
     - A guest's schema is checked, and answers validated against it, in a worker thread
       that the run's deadline abandons: the loop never waits on a validator.
 """
@@ -49,7 +50,13 @@ from ..journal.tools import JournaledTool
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
 from ..protocol.schema import AnswerSchema
-from ..protocol.subcalls import Prompt, check_request, prompt_parts
+from ..protocol.subcalls import (
+    MAX_REFUSED_NODES,
+    Prompt,
+    check_request,
+    prompt_parts,
+    refused_whole,
+)
 from .calls import ModelCall, call_model
 from .context import Run
 from .slots import run_slots
@@ -103,6 +110,7 @@ class CompletionBridge:
     block: str | None = field(default=None, init=False)
     _finished: list[tuple[int, NodeRecord]] = field(default_factory=list, init=False)
     _calls: int = field(default=0, init=False)
+    _refusals: int = field(default=0, init=False)  # slots refused for their model or schema
 
     def begin_block(self, block_id: str) -> None:
         self.block, self._finished, self._calls = block_id, [], 0
@@ -136,8 +144,7 @@ class CompletionBridge:
         try:
             check_request(request)
         except ConfigError as exc:  # refused whole: the guest's data is all it costs
-            error = error_slot(exc)
-            return [error] * len(request.prompts) if request.batched else error
+            return refused_whole(request, exc)
         refusal: ConfigError | None = None
         shape = None
         try:
@@ -145,7 +152,9 @@ class CompletionBridge:
             if request.json_schema is not None and request.fn.startswith("llm"):
                 shape = await off_the_loop(AnswerSchema.from_guest, request.json_schema)
         except ConfigError as exc:
-            refusal = exc
+            refusal, self._refusals = exc, self._refusals + len(request.prompts)
+            if self._refusals > MAX_REFUSED_NODES:  # a guest looping on it: no more nodes
+                return refused_whole(request, exc)
         slot = self._slot(request, shape, refusal)
         if request.batched:
             return await self._batch(slot, request.prompts, request.model)

@@ -306,6 +306,84 @@ def test_a_prompt_over_16_mi_characters_is_refused_whole_before_any_node() -> No
     assert len(scripted(rlm).requests) == 1  # the root turn only
 
 
+@pytest.mark.parametrize("environment", ["local", "subprocess"])
+def test_what_a_guest_sends_is_not_copied_into_every_slot(environment: str) -> None:
+    """A refusal quoted what the guest sent, and each slot carried its own copy: a
+    megabyte model name over 400 prompts made 400 MB of errors in the engine, and a
+    schema quoting 60 KB over 3,000 prompts 180 MB. The model name is capped, the
+    quotes are cut, and every slot still says why."""
+    from rlm_graph.protocol.subcalls import MAX_MODEL_CHARS
+
+    code = (
+        "long_model = llm_query_batched(['x'] * 400, model='m' * 1_000_000)\n"
+        "bad_model = llm_query_batched(['x'] * 400, model='n' * 200)\n"
+        "bad_schema = llm_query_batched(['x'] * 400, schema={'$schema': 's' * 60_000})\n"
+        "bad_type = llm_query('x', schema={'type': 't' * 60_000})\n"
+        "FINAL(repr([long_model, bad_model, bad_schema, [bad_type]]))"
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment=environment,
+    )
+    result = rlm.completion("ctx")
+    long_model, bad_model, bad_schema, bad_type = eval(result.response)
+    assert [len(long_model), len(bad_model), len(bad_schema), len(bad_type)] == [400, 400, 400, 1]
+    assert long_model[0].startswith("[ERROR] ConfigError: llm_query_batched(..., model=...)")
+    assert f"a model name has at most {MAX_MODEL_CHARS}" in long_model[0]
+    assert "that model is not configured; allowed: 'scripted'" in bad_model[0]
+    assert "$schema" in bad_schema[0] and "is not a JSON Schema dialect" in bad_schema[0]
+    assert "is not a valid JSON Schema" in bad_type[0]
+    for slots in (long_model, bad_model, bad_schema, bad_type):
+        assert len(slots[0]) < 1_200
+    assert len(scripted(rlm).requests) == 1  # the root turn only
+
+
+def test_a_guest_looping_on_a_refused_call_stops_making_nodes() -> None:
+    """Refused slots cost no tokens, so no limit stopped them: a guest looping on a
+    model name that is not allowed made 220,000 failed nodes in 20 s. The first
+    `MAX_REFUSED_NODES` of a completion are nodes; later ones only fail their slots."""
+    from rlm_graph.protocol.subcalls import MAX_REFUSED_NODES
+
+    code = (
+        "slots = []\n"
+        "for _ in range(30):\n"
+        "    slots += llm_query_batched(['x'] * 100, model='no-such-model')\n"
+        "slots.append(llm_query('x', model='no-such-model'))\n"
+        "FINAL(f'{len(slots)} {len(set(slots))}')"
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment="local",
+    )
+    result = rlm.completion("ctx")
+    assert result.response == "3001 2"  # every slot failed, with its call's reason
+    failed = [r for r in result.graph.records("llm_call") if r.status.value == "error"]
+    assert len(failed) == MAX_REFUSED_NODES
+    assert "no-such-model" in (failed[0].error or "")
+
+
+def test_a_str_subclass_cannot_hide_its_length_from_the_cap() -> None:
+    from rlm_graph.protocol.subcalls import MAX_PROMPT_CHARS
+
+    code = (
+        "class Short(str):\n"
+        "    def __len__(self):\n"
+        "        return 0\n"
+        f"r = llm_query(['hi ', Short('x' * {MAX_PROMPT_CHARS + 1})])\n"
+        "FINAL(r)"
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment="local",
+    )
+    result = rlm.completion("ctx")
+    assert result.response.startswith("[ERROR] ConfigError") and "16,777,216" in result.response
+    assert len(scripted(rlm).requests) == 1
+
+
 @pytest.mark.processes
 async def test_an_image_over_20_mib_forged_past_the_guests_check_is_refused_by_the_engine() -> None:
     # The guest refuses such an image itself; model code that finds the guest's pipe
