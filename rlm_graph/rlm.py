@@ -304,6 +304,7 @@ class RLM:
         *,
         schema: Any = None,
         limits: Mapping[str, Any] | None = None,
+        journal_key: str | None = None,
     ) -> RLMChatCompletion:
         """Answer ``root_prompt`` over the context ``prompt`` (str, list or dict).
 
@@ -318,6 +319,10 @@ class RLM:
                 ``result.parsed`` is the typed value and ``result.response`` its JSON.
             limits: this RLM's limits overridden for this completion only
                 (``{"max_iterations": 5, "max_budget": 0.5}``).
+            journal_key: with ``journal=``, what tells this completion apart from others
+                with the same inputs, which would replay its record (a sample's number
+                when asking the same question several times; ``rlm-graph batch`` passes
+                each item's id).
 
         Raises:
             ConfigError: a context, question or schema that cannot work.
@@ -331,6 +336,7 @@ class RLM:
             schema,
             (),
             limits,
+            journal_key,
             sync_name="RLM.completion",
             async_name="rlm.acompletion",
         )
@@ -343,6 +349,7 @@ class RLM:
         schema: Any = None,
         limits: Mapping[str, Any] | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        journal_key: str | None = None,
     ) -> EventStream[RLMChatCompletion]:
         """Run a completion in the background and iterate over its events (sync code).
 
@@ -352,11 +359,12 @@ class RLM:
         iteration raises the same error after ``run_finished``. Closing the stream early
         (the end of a ``with`` block, or ``stream.close()``) cancels the run. The run never
         waits for the consumer: at most ``capacity`` events wait in memory, the rest on
-        disk (see docs/observing.md). ``schema`` and ``limits`` as for `completion`.
+        disk (see docs/observing.md). ``schema``, ``limits`` and ``journal_key`` as for
+        `completion`.
         """
         return EventStream(
             lambda listener: self._sync_completion(
-                prompt, root_prompt, schema, (listener,), limits
+                prompt, root_prompt, schema, (listener,), limits, journal_key
             ),
             capacity=capacity,
             sync_name="RLM.stream",
@@ -371,13 +379,16 @@ class RLM:
         schema: Any = None,
         limits: Mapping[str, Any] | None = None,
         capacity: int = DEFAULT_CAPACITY,
+        journal_key: str | None = None,
     ) -> AbstractAsyncContextManager[AsyncEventStream[RLMChatCompletion]]:
         """`stream` for trio code: ``async with rlm.astream(ctx) as events: async for e in events``.
 
         The run is a task of the block: leaving it early cancels the run.
         """
         return open_event_stream(
-            lambda listener: self._acompletion(prompt, root_prompt, schema, (listener,), limits),
+            lambda listener: self._acompletion(
+                prompt, root_prompt, schema, (listener,), limits, journal_key
+            ),
             capacity=capacity,
         )
 
@@ -388,9 +399,12 @@ class RLM:
         schema: Any,
         listeners: Iterable[Listener] = (),
         limits: Mapping[str, Any] | None = None,
+        journal_key: str | None = None,
     ) -> RLMChatCompletion:
         try:
-            return await self._acompletion(prompt, root_prompt, schema, listeners, limits)
+            return await self._acompletion(
+                prompt, root_prompt, schema, listeners, limits, journal_key
+            )
         finally:
             with trio.CancelScope(shield=True):
                 await self.engine.aclose()
@@ -402,6 +416,7 @@ class RLM:
         *,
         schema: Any = None,
         limits: Mapping[str, Any] | None = None,
+        journal_key: str | None = None,
     ) -> RLMChatCompletion:
         """`completion` for async callers.
 
@@ -412,9 +427,9 @@ class RLM:
         """
         if running_under_asyncio():
             return await call_from_asyncio(
-                self._acompletion, prompt, root_prompt, schema, (), limits
+                self._acompletion, prompt, root_prompt, schema, (), limits, journal_key
             )
-        return await self._acompletion(prompt, root_prompt, schema, (), limits)
+        return await self._acompletion(prompt, root_prompt, schema, (), limits, journal_key)
 
     async def _acompletion(
         self,
@@ -423,6 +438,7 @@ class RLM:
         schema: Any,
         listeners: Iterable[Listener],
         limits: Mapping[str, Any] | None = None,
+        journal_key: str | None = None,
     ) -> RLMChatCompletion:
         """One completion; a persistent session refuses a second one running at once.
 
@@ -430,10 +446,11 @@ class RLM:
             ConfigError: ``persistent=True`` and this RLM is already running a completion
                 (in another thread or task): a session's turns must come one at a time.
         """
+        args = (prompt, root_prompt, schema, listeners, limits, journal_key)
         if self._session is None:
-            return await self._complete(prompt, root_prompt, schema, listeners, limits)
+            return await self._complete(*args)
         with self._session.claim():
-            return await self._complete(prompt, root_prompt, schema, listeners, limits)
+            return await self._complete(*args)
 
     async def _complete(
         self,
@@ -442,6 +459,7 @@ class RLM:
         schema: Any,
         listeners: Iterable[Listener],
         limits: Mapping[str, Any] | None = None,
+        journal_key: str | None = None,
     ) -> RLMChatCompletion:
         if not isinstance(prompt, str | list | dict):
             raise ConfigError(
@@ -449,6 +467,8 @@ class RLM:
             )
         if root_prompt is not None and not isinstance(root_prompt, str):
             raise ConfigError(f"root_prompt must be a str, not {type(root_prompt).__name__}")
+        if journal_key is not None and not isinstance(journal_key, str):
+            raise ConfigError(f"journal_key must be a str, not {type(journal_key).__name__}")
         settings = self.settings
         if schema is not None:
             settings = dataclasses.replace(settings, schema=AnswerSchema.of(schema))
@@ -458,9 +478,10 @@ class RLM:
         journal = None
         if self.journal is not None:
             number = self._session.completions if self._session is not None else 0
-            journal = _completion_journal(
-                self.journal, run, settings, self.environment, prompt, root_prompt, number
-            )
+            inputs = {"context": prompt, "root_prompt": root_prompt, "completion": number}
+            if journal_key is not None:  # absent otherwise: older journals' keys hold
+                inputs["journal_key"] = journal_key
+            journal = _completion_journal(self.journal, run, settings, self.environment, inputs)
         operation = CompletionRun(
             RLMRunner(run, settings, self.env_factory),
             prompt,
@@ -504,12 +525,10 @@ def _completion_journal(
     run: Run,
     settings: LoopSettings,
     environment: str,
-    context: Any,
-    root_prompt: str | None,
-    number: int,
+    inputs: dict[str, Any],
 ) -> JournalTarget:
-    """Where a completion is journaled: its run key is its inputs (context, question,
-    and ``number``, its place in a persistent session) and its configuration."""
+    """Where a completion is journaled: its run key is its ``inputs`` (context, question,
+    its place in a persistent session, its ``journal_key``) and its configuration."""
     configuration = [
         [provider_identity(key, provider) for key, provider in run.router.providers],
         run.limits.max_depth,
@@ -528,8 +547,8 @@ def _completion_journal(
     ]
     if settings.tool_prompts or settings.tool_code is not None:  # older journals' keys hold
         configuration += [list(settings.tool_prompts), settings.tool_code]
-    inputs = {"context": context, "root_prompt": root_prompt, "completion": number}
-    label = preview(root_prompt if root_prompt is not None else context, 80)
+    question = inputs["root_prompt"]
+    label = preview(question if question is not None else inputs["context"], 80)
     if run.redact is not None:  # `journal ls` shows it: no known key in it
         label = run.redact(label)
     return JournalTarget(path, run_key("rlm", inputs, configuration), "rlm", label)

@@ -58,7 +58,10 @@ async def complete_item(
             context = item.load_context()
         else:
             context = await trio.to_thread.run_sync(item.load_context)
-        result = await rlm.acompletion(context, root_prompt=item.query, limits=item.limits)
+        # Items that ask the same are each answered: their id is in the journal's key.
+        result = await rlm.acompletion(
+            context, root_prompt=item.query, limits=item.limits, journal_key=item.id
+        )
     except LimitExceeded as exc:  # on_limit="raise": still an answer, partial
         answer, stop_reason = exc.partial, exc.reason
         if isinstance(exc.result, RLMChatCompletion):

@@ -63,8 +63,9 @@ check (the main thread) and the run (a batch's own thread, deeper) would judge a
 near it differently, and the run would stop at a line the check let pass. A fixed depth
 well under it gives one verdict in both."""
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_BRACKET = re.compile(r"[\[\]{}]")
+# A string (to its end, or to the line's end when it never closes: one pass, with no
+# start tried again, however its escapes fall) or a bracket.
+_TOKEN = re.compile(r'"(?:[^"\\]+|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 def _too_deep(line: str) -> bool:
@@ -73,10 +74,12 @@ def _too_deep(line: str) -> bool:
     if line.count("[") + line.count("{") <= MAX_DEPTH:
         return False
     depth = 0
-    for bracket in _BRACKET.findall(_STRING.sub("", line)):
-        depth += 1 if bracket in "[{" else -1
-        if depth > MAX_DEPTH:
-            return True
+    for token in _TOKEN.finditer(line):
+        char = line[token.start()]
+        if char != '"':
+            depth += 1 if char in "[{" else -1
+            if depth > MAX_DEPTH:
+                return True
     return False
 
 

@@ -184,6 +184,9 @@ class JournalStore:
             self._db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=not threads
             )
+            # Another application's database is refused before the switch to WAL, which
+            # would change that file for good.
+            self._check_format()
             self._use_wal()
             # NORMAL in WAL mode: a commit survives a process crash (SIGKILL); only a
             # power loss may lose the last transactions, never corrupt the file.
@@ -238,6 +241,26 @@ class JournalStore:
                     raise
                 time.sleep(0.05)
 
+    def _check_format(self) -> int:
+        """The file's format number (0: an empty file), or a `ConfigError` for a file of
+        another format: a journal of another version, or an SQLite database with tables
+        and no journal's format number. One statement, so one view of a file that other
+        workers may be making a journal of."""
+        version, tables = self._db.execute(
+            "SELECT user_version, (SELECT count(*) FROM sqlite_master) FROM pragma_user_version"
+        ).fetchone()
+        if version == 0 and tables:
+            raise ConfigError(
+                f"{str(self.path)!r} is an SQLite database but not an rlm-graph journal; "
+                "give a new file name"
+            )
+        if version not in (0, SCHEMA_VERSION):
+            raise ConfigError(
+                f"journal {str(self.path)!r} has format {version}; this rlm-graph reads "
+                f"format {SCHEMA_VERSION}: start a new journal file"
+            )
+        return int(version)
+
     def _ensure_schema(self) -> None:
         """Check the file's format and create the tables, as one exclusive step: workers
         of a batch open a new journal at the same moment, and none may see another's
@@ -245,23 +268,12 @@ class JournalStore:
         db = self._db
         db.execute("BEGIN IMMEDIATE")
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version == 0:
-                if db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-                    raise ConfigError(
-                        f"{str(self.path)!r} is an SQLite database but not an rlm-graph journal; "
-                        "give a new file name"
-                    )
+            if self._check_format() == 0:
                 # One statement at a time: executescript() would commit this transaction.
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         db.execute(statement)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version != SCHEMA_VERSION:
-                raise ConfigError(
-                    f"journal {str(self.path)!r} has format {version}; this rlm-graph reads "
-                    f"format {SCHEMA_VERSION}: start a new journal file"
-                )
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -488,3 +488,25 @@ def test_a_concurrency_far_above_the_items_costs_no_more_than_the_items() -> Non
         small, huge = peak_memory(3), peak_memory(50_000)
     # One task per item in flight: a task per unused place was about 1 KiB, 50 MiB here.
     assert huge < small + 8 * 2**20
+
+
+def test_with_a_journal_items_that_ask_the_same_are_each_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Items with the same context and question shared one journaled run: one at a time,
+    the second and later replayed the first's answer (a pass@k batch got k copies of
+    one). Each item's id is in its run's key; a rerun over the journal replays each."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    same = items(1)[0]
+    write_items(tmp_path / "in.jsonl", [{**same, "id": f"sample-{k}"} for k in range(4)])
+    journal = str(tmp_path / "j.sqlite")
+    with BatchServer() as server:
+        args = local_cli_args(server, tmp_path, "--quiet", "--concurrency", "1")
+        assert main([*args, "--journal", journal]) == 0
+        assert server.root_turns == {"item-0": 4}  # each sample asked the model
+        (tmp_path / "out.jsonl").unlink()
+        assert main([*args, "--journal", journal]) == 0
+        assert server.root_turns == {"item-0": 4}  # and each was replayed, not asked again
+    lines = read_lines(tmp_path / "out.jsonl")
+    assert sorted(line["id"] for line in lines) == [f"sample-{k}" for k in range(4)]
+    assert {line["answer"] for line in lines} == {expected("item-0")}

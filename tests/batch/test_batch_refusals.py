@@ -4,7 +4,10 @@ what it refuses to write to, over the fake OpenAI server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +66,10 @@ def test_a_journal_that_is_another_database_is_refused(
         assert server.requests == []
     assert "not an rlm-graph journal" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+    with sqlite3.connect(other) as db:  # the other application's file, as it was
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+        assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["notes"]
+    db.close()
 
 
 @pytest.mark.parametrize("depth", [300, 985])
@@ -78,6 +85,31 @@ def test_an_item_nested_too_deep_is_refused_with_its_line_before_any_item_runs(
     err = capsys.readouterr().err
     assert "in.jsonl:3: nested more than 200 arrays and objects deep" in err
     assert not (tmp_path / "out.jsonl").exists()  # the same verdict at each reading
+
+
+@pytest.mark.processes
+def test_a_line_cut_inside_a_string_of_escapes_is_refused_without_reading_it_again_and_again(
+    tmp_path: Path,
+) -> None:
+    """A line cut inside a string full of escaped quotes (a JSON document held as text)
+    was read again from each escaped quote: 16 s of CPU for 76 KB, hours for a megabyte.
+    Run in a process of its own: a regression fails by the timeout, not by a hung suite."""
+    document = json.dumps([json.dumps({"a": [1, {"b": 'x"y'}]})] * 30_000)
+    line = json.dumps({"id": "cut", "query": "q", "context": document})
+    lines = [json.dumps(item) for item in items(2)] + [line[: len(line) // 2]]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    with BatchServer() as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "rlm_graph.cli", *local_cli_args(server, tmp_path)],
+            env={**os.environ, "OPENAI_API_KEY": KEY},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert server.requests == []
+    assert done.returncode == 2
+    assert "in.jsonl:3: not JSON" in done.stderr
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_an_items_budget_on_a_model_with_no_price_is_refused_with_its_line(

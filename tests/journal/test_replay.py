@@ -70,6 +70,23 @@ async def test_other_inputs_are_another_run(tmp_path: Path) -> None:
         store.close()
 
 
+async def test_a_journal_key_tells_samples_of_one_question_apart(tmp_path: Path) -> None:
+    """The same question asked again over a journal replays the first answer; a
+    ``journal_key`` per sample makes each its own run, replayed as such."""
+    path = str(tmp_path / "run.sqlite")
+    rlm = RLM("scripted", {"respond": _respond}, journal=path)
+    first = await rlm.acompletion("ctx", root_prompt="q", journal_key="sample-1")
+    second = await rlm.acompletion("ctx", root_prompt="q", journal_key="sample-2")
+    assert [first.replay.replayed, second.replay.replayed] == [0, 0]  # type: ignore[union-attr]
+    assert len(scripted(rlm).requests) == 14
+    again = RLM("scripted", {"respond": _respond}, journal=path)
+    replayed = await again.acompletion("ctx", root_prompt="q", journal_key="sample-2")
+    assert replayed.replay is not None and replayed.replay.replayed == 7
+    assert scripted(again).requests == []
+    unkeyed = await again.acompletion("ctx", root_prompt="q")  # none of the two
+    assert unkeyed.replay is not None and unkeyed.replay.replayed == 0
+
+
 def _versioned(request: ChatRequest) -> str:
     if not is_root_turn(request):
         return f"sub:{request.prompt}"
