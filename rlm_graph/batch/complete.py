@@ -86,4 +86,5 @@ async def complete_item(
         attempts=attempts,
         executor=executor,
         error=error,
+        asked=item.asked(),
     )

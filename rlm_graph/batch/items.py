@@ -8,6 +8,8 @@ override of a completion limit (`ITEM_LIMITS`). Pure: no trio.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,14 @@ class BatchItem(BaseModel):
             raise ConfigError(
                 f"item {self.id!r}: cannot read context_file {self.context_file!r}: {reason}"
             ) from None
+
+    def asked(self) -> str:
+        """A short hash of what this item asks (its question, its context or its
+        context file's path, its limits): a result line keeps it, so that a rerun asks
+        again an item edited since its line was written."""
+        where = {"context_file": self.context_file} if self.context_file else self.context
+        text = json.dumps([self.query, where, self.limits], sort_keys=True, ensure_ascii=False)
+        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
     def loaded(self) -> BatchItem:
         """This item with its context read in (for executors that ship items elsewhere)."""

@@ -6,7 +6,9 @@ Invariants:
       mid-write leaves at most one partial last line, which `ResultsFile.open` cuts off
       before appending, so the file stays valid JSON Lines.
     - An id with a line in the file is done: a rerun skips it (with ``retry_failed``,
-      only ids whose every line is a failure are run again; the last line of an id wins).
+      only ids whose every line is a failure are run again; the last line of an id wins),
+      unless its lines were made for what the item asked then, not now (their ``asked``
+      hash differs from the item's; a line with none, written before it was kept, counts).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -60,6 +62,8 @@ class BatchResult(BaseModel):
         attempts: 1, or more when a worker died and the item was run again.
         executor: which executor ran it.
         error: why there is no answer, else ``None``.
+        asked: a hash of what the item asked (`BatchItem.asked`): a rerun asks again an
+            item that asks something else now.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -75,6 +79,7 @@ class BatchResult(BaseModel):
     attempts: int = 1
     executor: str = "local"
     error: BatchError | None = None
+    asked: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -152,8 +157,9 @@ class ResultsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.ok_ids: set[str] = set()
-        self.failed_ids: set[str] = set()
+        # What each id's answered and failed lines asked (None: a line that says not).
+        self._ok: dict[str, set[str | None]] = {}
+        self._failed: dict[str, set[str | None]] = {}
         self._handle: IO[str] | None = None
 
     def open(self) -> ResultsFile:
@@ -191,7 +197,7 @@ class ResultsFile:
     def _note(self, line: bytes, number: int) -> None:
         try:
             record = json.loads(line)
-            item_id, error = record["id"], record.get("error")
+            item_id, error, asked = str(record["id"]), record.get("error"), record.get("asked")
             if not _RESULT_KEYS <= record.keys():  # an items file has ids too
                 raise KeyError("not a result")
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -199,15 +205,20 @@ class ResultsFile:
                 f"{self.path}:{number} is not a batch result line; --output must be a "
                 "results file of rlm-graph batch (or a new path)"
             ) from None
-        if error is None:
-            self.ok_ids.add(str(item_id))
-            self.failed_ids.discard(str(item_id))
-        elif str(item_id) not in self.ok_ids:
-            self.failed_ids.add(str(item_id))
+        (self._ok if error is None else self._failed).setdefault(item_id, set()).add(
+            asked if isinstance(asked, str) else None
+        )
 
-    def done(self, retry_failed: bool = False) -> set[str]:
-        """Ids to skip: every id with a line, or only the answered ones."""
-        return set(self.ok_ids) if retry_failed else self.ok_ids | self.failed_ids
+    def done(self, retry_failed: bool = False, asked: Mapping[str, str] | None = None) -> set[str]:
+        """Ids to skip: every id with a line, or (``retry_failed``) only the answered
+        ones; with ``asked`` (the items' `BatchItem.asked` by id), only lines made for
+        what the items ask now."""
+
+        def current(item_id: str, hashes: set[str | None]) -> bool:
+            return asked is None or None in hashes or asked.get(item_id) in hashes
+
+        kept = [self._ok] if retry_failed else [self._ok, self._failed]
+        return {i for lines in kept for i, hashes in lines.items() if current(i, hashes)}
 
     def append(self, result: BatchResult) -> None:
         """Write one result line and flush it (a killed run keeps every finished item)."""

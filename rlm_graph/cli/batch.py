@@ -20,7 +20,15 @@ from rich.live import Live
 from rich.text import Text
 
 from .._files import same_file
-from ..batch import BatchResult, BatchSummary, ResultsFile, read_items, run_batch, scan_items
+from ..batch import (
+    BatchItem,
+    BatchResult,
+    BatchSummary,
+    ResultsFile,
+    read_items,
+    run_batch,
+    scan_items,
+)
 from ..batch.run import check_batch, item_limits_check
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
@@ -111,6 +119,18 @@ def _regular_input(path: Path) -> None:
         )
 
 
+def _scan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """Every line of ``--input`` checked: the ids in order, and what each item asks."""
+    asked: dict[str, str] = {}
+    limits = item_limits_check(rlm_kwargs(args))
+
+    def check(item: BatchItem, where: str) -> None:
+        limits(item, where)
+        asked[item.id] = item.asked()
+
+    return scan_items(args.input, check), asked
+
+
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kwargs: dict[str, Any] = {}
     if args.ray_address is not None:
@@ -171,9 +191,11 @@ def _item_line(result: BatchResult, number: int, total: int) -> str:
         )
     else:
         assert result.error is not None
-        note = f"FAILED {result.error.type}: {result.error.message[:120]}"
+        note = f"FAILED {result.error.type}: {' '.join(result.error.message.split())[:120]}"
     retried = f" after {result.attempts} attempts" if result.attempts > 1 else ""
-    return f"[{number:>{width}}/{total}] {result.id} {note}{retried}"
+    # One line each: an id or an error holding a line break would forge another item's.
+    shown = result.id.replace("\n", " ")
+    return f"[{number:>{width}}/{total}] {shown} {note}{retried}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,18 +206,21 @@ def run(args: argparse.Namespace) -> int:
             if args.journal and same_file(args.journal, other):
                 raise ConfigError(f"--journal must not be the {name} file; give its own path")
         _regular_input(args.input)
-        ids = scan_items(args.input, item_limits_check(rlm_kwargs(args)))
+        ids, asked = _scan(args)
         # Everything a run needs is checked before --output is created or touched.
         check_batch(rlm_kwargs(args), args.concurrency, args.executor, _executor_kwargs(args))
         results_file = ResultsFile(args.output).open()
     except ConfigError as exc:
         return refuse("batch", exc)
     with results_file:
-        done = results_file.done(retry_failed=args.retry_failed) & set(ids)
+        done = results_file.done(retry_failed=args.retry_failed, asked=asked) & set(ids)
+        changed = (results_file.done(retry_failed=args.retry_failed) & set(ids)) - done
         total = len(ids) - len(done)
-        if done:
+        if done or changed:
+            edited = f" ({len(changed)} more that ask something else now are asked again)"
             print(
-                f"rlm-graph batch: {len(done)} of {len(ids)} items already in {args.output}; running the other {total}",
+                f"rlm-graph batch: {len(done)} of {len(ids)} items already in {args.output}"
+                f"{edited if changed else ''}; running the other {total}",
                 file=sys.stderr,
             )
         finished: list[BatchResult] = []

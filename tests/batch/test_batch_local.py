@@ -510,3 +510,51 @@ def test_with_a_journal_items_that_ask_the_same_are_each_answered(
     lines = read_lines(tmp_path / "out.jsonl")
     assert sorted(line["id"] for line in lines) == [f"sample-{k}" for k in range(4)]
     assert {line["answer"] for line in lines} == {expected("item-0")}
+
+
+def test_a_rerun_asks_again_an_item_edited_since_its_line_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun compared ids only: an item whose question, context or limits changed
+    since (or a results file of another input) was skipped in silence. Each line keeps
+    a hash of what its item asked; an item that asks something else now is asked again,
+    and said to be. A line written before the hash was kept still counts as done."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    batch = items(4)
+    write_items(tmp_path / "in.jsonl", batch)
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        capsys.readouterr()
+        batch[1]["query"] += " Say it again."
+        batch[2]["context"] = "ctx2"  # as it was: not an edit
+        batch[3]["max_iterations"] = 7
+        write_items(tmp_path / "in.jsonl", batch)
+        lines = (tmp_path / "out.jsonl").read_text().splitlines()
+        legacy = json.loads(lines[0])
+        del legacy["asked"]  # item-0's line as an older rlm-graph wrote it
+        (tmp_path / "out.jsonl").write_text(
+            "".join(json.dumps(line) + "\n" for line in [legacy, *map(json.loads, lines[1:])])
+        )
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        assert server.root_turns == {"item-0": 1, "item-1": 2, "item-2": 1, "item-3": 2}
+        err = capsys.readouterr().err
+        assert "2 of 4 items already in" in err
+        assert "(2 more that ask something else now are asked again); running the other 2" in err
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0  # all current now
+        assert sum(server.root_turns.values()) == 6
+    ids = [line["id"] for line in read_lines(tmp_path / "out.jsonl")]
+    assert sorted(ids) == ["item-0", "item-1", "item-1", "item-2", "item-3", "item-3"]
+
+
+def test_a_line_break_in_an_id_or_an_error_cannot_forge_a_progress_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    batch = items(2, fail=(0,))
+    batch[0]["id"] = "e\n[2/2] item-9 ok 0.01 s"
+    write_items(tmp_path / "in.jsonl", batch)
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path)) == 1
+    progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
+    assert len(progress) == 2 and not any(line.startswith("[2/2] item-9") for line in progress)
+    assert any(line.startswith("[") and "e [2/2] item-9 ok" in line for line in progress)
