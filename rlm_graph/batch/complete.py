@@ -23,8 +23,11 @@ __all__ = ["complete_item"]
 
 
 def _usage(result: RLMChatCompletion) -> tuple[ItemUsage, float | None]:
-    summary = result.usage_summary
+    summary, replay = result.usage_summary, result.replay
     usage = ItemUsage(
+        replayed=replay.replayed if replay is not None else 0,
+        tokens_saved=replay.tokens_saved if replay is not None else 0,
+        cost_saved=replay.cost_saved if replay is not None else 0.0,
         calls=summary.total_calls,
         input_tokens=summary.total_input_tokens,
         output_tokens=summary.total_output_tokens,

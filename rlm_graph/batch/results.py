@@ -29,7 +29,9 @@ __all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFil
 
 
 class ItemUsage(BaseModel):
-    """Model calls and tokens of one completion, every depth included."""
+    """Model calls and tokens of one completion, every depth included. With a journal,
+    the calls it replayed are among them, as they were recorded: ``replayed`` of them,
+    ``tokens_saved`` and ``cost_saved`` not spent again."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -37,6 +39,9 @@ class ItemUsage(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     models: dict[str, dict[str, Any]] = {}
+    replayed: int = 0
+    tokens_saved: int = 0
+    cost_saved: float = 0.0
 
 
 class BatchError(BaseModel):
@@ -109,6 +114,8 @@ class BatchSummary(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float | None = None
+    tokens_saved: int = 0
+    cost_saved: float = 0.0
     p50_seconds: float | None = None
     p95_seconds: float | None = None
 
@@ -125,6 +132,8 @@ class BatchSummary(BaseModel):
             input_tokens=sum(r.usage.input_tokens for r in done),
             output_tokens=sum(r.usage.output_tokens for r in done),
             cost=sum(costs) if costs else None,
+            tokens_saved=sum(r.usage.tokens_saved for r in done),
+            cost_saved=sum(r.usage.cost_saved for r in done),
             p50_seconds=_percentile(latencies, 0.50),
             p95_seconds=_percentile(latencies, 0.95),
         )
@@ -139,6 +148,9 @@ class BatchSummary(BaseModel):
         parts.append(f"{self.input_tokens:,} input and {self.output_tokens:,} output tokens")
         if self.cost is not None:
             parts.append(f"${self.cost:.4f}")
+        if self.tokens_saved:
+            saved = f" (${self.cost_saved:.4f})" if self.cost_saved else ""
+            parts.append(f"{self.tokens_saved:,} tokens{saved} of them replayed from the journal")
         if self.p50_seconds is not None and self.p95_seconds is not None:
             parts.append(f"p50 {self.p50_seconds:.2f} s, p95 {self.p95_seconds:.2f} s")
         return ", ".join(parts)

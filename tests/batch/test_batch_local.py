@@ -12,6 +12,7 @@ import sys
 import threading
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -491,7 +492,7 @@ def test_a_concurrency_far_above_the_items_costs_no_more_than_the_items() -> Non
 
 
 def test_with_a_journal_items_that_ask_the_same_are_each_answered(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Items with the same context and question shared one journaled run: one at a time,
     the second and later replayed the first's answer (a pass@k batch got k copies of
@@ -505,11 +506,18 @@ def test_with_a_journal_items_that_ask_the_same_are_each_answered(
         assert main([*args, "--journal", journal]) == 0
         assert server.root_turns == {"item-0": 4}  # each sample asked the model
         (tmp_path / "out.jsonl").unlink()
+        capsys.readouterr()
         assert main([*args, "--journal", journal]) == 0
         assert server.root_turns == {"item-0": 4}  # and each was replayed, not asked again
     lines = read_lines(tmp_path / "out.jsonl")
     assert sorted(line["id"] for line in lines) == [f"sample-{k}" for k in range(4)]
     assert {line["answer"] for line in lines} == {expected("item-0")}
+    for line in lines:  # what was spent when recorded, and that it was replayed
+        usage: Any = line["usage"]
+        assert usage["replayed"] == 3 and usage["calls"] == 3
+        assert usage["tokens_saved"] == usage["input_tokens"] + usage["output_tokens"] > 0
+    saved = sum(line["usage"]["tokens_saved"] for line in lines)  # type: ignore[index]
+    assert f"{saved:,} tokens of them replayed from the journal" in capsys.readouterr().err
 
 
 def test_a_rerun_asks_again_an_item_edited_since_its_line_was_written(
