@@ -61,9 +61,10 @@ def refuse(command: str, exc: Exception) -> int:
 
 def on_the_command_line(text: str) -> str:
     """A library error's message, with the command line's fix where its fix is Python's."""
-    if "no price is known" in text:
-        text += " [on the command line: --price INPUT OUTPUT (USD per million tokens)]"
-    return text
+    hint = " [on the command line: --price INPUT OUTPUT (USD per million tokens)]"
+    # After the line that needs it: a batch's message has a line per bad input line.
+    lines = text.split("\n")
+    return "\n".join(line + hint if "no price is known" in line else line for line in lines)
 
 
 def interrupted_after(command: str, done: str) -> int:

@@ -127,3 +127,19 @@ def test_an_items_budget_on_a_model_with_no_price_is_refused_with_its_line(
         assert not (tmp_path / "out.jsonl").exists()
         assert main(local_cli_args(server, tmp_path, "--price", "1", "2")) == 0  # priced: kept
     assert len(read_lines(tmp_path / "out.jsonl")) == 3
+
+
+def test_the_price_hint_follows_the_line_that_needs_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    batch = items(2)
+    batch[0]["max_budget"] = 0.5
+    batch[1]["max_iterations"] = 0
+    write_items(tmp_path / "in.jsonl", batch)
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path)) == 2
+    lines = capsys.readouterr().err.splitlines()
+    first = next(line for line in lines if "in.jsonl:1:" in line)
+    second = next(line for line in lines if "in.jsonl:2:" in line)
+    assert first.endswith("[on the command line: --price INPUT OUTPUT (USD per million tokens)]")
+    assert "--price" not in second
