@@ -134,9 +134,13 @@ def _parse_reset(value: str, now: float) -> float | None:
 def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = None) -> float | None:
     """The wait a response asks for, in seconds, or ``None`` when it names none.
 
-    Reads ``retry-after-ms``, then ``Retry-After``, then the longest of the rate-limit
-    reset headers (OpenAI's ``x-ratelimit-reset-*`` durations, Anthropic's
-    ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds ``x-ratelimit-reset``).
+    Reads ``retry-after-ms``, then ``Retry-After``, then the rate-limit reset headers
+    (OpenAI's ``x-ratelimit-reset-*`` durations, Anthropic's
+    ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds ``x-ratelimit-reset``):
+    the reset of the window the response says is used up (its ``*-remaining-*`` at 0,
+    `exhausted_for`), else the longest. A 429 for the requests window that also reports
+    the tokens window, with room and a full reset in minutes, asks for the requests
+    window's second, not the tokens window's minutes.
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     now = time.time() if now is None else now
@@ -151,6 +155,9 @@ def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = Non
         wait = parse_retry_after(lowered["retry-after"], now)
         if wait is not None:
             return wait
+    used_up = exhausted_for(lowered, now)
+    if used_up is not None:
+        return used_up
     waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
     known = [w for w in waits if w is not None]
     return max(known) if known else None

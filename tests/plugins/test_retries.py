@@ -237,3 +237,23 @@ def test_a_wait_beyond_max_retry_after_still_holds_the_providers_other_requests(
     assert "more than max_retry_after" in result.errors[refused_node]
     assert len(server.requests) == 1  # the other waited, and the run's deadline came
     assert result.stop_reason == "max_timeout"
+
+
+async def test_a_429_waits_for_the_reset_of_the_window_it_used_up() -> None:
+    """The requests window is used up and resets at once; the tokens window has room and
+    resets fully in 6 minutes. The wait was the longest reset (360 s, past
+    max_retry_after: the call failed at once), not the used-up window's."""
+    windows = {
+        "x-ratelimit-remaining-requests": "0",
+        "x-ratelimit-reset-requests": "20ms",
+        "x-ratelimit-remaining-tokens": "149984",
+        "x-ratelimit-reset-tokens": "6m0s",
+    }
+    refused = Reply(429, {"error": {"message": "Rate limit reached"}}, headers=windows)
+    with FakeOpenAIServer(replies=[refused, "ok"]) as server:
+        assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
+    assert len(server.requests) == 2
+    assert retry_delay_from_headers(windows) == pytest.approx(0.02)
+    # No window said used up: the longest reset, as before.
+    room = {**windows, "x-ratelimit-remaining-requests": "3"}
+    assert retry_delay_from_headers(room) == 360
