@@ -20,7 +20,9 @@ Invariants:
       date), ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps
       with ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
     - Every retry is one more attempt: logged at DEBUG and counted on the node and in
-      the run's summary (`rlm_graph._http.attempts`); nothing is re-sent silently.
+      the run's summary (`rlm_graph._http.attempts`); nothing is re-sent silently. A
+      wait the server names is never shorter than the computed backoff (a
+      ``Retry-After: 0`` storm does not use every attempt up at once).
     - Each attempt has a deadline: ``timeout``, doubled after every attempt that timed
       out in a row, up to ``8 * timeout`` (docs/providers.md says why). ``max_timeouts``
       timeouts in a row fail the call (3: 60 + 120 + 240 s by default), so a server that
@@ -419,8 +421,9 @@ class JSONProvider:
     def _wait_before_retry(self, retry: _Retry, attempt: int) -> float:
         if retry.reason == "not sent":
             return 0.0  # a dead keep-alive connection, not a struggling server
+        backoff = self.retry.backoff(attempt)
         if retry.wait is None:
-            return self.retry.backoff(attempt)
+            return backoff
         if retry.wait > self.retry.max_retry_after:
             note_held(retry.reason, retry.wait)  # this call fails; the others may wait
             raise type(retry.error)(
@@ -431,7 +434,8 @@ class JSONProvider:
                 status_code=retry.error.status_code,
                 retryable=True,
             ) from None
-        return self.retry.spread(retry.wait)
+        # Retry-After: 0 (or a date past) is no reason to retry sooner than without it.
+        return max(self.retry.spread(retry.wait), backoff)
 
     def _send_headers(self, stream: bool) -> dict[str, str]:
         headers = {"Content-Type": "application/json", **self._auth_headers()}

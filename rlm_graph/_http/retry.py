@@ -51,7 +51,7 @@ class RetryPolicy(BaseModel):
             count towards ``max_attempts`` too); bounds how long a hung server holds a
             call.
         backoff_base: seconds before the first retry when the server names no wait;
-            doubled on every further retry.
+            doubled on every further retry. A named wait is never shorter.
         backoff_max: the longest computed backoff, in seconds.
         max_retry_after: the longest server-requested wait honoured; a server asking for
             more fails at once with `RateLimited` (better than hanging a run for an hour).

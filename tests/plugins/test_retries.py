@@ -4,6 +4,8 @@ the failures that must not be retried (401, 404, 400)."""
 from __future__ import annotations
 
 import email.utils
+import logging
+import re
 
 import httpx
 import pytest
@@ -257,3 +259,27 @@ async def test_a_429_waits_for_the_reset_of_the_window_it_used_up() -> None:
     # No window said used up: the longest reset, as before.
     room = {**windows, "x-ratelimit-remaining-requests": "3"}
     assert retry_delay_from_headers(room) == 360
+
+
+def _waits(caplog: pytest.LogCaptureFixture) -> list[float]:
+    """The waits the provider chose before its retries, from its DEBUG lines."""
+    found = [re.search(r"retrying in ([\d.]+) s", r.getMessage()) for r in caplog.records]
+    return [float(match.group(1)) for match in found if match]
+
+
+@pytest.mark.parametrize("named", ["0", "-5", "Wed, 21 Oct 2015 07:28:00 GMT"])
+async def test_a_retry_after_of_nothing_waits_no_less_than_the_backoff(
+    named: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Retry-After: 0`` (or negative, or a date already past) was a retry at once: a
+    storm of them used all ten attempts up in well under a second."""
+    refused = Reply.error(429, "quota", retry_after=named)
+    with FakeOpenAIServer(replies=[refused, refused, "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, backoff_base=0.05))
+        with caplog.at_level(logging.DEBUG, logger="rlm_graph.providers"):
+            assert await _complete(provider) == "ok"
+    assert len(server.requests) == 3
+    # The computed backoff of retries 1 and 2: 0.05 and 0.1 s, less up to 25% jitter
+    # (the log rounds to hundredths).
+    first, second = _waits(caplog)
+    assert first >= 0.03 and second >= 0.07
