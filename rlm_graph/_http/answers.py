@@ -41,6 +41,7 @@ __all__ = [
     "scrubbed",
     "timed_out",
     "unreadable",
+    "waited_too_long",
 ]
 
 
@@ -200,6 +201,27 @@ def gave_up(error: ProviderError, attempts: int) -> ProviderError:
         status_code=error.status_code,
         retryable=error.retryable,
     )
+
+
+def waited_too_long(error: ProviderError, wait: float, most: float) -> ProviderError:
+    """The error of a call whose server asked for a ``wait`` past ``most`` seconds
+    (``max_retry_after``): it fails at once."""
+    return type(error)(
+        f"{error}; the server asked to wait {_seconds_text(wait)}, more than "
+        f"max_retry_after={most:g} s: lower your request rate "
+        "(requests_per_minute / tokens_per_minute) or raise max_retry_after",
+        provider=error.provider,
+        status_code=error.status_code,
+        retryable=True,
+    )
+
+
+def _seconds_text(seconds: float) -> str:
+    """A wait a server named, readable whatever its size (a ``Retry-After: 1e300`` is
+    not printed as 301 digits)."""
+    if seconds > 86_400:
+        return "more than a day"
+    return f"{seconds:.0f} s" if seconds >= 1 else f"{seconds:.3g} s"
 
 
 def unreadable(provider: Speaker, exc: Exception) -> BadResponse:

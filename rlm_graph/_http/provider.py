@@ -68,6 +68,7 @@ from .answers import (
     scrubbed,
     timed_out,
     unreadable,
+    waited_too_long,
 )
 from .attempts import note_held, note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
@@ -424,16 +425,10 @@ class JSONProvider:
         backoff = self.retry.backoff(attempt)
         if retry.wait is None:
             return backoff
-        if retry.wait > self.retry.max_retry_after:
+        most = self.retry.max_retry_after
+        if retry.wait > most:
             note_held(retry.reason, retry.wait)  # this call fails; the others may wait
-            raise type(retry.error)(
-                f"{retry.error}; the server asked to wait {retry.wait:.0f} s, more than "
-                f"max_retry_after={self.retry.max_retry_after:.0f} s: lower your request rate "
-                "(requests_per_minute / tokens_per_minute) or raise max_retry_after",
-                provider=self.name,
-                status_code=retry.error.status_code,
-                retryable=True,
-            ) from None
+            raise waited_too_long(retry.error, retry.wait, most) from None
         # Retry-After: 0 (or a date past) is no reason to retry sooner than without it.
         return max(self.retry.spread(retry.wait), backoff)
 

@@ -283,3 +283,14 @@ async def test_a_retry_after_of_nothing_waits_no_less_than_the_backoff(
     # (the log rounds to hundredths).
     first, second = _waits(caplog)
     assert first >= 0.03 and second >= 0.07
+
+
+async def test_a_huge_named_wait_is_said_readably() -> None:
+    refused = Reply.error(429, "slow down", retry_after="1e300")
+    with FakeOpenAIServer(replies=[refused]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, max_retry_after=0.5))
+        with pytest.raises(RateLimited) as info:
+            await _complete(provider)
+    message = str(info.value)
+    assert "asked to wait more than a day, more than max_retry_after=0.5 s" in message
+    assert "0000" not in message  # not the 301 digits of 1e300
