@@ -103,8 +103,8 @@ class AttemptHooks(Protocol):
         """An answer's headers, for the rate-limit windows they report."""
 
     def hold(self, reason: str, seconds: float) -> None:
-        """The server asked for a wait of ``seconds`` this call will not make (it fails);
-        for a refusal (``reason``), every other request is held all the same."""
+        """The server asked for a wait this call will not make (it fails); for a refusal
+        (``reason``), every other request is held ``seconds`` all the same."""
 
 
 class CallAttempts:
@@ -193,8 +193,9 @@ async def wait_before_retry(reason: str, wait: float, *, named: float | None = N
 
 def note_held(reason: str, seconds: float) -> None:
     """Tell the engine the server asked for a wait this call will not make (past
-    ``max_retry_after``): the provider's other requests are held all the same. Never
-    fails, never blocks."""
+    ``max_retry_after``): the provider's other requests are held ``seconds`` all the
+    same (pass ``max_retry_after``, the longest any of them would wait for a retry, not
+    the server's hour). Never fails, never blocks."""
     current = _CURRENT.get()
     if current is not None and current.hooks is not None:
         current.hooks.hold(reason, seconds)

@@ -427,7 +427,8 @@ class JSONProvider:
             return backoff
         most = self.retry.max_retry_after
         if retry.wait > most:
-            note_held(retry.reason, retry.wait)  # this call fails; the others may wait
+            # This call fails; the others wait, as long as one of them would.
+            note_held(retry.reason, most)
             raise waited_too_long(retry.error, retry.wait, most) from None
         # Retry-After: 0 (or a date past) is no reason to retry sooner than without it.
         return max(self.retry.spread(retry.wait), backoff)

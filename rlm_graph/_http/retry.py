@@ -54,7 +54,8 @@ class RetryPolicy(BaseModel):
             doubled on every further retry. A named wait is never shorter.
         backoff_max: the longest computed backoff, in seconds.
         max_retry_after: the longest server-requested wait honoured; a server asking for
-            more fails at once with `RateLimited` (better than hanging a run for an hour).
+            more fails at once with `RateLimited` (better than hanging a run for an hour),
+            and the provider's other requests are held this long, not for what it asked.
         jitter: the share of random spread on every wait (0.25: up to 25% more for a
             server-named wait, 25% less..as named for a computed one).
     """

@@ -22,7 +22,7 @@ from rlm_graph.errors import (
     ProviderTimeout,
     RateLimited,
 )
-from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
+from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply, last_user_message
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
@@ -294,3 +294,30 @@ async def test_a_huge_named_wait_is_said_readably() -> None:
     message = str(info.value)
     assert "asked to wait more than a day, more than max_retry_after=0.5 s" in message
     assert "0000" not in message  # not the 301 digits of 1e300
+
+
+@pytest.mark.parametrize("max_concurrent", [None, 1])  # an adaptive limit, a fixed one
+def test_a_wait_past_max_retry_after_holds_the_others_no_longer_than_it(
+    max_concurrent: int | None,
+) -> None:
+    """The refused call fails at once; the next sub-call was held for the server's 30 s
+    (up to the engine's 60 s), whatever max_retry_after said."""
+    from rlm_graph import RLM
+
+    code = "a = llm_query('first')\nb = llm_query('second')\nFINAL(a + ' || ' + b)"
+
+    def respond(body: dict[str, object]) -> str | Reply:
+        if any(m.get("role") == "system" for m in body["messages"]):  # type: ignore[attr-defined]
+            return f"```repl\n{code}\n```"
+        if last_user_message(body) == "first":
+            return Reply.error(429, "slow down", retry_after="30")
+        return "echo " + last_user_message(body)
+
+    with FakeOpenAIServer(respond) as server:
+        kwargs = openai_kwargs(server, max_retry_after=0.2, max_concurrent=max_concurrent)
+        # Held for the server's 30 s, the second sub-call would meet the run's deadline.
+        result = RLM("openai", kwargs, max_timeout=20).completion("ctx", root_prompt="q")
+    first, second = result.response.split(" || ")
+    assert first.startswith("[ERROR] RateLimited") and "max_retry_after=0.2 s" in first
+    assert second == "echo second"
+    assert result.stop_reason != "max_timeout"
