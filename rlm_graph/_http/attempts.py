@@ -1,10 +1,11 @@
 """Attempts of model calls: counted per call and per run, logged once per run.
 
 A provider that retries calls `note_retry` for every attempt after the first (and for a
-request it had to send again for any reason). The count lands on the calling node
-(``NodeRecord.attempts``) and in the run's `RetryLog`, which writes one summary line per
-provider when the run ends (``"openai: 37 retries over 1000 calls: 429 x 20, 500 x 17"``)
-instead of a warning per retry; each attempt is logged at DEBUG by the provider.
+request it had to send again for any reason), as that attempt goes, after its wait. The
+count lands on the calling node (``NodeRecord.attempts``) and in the run's `RetryLog`,
+which writes one summary line per provider when the run ends
+(``"openai: 37 retries over 1000 calls: 429 x 20, 500 x 17"``) instead of a warning per
+retry; each attempt is logged at DEBUG by the provider.
 
 Invariants:
     - `call_model` opens a `CallAttempts` around every ``provider.complete`` (a context
@@ -32,6 +33,7 @@ __all__ = [
     "AttemptHooks",
     "CallAttempts",
     "RetryLog",
+    "first_warning",
     "note_held",
     "note_rate_headers",
     "note_retry",
@@ -54,6 +56,7 @@ class RetryLog:
         self.calls: Counter[str] = Counter()
         self.retries: dict[str, Counter[str]] = {}
         self.failed: Counter[str] = Counter()
+        self.warned: set[tuple[str, str]] = set()
 
     def add_call(self, provider: str) -> None:
         with self._lock:
@@ -65,6 +68,14 @@ class RetryLog:
             reasons = self.retries.setdefault(provider, Counter())
             reasons[reason] += 1
             return reasons[reason]
+
+    def claim_warning(self, provider: str, reason: str) -> bool:
+        """True the first time it is asked for ``provider`` and ``reason`` in the run."""
+        with self._lock:
+            if (provider, reason) in self.warned:
+                return False
+            self.warned.add((provider, reason))
+            return True
 
     def add_failure(self, provider: str) -> None:
         with self._lock:
@@ -139,9 +150,21 @@ _CURRENT: contextvars.ContextVar[CallAttempts | None] = contextvars.ContextVar(
 )
 
 
+def first_warning(reason: str) -> bool:
+    """Whether to warn now of a retry for ``reason`` (a hung server's timeout): True the
+    first time the current model call's run asks for its provider and ``reason`` (always
+    True outside a run), so a run of a thousand hung calls warns once, when the first
+    times out, before its wait."""
+    current = _CURRENT.get()
+    if current is None or current.log is None:
+        return True
+    return current.log.claim_warning(current.provider, reason)
+
+
 def note_retry(reason: str, *, wait: float | None = None) -> bool:
     """Count one more attempt of the current model call, retried because of ``reason``,
-    and put it on the node's span as an event.
+    and put it on the node's span as an event. Call it as the attempt goes, after its
+    wait (`wait_before_retry`): a call cancelled while it waits made no more attempts.
 
     Args:
         reason: a short label: the HTTP status (``"429"``), ``"timeout"``,

@@ -19,10 +19,10 @@ Invariants:
       capped exponential backoff and jitter, honouring ``Retry-After`` (seconds or an HTTP
       date), ``retry-after-ms`` and the common rate-limit reset headers. Backoff sleeps
       with ``trio.sleep``, so trio's ``MockClock`` makes a test of a 30 s wait instant.
-    - Every retry is one more attempt: logged at DEBUG and counted on the node and in
-      the run's summary (`rlm_graph._http.attempts`); nothing is re-sent silently. A
-      wait the server names is never shorter than the computed backoff (a
-      ``Retry-After: 0`` storm does not use every attempt up at once).
+    - Every retry is one more attempt: logged at DEBUG and, once its wait is over and it
+      goes, counted on the node and in the run's summary (`rlm_graph._http.attempts`);
+      nothing is re-sent silently. A wait the server names is never shorter than the
+      computed backoff (a ``Retry-After: 0`` storm does not use every attempt up at once).
     - Each attempt has a deadline: ``timeout``, doubled after every attempt that timed
       out in a row, up to ``8 * timeout`` (docs/providers.md says why). ``max_timeouts``
       timeouts in a row fail the call (3: 60 + 120 + 240 s by default), so a server that
@@ -70,7 +70,7 @@ from .answers import (
     unreadable,
     waited_too_long,
 )
-from .attempts import note_held, note_rate_headers, note_retry, wait_before_retry
+from .attempts import first_warning, note_held, note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
 from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
@@ -385,12 +385,13 @@ class JSONProvider:
                     attempt + 1,
                     attempts,
                 )
-                # Said once per run (once per call outside a run).
-                first = note_retry(retry.reason, wait=wait)
-                if retry.reason == "timeout" and first and not warned:
+                # Said once per run (once per call outside a run), when it happens.
+                if retry.reason == "timeout" and not warned and first_warning("timeout"):
                     warned = True
                     self._warn_timeout(retry.error, timeouts)
                 await wait_before_retry(retry.reason, wait, named=retry.wait)
+                # Counted as it goes: a call cancelled during its wait sent no more.
+                note_retry(retry.reason, wait=wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
     @staticmethod

@@ -321,3 +321,22 @@ def test_a_wait_past_max_retry_after_holds_the_others_no_longer_than_it(
     assert first.startswith("[ERROR] RateLimited") and "max_retry_after=0.2 s" in first
     assert second == "echo second"
     assert result.stop_reason != "max_timeout"
+
+
+def test_a_retry_cancelled_during_its_wait_is_not_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's deadline came while the call waited the 30 s its 500 asked for: one
+    request went, one attempt (the node said 2, and the run's summary "1 retry")."""
+    from rlm_graph import Engine, Workflow
+
+    with FakeOpenAIServer(lambda body: Reply.error(500, "oops", retry_after="30")) as server:
+        engine = Engine("openai", openai_kwargs(server), max_timeout=0.5)
+        wf = Workflow()
+        wf.llm("first", id="first")
+        with caplog.at_level(logging.WARNING, logger="rlm_graph"):
+            result = engine.run(wf)
+    assert result.stop_reason == "max_timeout"
+    assert len(server.requests) == 1
+    assert result.graph["first"].attempts == 1
+    assert not [r for r in caplog.records if "retr" in r.getMessage()]
