@@ -258,7 +258,8 @@ overloaded)."""
 
 
 class GateHooks:
-    """The `AttemptHooks` of a call under a fixed limit (an explicit ``max_concurrent``):
+    """The `AttemptHooks` of a call under a fixed limit (one that cannot move: a
+    ``max_concurrent`` of 1, or a provider declaring no ``initial_concurrency``):
     the call keeps its place through its retries, and a wait the server names, or a
     window it reports used up, holds every request to the provider all the same."""
 
