@@ -539,14 +539,16 @@ class JSONProvider:
             with trio.CancelScope() as stall:
                 stall.deadline = math.inf if timeout is None else trio.current_time() + timeout
                 async with self._open_stream(loop, content, timeout) as response:
-                    note_rate_headers(response.headers)
                     kind = response.headers.get("content-type", "")
                     if response.status_code >= 300 or "event-stream" not in kind:
                         await read_whole(response)  # an error, or a server that ignored "stream"
-                        reply = self._whole(response, request)
+                        reply = self._whole(response, request)  # its headers noted there
                         tracker.feed(reply.content)
                         tracker.finish()
                         return reply
+                    # An answer's window headers only: a refusal's wait is the retry's,
+                    # bounded by max_retry_after, as for a whole reply (read_json).
+                    note_rate_headers(response.headers)
                     if loop.lean is not None:  # its reads as they are: no layer between
                         raw = aiter(response.stream)  # type: ignore[arg-type]
                     else:

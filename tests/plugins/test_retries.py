@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import re
+from typing import Any
 
 import httpx
 import pytest
@@ -320,6 +321,37 @@ def test_a_wait_past_max_retry_after_holds_the_others_no_longer_than_it(
     first, second = result.response.split(" || ")
     assert first.startswith("[ERROR] RateLimited") and "max_retry_after=0.2 s" in first
     assert second == "echo second"
+    assert result.stop_reason != "max_timeout"
+
+
+def test_a_streamed_refusals_window_holds_the_others_no_longer_than_max_retry_after() -> None:
+    """A streamed turn (a child's root turn) refused with a 429 whose window headers say
+    used up, resetting in 30 s: the provider's other requests were held the 30 s,
+    whatever max_retry_after said, since a streamed answer's headers were noted before
+    its status was looked at (a whole reply's only when it is an answer)."""
+    from rlm_graph import RLM
+
+    used_up = {"x-ratelimit-remaining-requests": "0", "x-ratelimit-reset-requests": "30s"}
+    code = "a = rlm_query('child task')\nb = llm_query('second')\nFINAL(a[:40] + ' || ' + b)"
+    streamed: list[bool] = []
+
+    def respond(body: dict[str, Any]) -> str | Reply:
+        if any(m.get("role") == "system" for m in body["messages"]):
+            streamed.append(bool(body.get("stream")))
+            if len(streamed) == 2:  # the child's root turn
+                return Reply(429, {"error": {"message": "Rate limit reached"}}, headers=used_up)
+            return f"```repl\n{code}\n```"
+        return "echo " + last_user_message(body)
+
+    with FakeOpenAIServer(respond) as server:
+        kwargs = openai_kwargs(server, max_retry_after=0.2)
+        result = RLM("openai", kwargs, max_timeout=20, max_depth=2).completion(
+            "ctx", root_prompt="q"
+        )
+    assert streamed[:2] == [True, True]
+    child, second = result.response.split(" || ")
+    assert child.startswith("[ERROR] RateLimited")
+    assert second == "echo second"  # not held past the run's deadline
     assert result.stop_reason != "max_timeout"
 
 
