@@ -433,4 +433,5 @@ def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:
         attempts=attempt,
         executor="ray",
         error=BatchError(type=type(exc).__name__, message=message),
+        asked=item.asked(),
     )

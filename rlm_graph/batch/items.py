@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from ..errors import ConfigError, config_error
 from ..limits import Limits
@@ -71,19 +71,32 @@ class BatchItem(BaseModel):
                 f"item {self.id!r}: cannot read context_file {self.context_file!r}: {reason}"
             ) from None
 
+    _asked: str | None = PrivateAttr(default=None)  # kept by `loaded`, which drops the path
+
     def asked(self) -> str:
         """A short hash of what this item asks (its question, its context or its
         context file's path, its limits): a result line keeps it, so that a rerun asks
-        again an item edited since its line was written."""
-        where = {"context_file": self.context_file} if self.context_file else self.context
-        text = json.dumps([self.query, where, self.limits], sort_keys=True, ensure_ascii=False)
-        return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+        again an item edited since its line was written. What JSON cannot hold (a context
+        given in code) is hashed as its ``repr``."""
+        if self._asked is None:
+            where = {"context_file": self.context_file} if self.context_file else self.context
+            asks = [self.query, where, self.limits]
+            try:
+                text = json.dumps(asks, sort_keys=True, ensure_ascii=False, default=repr)
+            except (ValueError, RecursionError):  # a context given in code that holds itself
+                text = repr(asks)
+            data = text.encode("utf-8", "surrogatepass")
+            self._asked = hashlib.blake2b(data, digest_size=8).hexdigest()
+        return self._asked
 
     def loaded(self) -> BatchItem:
         """This item with its context read in (for executors that ship items elsewhere)."""
         if self.context_file is None:
             return self
-        return self.model_copy(update={"context": self.load_context(), "context_file": None})
+        asked = self.asked()  # what it asks is its path's, as where the file is not read
+        loaded = self.model_copy(update={"context": self.load_context(), "context_file": None})
+        loaded._asked = asked
+        return loaded
 
 
 def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:

@@ -169,9 +169,10 @@ class ResultsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        # What each id's answered and failed lines asked (None: a line that says not).
-        self._ok: dict[str, set[str | None]] = {}
-        self._failed: dict[str, set[str | None]] = {}
+        # What each id's last answered line, and its last line, asked (None: a line that
+        # says not, written before it was kept).
+        self._answered: dict[str, str | None] = {}
+        self._last: dict[str, str | None] = {}
         self._handle: IO[str] | None = None
 
     def open(self) -> ResultsFile:
@@ -217,20 +218,20 @@ class ResultsFile:
                 f"{self.path}:{number} is not a batch result line; --output must be a "
                 "results file of rlm-graph batch (or a new path)"
             ) from None
-        (self._ok if error is None else self._failed).setdefault(item_id, set()).add(
-            asked if isinstance(asked, str) else None
-        )
+        self._last[item_id] = asked if isinstance(asked, str) else None
+        if error is None:
+            self._answered[item_id] = self._last[item_id]
 
     def done(self, retry_failed: bool = False, asked: Mapping[str, str] | None = None) -> set[str]:
         """Ids to skip: every id with a line, or (``retry_failed``) only the answered
-        ones; with ``asked`` (the items' `BatchItem.asked` by id), only lines made for
-        what the items ask now."""
+        ones; with ``asked`` (the items' `BatchItem.asked` by id), only where that line
+        (the last answer, or the last line) was made for what the item asks now."""
 
-        def current(item_id: str, hashes: set[str | None]) -> bool:
-            return asked is None or None in hashes or asked.get(item_id) in hashes
+        def current(item_id: str, made_for: str | None) -> bool:
+            return asked is None or made_for is None or asked.get(item_id) == made_for
 
-        kept = [self._ok] if retry_failed else [self._ok, self._failed]
-        return {i for lines in kept for i, hashes in lines.items() if current(i, hashes)}
+        kept = [self._answered] if retry_failed else [self._answered, self._last]
+        return {i for lines in kept for i, made_for in lines.items() if current(i, made_for)}
 
     def append(self, result: BatchResult) -> None:
         """Write one result line and flush it (a killed run keeps every finished item)."""

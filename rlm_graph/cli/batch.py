@@ -183,6 +183,9 @@ class BatchProgress(LiveLine):
         )
 
 
+_LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")  # str.splitlines' own
+
+
 def _item_line(result: BatchResult, number: int, total: int) -> str:
     width = len(str(total))
     if result.ok:
@@ -194,7 +197,7 @@ def _item_line(result: BatchResult, number: int, total: int) -> str:
         note = f"FAILED {result.error.type}: {' '.join(result.error.message.split())[:120]}"
     retried = f" after {result.attempts} attempts" if result.attempts > 1 else ""
     # One line each: an id or an error holding a line break would forge another item's.
-    shown = result.id.replace("\n", " ")
+    shown = "".join(" " if char in _LINE_BREAKS else char for char in result.id)
     return f"[{number:>{width}}/{total}] {shown} {note}{retried}"
 
 

@@ -15,8 +15,8 @@ checked here before the engine builds a node, a request or a validator from it:
 
 A call over the caps is refused whole, before any node is made (what the guest sent is
 all the engine holds of it); a call with a bad schema or model name fails each of its
-slots, each a node with the reason (the first `MAX_REFUSED_NODES` of a completion; then
-refused whole); a bad part of one prompt fails that slot only.
+slots, each a node with the reason (until a completion has `MAX_REFUSED_NODES` of them:
+a call that would take it past is refused whole); a bad part of one prompt fails that slot only.
 """
 
 from __future__ import annotations

@@ -112,6 +112,7 @@ class PersistentSession:
         self._leaked = 0
         self._busy = threading.Lock()
         self._first_history: list[dict[str, Any]] | None = None  # `end` restores ``history``
+        self._set_up = False
 
     @contextmanager
     def claim(self, fix: str = _ONE_AT_A_TIME) -> Iterator[None]:
@@ -130,7 +131,6 @@ class PersistentSession:
     async def begin(self, context: Any) -> tuple[Environment, int]:
         """Ready the REPL for the next completion (started on first use): the answer
         reset, ``context`` loaded as ``context_N``. Returns the environment and N."""
-        fresh = self.env is None
         if self.env is None:
             env = make_environment(self.factory, self.settings, self.proxy, self.settings.tools, 0)
             await env.start()
@@ -138,8 +138,9 @@ class PersistentSession:
         self._leaked = getattr(self.env, "leaked_threads", 0)
         await self.env.reset_answer()
         await self.env.add_context(context, self.completions)
-        if fresh:
+        if not self._set_up:  # tool_code, until it has run without an error
             await run_tool_code(self.env, self.settings.tool_code)
+            self._set_up = True
         return self.env, self.completions
 
     async def end(self, run: Run, state: CompletionState) -> None:
@@ -161,6 +162,6 @@ class PersistentSession:
         (``context_0``, no history). Refused while a completion runs."""
         with self.claim("close it after the completion returns"):
             env, self.env = self.env, None
-            self.completions, self._first_history = 0, None
+            self.completions, self._first_history, self._set_up = 0, None, False
             if env is not None:
                 await env.aclose()

@@ -6,18 +6,21 @@ import gc
 import io
 import json
 import os
+import pickle
 import pty
 import subprocess
 import sys
 import threading
 import tracemalloc
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlm_graph import ConfigError, PluginError, run_batch
-from rlm_graph.batch import BatchResult, BatchSummary, ResultsFile, scan_items
+from rlm_graph.batch import BatchItem, BatchResult, BatchSummary, ResultsFile, scan_items
+from rlm_graph.batch.results import BatchError
 from rlm_graph.cli import main
 from tests.support.batch import (
     FAIL,
@@ -309,7 +312,7 @@ def test_control_sequences_in_a_failed_items_id_never_reach_the_terminal(tmp_pat
         os.close(terminal)
         shown = read_until_closed(controller)
         assert process.wait(timeout=60) == 1
-    assert b"xredfake FAILED ProviderError" in shown  # its line, the sequences taken out
+    assert b"xred fake FAILED ProviderError" in shown  # its line, the sequences taken out
     assert b"owned" not in shown and b"\x1b[2J" not in shown and b"\x1b[31m" not in shown
     assert hostile in {line["id"] for line in read_lines(tmp_path / "out.jsonl")}  # kept there
 
@@ -537,12 +540,11 @@ def test_a_rerun_asks_again_an_item_edited_since_its_line_was_written(
         batch[2]["context"] = "ctx2"  # as it was: not an edit
         batch[3]["max_iterations"] = 7
         write_items(tmp_path / "in.jsonl", batch)
-        lines = (tmp_path / "out.jsonl").read_text().splitlines()
-        legacy = json.loads(lines[0])
-        del legacy["asked"]  # item-0's line as an older rlm-graph wrote it
-        (tmp_path / "out.jsonl").write_text(
-            "".join(json.dumps(line) + "\n" for line in [legacy, *map(json.loads, lines[1:])])
-        )
+        lines = read_lines(tmp_path / "out.jsonl")
+        for line in lines:
+            if line["id"] == "item-0":
+                del line["asked"]  # item-0's line as an older rlm-graph wrote it
+        (tmp_path / "out.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
         assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
         assert server.root_turns == {"item-0": 1, "item-1": 2, "item-2": 1, "item-3": 2}
         err = capsys.readouterr().err
@@ -559,10 +561,65 @@ def test_a_line_break_in_an_id_or_an_error_cannot_forge_a_progress_line(
 ) -> None:
     monkeypatch.setenv("OPENAI_API_KEY", KEY)
     batch = items(2, fail=(0,))
-    batch[0]["id"] = "e\n[2/2] item-9 ok 0.01 s"
+    batch[0]["id"] = "e\n[2/2] item-9 ok 0.01 s\u2028[2/2] item-8 ok\x0b[2/2] item-7 ok"
     write_items(tmp_path / "in.jsonl", batch)
     with BatchServer() as server:
         assert main(local_cli_args(server, tmp_path)) == 1
     progress = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[")]
-    assert len(progress) == 2 and not any(line.startswith("[2/2] item-9") for line in progress)
+    forged = ("[2/2] item-9", "[2/2] item-8", "[2/2] item-7")
+    assert len(progress) == 2 and not any(line.startswith(forged) for line in progress)
     assert any(line.startswith("[") and "e [2/2] item-9 ok" in line for line in progress)
+
+
+def _line(item: BatchItem, answer: str | None, error: bool = False) -> str:
+    return BatchResult(
+        id=item.id,
+        answer=answer,
+        started_at=1.0,
+        finished_at=2.0,
+        seconds=1.0,
+        error=BatchError(type="ProviderError", message="refused") if error else None,
+        asked=item.asked(),
+    ).to_line()
+
+
+def test_the_last_line_of_an_id_says_what_it_was_made_for(tmp_path: Path) -> None:
+    """An item edited A -> B -> A was skipped (a line for A was in the file), though its
+    last line, the one that counts, answered B."""
+    a = BatchItem(id="q1", query="Who signed?", context="doc v1")
+    b = BatchItem(id="q1", query="Who signed?", context="doc v2")
+    path = tmp_path / "out.jsonl"
+    path.write_text(_line(a, "for v1") + _line(b, "for v2"))
+    with ResultsFile(path).open() as results:
+        assert results.done(asked={"q1": a.asked()}) == set()
+        assert results.done(asked={"q1": b.asked()}) == {"q1"}
+    path.write_text(_line(a, "for v1") + _line(b, None, error=True))  # B failed after A
+    with ResultsFile(path).open() as results:
+        assert results.done(asked={"q1": b.asked()}) == {"q1"}  # the failure counts as done
+        assert results.done(retry_failed=True, asked={"q1": b.asked()}) == set()
+        assert results.done(retry_failed=True, asked={"q1": a.asked()}) == {"q1"}
+
+
+def test_what_an_item_asks_is_the_same_once_its_context_file_is_read(tmp_path: Path) -> None:
+    """An executor that ships items elsewhere reads their files first (`loaded`): the
+    hash was then of the text, not of the path the rerun's check hashes, so a rerun with
+    --executor ray asked every such item again."""
+    (tmp_path / "c.txt").write_text("the document")
+    item = BatchItem(id="f", query="q", context_file=str(tmp_path / "c.txt"))
+    loaded = item.loaded()
+    assert loaded.context == "the document" and loaded.context_file is None
+    assert loaded.asked() == item.asked()
+    assert pickle.loads(pickle.dumps(loaded)).asked() == item.asked()  # as Ray ships it
+
+
+def test_a_context_json_cannot_hold_is_answered_in_python() -> None:
+    """`run_batch` from Python takes any context the engine does; hashing what it asks
+    raised a TypeError after the completion, and the whole batch with it."""
+    with BatchServer() as server:
+        batch = [
+            {"id": "item-0", "query": "question item-no-0.", "context": {"day": date(2020, 1, 2)}},
+            {"id": "item-1", "query": "question item-no-1.", "context": "ctx1"},
+        ]
+        results = list(run_batch(batch, rlm_kwargs(server)))
+    assert sorted(r.id for r in results) == ["item-0", "item-1"]
+    assert all(r.ok and r.asked for r in results)

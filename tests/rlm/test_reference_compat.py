@@ -5,6 +5,7 @@ there, or fails naming the fix."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -207,6 +208,31 @@ def test_tool_code_runs_once_in_a_persistent_session() -> None:
         tool_code=TOOL_CODE,
     )
     assert [rlm.completion("a").response, rlm.completion("b").response] == ["11", "21"]
+
+
+def test_tool_code_that_failed_runs_again_at_the_sessions_next_completion(
+    tmp_path: Path,
+) -> None:
+    """A persistent session's tool_code that raised was never run again: the next
+    completion went on in the same REPL with no tools, and no error."""
+    flag = tmp_path / "ready"
+    code = (
+        f"import os\nif not os.path.exists({str(flag)!r}):\n"
+        "    raise RuntimeError('the database is not ready')\n" + TOOL_CODE
+    )
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: "```repl\nFINAL(shout('hi') + str(RUNS))\n```"},
+        persistent=True,
+        tool_code=code,
+    )
+    with pytest.raises(ConfigError, match="the database is not ready"):
+        rlm.completion("a")
+    with pytest.raises(ConfigError, match="the database is not ready"):
+        rlm.completion("b")  # still failing: still said
+    flag.touch()
+    assert rlm.completion("c").response == "HI1"
+    assert rlm.completion("d").response == "HI1"  # once it ran, never again
 
 
 def test_tool_prompts_follow_a_custom_system_prompt() -> None:
