@@ -40,6 +40,7 @@ from pydantic import ValidationError
 from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
+from rlm_graph.repl.crossing import VALUE_BYTES
 
 from .boundaries import GuestLimits, guest_environ
 from .guest import (
@@ -457,7 +458,7 @@ class SubprocessEnvironment:
     async def _crashed(self, guest: GuestProcess, died: GuestDied) -> ExecResult:
         if isinstance(died, MessageTooLarge):
             await self._replace_guest()
-            return _message_too_large(died.limit / (1024 * 1024), self._answer)
+            return _message_too_large(died.limit / (1024 * 1024), self._answer, died.heavy)
         code = await guest.exit_code()
         log = guest.log_tail()
         await self._replace_guest()
@@ -522,12 +523,19 @@ def _cpu_killed(cpu_seconds: float, answer: str) -> ExecResult:
     return _restarted(said, error, answer)
 
 
-def _message_too_large(limit_mb: float, answer: str) -> ExecResult:
+def _message_too_large(limit_mb: float, answer: str, heavy: bool = False) -> ExecResult:
     said = (
         f"EnvironmentCrashed: the REPL process wrote more than {limit_mb:g} MB to the "
         "engine's pipe without ending a message (max_message_mb); it was killed. Write "
         "large results to a file in SCRATCH_DIR instead of printing them"
     )
+    if heavy:  # the REPL's own calls are weighed before they are sent: this was forged
+        said = (
+            "EnvironmentCrashed: the REPL process wrote a line to the engine's pipe "
+            f"weighing more than {limit_mb:g} MB (max_message_mb: its bytes, and "
+            f"{VALUE_BYTES} for each JSON value in it), which the REPL's own calls never "
+            "send; it was not read, and the process was killed"
+        )
     error = f"EnvironmentCrashed: a message from the REPL process passed {limit_mb:g} MB"
     return _restarted(said, error, answer)
 

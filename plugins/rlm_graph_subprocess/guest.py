@@ -53,7 +53,13 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from rlm_graph.contracts import SubcallRequest
 from rlm_graph.repl import LimitStop
-from rlm_graph.repl.crossing import MessageTooLarge, json_arguments, pipe_line, raised_as
+from rlm_graph.repl.crossing import (
+    MessageTooLarge,
+    json_arguments,
+    pipe_line,
+    pipe_weight,
+    raised_as,
+)
 
 if TYPE_CHECKING:
     from rlm_graph.contracts import ExecResult
@@ -316,11 +322,14 @@ class _Protocol:
         self.max_message: int | None = None  # the engine's cap (`Init`), bytes
 
     def encode(self, message: BaseModel) -> bytes:
-        """``message`` as its line on the pipe; `MessageTooLarge` past the engine's cap,
-        which would kill this guest and lose the REPL's state."""
+        """``message`` as its line on the pipe; `MessageTooLarge` past the engine's cap
+        (its bytes and its values, as the engine weighs it: `pipe_weight`), which would
+        kill this guest and lose the REPL's state."""
         line = pipe_line(message)
-        if self.max_message is not None and len(line) > self.max_message:
-            raise MessageTooLarge(len(line), self.max_message)
+        if self.max_message is not None:
+            weight = pipe_weight(line, self.max_message)
+            if weight > self.max_message:
+                raise MessageTooLarge(weight, self.max_message)
         return line
 
     def send(self, message: BaseModel) -> None:

@@ -8,7 +8,10 @@ Invariants:
       a PID namespace the kernel ends what left the group when the guest (its PID 1) dies.
     - A message from the guest is at most ``max_message`` bytes: past it, before any more
       is buffered, `receive` raises `MessageTooLarge` (the engine's memory is bounded
-      whatever the guest writes to the pipe).
+      whatever the guest writes to the pipe). A line is weighed before it is parsed
+      (`pipe_weight`: its bytes, and ``VALUE_BYTES`` per JSON value in it), and one
+      heavier than ``max_message`` is not parsed either: `MessageTooLarge` (a line of
+      ``[]`` is 40 times its bytes once parsed, and took seconds of the trio thread).
     - `GuestProcess.kill` and `GuestProcess.aclose` never leave a process behind and are
       bounded in time: ``aclose`` closes the guest's stdin (it exits at end of input),
       waits ``grace`` seconds, then kills.
@@ -37,7 +40,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from rlm_graph import scratch
 from rlm_graph.errors import EnvironmentCrashed
-from rlm_graph.repl.crossing import pipe_line
+from rlm_graph.repl.crossing import pipe_line, pipe_weight
 
 from . import watch
 from .guest import GuestMessage, Init, Ready
@@ -56,11 +59,14 @@ class GuestDied(Exception):
 
 
 class MessageTooLarge(GuestDied):
-    """The guest wrote more than ``max_message`` bytes without ending a message."""
+    """The guest wrote more than ``max_message`` bytes without ending a message, or a
+    message weighing more (``heavy``: its JSON values, weighed by `pipe_weight`)."""
 
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"the guest wrote a message of more than {limit:,} bytes")
+    def __init__(self, limit: int, *, heavy: bool = False) -> None:
+        what = "a message weighing" if heavy else "a message of"
+        super().__init__(f"the guest wrote {what} more than {limit:,} bytes")
         self.limit = limit
+        self.heavy = heavy
 
 
 class _Lines:
@@ -106,6 +112,7 @@ class GuestProcess:
         self.bytes_sent = 0
         self.unread = 0  # bytes of messages to the guest still waiting to be written
         self.left_unread = False  # killed for leaving more than MAX_UNREAD_BYTES of them
+        self.max_message = max_message
         self._lines = _Lines(process.stdout, max_message)  # type: ignore[arg-type]
         self._send_lock = trio.Lock()
         self.idle_cpu: float | None = None
@@ -224,14 +231,19 @@ class GuestProcess:
         return message
 
     async def receive_weighed(self) -> tuple[Any, int]:
-        """The next message of the guest, and the bytes of its line (about what holding
-        it costs the engine).
+        """The next message of the guest, and its weight (`pipe_weight`: about what
+        holding it costs the engine), weighed before it is parsed.
 
         Raises:
             GuestDied: the guest's output ended.
+            MessageTooLarge: the line weighs more than ``max_message`` (a guest's own
+                calls are refused in the guest before that: this line was forged).
         """
         line = await self._lines.receive()
-        return _MESSAGES.validate_json(line), len(line)
+        weight = pipe_weight(line, self.max_message)
+        if weight > self.max_message:
+            raise MessageTooLarge(self.max_message, heavy=True)
+        return _MESSAGES.validate_json(line), weight
 
     # -- ending -------------------------------------------------------------------------
 
@@ -428,13 +440,14 @@ prompts; a tool call counts one). Past it the engine reads nothing more from the
 until some finish: the pipe stays full and the guest's next write waits."""
 
 MAX_PENDING_BYTES = 32 * 1024 * 1024
-"""Bytes of the lines of a guest's calls in flight at once (what the engine holds of
-them: their prompts, their arguments). Past it, as past `MAX_PENDING_PROMPTS`, the
-engine reads nothing more from the guest until some finish."""
+"""Weight of the lines of a guest's calls in flight at once (about what the engine holds
+of them, their prompts, their arguments: each line's bytes and ``VALUE_BYTES`` per JSON
+value in it, `pipe_weight`). Past it, as past `MAX_PENDING_PROMPTS`, the engine reads
+nothing more from the guest until some finish."""
 
 
 class Room:
-    """A guest's calls in flight, weighed by their prompts and by the bytes of their
+    """A guest's calls in flight, weighed by their prompts and by the weight of their
     lines: `take` waits until a call fits both `MAX_PENDING_PROMPTS` and
     `MAX_PENDING_BYTES` (a call larger than the room goes when no other is in flight, so
     it can never wait for good), `give` frees it."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 from rlm_graph import RLM
 from rlm_graph.events import NodeFinished, NodeStarted
 from rlm_graph_subprocess.process import MAX_PENDING_BYTES, MAX_PENDING_PROMPTS
-from tests.support.guests import engine
+from tests.support.guests import engine, feedback
 from tests.support.listening import listening
 from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted
 
@@ -59,22 +60,27 @@ ANSWER_SCRIPT = """
 import json, sys
 from rlm_graph import RLM
 schema, reply, limit = sys.argv[1], eval(sys.argv[2]), float(sys.argv[3])
+options = json.loads(sys.argv[4])
 def respond(request):
     if any(m.role == 'system' for m in request.messages):
         return '```repl\\nFINAL(llm_query("x", schema=' + schema + '))\\n```'
     return reply
-rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=limit)
+rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=limit,
+          environment_kwargs=options)
 result = rlm.completion('ctx')
 print(json.dumps([result.response, result.stop_reason]))
 """
 
 
-def answer_alone(schema: str, reply: str, max_timeout: float) -> tuple[str, str | None]:
-    """In an engine process of its own, with a real guest: the answer of
-    ``FINAL(llm_query("x", schema=<schema>))`` (a Python expression the guest evaluates)
-    when the model replies ``<reply>`` (an expression), and the run's stop reason."""
+def answer_alone(
+    schema: str, reply: str, max_timeout: float, **options: Any
+) -> tuple[str, str | None]:
+    """In an engine process of its own, with a real guest (the environment's ``options``):
+    the answer of ``FINAL(llm_query("x", schema=<schema>))`` (a Python expression the
+    guest evaluates) when the model replies ``<reply>`` (an expression), and the run's
+    stop reason."""
     done = subprocess.run(
-        [sys.executable, "-c", ANSWER_SCRIPT, schema, reply, str(max_timeout)],
+        [sys.executable, "-c", ANSWER_SCRIPT, schema, reply, str(max_timeout), json.dumps(options)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -145,9 +151,11 @@ def test_a_schema_built_to_stall_is_refused_or_a_mismatch_before_the_deadline(ca
 @pytest.mark.processes
 def test_a_schema_of_megabytes_is_refused_at_its_first_64_kib() -> None:
     # Some 12 MB of JSON on one line of the guest's pipe, a distinct pattern in each of
-    # 250,000 definitions: walked and compiled in full it held the loop for 15 s.
+    # 250,000 definitions: walked and compiled in full it held the loop for 15 s. (Its
+    # 3 million JSON values weigh 108 MB: at the default max_message_mb the guest
+    # refuses to send it at all.)
     schema = "{'$defs': {f'd{i}': {'type': 'string', 'pattern': f'x{i}'} for i in range(250_000)}}"
-    response, stop_reason = answer_alone(schema, repr('"x"'), max_timeout=15)
+    response, stop_reason = answer_alone(schema, repr('"x"'), max_timeout=15, max_message_mb=128)
     assert stop_reason is None
     assert response.startswith("[ERROR] ConfigError: schema is over 65,536 bytes of JSON")
 
@@ -448,3 +456,68 @@ async def test_a_schema_python_or_json_cannot_hold_is_refused_alike(
     rlm = RLM("scripted", {"respond": root_and_sub([repl(code)])}, environment=environment)
     result = await rlm.acompletion("ctx")
     assert says in result.response and "RecursionError" not in result.response
+
+
+def test_a_line_weighs_its_bytes_and_its_values_not_what_its_strings_hold() -> None:
+    from rlm_graph.contracts import SubcallRequest
+    from rlm_graph.repl.crossing import VALUE_BYTES, pipe_line, pipe_weight
+    from rlm_graph_subprocess.guest import Subcall
+
+    cap = 16 * 2**20
+    text = b'{"a":"[{,:\\"\\\\",  "b":[1,{}]}\n'  # what the string holds is not counted
+    assert pipe_weight(text, cap) == len(text) + VALUE_BYTES * 10  # { "a" : "..." , "b" : [ , {
+    lists = b"[" + b",".join([b"[]"] * 1_000_000) + b"]\n"
+    assert pipe_weight(lists, cap) > cap  # 3 MB, and 40 times that once parsed
+    assert pipe_weight(b'"' + b'\\"' * 4_000_000 + b'"\n', cap) == 8_000_003 + VALUE_BYTES
+    # What a model sends keeps fitting: 10,000 prompts, or images beside text.
+    image = {"media_type": "image/png", "data": "iVBORw0K" * 100_000}
+    batched = SubcallRequest(fn="llm_query_batched", prompts=tuple(f"p{i}" for i in range(10_000)))
+    for request in (batched, SubcallRequest(fn="llm_query", prompts=(["look", image, "here"],))):
+        line = pipe_line(Subcall(id=1, request=request))
+        assert pipe_weight(line, cap) < min(cap, 2 * len(line) + 2**20)
+
+
+def _forging_values(lists: int) -> str:
+    """A block that writes one line of ``lists`` empty lists, as a batched call's prompts,
+    straight to the engine's pipe, then waits to be stopped."""
+    return (
+        "import os, stat, time\n"
+        f"junk = b'[' + b','.join([b'[]'] * {lists}) + b']'\n"
+        'line = b\'{"type":"subcall","id":7,"request":{"fn":"llm_query_batched",\'\n'
+        "line += b'\"prompts\":[' + junk + b',\"x\"]}}\\n'\n"
+        "for fd in map(int, os.listdir('/proc/self/fd')):\n"
+        "    try:\n"
+        "        if stat.S_ISFIFO(os.fstat(fd).st_mode):\n"
+        "            os.write(fd, line)\n"
+        "    except OSError:\n"  # the read end of a pipe
+        "        pass\n"
+        "time.sleep(30)\n"
+        "FINAL('the forged line was served')"
+    )
+
+
+@pytest.mark.processes
+async def test_a_forged_line_of_json_values_is_refused_unparsed_and_the_run_goes_on() -> None:
+    # Parsed, a 3 MB line of a million empty lists held 120 MB of the engine for each
+    # call in flight and took its trio thread for half a second (15 MB: 600 MB, 1.8 s).
+    blocks = [_forging_values(1_000_000), "FINAL(llm_query_batched(['a', 'b'] * 500)[-1])"]
+    rlm = engine([repl(b) for b in blocks], sub=lambda r: f"answered {r.prompt}")
+    result = await rlm.acompletion("ctx")
+    assert result.response == "answered b"  # a fresh guest, and legitimate calls go on
+    told = feedback(rlm, 1)
+    assert "EnvironmentCrashed" in told and "weighing more than 16 MB" in told, told[:400]
+    assert not any(r.prompt == "x" for r in scripted(rlm).requests)  # nothing was served
+
+
+@pytest.mark.processes
+async def test_a_call_of_too_many_values_is_the_blocks_error_not_a_dead_guest() -> None:
+    blocks = [
+        "x = 41\ntry:\n    echo([[]] * 300_000)\nexcept Exception as exc:\n    print(type(exc).__name__, exc)",
+        "FINAL(str(echo([x + 1] * 1000)[-1]))",
+    ]
+    rlm = engine([repl(b) for b in blocks], custom_tools={"echo": lambda value: value})
+    result = await rlm.acompletion("ctx")
+    assert result.response == "42"  # the same guest: x survived the refusal
+    told = feedback(rlm, 1)
+    assert "MessageTooLarge" in told and "restarted" not in told
+    assert "for each value in it" in told and "max_message_mb" in told, told[:400]
