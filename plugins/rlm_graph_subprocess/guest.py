@@ -20,7 +20,9 @@ Invariants:
     - Blocks run on the main thread (so a ``SIGXCPU`` handler can stop them); a reader
       thread handles every other request, so the engine can ask for ``answer_content``
       and deliver replies while a block runs.
-    - End of input means the engine is gone: the guest exits at once, whatever runs.
+    - End of input means the engine is gone: the guest exits at once, whatever runs
+      (with the ``os._exit`` bound before model code ran). The engine's watcher kills
+      a guest that does not (its code held its own input open): `rlm_graph_subprocess.reaper`.
     - Resource limits are applied before the first request is read, and the hard limits
       equal the soft ones (model code cannot raise them), except the CPU limit, which is
       a per-block soft limit: past it the block gets `CPULimitExceeded`, a
@@ -46,7 +48,7 @@ import resource
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO, TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -406,13 +408,15 @@ class Guest:
 
     # -- the reader thread ---------------------------------------------------------------
 
-    def read(self, stdin: IO[bytes]) -> None:
-        """Serve requests until the engine closes the pipe, then exit the process."""
+    def read(self, stdin: IO[bytes], _exit: Callable[[int], Any] = os._exit) -> None:
+        """Serve requests until the engine closes the pipe, then exit the process (with
+        the ``os._exit`` there was before model code ran: code that replaces it does not
+        keep the guest alive past its engine this way)."""
         try:
             for line in stdin:
                 self.handle(_HOST.validate_json(line))
         finally:
-            os._exit(0)
+            _exit(0)
 
     def handle(self, message: Any) -> None:
         if isinstance(message, Execute):

@@ -12,6 +12,9 @@ Invariants:
       (`pipe_weight`: its bytes, and ``VALUE_BYTES`` per JSON value in it), and one
       heavier than ``max_message`` is not parsed either: `MessageTooLarge` (a line of
       ``[]`` is 40 times its bytes once parsed, and took seconds of the trio thread).
+    - A guest outlives its engine by no more than a moment, however the engine ends:
+      each is noted to the engine's watcher (`reaper`), which kills what is still
+      noted when the engine is gone (``SIGKILL``, the OOM killer).
     - `GuestProcess.kill` and `GuestProcess.aclose` never leave a process behind and are
       bounded in time: ``aclose`` closes the guest's stdin (it exits at end of input),
       waits ``grace`` seconds, then kills.
@@ -42,7 +45,7 @@ from rlm_graph import scratch
 from rlm_graph.errors import EnvironmentCrashed
 from rlm_graph.repl.crossing import pipe_line, pipe_weight
 
-from . import watch
+from . import reaper, watch
 from .guest import GuestMessage, Init, Ready
 
 __all__ = ["GUEST_PROGRAM", "GuestDied", "GuestProcess", "MessageTooLarge"]
@@ -155,6 +158,7 @@ class GuestProcess:
                 env=env,
                 start_new_session=True,
             )
+        reaper.watch(process.pid)
         guest = cls(process, log, max_message)
         try:
             with trio.fail_after(start_timeout):
@@ -177,6 +181,7 @@ class GuestProcess:
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
         guest._find_guest(forked=bool(prefix))
+        reaper.watch(guest.pid, guest.guest_pid)
         _LIVE.add(guest)
         if idle_cpu is not None and guest.guest_pid is not None:
             guest.idle_cpu = idle_cpu
@@ -320,6 +325,7 @@ class GuestProcess:
                 with trio.move_on_after(_EXIT_WAIT):
                     await trio.lowlevel.wait_readable(pidfd)
                 os.close(pidfd)
+            reaper.forget(self.pid)
             await self._close_pipes()
 
     def cpu_seconds(self) -> float | None:

@@ -4,9 +4,12 @@ scratch folders and guests each leaves. Each engine is a process of its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -112,6 +115,118 @@ def test_an_engine_removes_the_stale_folders_of_a_killed_one() -> None:
     finally:
         scratch.remove(stale)
         scratch.remove(alive)
+
+
+# Model code that keeps its guest alive however its engine ends, if only the guest's own
+# exit at the end of its input stood in the way: it replaces os._exit, then points the
+# guest's input (the reader thread's descriptor) at a pipe of its own, which never ends.
+_UNDYING = """
+import fcntl, os, stat
+os._exit = lambda *args: None
+mine, kept = os.pipe()
+for fd in range(3, 256):  # (not /proc: a guest without its own /proc cannot read it)
+    try:
+        if fd != mine and stat.S_ISFIFO(os.fstat(fd).st_mode):
+            if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+                os.dup2(mine, fd)
+    except OSError:
+        pass
+llm_query('first')  # the reader's read under way still gets this reply...
+llm_query('second')  # ...and then reads its own pipe: this one waits for good
+"""
+
+_KILLED_ENGINE = """
+import sys
+from rlm_graph import RLM
+from tests.support.scripts import repl, root_and_sub
+
+def served(request):
+    print("served", request.prompt, flush=True)
+    return "ok"
+
+RLM("scripted", {"respond": root_and_sub([repl(sys.argv[1])], served)},
+    environment="subprocess").completion("ctx")
+"""
+
+# The engine's parent, a child subreaper: what the engine leaves is reparented to it and
+# reaped, and it exits when nothing is left (no zombie outlives the test).
+_REAPER = """
+import ctypes, os, subprocess, sys
+ctypes.CDLL(None).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+engine = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+print(engine.pid, flush=True)
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+def test_a_guest_whose_code_will_not_exit_dies_with_its_killed_engine() -> None:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _REAPER, _KILLED_ENGINE, _UNDYING],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    guests: list[int] = []  # pidfds, as the engine's and the guests' pids are recycled
+    engine_pid = int(parent.stdout.readline())
+    engine = os.pidfd_open(engine_pid)
+    try:
+        for line in parent.stdout:  # the engine's own prints
+            if line.split() == ["served", "second"]:
+                break
+        found = _descendants(engine_pid)
+        guests = [os.pidfd_open(pid) for pid in found if b"guest.py" in _cmdline(pid)]
+        assert guests, "no guest found"
+        signal.pidfd_send_signal(engine, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not all(_exited(fd) for fd in guests) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(_exited(fd) for fd in guests)  # before: alive, as uid 65534, for good
+        assert parent.wait(timeout=60) == 0  # and nothing else of the engine's is left
+    finally:
+        for fd in [engine, *guests]:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            os.close(fd)
+        try:
+            parent.wait(timeout=30)  # what is left reaped
+        except subprocess.TimeoutExpired:
+            parent.kill()
+            parent.wait()
+        parent.stdout.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                parents[int(entry)] = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
+def _exited(pidfd: int) -> bool:
+    return bool(select.select([pidfd], [], [], 0)[0])
 
 
 def test_a_folder_whose_owner_is_a_zombie_is_stale() -> None:
