@@ -120,9 +120,12 @@ def test_an_engine_removes_the_stale_folders_of_a_killed_one() -> None:
 # Model code that keeps its guest alive however its engine ends, if only the guest's own
 # exit at the end of its input stood in the way: it replaces os._exit, then points the
 # guest's input (the reader thread's descriptor) at a pipe of its own, which never ends.
+# Whether the reader's read under way then gets the second reply or not, once the engine
+# has served it the guest waits for good, its reader on that pipe or about to be.
 _UNDYING = """
 import fcntl, os, stat
 os._exit = lambda *args: None
+llm_query('first')
 mine, kept = os.pipe()
 for fd in range(3, 256):  # (not /proc: a guest without its own /proc cannot read it)
     try:
@@ -131,8 +134,7 @@ for fd in range(3, 256):  # (not /proc: a guest without its own /proc cannot rea
                 os.dup2(mine, fd)
     except OSError:
         pass
-llm_query('first')  # the reader's read under way still gets this reply...
-llm_query('second')  # ...and then reads its own pipe: this one waits for good
+llm_query('second')
 """
 
 _KILLED_ENGINE = """
@@ -169,16 +171,14 @@ def test_a_guest_whose_code_will_not_exit_dies_with_its_killed_engine() -> None:
         [sys.executable, "-c", _REAPER, _KILLED_ENGINE, _UNDYING],
         cwd=root,
         stdout=subprocess.PIPE,
-        text=True,
     )
     assert parent.stdout is not None
+    out = parent.stdout.fileno()
     guests: list[int] = []  # pidfds, as the engine's and the guests' pids are recycled
-    engine_pid = int(parent.stdout.readline())
+    engine_pid = int(_read_until(out, b"\n", 120).split()[0])
     engine = os.pidfd_open(engine_pid)
     try:
-        for line in parent.stdout:  # the engine's own prints
-            if line.split() == ["served", "second"]:
-                break
+        _read_until(out, b"served second\n", 120)  # the engine's own prints
         found = _descendants(engine_pid)
         guests = [os.pidfd_open(pid) for pid in found if b"guest.py" in _cmdline(pid)]
         assert guests, "no guest found"
@@ -199,6 +199,18 @@ def test_a_guest_whose_code_will_not_exit_dies_with_its_killed_engine() -> None:
             parent.kill()
             parent.wait()
         parent.stdout.close()
+
+
+def _read_until(fd: int, marker: bytes, seconds: float) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0 and select.select([fd], [], [], left)[0], seen[-2000:]
+        chunk = os.read(fd, 1)  # no further than the marker: what follows stays unread
+        assert chunk, f"the engine ended first: {seen[-2000:]!r}"
+        seen += chunk
+    return seen
 
 
 def _descendants(pid: int) -> list[int]:
