@@ -181,7 +181,6 @@ class GuestProcess:
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
         guest._find_guest(forked=bool(prefix))
-        reaper.watch(guest.pid, guest.guest_pid)
         _LIVE.add(guest)
         if idle_cpu is not None and guest.guest_pid is not None:
             guest.idle_cpu = idle_cpu
@@ -189,18 +188,19 @@ class GuestProcess:
         return guest
 
     def _find_guest(self, forked: bool) -> None:
-        """Learn the guest interpreter's own pid (the launcher's child behind a prefix)."""
+        """Learn the guest interpreter's own pid (the launcher's child behind a prefix),
+        and note it to the engine's watcher."""
         pid: int | None = self.pid
         if forked:
             children = _children_of(self.pid)
             pid = children[0] if children else None
-        if pid is None:
-            return
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (OSError, AttributeError):  # an old kernel, or not Linux
-            self._pidfd = None
-        self.guest_pid = pid
+        if pid is not None:
+            try:
+                self._pidfd = os.pidfd_open(pid)
+            except (OSError, AttributeError):  # an old kernel, or not Linux
+                self._pidfd = None
+            self.guest_pid = pid
+        reaper.watch(self.pid, self.guest_pid)
 
     # -- talking ------------------------------------------------------------------------
 
@@ -400,7 +400,8 @@ _EXITING = False  # the interpreter is exiting: no guest starts any more
 
 def _kill_live_guests() -> None:
     """At interpreter exit (a session never closed, a stream abandoned): kill every
-    guest still running, before its folder is removed (`rlm_graph.scratch.on_exit`)."""
+    guest still running, before its folder is removed (`rlm_graph.scratch.on_exit`),
+    then end the guests' watcher."""
     global _EXITING
     _EXITING = True
     for guest in list(_LIVE):
@@ -409,6 +410,7 @@ def _kill_live_guests() -> None:
             guest._signal_kill(pidfd)
         if pidfd is not None:
             os.close(pidfd)
+    reaper.close()
 
 
 scratch.on_exit(_kill_live_guests)

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 
-__all__ = ["WATCHER", "forget", "watch"]
+__all__ = ["WATCHER", "close", "forget", "watch"]
 
 logger = logging.getLogger("rlm_graph.subprocess")
 
@@ -84,6 +84,19 @@ def watch(launcher: int, guest: int | None = None) -> None:
 def forget(launcher: int) -> None:
     """Note that the engine has killed the guest of ``launcher`` (and reaped it)."""
     _note(f"- {launcher}\n")
+
+
+def close(wait: float = 1.0) -> None:
+    """At the engine's exit, once its guests are killed: end the watcher (its pipe
+    closed, it has nothing left to kill) and reap it, waiting up to ``wait`` seconds."""
+    with _lock:
+        watcher = _watcher
+        _stop()
+    if watcher is not None:
+        try:
+            watcher.wait(wait)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 def _note(line: str) -> None:
