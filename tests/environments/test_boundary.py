@@ -277,16 +277,21 @@ async def test_half_a_message_on_the_pipe_when_a_run_is_cut_keeps_the_partial_an
     assert result.response == "the partial answer"
 
 
+def _run(code: str, environment: str) -> tuple[RLM, Any]:
+    """A completion whose root turn runs ``code``; sub-calls answer ``"sub"``."""
+    rlm = RLM(
+        "scripted",
+        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
+        environment=environment,
+    )
+    return rlm, rlm.completion("ctx")
+
+
 def test_check_request_refuses_a_call_over_the_caps_before_any_node() -> None:
     from rlm_graph.protocol.subcalls import MAX_PROMPTS
 
     code = f"r = llm_query_batched(['p'] * {MAX_PROMPTS + 1})\nFINAL(r[0])"
-    rlm = RLM(
-        "scripted",
-        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
-        environment="local",
-    )
-    result = rlm.completion("ctx")
+    rlm, result = _run(code, "local")
     assert result.response.startswith("[ERROR] ConfigError") and "split the list" in result.response
     assert len(list(result.graph.records("llm_call"))) == 0
 
@@ -300,12 +305,7 @@ def test_a_prompt_over_16_mi_characters_is_refused_whole_before_any_node() -> No
         "b = llm_query_batched(['fine', big])\n"
         "FINAL(repr([a, *b]))"
     )
-    rlm = RLM(
-        "scripted",
-        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
-        environment="local",
-    )
-    result = rlm.completion("ctx")
+    rlm, result = _run(code, "local")
     slots = eval(result.response)
     assert len(slots) == 3
     for slot in slots:  # the batch's fine prompt too: the call is refused whole
@@ -329,12 +329,7 @@ def test_what_a_guest_sends_is_not_copied_into_every_slot(environment: str) -> N
         "bad_type = llm_query('x', schema={'type': 't' * 60_000})\n"
         "FINAL(repr([long_model, bad_model, bad_schema, [bad_type]]))"
     )
-    rlm = RLM(
-        "scripted",
-        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
-        environment=environment,
-    )
-    result = rlm.completion("ctx")
+    rlm, result = _run(code, environment)
     long_model, bad_model, bad_schema, bad_type = eval(result.response)
     assert [len(long_model), len(bad_model), len(bad_schema), len(bad_type)] == [400, 400, 400, 1]
     assert long_model[0].startswith("[ERROR] ConfigError: llm_query_batched(..., model=...)")
@@ -360,12 +355,7 @@ def test_a_guest_looping_on_a_refused_call_stops_making_nodes() -> None:
         "slots.append(llm_query('x', model='no-such-model'))\n"
         "FINAL(f'{len(slots)} {len(set(slots))}')"
     )
-    rlm = RLM(
-        "scripted",
-        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
-        environment="local",
-    )
-    result = rlm.completion("ctx")
+    rlm, result = _run(code, "local")
     assert result.response == "3001 2"  # every slot failed, with its call's reason
     failed = [r for r in result.graph.records("llm_call") if r.status.value == "error"]
     assert len(failed) == MAX_REFUSED_NODES
@@ -382,12 +372,7 @@ def test_a_str_subclass_cannot_hide_its_length_from_the_cap() -> None:
         f"r = llm_query(['hi ', Short('x' * {MAX_PROMPT_CHARS + 1})])\n"
         "FINAL(r)"
     )
-    rlm = RLM(
-        "scripted",
-        {"respond": lambda r: repl(code) if is_root_turn(r) else "sub"},
-        environment="local",
-    )
-    result = rlm.completion("ctx")
+    rlm, result = _run(code, "local")
     assert result.response.startswith("[ERROR] ConfigError") and "16,777,216" in result.response
     assert len(scripted(rlm).requests) == 1
 
