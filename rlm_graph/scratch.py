@@ -257,6 +257,16 @@ def _open_up(folder: str) -> None:
         os.close(fd)
 
 
+def _after_fork() -> None:
+    # A forked child's exit must not remove its parent's folders (a session's REPL).
+    global _lock
+    _lock = threading.Lock()
+    _live.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 @atexit.register
 def _remove_live() -> None:
     with _lock:

@@ -395,6 +395,8 @@ class StderrTail:
 
 
 _LIVE: set[GuestProcess] = set()  # started and not yet killed
+# A forked child's are its parent's: its exit must not kill them (nor its watcher).
+os.register_at_fork(after_in_child=_LIVE.clear)
 _EXITING = False  # the interpreter is exiting: no guest starts any more
 
 

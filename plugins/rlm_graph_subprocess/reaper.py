@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,7 +42,7 @@ import os, select, signal, sys
 def pidfd(pid):
     try:
         return os.pidfd_open(pid) if pid else None
-    except OSError:
+    except (OSError, AttributeError):
         return None
 held = {}
 for line in sys.stdin.buffer:
@@ -55,11 +56,14 @@ for line in sys.stdin.buffer:
     if parts[0] == b"+" and len(parts) == 3 and parts[2].isdigit():
         held[launcher] = (pidfd(launcher), pidfd(int(parts[2])))
 for launcher, (leader, guest) in held.items():
-    if leader is not None and not select.select([leader], [], [], 0)[0]:
-        try:
-            os.killpg(launcher, signal.SIGKILL)
-        except OSError:
-            pass
+    try:
+        if leader is not None:
+            running = select.poll()
+            running.register(leader, select.POLLIN)
+            if not running.poll(0):
+                os.killpg(launcher, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
     for fd in (leader, guest):
         if fd is not None:
             try:
@@ -68,11 +72,13 @@ for launcher, (leader, guest) in held.items():
                 pass
 """
 """The watcher's program. A pidfd turns readable when its process has exited: until
-then the launcher, a session leader, still owns its group's number."""
+then the launcher, a session leader, still owns its group's number (`poll`, not
+`select`: a descriptor past 1,024)."""
 
 _lock = threading.Lock()
 _watcher: subprocess.Popen[bytes] | None = None
 _notes: int | None = None  # the write end of the watcher's pipe
+_unwatched: str | None = None  # why no watcher can run here (said once)
 
 
 def watch(launcher: int, guest: int | None = None) -> None:
@@ -100,26 +106,46 @@ def close(wait: float = 1.0) -> None:
 
 
 def _note(line: str) -> None:
+    """Never raises: a guest's start must not fail on this bookkeeping."""
     with _lock:
         if line.startswith("-") and _watcher is None:
             return
-        notes = _ensure_watcher()
-        if notes is None:
-            return
         try:
-            os.write(notes, line.encode())
+            notes = _ensure_watcher()
+            if notes is not None:
+                os.write(notes, line.encode())
         except BlockingIOError:
             logger.warning("the guests' watcher is not reading its notes: %s dropped", line)
-        except OSError:  # the watcher died: the next note starts another
+        except Exception:  # the watcher died: the next note starts another
             _stop()
 
 
+def _cannot_watch() -> str | None:
+    """Why a watcher cannot hold guests here (no pidfds: macOS, Linux before 5.3, a
+    seccomp profile that refuses them), or None."""
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        return "this platform has no pidfd_open"
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:
+        return f"pidfd_open is refused here ({exc.strerror})"
+    return None
+
+
 def _ensure_watcher() -> int | None:
-    global _watcher, _notes
+    global _watcher, _notes, _unwatched
     if _watcher is not None and _watcher.poll() is None:
         return _notes
     _stop()
-    read_end, write_end = os.pipe2(os.O_CLOEXEC)
+    if _unwatched is None and (_unwatched := _cannot_watch()) is not None:
+        logger.warning(
+            "no watcher for the subprocess guests: %s; a guest whose code keeps it from "
+            "exiting outlives an engine killed by SIGKILL",
+            _unwatched,
+        )
+    if _unwatched is not None:
+        return None
+    read_end, write_end = os.pipe()  # not inherited: no guest holds the write end
     try:
         _watcher = subprocess.Popen(
             [sys.executable, "-I", "-S", "-c", WATCHER],

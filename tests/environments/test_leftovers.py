@@ -304,3 +304,55 @@ def test_removing_a_guests_locked_folder_never_changes_a_file_its_links_name(
         command = ["setpriv", f"--bounding-set={drop}", f"--inh-caps={drop}", *command]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=True)
     assert done.stdout.split() == ["False", "0o644"], done.stderr
+
+
+def test_a_forked_child_that_exits_leaves_its_parents_guests_running() -> None:
+    """A forked engine's child inherited the parent's list of live guests and killed them
+    at its own exit: the parent's persistent session died with the child."""
+    _, out = run_engine(
+        """
+        session = engine("x = globals().get('x', 40) + 1\\nFINAL(str(x))", "subprocess",
+                         persistent=True)
+        print(session.completion("ctx").response, flush=True)
+        child = os.fork()
+        if child == 0:
+            engine("FINAL('child')", "subprocess").completion("c")
+            sys.exit(0)  # a normal exit: its atexit handlers run
+        os.waitpid(child, 0)
+        print(session.completion("again").response, flush=True)
+        session.close()
+        """
+    )
+    assert out.split() == ["41", "42"]  # the same REPL, alive
+
+
+def test_without_pidfds_there_is_no_watcher_and_the_engine_says_so_once() -> None:
+    """Where pidfd_open is missing (macOS) the watcher's set-up raised: every guest's
+    start failed, leaving the guest it had just spawned running. Now guests start, no
+    watcher is made, and a warning says once what that leaves unguarded."""
+    _, out = run_engine(
+        """
+        import logging
+        logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+        del os.pidfd_open
+        from rlm_graph_subprocess import reaper
+        for n in range(2):
+            print(engine(f"FINAL('run {n}')", "subprocess").completion("c").response)
+        print("watcher:", reaper._watcher)
+        """
+    )
+    assert "run 0" in out and "run 1" in out and "watcher: None" in out
+    assert out.count("no watcher for the subprocess guests: this platform has no pidfd_open") == 1
+
+
+def test_a_watcher_that_cannot_be_noted_never_fails_a_guests_start() -> None:
+    _, out = run_engine(
+        """
+        from rlm_graph_subprocess import reaper
+        def broken():
+            raise OSError(24, "Too many open files")
+        reaper._ensure_watcher = broken
+        print(engine("FINAL('still runs')", "subprocess").completion("c").response)
+        """
+    )
+    assert out.split() == ["still", "runs"]
