@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,11 @@ def _context_file_exists(item: BatchItem, where: str) -> None:
         raise ConfigError(f"{where}: context_file {item.context_file!r} is not a file")
 
 
-def scan_items(path: Path, check: Callable[[BatchItem, str], None] | None = None) -> list[str]:
+def scan_items(
+    path: Path,
+    check: Callable[[BatchItem, str], None] | None = None,
+    done: Collection[str] = (),
+) -> list[str]:
     """Check every line of a JSONL input file; return the ids in order.
 
     Reads the file once without keeping contexts in memory, so a bad line is reported
@@ -162,13 +166,15 @@ def scan_items(path: Path, check: Callable[[BatchItem, str], None] | None = None
         path: the file.
         check: more to check of each item (``check(item, "file:line")`` raises
             `ConfigError`), such as `item_limits_check`'s.
+        done: ids a rerun skips: their ``context_file`` need not be there any more.
 
     Raises:
         ConfigError: every bad line (up to ten), with its number and the fix.
     """
 
     def checked(item: BatchItem, where: str) -> None:
-        _context_file_exists(item, where)
+        if item.id not in done:
+            _context_file_exists(item, where)
         if check is not None:
             check(item, where)
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..errors import ConfigError
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile"]
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile", "ids_done"]
 
 
 class ItemUsage(BaseModel):
@@ -158,6 +158,21 @@ class BatchSummary(BaseModel):
 
 _RESULT_KEYS = frozenset(("id", "answer", "started_at", "finished_at", "seconds"))
 """What every result line has (`BatchResult.to_line`)."""
+
+
+def ids_done(path: Path, retry_failed: bool = False) -> set[str]:
+    """The ids done in the results file ``path`` as far as a glance tells (none when it
+    cannot be read as one), before it is opened for a run: whose context files a rerun
+    will not read. `ResultsFile.open` is what decides."""
+    results = ResultsFile(path)
+    try:
+        data, end = read_results(path, str(path), b'{"id"', _RESULT_KEYS)
+        for number, line in enumerate(data[:end].splitlines(), start=1):
+            if line.strip():
+                results._note(line, number)
+    except (ValueError, ConfigError):
+        return set()
+    return results.done(retry_failed)
 
 
 class ResultsFile:

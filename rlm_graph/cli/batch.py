@@ -29,6 +29,7 @@ from ..batch import (
     run_batch,
     scan_items,
 )
+from ..batch.results import ids_done
 from ..batch.run import check_batch, item_limits_check
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
@@ -128,7 +129,8 @@ def _scan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         limits(item, where)
         asked[item.id] = item.asked()
 
-    return scan_items(args.input, check), asked
+    # An item already done is not run again: its context file may be gone.
+    return scan_items(args.input, check, ids_done(args.output, args.retry_failed)), asked
 
 
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:

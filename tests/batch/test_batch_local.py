@@ -623,3 +623,29 @@ def test_a_context_json_cannot_hold_is_answered_in_python() -> None:
         results = list(run_batch(batch, rlm_kwargs(server)))
     assert sorted(r.id for r in results) == ["item-0", "item-1"]
     assert all(r.ok and r.asked for r in results)
+
+
+def test_a_rerun_does_not_need_the_context_files_of_items_already_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole-file check refused a rerun whose done item's context file was gone,
+    though the rerun would not read it."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    (tmp_path / "ctx0.txt").write_text("ctx0")
+    (tmp_path / "ctx1.txt").write_text("ctx1")
+    batch = [
+        {"id": f"item-{n}", "context_file": f"ctx{n}.txt", "query": f"question item-no-{n}."}
+        for n in range(2)
+    ]
+    write_items(tmp_path / "in.jsonl", batch[:1])
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        (tmp_path / "ctx0.txt").unlink()
+        write_items(tmp_path / "in.jsonl", batch)
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        assert server.root_turns == {"item-0": 1, "item-1": 1}
+        (tmp_path / "ctx1.txt").unlink()  # not done: still refused when it is missing
+        write_items(tmp_path / "in.jsonl", [*batch, {**batch[1], "id": "item-2"}])
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 2
+    ids = sorted(line["id"] for line in read_lines(tmp_path / "out.jsonl"))
+    assert ids == ["item-0", "item-1"]
