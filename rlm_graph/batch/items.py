@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,7 +155,7 @@ def _context_file_exists(item: BatchItem, where: str) -> None:
 def scan_items(
     path: Path,
     check: Callable[[BatchItem, str], None] | None = None,
-    done: Collection[str] = (),
+    done: Callable[[BatchItem], bool] | None = None,
 ) -> list[str]:
     """Check every line of a JSONL input file; return the ids in order.
 
@@ -166,14 +166,15 @@ def scan_items(
         path: the file.
         check: more to check of each item (``check(item, "file:line")`` raises
             `ConfigError`), such as `item_limits_check`'s.
-        done: ids a rerun skips: their ``context_file`` need not be there any more.
+        done: whether a rerun skips an item: then its ``context_file`` need not be there
+            any more.
 
     Raises:
         ConfigError: every bad line (up to ten), with its number and the fix.
     """
 
     def checked(item: BatchItem, where: str) -> None:
-        if item.id not in done:
+        if done is None or not done(item):
             _context_file_exists(item, where)
         if check is not None:
             check(item, where)

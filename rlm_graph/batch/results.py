@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..errors import ConfigError
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile", "ids_done"]
+__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile", "glance"]
 
 
 class ItemUsage(BaseModel):
@@ -160,10 +160,10 @@ _RESULT_KEYS = frozenset(("id", "answer", "started_at", "finished_at", "seconds"
 """What every result line has (`BatchResult.to_line`)."""
 
 
-def ids_done(path: Path, retry_failed: bool = False) -> set[str]:
-    """The ids done in the results file ``path`` as far as a glance tells (none when it
-    cannot be read as one), before it is opened for a run: whose context files a rerun
-    will not read. `ResultsFile.open` is what decides."""
+def glance(path: Path) -> ResultsFile:
+    """The results file ``path`` as read before it is opened for a run (nothing done when
+    it cannot be read as one; `ResultsFile.open` is what decides): which items a rerun
+    will skip, and so whose context files it will not read."""
     results = ResultsFile(path)
     try:
         data, end = read_results(path, str(path), b'{"id"', _RESULT_KEYS)
@@ -171,8 +171,8 @@ def ids_done(path: Path, retry_failed: bool = False) -> set[str]:
             if line.strip():
                 results._note(line, number)
     except (ValueError, ConfigError):
-        return set()
-    return results.done(retry_failed)
+        return ResultsFile(path)
+    return results
 
 
 class ResultsFile:
@@ -237,16 +237,19 @@ class ResultsFile:
         if error is None:
             self._answered[item_id] = self._last[item_id]
 
+    def is_done(self, item_id: str, asked: str | None = None, retry_failed: bool = False) -> bool:
+        """Whether a rerun skips ``item_id``: it has a line, or (``retry_failed``) an
+        answered one; with ``asked`` (`BatchItem.asked`), only if that line (the last
+        answer, or the last line) was made for what the item asks now."""
+        for lines in (self._answered,) if retry_failed else (self._answered, self._last):
+            if item_id in lines and (asked is None or lines[item_id] in (None, asked)):
+                return True
+        return False
+
     def done(self, retry_failed: bool = False, asked: Mapping[str, str] | None = None) -> set[str]:
-        """Ids to skip: every id with a line, or (``retry_failed``) only the answered
-        ones; with ``asked`` (the items' `BatchItem.asked` by id), only where that line
-        (the last answer, or the last line) was made for what the item asks now."""
-
-        def current(item_id: str, made_for: str | None) -> bool:
-            return asked is None or made_for is None or asked.get(item_id) == made_for
-
-        kept = [self._answered] if retry_failed else [self._answered, self._last]
-        return {i for lines in kept for i, made_for in lines.items() if current(i, made_for)}
+        """The ids a rerun skips (`is_done`), ``asked`` giving each item's hash by id."""
+        hashes = asked if asked is not None else {}
+        return {i for i in self._last if self.is_done(i, hashes.get(i), retry_failed)}
 
     def append(self, result: BatchResult) -> None:
         """Write one result line and flush it (a killed run keeps every finished item)."""

@@ -29,7 +29,7 @@ from ..batch import (
     run_batch,
     scan_items,
 )
-from ..batch.results import ids_done
+from ..batch.results import glance
 from ..batch.run import check_batch, item_limits_check
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
@@ -124,13 +124,16 @@ def _scan(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """Every line of ``--input`` checked: the ids in order, and what each item asks."""
     asked: dict[str, str] = {}
     limits = item_limits_check(rlm_kwargs(args))
+    earlier = glance(args.output)  # read again, under its lock, once the checks pass
 
     def check(item: BatchItem, where: str) -> None:
         limits(item, where)
         asked[item.id] = item.asked()
 
-    # An item already done is not run again: its context file may be gone.
-    return scan_items(args.input, check, ids_done(args.output, args.retry_failed)), asked
+    def done(item: BatchItem) -> bool:  # not run again: its context file may be gone
+        return earlier.is_done(item.id, item.asked(), args.retry_failed)
+
+    return scan_items(args.input, check, done), asked
 
 
 def _executor_kwargs(args: argparse.Namespace) -> dict[str, Any]:

@@ -649,3 +649,21 @@ def test_a_rerun_does_not_need_the_context_files_of_items_already_done(
         assert main(local_cli_args(server, tmp_path, "--quiet")) == 2
     ids = sorted(line["id"] for line in read_lines(tmp_path / "out.jsonl"))
     assert ids == ["item-0", "item-1"]
+
+
+def test_an_item_edited_to_a_missing_context_file_is_refused_before_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Done in --output, but for another context file: it will run again, so the file
+    it names now must be there (the check saw only the id, and the item failed later)."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    (tmp_path / "ctx0.txt").write_text("ctx0")
+    item = {"id": "item-0", "context_file": "ctx0.txt", "query": "question item-no-0."}
+    write_items(tmp_path / "in.jsonl", [item])
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        write_items(tmp_path / "in.jsonl", [{**item, "context_file": "moved.txt"}])
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 2
+        assert server.root_turns == {"item-0": 1}
+    assert "context_file" in capsys.readouterr().err
+    assert len(read_lines(tmp_path / "out.jsonl")) == 1

@@ -6,10 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 import trio.testing
 
-from rlm_graph import RLM, NodeKind
+from rlm_graph import RLM, ConfigError, NodeKind
 from rlm_graph.contracts import ChatRequest
 from rlm_graph.journal import JournalStore
 from tests.support.scripts import is_root_turn, repl, scripted, turn_number
@@ -85,6 +86,13 @@ async def test_a_journal_key_tells_samples_of_one_question_apart(tmp_path: Path)
     assert scripted(again).requests == []
     unkeyed = await again.acompletion("ctx", root_prompt="q")  # none of the two
     assert unkeyed.replay is not None and unkeyed.replay.replayed == 0
+
+
+async def test_a_journal_key_that_is_not_text_is_refused(tmp_path: Path) -> None:
+    rlm = RLM("scripted", {"respond": _respond}, journal=str(tmp_path / "run.sqlite"))
+    with pytest.raises(ConfigError, match="journal_key must be a str, not int"):
+        await rlm.acompletion("ctx", root_prompt="q", journal_key=3)  # type: ignore[arg-type]
+    assert scripted(rlm).requests == []
 
 
 def _versioned(request: ChatRequest) -> str:
