@@ -235,6 +235,18 @@ def test_tool_code_that_failed_runs_again_at_the_sessions_next_completion(
     assert rlm.completion("d").response == "HI1"  # once it ran, never again
 
 
+def test_tool_code_that_runs_past_the_blocks_timeout_stops_the_completion() -> None:
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nFINAL('x')\n```"]},
+        environment_kwargs={"timeout": 0.5},
+        tool_code="while True:\n    pass\n",
+    )
+    with pytest.raises(ConfigError, match="tool_code failed in the REPL before the first turn"):
+        rlm.completion("ctx")
+    assert scripted(rlm).requests == []
+
+
 def test_tool_prompts_follow_a_custom_system_prompt() -> None:
     rlm = RLM(
         "scripted",
