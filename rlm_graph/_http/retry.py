@@ -75,8 +75,10 @@ class RetryPolicy(BaseModel):
         return base * (1 - self.jitter * random.random())
 
     def spread(self, wait: float) -> float:
-        """A server-named wait plus jitter, so a fan-out does not retry in one burst."""
-        return wait * (1 + self.jitter * random.random())
+        """A server-named wait plus jitter, so a fan-out does not retry in one burst; the
+        jitter never takes it past ``max_retry_after`` (a wait named longer is refused
+        before this)."""
+        return min(wait * (1 + self.jitter * random.random()), max(wait, self.max_retry_after))
 
 
 def parse_duration(value: str) -> float | None:

@@ -286,6 +286,20 @@ async def test_a_retry_after_of_nothing_waits_no_less_than_the_backoff(
     assert first >= 0.03 and second >= 0.07
 
 
+async def test_the_jitter_never_takes_a_named_wait_past_max_retry_after(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server asking for 0.3 s with max_retry_after=0.3: the wait was up to 25% more
+    (the jitter), past the longest wait the user allowed."""
+    refused = Reply.error(429, "quota", retry_after="0.3")
+    with FakeOpenAIServer(replies=[refused] * 4 + ["ok"]) as server:
+        kwargs = openai_kwargs(server, backoff_base=0.01, max_retry_after=0.3)
+        with caplog.at_level(logging.DEBUG, logger="rlm_graph.providers"):
+            assert await _complete(OpenAIProvider(**kwargs)) == "ok"
+    waits = _waits(caplog)
+    assert waits == [0.3] * 4  # the log rounds to hundredths
+
+
 async def test_a_huge_named_wait_is_said_readably() -> None:
     refused = Reply.error(429, "slow down", retry_after="1e300")
     with FakeOpenAIServer(replies=[refused]) as server:
