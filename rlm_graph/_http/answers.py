@@ -99,7 +99,9 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
         if web_page:
             raise error  # a web page, not a struggling API: retrying will not help
         # Empty or cut-off JSON: the server (or a proxy) failed mid-answer.
-        raise AttemptFailed(error, retry_delay_from_headers(response.headers), "bad response")
+        raise AttemptFailed(
+            error, retry_delay_from_headers(response.headers, rate_limited=False), "bad response"
+        )
     return data
 
 
@@ -176,7 +178,8 @@ def raise_for_status(provider: Speaker, response: httpx.Response, data: Any) -> 
         raise AttemptFailed(error, wait, str(status))
     if status >= 500 or status in RETRY_STATUSES:
         error = ProviderError(f"{where}: {said}", provider=name, status_code=status, retryable=True)
-        raise AttemptFailed(error, retry_delay_from_headers(response.headers), str(status))
+        wait = retry_delay_from_headers(response.headers, rate_limited=False)
+        raise AttemptFailed(error, wait, str(status))
     raise ProviderError(
         f"{where}: {said}. The request was rejected as sent; check the model name and "
         "the request arguments (temperature, max_tokens, extra)",

@@ -524,7 +524,8 @@ class JSONProvider:
             raise
         except Exception as exc:
             error = unreadable(self, exc)
-        raise _Retry(error, retry_delay_from_headers(response.headers), "bad response") from None
+        wait = retry_delay_from_headers(response.headers, rate_limited=False)
+        raise _Retry(error, wait, "bad response") from None
 
     async def _stream_attempt(
         self, content: bytes, request: ChatRequest, timeout: float | None, tracker: DeltaTracker

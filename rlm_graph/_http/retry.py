@@ -134,16 +134,24 @@ def _parse_reset(value: str, now: float) -> float | None:
         return None
 
 
-def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = None) -> float | None:
+def retry_delay_from_headers(
+    headers: Mapping[str, str], now: float | None = None, *, rate_limited: bool = True
+) -> float | None:
     """The wait a response asks for, in seconds, or ``None`` when it names none.
 
-    Reads ``retry-after-ms``, then ``Retry-After``, then the rate-limit reset headers
-    (OpenAI's ``x-ratelimit-reset-*`` durations, Anthropic's
-    ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds ``x-ratelimit-reset``):
-    the reset of the window the response says is used up (its ``*-remaining-*`` at 0,
-    `exhausted_for`), else the longest. A 429 for the requests window that also reports
-    the tokens window, with room and a full reset in minutes, asks for the requests
-    window's second, not the tokens window's minutes.
+    Reads ``retry-after-ms``, then ``Retry-After``. For a refusal (``rate_limited``, a
+    429) it then reads the rate-limit reset headers (OpenAI's ``x-ratelimit-reset-*``
+    durations, Anthropic's ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds
+    ``x-ratelimit-reset``): the reset of the window the response says is used up (its
+    ``*-remaining-*`` at 0, `exhausted_for`), else the longest reset of a window that
+    does not say it has room. A 429 for the requests window that also reports the tokens
+    window, with room and a full reset in minutes, asks for the requests window's
+    second, not the tokens window's minutes.
+
+    Any other answer (a 5xx, a cut-off body: ``rate_limited=False``) names a wait only
+    by ``Retry-After``: the reset headers every OpenAI answer carries say when a window
+    refills, not that the server wants the retry held (a 500 with a tokens window
+    resetting in 6 minutes is retried on the backoff, not failed as "asked to wait 360 s").
     """
     lowered = {k.lower(): v for k, v in headers.items()}
     now = time.time() if now is None else now
@@ -158,12 +166,27 @@ def retry_delay_from_headers(headers: Mapping[str, str], now: float | None = Non
         wait = parse_retry_after(lowered["retry-after"], now)
         if wait is not None:
             return wait
+    if not rate_limited:
+        return None
     used_up = exhausted_for(lowered, now)
     if used_up is not None:
         return used_up
-    waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
+    with_room = {reset for remaining, reset in _REMAINING if _has_room(lowered.get(remaining))}
+    waits = [
+        _parse_reset(lowered[name], now)
+        for name in RESET_HEADERS
+        if name in lowered and name not in with_room
+    ]
     known = [w for w in waits if w is not None]
     return max(known) if known else None
+
+
+def _has_room(remaining: str | None) -> bool:
+    """Whether a ``*-remaining-*`` value says the window has room (above 0)."""
+    try:
+        return remaining is not None and float(remaining) > 0
+    except ValueError:
+        return False
 
 
 _REMAINING = (

@@ -257,9 +257,54 @@ async def test_a_429_waits_for_the_reset_of_the_window_it_used_up() -> None:
         assert await _complete(OpenAIProvider(**openai_kwargs(server))) == "ok"
     assert len(server.requests) == 2
     assert retry_delay_from_headers(windows) == pytest.approx(0.02)
-    # No window said used up: the longest reset, as before.
+    # No window said used up, and both say they have room: no named wait (the backoff),
+    # not the tokens window's full refill in 6 minutes.
     room = {**windows, "x-ratelimit-remaining-requests": "3"}
-    assert retry_delay_from_headers(room) == 360
+    assert retry_delay_from_headers(room) is None
+    # A window that does not say whether it has room still names its reset.
+    assert retry_delay_from_headers({"x-ratelimit-reset-tokens": "2s"}) == 2
+
+
+# OpenAI's headers on every answer, a 500 included: both windows have room, the tokens
+# window refills fully in 6 minutes.
+_OPENAI_WINDOWS = {
+    "x-ratelimit-remaining-requests": "499",
+    "x-ratelimit-reset-requests": "120ms",
+    "x-ratelimit-remaining-tokens": "149984",
+    "x-ratelimit-reset-tokens": "6m0s",
+}
+
+
+@pytest.mark.parametrize(
+    "failed",
+    [
+        Reply(500, {"error": {"message": "The server had an error"}}, headers=_OPENAI_WINDOWS),
+        Reply(body="cut", fault="truncated", headers=_OPENAI_WINDOWS),
+        Reply(
+            503,
+            {"error": {"message": "overloaded"}},
+            headers={**_OPENAI_WINDOWS, "x-ratelimit-remaining-tokens": "0"},
+        ),
+    ],
+    ids=["500", "truncated 200", "503 with a used-up window"],
+)
+async def test_a_server_error_carrying_reset_headers_is_retried_on_the_backoff(
+    failed: Reply, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The reset headers OpenAI sends on every answer were read as a wait on a 500 or a
+    cut-off 200: the 6-minute refill of the tokens window is past max_retry_after, so the
+    call failed at once ("asked to wait 360 s") instead of being retried; a 503 naming a
+    used-up window held the call (and the provider) for that window's reset."""
+    with FakeOpenAIServer(replies=[failed, "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, backoff_base=0.05))
+        with caplog.at_level(logging.DEBUG, logger="rlm_graph.providers"):
+            assert await _complete(provider) == "ok"
+    assert len(server.requests) == 2
+    (wait,) = _waits(caplog)
+    assert wait <= 0.05  # the computed backoff, not a reset
+    # Retry-After on a 5xx is still a named wait.
+    assert retry_delay_from_headers({"retry-after": "2"}, rate_limited=False) == 2
+    assert retry_delay_from_headers(_OPENAI_WINDOWS, rate_limited=False) is None
 
 
 def _waits(caplog: pytest.LogCaptureFixture) -> list[float]:
