@@ -28,7 +28,7 @@ from .contracts import ModelInfo, Provider
 from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
-from .errors import ConfigError, PluginError, checked_flag, config_error
+from .errors import ConfigError, PluginError, RLMGraphError, checked_flag, config_error
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Graph, Workflow
 from .hooks import PluginHost
@@ -82,6 +82,14 @@ def _make_provider(
         )
         raise ConfigError(
             f"backend {backend!r} rejected its backend_kwargs: {exc}; {fix}"
+        ) from None
+    except RLMGraphError:  # the plugin's own verdict (a missing key, a bad base_url)
+        raise
+    except (Exception, SystemExit) as exc:  # a third party's factory can fail in any way
+        said = Scrubber(secret_values(kwargs, environ={})).scrub(f"{type(exc).__name__}: {exc}")
+        raise PluginError(
+            f"backend {backend!r} failed to build: {said}; check its backend_kwargs against "
+            "the provider's documentation"
         ) from None
     return _checked(provider, repr(backend))
 

@@ -37,12 +37,15 @@ import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pydantic import ValidationError
 
 __all__ = [
     "checked_flag",
     "clipped",
     "message_of",
+    "scrub_error",
     "config_error",
     "BadResponse",
     "BudgetExceeded",
@@ -332,6 +335,28 @@ def message_of(exc: BaseException) -> str:
         return str(exc)
     except Exception as inner:
         return f"(its message could not be made: {type(inner).__name__} in __str__)"
+
+
+def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
+    """Redact ``exc``'s message in place (its text arguments and notes, and those of the
+    errors it was raised from), so that a key a plugin quoted reaches neither the slot
+    the model reads nor ``result.errors``, a traceback or a log. An error whose
+    ``__str__`` ignores its arguments is left as it is (its record is still redacted).
+    No ``scrub`` (no secret known): nothing to do."""
+    if scrub is None:
+        return
+    seen: set[int] = set()
+    error: BaseException | None = exc
+    while error is not None and id(error) not in seen and len(seen) < 16:
+        seen.add(id(error))
+        if not isinstance(error, BaseExceptionGroup):
+            args = tuple(scrub(a) if isinstance(a, str) else a for a in error.args)
+            if args != error.args:
+                error.args = args
+        notes = getattr(error, "__notes__", None)
+        if isinstance(notes, list):
+            notes[:] = [scrub(n) if isinstance(n, str) else n for n in notes]
+        error = error.__cause__ or error.__context__
 
 
 def clipped(text: str, limit: int = 1_000) -> str:

@@ -150,11 +150,16 @@ def test_a_misspelled_hook_is_refused_with_the_real_names() -> None:
         Engine("scripted", {"responses": []}, observers=[Typo()])
 
 
-def test_a_failing_observer_is_logged_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("error", [RuntimeError("observer bug"), SystemExit("observer bug")])
+def test_a_failing_observer_is_logged_and_the_run_goes_on(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An observer's ``sys.exit()`` (SystemExit) went through the guard and ended the run."""
+
     class Broken:
         @hookimpl
         def rlm_node_finished(self, record: object, graph: object) -> None:
-            raise RuntimeError("observer bug")
+            raise error
 
     engine = Engine("scripted", {"respond": lambda r: "ok"}, observers=[Broken()])
     wf = Workflow()
@@ -195,17 +200,39 @@ def test_a_plugin_module_registers_alike_in_every_engine_and_typos_still_fail() 
             Engine("scripted", {"responses": []}, observers=[typo])
 
 
-def test_a_plugin_in_code_whose_hook_raises_is_named_with_its_hook() -> None:
+@pytest.mark.parametrize("error", [KeyError("MY_PLUGIN_REQUIRED_VAR"), SystemExit("MY_PLUGIN")])
+def test_a_plugin_in_code_whose_hook_raises_is_named_with_its_hook(error: BaseException) -> None:
+    """A hook's ``sys.exit()`` ended the program that built the engine, unnamed."""
+
     class Failing:
         @hookimpl
         def rlm_register_providers(self) -> dict[str, object]:
-            raise KeyError("MY_PLUGIN_REQUIRED_VAR")
+            raise error
 
     with pytest.raises(
         PluginError,
-        match=r"plugin .*Failing \(registered in code\): rlm_register_providers raised KeyError: 'MY_PLUGIN",
+        match=rf"plugin .*Failing \(registered in code\): rlm_register_providers raised {type(error).__name__}: '?MY_PLUGIN",
     ):
         PluginHost([Failing()], entry_points=False)
+
+
+def test_a_provider_that_exits_fails_its_slot_named_not_the_run() -> None:
+    """A provider's ``sys.exit()`` passed the engine's guard: the whole run ended with
+    SystemExit and the batch's other slots were lost."""
+    from rlm_graph import RLM
+
+    def respond(request: Any) -> str:
+        text = request.messages[-1].content
+        if "```repl" in str(request.messages[0].content) and "exit" not in str(text):
+            return "```repl\nFINAL(' | '.join(llm_query_batched(['ok', 'exit'])))\n```"
+        if "exit" in str(text):
+            raise SystemExit(1)
+        return "fine"
+
+    result = RLM("scripted", {"respond": respond}).completion("ctx")
+    first, second = result.response.split(" | ")
+    assert first == "fine"
+    assert second.startswith("[ERROR] PluginError: provider 'scripted' answered with SystemExit")
 
 
 def test_models_a_plugin_registers_are_checked_and_a_dict_is_read_as_model_info() -> None:
@@ -624,3 +651,27 @@ def test_an_asyncio_cancellation_from_a_provider_fails_its_slot_not_the_completi
     answers = eval(RLM(Provider()).completion("context").response)
     assert answers[1] == "fine"
     assert answers[0].startswith("[ERROR] PluginError: provider 'p' answered with CancelledError")
+
+
+@pytest.mark.parametrize("error", [ValueError, SystemExit])
+def test_a_provider_factory_that_fails_is_named_as_the_plugins_failure(
+    error: type[BaseException],
+) -> None:
+    """A factory raising anything but a TypeError reached the user as a raw traceback
+    (or, for ``sys.exit()``, ended the program); a key it quoted went along."""
+    key = "sk-factory-quoted-0123456789"
+
+    class Picky:
+        def __init__(self, **kwargs: Any) -> None:
+            raise error(f"cannot use key {kwargs['api_key']}")
+
+    class Registers:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[str, object]:
+            return {"picky": Picky}
+
+    with pytest.raises(PluginError) as failed:
+        Engine("picky", {"api_key": key}, plugins=[Registers()])
+    said = str(failed.value)
+    assert said.startswith(f"backend 'picky' failed to build: {error.__name__}: cannot use key")
+    assert key not in said and "[REDACTED]" in said

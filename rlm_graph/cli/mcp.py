@@ -45,7 +45,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from pydantic import BaseModel, Field
 
 from .. import __version__, scratch
-from ..errors import ConfigError, LimitExceeded, ProviderError, RLMGraphError
+from ..errors import ConfigError, LimitExceeded, ProviderError, RLMGraphError, scrub_error
+from ..tracing.scrub import Scrubber, secret_values
 from . import EXIT_OK, EXIT_USAGE, interrupted
 from .output import Output
 from .read_roots import ENTRIES_PER_FILE, ReadRoots
@@ -236,6 +237,9 @@ class _Tools:
         )
         _check_environment(args)
         self.kwargs = rlm_kwargs(args)
+        given = [self.kwargs.get("backend_kwargs"), *self.kwargs.get("other_backend_kwargs", [])]
+        # A key a plugin quoted in its error goes neither to the client nor to the log.
+        self.scrub = Scrubber([s for kw in given for s in secret_values(kw, environ={})]).scrub
         self.provider = provider
         self.trace_content = bool(getattr(args, "trace_content", False))
         self._check_engine()
@@ -296,20 +300,9 @@ class _Tools:
             raise
         try:
             result = await rlm.acompletion(context, root_prompt=question)
-        except ProviderError as exc:
-            partial = (
-                f" The partial answer so far: {exc.partial}"
-                if exc.result is not None and exc.partial
-                else ""
-            )
-            raise ToolError(provider_message(exc) + "." + partial) from None
-        except LimitExceeded as exc:  # on_limit is "return"; kept for plugins that raise
-            raise ToolError(f"stopped by {exc.reason}; the partial answer: {exc.partial}") from None
-        except RLMGraphError as exc:  # a crashed environment, a plugin's late check
-            raise ToolError(f"{type(exc).__name__}: {exc}") from None
-        except Exception as exc:  # a bug: the client is told what, the log has the rest
-            logging.getLogger("rlm_graph").exception("rlm_answer failed")
-            raise ToolError(f"the run failed: {type(exc).__name__}: {exc}") from None
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit ends its call, not us
+            scrub_error(exc, self.scrub)
+            raise ToolError(self.scrub(_failure(exc))) from None
         finally:
             with anyio.CancelScope(shield=True):
                 await rlm.aclose()
@@ -404,6 +397,21 @@ class _Tools:
             _log(f"{why}; answering without one")
             return None, why
         return path, None
+
+
+def _failure(exc: BaseException) -> str:
+    """What the client is told of a failed run (a bug's traceback goes to the log)."""
+    if isinstance(exc, ProviderError):
+        said = provider_message(exc) + "."
+        if exc.result is not None and exc.partial:
+            said += f" The partial answer so far: {exc.partial}"
+        return said
+    if isinstance(exc, LimitExceeded):  # on_limit is "return"; kept for plugins that raise
+        return f"stopped by {exc.reason}; the partial answer: {exc.partial}"
+    if isinstance(exc, RLMGraphError):  # a crashed environment, a plugin's late check
+        return f"{type(exc).__name__}: {exc}"
+    logging.getLogger("rlm_graph").error("rlm_answer failed", exc_info=exc)
+    return f"the run failed: {type(exc).__name__}: {exc}"
 
 
 def _create_private(path: Path) -> None:

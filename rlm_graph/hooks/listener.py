@@ -61,7 +61,10 @@ class HookListener:
         for observer, caller in self._callers[hook]:
             try:
                 caller(graph=self._graph, **arguments)
-            except Exception:  # an observer's bug fails neither the run nor the others
+            except (
+                Exception,
+                SystemExit,
+            ):  # an observer's bug fails neither the run nor the others
                 logger.exception(
                     "the rlm-graph observer %s failed in %s on node %s (event %s)",
                     observer,

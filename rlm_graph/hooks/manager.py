@@ -77,7 +77,7 @@ def _entry_points() -> tuple[list[tuple[str, str, str, object]], list[BrokenPlug
             dist = ep.dist.name if ep.dist is not None else "?"
             try:
                 plugin = ep.load()
-            except Exception as exc:  # a third-party import can fail in any way
+            except (Exception, SystemExit) as exc:  # a third-party import can fail in any way
                 broken.append(BrokenPlugin(ep.name, ep.value, dist, f"{type(exc).__name__}: {exc}"))
                 continue
             loaded.append((ep.name, ep.value, dist, _hook_object(plugin)))
@@ -338,7 +338,7 @@ class PluginHost:
             others = [p for p in plugins if p is not plugin]
             try:
                 answers = self.pm.subset_hook_caller(hook_name, others)()
-            except Exception as exc:  # a third party's hook can fail in any way
+            except (Exception, SystemExit) as exc:  # a third party's hook can fail in any way
                 error = self._fault(plugin, f"{hook_name} raised {type(exc).__name__}: {exc}")
                 if error is not None:
                     raise error from exc

@@ -349,12 +349,11 @@ async def _request(
 
 
 # What a provider's call may raise that is not its slot's failure: trio's cancellation,
-# the user's Ctrl-C or exit, a closing coroutine's GeneratorExit, a nursery's group.
+# the user's Ctrl-C, a closing coroutine's GeneratorExit, a nursery's group (SystemExit is).
 _PASSES = (
     Exception,
     trio.Cancelled,
     KeyboardInterrupt,
-    SystemExit,
     GeneratorExit,
     BaseExceptionGroup,
 )

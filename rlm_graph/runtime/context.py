@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import trio
 
 from .._http.attempts import RetryLog
-from ..errors import message_of
+from ..errors import message_of, scrub_error
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
 from ..hedging import HedgeBudget
@@ -60,11 +60,14 @@ def _is_cancellation(exc: BaseException) -> bool:
     return False
 
 
-def _mark_failed(record: NodeRecord, exc: BaseException) -> None:
-    """Record how a node's body ended when it raised: cancelled, or failed with ``exc``."""
+def _mark_failed(
+    record: NodeRecord, exc: BaseException, redact: Callable[[str], str] | None
+) -> None:
+    """Record how a node's body ended: cancelled, or failed with ``exc`` (redacted first)."""
     if _is_cancellation(exc):
         record.status = NodeStatus.CANCELLED
     elif isinstance(exc, Exception):
+        scrub_error(exc, redact)
         record.fail(type(exc).__name__, message_of(exc))
 
 
@@ -171,7 +174,7 @@ class Run:
                             result = await body(record)
                             replayer.keep(record, key, result)
                 except BaseException as exc:
-                    _mark_failed(record, exc)
+                    _mark_failed(record, exc, self.redact)
                     raise
                 else:
                     # A body may mark its own node failed and still return data (a block).

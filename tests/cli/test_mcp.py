@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 if importlib.util.find_spec("mcp") is None:  # the SDK loads in the tests (a second of import)
     pytest.skip("the MCP SDK (pip install 'rlm-graph[mcp]')", allow_module_level=True)
@@ -382,3 +383,37 @@ async def test_a_report_folder_gone_is_made_again_and_never_fails_a_call(
     assert (
         f"cannot write a report in {reports.resolve()}" in (without.structured_content["no_report"])
     )
+
+
+def test_a_plugin_that_exits_or_quotes_a_key_fails_its_call_not_the_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A provider plugin's ``sys.exit()`` went through every guard of the engine and of
+    the tool and stopped the server; a key quoted in a plugin's error went to the client
+    as it was."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from rlm_graph.cli import build_parser
+    from rlm_graph.cli.mcp import _Tools
+    from rlm_graph.errors import ProviderError
+
+    planted = "sk-planted-mcp-key-0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", planted)
+    flags = ["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m"]
+    args = build_parser().parse_args([*flags, "--environment", "local", "--allow-local"])
+    tools = _Tools(args, None)
+
+    def exits(request: Any) -> str:
+        raise SystemExit(3)
+
+    def quotes(request: Any) -> str:
+        raise ProviderError(f"key {planted} is not allowed", provider="careless")
+
+    tools.kwargs["backend_kwargs"] = {**tools.kwargs["backend_kwargs"], "respond": exits}
+    with pytest.raises(ToolError) as exited:
+        trio.run(tools.answer, "Q?", None, "text")
+    assert "provider 'scripted' answered with SystemExit" in str(exited.value)
+    tools.kwargs["backend_kwargs"] = {**tools.kwargs["backend_kwargs"], "respond": quotes}
+    with pytest.raises(ToolError) as quoted:
+        trio.run(tools.answer, "Q?", None, "text")
+    assert planted not in str(quoted.value) and "key [REDACTED] is not allowed" in str(quoted.value)

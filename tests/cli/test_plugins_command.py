@@ -47,6 +47,15 @@ def test_the_plugins_command_lists_a_broken_plugin_with_its_error(broken_site: P
     assert "broken" in line and "ImportError: rlm_graph_broken needs libfoo" in line
     assert "scripted" in done.stdout  # the plugins that load are listed as ever
 
+    # One that calls sys.exit() as it is imported ended the command (exit 2, nothing said).
+    (broken_site / "rlm_graph_broken.py").write_text("import sys\nsys.exit('no libfoo here')\n")
+    done = _run(broken_site, str(COMMAND), "plugins")
+    assert done.returncode == 0, done.stderr
+    assert "SystemExit: no libfoo here" in done.stdout and "scripted" in done.stdout
+    (broken_site / "rlm_graph_broken.py").write_text(
+        "raise ImportError('rlm_graph_broken needs libfoo, which is not installed')\n"
+    )
+
     done = _run(broken_site, str(COMMAND), "plugins", "--json")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from rlm_graph import RLM
+from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.contracts import ChatRequest
+from rlm_graph.errors import ProviderError
 from rlm_graph.graph import to_json
 from tests.support.scripts import is_root_turn, repl
 
@@ -27,3 +30,28 @@ def test_an_echoed_key_is_redacted_from_records_and_verbose_output(
     assert KEY not in to_json(result.graph)
     assert "[REDACTED]" in to_json(result.graph)
     assert KEY not in capsys.readouterr().err
+
+
+def _refusing(request: ChatRequest) -> str:
+    """A plugin whose error quotes the key it was given (a careless third party's)."""
+    if is_root_turn(request):
+        return repl("FINAL(llm_query_batched(['a', 'b'])[1] + ' | ' + llm_query('c'))")
+    raise ProviderError(f"key {KEY} was refused", provider="careless")
+
+
+def test_a_key_quoted_in_a_plugins_error_never_reaches_a_slot_or_a_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The record of a failed sub-call was redacted, but the slot the model read (and
+    so its answer) and a workflow's ``result.errors`` quoted the key as the plugin's
+    error had it."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    result = RLM("scripted", {"respond": _refusing}).completion("ctx")
+    assert KEY not in result.response
+    assert result.response.count("[ERROR] ProviderError: key [REDACTED] was refused") == 2
+
+    workflow = Workflow()
+    workflow.llm("hello", id="hello")
+    outcome = Engine("scripted", {"respond": _refusing}).run(workflow)
+    assert KEY not in outcome.errors["hello"] and "[REDACTED]" in outcome.errors["hello"]
+    assert KEY not in json.dumps(outcome.to_dict())
