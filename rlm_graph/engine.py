@@ -12,12 +12,12 @@ caller's trio loop and leaves them open until `aclose`.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
-import re
 import weakref
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import trio
 from opentelemetry.trace import TracerProvider
@@ -28,13 +28,21 @@ from .contracts import ModelInfo, Provider
 from .doors.aio import call_from_asyncio, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
-from .errors import ConfigError, PluginError, RLMGraphError, checked_flag, config_error
+from .errors import (
+    ConfigError,
+    PluginError,
+    checked_flag,
+    clipped,
+    config_error,
+    message_of,
+)
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import Graph, Workflow
 from .hooks import PluginHost
+from .hooks.providers import make_provider
 from .journal.keys import provider_identity, workflow_key
 from .journal.seam import JournalTarget
-from .limits import Limits, is_rate
+from .limits import Limits
 from .result import WorkflowResult
 from .routing import ProviderRouter
 from .runtime.capacity import LoopLimiters, SharedLimiter
@@ -53,63 +61,11 @@ __all__ = ["Engine"]
 T = TypeVar("T")
 
 
-def _make_provider(
-    host: PluginHost, backend: str | Provider, kwargs: Mapping[str, Any] | None
-) -> Provider:
-    if not isinstance(backend, str):
-        # A ready provider object (e.g. a ScriptedProvider a test keeps a handle on).
-        if callable(getattr(backend, "complete", None)) and not kwargs:
-            return _checked(backend, type(backend).__name__)
-        raise ConfigError(
-            "a backend is a registered name (a str) or a provider object with complete(); "
-            f"got {type(backend).__name__}" + (" with backend_kwargs" if kwargs else "")
-        )
-    if kwargs is not None and not isinstance(kwargs, Mapping):
-        raise ConfigError(
-            f"the kwargs of backend {backend!r} must be a dict (e.g. {{'model_name': ...}}), "
-            f"not {type(kwargs).__name__}"
-        )
-    factory = host.lookup("providers", backend)
-    try:
-        provider = factory(**dict(kwargs or {}))
-    except TypeError as exc:
-        found = _UNKNOWN_KEYWORD.search(str(exc))  # also one a factory's **kwargs passed on
-        unknown = found.group(1) if found and found.group(1) in (kwargs or {}) else ""
-        if not unknown and _binds(factory, kwargs):  # the keywords fit: a bug in the factory
-            raise PluginError(f"backend {backend!r} failed to build: {exc}") from exc
-        fix = _REFERENCE_KEYWORDS.get(
-            unknown, "see the provider's documentation for the keywords it takes"
-        )
-        raise ConfigError(
-            f"backend {backend!r} rejected its backend_kwargs: {exc}; {fix}"
-        ) from None
-    except RLMGraphError:  # the plugin's own verdict (a missing key, a bad base_url)
-        raise
-    except (Exception, SystemExit) as exc:  # a third party's factory can fail in any way
-        said = Scrubber(secret_values(kwargs, environ={})).scrub(f"{type(exc).__name__}: {exc}")
-        raise PluginError(
-            f"backend {backend!r} failed to build: {said}; check its backend_kwargs against "
-            "the provider's documentation"
-        ) from None
-    return _checked(provider, repr(backend))
+logger = logging.getLogger("rlm_graph")
 
-
-_UNKNOWN_KEYWORD = re.compile(r"__init__\(\) got an unexpected keyword argument '(\w+)'")
-# The reference library's client keywords, and where each goes here.
-_REFERENCE_KEYWORDS = {
-    "sampling_args": "give the call's parameters as RLM(sampling_args={...})",
-    "default_headers": "give headers as backend_kwargs['headers']",
-    "max_retries": "give attempts as backend_kwargs['max_attempts'] (retries + 1)",
-}
-
-
-def _binds(factory: Any, kwargs: Mapping[str, Any] | None) -> bool:
-    """Whether ``factory`` takes ``kwargs`` (False when that cannot be told)."""
-    try:
-        inspect.signature(factory).bind(**dict(kwargs or {}))
-    except (TypeError, ValueError):
-        return False
-    return True
+CLOSE_SECONDS = 5.0
+"""The longest one provider's ``aclose`` is awaited when an engine closes (after each
+sync run, and in ``aclose``)."""
 
 
 def _other_kwargs(
@@ -152,61 +108,6 @@ def _model_list(models: Sequence[str] | None) -> list[str]:
             else "allowed_models must be a list of non-empty model names"
         )
     return list(models)
-
-
-def _checked(provider: object, backend: str) -> Provider:
-    """``provider`` checked against `Provider` and its capabilities' types, now rather
-    than mid-run.
-
-    Raises:
-        PluginError: naming the backend, the attribute and what it must be.
-    """
-    for attr in ("complete", "aclose", "model", "max_concurrent", "name"):
-        if not hasattr(provider, attr):
-            raise PluginError(
-                f"backend {backend} gave {type(provider).__name__}, which lacks {attr!r}; "
-                "a provider must follow rlm_graph.contracts.Provider"
-            )
-    problem = _provider_problem(provider)
-    if problem is not None:
-        raise PluginError(
-            f"backend {backend} ({type(provider).__name__}): {problem}; a provider must "
-            "follow rlm_graph.contracts.Provider"
-        )
-    return cast(Provider, provider)
-
-
-def _provider_problem(provider: object) -> str | None:
-    """What is wrong with a provider's methods and declared fields, if anything."""
-    for method in ("complete", "aclose"):
-        if not callable(getattr(provider, method)):
-            return f"{method} is not a method"
-    for attr in ("model", "name"):
-        value = getattr(provider, attr)
-        if not isinstance(value, str) or not value:
-            return f"{attr} must be a non-empty string, not {value!r:.60}"
-    counts: tuple[tuple[str, bool], ...] = (
-        ("max_concurrent", False),
-        ("initial_concurrency", True),
-        ("default_max_tokens", True),
-    )
-    for attr, optional in counts:
-        value = getattr(provider, attr, None)
-        if value is None and optional:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            return f"{attr} must be a whole number >= 1, not {value!r:.60}"
-    for attr in ("requests_per_minute", "tokens_per_minute"):
-        value = getattr(provider, attr, None)
-        if value is not None and not is_rate(value):
-            return f"{attr} must be a positive number, or None for no limit, not {value!r:.60}"
-    for attr in ("streams", "reports_cost"):
-        value = getattr(provider, attr, None)
-        if value is not None and not isinstance(value, bool):
-            return f"{attr} must be True or False, not {value!r:.60}"
-    if getattr(provider, "streams", False) and not callable(getattr(provider, "stream", None)):
-        return "streams is True but it has no stream(request, sink) method"
-    return None
 
 
 def _model_table(table: dict[str, ModelInfo], models: object) -> dict[str, ModelInfo]:
@@ -316,11 +217,11 @@ class Engine:
         self.trace_content = checked_flag("trace_content", trace_content)
         self.record_content = checked_flag("record_content", record_content)
         other_kwargs = _other_kwargs(other_backends, other_backend_kwargs)
-        main = _make_provider(self.host, backend, backend_kwargs)
+        main = make_provider(self.host, backend, backend_kwargs)
         labels = [backend if isinstance(backend, str) else main.name]
         providers = [(f"{labels[0]}/0", main)]
         for index, (name, kwargs) in enumerate(other_kwargs, start=1):
-            other = _make_provider(self.host, name, kwargs)
+            other = make_provider(self.host, name, kwargs)
             labels.append(name if isinstance(name, str) else other.name)
             providers.append((f"{labels[-1]}/{index}", other))
         table = _model_table(self.host.models, models)
@@ -545,10 +446,32 @@ class Engine:
                 await self.aclose()
 
     async def aclose(self) -> None:
-        """Close every provider's connections (they reopen on the next call)."""
+        """Close every provider's connections (they reopen on the next call), each within
+        `CLOSE_SECONDS`: a provider whose ``aclose`` raises or hangs is logged and left,
+        and the others are closed all the same (a run's result is never lost to it)."""
         if running_under_asyncio():
-            return await call_from_asyncio(self.router.aclose)
-        await self.router.aclose()
+            return await call_from_asyncio(self.aclose)
+        for label, provider in self.router.providers:
+            with trio.move_on_after(CLOSE_SECONDS) as waited:
+                try:
+                    closing = provider.aclose()
+                    if inspect.isawaitable(closing):  # a plain def aclose has already run
+                        await closing
+                except (Exception, SystemExit) as exc:
+                    said = f"{type(exc).__name__}: {clipped(message_of(exc), 300)}"
+                    logger.warning(
+                        "provider %s failed to close (%s); its connections are left to "
+                        "the garbage collector",
+                        label,
+                        self._redact(said) if self._redact is not None else said,
+                    )
+            if waited.cancelled_caught:
+                logger.warning(
+                    "provider %s did not close within %s s; its connections are left to "
+                    "the garbage collector",
+                    label,
+                    CLOSE_SECONDS,
+                )
 
     async def __aenter__(self) -> Engine:
         return self

@@ -6,7 +6,6 @@ Pure: no trio; `rlm_graph.runtime.calls` sends what this routes.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -137,9 +136,3 @@ class ProviderRouter:
             if not self.can_price(route):
                 missing.append((model, route.provider.name))
         return missing
-
-    async def aclose(self) -> None:
-        for _, provider in self.providers:
-            closing = provider.aclose()
-            if inspect.isawaitable(closing):  # a plain def aclose has already run
-                await closing

@@ -675,3 +675,42 @@ def test_a_provider_factory_that_fails_is_named_as_the_plugins_failure(
     said = str(failed.value)
     assert said.startswith(f"backend 'picky' failed to build: {error.__name__}: cannot use key")
     assert key not in said and "[REDACTED]" in said
+
+
+class _Unclosable(ConstantProvider):
+    """A provider whose ``aclose`` hangs or raises; ``closed`` is set when it is done."""
+
+    def __init__(self, how: str, model_name: str) -> None:
+        super().__init__(model_name=model_name, text=model_name)
+        self.how = how
+        self.closed = False
+
+    async def aclose(self) -> None:
+        import trio
+
+        if self.how == "hangs":
+            await trio.sleep_forever()
+        if self.how == "raises":
+            raise RuntimeError("the pool is already gone")
+        self.closed = True
+
+
+@pytest.mark.parametrize("how", ["hangs", "raises"])
+def test_a_provider_that_cannot_close_loses_neither_the_result_nor_the_others_close(
+    how: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A provider's ``aclose`` that never returned hung ``Engine.run`` after the run was
+    done (the close is shielded); one that raised threw the finished result away and
+    left the next provider open."""
+    import rlm_graph.engine
+
+    monkeypatch.setattr(rlm_graph.engine, "CLOSE_SECONDS", 0.2)
+    first, second = _Unclosable(how, "first"), _Unclosable("closes", "second")
+    engine = Engine(first, other_backends=[second])
+    wf = Workflow()
+    one, two = wf.llm("q", model="first"), wf.llm("q", model="second")
+    result = engine.run(wf)
+    assert (result[one], result[two]) == ("first", "second")
+    assert second.closed and not first.closed
+    said = "did not close within 0.2 s" if how == "hangs" else "failed to close (RuntimeError"
+    assert said in caplog.text
