@@ -75,7 +75,9 @@ def test_duplicates_stay_within_max_extra_of_the_calls() -> None:
     assert sent == 3
 
 
-@pytest.mark.parametrize("value", [{"quantile": 0}, {"max_extra": 2}, {"min_samples": 0}, 1.5])
+@pytest.mark.parametrize(
+    "value", [{"quantile": 0}, {"max_extra": 2}, {"min_samples": 0}, {"min_samples": 4097}, 1.5]
+)
 def test_bad_settings_are_a_config_error(value: object) -> None:
     with pytest.raises(ConfigError):
         HedgePolicy.of(value)  # type: ignore[arg-type]

@@ -42,14 +42,15 @@ class HedgePolicy(BaseModel):
         quantile: a call still unanswered past this quantile of its model's latencies
             in this run gets one duplicate (0.9: the slowest tenth).
         max_extra: duplicates at most this share of the calls made (0.1: 10%).
-        min_samples: answers of the model before any duplicate (no quantile before).
+        min_samples: answers of the model before any duplicate (no quantile before); at
+            most 4,096, the latencies a run keeps per model.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     quantile: float = Field(0.9, gt=0, lt=1)
     max_extra: float = Field(0.1, gt=0, le=1)
-    min_samples: int = Field(8, ge=1)
+    min_samples: int = Field(8, ge=1, le=_KEEP)
 
     @classmethod
     def of(cls, value: bool | Mapping[str, Any] | HedgePolicy | None) -> HedgePolicy | None:
@@ -78,7 +79,7 @@ class HedgePolicy(BaseModel):
             )
             raise ConfigError(
                 f"bad hedge setting: {problems}; the keys are quantile (0 < q < 1), "
-                "max_extra (0 < share <= 1) and min_samples (>= 1)"
+                "max_extra (0 < share <= 1) and min_samples (1 to 4096)"
             ) from None
 
 
