@@ -50,6 +50,10 @@ _OWNERS = itertools.count(1)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+# A node handle's text (its repr: `NodeRef.__str__`) in a prompt: "..." % handle, say.
+_HANDLE_TEXT = re.compile(r"NodeRef\(id='[^'\n]{0,200}'\)")
+
+
 class Workflow:
     """Build a DAG of ``llm`` and ``function`` nodes.
 
@@ -193,6 +197,15 @@ class Workflow:
                 f"node {node_id!r}: kwargs must be a dict of the prompt function's keyword "
                 f"arguments, not {type(keywords).__name__}"
             )
+        for text in (prompt, system, *args):
+            handle = _HANDLE_TEXT.search(text) if isinstance(text, str) else None
+            if handle is not None:
+                raise ConfigError(
+                    f"node {node_id!r}: its text holds the node handle {handle[0]} (made "
+                    "with %, str() or +), which puts the handle where its result belongs "
+                    "and does not wait for that node. Pass the handle as an argument and "
+                    'build the text in a function: wf.llm(lambda text: f"... {text}", handle)'
+                )
         if callable(prompt):
             if is_async(prompt):
                 raise ConfigError(

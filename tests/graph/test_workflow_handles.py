@@ -31,6 +31,28 @@ def test_a_handle_in_an_f_string_is_refused_with_the_fix() -> None:
     assert len(wf) == 1  # the refused node was not added
 
 
+@pytest.mark.parametrize(
+    "made",
+    [
+        lambda draft: {"prompt": "Improve this haiku: %s" % draft},  # noqa: UP031
+        lambda draft: {"prompt": "Improve this haiku: " + str(draft)},
+        lambda draft: {"prompt": "Improve it", "system": "You edit %s" % draft},  # noqa: UP031
+        lambda draft: {"prompt": lambda text: text, "args": ("Improve: " + str(draft),)},
+    ],
+    ids=["percent", "str", "system", "a text argument"],
+)
+def test_a_handle_made_into_text_otherwise_is_refused_too(made: Any) -> None:
+    """``"..." % handle`` (or ``+ str(handle)``) passed the f-string guard: the model was
+    asked about "NodeRef(id='draft')" and the node did not wait for the draft."""
+    wf = Workflow()
+    draft = wf.llm("Write a haiku about rain", id="draft")
+    given = made(draft)
+    with pytest.raises(ConfigError, match=r"holds the node handle NodeRef\(id='draft'\)"):
+        wf.llm(given.pop("prompt"), *given.pop("args", ()), **given)
+    assert len(wf) == 1
+    wf.llm("Mention NodeRef(ids) in passing")  # the words alone are not a handle
+
+
 @dataclasses.dataclass
 class Job:
     text: object
