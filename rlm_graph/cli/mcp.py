@@ -316,7 +316,7 @@ class _Tools:
             cost_usd=summary.total_cost,
             execution_time=result.execution_time,
             report=str(writer.written) if writer.written is not None else None,
-            no_report=no_report,
+            no_report=no_report or writer.failed,
             files_read=files,
             bytes_read=size,
             skipped=skipped,

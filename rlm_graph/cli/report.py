@@ -159,6 +159,7 @@ class ReportWriter:
         self.title = title
         self.say = say
         self.written: Path | None = None
+        self.failed: str | None = None  # why the report could not be written
         self.graph: Graph | None = None
 
     @hookimpl
@@ -178,7 +179,8 @@ class ReportWriter:
         try:
             self.written = write_report(graph, self.path, title=self.title, stop_reason=stop_reason)
         except OSError as exc:
-            self.say(f"rlm-graph: cannot write the report {self.path}: {exc.strerror or exc}")
+            self.failed = f"cannot write the report {self.path}: {exc.strerror or exc}"
+            self.say(f"rlm-graph: {self.failed}")
         else:
             self.say(f"report written to {self.written}")
 

@@ -417,3 +417,31 @@ def test_a_plugin_that_exits_or_quotes_a_key_fails_its_call_not_the_server(
     with pytest.raises(ToolError) as quoted:
         trio.run(tools.answer, "Q?", None, "text")
     assert planted not in str(quoted.value) and "key [REDACTED] is not allowed" in str(quoted.value)
+
+
+def test_a_report_that_cannot_be_written_is_said_in_no_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The report's file was made but writing it failed (a full disk): the answer said
+    ``report: null`` and ``no_report: null``, as if none had been asked for."""
+    import errno
+
+    import rlm_graph.cli.report
+    from rlm_graph.cli import build_parser
+    from rlm_graph.cli.mcp import _Tools
+
+    def full(*args: Any, **kwargs: Any) -> Path:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rlm_graph.cli.report, "write_report", full)
+    flags = ["mcp", "--read-path", str(tmp_path), "--backend", "scripted", "--model", "m"]
+    args = build_parser().parse_args(
+        [*flags, "--environment", "local", "--allow-local", "--report-dir", str(tmp_path / "r")]
+    )
+    tools = _Tools(args, None)
+    code = "```repl\nFINAL('done')\n```"
+    tools.kwargs["backend_kwargs"] = {**tools.kwargs["backend_kwargs"], "respond": lambda r: code}
+    answer = trio.run(tools.answer, "Q?", None, "text")
+    assert answer.answer == "done" and answer.report is None
+    assert answer.no_report is not None and "No space left on device" in answer.no_report
+    assert list((tmp_path / "r").iterdir()) == []  # the empty file is not left behind
