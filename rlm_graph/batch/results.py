@@ -6,7 +6,8 @@ Invariants:
       mid-write leaves at most one partial last line, which `ResultsFile.open` cuts off
       before appending, so the file stays valid JSON Lines.
     - An id with a line in the file is done: a rerun skips it (with ``retry_failed``,
-      only ids whose every line is a failure are run again; the last line of an id wins),
+      ids whose every line is a failure or a limit's partial answer are run again; the
+      last line of an id wins),
       unless its lines were made for what the item asked then, not now (their ``asked``
       hash differs from the item's; a line with none, written before it was kept, counts).
 """
@@ -226,6 +227,7 @@ class ResultsFile:
         try:
             record = json.loads(line)
             item_id, error, asked = str(record["id"]), record.get("error"), record.get("asked")
+            stopped = record.get("stop_reason") is not None  # a partial answer
             if not _RESULT_KEYS <= record.keys():  # an items file has ids too
                 raise KeyError("not a result")
         except (ValueError, KeyError, TypeError, AttributeError):
@@ -234,7 +236,7 @@ class ResultsFile:
                 "results file of rlm-graph batch (or a new path)"
             ) from None
         self._last[item_id] = asked if isinstance(asked, str) else None
-        if error is None:
+        if error is None and not stopped:
             self._answered[item_id] = self._last[item_id]
 
     def is_done(self, item_id: str, asked: str | None = None, retry_failed: bool = False) -> bool:

@@ -61,7 +61,9 @@ def register(subparsers: Any) -> None:
     )
     add_executor_arguments(parser)
     parser.add_argument(
-        "--retry-failed", action="store_true", help="on resume, run failed items again too"
+        "--retry-failed",
+        action="store_true",
+        help="on resume, run failed items, and items a limit stopped, again too",
     )
     parser.add_argument(
         "-q", "--quiet", action="store_true", help="no line per finished item, only the summary"

@@ -667,3 +667,27 @@ def test_an_item_edited_to_a_missing_context_file_is_refused_before_it_runs(
         assert server.root_turns == {"item-0": 1}
     assert "context_file" in capsys.readouterr().err
     assert len(read_lines(tmp_path / "out.jsonl")) == 1
+
+
+def test_retry_failed_also_reruns_items_a_limit_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An item a limit stopped (a partial answer, ``stop_reason`` set) counted as answered:
+    rerun with a larger limit and ``--retry-failed``, it was skipped, and only a new
+    ``--output`` could get its whole answer."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    write_items(tmp_path / "in.jsonl", items(2))
+    with BatchServer() as server:
+        main(local_cli_args(server, tmp_path, "--quiet", "--max-tokens", "1"))
+        stopped = read_lines(tmp_path / "out.jsonl")
+        assert [line["stop_reason"] for line in stopped] == ["max_tokens", "max_tokens"]
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        assert len(read_lines(tmp_path / "out.jsonl")) == 2  # without the flag: done
+        assert main(local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
+        assert main(local_cli_args(server, tmp_path, "--quiet", "--retry-failed")) == 0
+    lines = read_lines(tmp_path / "out.jsonl")
+    assert len(lines) == 4  # each rerun once, then answered in full and skipped
+    assert {line["id"]: line["answer"] for line in lines[2:]} == {
+        f"item-{i}": expected(f"item-{i}") for i in range(2)
+    }
+    assert all(line["stop_reason"] is None for line in lines[2:])
