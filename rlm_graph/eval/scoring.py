@@ -13,6 +13,9 @@ scores 0. One function per answer type, and `score` to dispatch:
 
 Invariants:
     - Pure: no I/O, no clock, no randomness; the same inputs always give the same score.
+    - Linear in the reply: a reply is the model's, untrusted, so no pattern here
+      backtracks over it more than once, and `score` reads its first `MAX_REPLY_CHARS`
+      characters only.
     - Lenient in reading the prediction (markdown, a leading ``Answer:``), strict in
       comparing: a wrong value never scores above what its formula gives.
 """
@@ -28,6 +31,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = [
+    "MAX_REPLY_CHARS",
     "answer_part",
     "choice_accuracy",
     "choice_letter",
@@ -47,6 +51,14 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _NUMBER_WORD = re.compile(r"(?<![\w.-])-?\d+(?:,\d{3})*(?:\.\d+)?(?!\d)")
 _COMPARISONS = ("more common", "less common", "same frequency")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# Each group stops at the first comma or bracket, so each character is scanned by at
+# most one ``(`` start: linear. (Stripping inside the pattern, ``\s*([^,()]+?)\s*``,
+# backtracked cubically: ``"(" + 4000 spaces`` took half a minute.)
+_WRITTEN_PAIR = re.compile(r"\(([^,()]*),([^,()]*)\)")
+
+MAX_REPLY_CHARS = 1_000_000
+"""`score` reads a reply's first million characters: a reply is the model's, and every
+scorer is linear in what it reads, so this bounds the time scoring takes."""
 
 
 def normalize(text: Any) -> str:
@@ -163,11 +175,17 @@ def parse_pairs(prediction: str) -> set[tuple[str, str]]:
     for value in _lists(prediction):
         if _is_pairs(value):
             return {_pair(a, b) for a, b in value}
-    quotes = "'\""
-    return {
-        _pair(a.strip(quotes), b.strip(quotes))
-        for a, b in re.findall(r"\(\s*([^,()]+?)\s*,\s*([^,()]+?)\s*\)", prediction)
-    }
+    pairs = set()
+    for a, b in _WRITTEN_PAIR.findall(prediction):
+        left, right = _name(a), _name(b)
+        if left and right:
+            pairs.add(_pair(left, right))
+    return pairs
+
+
+def _name(text: str) -> str:
+    """A name of a written-out pair: spaces, then quotes around it, removed."""
+    return text.strip().strip("'\"").strip()
 
 
 def pairs_f1(prediction: str | None, gold: Iterable[Iterable[Any]]) -> float:
@@ -192,10 +210,12 @@ def choice_letter(prediction: str) -> str | None:
     """The letter a reply chooses: LongBench-v2's ``The correct answer is (B)`` first,
     then ``answer: B`` / ``answer is B``, then a reply that is just ``B`` or ``(B)``."""
     text = prediction.replace("*", "")
-    for pattern in (  # the keyword in any case, the letter a capital
-        r"(?i:correct answer is)\s*\(([A-Z])\)",
-        r"(?i:correct answer is)\s*([A-Z])\b",
-        r"(?i:answer)(?:\s+(?i:is)\s*:?|\s*:)\s*\(?([A-Z])\)?(?![A-Za-z])",
+    # The keyword in any case, the letter a capital. Possessive runs of spaces (``\s*+``):
+    # two runs side by side (``is\s*:?\s*``) backtracked quadratically over the spaces.
+    for pattern in (
+        r"(?i:correct answer is)\s*+\(([A-Z])\)",
+        r"(?i:correct answer is)\s*+([A-Z])\b",
+        r"(?i:answer)(?:\s++(?i:is)\s*+:?|\s*+:)\s*+\(?([A-Z])\)?(?![A-Za-z])",
     ):
         found = re.search(pattern, text)
         if found:
@@ -221,7 +241,8 @@ _SCORERS = {
 
 
 def score(answer_type: str, gold: Any, prediction: str | None) -> float:
-    """The score in [0, 1] of ``prediction`` for an item of ``answer_type``.
+    """The score in [0, 1] of ``prediction`` for an item of ``answer_type``, from the
+    reply's first `MAX_REPLY_CHARS` characters (an answer past them is not read).
 
     Raises:
         ValueError: an unknown answer type.
@@ -232,5 +253,7 @@ def score(answer_type: str, gold: Any, prediction: str | None) -> float:
         raise ValueError(
             f"unknown answer_type {answer_type!r}; one of {', '.join(_SCORERS)}"
         ) from None
+    if prediction is not None:
+        prediction = prediction[:MAX_REPLY_CHARS]
     value = float(scorer(prediction, gold))
     return min(1.0, max(0.0, value))

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from rlm_graph.eval.scoring import (
+    MAX_REPLY_CHARS,
     answer_part,
     choice_letter,
     normalize,
@@ -122,3 +123,20 @@ def test_normalising_keeps_what_makes_a_number_and_drops_unicode_punctuation() -
 def test_choice_reads_answer_is_colon_letter() -> None:
     assert choice_letter("The answer is: B") == "B"
     assert choice_letter("the answer is a function of x") is None
+
+
+def test_a_hostile_reply_is_scored_in_one_pass_and_past_the_cap_is_not_read() -> None:
+    """A reply is the model's, untrusted: ``"(" + 4,000 spaces`` took the written-out
+    pairs' pattern half a minute (it backtracked cubically over the spaces) and ``answer
+    is`` before spaces took the choice patterns quadratic time; the rerun's rescoring paid
+    it again. Each is a few milliseconds now; a sized input the old patterns would take
+    hours over."""
+    gold = [["a", "b"]]
+    assert score("pairs", gold, "(" + " " * 20_000) == 0.0
+    assert score("pairs", gold, "(" + " " * 20_000 + "a, b)") == 1.0
+    assert score("choice", "B", "answer is" + " " * 200_000 + "B") == 1.0
+    # The written-out names are stripped of spaces and quotes; an empty one is no pair.
+    assert parse_pairs("( 'a' ,  \"b\" ) and ( , c) and ('', d)") == {("a", "b")}
+    # Only the first MAX_REPLY_CHARS characters of a reply are read.
+    assert score("pairs", gold, "[['a', 'b']]" + " " * MAX_REPLY_CHARS) == 1.0
+    assert score("pairs", gold, " " * MAX_REPLY_CHARS + "[['a', 'b']]") == 0.0
