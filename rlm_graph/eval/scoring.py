@@ -99,18 +99,24 @@ def answer_part(prediction: str) -> str:
 
 
 def label_match(prediction: str | None, gold: Any) -> float:
-    """`exact_match` on `answer_part`; a comparison phrase (``more common``, ``less
-    common``, ``same frequency``) matches a gold answer that contains it."""
+    """`exact_match` on `answer_part`; else the first comparison phrase (``more
+    common``, ``less common``, ``same frequency``) the answer part names matches a gold
+    answer whose first is the same. (Any phrase of the reply used to match: a reply
+    hedging with all three scored 1 against every comparison.)"""
     if prediction is None:
         return 0.0
     part = normalize(answer_part(prediction))
     wanted = normalize(gold)
     if part and part == wanted:
         return 1.0
-    for phrase in _COMPARISONS:
-        if phrase in part and phrase in wanted:
-            return 1.0
-    return 0.0
+    said = _first_comparison(part)
+    return 1.0 if said is not None and said == _first_comparison(wanted) else 0.0
+
+
+def _first_comparison(text: str) -> str | None:
+    """The comparison phrase that comes first in ``text``, else ``None``."""
+    found = [(text.find(phrase), phrase) for phrase in _COMPARISONS if phrase in text]
+    return min(found)[1] if found else None
 
 
 def number_in(prediction: str) -> float | None:

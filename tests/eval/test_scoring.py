@@ -140,3 +140,14 @@ def test_a_hostile_reply_is_scored_in_one_pass_and_past_the_cap_is_not_read() ->
     # Only the first MAX_REPLY_CHARS characters of a reply are read.
     assert score("pairs", gold, "[['a', 'b']]" + " " * MAX_REPLY_CHARS) == 1.0
     assert score("pairs", gold, " " * MAX_REPLY_CHARS + "[['a', 'b']]") == 0.0
+
+
+def test_a_reply_naming_every_comparison_matches_only_the_first_it_names() -> None:
+    """A reply hedging with all three phrases scored 1 against every comparison gold: any
+    phrase of the reply found in the gold counted. One phrase is read, the first named."""
+    hedge = "Answer: more common, less common, or same frequency"
+    assert score("label", "more common than", hedge) == 1.0
+    assert score("label", "less common than", hedge) == 0.0
+    assert score("label", "same frequency as", hedge) == 0.0
+    assert score("label", "less common than", "Answer: less common (not more common)") == 1.0
+    assert score("label", "more common than", "Answer: less common (not more common)") == 0.0
