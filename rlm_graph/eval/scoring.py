@@ -80,10 +80,22 @@ def _unpunctuated(text: str) -> str:
 
 
 def exact_match(prediction: str | None, gold: Any) -> float:
-    """1.0 when the prediction equals the gold answer after `normalize`, else 0.0."""
+    """1.0 when the prediction equals the gold answer after `normalize`, else 0.0.
+
+    A gold answer of articles and punctuation alone (``The``, ``—``) normalises to
+    nothing, and used to match no reply: it is compared as stripped, lower-cased text.
+    """
     if prediction is None:
         return 0.0
-    return 1.0 if normalize(prediction) == normalize(gold) and normalize(gold) else 0.0
+    return 1.0 if _same(prediction, gold) else 0.0
+
+
+def _same(text: str, gold: Any) -> bool:
+    wanted = normalize(gold)
+    if wanted:
+        return normalize(text) == wanted
+    bare = str(gold).strip().lower()
+    return bool(bare) and text.strip().lower() == bare
 
 
 def answer_part(prediction: str) -> str:
@@ -99,18 +111,18 @@ def answer_part(prediction: str) -> str:
 
 
 def label_match(prediction: str | None, gold: Any) -> float:
-    """`exact_match` on `answer_part`; else the first comparison phrase (``more
+    """`exact_match` on `answer_part` (a gold answer that normalises to nothing compared
+    as stripped, lower-cased text); else the first comparison phrase (``more
     common``, ``less common``, ``same frequency``) the answer part names matches a gold
     answer whose first is the same. (Any phrase of the reply used to match: a reply
     hedging with all three scored 1 against every comparison.)"""
     if prediction is None:
         return 0.0
-    part = normalize(answer_part(prediction))
-    wanted = normalize(gold)
-    if part and part == wanted:
+    part = answer_part(prediction)
+    if _same(part, gold):
         return 1.0
-    said = _first_comparison(part)
-    return 1.0 if said is not None and said == _first_comparison(wanted) else 0.0
+    said = _first_comparison(normalize(part))
+    return 1.0 if said is not None and said == _first_comparison(normalize(gold)) else 0.0
 
 
 def _first_comparison(text: str) -> str | None:

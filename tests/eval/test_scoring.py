@@ -151,3 +151,13 @@ def test_a_reply_naming_every_comparison_matches_only_the_first_it_names() -> No
     assert score("label", "same frequency as", hedge) == 0.0
     assert score("label", "less common than", "Answer: less common (not more common)") == 1.0
     assert score("label", "more common than", "Answer: less common (not more common)") == 0.0
+
+
+def test_a_gold_answer_of_articles_or_punctuation_alone_is_matched_as_text() -> None:
+    """``The`` or ``—`` normalises to nothing, and such a gold answer matched no reply:
+    it is compared as stripped, lower-cased text."""
+    assert score("exact", "The", " the ") == 1.0
+    assert score("exact", "—", "—") == 1.0
+    assert score("label", "The", "Label: **the**") == 1.0
+    assert score("exact", "The", "A") == 0.0
+    assert score("exact", "—", "") == 0.0 and score("label", "—", "Label: -") == 0.0
