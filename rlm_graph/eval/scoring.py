@@ -49,6 +49,10 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 # A number keeps its sign and decimal point (``3.5`` is not ``35``, ``-5`` not ``5``)
 # and loses its thousands commas (``1,204`` is ``1204``); elsewhere punctuation goes.
 _NUMBER_WORD = re.compile(r"(?<![\w.-])-?\d+(?:,\d{3})*(?:\.\d+)?(?!\d)")
+# A dash between two digits is a range (``3-5``, ``3–5``): a space, not punctuation
+# to drop (``35``). A minus sign (U+2212) is a sign, as ``-``.
+_RANGE_DASH = re.compile(r"(?<=\d)[-\u2010-\u2015](?=\d)")
+_MINUS = "\u2212"
 _COMPARISONS = ("more common", "less common", "same frequency")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # Each group stops at the first comma or bracket, so each character is scanned by at
@@ -63,15 +67,24 @@ scorer is linear in what it reads, so this bounds the time scoring takes."""
 
 def normalize(text: Any) -> str:
     """Lower case, accents folded, punctuation (but a number's sign and decimal point),
-    articles and extra spaces removed."""
+    articles and extra spaces removed.
+
+    A dash between two numbers is a range, read as a space (``3-5`` is ``3 5``; it was
+    ``35``), and a minus sign (U+2212) is a sign (``−5`` is ``-5``; it was not a number).
+    """
     folded = unicodedata.normalize("NFKD", str(text))
-    folded = "".join(c for c in folded if not unicodedata.combining(c)).lower()
+    folded = _signed("".join(c for c in folded if not unicodedata.combining(c)).lower())
     pieces, last = [], 0
     for number in _NUMBER_WORD.finditer(folded):
         pieces += [_unpunctuated(folded[last : number.start()]), number[0].replace(",", "")]
         last = number.end()
     pieces.append(_unpunctuated(folded[last:]))
     return " ".join(_ARTICLES.sub(" ", "".join(pieces)).split())
+
+
+def _signed(text: str) -> str:
+    """``text`` with its minus signs read as ``-`` and its ranges' dashes as spaces."""
+    return _RANGE_DASH.sub(" ", text.replace(_MINUS, "-"))
 
 
 def _unpunctuated(text: str) -> str:
@@ -132,10 +145,11 @@ def _first_comparison(text: str) -> str | None:
 
 
 def number_in(prediction: str) -> float | None:
-    """The last number of the answer part (``1,204`` reads as 1204), else ``None``."""
-    found = _NUMBER.findall(answer_part(prediction).replace(",", ""))
+    """The last number of the answer part (``1,204`` reads as 1204, ``−5`` as -5, ``3-5``
+    as 3 then 5), else ``None``."""
+    found = _NUMBER.findall(_signed(answer_part(prediction).replace(",", "")))
     if not found:
-        found = _NUMBER.findall(prediction.replace(",", ""))
+        found = _NUMBER.findall(_signed(prediction.replace(",", "")))
     return float(found[-1]) if found else None
 
 

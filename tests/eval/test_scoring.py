@@ -161,3 +161,14 @@ def test_a_gold_answer_of_articles_or_punctuation_alone_is_matched_as_text() -> 
     assert score("label", "The", "Label: **the**") == 1.0
     assert score("exact", "The", "A") == 0.0
     assert score("exact", "—", "") == 0.0 and score("label", "—", "Label: -") == 0.0
+
+
+def test_a_range_keeps_its_two_numbers_and_a_minus_sign_is_a_sign() -> None:
+    """``3-5`` normalised to ``35`` (the dash went as punctuation), matching a gold
+    ``35``; and a minus sign (U+2212) was not read as a sign, so ``−5`` missed ``-5``."""
+    assert normalize("3-5") == normalize("3–5") == "3 5"
+    assert score("exact", "35", "3-5") == 0.0 and score("exact", "3–5", "3-5") == 1.0
+    assert score("exact", "-5", "\u22125") == 1.0 and score("exact", "5", "\u22125") == 0.0
+    assert score("exact", "well-known", "wellknown") == 1.0  # a dash between words still goes
+    assert number_in("Answer: \u22125") == -5.0 and number_in("Answer: 3-5") == 5.0
+    assert score("numeric", -5, "Answer: \u22125") == 1.0
