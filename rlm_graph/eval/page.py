@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -216,19 +217,19 @@ def render_eval_page(
     described = dict(descriptions or {})
     legend = "".join(f"<li><code>{_e(n)}</code>: {_e(t)}</li>" for n, t in described.items())
     data = {"summary": summary.public(), "models": {"root": root_model, "sub": sub_model}}
-    body = (
-        _BODY.replace("__TITLE__", _e(summary.title))
-        .replace(
-            "__MODELS__",
-            f"root model <code>{_e(root_model)}</code>, sub-model <code>{_e(sub_model)}</code>, bootstrap seed {summary.seed}",
-        )
-        .replace("__SCORES__", _score_figure(summary))
-        .replace("__COSTS__", _cost_figure(summary))
-        .replace("__SUMMARY__", _summary_rows(summary, described))
-        .replace("__LEGEND__", legend)
-        .replace("__ROWS__", _item_rows(rows))
-        .replace("__COUNT__", str(len(rows)))
-    )
+    filled = {
+        "__TITLE__": _e(summary.title),
+        "__MODELS__": f"root model <code>{_e(root_model)}</code>, sub-model <code>{_e(sub_model)}</code>, bootstrap seed {summary.seed}",
+        "__SCORES__": _score_figure(summary),
+        "__COSTS__": _cost_figure(summary),
+        "__SUMMARY__": _summary_rows(summary, described),
+        "__LEGEND__": legend,
+        "__ROWS__": _item_rows(rows),
+        "__COUNT__": str(len(rows)),
+    }
+    # One pass: a placeholder's text inside what fills another (a model's prediction
+    # holding ``__COUNT__``) stays as written; chained replaces rewrote it.
+    body = _PLACEHOLDER.sub(lambda found: filled[found[0]], _BODY)
     return html_document(
         title=summary.title,
         style=_STYLE,
@@ -238,6 +239,8 @@ def render_eval_page(
         data_id="eval-data",
     )
 
+
+_PLACEHOLDER = re.compile("__(?:TITLE|MODELS|SCORES|COSTS|SUMMARY|LEGEND|ROWS|COUNT)__")
 
 _BODY = """<header><h1>__TITLE__</h1><p>__MODELS__</p></header>
 <main>

@@ -57,3 +57,25 @@ def test_the_report_draws_every_method_in_chromium_without_a_console_error(tmp_p
     )
     assert int(body["data-cost-points"]) == costs > 0
     assert all(summary["methods"][name]["n"] == 6 for name in methods)
+
+
+def test_a_prediction_holding_a_placeholders_text_is_shown_as_written() -> None:
+    """The page was filled by chained replaces: a prediction (or a title) holding a later
+    placeholder's text, ``__COUNT__``, had it replaced by the page's own content."""
+    rows = [
+        {
+            "id": "q-1",
+            "method": "base",
+            "score": 0.0,
+            "cost": 0.01,
+            "latency_s": 1.0,
+            "stop_reason": None,
+            "error": None,
+            "prediction": "__COUNT__ and __ROWS__",
+        }
+    ]
+    summary = summarize(rows, methods=["base"], seed=0, title="t __MODELS__")
+    page = render_eval_page(summary, rows, root_model="m", sub_model="m")
+    assert '<td class="text">__COUNT__ and __ROWS__</td>' in page
+    assert "<h1>t __MODELS__</h1>" in page
+    assert "Every row (1)" in page
