@@ -125,11 +125,27 @@ def check_batch(
         ConfigError: a bad concurrency, configuration or executor keyword.
         PluginError: an unknown executor.
     """
+    plugins = rlm_kwargs.get("plugins", ()) if isinstance(rlm_kwargs, Mapping) else ()
+    runner = check_executor(concurrency, executor, executor_kwargs, plugins)
+    return runner, check_rlm_kwargs(rlm_kwargs)
+
+
+def check_executor(
+    concurrency: object,
+    executor: str,
+    executor_kwargs: Mapping[str, Any] | None,
+    plugins: Iterable[object] = (),
+) -> Executor:
+    """A batch's concurrency checked and its executor built (the part of `check_batch`
+    that needs no ``RLM(...)`` keywords: an evaluation checks it before its ``--out``).
+
+    Raises:
+        ConfigError: a bad concurrency or executor keyword.
+        PluginError: an unknown executor.
+    """
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
         raise ConfigError(f"concurrency must be a positive integer, not {concurrency!r}")
-    plugins = rlm_kwargs.get("plugins", ()) if isinstance(rlm_kwargs, Mapping) else ()
-    runner = make_executor(executor, executor_kwargs, plugins)
-    return runner, check_rlm_kwargs(rlm_kwargs)
+    return make_executor(executor, executor_kwargs, plugins)
 
 
 def run_batch(

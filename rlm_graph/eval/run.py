@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from .._files import write_private
+from ..batch.run import check_executor
 from ..errors import ConfigError
 from .items import EvalItem, asked_hash, coerce_items, context_tokens, read_items, scan_items
 from .methods import EvalMethod, MethodSetup, lookup_methods
@@ -139,7 +140,8 @@ class Evaluation:
 
     Raises:
         ConfigError: a bad keyword of any method's completions, a bad item, an ``out``
-            that is not an evaluation's folder.
+            that is not an evaluation's folder, a bad ``concurrency`` or executor keyword
+            (with ``check``; else by `run`, before ``out`` is made).
         PluginError: an unknown method or executor.
     """
 
@@ -184,6 +186,9 @@ class Evaluation:
             kwargs["listeners"] = [*kwargs.get("listeners", ()), self.budget.listener()]
         self.setup = MethodSetup.of(kwargs)
         self.methods = lookup_methods(list(methods), self.plugins)
+        self._executor_checked = False
+        if check:
+            self._check_executor()
         self.role_kwargs = {m.name: self._roles(m, check) for m in self.methods}
         self.asked: dict[str, str] = {}
         self.golds: dict[str, tuple[str, Any]] = {}
@@ -229,6 +234,14 @@ class Evaluation:
             except ConfigError as exc:
                 raise ConfigError(f"method {method.name!r} ({role}): {exc}") from None
         return roles
+
+    def _check_executor(self) -> None:
+        """The concurrency and the executor, checked before ``out`` is made or written
+        (a bad one was refused by the first batch, after ``results.jsonl`` and
+        ``models.json`` were there)."""
+        if not self._executor_checked:
+            check_executor(self.concurrency, self.executor, self.executor_kwargs, self.plugins)
+            self._executor_checked = True
 
     def _scan(self) -> tuple[list[str], dict[str, int], dict[str, EvalItem]]:
         """Ids in order and tokens per item; the items themselves only when small
@@ -315,6 +328,7 @@ class Evaluation:
             on_row: called with each row as it is written (the caller's thread).
         """
         written = errors = 0
+        self._check_executor()
         try:
             self.out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

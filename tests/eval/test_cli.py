@@ -221,3 +221,21 @@ def test_a_budget_over_an_unpriced_model_names_the_command_lines_fix(
         assert server.requests == []
     err = capsys.readouterr().err
     assert "no price is known for 'my-local-model'" in err and "--price INPUT OUTPUT" in err
+
+
+def test_a_bad_concurrency_or_executor_is_refused_before_out_is_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They were refused by the first batch, after ``--out`` had been made and
+    ``results.jsonl`` and ``models.json`` written in it."""
+    data = _data(tmp_path, items())
+    with EvalServer() as server:
+        for extra, error in (
+            (["--concurrency", "0"], "concurrency must be a positive integer, not 0"),
+            (["--executor", "nope"], "unknown executor 'nope'; registered: local"),
+        ):
+            out = tmp_path / extra[1]
+            assert main(_args(server, out, "--data", str(data), *extra)) == 2
+            assert error in capsys.readouterr().err
+            assert not out.exists()
+        assert server.requests == []
