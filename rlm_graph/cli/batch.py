@@ -112,12 +112,12 @@ def _cannot_write(output: Path, error: OSError, written: int) -> int:
     return EXIT_USAGE
 
 
-def _regular_input(path: Path) -> None:
-    """``--input`` is read twice (checked whole first, then run): a pipe would be empty
-    the second time, and the batch would run nothing."""
+def _regular_input(path: Path, option: str = "--input") -> None:
+    """``--input`` (``eval``'s ``--data``) is read twice (checked whole first, then run):
+    a pipe would be empty the second time, and the command would run nothing."""
     if str(path) == "-" or (path.exists() and not path.is_file()):
         raise ConfigError(
-            f"--input {str(path)!r} is not a regular file; the items are read twice (checked "
+            f"{option} {str(path)!r} is not a regular file; the items are read twice (checked "
             "first, then run): save them to a file first (... > items.jsonl)"
         )
 

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 from .._files import open_private, same_file
 from ..errors import ConfigError
 from . import EXIT_FAILED, EXIT_LIMIT, EXIT_OK, EXIT_USAGE, interrupted_after, refuse
-from .batch import _executor_kwargs, add_executor_arguments
+from .batch import _executor_kwargs, _regular_input, add_executor_arguments
 from .output import strip_control
 from .run import add_engine_arguments, rlm_kwargs
 
@@ -228,6 +228,8 @@ def _items(args: argparse.Namespace) -> Any:
         )
     if args.lengths:
         raise ConfigError("--lengths goes with --task (the lengths of --data items are theirs)")
+    # A pipe (``-``, ``/dev/stdin``) was read whole by the check, then said to hold no item.
+    _regular_input(args.data, "--data")
     ids = sample_items(scan_items(args.data), args.n, args.seed)
     return ItemsFile(args.data, only=ids if args.n is not None else None)
 

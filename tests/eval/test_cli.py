@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,20 @@ def test_a_bad_concurrency_or_executor_is_refused_before_out_is_made(
             assert error in capsys.readouterr().err
             assert not out.exists()
         assert server.requests == []
+
+
+def test_items_from_a_pipe_are_refused_naming_the_fix(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--data`` is read more than once (checked whole, then run): a pipe was read whole
+    by the check and then said to hold no item (``-`` was looked for as a file)."""
+    fifo = tmp_path / "items.fifo"
+    os.mkfifo(fifo)  # opening it for reading would block: it is refused unopened
+    with EvalServer() as server:
+        for data in ("-", str(fifo)):
+            assert main(_args(server, tmp_path / "out", "--data", data)) == 2
+            err = capsys.readouterr().err
+            assert f"--data {data!r} is not a regular file" in err
+            assert "save them to a file first (... > items.jsonl)" in err
+        assert server.requests == []
+    assert not (tmp_path / "out").exists()
