@@ -313,7 +313,8 @@ class _Progress:
 def _say_outcome(outcome: Any, args: argparse.Namespace, stream: TextIO) -> None:
     for name, m in outcome.summary.methods.items():
         if m.score is None:
-            print(f"rlm-graph eval: {name}: no row yet", file=stream)
+            none = f" ({m.not_run} items not run)" if m.not_run else ""
+            print(f"rlm-graph eval: {name}: no row yet{none}", file=stream)
             continue
         ci = f" [{100 * m.ci95[0]:.1f}, {100 * m.ci95[1]:.1f}]" if m.ci95 else ""
         cost = (
@@ -327,8 +328,14 @@ def _say_outcome(outcome: Any, args: argparse.Namespace, stream: TextIO) -> None
             for count, what in ((m.errors, "failed"), (m.does_not_fit, "did not fit"))
             if count
         )
+        # A budget-cut evaluation's score is over the items that ran: say how many did not.
+        over = (
+            f"{m.n} of {m.n + m.not_run} items, {m.not_run} not run"
+            if m.not_run
+            else f"{m.n} items"
+        )
         print(
-            f"rlm-graph eval: {name}: {100 * m.score:.1f}%{ci} over {m.n} items{cost}{latency}{notes}",
+            f"rlm-graph eval: {name}: {100 * m.score:.1f}%{ci} over {over}{cost}{latency}{notes}",
             file=stream,
         )
     print(

@@ -54,7 +54,7 @@ def _score_figure(summary: EvalSummary) -> str:
         parts.append(f'<g class="method" data-method="{_e(name)}">')
         parts.append(f'<text x="{_LEFT - 8}" y="{y + 14}" text-anchor="end">{_e(name)}</text>')
         parts.append(
-            f'<rect x="{_LEFT}" y="{y + 3}" width="{plot * value:.1f}" height="16" fill="{color}" opacity="0.85"><title>{_e(name)}: {100 * value:.1f}% over {method.n} items</title></rect>'
+            f'<rect x="{_LEFT}" y="{y + 3}" width="{plot * value:.1f}" height="16" fill="{color}" opacity="0.85"><title>{_e(name)}: {100 * value:.1f}% over {method.n} items{f", {method.not_run} not run" if method.not_run else ""}</title></rect>'
         )
         if method.ci95 is not None:
             low, high = (_LEFT + plot * v for v in method.ci95)
@@ -181,7 +181,7 @@ def _summary_rows(summary: EvalSummary, descriptions: Mapping[str, str]) -> str:
             f'<tr data-method="{_e(name)}"><th title="{_e(descriptions.get(name, ""))}">{_e(name)}</th><td>{m.n}</td>'
             f"<td>{score}</td><td>{ci}</td><td>{usd(m.cost.mean)}</td><td>{usd(m.cost.median)}</td>"
             f"<td>{usd(m.cost.p95)}</td><td>{sec(m.latency_s.median)}</td><td>{sec(m.latency_s.p95)}</td>"
-            f"<td>{m.errors}</td><td>{m.does_not_fit}</td></tr>"
+            f"<td>{m.errors}</td><td>{m.does_not_fit}</td><td>{m.not_run}</td></tr>"
         )
     return "".join(out)
 
@@ -251,7 +251,7 @@ __COSTS__</section>
 <section><h2>Summary</h2>
 <table id="summary"><thead><tr><th>method</th><th>n</th><th>score</th><th>95% CI</th><th>cost mean</th>
 <th>cost median</th><th>cost p95</th><th>latency median (s)</th><th>latency p95 (s)</th><th>errors</th>
-<th>did not fit</th></tr></thead><tbody>__SUMMARY__</tbody></table>
+<th>did not fit</th><th>not run</th></tr></thead><tbody>__SUMMARY__</tbody></table>
 <ul class="legend">__LEGEND__</ul></section>
 <section><details><summary>Every row (__COUNT__)</summary>
 <table id="rows"><thead><tr><th>method</th><th>id</th><th>score</th><th>cost</th><th>latency (s)</th>

@@ -363,7 +363,9 @@ class Evaluation:
         and ``report.html`` in the output folder."""
         rows = [self._rescored(r) for r in self.log.rows(self.asked)]
         names = [m.name for m in self.methods]
-        summary = summarize(rows, methods=names, seed=self.seed, title=self.title)
+        summary = summarize(
+            rows, methods=names, seed=self.seed, title=self.title, items=len(self.ids)
+        )
         data = summary.public()
         data["models"] = self._models()
         write_private(self.out / "summary.json", json.dumps(data, indent=2) + "\n")

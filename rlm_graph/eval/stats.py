@@ -1,8 +1,10 @@
 """The summary of an evaluation: score with a bootstrap interval, cost and latency. Pure.
 
-Per method, over its rows (one per item):
+Per method, over its rows (one per item that ran):
 
-- ``score``: the mean score of every item, those that failed or did not fit counting 0;
+- ``score``: the mean score of every item with a row, those that failed or did not fit
+  counting 0; items the evaluation stopped before (its budget ran out) have no row and
+  are counted apart, in ``not_run``;
 - ``ci95``: the 2.5th and 97.5th percentiles of the mean over `BOOTSTRAP_RESAMPLES`
   resamples of the items with replacement (a percentile bootstrap over items);
 - ``cost``: mean, median and 95th percentile in USD over the items that ran and whose
@@ -104,6 +106,8 @@ class MethodSummary(BaseModel):
         errors: items whose run failed (they score 0).
         does_not_fit: items the method did not run because the context exceeds the
             model's window (they score 0).
+        not_run: items of the evaluation without a row: it stopped before them (its
+            budget ran out). ``score`` is over the ``n`` others; a rerun runs them.
         costs: every known cost, in id order (the report draws their distribution).
     """
 
@@ -116,6 +120,7 @@ class MethodSummary(BaseModel):
     latency_s: LatencyStats
     errors: int = 0
     does_not_fit: int = 0
+    not_run: int = 0
     costs: tuple[float, ...] = ()
 
     def public(self) -> dict[str, Any]:
@@ -141,7 +146,7 @@ class EvalSummary(BaseModel):
         }
 
 
-def _one(rows: Sequence[Mapping[str, Any]], seed: int) -> MethodSummary:
+def _one(rows: Sequence[Mapping[str, Any]], seed: int, items: int | None) -> MethodSummary:
     ordered = sorted(rows, key=lambda r: str(r["id"]))
     scores = [float(r.get("score") or 0.0) for r in ordered]
     ran = [r for r in ordered if r.get("stop_reason") != "does_not_fit"]
@@ -163,17 +168,25 @@ def _one(rows: Sequence[Mapping[str, Any]], seed: int) -> MethodSummary:
         ),
         errors=sum(1 for r in ordered if r.get("error") is not None),
         does_not_fit=len(ordered) - len(ran),
+        not_run=max(0, items - len(ordered)) if items is not None else 0,
         costs=tuple(costs),
     )
 
 
 def summarize(
-    rows: Iterable[Mapping[str, Any]], *, methods: Sequence[str], seed: int, title: str
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    methods: Sequence[str],
+    seed: int,
+    title: str,
+    items: int | None = None,
 ) -> EvalSummary:
     """The summary of result rows (``id``, ``method``, ``score``, ``cost``,
     ``latency_s``, ``stop_reason``, ``error``), for ``methods`` in that order.
 
-    A method with no row yet is summarised with ``n = 0`` and nulls.
+    A method with no row yet is summarised with ``n = 0`` and nulls. With ``items``, the
+    evaluation's number of items, a method's items without a row are its ``not_run``
+    (a budget-cut evaluation averaged the rows it had and did not say how many it lacked).
     """
     by_method: dict[str, list[Mapping[str, Any]]] = {name: [] for name in methods}
     for row in rows:
@@ -182,5 +195,5 @@ def summarize(
     return EvalSummary(
         title=title,
         seed=seed,
-        methods={name: _one(found, seed) for name, found in by_method.items()},
+        methods={name: _one(found, seed, items) for name, found in by_method.items()},
     )

@@ -2,7 +2,8 @@
 
 Table 1 has a row per method and a column per task; a cell is the score in percent and,
 in parentheses, the mean cost per item with its standard deviation. An asterisk marks a
-method some of whose items did not fit the model's window (scored 0).
+method some of whose items did not fit the model's window (scored 0); a dagger one some
+of whose items were not run (the evaluation stopped first: its score is over the others).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def cost_cell(method: MethodSummary) -> str:
 
 
 def _paper_cell(method: MethodSummary) -> str:
-    mark = "*" if method.does_not_fit else ""
+    mark = ("*" if method.does_not_fit else "") + ("†" if method.not_run else "")
     return f"{_pct(method.score)}{mark} {cost_cell(method)}"
 
 
@@ -72,17 +73,28 @@ def render_table(
         lines.append(f"| {_NAMES.get(name, name)} | {_paper_cell(method)} |")
     if any(m.does_not_fit for m in summary.methods.values()):
         lines += ["", "\\* some items did not fit the model's context window; they score 0."]
+    not_run = [(name, m) for name, m in summary.methods.items() if m.not_run]
+    if not_run:
+        counts = "; ".join(
+            f"{_NAMES.get(name, name)} over {m.n} of {m.n + m.not_run} items, {m.not_run} not run"
+            for name, m in not_run
+        )
+        lines += [
+            "",
+            f"† scored over the items that ran ({counts}): the evaluation stopped before the "
+            "others (its budget ran out); a rerun with a larger budget runs them.",
+        ]
     lines += [
         "",
-        "| method | n | score | 95% CI | cost mean | cost median | cost p95 | latency median | latency p95 | errors | did not fit |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| method | n | score | 95% CI | cost mean | cost median | cost p95 | latency median | latency p95 | errors | did not fit | not run |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, m in summary.methods.items():
         ci = f"[{_pct(m.ci95[0])}, {_pct(m.ci95[1])}]" if m.ci95 else "N/A"
         lines.append(
             f"| {name} | {m.n} | {_pct(m.score)} | {ci} | {_usd(m.cost.mean)} | {_usd(m.cost.median)} "
             f"| {_usd(m.cost.p95)} | {_seconds(m.latency_s.median)} | {_seconds(m.latency_s.p95)} "
-            f"| {m.errors} | {m.does_not_fit} |"
+            f"| {m.errors} | {m.does_not_fit} | {m.not_run} |"
         )
     if descriptions:
         lines += ["", *(f"- `{name}`: {text}" for name, text in descriptions.items())]

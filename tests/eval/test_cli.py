@@ -257,3 +257,24 @@ def test_items_from_a_pipe_are_refused_naming_the_fix(
             assert "save them to a file first (... > items.jsonl)" in err
         assert server.requests == []
     assert not (tmp_path / "out").exists()
+
+
+def test_a_budget_cut_evaluation_says_how_many_items_were_not_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The score of an evaluation the budget cut is over the items that ran; it was shown
+    as if over every item, with no word of those not run."""
+    data, out = _data(tmp_path, items()), tmp_path / "cut"
+    with EvalServer(cost_per_call=0.01) as server:
+        args = _args(server, out, "--data", str(data), "--method", "base", "--concurrency", "1")
+        assert main([*args, "--max-budget", "0.035"]) == 3
+        cut = capsys.readouterr()
+        assert main([*args, "--max-budget", "1"]) == 0
+        done = capsys.readouterr()
+    # Calls start at $0, $0.01, $0.02 and $0.03: four of the six items ran.
+    assert "base: 100.0% [" in cut.err and "] over 4 of 6 items, 2 not run" in cut.err
+    assert "| Base model | 100.00† ($0.01 ± $0.00) |" in cut.out
+    assert "† scored over the items that ran (Base model over 4 of 6 items, 2 not run)" in cut.out
+    assert re.search(r"\| base \| 4 \| 100\.00 \|.*\| 0 \| 0 \| 2 \|", cut.out)
+    assert json.loads((out / "summary.json").read_text())["methods"]["base"]["not_run"] == 0
+    assert "over 6 items" in done.err and "not run" not in done.err and "†" not in done.out

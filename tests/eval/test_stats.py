@@ -67,4 +67,5 @@ def test_failures_count_zero_and_contexts_that_did_not_fit_cost_nothing() -> Non
         "latency_s",
         "errors",
         "does_not_fit",
+        "not_run",
     ]
