@@ -120,6 +120,8 @@ def event_object(data: str) -> dict[str, Any] | None:
     Returns:
         The object; None when ``data`` is not JSON, or is JSON but not an object.
     """
+    if data[:1].isspace():  # raw_decode takes no leading space; json.loads does
+        data = data.lstrip()
     try:
         value, end = _DECODE(data)
     except (ValueError, RecursionError):  # not JSON, or nested past Python's stack

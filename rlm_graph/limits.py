@@ -141,6 +141,7 @@ class _Counts:
     `Usage` per addition would cost a validation each (see docs/benchmarks.md)."""
 
     __slots__ = (
+        "cache_write_tokens",
         "cached_tokens",
         "cost",
         "estimated",
@@ -153,6 +154,7 @@ class _Counts:
         self.input_tokens = 0
         self.output_tokens = 0
         self.cached_tokens = 0
+        self.cache_write_tokens = 0
         self.reasoning_tokens = 0
         self.cost = 0.0
         self.estimated = False
@@ -161,6 +163,7 @@ class _Counts:
         self.input_tokens += usage.input_tokens
         self.output_tokens += usage.output_tokens
         self.cached_tokens += usage.cached_tokens
+        self.cache_write_tokens += usage.cache_write_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.cost += cost or 0.0
         self.estimated = self.estimated or usage.estimated
@@ -171,6 +174,7 @@ class _Counts:
             input_tokens=self.input_tokens,
             output_tokens=self.output_tokens,
             cached_tokens=self.cached_tokens,
+            cache_write_tokens=self.cache_write_tokens,
             reasoning_tokens=self.reasoning_tokens,
             estimated=self.estimated,
         )

@@ -28,6 +28,7 @@ from ..errors import (
 )
 from .attempts import note_rate_headers
 from .retry import RETRY_STATUSES, retry_delay_from_headers
+from .streaming import Oversized
 from .transport import RequestNotSent
 
 __all__ = [
@@ -35,7 +36,9 @@ __all__ = [
     "Speaker",
     "failures",
     "gave_up",
+    "broke_off",
     "oversized",
+    "stream_failure",
     "raise_for_status",
     "read_json",
     "scrubbed",
@@ -274,6 +277,32 @@ def scrubbed(provider: Speaker, error: BadResponse) -> BadResponse:
     if clean == text:
         return error
     return BadResponse(clean, provider=error.provider, retryable=error.retryable)
+
+
+def broke_off(provider: Speaker, exc: Exception) -> BadResponse:
+    """A stream whose connection was closed or reset before the API's end marker."""
+    what = f"{provider.name}: the stream from {provider.url} broke off before its end"
+    return BadResponse(
+        f"{what} ({type(exc).__name__}); the connection was closed or reset midway",
+        provider=provider.name,
+        retryable=True,
+    )
+
+
+def stream_failure(provider: Speaker, exc: Exception) -> Exception:
+    """The error of an attempt whose stream failed while it was read (`read_events`): a
+    retry counted as a cut stream (an error event, a stream cut off early, closed or
+    reset midway, or past what the engine reads) or as a bad response (a parser's slip,
+    a reply of the wrong shape); a plugin's own `ProviderError` as it is."""
+    if isinstance(exc, BadResponse):  # its text may quote the server's
+        return AttemptFailed(scrubbed(provider, exc), None, "cut stream")
+    if isinstance(exc, Oversized):
+        return AttemptFailed(oversized(provider, exc), None, "cut stream")
+    if isinstance(exc, ProviderError):  # a plugin's own verdict on the reply
+        return exc
+    if isinstance(exc, httpx.TransportError):
+        return AttemptFailed(broke_off(provider, exc), None, "cut stream")
+    return AttemptFailed(unreadable(provider, exc), None, "bad response")
 
 
 def oversized(provider: Speaker, exc: Exception) -> BadResponse:

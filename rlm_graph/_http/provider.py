@@ -63,9 +63,9 @@ from .answers import (
     AttemptFailed as _Retry,
     failures,
     gave_up,
-    oversized,
     read_json,
     scrubbed,
+    stream_failure,
     timed_out,
     unreadable,
     waited_too_long,
@@ -75,7 +75,7 @@ from .bodies import decoding, read_whole
 from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
-from .streaming import DeltaTracker, Oversized, StreamParser, read_events
+from .streaming import DeltaTracker, StreamParser, read_events
 from .transport import (
     LeanTransport,
     LoopClient as _LoopClient,
@@ -538,9 +538,15 @@ class JSONProvider:
         tracker.begin()
         with failures(self, timeout):
             with trio.CancelScope() as stall:
+
+                def heard() -> None:  # the headers, or a chunk, came: the silence starts again
+                    if timeout is not None:
+                        stall.deadline = trio.current_time() + timeout + self.stream_interval
+
                 stall.deadline = math.inf if timeout is None else trio.current_time() + timeout
                 async with self._open_stream(loop, content, timeout) as response:
-                    kind = response.headers.get("content-type", "")
+                    heard()
+                    kind = response.headers.get("content-type", "").lower()
                     if response.status_code >= 300 or "event-stream" not in kind:
                         await read_whole(response)  # an error, or a server that ignored "stream"
                         reply = self._whole(response, request)  # its headers noted there
@@ -556,10 +562,6 @@ class JSONProvider:
                         raw = response.aiter_raw()
                     chunks = decoding(response, raw, loop.lean is not None)
 
-                    def heard() -> None:  # a chunk came: the silence starts again
-                        if timeout is not None:
-                            stall.deadline = trio.current_time() + timeout + self.stream_interval
-
                     parser = self._stream_parser(request)
                     # Cancelled: the sink has what it wants, or the API's end marker came
                     # and the body's own end did not follow it at once.
@@ -572,14 +574,8 @@ class JSONProvider:
                             reply = await read_events(
                                 chunks, parser, tracker, heard, halt.cancel, ended
                             )
-                        except BadResponse as exc:  # its text may quote the server's
-                            raise _Retry(scrubbed(self, exc), None, "cut stream") from None
-                        except Oversized as exc:
-                            raise _Retry(oversized(self, exc), None, "cut stream") from None
-                        except ProviderError:  # a plugin's own verdict on the reply
-                            raise
-                        except Exception as exc:  # ValidationError, or a parser's own slip
-                            raise _Retry(unreadable(self, exc), None, "bad response") from None
+                        except Exception as exc:
+                            raise stream_failure(self, exc) from None
                     if halt.cancelled_caught:
                         reply = parser.result() if parser.finished else parser.partial()
             if stall.cancelled_caught:

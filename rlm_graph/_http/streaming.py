@@ -87,9 +87,11 @@ async def read_events(
     more ``heard()``: the provider gives the body's end a moment to come (the connection
     is then reused), then halts, whatever the server sends or holds back after it.
 
-    The body is read on past an event that fails the attempt (the server closes the
-    stream after it anyway). However the reading stops, the iterator is closed here:
-    collected after its trio run has ended, it could not be finalized.
+    The reading stops at an event that fails the attempt (a server that then goes silent,
+    or sends only comments, would hold the call). Once the end marker has come, the reply
+    is whole however the connection ends (closed or reset before the body's own end).
+    However the reading stops, the iterator is closed here: collected after its trio run
+    has ended, it could not be finalized.
 
     Raises:
         BadResponse: an event failed the attempt, or the stream ended early.
@@ -103,18 +105,18 @@ async def read_events(
     size = 0
     done = False
     try:
-        async for chunk in chunks:
+        while failed is None and (chunk := await _next(chunks, done)) is not None:
             if not done:
                 heard()
             size += len(chunk)
             if size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
                 raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
-            if failed is None and not done:
+            if not done:
                 try:  # one piece of text per read: the sink's work is per read, not per token
                     text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
                 except Oversized:
                     raise
-                except Exception as exc:  # raised once the body has been read, below
+                except Exception as exc:  # the reading stops; raised below, once closed
                     failed = exc
                 else:
                     if tracker.feed(text):
@@ -130,6 +132,19 @@ async def read_events(
     if failed is not None:
         raise failed
     return parser.result()
+
+
+async def _next(chunks: AsyncIterator[bytes], done: bool) -> bytes | None:
+    """The body's next chunk; None at its end, and once the end marker has come (``done``:
+    the reply is whole) when the connection was closed or reset before it."""
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except Exception:
+        if done:
+            return None
+        raise
 
 
 _BOM = b"\xef\xbb\xbf"

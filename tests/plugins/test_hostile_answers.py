@@ -10,6 +10,8 @@ import gzip
 import json
 import logging
 import math
+import socket
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -326,3 +328,148 @@ async def test_a_plugins_error_reader_that_slips_on_a_proxys_page_loses_no_retry
         answer = await provider.complete(REQUEST)
         await provider.aclose()
     assert answer.content == "the answer" and stats["requests"] == 2
+
+
+_WHOLE = (
+    _event({"choices": [{"delta": {"content": "hello"}}]})
+    + _event({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    + _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    + b"data: [DONE]\n\n"
+)
+_ANTHROPIC_WHOLE = (
+    _event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
+    + _event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}})
+    + _event(
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn"},
+            "usage": {"output_tokens": 1},
+        }
+    )
+    + _event({"type": "message_stop"})
+)
+
+
+@pytest.mark.parametrize("how", ["closed", "reset"])
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_stream_is_whole_at_its_end_marker_however_the_connection_ends(
+    api: str, how: str
+) -> None:
+    """``[DONE]`` (or ``message_stop``) came, then the server or a proxy closed or reset
+    the connection before the body's own end: the whole reply was thrown away and asked
+    for again, every time (such a server failed every streamed call)."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD + _chunk(_WHOLE if api == "openai" else _ANTHROPIC_WHOLE))
+        await trio.sleep(0.05)
+        if how == "reset":  # an RST, not a FIN
+            linger = struct.pack("ii", 1, 0)
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)  # type: ignore[attr-defined]
+        return False  # closed without the 0-length chunk
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, api, max_attempts=3)
+        reply = await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert reply.content == "hello" and reply.usage.output_tokens == 1
+    assert stats["requests"] == 1
+
+
+async def test_a_stream_reset_midway_is_a_cut_stream_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A connection reset mid-stream was reported as a reply the parser could not read
+    ("check that base_url points at the API") and counted as a bad response."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index == 1:
+            await stream.send_all(
+                SSE_HEAD + _chunk(_event({"choices": [{"delta": {"content": "hel"}}]}))
+            )
+            await trio.sleep(0.05)
+            linger = struct.pack("ii", 1, 0)
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)  # type: ignore[attr-defined]
+            return False
+        await stream.send_all(SSE_HEAD + _chunk(_WHOLE) + b"0\r\n\r\n")
+        return True
+
+    caplog.set_level(logging.DEBUG, logger="rlm_graph")
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=3)
+        reply = await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert reply.content == "hello" and stats["requests"] == 2
+    assert "broke off before its end" in caplog.text
+    assert "in its parser" not in caplog.text
+
+
+@pytest.mark.parametrize("after", ["silence", "keep-alive comments"])
+async def test_an_error_event_mid_stream_ends_the_attempt_at_once(
+    after: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a mid-stream error event the engine read on: a server that then went silent
+    made the failure a timeout (its deadline doubled after), one that sent keep-alive
+    comments held the call as long as they came; the server's message was lost."""
+    error = _event({"error": {"message": "Overloaded", "type": "server_error"}})
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        if index > 1:
+            await stream.send_all(SSE_HEAD + _chunk(_WHOLE) + b"0\r\n\r\n")
+            return True
+        await stream.send_all(
+            SSE_HEAD + _chunk(_event({"choices": [{"delta": {"content": "hel"}}]}) + error)
+        )
+        while True:
+            await trio.sleep(0.2)
+            if after == "keep-alive comments":
+                await stream.send_all(_chunk(b": ping\n\n"))
+
+    caplog.set_level(logging.DEBUG, logger="rlm_graph")
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=3, timeout=30.0)
+        reply = await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert reply.content == "hello" and stats["requests"] == 2
+    assert "failed mid-stream: Overloaded" in caplog.text
+    assert "timed out" not in caplog.text and "within 30" not in caplog.text
+
+
+@pytest.mark.parametrize("odd", ["leading spaces", "Content-Type in capitals"])
+async def test_odd_but_valid_streams_are_read(odd: str) -> None:
+    """``data:  {...}`` (SSE strips one space; JSON allows the rest) failed every attempt
+    as "not a JSON object"; ``Text/Event-Stream`` (media types ignore case) was read as
+    a plain body that is not JSON."""
+    head, body = SSE_HEAD, _WHOLE
+    if odd == "leading spaces":
+        body = body.replace(b"data: {", b"data:   {")
+    else:
+        head = head.replace(b"text/event-stream", b"Text/Event-Stream")
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(head + _chunk(body) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=2)
+        reply = await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert reply.content == "hello" and stats["requests"] == 1
+
+
+async def test_the_silence_deadline_starts_again_when_the_headers_come() -> None:
+    """The headers, then every chunk, must each come within ``timeout`` of the one before
+    (docs/providers.md); the headers did not restart it, so headers at 0.6 of the
+    timeout and a first event 0.8 later were a timeout and a second request."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await trio.sleep(1.2)
+        await stream.send_all(SSE_HEAD)
+        await trio.sleep(1.6)
+        await stream.send_all(_chunk(_WHOLE) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=2, timeout=2.0)
+        reply = await provider.stream(REQUEST, lambda offset, text: None)
+        await provider.aclose()
+    assert reply.content == "hello" and stats["requests"] == 1

@@ -134,6 +134,9 @@ async def test_the_cost_of_a_run_with_cached_tokens_is_the_priced_figure() -> No
     # What max_budget counts is what was billed.
     final = seen[-1]
     assert isinstance(final, RunFinished) and final.cost == pytest.approx(expected)
+    # The run's running totals (the event stream's, a child's rlm_call node's) kept the
+    # tokens read from the cache and dropped those written to it.
+    assert (final.usage.cached_tokens, final.usage.cache_write_tokens) == (read, written)
     assert (
         result.usage_summary.to_dict()["model_usage_summaries"]["claude-test"]["cached_tokens"]
         == read
