@@ -61,7 +61,7 @@ from .guest import (
 )
 from .isolation import Isolation, choose_isolation
 from .process import MAX_UNREAD_BYTES, GuestDied, GuestProcess, MessageTooLarge, Room
-from .tools import split_tools
+from .tools import error_reply, require_json, split_tools
 
 __all__ = ["SubprocessEnvironment"]
 
@@ -291,7 +291,7 @@ class SubprocessEnvironment:
         await self._remember(("history", index), AddHistory(index=index, messages=history))
 
     async def set_variable(self, name: str, value: Any) -> None:
-        _require_json(f"the value of {name!r}", value)
+        require_json(f"the value of {name!r}", value)
         await self._remember(("variable", name), SetVariable(name=name, value=value))
 
     async def reset_answer(self) -> None:
@@ -418,16 +418,19 @@ class SubprocessEnvironment:
     ) -> None:
         try:
             value = await self._dispatch(call)
-            _require_json("a tool's result", value)
+            require_json("a tool's result", value)
             reply = Reply(id=call.id, value=value)
         except trio.Cancelled:
             raise
         except Exception as exc:  # noqa: BLE001 - a user's tool may raise anything; the model sees it
-            reply = Reply(id=call.id, error=f"{type(exc).__name__}: {exc}")
+            reply = error_reply(call.id, exc)
         finally:
             room.give(*weight)
         try:
-            await guest.send(reply)
+            try:
+                await guest.send(reply)
+            except (ValueError, RecursionError) as exc:  # a value no JSON line carries
+                await guest.send(error_reply(call.id, exc))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the guest died; the block's reader reports it
 
@@ -582,13 +585,3 @@ def _describe_exit(code: int | None) -> str:
     if code < 0:
         return f"was killed by signal {-code}"
     return f"exited with code {code}"
-
-
-def _require_json(what: str, value: Any) -> None:
-    try:
-        json.dumps(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"subprocess environment: {what} cannot cross to the guest as JSON ({exc}); "
-            "use str, numbers, lists and dicts"
-        ) from None

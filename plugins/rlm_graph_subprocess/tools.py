@@ -17,9 +17,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlm_graph.errors import ConfigError
+from rlm_graph.errors import ConfigError, clipped, message_of
+from rlm_graph.protocol.schema import MAX_ANSWER_DEPTH, nests_deeper
+from rlm_graph.tracing.scrub import Scrubber
 
-__all__ = ["GuestTools", "defines_name", "split_tools"]
+from .guest import Reply
+
+__all__ = ["GuestTools", "defines_name", "error_reply", "require_json", "split_tools"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +74,28 @@ def split_tools(tools: Mapping[str, tuple[Any, str | None]]) -> GuestTools:
                 ) from None
             found.data[name] = value
     return found
+
+
+def require_json(what: str, value: Any) -> None:
+    """Refuse (`ConfigError`, naming ``what``) a value that cannot cross to the guest:
+    not JSON, or nested deeper than the guest's reader takes."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"subprocess environment: {what} cannot cross to the guest as JSON ({exc}); "
+            "use str, numbers, lists and dicts"
+        ) from None
+    if nests_deeper(value, MAX_ANSWER_DEPTH + 2):  # a batch's list, a typed slot's value
+        raise ConfigError(
+            f"subprocess environment: {what} nests lists or dicts more than "
+            f"{MAX_ANSWER_DEPTH} levels deep, more than the guest reads; flatten it"
+        )
+
+
+def error_reply(call_id: int, exc: BaseException) -> Reply:
+    """The reply of a call that failed: its error as the model reads it, without a
+    secret the engine knows of (a custom tool runs in the engine's process, with its
+    keys: an HTTP client's error quotes the URL it fetched, token and all)."""
+    said = clipped(message_of(exc), 4_000)
+    return Reply(id=call_id, error=Scrubber().scrub(f"{type(exc).__name__}: {said}"))

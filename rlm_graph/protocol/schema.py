@@ -33,9 +33,14 @@ from pydantic.errors import PydanticUndefinedAnnotation, PydanticUserError
 
 from ..errors import ConfigError, SchemaMismatch, clipped
 
-__all__ = ["MAX_PROBLEMS", "AnswerSchema", "to_jsonable"]
+__all__ = ["MAX_ANSWER_DEPTH", "MAX_PROBLEMS", "AnswerSchema", "nests_deeper", "to_jsonable"]
 
 MAX_PROBLEMS = 8
+
+MAX_ANSWER_DEPTH = 100
+"""The deepest a typed answer may nest lists and objects: the REPL's reader takes about
+200 levels (a reply nested deeper ended the guest, and its variables), the engine's
+writer 255 (deeper ended the run)."""
 
 _NAME = re.compile(r"[^A-Za-z0-9_-]+")
 _FENCED = re.compile(r"\A```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?```\Z", re.DOTALL)
@@ -154,6 +159,11 @@ class AnswerSchema:
             not_json = "it nests too deeply to read"
         else:
             try:
+                if nests_deeper(data, MAX_ANSWER_DEPTH):
+                    raise SchemaMismatch(
+                        f"the answer nests lists or objects more than {MAX_ANSWER_DEPTH} "
+                        "levels deep; no schema's answer needs that: flatten it"
+                    )
                 return self.validate(data)
             except SchemaMismatch as exc:
                 mismatch = exc
@@ -288,3 +298,16 @@ def _summary(lines: list[str], total: int) -> str:
     more = f"; and {total - len(lines)} more" if total > len(lines) else ""
     count = "1 problem" if total == 1 else f"{total} problems"
     return f"the answer does not match the schema ({count}): " + "; ".join(lines) + more
+
+
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` (JSON data) nests lists or objects more than ``limit`` levels
+    deep; one pass over its containers, no recursion."""
+    stack = [(value, 1)] if isinstance(value, list | dict) else []
+    while stack:
+        container, depth = stack.pop()
+        if depth > limit:
+            return True
+        items = container.values() if isinstance(container, dict) else container
+        stack.extend((item, depth + 1) for item in items if isinstance(item, list | dict))
+    return False

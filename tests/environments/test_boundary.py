@@ -506,3 +506,57 @@ async def test_a_call_of_too_many_values_is_the_blocks_error_not_a_dead_guest() 
     told = feedback(rlm, 1)
     assert "MessageTooLarge" in told and "restarted" not in told
     assert "for each value in it" in told and "max_message_mb" in told, told[:400]
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("depth", [220, 300])
+async def test_a_typed_answer_nested_past_what_crosses_fails_its_slot_only(depth: int) -> None:
+    """A sub-model's typed answer nested 220 deep killed the guest's reader (the REPL was
+    restarted, its variables lost); 300 deep, the engine could not write its reply and
+    the whole run ended with pydantic's ValueError."""
+    blocks = [
+        "x = 41\ngot = llm_query_batched(['deep', 'flat'], schema={'type': 'array'})",
+        "FINAL(repr([x + 1, got[0][:100], got[1]]))",
+    ]
+
+    def sub(request: Any) -> str:
+        return "[" * depth + "]" * depth if request.prompt.startswith("deep") else "[1]"
+
+    rlm = engine([repl(b) for b in blocks], sub=sub)
+    result = await rlm.acompletion("ctx")
+    kept, deep, flat = eval(result.response)
+    assert kept == 42  # the same guest: x survived
+    assert deep.startswith("[ERROR] SchemaMismatch: the answer nests lists or objects more")
+    assert flat == [1]
+
+
+@pytest.mark.processes
+async def test_a_custom_tools_error_reaches_the_guest_without_the_engines_secret(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool runs in the engine's process, with its keys, so that only its result
+    crosses (docs/environments.md); its error crossed too, the token in the URL an HTTP
+    client's error quoted as it was."""
+    token = "tok-live-9f8e7d6c5b4a3210"
+    monkeypatch.setenv("SEARCH_API_TOKEN", token)
+
+    def search(query: str) -> str:
+        raise RuntimeError(f"GET https://search.example/v1?q={query}&token={token}: 401")
+
+    def nested(depth: int) -> list[Any]:
+        value: list[Any] = []
+        for _ in range(depth):
+            value = [value]
+        return value
+
+    code = (
+        "said = []\n"
+        "for call in (lambda: search('x'), lambda: deep(150)):\n"
+        "    try:\n        call()\n    except Exception as exc:\n        said.append(str(exc))\n"
+        "FINAL(repr(said))"
+    )
+    rlm = engine([repl(code)], custom_tools={"search": search, "deep": nested})
+    result = await rlm.acompletion("ctx")
+    searched, deep = eval(result.response)
+    assert token not in result.response and "token=[REDACTED]" in searched
+    assert "nests lists or dicts more than 100 levels deep" in deep
