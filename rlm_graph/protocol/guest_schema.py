@@ -457,6 +457,7 @@ _KEYWORD_STEPS = 4
 _DESCENT_STEPS = 8
 _REFERENCE_STEPS = 100
 _ERROR_STEPS = 50
+_MESSAGE_CHARS = 32  # characters of an error's message made per step (repr: ~80 per us)
 _THROUGH_THE_VALUE = frozenset(
     {
         "items",
@@ -486,7 +487,9 @@ def _fueled(name: str, keyword: Any) -> Any:
     def spending(validator: Any, value: Any, instance: Any, schema: Any) -> Iterator[Any]:
         _spend(_cost(name, value, instance))
         for error in keyword(validator, value, instance, schema) or ():
-            _spend(_ERROR_STEPS)
+            # A keyword's message quotes the value whole (``repr``): 3,000 branches of
+            # anyOf, each failing on an answer of 500 KB, were a minute off the books.
+            _spend(_ERROR_STEPS + len(error.message) // _MESSAGE_CHARS)
             yield error
 
     return spending
