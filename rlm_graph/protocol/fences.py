@@ -24,10 +24,14 @@ _OPENING = re.compile(r"(?:[ \t]*|.*:[ \t]*)```repl[ \t\r]*")
 _CLOSING = re.compile(r"[ \t]*```[ \t\r]*")
 # The first line after a block, when the model goes on to write the block's output
 # itself: a bare or output-like fence (```, ```output, ```text...) or a label line
-# (Output:, **REPL output:**, ### Result).
+# (Output:, **REPL output:**, ### Result). The line is the model's: every run of blanks
+# is possessive (``*+``), since two runs that could share the same blanks ("output" and
+# 80,000 spaces) made `fullmatch` try every split of them, a minute on the loop.
 _INVENTED = re.compile(
-    r"[ \t]*```[ \t]*(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?[ \t\r]*"
-    r"|[ \t>#*_]*(?:(?:repl|execution|console|code)[ \t]+)?(?:output|result|stdout)[ \t]*:?[ \t*_\r]*",
+    r"[ \t]*+```[ \t]*+(?:output|text|txt|stdout|console|plaintext|result|repl[ _-]?output)?"
+    r"[ \t\r]*+"
+    r"|[ \t>#*_]*+(?:(?:repl|execution|console|code)[ \t]++)?(?:output|result|stdout)"
+    r"[ \t]*+:?[ \t*_\r]*+",
     re.IGNORECASE,
 )
 

@@ -151,3 +151,11 @@ def test_a_reply_that_writes_its_blocks_output_is_cut_there(after: str) -> None:
 )
 def test_words_code_and_more_blocks_after_a_block_are_not_output(after: str) -> None:
     assert invented_output("```repl\nx = 1\n```\n" + after) is None
+
+
+@pytest.mark.parametrize("line", ["output" + " " * 200_000 + "x", "```" + " " * 200_000 + "x"])
+def test_a_long_run_of_blanks_after_a_block_is_read_in_one_pass(line: str) -> None:
+    # Each split of the blanks between two runs that may hold them was tried once: this
+    # line took about two minutes of the loop's time, stalling every run in the process.
+    assert invented_output("```repl\nx = 1\n```\n" + line + "\n") is None
+    assert invented_output("```repl\nx = 1\n```\n" + line[:-1] + "\n") is not None
