@@ -80,8 +80,14 @@ __all__ = [
 ]
 
 
-# ``https://user:password@host``: the user kept, the password dropped.
-URL_USERINFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:)(?!\[REDACTED\])([^\s/@]+)@")
+# ``https://user:password@host``: the user kept, the password dropped. The scheme is
+# looked for once per run of scheme characters (from its first letter after a word
+# boundary; the atomic group keeps that choice), and the runs after it are possessive:
+# read from each word boundary instead, 40,000 characters of ``a.a.a...`` took a second.
+URL_USERINFO = re.compile(
+    r"((?<![A-Za-z0-9+.\-])(?>[A-Za-z0-9+.\-]*?\b[A-Za-z])[A-Za-z0-9+.\-]*+://[^\s/@:]*+:)"
+    r"(?!\[REDACTED\])([^\s/@]++)@"
+)
 
 
 def without_url_passwords(text: str) -> str:

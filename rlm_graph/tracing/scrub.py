@@ -71,12 +71,17 @@ def without_key_shapes(text: str) -> str:
 # authorization's scheme, ``Basic``), drop the value; but not a number after a key or
 # token name (``max_tokens=2000`` is a setting, not a secret), while a password of
 # digits is still a password.
+# The text is the model's or a server's, so each part is tried once: a name is a whole
+# run of ``[\w-]`` (from where no such character comes before it, not from each word
+# boundary inside it), a lookahead checks the run holds the word, and every run after it
+# is possessive (``*+``). Read as ``\b[\w-]*token[\w-]*...``, 40,000 characters of
+# ``a-a-a-...`` took over a minute: each boundary rescanned the rest of the run.
 _PAIR = re.compile(
-    r"(?i)(\b[\w\-]*(?:api[_\-]?key|token|authorization)[\w\-]*[\"']?\s*[:=]\s*[\"']?"
-    r"(?:(?:basic|bearer|token|digest|apikey)\s+)?)(?!\[REDACTED\])(?![\d.]+\b)"
+    r"(?i)((?<![\w\-])(?=[\w\-]*?(?:api[_\-]?key|token|authorization))[\w\-]*+[\"']?\s*+[:=]"
+    r"\s*+[\"']?(?:(?:basic|bearer|token|digest|apikey)\s++)?)(?!\[REDACTED\])(?![\d.]+\b)"
     r"([^\s\"'&,;}]{4,})"
-    r"|(\b[\w\-]*(?:secret|password|passwd)[\w\-]*[\"']?\s*[:=]\s*[\"']?)(?!\[REDACTED\])"
-    r"([^\s\"'&,;}]{4,})"
+    r"|((?<![\w\-])(?=[\w\-]*?(?:secret|password|passwd))[\w\-]*+[\"']?\s*+[:=]\s*+[\"']?)"
+    r"(?!\[REDACTED\])([^\s\"'&,;}]{4,})"
 )
 
 
