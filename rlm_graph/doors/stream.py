@@ -22,9 +22,11 @@ from typing import Any, Generic, TypeVar
 
 import trio
 
+from ..errors import ConfigError
 from ..events import DEFAULT_CAPACITY, EventBuffer, Listener
 from ..events.buffer import EMPTY, END
-from .sync import refuse_inside_trio, unwrap
+from .aio import running_under_asyncio
+from .sync import refuse_inside_trio, single_or_group, unwrap
 
 __all__ = ["AsyncEventStream", "EventStream", "open_event_stream"]
 
@@ -153,7 +155,16 @@ class AsyncEventStream(Generic[T]):
 async def open_event_stream(
     start: Start[T], *, capacity: int = DEFAULT_CAPACITY
 ) -> AsyncIterator[AsyncEventStream[T]]:
-    """Start a run as a task and yield its event stream; leaving cancels a run still going."""
+    """Start a run as a task and yield its event stream; leaving cancels a run still going.
+    An error (the run's, on the stream's last read, or one raised in the ``async with``
+    body) comes out as itself, not in trio's exception group."""
+    if running_under_asyncio():
+        raise ConfigError(
+            "astream() runs under trio; under asyncio, read rlm.stream(...) (or "
+            "engine.stream(...)) in a thread: "
+            "await asyncio.to_thread(lambda: [handle(e) for e in rlm.stream(context)]), "
+            "or pass listeners=[fn] to acompletion()"
+        )
     stream: AsyncEventStream[T] = AsyncEventStream(EventBuffer(capacity))
 
     async def produce() -> None:
@@ -164,10 +175,13 @@ async def open_event_stream(
         finally:
             stream.buffer.close()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(produce)
-        try:
-            yield stream
-        finally:
-            nursery.cancel_scope.cancel()
-            stream.buffer.discard()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(produce)
+            try:
+                yield stream
+            finally:
+                nursery.cancel_scope.cancel()
+                stream.buffer.discard()
+    except BaseExceptionGroup as group:
+        raise single_or_group(group) from None

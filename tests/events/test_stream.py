@@ -118,6 +118,54 @@ async def test_astream_gives_the_same_lifecycle_in_trio_code() -> None:
     check_lifecycle(events, stream.result.graph)
 
 
+async def test_astream_raises_the_runs_error_and_the_bodys_as_themselves() -> None:
+    """The run's error after ``run_finished`` (and one raised in the ``async with`` body)
+    came out of ``astream`` in trio's ExceptionGroup: ``except LimitExceeded`` around it,
+    which catches ``acompletion``'s, never did."""
+    from rlm_graph import LimitExceeded
+
+    respond = lambda request: repl("print(1)")  # noqa: E731 - never FINAL
+    rlm = RLM("scripted", {"respond": respond}, max_iterations=2, on_limit="raise")
+    events: list[Any] = []
+    with pytest.raises(LimitExceeded) as stopped:
+        async with rlm.astream("ctx") as stream:
+            async for event in stream:
+                events.append(event)
+    assert stopped.value.result.stop_reason == "max_iterations"
+    assert isinstance(events[-1], RunFinished)
+    with pytest.raises(KeyError, match="mine"):
+        async with rlm.astream("ctx") as stream:
+            async for _ in stream:
+                raise KeyError("mine")
+    with pytest.raises(LimitExceeded):
+        async with Engine("scripted", {"respond": respond}, on_limit="raise", max_tokens=1).astream(
+            _two_calls()
+        ) as stream:
+            [event async for event in stream]
+
+
+def _two_calls() -> Workflow:
+    workflow = Workflow()
+    first = workflow.llm("one", id="one")
+    workflow.llm(lambda text: text, first, id="two")
+    return workflow
+
+
+def test_astream_under_asyncio_says_what_to_use_instead() -> None:
+    """Under asyncio (a FastAPI endpoint) astream failed with trio's internal
+    ``AttributeError: 'RunContext' object has no attribute 'runner'``."""
+    import asyncio
+
+    from rlm_graph import ConfigError
+
+    async def read() -> None:
+        async with RLM("scripted", {"respond": lambda r: "x"}).astream("ctx") as stream:
+            [event async for event in stream]
+
+    with pytest.raises(ConfigError, match=r"under asyncio, read rlm.stream\(...\)"):
+        asyncio.run(read())
+
+
 def fan_out_rlm(calls: int, **kwargs: Any) -> RLM:
     code = f"r = llm_query_batched([str(i) for i in range({calls})])\nFINAL(str(len(r)))"
     return RLM(
