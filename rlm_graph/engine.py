@@ -266,9 +266,7 @@ class Engine:
         token = trio.lowlevel.current_trio_token()
         found = self._loops.get(token)
         if found is None:
-            found = self._loops[token] = LoopLimiters(
-                self.limits.max_concurrent_subcalls, self.limiter
-            )
+            found = self._loops[token] = LoopLimiters(self.limiter)
         return found
 
     def new_run(self, limits: Limits | None = None, listeners: Iterable[Listener] = ()) -> Run:

@@ -299,7 +299,7 @@ class CompletionBridge:
         child_tally = Tally(parent=self.tally)
 
         async def body(rec: NodeRecord) -> str:
-            async with self.run.limiters.subcalls(rec.depth):
+            async with self.run.subcalls(rec.depth):
                 rec.began(trio.current_time(), time.time())  # queueing for a slot is not running
                 try:
                     answer = await self.run_child(prompt, model, rec, child_tally)

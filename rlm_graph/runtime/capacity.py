@@ -5,8 +5,8 @@ Three levels of concurrency, each a named ``trio.CapacityLimiter``:
     - per provider (``provider:<name>``): the real rate-limit boundary; every depth of
       every run of one engine shares it, so no product of the other limits can exceed it;
     - per batch (``batch:<node>``, ``batch_max_concurrent``): one per ``*_batched`` call;
-    - child completions in flight (``subcalls:depth-N``, ``max_concurrent_subcalls``):
-      tree-wide, one limiter per depth (see `LoopLimiters.subcalls`).
+    - child completions in flight (``max_concurrent_subcalls``): per run, tree-wide, one
+      limiter per depth (`rlm_graph.runtime.context.Run.subcalls`).
 
 A provider's concurrency gate and rate buckets must hold beyond one loop: across threads
 of one process, and, for a batch on a cluster, across processes and machines. The engine
@@ -88,25 +88,10 @@ class LoopLimiters:
     Provider gates and rates come from the engine's `SharedLimiter`.
     """
 
-    def __init__(self, max_concurrent_subcalls: int, shared: SharedLimiter | None = None) -> None:
+    def __init__(self, shared: SharedLimiter | None = None) -> None:
         self._providers: dict[str, trio.CapacityLimiter] = {}
         self._shared: SharedLimiter = shared if shared is not None else InProcessLimiter()
         self._gates: dict[str, SharedGate] = {}  # the in-process limiter's, looked up once
-        self._subcalls: dict[int, trio.CapacityLimiter] = {}
-        self._max_subcalls = max_concurrent_subcalls
-
-    def subcalls(self, depth: int) -> trio.CapacityLimiter:
-        """The limiter of child completions at ``depth``, shared by the whole tree.
-
-        One limiter per depth rather than one for all: a child holding a slot while it
-        waits for its own children would otherwise starve them of slots, and a tree whose
-        every slot-holder waits on a grandchild deadlocks. Per depth, the children in
-        flight at any level are bounded, and the provider limiter bounds the total.
-        """
-        limiter = self._subcalls.get(depth)
-        if limiter is None:
-            limiter = self._subcalls[depth] = trio.CapacityLimiter(self._max_subcalls)
-        return limiter
 
     def provider(self, key: str, capacity: int) -> trio.CapacityLimiter:
         limiter = self._providers.get(key)
@@ -148,6 +133,4 @@ class LoopLimiters:
         stats: dict[str, object] = {
             f"provider:{k}": v.statistics() for k, v in self._providers.items()
         }
-        for depth, limiter in self._subcalls.items():
-            stats[f"subcalls:depth-{depth}"] = limiter.statistics()
         return stats

@@ -106,6 +106,7 @@ class Run:
         self.retries = RetryLog()
         # The tree's hedged sub-calls: its latencies per model, its duplicates' budget.
         self.hedges = HedgeBudget(limits.hedge) if limits.hedge is not None else None
+        self._subcalls: dict[int, trio.CapacityLimiter] = {}  # see `subcalls`
         fan_out = list(listeners)
         if has_observers(host.hook):
             fan_out.append(HookListener(host.pm, self.graph))
@@ -119,6 +120,14 @@ class Run:
             names=router.names,
         )
         self._observed = self.events.active
+
+    def subcalls(self, depth: int) -> trio.CapacityLimiter:
+        """Child completions in flight at ``depth`` of this tree (this run's
+        ``max_concurrent_subcalls``): per depth, so a child waiting on its own children
+        never starves them of slots; the provider limiter bounds the total."""
+        if depth not in self._subcalls:
+            self._subcalls[depth] = trio.CapacityLimiter(self.limits.max_concurrent_subcalls)
+        return self._subcalls[depth]
 
     def new_id(self, prefix: str) -> str:
         self._counters[prefix] += 1

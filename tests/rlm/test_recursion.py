@@ -85,6 +85,37 @@ def peak_children(result: object) -> int:
     return peak_concurrency(result.graph, NodeKind.RLM_CALL)  # type: ignore[attr-defined]
 
 
+async def test_max_concurrent_subcalls_holds_per_completion_and_may_be_overridden(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The children's limiter was the engine's, per trio loop: a completion's own
+    ``limits={"max_concurrent_subcalls": 2}`` was ignored, and every completion of the
+    loop (every asyncio caller, which share one) shared the engine's 4 slots."""
+    respond = tree_model(
+        root_code="r = rlm_query_batched([f'part {i}' for i in range(8)])\nFINAL(str(len(r)))",
+        child_code="FINAL(context)",
+    )
+    engine = RLM(
+        "scripted", {"respond": respond, "latency": L}, max_depth=2, max_concurrent_subcalls=4
+    )
+    alone = await engine.acompletion("ctx", limits={"max_concurrent_subcalls": 2})
+    assert alone.response == "8" and peak_children(alone) == 2
+    wider = await engine.acompletion("ctx", limits={"max_concurrent_subcalls": 8})
+    assert peak_children(wider) == 8
+    results = []
+
+    async def one() -> None:
+        results.append(await engine.acompletion("ctx"))
+
+    async with trio.open_nursery() as nursery:  # two trees in one loop: 4 children each
+        nursery.start_soon(one)
+        nursery.start_soon(one)
+    assert [peak_children(r) for r in results] == [4, 4]
+    # Together 8 in flight at once: neither tree waited for the other's slots.
+    spans = [(r.start, r.end) for x in results for r in x.graph.records(NodeKind.RLM_CALL)]
+    assert max(sum(s <= t < e for s, e in spans) for t, _ in spans) == 8
+
+
 async def test_child_usage_rolls_up_into_the_parent() -> None:
     respond = tree_model(
         root_code="FINAL(rlm_query('go'))",
