@@ -133,7 +133,12 @@ class PersistentSession:
         reset, ``context`` loaded as ``context_N``. Returns the environment and N."""
         if self.env is None:
             env = make_environment(self.factory, self.settings, self.proxy, self.settings.tools, 0)
-            await env.start()
+            try:
+                await env.start()
+            except BaseException:  # failed or cancelled: its folders go now, not at exit
+                with trio.CancelScope(shield=True):
+                    await env.aclose()
+                raise
             self.env = env
         self._leaked = getattr(self.env, "leaked_threads", 0)
         await self.env.reset_answer()

@@ -356,3 +356,24 @@ def test_a_watcher_that_cannot_be_noted_never_fails_a_guests_start() -> None:
         """
     )
     assert out.split() == ["still", "runs"]
+
+
+def test_a_persistent_session_whose_repl_fails_to_start_leaves_no_folder() -> None:
+    """A session whose REPL failed (or was cancelled) as it started left its scratch
+    folder until the interpreter exited, one per failed completion."""
+    pid, out = run_engine(
+        """
+        session = engine("FINAL('x')", "subprocess", persistent=True,
+                         environment_kwargs={"start_timeout": 0.001})
+        for _ in range(3):
+            try:
+                session.completion("the document")
+            except Exception as exc:
+                print(type(exc).__name__, flush=True)
+        print(len([n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"rlm-graph-{os.getpid()}-")]), flush=True)
+        session.close()
+        """
+    )
+    *failures, left = out.split()
+    assert failures == ["EnvironmentCrashed"] * 3
+    assert left == "0"  # gone before the exit, not only at it
