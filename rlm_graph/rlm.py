@@ -18,7 +18,7 @@ import trio
 from opentelemetry.trace import TracerProvider
 
 from .contracts import ModelInfo
-from .doors.aio import call_from_asyncio, running_under_asyncio
+from .doors.aio import call_from_asyncio, run_on_trio_thread, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
 from .doors.sync import run_sync
 from .engine import Engine
@@ -506,6 +506,7 @@ class RLM:
 
     def close(self) -> None:
         run_sync(self.aclose, sync_name="RLM.close", async_name="rlm.aclose")
+        run_on_trio_thread(self.engine.aclose)  # the connections asyncio callers opened
 
     def __enter__(self) -> RLM:
         return self

@@ -32,7 +32,7 @@ import outcome
 import sniffio
 import trio
 
-__all__ = ["call_from_asyncio", "running_under_asyncio"]
+__all__ = ["call_from_asyncio", "run_on_trio_thread", "running_under_asyncio"]
 
 T = TypeVar("T")
 
@@ -73,6 +73,16 @@ def _trio_thread() -> _TrioThread:
         if _thread is None or not _thread.thread.is_alive():
             _thread = _TrioThread()
         return _thread
+
+
+def run_on_trio_thread(fn: Callable[[], Awaitable[Any]]) -> None:
+    """``await fn()`` on the trio thread asyncio callers share, from sync code, if that
+    thread has started (its loop holds what they opened there: a provider's connections,
+    which a sync ``close()``, in a trio loop of its own, cannot reach)."""
+    with _thread_lock:
+        thread = _thread
+    if thread is not None and thread.thread.is_alive() and thread.token is not None:
+        trio.from_thread.run(fn, trio_token=thread.token)
 
 
 class _Call:

@@ -232,3 +232,31 @@ def test_asyncio_wait_for_times_out_the_run() -> None:
 
     asyncio.run(body())
     assert (NodeKind.LLM_CALL, NodeStatus.CANCELLED) in statuses.finished
+
+
+def _connections_to(port: int) -> int:
+    """This machine's established TCP connections to ``port`` on 127.0.0.1 (Linux)."""
+    with open("/proc/net/tcp") as table:
+        rows = [line.split() for line in table.read().splitlines()[1:]]
+    return sum(int(row[2].split(":")[1], 16) == port and row[3] == "01" for row in rows)
+
+
+def test_a_sync_close_closes_what_asyncio_callers_opened() -> None:
+    """Jupyter's ``with RLM(...) as rlm: await rlm.acompletion(...)``: the sync close ran
+    in a trio loop of its own and left the connections the asyncio door had opened (on
+    the trio thread asyncio callers share) open until the process ended."""
+    with FakeOpenAIServer(lambda body: "```repl\nFINAL('ok')\n```") as server:
+        port = int(server.base_url.rsplit(":", 1)[1].split("/")[0])
+        rlm = RLM("openai", {"model_name": "m", "base_url": server.base_url, "api_key": "k"})
+
+        async def cell() -> str:
+            with rlm:
+                result = await rlm.acompletion("ctx")
+                assert _connections_to(port) >= 1  # a kept-alive connection, as it should
+            return result.response
+
+        assert asyncio.run(cell()) == "ok"
+        deadline = time.monotonic() + 5
+        while _connections_to(port) and time.monotonic() < deadline:
+            time.sleep(0.02)  # the server's side closes a moment after the client's
+        assert _connections_to(port) == 0
