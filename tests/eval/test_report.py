@@ -16,19 +16,21 @@ from tests.support.chromium import needs_chromium, open_in_chromium
 from tests.support.eval import EvalServer, items, rlm_kwargs
 
 
+def _row(item: str, prediction: str) -> dict[str, object]:
+    return {
+        "id": item,
+        "method": "base",
+        "score": 1.0,
+        "cost": 0.01,
+        "latency_s": 1.0,
+        "stop_reason": None,
+        "error": None,
+        "prediction": prediction,
+    }
+
+
 def test_the_page_fetches_nothing_and_cannot_be_broken_out_of() -> None:
-    rows = [
-        {
-            "id": "<x>",
-            "method": "base",
-            "score": 1.0,
-            "cost": 0.01,
-            "latency_s": 1.0,
-            "stop_reason": None,
-            "error": None,
-            "prediction": "</script><script>alert(1)</script>",
-        }
-    ]
+    rows = [_row("<x>", "</script><script>alert(1)</script>")]
     summary = summarize(rows, methods=["base"], seed=0, title="<b>t</b>")
     page = render_eval_page(summary, rows, root_model="m", sub_model="m")
     assert not re.search(r"<(link|img|iframe)\b|\bsrc=|@import|url\(", page)
@@ -64,13 +66,9 @@ def test_a_prediction_holding_a_placeholders_text_is_shown_as_written() -> None:
     placeholder's text, ``__COUNT__``, had it replaced by the page's own content."""
     rows = [
         {
+            **_row("<x>", "</script>"),
             "id": "q-1",
-            "method": "base",
             "score": 0.0,
-            "cost": 0.01,
-            "latency_s": 1.0,
-            "stop_reason": None,
-            "error": None,
             "prediction": "__COUNT__ and __ROWS__",
         }
     ]
