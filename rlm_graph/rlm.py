@@ -26,6 +26,7 @@ from .errors import ConfigError, checked_flag
 from .events import DEFAULT_CAPACITY, Listener
 from .graph import preview
 from .journal import run_key
+from .journal.code import stable_value
 from .journal.keys import provider_identity
 from .journal.seam import JournalTarget
 from .protocol.schema import AnswerSchema
@@ -521,6 +522,9 @@ class RLM:
         await self.aclose()
 
 
+_TIME_CUTS = frozenset({"timeout", "cpu_seconds", "start_timeout", "close_grace"})
+
+
 def _completion_journal(
     path: Any,
     run: Run,
@@ -548,6 +552,11 @@ def _completion_journal(
     ]
     if settings.tool_prompts or settings.tool_code is not None:  # older journals' keys hold
         configuration += [list(settings.tool_prompts), settings.tool_code]
+    # What the model's code may do (read_paths, env, network...): a child answered where
+    # it could not read a file is not an answer where it can. Time limits only cut.
+    shaping = {k: v for k, v in settings.environment_kwargs.items() if k not in _TIME_CUTS}
+    if shaping:  # older journals' keys hold
+        configuration.append(["environment_kwargs", stable_value(shaping)])
     question = inputs["root_prompt"]
     label = preview(question if question is not None else inputs["context"], 80)
     if run.redact is not None:  # `journal ls` shows it: no known key in it
