@@ -11,7 +11,14 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..graph import NodeRecord
 
-__all__ = ["KEEP_TEXT", "READ_TEXT", "JournalTarget", "Journaled"]
+__all__ = [
+    "INCOMPLETE_CHILD",
+    "KEEP_TEXT",
+    "READ_TEXT",
+    "JournalTarget",
+    "Journaled",
+    "whole_answer",
+]
 
 T = TypeVar("T")
 
@@ -24,6 +31,19 @@ def KEEP_TEXT(value: Any) -> str | None:  # noqa: N802 - a constant, compared by
 def READ_TEXT(text: str) -> Any:  # noqa: N802 - a constant, compared by identity
     """`Journaled.read` of a node whose result is text: the text itself."""
     return text
+
+
+INCOMPLETE_CHILD = "[INCOMPLETE: the child stopped after repeated code errors]"
+"""How a child completion's answer starts when ``max_errors`` stopped it."""
+
+
+def whole_answer(answer: Any) -> str | None:
+    """`Journaled.keep` of a child completion: its answer, unless ``max_errors`` cut it
+    (not in the run's key, so that a resume with a larger one runs the child again
+    instead of replaying the cut answer)."""
+    if not isinstance(answer, str) or answer.startswith(INCOMPLETE_CHILD):
+        return None
+    return answer
 
 
 class Journaled(NamedTuple, Generic[T]):

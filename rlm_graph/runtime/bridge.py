@@ -45,7 +45,7 @@ from ..contracts import Message, ResponseSchema, SubcallRequest
 from ..errors import ConfigError, RLMGraphError, error_slot
 from ..graph import NodeKind, NodeRecord, preview
 from ..journal import value_hash
-from ..journal.seam import Journaled
+from ..journal.seam import Journaled, whole_answer
 from ..journal.tools import JournaledTool
 from ..limits import Tally
 from ..protocol.prompts import schema_instructions
@@ -321,7 +321,7 @@ class CompletionBridge:
 
         def journaled() -> Journaled[str]:
             key = value_hash("rlm_call", prompt, model, self.params, self.child_key)
-            return Journaled(key, replayed=replayed)
+            return Journaled(key, keep=whole_answer, replayed=replayed)
 
         try:
             return await self.run.execute(

@@ -45,7 +45,7 @@ from ..graph import NodeKind, NodeRecord, preview
 from ..hooks.checks import exec_result
 from ..journal import value_hash
 from ..journal.keys import text_hash
-from ..journal.seam import Journaled
+from ..journal.seam import INCOMPLETE_CHILD, Journaled
 from ..journal.tools import seed_code, tools_key
 from ..limits import Tally
 from ..protocol import find_code_blocks, find_text_final
@@ -230,7 +230,7 @@ class RLMRunner:
             done = _Completion(record.depth, record.id, record.id, model, tally, bridge, env)
             outcome = await self._complete(done, prompt, None, CompletionState())
         if outcome.stop_reason == "max_errors":
-            return f"[INCOMPLETE: the child stopped after repeated code errors] {outcome.answer}"
+            return f"{INCOMPLETE_CHILD} {outcome.answer}"
         return outcome.answer
 
     # -- set-up -------------------------------------------------------------------------

@@ -697,3 +697,31 @@ async def test_environment_keywords_that_change_what_code_may_do_are_another_run
     assert (await attempt(timeout=60)).replay.attempt == 2  # resumed
     widened = await attempt(timeout=60, read_paths=[str(tmp_path)])
     assert widened.replay.attempt == 1 and widened.replay.replayed == 0
+
+
+async def test_a_child_cut_by_max_errors_runs_again_with_a_larger_limit(tmp_path: Path) -> None:
+    """``max_errors`` is left out of the run key so that a run resumes with a larger
+    one; but the child it had cut was journaled as finished, and the resume replayed its
+    ``[INCOMPLETE ...]`` answer instead of letting the child go on."""
+    path = str(tmp_path / "run.sqlite")
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return "sub"
+        turn = turn_number(request)
+        if request.depth == 0:
+            return repl("c = rlm_query('doc')") if turn == 1 else repl("FINAL('root got: ' + c)")
+        return repl("1/0") if turn <= 2 else repl("FINAL('child ok')")
+
+    def attempt(max_errors: int) -> Any:
+        rlm = RLM(
+            "scripted", {"respond": respond}, max_depth=2, max_errors=max_errors, journal=path
+        )
+        return rlm.acompletion("ctx", root_prompt="q")
+
+    cut = await attempt(2)
+    assert cut.response.startswith("root got: [INCOMPLETE: the child stopped")
+    resumed = await attempt(5)
+    assert resumed.replay is not None and resumed.replay.attempt == 2
+    assert resumed.response == "root got: child ok"
+    assert resumed.replay.replayed > 0  # the child's turns before the cut replay
