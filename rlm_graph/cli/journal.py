@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -62,10 +63,10 @@ def run_ls(args: argparse.Namespace) -> int:
                         "status": run.status,
                         "attempts": run.attempts,
                         "nodes": run.nodes,
-                        "cost": run.cost,
+                        "cost": _finite(run.cost),
                         "label": run.label,
-                        "created": run.created,
-                        "updated": run.updated,
+                        "created": _finite(run.created),
+                        "updated": _finite(run.updated),
                     }
                 )
             )
@@ -103,3 +104,11 @@ def _when(seconds: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
     except (OverflowError, OSError, ValueError):
         return "?"
+
+
+def _finite(value: Any) -> Any:
+    """A number for JSON: ``null`` for one JSON has no word for (an infinite cost a
+    damaged or crafted file holds would print ``Infinity``, which no JSON reader takes)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -365,3 +365,28 @@ def test_a_run_row_with_a_time_no_calendar_holds_is_listed_with_a_question_mark(
     assert main(["journal", "ls", str(path)]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if "finished" in line]
     assert "?" in row and "q" in row
+
+
+def test_journal_ls_json_is_json_whatever_numbers_a_damaged_file_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run row holding an infinite time printed ``Infinity``, which no JSON reader
+    takes (Python's own takes it only by default)."""
+    import sqlite3
+
+    from rlm_graph import RLM
+
+    journal = tmp_path / "run.sqlite"
+    answer = "```repl\nFINAL('x')\n```"
+    RLM("scripted", {"respond": lambda r: answer}, journal=str(journal)).completion("ctx")
+    with contextlib.closing(sqlite3.connect(journal)) as db, db:
+        db.execute("UPDATE runs SET created = 9e999, updated = 9e999")
+    assert main(["journal", "ls", "--json", str(journal)]) == 0
+
+    def refuse(word: str) -> None:
+        raise ValueError(f"not JSON: {word}")
+
+    (row,) = [
+        json.loads(line, parse_constant=refuse) for line in capsys.readouterr().out.splitlines()
+    ]
+    assert row["created"] is None and row["updated"] is None and row["label"] == "ctx"
