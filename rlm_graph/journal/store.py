@@ -163,6 +163,11 @@ class JournalStore:
             raise ConfigError(
                 f"journal {str(self.path)!r} is a folder; give a file path such as run.sqlite"
             )
+        if self.path.exists() and not self.path.is_file():  # SQLite would write beside it
+            raise ConfigError(
+                f"journal {str(self.path)!r} is not a regular file (a device, a pipe); give "
+                "a file path such as run.sqlite"
+            )
         if read_only:
             self._open_to_read()
             return

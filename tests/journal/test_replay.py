@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -250,6 +251,10 @@ async def test_a_bad_journal_is_a_clear_error(tmp_path: Path) -> None:
         await RLM("scripted", {"respond": _respond}, journal=str(other)).acompletion("ctx")
     with pytest.raises(ConfigError, match="is a folder"):
         await RLM("scripted", {"respond": _respond}, journal=str(tmp_path)).acompletion("ctx")
+    # A device: SQLite failed with "disk I/O error" and left a "/dev/null-journal" beside it.
+    with pytest.raises(ConfigError, match="is not a regular file"):
+        await RLM("scripted", {"respond": _respond}, journal=os.devnull).acompletion("ctx")
+    assert not os.path.exists(os.devnull + "-journal")
     with pytest.raises(ConfigError, match="file path"):
         RLM("scripted", {"respond": _respond}, journal=3)  # type: ignore[arg-type]
 
