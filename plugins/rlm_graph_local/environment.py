@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import math
 import os
+import random
 import sys
 import threading
 import time
@@ -417,6 +418,11 @@ class LocalEnvironment:
             return None
 
     async def aclose(self) -> None:
+        if self.depth == 0:
+            # A journaled run seeds `random` per block, and this REPL's `random` is the
+            # host's: the top-level completion ending, the host's draws are its own again
+            # (a child's close would reseed its parent's blocks mid-run).
+            random.seed()
         if self._control is not None:
             self._control.interrupt()
         else:  # no block runs or will run: let reference counting free the session

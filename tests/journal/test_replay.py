@@ -730,3 +730,33 @@ async def test_a_child_cut_by_max_errors_runs_again_with_a_larger_limit(tmp_path
     assert resumed.replay is not None and resumed.replay.attempt == 2
     assert resumed.response == "root got: child ok"
     assert resumed.replay.replayed > 0  # the child's turns before the cut replay
+
+
+@pytest.mark.processes
+def test_a_journaled_local_run_leaves_the_hosts_random_its_own(tmp_path: Path) -> None:
+    """The ``local`` REPL's ``random`` is the host's, and a journaled run seeds it per
+    block: after ``completion()`` returned, the host drew the same numbers in every
+    process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import random, sys\n"
+        "from rlm_graph import RLM\n"
+        "answer = '```repl\\nimport random\\nx = random.random()\\nFINAL(str(x))\\n```'\n"
+        "rlm = RLM('scripted', {'respond': lambda r: answer}, environment='local', journal=sys.argv[1])\n"
+        "first = rlm.completion('ctx').response\n"
+        "print(first, random.random())\n"
+    )
+    runs = [
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / f"run-{n}.sqlite")],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.split()
+        for n in range(2)
+    ]
+    assert runs[0][0] == runs[1][0]  # the block's draw: seeded by the run, as documented
+    assert runs[0][1] != runs[1][1]  # the host's next draw: its own again
