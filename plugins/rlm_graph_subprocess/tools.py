@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlm_graph.errors import ConfigError, clipped, message_of
-from rlm_graph.protocol.schema import MAX_ANSWER_DEPTH, nests_deeper
+from rlm_graph.protocol.schema import nests_deeper
 from rlm_graph.tracing.scrub import Scrubber
 
 from .guest import Reply
@@ -76,6 +76,11 @@ def split_tools(tools: Mapping[str, tuple[Any, str | None]]) -> GuestTools:
     return found
 
 
+GUEST_READ_DEPTH = 190
+"""The deepest a value crossing to the guest may nest: its reader takes about 200 levels,
+the message around the value a few (a typed answer stops at 100, `MAX_ANSWER_DEPTH`)."""
+
+
 def require_json(what: str, value: Any) -> None:
     """Refuse (`ConfigError`, naming ``what``) a value that cannot cross to the guest:
     not JSON, or nested deeper than the guest's reader takes."""
@@ -86,10 +91,10 @@ def require_json(what: str, value: Any) -> None:
             f"subprocess environment: {what} cannot cross to the guest as JSON ({exc}); "
             "use str, numbers, lists and dicts"
         ) from None
-    if nests_deeper(value, MAX_ANSWER_DEPTH + 2):  # a batch's list, a typed slot's value
+    if nests_deeper(value, GUEST_READ_DEPTH):
         raise ConfigError(
             f"subprocess environment: {what} nests lists or dicts more than "
-            f"{MAX_ANSWER_DEPTH} levels deep, more than the guest reads; flatten it"
+            f"{GUEST_READ_DEPTH} levels deep, more than the guest reads; flatten it"
         )
 
 

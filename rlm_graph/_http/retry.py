@@ -143,10 +143,10 @@ def retry_delay_from_headers(
     429) it then reads the rate-limit reset headers (OpenAI's ``x-ratelimit-reset-*``
     durations, Anthropic's ``anthropic-ratelimit-*-reset`` timestamps, epoch or seconds
     ``x-ratelimit-reset``): the reset of the window the response says is used up (its
-    ``*-remaining-*`` at 0, `exhausted_for`), else the longest reset of a window that
-    does not say it has room. A 429 for the requests window that also reports the tokens
-    window, with room and a full reset in minutes, asks for the requests window's
-    second, not the tokens window's minutes.
+    ``*-remaining-*`` at 0, `exhausted_for`), else the longest (a tokens window with some
+    room may still be too small for the request). A 429 for the requests window that
+    also reports the tokens window, with room and a full reset in minutes, asks for the
+    requests window's second, not the tokens window's minutes.
 
     Any other answer (a 5xx, a cut-off body: ``rate_limited=False``) names a wait only
     by ``Retry-After``: the reset headers every OpenAI answer carries say when a window
@@ -171,22 +171,9 @@ def retry_delay_from_headers(
     used_up = exhausted_for(lowered, now)
     if used_up is not None:
         return used_up
-    with_room = {reset for remaining, reset in _REMAINING if _has_room(lowered.get(remaining))}
-    waits = [
-        _parse_reset(lowered[name], now)
-        for name in RESET_HEADERS
-        if name in lowered and name not in with_room
-    ]
+    waits = [_parse_reset(lowered[name], now) for name in RESET_HEADERS if name in lowered]
     known = [w for w in waits if w is not None]
     return max(known) if known else None
-
-
-def _has_room(remaining: str | None) -> bool:
-    """Whether a ``*-remaining-*`` value says the window has room (above 0)."""
-    try:
-        return remaining is not None and float(remaining) > 0
-    except ValueError:
-        return False
 
 
 _REMAINING = (

@@ -184,4 +184,9 @@ async def open_event_stream(
                 nursery.cancel_scope.cancel()
                 stream.buffer.discard()
     except BaseExceptionGroup as group:
-        raise single_or_group(group) from None
+        error = single_or_group(group)
+        chain = error.__cause__, error.__context__, error.__suppress_context__
+        try:
+            raise error
+        finally:  # its own chain, not the group it came in
+            error.__cause__, error.__context__, error.__suppress_context__ = chain

@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "ADDRESS",
     "MAX_DEPTH",
     "MAX_HOPS",
     "MAX_ITEMS",
@@ -56,7 +55,7 @@ MAX_HOPS = 8
 MAX_STATE_DEPTH = 8  # an object's state is a dict a level down: four objects deep
 
 # "<Foo object at 0x7f...>", "<function f at 0x...>": an address changes every run.
-ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
+_ADDRESS = re.compile(r"\bat 0x[0-9a-fA-F]+|0x[0-9a-fA-F]{6,}")
 
 
 def _name(value: Any) -> str:
@@ -112,7 +111,7 @@ def stable_value(value: Any, depth: int = 0, hops: int = 0) -> Any:
         text = repr(value)
     except Exception:  # a repr that needs what it lacks here (an ORM row's session)
         text = ""  # counts by its type and state, as one whose repr shows an address
-    if not text or ADDRESS.search(text):
+    if not text or _ADDRESS.search(text):
         state = _state(value) if depth < MAX_STATE_DEPTH else None
         if not state:
             return ["object", kind]

@@ -17,7 +17,7 @@ from typing import Any
 from ..contracts import ChatRequest, Image, Message
 from ..graph import NodeKind, Workflow
 from ..graph.spec import NodeSpec
-from .code import ADDRESS, function_fingerprint, stable_value
+from .code import function_fingerprint, stable_value
 
 __all__ = [
     "call_hash",
@@ -40,8 +40,7 @@ def canonical_json(value: Any) -> str:
     a set is its members' texts sorted (its own order is its hash order, which differs
     between processes); a dict whose keys cannot be sorted together (``1`` and ``"a"``)
     is its pairs sorted by their keys' texts; other values JSON cannot hold become their
-    ``repr``, or, where that shows a memory address (another in every process), their
-    `stable_value` (type and state)."""
+    ``repr``."""
     try:
         return _dumps(value)
     except TypeError:  # keys of several types: '<' between them fails
@@ -57,10 +56,7 @@ def _dumps(value: Any) -> str:
 def _default(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return ["set", sorted(canonical_json(member) for member in value)]
-    text = _repr(value)
-    if ADDRESS.search(text):  # ``<Doc object at 0x7f...>``: another key in every process
-        return stable_value(value)
-    return text
+    return _repr(value)
 
 
 def _repr(value: Any) -> str:

@@ -557,12 +557,12 @@ async def test_a_custom_tools_error_reaches_the_guest_without_the_engines_secret
 
     code = (
         "said = []\n"
-        "for call in (lambda: search('x'), lambda: deep(150)):\n"
+        "for call in (lambda: search('x'), lambda: deep(150), lambda: deep(195)):\n"
         "    try:\n        call()\n    except Exception as exc:\n        said.append(str(exc))\n"
         "FINAL(repr(said))"
     )
     rlm = engine([repl(code)], custom_tools={"search": search, "deep": nested})
     result = await rlm.acompletion("ctx")
-    searched, deep = eval(result.response)
+    searched, deep = eval(result.response)  # deep(150) crossed: no error
     assert token not in result.response and "token=[REDACTED]" in searched
-    assert "nests lists or dicts more than 100 levels deep" in deep
+    assert "nests lists or dicts more than 190 levels deep" in deep

@@ -133,10 +133,11 @@ async def test_astream_raises_the_runs_error_and_the_bodys_as_themselves() -> No
                 events.append(event)
     assert stopped.value.result.stop_reason == "max_iterations"
     assert isinstance(events[-1], RunFinished)
-    with pytest.raises(KeyError, match="mine"):
+    with pytest.raises(KeyError, match="mine") as raised:
         async with rlm.astream("ctx") as stream:
             async for _ in stream:
-                raise KeyError("mine")
+                raise KeyError("mine") from ValueError("its cause")
+    assert repr(raised.value.__cause__) == "ValueError('its cause')"  # its own chain kept
     with pytest.raises(LimitExceeded):
         async with Engine("scripted", {"respond": respond}, on_limit="raise", max_tokens=1).astream(
             _two_calls()

@@ -657,28 +657,6 @@ def test_a_journaled_tool_called_after_its_run_has_ended_is_only_not_journaled(
     assert late == ["receipt-2"]
 
 
-class _Doc:
-    """A user's object with the default repr, ``<_Doc object at 0x7f...>``."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-
-async def test_a_context_of_objects_with_addresses_in_their_repr_resumes(tmp_path: Path) -> None:
-    """The run key read such an object by its repr, address and all: every process (every
-    new list of the same documents) was another run, asked again in full, unsaid."""
-    path = str(tmp_path / "run.sqlite")
-    first = await RLM(
-        "scripted", {"respond": _respond}, journal=path, environment="local"
-    ).acompletion([_Doc("a"), _Doc("b")], root_prompt="q")
-    again = RLM("scripted", {"respond": _respond}, journal=path, environment="local")
-    result = await again.acompletion([_Doc("a"), _Doc("b")], root_prompt="q")
-    assert result.replay is not None and result.replay.attempt == 2
-    assert result.response == first.response and scripted(again).requests == []
-    other = await again.acompletion([_Doc("a"), _Doc("c")], root_prompt="q")
-    assert other.replay is not None and other.replay.attempt == 1  # other documents
-
-
 @pytest.mark.processes
 async def test_environment_keywords_that_change_what_code_may_do_are_another_run(
     tmp_path: Path,
