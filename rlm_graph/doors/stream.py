@@ -26,7 +26,7 @@ from ..errors import ConfigError
 from ..events import DEFAULT_CAPACITY, EventBuffer, Listener
 from ..events.buffer import EMPTY, END
 from .aio import running_under_asyncio
-from .sync import refuse_inside_trio, single_or_group, unwrap
+from .sync import refuse_inside_trio, reraise, single_or_group, unwrap
 
 __all__ = ["AsyncEventStream", "EventStream", "open_event_stream"]
 
@@ -184,9 +184,4 @@ async def open_event_stream(
                 nursery.cancel_scope.cancel()
                 stream.buffer.discard()
     except BaseExceptionGroup as group:
-        error = single_or_group(group)
-        chain = error.__cause__, error.__context__, error.__suppress_context__
-        try:
-            raise error
-        finally:  # its own chain, not the group it came in
-            error.__cause__, error.__context__, error.__suppress_context__ = chain
+        reraise(single_or_group(group))

@@ -8,13 +8,13 @@ that also lists the cancellations it caused. `unwrap` gives back the one real er
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import trio
 
 from ..errors import ConfigError
 
-__all__ = ["refuse_inside_trio", "run_sync", "single_or_group", "unwrap"]
+__all__ = ["refuse_inside_trio", "reraise", "run_sync", "single_or_group", "unwrap"]
 
 T = TypeVar("T")
 
@@ -46,6 +46,16 @@ def single_or_group(group: BaseExceptionGroup[Any]) -> BaseException:
     return single.with_traceback(single.__traceback__)
 
 
+def reraise(error: BaseException) -> NoReturn:
+    """Raise ``error``, taken out of the exception group it came in, with its own cause
+    and context, not the group's (``raise error from None`` dropped its cause)."""
+    chain = error.__cause__, error.__context__, error.__suppress_context__
+    try:
+        raise error
+    finally:
+        error.__cause__, error.__context__, error.__suppress_context__ = chain
+
+
 def refuse_inside_trio(sync_name: str, instead: str) -> None:
     """Refuse a sync door called from trio code (it would nest a second trio loop).
 
@@ -71,4 +81,4 @@ def run_sync(fn: Callable[..., Awaitable[T]], *args: Any, sync_name: str, async_
         single = unwrap(group)
         if single is None:
             raise
-        raise single.with_traceback(single.__traceback__) from None
+        reraise(single)

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import trio
 
-from ..doors.sync import unwrap
+from ..doors.sync import reraise, unwrap
 from ..errors import LimitExceeded, ProviderError
 from ..journal import ReplaySummary
 from ..journal.seam import JournalTarget
@@ -164,7 +164,7 @@ async def _journaled(run: Run, operation: Operation[R], flush: Callable[[], Awai
         operation.failed(run, failure)
         with trio.CancelScope(shield=True):
             await flush()
-        raise failure.with_traceback(failure.__traceback__) from None
+        reraise(failure)  # its own cause and context, not the group it came in
     result = operation.result(run, stop_reason, run.scope.cancelled_caught)
     result.replay = replay
     return result

@@ -39,7 +39,7 @@ from ..contracts import (
     ExecResult,
     Message,
 )
-from ..doors.sync import single_or_group
+from ..doors.sync import reraise, single_or_group
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..hooks.checks import exec_result
@@ -483,7 +483,7 @@ class RLMRunner:
             error = single_or_group(group)
             if blocks.final is not None and isinstance(error, Exception):
                 return blocks.final, blocks.last  # a block gave FINAL: the answer stands
-            raise error from None
+            reraise(error)
         return await self._after_blocks(c, state, iteration, reply, codes, blocks)
 
     async def _after_blocks(

@@ -115,6 +115,30 @@ def test_a_provider_error_is_raised_with_the_partial_answer(loop: Loop) -> None:
     assert info.value.partial == "half"
 
 
+def test_a_provider_error_keeps_its_own_cause(loop: Loop) -> None:
+    """The engine took the error out of trio's exception group with ``raise ... from
+    None``, which dropped the cause a plugin gave it (the underlying error of its client)."""
+
+    def respond(request: ChatRequest) -> str:
+        try:
+            raise ConnectionResetError("the socket went away")
+        except ConnectionResetError as exc:
+            raise ProviderError("the server is gone", provider="scripted") from exc
+
+    rlm = RLM("scripted", {"respond": respond})
+    with pytest.raises(ProviderError, match="the server is gone") as info:
+        loop.run(lambda: rlm.acompletion("ctx"))
+    assert repr(info.value.__cause__) == "ConnectionResetError('the socket went away')"
+    # And sync, and from a stream (the run's error comes after run_finished).
+    with pytest.raises(ProviderError) as sync:
+        rlm.completion("ctx")
+    assert isinstance(sync.value.__cause__, ConnectionResetError)
+    with pytest.raises(ProviderError) as streamed:
+        for _ in rlm.stream("ctx"):
+            pass
+    assert isinstance(streamed.value.__cause__, ConnectionResetError)
+
+
 def test_a_persistent_session_keeps_its_repl(loop: Loop) -> None:
     replies = [repl("FINAL(str(len(context_0)))"), repl("FINAL(context_0 + '+' + context_1)")]
     answers = iter(replies)
