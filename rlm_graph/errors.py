@@ -337,18 +337,25 @@ def message_of(exc: BaseException) -> str:
     """``str(exc)``, or what it is when that raises (a plugin's error whose ``__str__``
     formats a field its server left out): the failure stays the error's, not the
     ``__str__``'s."""
+    said = getattr(exc, _SAID, None)
+    if isinstance(said, str):
+        return said
     try:
         return str(exc)
     except Exception as inner:
         return f"(its message could not be made: {type(inner).__name__} in __str__)"
 
 
+_SAID = "_rlm_graph_said"  # the redacted message of an error whose __str__ ignores its args
+
+
 def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
     """Redact ``exc``'s message in place (its text arguments and notes, and those of the
     errors it was raised from), so that a key a plugin quoted reaches neither the slot
     the model reads nor ``result.errors``, a traceback or a log. An error whose
-    ``__str__`` ignores its arguments is left as it is (its record is still redacted).
-    No ``scrub`` (no secret known): nothing to do."""
+    ``__str__`` ignores its arguments (``OSError(5, ...)``, pydantic's ``ValidationError``)
+    keeps its redacted text beside it, for `message_of` to give. No ``scrub`` (no secret
+    known): nothing to do."""
     if scrub is None:
         return
     seen: set[int] = set()
@@ -359,10 +366,23 @@ def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
             args = tuple(scrub(a) if isinstance(a, str) else a for a in error.args)
             if args != error.args:
                 error.args = args
+            _keep_said(error, scrub)
         notes = getattr(error, "__notes__", None)
         if isinstance(notes, list):
             notes[:] = [scrub(n) if isinstance(n, str) else n for n in notes]
         error = error.__cause__ or error.__context__
+
+
+def _keep_said(error: BaseException, scrub: Callable[[str], str]) -> None:
+    """Beside ``error``, its redacted message when its ``__str__`` still quotes a secret
+    (it reads fields, not the arguments `scrub_error` rewrote)."""
+    said = message_of(error)
+    redacted = scrub(said)
+    if redacted != said:
+        try:
+            setattr(error, _SAID, redacted)
+        except (AttributeError, TypeError):  # an error that takes no attributes
+            pass
 
 
 def clipped(text: str, limit: int = 1_000) -> str:

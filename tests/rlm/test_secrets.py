@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pydantic
 import pytest
 
 from rlm_graph import RLM, Engine, Workflow
@@ -55,3 +56,31 @@ def test_a_key_quoted_in_a_plugins_error_never_reaches_a_slot_or_a_result(
     outcome = Engine("scripted", {"respond": _refusing}).run(workflow)
     assert KEY not in outcome.errors["hello"] and "[REDACTED]" in outcome.errors["hello"]
     assert KEY not in json.dumps(outcome.to_dict())
+
+
+class _Strict(pydantic.BaseModel):
+    token: int
+
+
+def _raising_by_fields(request: ChatRequest) -> str:
+    """Errors whose message is made from fields, not from their arguments."""
+    if is_root_turn(request):
+        return repl("FINAL(' | '.join(llm_query_batched(['os', 'model'])))")
+    if "os" in request.messages[-1].content:
+        raise OSError(5, f"upstream said {KEY}")
+    _Strict(token=f"bad {KEY}")  # type: ignore[arg-type]  # pydantic quotes the input
+    return "unreachable"
+
+
+def test_a_key_in_an_error_made_from_its_fields_never_reaches_a_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`OSError` and pydantic's `ValidationError` build their text from fields, so
+    rewriting their arguments left the key in the slot the model read."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    result = RLM("scripted", {"respond": _raising_by_fields}).completion("ctx")
+    assert KEY not in result.response
+    assert "[ERROR] OSError: [Errno 5] upstream said [REDACTED]" in result.response
+    assert "[ERROR] ValidationError:" in result.response
+    assert result.response.count("[REDACTED]") == 2
+    assert KEY not in to_json(result.graph)
