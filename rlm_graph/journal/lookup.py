@@ -61,6 +61,7 @@ class JournalLookup:
         self.tokens_saved = 0
         self.tools_replayed = 0
         self._ids: list[str] | None = None
+        self._used_slots: set[str] = set()  # journaled batch slots that answered a slot
 
     def record(self, record: NodeRecord, request: str, value: str | None) -> None:
         """Journal ``record`` with its request hash and ``value`` (the writer's half)."""
@@ -113,6 +114,8 @@ class JournalLookup:
         if stored is None:
             self.live += counted
             return None
+        if self.diverged_at is None and record.batch_size is not None:
+            stored = self._slot(record, request) or stored
         if self.diverged_at is not None or stored.hash != request:
             if self.diverged_at is None:
                 self.diverged_at = record.id
@@ -130,6 +133,27 @@ class JournalLookup:
         if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
             self._saved(was)
         return stored
+
+    def _slot(self, record: NodeRecord, request: str) -> StoredNode | None:
+        """The journaled slot of ``record``'s batch that asked ``request`` and answers
+        no other slot yet: its own, else a sibling's. A batch built from a set comes in
+        another order in another process (str hashes are salted per process): its slots
+        are the same requests, each replayed, not a divergence. A child RLM's slot is
+        only its own (its nodes are journaled under its id)."""
+        used = self._used_slots
+        own = self.nodes[record.id]
+        if own.hash == request and record.id not in used:
+            used.add(record.id)
+            return own
+        if record.kind != NodeKind.LLM_CALL or record.batch_index is None:
+            return None
+        stem = record.id[: -len(str(record.batch_index))]
+        for index in range(record.batch_size or 0):
+            sibling = self.nodes.get(f"{stem}{index}")
+            if sibling is not None and sibling.hash == request and sibling.id not in used:
+                used.add(sibling.id)
+                return sibling
+        return None
 
     def _saved(self, was: NodeRecord) -> None:
         self.cost_saved += was.cost or 0.0

@@ -738,3 +738,63 @@ def test_a_journaled_local_run_leaves_the_hosts_random_its_own(tmp_path: Path) -
     ]
     assert runs[0][0] == runs[1][0]  # the block's draw: seeded by the run, as documented
     assert runs[0][1] != runs[1][1]  # the host's next draw: its own again
+
+
+@pytest.mark.processes
+async def test_a_batch_over_a_set_replays_in_a_guest_with_other_hashes(tmp_path: Path) -> None:
+    """Each subprocess guest salts str hashes afresh, so a set of words is iterated in
+    another order on resume (8 words: one chance in 40,320 of the same order)."""
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return f"sub:{request.prompt}"
+        words = "alpha beta gamma delta epsilon zeta eta theta"
+        return repl(f"FINAL(' '.join(sorted(llm_query_batched(list(set({words.split()!r}))))))")
+
+    def attempt() -> Any:
+        path = str(tmp_path / "run.sqlite")
+        return RLM("scripted", {"respond": respond}, journal=path, environment="subprocess")
+
+    one = await attempt().acompletion("ctx")
+    again = attempt()
+    two = await again.acompletion("ctx")
+    assert two.response == one.response and "sub:theta" in two.response
+    assert scripted(again).requests == []
+    assert two.replay is not None and (two.replay.replayed, two.replay.diverged) == (9, 0)
+
+
+async def test_a_batch_asked_in_another_order_replays_each_slot_by_its_request(
+    tmp_path: Path,
+) -> None:
+    """A batch built from a set comes in another order in another process (str hashes
+    are salted per process): every slot was a divergence, and the run was asked again.
+    Here the order comes from a file the block reads; each slot is replayed with its
+    own request's answer."""
+    order = tmp_path / "order.txt"
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            return f"sub:{request.prompt}"
+        return repl(
+            f"words = __import__('pathlib').Path({str(order)!r}).read_text().split()\n"
+            "FINAL(' '.join(llm_query_batched(words)))"
+        )
+
+    path = tmp_path / "run.sqlite"
+    order.write_text("x y x z")
+    one = await RLM("scripted", {"respond": respond}, journal=str(path)).acompletion("ctx")
+    assert one.response == "sub:x sub:y sub:x sub:z"
+
+    order.write_text("z x x y")
+    again = RLM("scripted", {"respond": respond}, journal=str(path))
+    two = await again.acompletion("ctx")
+    assert two.response == "sub:z sub:x sub:x sub:y"
+    assert scripted(again).requests == []
+    assert two.replay is not None
+    assert (two.replay.replayed, two.replay.live, two.replay.diverged) == (5, 0, 0)
+
+    order.write_text("z x w y")  # a new request: from it on the run is live, as ever
+    three_rlm = RLM("scripted", {"respond": respond}, journal=str(path))
+    three = await three_rlm.acompletion("ctx")
+    assert three.response == "sub:z sub:x sub:w sub:y"
+    assert [r.prompt for r in scripted(three_rlm).requests] == ["w", "y"]
