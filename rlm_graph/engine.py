@@ -23,6 +23,7 @@ import trio
 from opentelemetry.trace import TracerProvider
 from pydantic import ValidationError
 
+from .concurrency.capacity import LoopLimiters, SharedLimiter
 from .concurrency.limiter import InProcessLimiter
 from .contracts import ModelInfo, Provider
 from .doors.aio import call_from_asyncio, running_under_asyncio
@@ -45,7 +46,6 @@ from .journal.seam import JournalTarget
 from .limits import Limits
 from .result import WorkflowResult
 from .routing import ProviderRouter
-from .runtime.capacity import LoopLimiters, SharedLimiter
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
 from .runtime.workflow import WorkflowRun

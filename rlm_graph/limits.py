@@ -200,7 +200,7 @@ class Budget(_Counts):
     Concurrent calls reserve an estimate before they go out (`fits`, `reserve`) and settle
     it with the real usage after (`settle`, or `release` when the call failed). A call
     whose estimate does not fit beside the reservations in flight waits (the runtime's
-    `rlm_graph.runtime.capacity.BudgetGate`); one that finds nothing in flight always goes.
+    `rlm_graph.concurrency.capacity.BudgetGate`); one that finds nothing in flight always goes.
     So at most one call's worth passes a limit, not ``max_concurrent`` calls' worth. A
     call whose cost cannot be estimated (``cost=None``) under ``max_budget`` goes only
     alone, and nothing goes beside it: until a cost is known, calls go one at a time.

@@ -17,6 +17,7 @@ from typing import Any
 import trio
 from opentelemetry.trace import TracerProvider
 
+from .concurrency.capacity import SharedLimiter
 from .contracts import ModelInfo
 from .doors.aio import call_from_asyncio, run_on_trio_thread, running_under_asyncio
 from .doors.stream import AsyncEventStream, EventStream, open_event_stream
@@ -43,7 +44,6 @@ from .rlm_options import (
     normalise_tools,
     sampling_params,
 )
-from .runtime.capacity import SharedLimiter
 from .runtime.completion import CompletionRun
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle

@@ -90,6 +90,7 @@ def test_only_the_runtime_and_facade_import_trio() -> None:
         "runtime",
         "_http",
         "doors",
+        "concurrency/capacity.py",
         "concurrency/limiter.py",
         "concurrency/tokens.py",
         "concurrency/threads.py",

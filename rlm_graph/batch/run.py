@@ -3,7 +3,7 @@
 An executor (hook ``rlm_register_executors``) decides where completions run: ``local``
 (one trio loop in this process) or ``ray`` (completions spread over long-lived Ray
 workers). Whatever it is, provider limits hold across all of its completions: it gives
-every engine it builds one `SharedLimiter` (see `rlm_graph.runtime.capacity`).
+every engine it builds one `SharedLimiter` (see `rlm_graph.concurrency.capacity`).
 """
 
 from __future__ import annotations

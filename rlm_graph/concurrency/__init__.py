@@ -1,5 +1,6 @@
-"""A provider's concurrency limit: the adaptive arithmetic (`adaptive`, pure) and the
-in-process limiter that holds it across an engine's loops and threads (`limiter`).
+"""A provider's concurrency limit: the adaptive arithmetic (`adaptive`, pure), the
+in-process limiter that holds it across an engine's loops and threads (`limiter`), and
+the limits of one trio loop with the run's budget gate (`capacity`).
 
 See docs/limits.md, "Adaptive concurrency".
 """

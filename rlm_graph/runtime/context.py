@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import trio
 
 from .._http.attempts import RetryLog
+from ..concurrency.capacity import BudgetGate
 from ..errors import message_of, scrub_error
 from ..events import WARN_AT, EventEmitter, Listener
 from ..graph import Graph, NodeRecord, NodeStatus
@@ -36,14 +37,13 @@ from ..hedging import HedgeBudget
 from ..hooks.listener import HookListener, has_observers
 from ..journal.tools import NOT_JOURNALED
 from ..limits import Budget, Limits
-from .capacity import BudgetGate
 
 if TYPE_CHECKING:
+    from ..concurrency.capacity import LoopLimiters
     from ..hooks import PluginHost
     from ..journal.seam import Journaled
     from ..routing import ProviderRouter
     from ..tracing import NodeTracer
-    from .capacity import LoopLimiters
     from .replay import Replayer
 
 __all__ = ["Run"]

@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 import trio
 
-from ..concurrency.adaptive import AdaptiveLimit
-from ..concurrency.limiter import InProcessLimiter, ProviderSlot, SharedGate
 from ..contracts import RateGate, SharedLimiter, Usage
 from ..limits import Budget, Reservation
+from .adaptive import AdaptiveLimit
+from .limiter import InProcessLimiter, ProviderSlot, SharedGate
 
 __all__ = [
     "BudgetGate",
