@@ -351,7 +351,7 @@ _SAID = "_rlm_graph_said"  # the redacted message of an error whose __str__ igno
 
 def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
     """Redact ``exc``'s message in place (its text arguments and notes, and those of the
-    errors it was raised from), so that a key a plugin quoted reaches neither the slot
+    errors it was raised from and of those an exception group holds), so that a key a plugin quoted reaches neither the slot
     the model reads nor ``result.errors``, a traceback or a log. An error whose
     ``__str__`` ignores its arguments (``OSError(5, ...)``, pydantic's ``ValidationError``)
     keeps its redacted text beside it, for `message_of` to give. No ``scrub`` (no secret
@@ -359,10 +359,15 @@ def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
     if scrub is None:
         return
     seen: set[int] = set()
-    error: BaseException | None = exc
-    while error is not None and id(error) not in seen and len(seen) < 16:
+    waiting: list[BaseException] = [exc]
+    while waiting and len(seen) < 64:
+        error = waiting.pop()
+        if id(error) in seen:
+            continue
         seen.add(id(error))
-        if not isinstance(error, BaseExceptionGroup):
+        if isinstance(error, BaseExceptionGroup):  # a nursery's: each error it holds
+            waiting.extend(error.exceptions)
+        else:
             args = tuple(scrub(a) if isinstance(a, str) else a for a in error.args)
             if args != error.args:
                 error.args = args
@@ -370,7 +375,7 @@ def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
         notes = getattr(error, "__notes__", None)
         if isinstance(notes, list):
             notes[:] = [scrub(n) if isinstance(n, str) else n for n in notes]
-        error = error.__cause__ or error.__context__
+        waiting.extend(e for e in (error.__cause__, error.__context__) if e is not None)
 
 
 def _keep_said(error: BaseException, scrub: Callable[[str], str]) -> None:

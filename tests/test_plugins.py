@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import traceback
 from typing import Any
 
 import pytest
@@ -675,6 +676,29 @@ def test_a_provider_factory_that_fails_is_named_as_the_plugins_failure(
     said = str(failed.value)
     assert said.startswith(f"backend 'picky' failed to build: {error.__name__}: cannot use key")
     assert key not in said and "[REDACTED]" in said
+
+
+@pytest.mark.parametrize("error", [TypeError, ConfigError])
+def test_a_key_in_a_factorys_type_error_or_own_verdict_is_redacted(
+    error: type[Exception],
+) -> None:
+    """A factory's `TypeError` (its keywords fit: a bug of its own) and its own
+    `ConfigError` kept the key they quoted, in the message and the printed chain."""
+    key = "sk-factory-quoted-0123456789"
+
+    class Picky:
+        def __init__(self, *, api_key: str) -> None:
+            raise error(f"cannot use key {api_key}")
+
+    class Registers:
+        @hookimpl
+        def rlm_register_providers(self) -> dict[str, object]:
+            return {"picky": Picky}
+
+    with pytest.raises(ConfigError) as failed:
+        Engine("picky", {"api_key": key}, plugins=[Registers()])
+    printed = "".join(traceback.format_exception(failed.value))
+    assert "cannot use key [REDACTED]" in printed and key not in printed
 
 
 class _Unclosable(ConstantProvider):

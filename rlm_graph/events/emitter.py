@@ -232,7 +232,7 @@ class EventEmitter:
         for listener in self._listeners:
             try:
                 listener(event)
-            except Exception:  # a listener's bug must not fail the user's run
+            except (Exception, SystemExit):  # a listener's bug (even sys.exit) is not the run's
                 logger.exception(
                     "the rlm-graph listener %s failed on node %s (event %s: %s)",
                     getattr(listener, "__qualname__", None) or type(listener).__qualname__,

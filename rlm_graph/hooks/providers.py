@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 from ..contracts import Provider
-from ..errors import ConfigError, PluginError, RLMGraphError
+from ..errors import ConfigError, PluginError, RLMGraphError, message_of, scrub_error
 from ..limits import is_rate
 from ..tracing.scrub import Scrubber, secret_values
 from .manager import PluginHost
@@ -35,23 +35,27 @@ def make_provider(
             f"not {type(kwargs).__name__}"
         )
     factory = host.lookup("providers", backend)
+    scrub = Scrubber(secret_values(kwargs, environ={})).scrub  # a key the factory quoted
     try:
         provider = factory(**dict(kwargs or {}))
     except TypeError as exc:
         found = _UNKNOWN_KEYWORD.search(str(exc))  # also one a factory's **kwargs passed on
         unknown = found.group(1) if found and found.group(1) in (kwargs or {}) else ""
         if not unknown and _binds(factory, kwargs):  # the keywords fit: a bug in the factory
-            raise PluginError(f"backend {backend!r} failed to build: {exc}") from exc
+            raise PluginError(
+                f"backend {backend!r} failed to build: {scrub(message_of(exc))}"
+            ) from None
         fix = _REFERENCE_KEYWORDS.get(
             unknown, "see the provider's documentation for the keywords it takes"
         )
         raise ConfigError(
-            f"backend {backend!r} rejected its backend_kwargs: {exc}; {fix}"
+            f"backend {backend!r} rejected its backend_kwargs: {scrub(message_of(exc))}; {fix}"
         ) from None
-    except RLMGraphError:  # the plugin's own verdict (a missing key, a bad base_url)
+    except RLMGraphError as exc:  # the plugin's own verdict (a missing key, a bad base_url)
+        scrub_error(exc, scrub)
         raise
     except (Exception, SystemExit) as exc:  # a third party's factory can fail in any way
-        said = Scrubber(secret_values(kwargs, environ={})).scrub(f"{type(exc).__name__}: {exc}")
+        said = scrub(f"{type(exc).__name__}: {message_of(exc)}")
         raise PluginError(
             f"backend {backend!r} failed to build: {said}; check its backend_kwargs against "
             "the provider's documentation"

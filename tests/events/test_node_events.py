@@ -44,13 +44,16 @@ def test_a_keyboard_interrupt_entering_a_nodes_span_finishes_it_cancelled(
     assert [e.status for e in finished if e.kind == "llm_call"] == ["cancelled"]
 
 
+@pytest.mark.parametrize("error", [ValueError("dashboard down"), SystemExit("dashboard down")])
 def test_a_listener_that_raises_is_named_in_the_log_and_the_run_goes_on(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, error: BaseException
 ) -> None:
+    """Even ``sys.exit()`` in a listener is the listener's failure, as in an observer
+    (it ended the run, and every result was lost)."""
     seen: list[Any] = []
 
     def dashboard(event: Any) -> None:
-        raise ValueError("dashboard down")
+        raise error
 
     rlm = RLM(
         "scripted",

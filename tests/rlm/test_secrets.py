@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import traceback
 
 import pydantic
 import pytest
@@ -84,3 +85,19 @@ def test_a_key_in_an_error_made_from_its_fields_never_reaches_a_slot(
     assert "[ERROR] ValidationError:" in result.response
     assert result.response.count("[REDACTED]") == 2
     assert KEY not in to_json(result.graph)
+
+
+def test_a_key_inside_an_exception_group_is_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin's nursery raises an `ExceptionGroup`: the errors it holds were never
+    redacted, so the key was in the traceback of ``result.exception(...)``."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+
+    def respond(request: ChatRequest) -> str:
+        raise ExceptionGroup("transport failed", [ConnectionError(f"auth {KEY} rejected")])
+
+    workflow = Workflow()
+    node = workflow.llm("hello", id="hello")
+    outcome = Engine("scripted", {"respond": respond}).run(workflow)
+    printed = "".join(traceback.format_exception(outcome.exception(node)))
+    assert "ConnectionError: auth [REDACTED] rejected" in printed
+    assert KEY not in printed
