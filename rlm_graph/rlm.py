@@ -525,6 +525,14 @@ class RLM:
 _TIME_CUTS = frozenset({"timeout", "cpu_seconds", "start_timeout", "close_grace"})
 
 
+def _strategy_knobs(strategy: object) -> dict[str, Any]:
+    """A compaction strategy's settings that are plain values (``target_pct``), by name:
+    part of the run key (what else it holds may differ in every process)."""
+    plain = (str, int, float, bool, type(None))
+    held = getattr(strategy, "__dict__", None) or {}
+    return {k: v for k, v in sorted(held.items()) if isinstance(v, plain)}
+
+
 def _completion_journal(
     path: Any,
     run: Run,
@@ -557,6 +565,9 @@ def _completion_journal(
     shaping = {k: v for k, v in settings.environment_kwargs.items() if k not in _TIME_CUTS}
     if shaping:  # older journals' keys hold
         configuration.append(["environment_kwargs", stable_value(shaping)])
+    knobs = _strategy_knobs(settings.compaction)
+    if knobs:  # TruncateStrategy(target_pct=0.1) is another history (older keys hold)
+        configuration.append(["compaction", knobs])
     question = inputs["root_prompt"]
     label = preview(question if question is not None else inputs["context"], 80)
     if run.redact is not None:  # `journal ls` shows it: no known key in it

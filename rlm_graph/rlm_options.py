@@ -119,10 +119,11 @@ def check_environment_kwargs(factory: Any, name: str, kwargs: Mapping[str, Any] 
             if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
         ]
         known = [k for k in known if k not in ("bridge", "tools", "depth")]
+        setup = "; set-up code goes in RLM(tool_code=...)" if "setup_code" in kwargs else ""
         raise ConfigError(
             f"environment {name!r} does not take environment_kwargs "
             f"{sorted(set(kwargs) - set(known))}; it takes {', '.join(known) or 'none'} "
-            "(see docs/environments.md)"
+            f"(see docs/environments.md){setup}"
         ) from None
 
 
@@ -141,23 +142,45 @@ def compaction_strategy(host: Any, compaction: Any, kwargs: Mapping[str, Any] | 
             made = factory(**dict(kwargs or {}))
         except TypeError as exc:
             raise ConfigError(f"compaction {name!r} rejected compaction_kwargs: {exc}") from None
-        problem = contract_problem(made, _AWAITED, _CALLED)
+        problem = contract_problem(made, _AWAITED, _CALLED) or _sizes_problem(made)
         if problem is not None:
             raise PluginError(
                 f"compaction {name!r}: its factory made {type(made).__name__}, which "
                 f"{problem}; a strategy must follow rlm_graph.contracts.CompactionStrategy"
             )
         return made
+    if isinstance(compaction, type):
+        raise ConfigError(
+            f"compaction= takes a strategy object ({compaction.__name__}()), not the class "
+            f"{compaction.__name__}; or register the class by name (docs/compaction.md)"
+        )
     missing = lacking(compaction, _STRATEGY_METHODS)
     if missing is not None:
         raise ConfigError(
             "compaction must be True, a strategy name or a CompactionStrategy; "
             f"{type(compaction).__name__} has no {missing}()"
         )
-    problem = contract_problem(compaction, _AWAITED, _CALLED)
+    problem = contract_problem(compaction, _AWAITED, _CALLED) or _sizes_problem(compaction)
     if problem is not None:
         raise PluginError(f"compaction {type(compaction).__name__} {problem}")
     return compaction
+
+
+def _sizes_problem(strategy: Any) -> str | None:
+    """Whether ``should_compact`` takes what the loop passes (the messages, then the
+    sizes by keyword), said as the problem (a mismatch failed the first turn)."""
+    try:
+        signature = inspect.signature(strategy.should_compact)
+    except (TypeError, ValueError):  # no signature to read (a builtin): its call will say
+        return None
+    try:
+        signature.bind([], tokens=0, context_window=1, threshold_pct=0.85)
+    except TypeError as exc:
+        return (
+            f"has a should_compact() that cannot take (messages, *, tokens, context_window, "
+            f"threshold_pct): {exc}"
+        )
+    return None
 
 
 def check_loop_options(

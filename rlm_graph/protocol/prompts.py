@@ -6,6 +6,7 @@ models and prompts written for it work; the text is rlm-graph's own.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -134,17 +135,40 @@ def context_summary(context: Any) -> str:
     if isinstance(context, str):
         return f"a str of {len(context):,} characters"
     if isinstance(context, list):
-        sizes = [len(item) if isinstance(item, str | list | dict) else 1 for item in context]
+        sizes = [_characters(item) for item in context]
         shown = ", ".join(f"{s:,}" for s in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
         images = sum(1 for item in context if isinstance(item, Image))
         note = (
             f"; {images:,} of them images: pass one to llm_query([text, image])" if images else ""
         )
-        return f"a list of {len(context):,} items (sizes: {shown}; {sum(sizes):,} in all{note})"
+        return (
+            f"a list of {len(context):,} items (sizes in characters: {shown}; "
+            f"{sum(sizes):,} in all{note})"
+        )
     if isinstance(context, dict):
-        keys = list(context)[:20]
-        return f"a dict with {len(context):,} keys ({', '.join(map(repr, keys))}{', ...' if len(context) > 20 else ''})"
+        keys = ", ".join(f"{k!r}: {_characters(v):,}" for k, v in list(context.items())[:20])
+        more = ", ..." if len(context) > 20 else ""
+        total = sum(_characters(v) for v in context.values())
+        return (
+            f"a dict with {len(context):,} keys (characters of each value: {keys}{more}; "
+            f"{total:,} in all)"
+        )
     return f"a {type(context).__name__}"
+
+
+def _characters(item: Any) -> int:
+    """The size of one item of a context, in characters: a text's length, a chat
+    message's content's, else its JSON's (an image counts 1: it is noted apart)."""
+    if isinstance(item, str):
+        return len(item)
+    if isinstance(item, dict) and isinstance(item.get("content"), str):
+        return len(item["content"])
+    if isinstance(item, Image):
+        return 1
+    try:
+        return len(json.dumps(item, ensure_ascii=False, default=str))
+    except Exception:  # a cycle, a key JSON has no word for, a __str__ that raises
+        return 1
 
 
 def first_user_message(

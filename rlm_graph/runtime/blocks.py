@@ -27,12 +27,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from ..contracts import ExecResult
+from ..contracts import Environment, ExecResult
 from ..graph import NodeRecord, preview
 from ..protocol.fences import BlockCutter
 from ..protocol.replies import without_note
+from ..protocol.state import CompletionState
 
-__all__ = ["BlockRunner", "TurnBlocks"]
+__all__ = ["BlockRunner", "TurnBlocks", "salvage_answer"]
 
 BlockRunner = Callable[[str, int, str], Awaitable[tuple[ExecResult, str]]]
 """``run(code, number, previous) -> (result, node id)``: one block as a ``repl_block``
@@ -105,3 +106,12 @@ class TurnBlocks:
                 self.results.append(result)
                 if result.final_answer is not None:
                     self.final = result.final_answer
+
+
+async def salvage_answer(env: Environment, state: CompletionState) -> None:
+    """Keep ``answer["content"]`` of a block that is being cut, for the partial answer."""
+    with trio.move_on_after(1) as scope:
+        scope.shield = True
+        content = await env.answer_content()
+        if content:
+            state.answer_content = content

@@ -11,9 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import contracts
 from ..contracts import ChatResponse, Message, messages_from_json, messages_json
 from ..graph import NodeRecord
+from ..hooks.compaction import compact, history_text
 from ..journal import value_hash
 from ..journal.seam import Journaled
 from ..limits import Tally
@@ -44,9 +44,11 @@ class CompactionNode:
     cache_key: str | None
 
     async def body(self, record: NodeRecord) -> list[Message]:
-        got = await self.strategy.compact(self.messages, _CompactionCall(self.run, record, self))
-        rewritten = contracts.compacted_history(self.strategy, got)
+        call = _CompactionCall(self.run, record, self)
+        rewritten = await compact(self.strategy, self.messages, call)
         record.output_preview = f"{len(self.messages)} -> {len(rewritten)} messages"
+        if self.run.record_content:
+            record.keep_content(history_text(self.messages), history_text(rewritten))
         return rewritten
 
     def journaled(self) -> Journaled[list[Message]]:

@@ -43,6 +43,7 @@ from ..doors.sync import reraise, single_or_group
 from ..errors import ProviderError, SchemaMismatch
 from ..graph import NodeKind, NodeRecord, preview
 from ..hooks.checks import exec_result
+from ..hooks.compaction import asks_to_compact
 from ..journal import value_hash
 from ..journal.keys import text_hash
 from ..journal.seam import INCOMPLETE_CHILD, Journaled
@@ -59,7 +60,7 @@ from ..protocol.prompts import (
 from ..protocol.replies import without_note
 from ..protocol.schema import AnswerSchema
 from ..protocol.state import CompletionOutcome, CompletionState, LoopSettings, ToolTable
-from .blocks import TurnBlocks
+from .blocks import TurnBlocks, salvage_answer
 from .bridge import BridgeProxy, CompletionBridge, node_path
 from .calls import ModelCall
 from .compaction import DEFAULT_CONTEXT_WINDOW, CompactionNode
@@ -315,6 +316,12 @@ class RLMRunner:
             Message(role="user", content=final_answer_prompt(last - 1, typed=schema is not None))
         )
         reply, _ = await self._turn(c, state, last, previous)
+        found = find_text_final(reply) if self.settings.accept_text_final else None
+        if found is not None:  # FINAL(...) written as text: its value, as in any turn
+            turn_id = node_path(c.completion, f"turn-{last}")
+            final, _ = await self._text_final(c, state, last, found, turn_id, turn_id, [])
+            if final is not None:
+                return CompletionOutcome(final, "max_iterations", state)
         if schema is not None:
             try:
                 parsed = await off_the_loop(schema.parse_text, reply)
@@ -425,7 +432,8 @@ class RLMRunner:
         window = info.context_window if info and info.context_window else DEFAULT_CONTEXT_WINDOW
         tokens = state.history_tokens()
         messages = list(state.messages)
-        if not strategy.should_compact(
+        if not asks_to_compact(
+            strategy,
             messages,
             tokens=tokens,
             context_window=window,
@@ -558,7 +566,7 @@ class RLMRunner:
                 journal=lambda: Journaled(value_hash("repl_block", code), read=None),
             )
         except BaseException:  # cut by a limit or a cancel (possibly inside a group)
-            await _salvage_answer(c.env, state)
+            await salvage_answer(c.env, state)
             raise
         return result, record.id
 
@@ -588,12 +596,3 @@ class RLMRunner:
         result, previous = await self._block(c, state, iteration, code, previous, turn_id, number)
         results.append(result)
         return result.final_answer, previous
-
-
-async def _salvage_answer(env: Environment, state: CompletionState) -> None:
-    """Keep ``answer["content"]`` of a block that is being cut, for the partial answer."""
-    with trio.move_on_after(1) as scope:
-        scope.shield = True
-        content = await env.answer_content()
-        if content:
-            state.answer_content = content

@@ -16,7 +16,7 @@ from rlm_graph.contracts import (
     Usage,
     estimate_tokens,
 )
-from rlm_graph.errors import PluginError, ProviderError
+from rlm_graph.errors import ConfigError, PluginError, ProviderError
 from rlm_graph.hooks import hookimpl
 from rlm_graph_compaction import SUMMARY_PROMPT
 from tests.support.scripts import is_root_turn, repl, scripted
@@ -269,3 +269,88 @@ def test_a_strategy_returning_a_bad_history_is_named(result: Any, says: str) -> 
     rlm = long_run(Broken())
     with pytest.raises(PluginError, match=f"compaction strategy 'broken': compact.. .*{says}"):
         rlm.completion("ctx")
+
+
+async def test_a_summary_longer_than_the_history_is_not_taken() -> None:
+    """A summary bigger than what it summarised was taken as the new history, marked
+    ok: every turn after it was sent larger than before, over the window."""
+
+    def verbose(request: ChatRequest) -> str:
+        if request.messages[-1].content == SUMMARY_PROMPT:
+            return "Summary: " + "y" * 40_000  # ~10,000 tokens: more than the history
+        return repl(STEP)
+
+    rlm = long_run(True, respond=verbose, max_iterations=20)
+    result = await rlm.acompletion("ctx")
+    assert result.response == f"{sum(range(STEPS))}|False|none"  # never compacted
+    nodes = list(result.graph.records(NodeKind.COMPACTION))
+    assert nodes and all(node.status == NodeStatus.ERROR for node in nodes)
+    assert all("no smaller, so the history is kept" in (node.error or "") for node in nodes)
+    assert all("y" * 100 not in m.content for r in root_turns(rlm) for m in r.messages)
+
+
+class _Raising:
+    name = "raising"
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def should_compact(self, messages: Sequence[Message], **sizes: object) -> bool:
+        if self.where == "should_compact":
+            raise ValueError("cannot tell")
+        return True
+
+    async def compact(self, messages: Sequence[Message], ctx: object) -> list[Message]:
+        raise KeyError("oops")
+
+
+@pytest.mark.parametrize("where", ["should_compact", "compact"])
+def test_a_strategy_that_raises_is_named_as_its_failure(where: str) -> None:
+    """A strategy's own bug reached the user as a bare KeyError from deep inside a turn."""
+    with pytest.raises(PluginError, match=f"compaction strategy 'raising': {where}.. raised"):
+        long_run(_Raising(where)).completion("ctx")
+
+
+class _KeepTask:
+    name = "keep_task"
+
+    def should_compact(self, messages: Sequence[Message], *, tokens: int, **rest: object) -> bool:
+        return tokens > 1_000
+
+    async def compact(self, messages: Sequence[Message], ctx: object) -> list[Message]:
+        return list(messages[:2])
+
+
+class _Positional(_KeepTask):
+    def should_compact(  # type: ignore[override]
+        self, messages: Sequence[Message], tokens: int, window: int, pct: float, /
+    ) -> bool:
+        return False
+
+
+def test_a_strategy_class_or_one_that_cannot_take_the_sizes_is_refused_when_built() -> None:
+    """``compaction=KeepTask`` (the class) and a ``should_compact`` taking the sizes by
+    position were accepted, and failed at the first turn with a TypeError."""
+    with pytest.raises(ConfigError, match=r"takes a strategy object \(_KeepTask\(\)\)"):
+        long_run(_KeepTask)
+    with pytest.raises(PluginError, match="cannot take .messages, .*tokens, context_window"):
+        long_run(_Positional())
+
+
+async def test_a_compaction_records_the_history_it_rewrote_when_content_is_kept() -> None:
+    rlm = long_run(_KeepTask(), record_content=True)
+    result = await rlm.acompletion("ctx")
+    node = next(iter(result.graph.records(NodeKind.COMPACTION)))
+    assert node.status == NodeStatus.OK
+    assert node.content_in is not None and "[user] REPL output:" in node.content_in
+    assert node.content_out == ""  # only the system prompt and the task are left
+
+
+async def test_a_text_final_in_the_last_turn_is_the_answer() -> None:
+    """With ``accept_text_final``, the forced last turn's ``FINAL_VAR(x)`` written as
+    text was returned as the literal answer ``"FINAL_VAR(x)"``."""
+    for last, answer in (("FINAL_VAR(x)", "41"), ("FINAL(42)", "42")):
+        replies = [repl("x = 41"), repl("print(x)"), last]
+        rlm = RLM("scripted", {"responses": replies}, accept_text_final=True, max_iterations=2)
+        result = await rlm.acompletion("ctx")
+        assert (result.response, result.stop_reason) == (answer, "max_iterations")

@@ -798,3 +798,23 @@ async def test_a_batch_asked_in_another_order_replays_each_slot_by_its_request(
     three = await three_rlm.acompletion("ctx")
     assert three.response == "sub:z sub:x sub:w sub:y"
     assert [r.prompt for r in scripted(three_rlm).requests] == ["w", "y"]
+
+
+async def test_a_compaction_setting_is_part_of_the_run_key(tmp_path: Path) -> None:
+    """``compaction_kwargs={"target_pct": 0.1}`` on a journal written with 0.5 replayed
+    the old run, compactions and all: the new setting had no effect."""
+    path = str(tmp_path / "run.sqlite")
+
+    def attempt(target_pct: float) -> Any:
+        rlm = RLM(
+            "scripted",
+            {"respond": _respond},
+            journal=path,
+            compaction="truncate",
+            compaction_kwargs={"target_pct": target_pct},
+        )
+        return rlm.acompletion("ctx", root_prompt="q")
+
+    assert (await attempt(0.5)).replay.attempt == 1
+    assert (await attempt(0.5)).replay.attempt == 2  # the same settings resume
+    assert (await attempt(0.1)).replay.attempt == 1  # another history: another run

@@ -288,3 +288,8 @@ def test_tool_code_that_raises_stops_the_completion_with_its_error(environment: 
     assert "tool_code failed in the REPL before the first turn" in text
     assert "LookupError: no table named vendors" in text
     assert scripted(rlm).requests == []  # no turn was spent on it
+
+
+def test_setup_code_in_environment_kwargs_points_to_tool_code() -> None:
+    with pytest.raises(ConfigError, match=r"set-up code goes in RLM\(tool_code=...\)"):
+        RLM("scripted", {"responses": []}, environment_kwargs={"setup_code": "x = 1"})
