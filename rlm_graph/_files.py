@@ -10,11 +10,13 @@ folder's files made beforehand).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import re
 import stat
+import tempfile
 from pathlib import Path
 from typing import IO
 
@@ -64,11 +66,39 @@ def open_private(path: str | os.PathLike[str], mode: str = "w") -> IO[str]:
 
 
 def write_private(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` (a new file created 0600) and return the path; a lone
-    surrogate in it is written as U+FFFD (`utf8_text`)."""
+    """Write ``text`` to ``path`` (created 0600) and return the path; a lone surrogate in
+    it is written as U+FFFD (`utf8_text`).
+
+    Whole or not at all: the text goes to a file beside it that then takes its name, so
+    a write that fails (a full disk, a file-size limit, a kill) leaves the file that was
+    there as it was, never half a file. A path that is not a regular file (``/dev/stdout``,
+    a FIFO), or one in a folder this user may not write, is written in place.
+    """
+    target = Path(path)
+    real = Path(os.path.realpath(target))  # a link's file is replaced, not the link
+    if real.exists() and not real.is_file():
+        return _write_in_place(target, text)
+    try:
+        handle, temporary = tempfile.mkstemp(
+            dir=real.parent, prefix=f".{real.name}.", suffix=".tmp"
+        )
+    except OSError:  # a folder it may not write, beside a file it may
+        return _write_in_place(target, text)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(utf8_text(text))
+        os.replace(temporary, real)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    return target
+
+
+def _write_in_place(path: Path, text: str) -> Path:
     with open_private(path) as handle:
         handle.write(utf8_text(text))
-    return Path(path)
+    return path
 
 
 def destination_problem(path: str | os.PathLike[str], *, folder: bool = False) -> str | None:

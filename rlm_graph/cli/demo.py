@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from typing import Any
 
-from .._files import destination_problem, open_private
+from .._files import destination_problem, write_private
 from ..demo import QUESTION, build_document, demo_rlm_kwargs
 from ..errors import ConfigError
 from ..graph import NodeKind, counts_by_kind, makespan, peak_concurrency, to_json
@@ -35,10 +36,20 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=run)
 
 
+_MIN_SIZE, _MAX_SIZE = 10_000, 500_000_000  # the document is built in memory, twice over
+
+
 def _check(args: argparse.Namespace) -> None:
     """The demo's own options, and where its graph goes, before anything runs."""
-    if args.size < 10_000 or args.latency < 0 or args.max_concurrent < 1:
-        raise ConfigError("--size must be >= 10000, --latency >= 0, --max-concurrent >= 1")
+    if not (
+        _MIN_SIZE <= args.size <= _MAX_SIZE
+        and 0 <= args.latency < math.inf
+        and args.max_concurrent >= 1
+    ):
+        raise ConfigError(
+            f"--size must be {_MIN_SIZE:,}-{_MAX_SIZE:,} characters, --latency a number of "
+            "seconds >= 0, --max-concurrent >= 1"
+        )
     problem = destination_problem(args.out)
     if problem is not None:
         raise ConfigError(f"--out: {problem}")
@@ -52,6 +63,14 @@ def run(args: argparse.Namespace) -> int:
         _check(args)
         reports = report_writers(args, display.say, "rlm-graph demo")
         provider = tracer_provider_for(args)
+        engine = RLM(
+            **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
+            tracer_provider=provider,
+            trace_content=args.trace_content,
+            record_content=args.trace_content,
+            listeners=[*display.listeners(), *reports],
+            observers=reports,  # they keep the graph of a run cut short
+        )
     except ConfigError as exc:  # bad options, paths or OTEL_* settings: one line, as for run
         return refuse("demo", exc)
     setup = build_document(args.size, args.seed)
@@ -59,14 +78,6 @@ def run(args: argparse.Namespace) -> int:
         f"Document: {len(setup.document):,} characters; the fact is hidden at offset {setup.position:,}."
     )
     print(f"Question: {QUESTION}\n")
-    engine = RLM(
-        **demo_rlm_kwargs(args.latency, args.max_concurrent),  # type: ignore[arg-type]
-        tracer_provider=provider,
-        trace_content=args.trace_content,
-        record_content=args.trace_content,
-        listeners=[*display.listeners(), *reports],
-        observers=reports,  # they keep the graph of a run cut short
-    )
     try:
         with display:
             result = engine.completion(setup.document, root_prompt=QUESTION)
@@ -93,11 +104,13 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"The {calls} sub-calls would take {serial:.1f} s one after another, as in the RLM paper."
     )
-    folder = os.path.dirname(args.out)
-    if folder:
-        os.makedirs(folder, exist_ok=True)
-    with open_private(args.out) as handle:
-        handle.write(to_json(graph, indent=1))
+    try:
+        folder = os.path.dirname(args.out)
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+        write_private(args.out, to_json(graph, indent=1))
+    except OSError as exc:  # a full disk: the file that was there is left as it was
+        return refuse("demo", OSError(f"cannot write {args.out}: {exc.strerror or exc}"))
     print(
         f"Graph written to {args.out} (rlm-graph trace export, or load it with rlm_graph.graph.from_json)."
     )

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, TextIO
 
-from .._files import same_file
+from .._files import same_file, utf8_text
 from ..tracing.scrub import without_url_passwords
 
 __all__ = ["Output", "for_stream", "on_terminal", "overwrite_problem", "strip_control"]
@@ -95,9 +95,11 @@ class Output:
         self.as_json = as_json
 
     def line(self, text: str, *, stream: TextIO | None = None) -> None:
-        """A line of text, stripped of control sequences on a terminal."""
+        """A line of text, stripped of control sequences on a terminal, each lone
+        surrogate (half a character a reply may hold, which no stream can write) as
+        U+FFFD."""
         out = stream or sys.stdout
-        print(for_stream(out, text), file=out)
+        print(utf8_text(for_stream(out, text)), file=out)
 
     def note(self, text: str) -> None:
         """A line on stderr (text mode only: JSON mode keeps stderr for real trouble)."""

@@ -158,7 +158,7 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="KEY",
         help="for a journal (.sqlite): which run, by the start of its key (`rlm-graph "
-        "journal ls`); default the newest",
+        "journal ls`; --trace-id is taken the same way); default the newest",
     )
     export.add_argument(
         "-o", "--output", type=Path, default=None, help="write here instead of stdout"
@@ -214,8 +214,15 @@ def _load_graph(path: Path, trace_id: str | None, run: str | None = None) -> Gra
     """A graph from a trace file, a graph JSON export (``rlm-graph demo --out``), or a
     run of a journal."""
     text = read_run_file(path)
-    if text is None:
-        return journal_graph(path, run)[0]
+    if text is None:  # a journal: --trace-id names its run too, as `report` takes it
+        if run is not None and trace_id is not None and run != trace_id:
+            raise TraceFileError(f"--run {run} and --trace-id {trace_id} name two runs")
+        return journal_graph(path, run or trace_id)[0]
+    if run is not None:
+        raise TraceFileError(
+            f"--run picks a run of a journal; {path} is not one: give --trace-id to pick "
+            "a trace of a trace file"
+        )
     if is_graph_json(text):
         return graph_from_json(path, text)
     try:

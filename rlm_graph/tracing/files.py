@@ -354,6 +354,4 @@ class TraceFileExporter(SpanExporter):
 
 def _replace(path: Path, text: str) -> None:
     """Write ``path`` atomically: a reader never sees half a file."""
-    temporary = path.with_name(path.name + ".tmp")
-    write_private(temporary, text)
-    os.replace(temporary, path)
+    write_private(path, text)

@@ -129,3 +129,15 @@ def test_a_context_bigger_than_memory_is_refused_in_one_line(context: str) -> No
     read to memory's end (a ``MemoryError`` traceback)."""
     done = rlm_graph("run", "--context", "/dev/zero", "--query", "q", *_scripted("FINAL(1)"))
     assert done.returncode == 2 and "looks like a binary file" in done.stderr
+
+
+def test_an_answer_with_half_a_character_is_printed_not_lost(context: str) -> None:
+    """A reply holding a lone surrogate (a JSON ``\\ud83d`` a server sent) crashed the
+    printing of the answer with a ``UnicodeEncodeError`` (exit 1, the answer lost)."""
+    rules = json.dumps({"rules": [[".*", "I could not find it \ud83d"]]})
+    done = rlm_graph(
+        "run", "--context", context, "--query", "q", "--backend", "scripted", "--model", "m",
+        "--backend-kwargs", rules, "--max-iterations", "1", "-q",
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr  # stopped by max_iterations: a partial answer
+    assert done.stdout.strip() == "I could not find it \ufffd"

@@ -390,3 +390,27 @@ def test_journal_ls_json_is_json_whatever_numbers_a_damaged_file_holds(
         json.loads(line, parse_constant=refuse) for line in capsys.readouterr().out.splitlines()
     ]
     assert row["created"] is None and row["updated"] is None and row["label"] == "ctx"
+
+
+def test_trace_export_takes_a_journals_run_by_trace_id_as_report_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--trace-id KEY`` on a journal (as ``report`` takes it) was ignored: the newest
+    run was exported, even for a key no run has; ``--run`` on a trace file likewise."""
+    journal = _asked(tmp_path / "j.sqlite", "first question")
+    _asked(journal, "second question")
+    capsys.readouterr()
+    assert main(["journal", "ls", str(journal), "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    first = next(r for r in rows if r["label"] == "first question")
+    assert main(["trace", "export", str(journal), "--run", first["key"][:8]]) == 0
+    by_run = capsys.readouterr().out
+    assert main(["trace", "export", str(journal), "--trace-id", first["key"][:8]]) == 0
+    assert capsys.readouterr().out == by_run
+    assert main(["trace", "export", str(journal), "--trace-id", "zzzzzz"]) == 2
+    assert "no run whose key starts with 'zzzzzz'" in capsys.readouterr().err
+    graph = tmp_path / "graph.json"
+    assert main(["demo", "-q", "--latency", "0", "--size", "20000", "--out", str(graph)]) == 0
+    capsys.readouterr()
+    assert main(["trace", "export", str(graph), "--run", "abc"]) == 2
+    assert "--run picks a run of a journal" in capsys.readouterr().err
