@@ -70,6 +70,8 @@ __all__ = [
     "RateLimited",
     "SchemaMismatch",
     "STOPS_WORKFLOW",
+    "mark_stops_workflow",
+    "stops_workflow",
     "TokenLimitExceeded",
     "TokenLimitExceededError",
     "TimeoutExceededError",
@@ -303,8 +305,27 @@ class NodeCancelled(RLMGraphError):
 
 
 STOPS_WORKFLOW: tuple[type[Exception], ...] = (ProviderAuthError, ProviderNotFound, ConfigError)
-"""Errors of a workflow node that stop the whole workflow: every other node would meet
-them too (a rejected key, an unknown model or base URL, a configuration error)."""
+"""Errors of a workflow's model call that stop the whole workflow: every other model node
+would meet them too (a rejected key, an unknown model or base URL, a configuration error
+of the run). Not a function's or a prompt function's own error, nor one answer of a
+plugin that broke its contract (a `PluginError`): those fail their node only
+(`stops_workflow`)."""
+
+_STOPS = "_rlm_graph_stops_workflow"
+
+
+def mark_stops_workflow(exc: BaseException) -> None:
+    """Mark ``exc``, raised by a workflow node's model call, if it stops the workflow."""
+    if isinstance(exc, STOPS_WORKFLOW) and not isinstance(exc, PluginError):
+        try:
+            setattr(exc, _STOPS, True)
+        except (AttributeError, TypeError):  # an error that takes no attributes
+            pass
+
+
+def stops_workflow(exc: BaseException | None) -> bool:
+    """Whether a workflow node's ``exc`` stops the workflow (`mark_stops_workflow`)."""
+    return getattr(exc, _STOPS, False) is True
 
 
 # The wordings of "your prompt is longer than my window" of the servers we speak to:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
-from .errors import STOPS_WORKFLOW, NodeCancelled, NodeFailed, error_slot
+from .errors import NodeCancelled, NodeFailed, error_slot, stops_workflow
 from .graph import (
     CriticalPath,
     Graph,
@@ -423,7 +423,7 @@ def node_failure(
 def _stopped(reason: str | None, failures: Mapping[str, BaseException]) -> str:
     if reason == "fatal_error":
         for node, exc in failures.items():
-            if isinstance(exc, STOPS_WORKFLOW):
+            if stops_workflow(exc):
                 return f"node {node!r} failed with {type(exc).__name__}, which stops the workflow"
     if reason == "interrupted":
         return "interrupted: Ctrl-C"

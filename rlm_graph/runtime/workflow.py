@@ -6,7 +6,8 @@ Invariants:
       cancelled run shows exactly which nodes never started.
     - A node starts as soon as its last dependency finishes; independent nodes run at once.
     - A node whose dependency failed (or was skipped) is ``skipped`` and sends nothing,
-      unless it receives failures; an error in `STOPS_WORKFLOW` stops the run at once
+      unless it receives failures; a model call's error in `STOPS_WORKFLOW` (not a
+      function's, a prompt function's or a plugin's broken answer) stops the run at once
       (``stop_reason="fatal_error"``): the nodes in flight are cancelled.
     - A node's retries and timeout are inside its one `Run.execute` (one record, one
       span, one journal lookup): a replayed node is not retried.
@@ -30,7 +31,7 @@ from typing import Any, Literal
 import trio
 
 from ..doors.functions import function_try, prompt_messages
-from ..errors import LIMIT_ERRORS, STOPS_WORKFLOW, LimitExceeded
+from ..errors import LIMIT_ERRORS, LimitExceeded, mark_stops_workflow, stops_workflow
 from ..graph import NodeKind, NodeRecord, Workflow
 from ..graph.spec import NodeSpec
 from ..journal.keys import function_fingerprints, function_key, json_value
@@ -154,7 +155,7 @@ async def _run_node(
         )
     except Exception as exc:
         outcome.fail(spec.id, exc)
-        if isinstance(exc, STOPS_WORKFLOW):
+        if stops_workflow(exc):
             run.stop("fatal_error")
 
 
@@ -186,7 +187,7 @@ def _tries(spec: NodeSpec, attempt: Body) -> Body:
                     f"node {spec.id!r} did not finish within timeout={spec.timeout:g} s"
                 )
             except Exception as exc:
-                if isinstance(exc, STOPS_WORKFLOW) or tries > spec.retries:
+                if stops_workflow(exc) or tries > spec.retries:
                     raise
                 error = exc
             finally:
@@ -214,7 +215,12 @@ def _model_call(
         return made[0]
 
     async def body(record: NodeRecord) -> str:
-        reply = await (await call(record)).text(record)
+        made_call = await call(record)  # a prompt function's error: the node's own
+        try:
+            reply = await made_call.text(record)
+        except Exception as exc:  # one the engine would meet for every model node?
+            mark_stops_workflow(exc)
+            raise
         if run.record_content:
             record.keep_content(made[0].messages[-1].content, reply)
         return reply

@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from rlm_graph import Engine, NodeCancelled, NodeFailed, NodeStatus, Workflow
+from rlm_graph.contracts import ChatRequest, ChatResponse
 from rlm_graph.errors import ProviderAuthError, ProviderError, ProviderNotFound
 from rlm_graph.testing import FakeOpenAIServer, Reply, last_user_message
 from tests.support.http import KEY, openai_kwargs
@@ -188,3 +189,44 @@ def test_ctrl_c_returns_the_partial_result() -> None:
     with pytest.raises(NodeCancelled, match="interrupted"):
         result[interrupted]
     assert result.graph["interrupted"].status == NodeStatus.CANCELLED
+
+
+class _OneBadAnswer:
+    """A provider that breaks its contract for one prompt, and answers the rest slowly."""
+
+    name, model, max_concurrent = "flaky", "m", 8
+
+    async def complete(self, request: ChatRequest) -> ChatResponse | None:
+        if request.prompt == "odd":
+            return None  # a forgotten `return` on one branch
+        await trio.sleep(0.05)
+        return ChatResponse(content=f"fine: {request.prompt}")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def _builds_a_bad_rlm() -> str:
+    from rlm_graph import RLM
+
+    RLM("scripted-typo")  # the function's own ConfigError (an unknown backend)
+    return "unreachable"
+
+
+async def test_one_nodes_own_error_or_bad_answer_fails_that_node_only() -> None:
+    """A provider's one answer outside the contract (a `PluginError`) and a function's own
+    `ConfigError` stopped the workflow as a "fatal error": every independent node in
+    flight was cancelled, and such a node was never retried."""
+    wf = Workflow()
+    odd = wf.llm("odd", id="odd")
+    own = wf.function(_builds_a_bad_rlm, id="own", retries=1)
+    fine = [wf.llm(f"q{i}", id=f"q{i}") for i in range(3)]
+    result = await Engine(_OneBadAnswer()).arun(wf)
+    assert result.stop_reason is None
+    assert [result[node] for node in fine] == ["fine: q0", "fine: q1", "fine: q2"]
+    assert result.graph["odd"].error_type == "PluginError"
+    assert result.graph["own"].error_type == "PluginError"  # unknown backend
+    assert result.graph["own"].attempts == 2  # retried: the node's own error
+    for node in (odd, own):
+        with pytest.raises(NodeFailed):
+            result[node]
