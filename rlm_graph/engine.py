@@ -48,6 +48,7 @@ from .result import WorkflowResult
 from .routing import ProviderRouter
 from .runtime.context import Run
 from .runtime.lifecycle import run_lifecycle
+from .runtime.session import CLOSE_SECONDS
 from .runtime.workflow import WorkflowRun
 from .tracing import (
     NodeTracer,
@@ -62,10 +63,6 @@ T = TypeVar("T")
 
 
 logger = logging.getLogger("rlm_graph")
-
-CLOSE_SECONDS = 5.0
-"""The longest one provider's ``aclose`` is awaited when an engine closes (after each
-sync run, and in ``aclose``)."""
 
 
 def _other_kwargs(

@@ -713,7 +713,7 @@ class _Unclosable(ConstantProvider):
         import trio
 
         if self.how == "hangs":
-            await trio.sleep_forever()
+            await trio.sleep(20)  # "for ever"; bounded so that a regression fails, not hangs
         if self.how == "raises":
             raise RuntimeError("the pool is already gone")
         self.closed = True
@@ -738,3 +738,36 @@ def test_a_provider_that_cannot_close_loses_neither_the_result_nor_the_others_cl
     assert second.closed and not first.closed
     said = "did not close within 0.2 s" if how == "hangs" else "failed to close (RuntimeError"
     assert said in caplog.text
+
+
+def test_an_environment_whose_close_hangs_is_left_and_the_answer_kept(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An environment's ``aclose`` that never returned held the completion for ever (it
+    is shielded, so ``max_timeout`` could not end it): a batch or an MCP server hung."""
+    import trio
+
+    from rlm_graph import RLM
+    from rlm_graph.runtime import session
+    from rlm_graph_local import LocalEnvironment
+
+    class Stuck(LocalEnvironment):
+        async def aclose(self) -> None:
+            await super().aclose()
+            await trio.sleep(20)  # "for ever"; bounded so that a regression fails, not hangs
+
+    class Plugin:
+        @hookimpl
+        def rlm_register_environments(self) -> dict[str, object]:
+            return {"stuck": Stuck}
+
+    monkeypatch.setattr(session, "CLOSE_SECONDS", 0.2)
+    rlm = RLM(
+        "scripted",
+        {"responses": ["```repl\nFINAL('done')\n```"]},
+        environment="stuck",
+        plugins=[Plugin()],
+    )
+    with caplog.at_level("WARNING", logger="rlm_graph"):
+        assert rlm.completion("context").response == "done"
+    assert "environment Stuck did not close within 0.2 s" in caplog.text

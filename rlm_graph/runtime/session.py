@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -30,7 +31,19 @@ from .bridge import BridgeProxy, CompletionBridge
 if TYPE_CHECKING:
     from .context import Run
 
-__all__ = ["PersistentSession", "environment_scope", "make_environment"]
+__all__ = [
+    "CLOSE_SECONDS",
+    "PersistentSession",
+    "close_environment",
+    "environment_scope",
+    "make_environment",
+]
+
+CLOSE_SECONDS = 5.0
+"""How long a plugin's ``aclose`` (an environment's, a provider's) may take before it is
+logged and left: a close that hangs never holds a run, or its result."""
+
+logger = logging.getLogger("rlm_graph")
 
 
 def make_environment(
@@ -84,9 +97,22 @@ async def environment_scope(
         await run_tool_code(env, settings.tool_code)
         yield env
     finally:
-        with trio.CancelScope(shield=True):
-            await env.aclose()
+        await close_environment(env)
         bridge.run.leaked_threads += getattr(env, "leaked_threads", 0)
+
+
+async def close_environment(env: Environment) -> None:
+    """``env.aclose()``, shielded (it runs on the way out of a cancelled run too) and
+    within `CLOSE_SECONDS`: an environment plugin whose close hangs is logged and left,
+    rather than holding the run (and its result) past any limit."""
+    with trio.move_on_after(CLOSE_SECONDS, shield=True) as waited:
+        await env.aclose()
+    if waited.cancelled_caught:
+        logger.warning(
+            "environment %s did not close within %s s; it is left as it is",
+            type(env).__name__,
+            CLOSE_SECONDS,
+        )
 
 
 _ONE_AT_A_TIME = (
@@ -136,8 +162,7 @@ class PersistentSession:
             try:
                 await env.start()
             except BaseException:  # failed or cancelled: its folders go now, not at exit
-                with trio.CancelScope(shield=True):
-                    await env.aclose()
+                await close_environment(env)
                 raise
             self.env = env
         self._leaked = getattr(self.env, "leaked_threads", 0)
@@ -169,4 +194,4 @@ class PersistentSession:
             env, self.env = self.env, None
             self.completions, self._first_history, self._set_up = 0, None, False
             if env is not None:
-                await env.aclose()
+                await close_environment(env)
