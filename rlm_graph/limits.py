@@ -26,6 +26,7 @@ from .errors import ConfigError, config_error
 from .hedging import HedgePolicy
 
 __all__ = [
+    "reserved_tokens",
     "Budget",
     "Limits",
     "OnLimit",
@@ -180,18 +181,34 @@ class _Counts:
         )
 
 
+def reserved_tokens(text: str) -> int:
+    """What the token and dollar limits reserve for ``text`` in a prompt: four ASCII
+    characters a token, and about a token more for each character outside ASCII (CJK
+    text is about a token a character, where four characters a token would reserve a
+    quarter of it). An estimate that errs high, as a reservation should."""
+    estimate = max(1, (len(text) + 3) // 4)
+    if text.isascii():
+        return estimate
+    extra = len(text.encode("utf-8", "surrogatepass")) - len(text)  # 1-3 bytes a character
+    return estimate + (extra + 1) // 2
+
+
 class Reservation:
     """Tokens and dollars set aside for one model call until its real usage is known.
 
     ``cost`` None: the call's price cannot be estimated yet (a provider that reports its
-    own costs, before any call of ``model`` has); ``model`` names what it prices."""
+    own costs, before any call of ``model`` has); ``model`` names what it prices;
+    ``estimated_input`` is the prompt's chars/4 estimate (what the real count corrects)."""
 
-    __slots__ = ("cost", "model", "tokens")
+    __slots__ = ("cost", "estimated_input", "model", "tokens")
 
-    def __init__(self, tokens: int, cost: float | None, model: str = "") -> None:
+    def __init__(
+        self, tokens: int, cost: float | None, model: str = "", estimated_input: int = 0
+    ) -> None:
         self.tokens = tokens
         self.cost = cost
         self.model = model
+        self.estimated_input = estimated_input
 
 
 class Budget(_Counts):
@@ -244,12 +261,14 @@ class Budget(_Counts):
             return False  # what is unknown may take the rest of the budget
         return self.cost + self.reserved_cost + cost <= limits.max_budget
 
-    def reserve(self, tokens: int, cost: float | None, model: str = "") -> Reservation:
+    def reserve(
+        self, tokens: int, cost: float | None, model: str = "", estimated_input: int = 0
+    ) -> Reservation:
         self.reserved_tokens += tokens
         self.reserved_cost += cost or 0.0
         self.in_flight += 1
         self.unknown_in_flight += cost is None
-        return Reservation(tokens, cost, model)
+        return Reservation(tokens, cost, model, estimated_input)
 
     def release(self, reservation: Reservation) -> None:
         """Give back a reservation (the call failed, or is settling)."""

@@ -18,7 +18,9 @@ executor's lives in a Ray actor, see plugins/rlm_graph_ray).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -47,24 +49,41 @@ class BudgetGate:
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._parked = trio.lowlevel.ParkingLot()
-        self._largest: dict[str, float] = {}
+        self._input_scale: dict[str, float] = {}  # real input tokens per estimated one
+        self._per_token: dict[str, float] = {}  # reported dollars per estimated token
 
-    def estimate(self, model: str) -> float | None:
-        """The largest real cost of a call of ``model`` so far: the estimate of a call the
-        price table cannot price (a provider that reports its own costs); None before
-        the first such call has settled."""
-        return self._largest.get(model)
+    def estimate(
+        self, model: str, input_tokens: int, output_tokens: int, price: Callable[[Usage], Any]
+    ) -> tuple[int, float | None, int]:
+        """A call's tokens and dollars before it goes, and its prompt's chars/4 estimate.
 
-    async def reserve(self, tokens: int, cost: float | None, model: str = "") -> Reservation:
+        The prompt at four characters per token, corrected by the largest ratio of
+        counted to estimated input a call of ``model`` has had in this run (text of one
+        token a character, as CJK is, counts four times what it looks); priced from the
+        table (``price``), else at the most a reported cost has come to per estimated
+        token (a provider that reports its own costs: a call over a larger prompt is
+        dearer); before the first such cost, None (the call then goes only alone)."""
+        scaled = math.ceil(input_tokens * self._input_scale.get(model, 1.0))
+        tokens = scaled + output_tokens
+        cost = price(Usage(input_tokens=scaled, output_tokens=output_tokens))
+        if cost is None and model in self._per_token:
+            cost = self._per_token[model] * tokens
+        return tokens, cost, input_tokens
+
+    async def reserve(
+        self, tokens: int, cost: float | None, model: str = "", estimated_input: int = 0
+    ) -> Reservation:
         while not self.budget.fits(tokens, cost):
             await self._parked.park()
-        return self.budget.reserve(tokens, cost, model)
+        return self.budget.reserve(tokens, cost, model, estimated_input)
 
-    def try_reserve(self, tokens: int, cost: float | None, model: str = "") -> Reservation | None:
+    def try_reserve(
+        self, tokens: int, cost: float | None, model: str = "", estimated_input: int = 0
+    ) -> Reservation | None:
         """`reserve` if the estimate fits now; None (nothing held) if it would wait."""
         if not self.budget.fits(tokens, cost):
             return None
-        return self.budget.reserve(tokens, cost, model)
+        return self.budget.reserve(tokens, cost, model, estimated_input)
 
     def release(self, reservation: Reservation) -> None:
         self.budget.release(reservation)
@@ -73,11 +92,25 @@ class BudgetGate:
     def settle(self, reservation: Reservation, usage: Usage, cost: float | None) -> str | None:
         """Charge the call's real usage in place of its reservation; the limit now
         passed, if any."""
-        if cost is not None:
-            self._largest[reservation.model] = max(self._largest.get(reservation.model, 0.0), cost)
+        self._learn(reservation, usage, cost)
         exceeded = self.budget.settle(reservation, usage, cost)
         self._parked.unpark_all()
         return exceeded
+
+    def _learn(self, reservation: Reservation, usage: Usage, cost: float | None) -> None:
+        """What the call's real usage says of the next estimates of its model."""
+        model = reservation.model
+        if reservation.estimated_input and usage.input_tokens:
+            ratio = min(usage.input_tokens / reservation.estimated_input, MAX_INPUT_SCALE)
+            self._input_scale[model] = max(self._input_scale.get(model, 1.0), ratio)
+        if cost is not None and reservation.tokens and math.isfinite(cost):
+            per_token = cost / reservation.tokens
+            self._per_token[model] = max(self._per_token.get(model, 0.0), per_token)
+
+
+MAX_INPUT_SCALE = 8.0
+"""The most a prompt's estimate is scaled by what servers counted (a character a token,
+as CJK text, is 4; a server's absurd count does not make every later call wait alone)."""
 
 
 class LoopLimiters:

@@ -46,7 +46,7 @@ from ..hedging import HedgeBudget
 from ..hedging.race import Duplicate, race
 from ..journal.keys import call_hash
 from ..journal.seam import KEEP_TEXT, READ_TEXT, Journaled
-from ..limits import Reservation, Tally
+from ..limits import Reservation, Tally, reserved_tokens
 from ..protocol.replies import estimated_usage, reply_note, with_note
 from ..routing import Route
 
@@ -249,29 +249,25 @@ def _check_priced(run: Run, route: Route) -> None:
 async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation | None:
     """Wait until the call's estimate fits the run's token and dollar limits; hold it.
 
-    The estimate: the prompt at four characters per token, plus the request's
-    ``max_tokens`` (else the provider's ``default_max_tokens``, else
-    `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the table (else at the largest
-    cost a call of this model has had in this run; before the first, unknown: the call
-    then goes only alone).
+    The estimate: the prompt at four characters per token, a token more for each
+    character outside ASCII (`reserved_tokens`; corrected by what the servers counted
+    so far), plus the request's ``max_tokens`` (else the provider's
+    ``default_max_tokens``, else `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the
+    table (else per token at the most a reported cost has come to in this run; before
+    the first, unknown: the call then goes only alone).
     """
     if not run.budget.limited:
         return None
-    tokens, cost = _estimate(run, route, request)
-    return await run.spend.reserve(tokens, cost, route.model)
+    return await run.spend.reserve(*_estimate(run, route, request))
 
 
-def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float | None]:
-    """A call's tokens and dollars before it goes (see `_reserve`)."""
+def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float | None, str, int]:
+    """A call's tokens, dollars, model and prompt estimate (`BudgetGate.estimate`)."""
     output = request.max_tokens or route.capabilities.default_max_tokens or DEFAULT_OUTPUT_ESTIMATE
-    guess = Usage(
-        input_tokens=sum(estimate_tokens(m.content) for m in request.messages),
-        output_tokens=int(output),
-    )
-    cost = run.router.price(route.model, guess)
-    if cost is None:
-        cost = run.spend.estimate(route.model)
-    return guess.total_tokens, cost
+    prompt = sum(reserved_tokens(m.content) for m in request.messages)
+    price = partial(run.router.price, route.model)
+    tokens, cost, prompt = run.spend.estimate(route.model, prompt, int(output), price)
+    return tokens, cost, route.model, prompt
 
 
 async def _race(
@@ -291,8 +287,7 @@ async def _race(
 
 def _reserve_now(run: Run, route: Route, request: ChatRequest) -> Reservation | None:
     """A duplicate's reservation, if its estimate fits the budget now."""
-    tokens, cost = _estimate(run, route, request)
-    return run.spend.try_reserve(tokens, cost, route.model)
+    return run.spend.try_reserve(*_estimate(run, route, request))
 
 
 async def _request(

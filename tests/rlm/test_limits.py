@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from rlm_graph import RLM, NodeKind, NodeStatus
-from rlm_graph.contracts import ChatRequest
+from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
 from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
 from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted, turn_number
 
@@ -169,3 +169,53 @@ async def test_cancelling_a_completion_cancels_every_unfinished_node(
     records = list(graphs[0].records())
     assert all(r.status.finished for r in records)
     assert {r.status for r in records if r.kind != NodeKind.ROOT_TURN} == {NodeStatus.CANCELLED}
+
+
+def _batch_of(prompt: str, n: int = 16) -> str:
+    return repl(f"r = llm_query_batched([{prompt!r} + str(i) for i in range({n})])\nFINAL('done')")
+
+
+async def test_a_reported_cost_is_estimated_by_size_so_the_budget_holds() -> None:
+    """A provider that reports its own costs: each sub-call was estimated at the largest
+    cost seen so far (the root turn's $0.001), so all 16 sub-calls over big chunks
+    ($0.01 each) went at once under ``max_budget=0.02``: $0.16 sent."""
+    sent: list[str] = []
+
+    def sending(request: ChatRequest) -> float:  # each request, as it goes out
+        sent.append(request.prompt)
+        return 0.05
+
+    def respond(request: ChatRequest) -> ChatResponse:
+        if request.prompt.startswith("chunk"):
+            return ChatResponse(content="ok", usage=Usage(input_tokens=12_000), cost=0.01)
+        return ChatResponse(
+            content=_batch_of("chunk " + "x" * 48_000), usage=Usage(input_tokens=600), cost=0.001
+        )
+
+    kwargs = {"respond": respond, "latency": sending, "cost_per_call": 0.001}  # reports costs
+    rlm = RLM("scripted", kwargs, max_budget=0.02)
+    result = await rlm.acompletion("ctx", root_prompt="q")
+    assert result.stop_reason == "max_budget"
+    assert len(sent) <= 4  # the root turn, and about the budget's worth of sub-calls
+    assert result.usage_summary.total_cost <= 0.02 + 0.01 + 1e-9  # the budget and a call
+
+
+async def test_a_prompt_of_one_token_a_character_is_reserved_as_such() -> None:
+    """CJK text is about a token a character; reserved at four characters a token, 8 of
+    16 sub-calls of 10,000 characters went at once under ``max_tokens=30000``: 80,000
+    tokens sent."""
+    sent: list[int] = []
+
+    def sending(request: ChatRequest) -> float:  # each request, as it goes out
+        sent.append(len(request.prompt))
+        return 0.05
+
+    def respond(request: ChatRequest) -> ChatResponse:
+        if request.prompt.startswith("塊"):
+            return ChatResponse(content="好", usage=Usage(input_tokens=len(request.prompt)))
+        return ChatResponse(content=_batch_of("塊" * 10_000), usage=Usage(input_tokens=600))
+
+    rlm = RLM("scripted", {"respond": respond, "latency": sending}, max_tokens=30_000)
+    result = await rlm.acompletion("ctx", root_prompt="q")
+    assert result.stop_reason == "max_tokens"
+    assert sum(sent) <= 30_000 + 10_010  # passed by at most about one call's worth
