@@ -158,6 +158,11 @@ def _hedge(text: str) -> Any:
         value = json.loads(text)
     except json.JSONDecodeError:
         value = None
+    except RecursionError:
+        raise ConfigError(
+            "--hedge: the JSON is nested too deep to read; give a flat object such as "
+            "'{\"quantile\": 0.95}'"
+        ) from None
     if value is True or isinstance(value, dict):
         return value
     raise ConfigError(
@@ -271,6 +276,11 @@ def _json_kwargs(text: str | None) -> dict[str, Any]:
     except ValueError as exc:
         raise ConfigError(
             f"--backend-kwargs is not JSON ({exc}); e.g. '{{\"shout\": true}}'"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            "--backend-kwargs: the JSON is nested too deep to read; give a flat object "
+            "such as '{\"shout\": true}'"
         ) from None
     if not isinstance(given, dict):
         raise ConfigError(f"--backend-kwargs must be a JSON object, not {type(given).__name__}")
@@ -483,6 +493,10 @@ def _read_schema(path: str | None) -> dict[str, Any] | None:
         raise ConfigError(f"--schema: cannot read {path}: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise ConfigError(f"--schema: {path} is not JSON ({exc})") from None
+    except RecursionError:
+        raise ConfigError(
+            f"--schema: {path} is nested too deep to read; give a JSON Schema of fewer levels"
+        ) from None
     if not isinstance(schema, dict):
         raise ConfigError(
             f"--schema: {path} must hold a JSON Schema object, not a {type(schema).__name__}"

@@ -76,6 +76,8 @@ def from_json(text: str | dict[str, Any]) -> Graph:
         )
     except ValueError as exc:
         raise GraphError(f"not an rlm-graph export: not JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per level
+        raise GraphError("not an rlm-graph export: its JSON is nested too deep to read") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise GraphError(
             f"not an rlm-graph export (expected a JSON object with format {FORMAT!r}); "

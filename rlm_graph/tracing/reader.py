@@ -140,6 +140,11 @@ def parse_trace(text: str) -> list[TraceSpan]:
     try:
         documents = _documents(text)
         spans = list(_spans(documents))
+    except RecursionError:  # json's decoder recurses once per level
+        raise TraceFileError(
+            "malformed trace: its JSON is nested too deep to read; expected OTLP JSON Lines "
+            "or Jaeger JSON as written by rlm-graph --trace file"
+        ) from None
     except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
         if isinstance(exc, TraceFileError):
             raise
@@ -257,7 +262,7 @@ def _tag_value(tag: Mapping[str, Any]) -> Any:
     if key in _ARRAY_ATTRIBUTES and isinstance(value, str) and value.startswith("["):
         try:
             decoded = json.loads(value)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
             return value
         return decoded if isinstance(decoded, list) else value
     return value
