@@ -96,9 +96,18 @@ def checked_base_url(provider: str, base_url: object) -> str:
     """``base_url`` without its trailing slash, or a `ConfigError` saying what is wrong."""
     if not isinstance(base_url, str) or not base_url.strip():
         raise ConfigError(f"{provider}: base_url must be a URL like 'http://localhost:8000/v1'")
-    shown = without_url_passwords(repr(base_url))
+    # A query may hold a key (``?api-key=...``): it is never quoted, whatever is wrong.
+    bare = base_url.strip().split("#", 1)[0].split("?", 1)[0]
+    shown = without_url_passwords(repr(bare))
+    if bare != base_url.strip():
+        part = "a query string (?...)" if "?" in base_url else "a fragment (#...)"
+        raise ConfigError(
+            f"{provider}: base_url {shown} has {part}; the endpoint's path goes after "
+            "base_url, so give the API root alone, and put a key in --api-key-env "
+            "(api_key_env) or in headers instead"
+        )
     try:
-        url = httpx.URL(base_url.strip())
+        url = httpx.URL(bare)
     except (httpx.InvalidURL, TypeError, ValueError) as exc:
         raise ConfigError(
             f"{provider}: base_url {shown} is not a valid URL ({without_url_passwords(str(exc))})"
@@ -108,7 +117,7 @@ def checked_base_url(provider: str, base_url: object) -> str:
             f"{provider}: base_url {shown} must be an http:// or https:// URL with a host, "
             "e.g. 'http://localhost:8000/v1'"
         )
-    return base_url.strip().rstrip("/")
+    return bare.rstrip("/")
 
 
 def checked_policy(provider: str, **settings: Any) -> RetryPolicy:

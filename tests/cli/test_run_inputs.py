@@ -100,6 +100,20 @@ def test_a_key_on_the_command_line_is_never_echoed(context: str, words: list[str
         assert "Q7xT2mVh9LpK4nRw" not in done.stdout + done.stderr
 
 
+def test_a_base_url_with_a_query_is_refused_without_its_key(context: str) -> None:
+    """``--base-url 'http://h/v1?api-key=KEY'`` posted to ``...?api-key=KEY/chat/
+    completions`` and printed the key in the connection error."""
+    url = "http://127.0.0.1:9/v1?api-key=Q7xT2mVh9LpK4nRw"
+    done = rlm_graph(
+        "run", "--context", context, "--query", "q", "--model", "m", "--base-url", url,
+        "--max-attempts", "1",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "has a query string" in line and "--api-key-env" in line
+    assert "Q7xT2mVh9LpK4nRw" not in done.stdout + done.stderr
+
+
 def test_a_terminal_that_cannot_print_a_character_still_gets_the_answer(context: str) -> None:
     """With ``PYTHONIOENCODING=latin-1`` an answer holding a snowman was lost to a
     ``UnicodeEncodeError`` traceback; the character prints as ``?``."""

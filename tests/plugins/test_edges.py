@@ -35,6 +35,20 @@ def test_bad_backend_kwargs_are_one_config_error(overrides: dict[str, Any], word
     assert words in message and "\n" not in message and "pydantic" not in message
 
 
+@pytest.mark.parametrize("tail", ["?api-key=S3CR3T-Q7xT2mVh", "#S3CR3T-Q7xT2mVh"])
+def test_a_base_url_with_a_query_or_a_fragment_is_refused_unquoted(tail: str) -> None:
+    """``http://h/v1?api-key=...`` was taken: requests went to ``...?api-key=.../chat/
+    completions`` and the key in the query was printed in errors and reports."""
+    with FakeOpenAIServer() as server:
+        kwargs = openai_kwargs(server)
+        with pytest.raises(ConfigError) as info:
+            RLM("openai", {**kwargs, "base_url": kwargs["base_url"] + tail})
+        assert not server.requests
+    message = str(info.value)
+    assert ("query string" if "?" in tail else "fragment") in message
+    assert "api_key_env" in message and "S3CR3T" not in message
+
+
 def test_other_backend_kwargs_must_match_other_backends() -> None:
     kwargs = {"model_name": "m", "api_key": KEY, "base_url": "http://127.0.0.1:9/v1"}
     with pytest.raises(
