@@ -137,7 +137,12 @@ def register(subparsers: Any) -> None:
         metavar="FILE",
         help="trace files (.otlp.jsonl or .jaeger.json); each is shown in turn",
     )
-    show.add_argument("--width", type=int, default=None, help="line width (default: terminal)")
+    show.add_argument(
+        "--width",
+        type=_width,
+        default=0,
+        help=f"line width, {MIN_WIDTH} to {MAX_WIDTH} (default 0: the terminal's)",
+    )
     show.add_argument("--no-timeline", action="store_true", help="leave out the timeline bars")
     show.add_argument("--ascii", action="store_true", help="ASCII characters only")
     show.set_defaults(func=run_show)
@@ -166,13 +171,31 @@ def register(subparsers: Any) -> None:
     export.set_defaults(func=run_export)
 
 
+MIN_WIDTH, MAX_WIDTH = 40, 1000
+
+
+def _width(text: str) -> int:
+    """``--width``: 0 (the terminal's) or a line width a screen or a file can hold (a
+    width of a billion columns built a line of gigabytes)."""
+    try:
+        width = int(text)
+    except ValueError:
+        width = -1
+    if width != 0 and not MIN_WIDTH <= width <= MAX_WIDTH:
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (the terminal's width) or {MIN_WIDTH} to {MAX_WIDTH} columns, not {text!r}"
+        )
+    return width
+
+
 def _usage(parser: argparse.ArgumentParser) -> int:
     parser.print_help(sys.stderr)
     return EXIT_USAGE
 
 
 def run_show(args: argparse.Namespace) -> int:
-    width = args.width or shutil.get_terminal_size((120, 24)).columns
+    terminal = shutil.get_terminal_size((120, 24)).columns  # $COLUMNS may say anything
+    width = args.width or min(max(terminal, MIN_WIDTH), MAX_WIDTH)
     for number, path in enumerate(args.files):
         try:
             spans = load_trace(path)

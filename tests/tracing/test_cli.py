@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import resource
+import subprocess
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import networkx as nx
 import pytest
@@ -15,6 +19,7 @@ from rlm_graph import Engine, Workflow
 from rlm_graph.cli import main
 from rlm_graph.cli.trace import add_trace_argument, finish_tracing, tracer_provider_for
 from rlm_graph.tracing import TraceSpan, render_trace
+from tests.cli.test_command import COMMAND, _env
 
 US = 1_000_000
 
@@ -358,3 +363,36 @@ def test_a_trace_file_whose_parents_loop_is_read_without_hanging(
     assert "holds 2 runs" in capsys.readouterr().err
     assert main(["trace", "export", str(path), "--trace-id", f"{'ab' * 16}/{'a' * 16}"]) == 0
     assert '"turn-1"' in capsys.readouterr().out
+
+
+def _show_in_a_gigabyte(path: Path, *words: str, columns: str = "") -> CompletedProcess[str]:
+    """``rlm-graph trace show`` as a process that may not take more than 1 GiB."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    env = {**_env(), "COLUMNS": columns} if columns else _env()
+    return subprocess.run(
+        [str(COMMAND), "trace", "show", str(path), *words], capture_output=True, text=True,
+        env=env, preexec_fn=limit, timeout=60, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_AS")
+@pytest.mark.parametrize("width", ["-5", "3", "1001", "1000000000"])
+def test_a_width_no_screen_has_is_refused_in_one_line(trace_file: Path, width: str) -> None:
+    """``--width 1000000000`` built lines of gigabytes (a MemoryError, or a machine
+    swapping); a negative or tiny one was taken silently."""
+    done = _show_in_a_gigabyte(trace_file, "--width", width)
+    assert done.returncode == 2 and not done.stdout, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "--width: must be 0 (the terminal's width) or 40 to 1000 columns" in line
+
+
+@pytest.mark.skipif(os.name != "posix", reason="RLIMIT_AS")
+def test_a_terminal_width_past_a_thousand_columns_is_taken_as_a_thousand(
+    trace_file: Path,
+) -> None:
+    done = _show_in_a_gigabyte(trace_file, columns="1000000000")
+    assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) == 1000
