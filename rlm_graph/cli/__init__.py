@@ -275,7 +275,7 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
                 "there is no --api-key flag (a key on a command line lands in the shell's "
                 "history); set OPENAI_API_KEY, ANTHROPIC_API_KEY... in the environment"
             )
-        exc.message = without_key_shapes(exc.message)  # "--openai-api-key sk-...": not echoed
+        exc.message = without_key_shapes(_unrecognized_names(exc.message))
         if as_json:
             return out.error(EXIT_USAGE, exc.message, kind="UsageError")
         # One line (docs/cli.md), naming the subcommand even where the top parser found
@@ -290,6 +290,32 @@ def _main(words: list[str], out: Output, as_json: bool) -> int:
         return EXIT_USAGE
     code: int = args.func(args)
     return code
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def _unrecognized_names(message: str) -> str:
+    """argparse's "unrecognized arguments: ..." with the names of the unknown flags and
+    the stray words before them, never what follows one: after ``--api_key``,
+    ``--token=``, ``--key`` comes a key, in whatever spelling the flag was misspelt."""
+    if not message.startswith(_UNRECOGNIZED):
+        return message
+    shown: list[str] = []
+    hidden = 0
+    for word in message.removeprefix(_UNRECOGNIZED).split(" "):
+        name, value = word.split("=", 1) if "=" in word else (word, None)
+        if word.startswith("-") and name[1:].lstrip("-")[:1].isalpha():
+            shown.append(name)
+            hidden += value is not None
+        elif any(s.startswith("-") for s in shown):
+            hidden += 1
+        else:
+            shown.append(word)
+    if hidden:
+        words = "a word" if hidden == 1 else f"{hidden} words"
+        shown.append(f"({words} after an unknown flag not shown: it may be a key)")
+    return _UNRECOGNIZED + " ".join(shown)
 
 
 def _interrupted(out: Output, signum: int) -> int:

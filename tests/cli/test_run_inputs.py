@@ -88,16 +88,35 @@ def test_an_empty_read_path_is_refused_not_the_current_folder(tmp_path: Path) ->
     [
         ["--openai-api-key", "sk-proj-Q7xT2mVh9LpK4nRw"],
         ["--base-url", "http://127.0.0.1:9/v1", "--api-key-env", "sk-proj-Q7xT2mVh9LpK4nRw"],
+        ["--api_key", "8f3a9c2eQ7xT2mVh9LpK4nRw"],
+        ["--apikey", "8f3a9c2eQ7xT2mVh9LpK4nRw"],
+        ["--key", "Q7xT2mVh9LpK4nRw"],
+        ["--token=Q7xT2mVh9LpK4nRw"],
+        ["--pasword", "hunter2-Q7xT2mVh9LpK4nRw", "and more"],
     ],
-    ids=["an unknown flag", "a key where its name goes"],
+    ids=[
+        "an unknown flag",
+        "a key where its name goes",
+        "--api_key",
+        "--apikey",
+        "--key",
+        "--token=",
+        "a misspelt --password",
+    ],
 )
 def test_a_key_on_the_command_line_is_never_echoed(context: str, words: list[str]) -> None:
+    """A misspelt key flag (``--api_key 8f3a...``) was echoed whole by argparse's
+    "unrecognized arguments": only the flag's name is, never the words after it."""
     for extra in ([], ["--json"]):
         done = rlm_graph(
             "run", "--context", context, "--query", "q", "--model", "m", *words, *extra
         )
         assert done.returncode == 2
         assert "Q7xT2mVh9LpK4nRw" not in done.stdout + done.stderr
+        if words[0] != "--base-url":
+            assert "unrecognized arguments: " + words[0].split("=")[0] in (
+                done.stdout + done.stderr
+            )
 
 
 def test_a_base_url_with_a_query_is_refused_without_its_key(context: str) -> None:
