@@ -210,6 +210,11 @@ def _item_line(result: BatchResult, number: int, total: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if str(args.output) == "-":
+            raise ConfigError(
+                "--output '-' would be a file named '-', not stdout: the results file is "
+                "read back on a rerun to skip the items done; give a path (results.jsonl)"
+            )
         if same_file(args.input, args.output):
             raise ConfigError("--output must not be the --input file")
         for name, other in (("--output", args.output), ("--input", args.input)):

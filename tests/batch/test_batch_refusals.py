@@ -143,3 +143,20 @@ def test_the_price_hint_follows_the_line_that_needs_it(
     second = next(line for line in lines if "in.jsonl:2:" in line)
     assert first.endswith("[on the command line: --price INPUT OUTPUT (USD per million tokens)]")
     assert "--price" not in second
+
+
+def test_an_output_of_a_dash_is_refused_not_made_a_file_named_dash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--output -`` ran the batch into a file literally named ``-`` (exit 0), while
+    ``--input -`` was refused."""
+    write_items(tmp_path / "in.jsonl", items(2))
+    monkeypatch.chdir(tmp_path)
+    with BatchServer() as server:
+        args = local_cli_args(server, tmp_path)
+        args[args.index("--output") + 1] = "-"
+        assert main(args) == 2
+        assert server.requests == []
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--output '-' would be a file named '-', not stdout" in line
+    assert not (tmp_path / "-").exists()
