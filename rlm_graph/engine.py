@@ -258,6 +258,13 @@ class Engine:
     def providers(self) -> list[Provider]:
         return [provider for _, provider in self.router.providers]
 
+    def redact(self, text: str) -> str:
+        """``text`` less the secrets this engine knows (its providers' keys, secret-named
+        environment variables, runs of 8+ of their characters), each ``[REDACTED]``: what
+        it does to every record. For a caller that shows a run's raw text (the model's
+        streamed reply a listener gets, which is not redacted)."""
+        return self._redact(text) if self._redact is not None else text
+
     def limiters(self) -> LoopLimiters:
         """This engine's limiters for the current trio loop (created on first use)."""
         token = trio.lowlevel.current_trio_token()

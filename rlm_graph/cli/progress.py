@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, Literal, Self, TextIO
 
 from rich.console import Console
@@ -213,6 +214,9 @@ class ProgressDisplay(LiveLine):
             turn) or ``"off"``.
         verbose: also a line per finished node.
         stream: where to write (stderr in the CLI).
+
+    Set ``redact`` (`Engine.redact`) once the engine is built: the echoed reply goes
+    through it, a line at a time.
     """
 
     def __init__(self, mode: Mode, *, verbose: bool = False, stream: TextIO) -> None:
@@ -222,7 +226,9 @@ class ProgressDisplay(LiveLine):
         self.progress = RunProgress()
         self._console = Console(file=stream, force_terminal=mode == "live", highlight=False)
         self._live: Live | None = None
-        self._echo = ReplyEcho(self._say)
+        # The model may repeat a key it saw: each line shown as the engine records it.
+        self.redact: Callable[[str], str] = str
+        self._echo = ReplyEcho(lambda line: self._say(self.redact(line)))
 
     def listeners(self) -> list[Any]:
         """What to pass as ``listeners=`` (nothing when the display is off)."""

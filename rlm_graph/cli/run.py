@@ -470,6 +470,7 @@ def run(args: argparse.Namespace) -> int:
             listeners=[*display.listeners(), *reports],
             observers=reports,  # they keep the graph of a run cut short
         )
+        display.redact = rlm.engine.redact  # -v echoes the model's reply
     except ConfigError as exc:
         finish_tracing(provider)
         text = on_the_command_line(str(exc))  # the library's fixes are Python's

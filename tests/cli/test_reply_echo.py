@@ -4,10 +4,15 @@ a streamed reply, line by line, before the turn's own line."""
 from __future__ import annotations
 
 import io
+import subprocess
+from pathlib import Path
+
+import pytest
 
 from rlm_graph import RLM
 from rlm_graph.cli.progress import ProgressDisplay, ReplyEcho
 from rlm_graph.testing import FakeOpenAIServer
+from tests.cli.test_command import COMMAND, _env, run_args
 from tests.support.http import openai_kwargs
 from tests.support.streams import FINISH, TurnScript, repl
 
@@ -44,3 +49,22 @@ def test_a_retried_reply_is_shown_again_from_where_it_differs() -> None:
         "  │ three",
         "  │ last",
     ]
+
+
+@pytest.mark.processes
+def test_verbose_never_echoes_the_key_the_model_repeats(tmp_path: Path) -> None:
+    """``run -v`` printed the root model's reply as it came: a model that repeated the
+    API key (given by --api-key-env) put it on stderr, which records redact."""
+    key = "team-Q7xT2mVh9LpK4nRwZ3"
+    reply = f"The key is {key}, I think.\n```repl\nanswer['content'] = 'ok'; answer['ready'] = True\n```"
+    context = tmp_path / "ctx.txt"
+    context.write_text("a document")
+    with FakeOpenAIServer(lambda body: reply) as server:
+        args = [*run_args(server, context, "-v", "--api-key-env", "TEAM_CREDS")]
+        done = subprocess.run(
+            [str(COMMAND), *args], capture_output=True, text=True, timeout=60, check=False,
+            env={**_env(), "TEAM_CREDS": key},
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "  │ The key is [REDACTED], I think." in done.stderr.splitlines()
+    assert "Q7xT2mVh" not in done.stderr + done.stdout
