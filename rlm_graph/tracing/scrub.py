@@ -5,7 +5,7 @@ Invariants:
       caller hands to a run span) goes through a `Scrubber` first; trace files pass every
       string through one more time on their way to disk.
     - A scrubber redacts three things: literal secret values it was given (an ``api_key``
-      from ``backend_kwargs``), the values of environment variables whose name holds
+      or a secret-named header from ``backend_kwargs``), the values of environment variables whose name holds
       ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, and text shaped like a credential
       (``sk-...`` keys, ``Bearer ...`` tokens, ``api_key=...`` pairs, a few vendor prefixes).
     - Of a known secret, any run of `RUN_CHARS` (8) or more consecutive characters is
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from .._files import utf8_text
 from ..errors import URL_USERINFO, without_url_passwords as without_url_passwords
@@ -47,6 +47,10 @@ RUN_CHARS = 8
 RUN_SECRET_CHARS = 12
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+# A header holding a credential (``api-key``, ``x-api-key``, ``Authorization``, ``Cookie``),
+# and the scheme before the token in its value.
+_SECRET_HEADER = re.compile(r"key|token|auth|secret|passw", re.IGNORECASE)
+_AUTH_SCHEME = re.compile(r"(?i:bearer|basic|token|digest|apikey)\s++")
 
 _SHAPE_PATTERNS = (
     r"\bsk-[A-Za-z0-9_\-]{8,}",  # OpenAI, Anthropic (sk-ant-...), OpenRouter (sk-or-...)
@@ -97,7 +101,10 @@ def secret_values(
     A value counts when its name holds ``KEY``, ``TOKEN``, ``SECRET``, ``PASSWORD`` (and a
     few spellings) and it is a string of at least `MIN_SECRET_CHARS` characters; a keyword
     ending in ``_env`` (``api_key_env``) names a variable and is not one. The password of
-    a URL among ``kwargs`` (a ``base_url`` with ``user:password@``) is one too.
+    a URL among ``kwargs`` (a ``base_url`` with ``user:password@``) is one too, and so is
+    the value of a header given in ``kwargs`` (``headers={"api-key": ...}``) whose name
+    holds ``key``, ``token``, ``auth``, ``secret``, ``password`` or ``cookie``, without
+    its scheme (the token of ``Bearer <token>``).
 
     Args:
         kwargs: keyword arguments, e.g. a provider's ``backend_kwargs`` (``api_key``).
@@ -108,18 +115,9 @@ def secret_values(
     """
     found: set[str] = set()
     keywords = kwargs or {}
-    for value in keywords.values():  # a URL's password (``base_url="https://u:pw@host"``)
-        if isinstance(value, str) and "@" in value:
-            found.update(
-                m.group(2)
-                for m in URL_USERINFO.finditer(value)
-                if len(m.group(2)) >= MIN_SECRET_CHARS
-            )
-    for name, value in keywords.items():  # ``api_key_env="TEAM_CREDS"``: the key is there
-        if name.lower().endswith("_env") and _SECRET_NAME.search(name[:-4]):
-            named = os.environ.get(value) if isinstance(value, str) and value else None
-            if named is not None and len(named) >= MIN_SECRET_CHARS:
-                found.add(named)
+    found.update(_url_passwords(keywords))
+    found.update(_named_variables(keywords))
+    found.update(_header_secrets(keywords))
     for source in (keywords, os.environ if environ is None else environ):
         for name, value in source.items():
             if (
@@ -131,6 +129,51 @@ def secret_values(
             ):
                 found.add(value)
     return sorted(found, key=len, reverse=True)
+
+
+def _url_passwords(keywords: Mapping[str, object]) -> Iterator[str]:
+    """The password of a URL (``base_url="https://u:pw@host"``)."""
+    for value in keywords.values():
+        if isinstance(value, str) and "@" in value:
+            for found in URL_USERINFO.finditer(value):
+                if len(found.group(2)) >= MIN_SECRET_CHARS:
+                    yield found.group(2)
+
+
+def _named_variables(keywords: Mapping[str, object]) -> Iterator[str]:
+    """What the variable an ``..._env`` keyword names holds (``api_key_env="TEAM_CREDS"``)."""
+    for name, value in keywords.items():
+        if name.lower().endswith("_env") and _SECRET_NAME.search(name[:-4]):
+            named = os.environ.get(value) if isinstance(value, str) and value else None
+            if named is not None and len(named) >= MIN_SECRET_CHARS:
+                yield named
+
+
+def _header_secrets(keywords: Mapping[str, object]) -> Iterator[str]:
+    """The values of secret-named headers in a ``headers`` keyword (Azure's ``api-key``,
+    ``x-api-key``, ``Authorization: Bearer ...``), each without its scheme; of a
+    ``Cookie``, each cookie's value."""
+    for name, headers in keywords.items():
+        if not (name.lower().endswith("headers") and isinstance(headers, Mapping)):
+            continue
+        for header, value in headers.items():
+            if not (isinstance(header, str) and isinstance(value, str)):
+                continue
+            if "cookie" in header.lower():
+                cookies = [part.partition("=")[2].strip() for part in value.split(";")]
+                yield from (c for c in cookies if len(c) >= MIN_SECRET_CHARS)
+            elif _SECRET_HEADER.search(header):
+                yield from _credential(value)
+
+
+def _credential(value: str) -> Iterator[str]:
+    """A credential without its auth scheme (``Bearer``, ``Basic``), if at least
+    `MIN_SECRET_CHARS` long."""
+    value = value.strip()
+    scheme = _AUTH_SCHEME.match(value)
+    token = value[scheme.end() :] if scheme else value
+    if len(token) >= MIN_SECRET_CHARS:
+        yield token
 
 
 class SecretRuns:
