@@ -82,20 +82,23 @@ __all__ = [
 ]
 
 
-# ``https://user:password@host``: the user kept, the password dropped. The scheme is
-# looked for once per run of scheme characters (from its first letter after a word
-# boundary; the atomic group keeps that choice), and the runs after it are possessive:
-# read from each word boundary instead, 40,000 characters of ``a.a.a...`` took a second.
+# ``https://user:password@host``: the user kept, the password dropped; a user with no
+# password (``http://glpat-...@host``, which httpx sends as Basic auth: a token) dropped
+# itself. The scheme is looked for once per run of scheme characters (from its first
+# letter after a word boundary; the atomic group keeps that choice), and the runs after
+# it are possessive: read from each word boundary instead, 40,000 characters of
+# ``a.a.a...`` took a second. After ``://`` there are two tries, each one linear scan:
+# ``user:`` then the password, else the whole userinfo.
 URL_USERINFO = re.compile(
-    r"((?<![A-Za-z0-9+.\-])(?>[A-Za-z0-9+.\-]*?\b[A-Za-z])[A-Za-z0-9+.\-]*+://[^\s/@:]*+:)"
-    r"(?!\[REDACTED\])([^\s/@]++)@"
+    r"((?<![A-Za-z0-9+.\-])(?>[A-Za-z0-9+.\-]*?\b[A-Za-z])[A-Za-z0-9+.\-]*+://"
+    r"(?:[^\s/@:]*+:)?+)(?!\[REDACTED\])([^\s/@]++)@"
 )
 
 
 def without_url_passwords(text: str) -> str:
-    """``text`` with the password of every URL in it (``scheme://user:password@``)
-    replaced by ``[REDACTED]``: what an error, a command or a span shows of a base URL
-    or an endpoint."""
+    """``text`` with the password of every URL in it (``scheme://user:password@``), or
+    its user when it has no password (``scheme://token@``), replaced by ``[REDACTED]``:
+    what an error, a command or a span shows of a base URL or an endpoint."""
     if "://" not in text:  # most messages: no URL, no scan
         return text
     return URL_USERINFO.sub(lambda found: found.group(1) + "[REDACTED]@", text)

@@ -5,9 +5,11 @@ Invariants:
       caller hands to a run span) goes through a `Scrubber` first; trace files pass every
       string through one more time on their way to disk.
     - A scrubber redacts three things: literal secret values it was given (an ``api_key``
-      or a secret-named header from ``backend_kwargs``), the values of environment variables whose name holds
-      ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD``, and text shaped like a credential
-      (``sk-...`` keys, ``Bearer ...`` tokens, ``api_key=...`` pairs, a few vendor prefixes).
+      or a secret-named header from ``backend_kwargs``), the values of environment
+      variables whose name holds ``KEY``, ``TOKEN``, ``SECRET`` or ``PASSWORD`` (and of
+      the OTLP exporter's ``OTEL_EXPORTER_OTLP_HEADERS``), and text shaped like a
+      credential (``sk-...`` keys, ``Bearer ...`` tokens, ``api_key=...`` pairs, a URL's
+      user and password, a few vendor prefixes).
     - Of a known secret, any run of `RUN_CHARS` (8) or more consecutive characters is
       redacted too (a server echoing ``...test-planted`` of a key leaks most of it), for
       secrets of at least `RUN_SECRET_CHARS` (12) characters that look like a key (no
@@ -24,6 +26,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from urllib.parse import unquote
 
 from .._files import utf8_text
 from ..errors import URL_USERINFO, without_url_passwords as without_url_passwords
@@ -50,6 +53,9 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 # A header holding a credential (``api-key``, ``x-api-key``, ``Authorization``, ``Cookie``),
 # and the scheme before the token in its value.
 _SECRET_HEADER = re.compile(r"key|token|auth|secret|passw", re.IGNORECASE)
+# The OTLP exporter's headers (OTEL_EXPORTER_OTLP_HEADERS, ..._TRACES_HEADERS): every
+# value is taken as a secret, since the credential's header is named by the vendor.
+_EXPORTER_HEADERS = re.compile(r"OTEL_EXPORTER_OTLP_(?:[A-Z]++_)?HEADERS", re.IGNORECASE)
 _AUTH_SCHEME = re.compile(r"(?i:bearer|basic|token|digest|apikey)\s++")
 
 _SHAPE_PATTERNS = (
@@ -104,7 +110,8 @@ def secret_values(
     a URL among ``kwargs`` (a ``base_url`` with ``user:password@``) is one too, and so is
     the value of a header given in ``kwargs`` (``headers={"api-key": ...}``) whose name
     holds ``key``, ``token``, ``auth``, ``secret``, ``password`` or ``cookie``, without
-    its scheme (the token of ``Bearer <token>``).
+    its scheme (the token of ``Bearer <token>``). Of the environment, every value of the
+    OTLP exporter's ``OTEL_EXPORTER_OTLP_HEADERS`` counts too, as given and URL-decoded.
 
     Args:
         kwargs: keyword arguments, e.g. a provider's ``backend_kwargs`` (``api_key``).
@@ -118,7 +125,9 @@ def secret_values(
     found.update(_url_passwords(keywords))
     found.update(_named_variables(keywords))
     found.update(_header_secrets(keywords))
-    for source in (keywords, os.environ if environ is None else environ):
+    environment = os.environ if environ is None else environ
+    found.update(_exporter_header_secrets(environment))
+    for source in (keywords, environment):
         for name, value in source.items():
             if (
                 isinstance(value, str)
@@ -164,6 +173,20 @@ def _header_secrets(keywords: Mapping[str, object]) -> Iterator[str]:
                 yield from (c for c in cookies if len(c) >= MIN_SECRET_CHARS)
             elif _SECRET_HEADER.search(header):
                 yield from _credential(value)
+
+
+def _exporter_header_secrets(environ: Mapping[str, str]) -> Iterator[str]:
+    """The values of ``OTEL_EXPORTER_OTLP_HEADERS`` (and ``..._TRACES_HEADERS``...):
+    comma-separated ``name=value`` pairs, URL-encoded, that carry the exporter's own
+    credential (``x-honeycomb-team=...``) under names that look like nothing secret."""
+    for name, value in environ.items():
+        if not (isinstance(value, str) and _EXPORTER_HEADERS.fullmatch(name)):
+            continue
+        for pair in value.split(","):
+            encoded = pair.partition("=")[2].strip()
+            if len(encoded) >= MIN_SECRET_CHARS:  # as code would print it, undecoded
+                yield encoded
+            yield from _credential(unquote(encoded))
 
 
 def _credential(value: str) -> Iterator[str]:

@@ -6,11 +6,18 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from rlm_graph import Engine, Workflow
-from rlm_graph.testing import FakeOpenAIServer
+import pytest
+
+from rlm_graph import RLM, Engine, Workflow
+from rlm_graph.errors import ProviderError, without_url_passwords
+from rlm_graph.events import NodeFinished, RunFinished
+from rlm_graph.graph import to_json
+from rlm_graph.testing import FakeOpenAIServer, Reply
 from rlm_graph.tracing import close_tracing, configure_tracing, trace_files
 from rlm_graph.tracing.scrub import secret_values
+from tests.support.scripts import repl, root_and_sub
 
 # Shaped like no known key: only the literal scrubber can know them.
 AZURE_KEY = "Zq81azure-gateway-key-7731"
@@ -71,3 +78,84 @@ def test_a_header_s_secret_is_its_value_without_the_scheme() -> None:
         environ={},
     )
     assert found == ["dXNlcjpwYXNzd29yZA==", "subscription-1234", "cookie-value-77"]
+
+
+HONEYCOMB_KEY = "hcaik_01hqk7x3v9m2c8d4f6g1h5j0"
+COLLECTOR_TOKEN = "Tr59collector-token/2208+x"
+
+
+def test_the_exporter_s_credential_in_otel_headers_is_redacted_when_code_prints_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A ``*_API_KEY`` variable's value was redacted; the OTLP exporter's own key, in
+    ``OTEL_EXPORTER_OTLP_HEADERS`` under a name like ``x-honeycomb-team``, was not."""
+    monkeypatch.setenv(
+        "OTEL_EXPORTER_OTLP_HEADERS", f"x-honeycomb-team={HONEYCOMB_KEY},x-honeycomb-dataset=rlm"
+    )
+    encoded = quote(f"Bearer {COLLECTOR_TOKEN}", safe="")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", f"Authorization={encoded}")
+    code = (
+        "import os\nfrom urllib.parse import unquote\n"
+        "print(os.environ['OTEL_EXPORTER_OTLP_HEADERS'])\n"
+        "print(unquote(os.environ['OTEL_EXPORTER_OTLP_TRACES_HEADERS']))\nFINAL('done')"
+    )
+    provider = configure_tracing("file", directory=tmp_path)
+    events: list[Any] = []
+    rlm = RLM(
+        "scripted",
+        {"respond": root_and_sub([repl(code)])},
+        tracer_provider=provider,
+        trace_content=True,
+        listeners=[events.append],
+    )
+    result = rlm.completion("ctx")
+    assert close_tracing(provider)
+    texts = [path.read_text() for path in trace_files(provider)]
+    texts += [to_json(result.graph), "".join(e.model_dump_json() for e in events)]
+    for text in texts:
+        assert "x-honeycomb-team=[REDACTED]" in text  # the output was captured, redacted
+        assert HONEYCOMB_KEY not in text and COLLECTOR_TOKEN not in text
+        assert encoded not in text
+
+
+def test_a_token_given_as_a_url_s_user_is_redacted_from_errors_and_events() -> None:
+    """``http://token@host`` is sent as Basic auth: the token is a credential, but only a
+    ``user:password@`` was redacted, so the error of a failed call quoted it."""
+    token = "glpat-abcdefghijklmnopqrst"
+    events: list[Any] = []
+    with FakeOpenAIServer(replies=[Reply.error(404, "no such model")]) as server:
+        url = server.base_url.replace("://", f"://{token}@")
+        rlm = RLM("openai", {"model_name": "m", "base_url": url}, listeners=[events.append])
+        with pytest.raises(ProviderError) as raised:
+            rlm.completion("ctx")
+    assert token not in str(raised.value)
+    assert "http://[REDACTED]@127.0.0.1" in str(raised.value)
+    errors = [e.error for e in events if isinstance(e, NodeFinished | RunFinished)]
+    assert len(errors) == 2 and all(e and "[REDACTED]@" in e for e in errors)
+    assert token not in "".join(e.model_dump_json() for e in events)
+
+
+def test_a_url_s_user_is_redacted_in_one_pass_over_a_long_text() -> None:
+    """The model's or a server's text: each ``://`` is tried twice, each a linear scan
+    (this runs in a fraction of a second; with backtracking it would not end)."""
+    for text in ("x://" + "a:" * 50_000, "x://" * 25_000, "x://" + "a" * 99_990 + "@h"):
+        without_url_passwords(text)
+    assert without_url_passwords("x://" + "a" * 99_990 + "@h") == "x://[REDACTED]@h"
+    assert without_url_passwords("ssh://u:p4ssword@h http://host:8080/v1") == (
+        "ssh://u:[REDACTED]@h http://host:8080/v1"
+    )
+
+
+def test_the_exporter_s_header_values_are_secrets_decoded_and_as_given() -> None:
+    environ = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc%2Fdef123, x-team = plainvalue9,tiny=ab",
+        "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Basic%20dXNlcjpwYXNz",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318",
+    }
+    assert set(secret_values(environ=environ)) == {
+        "abc%2Fdef123",
+        "abc/def123",
+        "plainvalue9",
+        "Basic%20dXNlcjpwYXNz",
+        "dXNlcjpwYXNz",
+    }
