@@ -115,12 +115,13 @@ def configure_tracing(
     Raises:
         ConfigError: an unknown mode, an OTLP protocol other than ``http/protobuf`` and
             ``grpc``, ``grpc`` without the ``grpc`` extra installed, or ``OTEL_BSP_*``
-            settings the SDK refuses.
+            settings the SDK refuses or that are not whole numbers.
     """
     if mode not in TRACE_MODES:
         raise ConfigError(f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}")
     if mode == "none":
         return NoOpTracerProvider()
+    _check_batch_settings(os.environ)
     provider = SDKTracerProvider(resource=_resource(service_name))
     exporter = exporter or _exporter(mode, directory, formats)
     try:
@@ -132,19 +133,44 @@ def configure_tracing(
             )
         else:
             processor = BatchSpanProcessor(exporter)
-    except ValueError as exc:  # the SDK's check of the OTEL_BSP_* variables
-        bsp = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("OTEL_BSP_")]
-        raise ConfigError(
-            f"the span batch settings are refused ({exc}): {', '.join(bsp) or 'none set'}; "
-            "each must be a positive number, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at most "
-            "OTEL_BSP_MAX_QUEUE_SIZE"
-        ) from None
+    except ValueError as exc:  # the SDK's check of the OTEL_BSP_* values' range
+        raise _batch_settings_refused(str(exc)) from None
     if isinstance(exporter, TraceFileExporter):
         _file_exporters[provider] = exporter
     if isinstance(exporter, _Watched):
         _watched[provider] = exporter
     provider.add_span_processor(processor)
     return provider
+
+
+_BATCH_SETTINGS = (
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_EXPORT_TIMEOUT",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+)
+
+
+def _check_batch_settings(environ: Mapping[str, str]) -> None:
+    """Refuse an ``OTEL_BSP_*`` value that is not a whole number. The SDK reads them with
+    ``int()`` too, but logs its own traceback and goes on with its default."""
+    for name in _BATCH_SETTINGS:
+        value = environ.get(name)
+        if value is None:
+            continue
+        try:
+            int(value)
+        except ValueError:
+            raise _batch_settings_refused(f"{name} is not a whole number") from None
+
+
+def _batch_settings_refused(reason: str) -> ConfigError:
+    bsp = [f"{k}={v!r}" for k, v in sorted(os.environ.items()) if k.startswith("OTEL_BSP_")]
+    return ConfigError(
+        f"the span batch settings are refused ({reason}): {', '.join(bsp) or 'none set'}; "
+        "each must be a positive whole number, OTEL_BSP_MAX_EXPORT_BATCH_SIZE at most "
+        "OTEL_BSP_MAX_QUEUE_SIZE"
+    )
 
 
 class _Watched(SpanExporter):

@@ -322,6 +322,11 @@ def test_a_password_in_a_url_is_never_printed_or_written(
         ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "4096", "otlp"),
         ("OTEL_BSP_MAX_QUEUE_SIZE", "0", "otlp"),
         ("OTEL_BSP_SCHEDULE_DELAY", "0", "file"),
+        # not whole numbers: the SDK logged a 7-line traceback and went on with its default
+        ("OTEL_BSP_SCHEDULE_DELAY", "abc", "file"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "5s", "file"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "1.5", "otlp"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "", "otlp"),
     ],
 )
 def test_batch_settings_the_sdk_refuses_are_one_line_and_exit_2(
