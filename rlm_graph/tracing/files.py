@@ -25,6 +25,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -132,14 +133,24 @@ def _fix_otlp(value: Any, scrub: Scrubber) -> Any:
 
 # -- Jaeger JSON -------------------------------------------------------------------------
 
+_INT64 = range(-(2**63), 2**63)
+
 
 def _tag(key: str, value: Any, scrub: Scrubber) -> dict[str, Any]:
+    """A Jaeger tag. The file is read with strict JSON parsers (the Jaeger UI's
+    ``JSON.parse``), and as int64: an int past int64 is its digits as a string, an
+    infinite or NaN float is ``"inf"``, ``"-inf"`` or ``"nan"`` (``json.dumps`` writes
+    ``Infinity``, which no strict parser takes)."""
     if isinstance(value, bool):
         return {"key": key, "type": "bool", "value": value}
     if isinstance(value, int):
-        return {"key": key, "type": "int64", "value": value}
+        if value in _INT64:
+            return {"key": key, "type": "int64", "value": value}
+        return {"key": key, "type": "string", "value": str(value)}
     if isinstance(value, float):
-        return {"key": key, "type": "float64", "value": value}
+        if math.isfinite(value):
+            return {"key": key, "type": "float64", "value": value}
+        return {"key": key, "type": "string", "value": str(value)}
     if isinstance(value, str):
         return {"key": key, "type": "string", "value": scrub(value)}
     # Jaeger has no array tags; its own OTLP translator writes arrays as JSON text.

@@ -11,7 +11,8 @@ Invariants:
     - What a file holds that cannot be read (a text where a count goes, a node kind or
       status of another version, a repeated node id, a Jaeger id that is not hex) is a
       `TraceFileError` naming the span and the field, never another exception. A NaN or
-      infinite cost or queueing time is unknown: read as absent.
+      infinite cost or queueing time (``"inf"`` in a Jaeger file) is unknown: read as
+      absent. A count past int64 is written as its digits, and read back as the number.
     - Spans appear once each, in start order, whatever order the file holds them in.
 """
 
@@ -22,6 +23,7 @@ import binascii
 import json
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -60,6 +62,10 @@ _COUNTS = frozenset(
     }
 )
 _AMOUNTS = frozenset({"rlm.cost_usd", "rlm.queue_seconds"})
+# A count past int64 is written as its digits (at most 4,300: int()'s own limit), an
+# infinite or NaN amount in a Jaeger file as text (strict JSON has no Infinity).
+_DIGITS = re.compile(r"-?[0-9]{1,4300}")
+_NOT_FINITE = frozenset({"inf", "-inf", "nan"})
 _HEX = frozenset("0123456789abcdef")
 _JAEGER_SPECIAL = frozenset(
     {
@@ -332,10 +338,15 @@ def _checked(attributes: dict[str, Any], span: Mapping[str, Any]) -> dict[str, A
         value = attributes[key]
         if isinstance(value, float) and value.is_integer():
             value = attributes[key] = int(value)
+        elif isinstance(value, str) and _DIGITS.fullmatch(value):  # past int64: its digits
+            value = attributes[key] = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad_field(span, key, value, "a whole number")
     for key in _AMOUNTS.intersection(attributes):
         value = attributes[key]
+        if isinstance(value, str) and value in _NOT_FINITE:  # how a Jaeger file writes one
+            del attributes[key]
+            continue
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise _bad_field(span, key, value, "a number")
         if not math.isfinite(value):

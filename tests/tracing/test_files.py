@@ -17,11 +17,19 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from rlm_graph import RLM, Engine, Workflow
-from rlm_graph.contracts import ChatRequest
+from rlm_graph.contracts import ChatRequest, ChatResponse, Usage
 from rlm_graph.errors import ProviderAuthError
 from rlm_graph.graph import Graph
 from rlm_graph.runtime.workflow import WorkflowRun, run_workflow
-from rlm_graph.tracing import NodeTracer, TraceFileExporter, load_trace, to_graph
+from rlm_graph.tracing import (
+    NodeTracer,
+    TraceFileExporter,
+    close_tracing,
+    configure_tracing,
+    load_trace,
+    to_graph,
+    trace_files,
+)
 from tests.support.tracing import KeyedPlugin, Memory, parent_id, span_id
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
@@ -319,3 +327,54 @@ def test_a_span_of_another_tracer_with_half_a_character_loses_not_its_batch(
     (written,) = tmp_path.glob("*.otlp.jsonl")
     spans = load_trace(written)
     assert sorted(s.name for s in spans) == ["open caf\ufffd", "outer"]
+
+
+def test_counts_past_int64_and_an_infinite_cost_leave_both_files_valid(tmp_path: Path) -> None:
+    """A plugin's bogus usage: 2**64 tokens made the OTLP encoder log a traceback and drop
+    the attribute (and the Jaeger file held an int past int64); 10**305 tokens priced cost
+    ``inf``, which the Jaeger file held as ``Infinity``, refused by strict JSON parsers
+    such as the Jaeger UI's ``JSON.parse``."""
+    usage = Usage(input_tokens=10**305, output_tokens=2**64)
+    reply = ChatResponse(content="ok", model="m", usage=usage)
+    provider = configure_tracing("file", directory=tmp_path)
+    engine = Engine(
+        "scripted",
+        {"model_name": "m", "respond": lambda request: reply},
+        models={"m": {"input_usd_per_mtok": 1e6}},
+        tracer_provider=provider,
+    )
+    workflow = Workflow()
+    workflow.llm("q", id="ask")
+    assert engine.run(workflow).ok
+    assert close_tracing(provider)
+    jaeger, otlp = sorted(trace_files(provider), key=lambda path: path.suffix)
+
+    def strict(constant: str) -> Any:
+        raise ValueError(f"{constant} is not JSON")
+
+    (trace_data,) = json.loads(jaeger.read_text(), parse_constant=strict)["data"]
+    (call,) = [s for s in trace_data["spans"] if s["operationName"] == "chat m"]
+    tags = {tag["key"]: tag for tag in call["tags"]}
+    assert tags["gen_ai.usage.input_tokens"] == {
+        "key": "gen_ai.usage.input_tokens",
+        "type": "string",
+        "value": str(10**305),
+    }
+    assert tags["gen_ai.usage.output_tokens"]["value"] == "18446744073709551616"
+    assert tags["rlm.cost_usd"] == {"key": "rlm.cost_usd", "type": "string", "value": "inf"}
+    lines = [json.loads(line, parse_constant=strict) for line in otlp.read_text().splitlines()]
+    (otlp_call,) = [
+        span
+        for line in lines
+        for resource in line["resourceSpans"]
+        for scope in resource["scopeSpans"]
+        for span in scope["spans"]
+        if span["name"] == "chat m"
+    ]
+    attributes = {a["key"]: a["value"] for a in otlp_call["attributes"]}
+    assert attributes["gen_ai.usage.input_tokens"] == {"stringValue": str(10**305)}
+    assert attributes["gen_ai.usage.output_tokens"] == {"stringValue": "18446744073709551616"}
+    for path in (jaeger, otlp):  # and `rlm-graph trace show` reads both back
+        (read,) = [s for s in load_trace(path) if s.name == "chat m"]
+        assert read.attributes["gen_ai.usage.input_tokens"] == 10**305
+        assert "rlm.cost_usd" not in read.attributes  # infinite: unknown
