@@ -201,12 +201,7 @@ class Engine:
     ) -> None:
         given = [*_plugin_list("plugins", plugins), *_plugin_list("observers", observers)]
         self.host = PluginHost(given, entry_points=entry_points)
-        self.listeners: list[Listener] = list(listeners)
-        for listener in self.listeners:
-            if not callable(listener):
-                raise ConfigError(
-                    f"a listener is a callable taking an event, not {type(listener).__name__}"
-                )
+        self.listeners: list[Listener] = _checked_listeners(listeners)
         self.limits = self._limits(limits)
         # Default None: OpenTelemetry's global provider, the application's (a library
         # does not build its own from OTEL_* variables; the CLI and configure_tracing do).
@@ -277,6 +272,7 @@ class Engine:
         """A fresh run sharing this engine's providers and limiters (call inside trio).
 
         ``listeners`` get this run's events, after the engine's own listeners."""
+        listeners = _checked_listeners(listeners)
         graph = Graph()
         tracer = NodeTracer(
             self.tracer_provider,
@@ -490,3 +486,25 @@ def _plugin_list(name: str, given: object) -> list[object]:
             f"{type(given).__name__}; pass {name}=[MyPlugin()]"
         )
     return list(given)
+
+
+def _checked_listeners(listeners: Iterable[Listener]) -> list[Listener]:
+    """``listeners`` as a list, each a plain callable. An ``async def`` one (or an object
+    whose ``__call__`` is) would get a coroutine made per event and never awaited: the
+    listener saw nothing, and said nothing."""
+    checked = list(listeners)
+    for listener in checked:
+        if not callable(listener):
+            raise ConfigError(
+                f"a listener is a callable taking an event, not {type(listener).__name__}"
+            )
+        if any(
+            inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+            for f in (listener, type(listener).__call__)
+        ):
+            name = getattr(listener, "__qualname__", None) or type(listener).__qualname__
+            raise ConfigError(
+                f"listener {name} is async: a listener is called on the scheduler's thread "
+                "and must be a plain function; use astream() for async consumers"
+            )
+    return checked

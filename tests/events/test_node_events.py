@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from rlm_graph import RLM
+from rlm_graph import RLM, Engine
+from rlm_graph.errors import ConfigError
 from rlm_graph.events import NodeFinished, NodeStarted
 from rlm_graph.tracing.spans import NodeTracer
 from tests.support.scripts import repl, root_and_sub
@@ -108,3 +111,36 @@ def test_a_ctrl_c_a_sub_call_meets_stops_the_block_and_reaches_the_caller(code: 
     # cancelled, none answered.
     assert all(status == "cancelled" for status in slow)
     assert all(e.status != "running" for e in events if isinstance(e, NodeFinished))
+
+
+async def _async_listener(event: object) -> None:
+    """What an asyncio user writes first: it would get a coroutine per event, never run."""
+
+
+class _AsyncCallable:
+    async def __call__(self, event: object) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("listener", "name"),
+    [
+        (_async_listener, "_async_listener"),
+        (functools.partial(_async_listener), "partial"),
+        (_AsyncCallable(), "_AsyncCallable"),
+    ],
+)
+def test_an_async_listener_is_refused_when_configured(listener: Any, name: str) -> None:
+    """It was accepted and silently received nothing ("coroutine was never awaited")."""
+    plain: list[Any] = []
+    wanted = (
+        "a listener is called on the scheduler's thread and must be a plain function; "
+        "use astream() for async consumers"
+    )
+    with pytest.raises(ConfigError, match=re.escape(wanted)) as raised:
+        RLM("scripted", {"respond": lambda request: "x"}, listeners=[plain.append, listener])
+    assert "\n" not in str(raised.value) and name in str(raised.value)
+    with pytest.raises(ConfigError, match=re.escape(wanted)):
+        Engine("scripted", {"respond": lambda request: "x"}, listeners=[listener])
+    engine = Engine("scripted", {"respond": lambda request: "x"}, listeners=[plain.append])
+    with pytest.raises(ConfigError, match=re.escape(wanted)):
+        engine.new_run(listeners=[listener])
