@@ -246,10 +246,27 @@ class PluginHost:
             )
             self.broken.append(dataclasses.replace(entry, error=str(exc)))
             return
-        self._installed[id(_hook_object(plugin))] = entry
-        problem = _async_hook(self.pm, _hook_object(plugin))
+        hooked = _hook_object(plugin)
+        if self.pm.is_registered(hooked) and not self.pm.get_hookcallers(hooked):
+            self.pm.unregister(
+                hooked
+            )  # an entry point naming a hook function, a module without hooks
+            problem = (
+                f"its entry point ({entry.value}) names an object with no @hookimpl hooks: "
+                "point it at the module (or an instance) holding the hooks"
+            )
+            _warn_once(
+                "the installed rlm-graph plugin %r (%s) is skipped: %s",
+                entry.name,
+                entry.distribution,
+                problem,
+            )
+            self.broken.append(dataclasses.replace(entry, error=problem))
+            return
+        self._installed[id(hooked)] = entry
+        problem = _async_hook(self.pm, hooked)
         if problem is not None:
-            self._fault(_hook_object(plugin), problem)
+            self._fault(hooked, problem)
 
     def _register_code(self, plugin: object) -> None:
         """A plugin passed in code; one with no hook implementation is a mistake (its

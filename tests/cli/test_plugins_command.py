@@ -297,3 +297,25 @@ def test_an_installed_plugin_passed_in_code_wins_a_clash_as_the_warning_says(
     default, alpha, beta = done.stdout.splitlines()
     assert "register yours in code, plugins=[...], to choose" in done.stderr
     assert (alpha, beta) == ("answered by alpha", "answered by beta")
+
+
+@pytest.mark.parametrize("target", ["rlm_graph_hookless:rlm_register_providers", "json"])
+def test_an_entry_point_naming_no_hooks_is_listed_as_broken(tmp_path: Path, target: str) -> None:
+    """An entry point naming the hook function itself, or a module without hooks, was
+    dropped without a word: not warned of, not in `rlm-graph plugins`, not named when
+    the backend it should provide was unknown."""
+    dist = tmp_path / "rlm_graph_hookless-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rlm-graph-hookless\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(f"[rlm_graph]\nhookless = {target}\n")
+    (tmp_path / "rlm_graph_hookless.py").write_text(
+        "from rlm_graph import hookimpl\n\n@hookimpl\ndef rlm_register_providers():\n"
+        "    return {}\n"
+    )
+    done = _run(tmp_path, str(COMMAND), "plugins", "--json")
+    assert done.returncode == 0, done.stderr
+    (broken,) = [row for row in json.loads(done.stdout) if row["category"] == "broken"]
+    assert broken["name"] == "hookless"
+    assert f"its entry point ({target}) names an object with no @hookimpl hooks" in broken["error"]
