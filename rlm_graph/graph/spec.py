@@ -265,9 +265,32 @@ def _resolve(value: Any, lookup: Callable[[str], Any]) -> tuple[Any, bool]:
         if isinstance(value, tuple) and hasattr(value, "_make"):  # a namedtuple
             return value._make(values), True
         if isinstance(value, set | frozenset):
-            return _set_like(value, values), True
-        return (tuple(values) if isinstance(value, tuple) else values), True
+            _hashable(value, values)
+        return _sequence_like(value, values), True
     return value, False
+
+
+def _sequence_like(value: Any, values: list[Any]) -> Any:
+    """``values`` in a container of ``value``'s class: a subclass keeps its class and its
+    attributes (made as `copy.copy` makes it, without calling its ``__init__``); the plain
+    container where that cannot be done."""
+    plain: type = (
+        tuple if isinstance(value, tuple) else list if isinstance(value, list)
+        else frozenset if isinstance(value, frozenset) else set
+    )  # fmt: skip
+    if type(value) is plain:
+        return plain(values)
+    try:
+        if isinstance(value, tuple | frozenset):  # immutable: made with its items
+            like = type(value).__new__(type(value), values)
+            like.__dict__.update(getattr(value, "__dict__", {}))
+        else:
+            like = copy.copy(value)
+            like.clear()
+            like.extend(values) if isinstance(like, list) else like.update(values)
+    except Exception:
+        return plain(values)
+    return like
 
 
 def _mapping_like(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
@@ -285,8 +308,8 @@ def _mapping_like(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
     return like
 
 
-def _set_like(value: set[Any] | frozenset[Any], values: list[Any]) -> Any:
-    """``values`` as a set of ``value``'s kind.
+def _hashable(value: set[Any] | frozenset[Any], values: list[Any]) -> None:
+    """Check that a set of ``value``'s kind can hold ``values``.
 
     Raises:
         TypeError: a value a set cannot hold (a dependency returned a list, say).
@@ -300,7 +323,6 @@ def _set_like(value: set[Any] | frozenset[Any], values: list[Any]) -> Any:
                 f"{type(item).__name__} that a dependency returned (a set holds hashable "
                 "values only); pass the references in a list or a tuple instead"
             ) from None
-    return type(value)(values) if type(value) in (set, frozenset) else set(values)
 
 
 def check_params(node_id: str, params: Mapping[str, Any]) -> dict[str, Any]:

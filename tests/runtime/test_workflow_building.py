@@ -172,6 +172,32 @@ async def test_a_dict_subclass_holding_a_reference_arrives_as_its_own_class() ->
     assert result[ordered] == ("OrderedDict", ["b", "a"])
 
 
+class _Rows(list):  # type: ignore[type-arg]
+    def __init__(self, items: object = (), sep: str = " | ") -> None:
+        super().__init__(items)  # type: ignore[call-overload]
+        self.sep = sep
+
+    def joined(self) -> str:
+        return self.sep.join(map(str, self))
+
+
+class _Tags(frozenset):  # type: ignore[type-arg]
+    pass
+
+
+async def test_a_list_or_frozenset_subclass_holding_a_reference_keeps_its_class() -> None:
+    """A list subclass arrived as a plain list once it held a reference (its methods
+    gone: AttributeError in the node), a frozenset subclass as a mutable set."""
+    wf = Workflow()
+    asked = wf.llm("q")
+    rows = wf.function(lambda r: r.joined(), _Rows(["x", asked], sep=" / "))
+    tags = wf.function(lambda t: (type(t).__name__, sorted(t)), _Tags({"a", asked}))
+    result = await echo_engine().arun(wf)
+    assert result.ok, result.errors
+    assert result[rows] == "x / <q>"
+    assert result[tags] == ("_Tags", ["<q>", "a"])
+
+
 async def test_a_value_whose_repr_raises_is_a_value_not_a_failure() -> None:
     class Opaque:
         def __repr__(self) -> str:
