@@ -282,7 +282,8 @@ def _sequence_like(value: Any, values: list[Any]) -> Any:
         return plain(values)
     try:
         if isinstance(value, tuple | frozenset):  # immutable: made with its items
-            like = type(value).__new__(type(value), values)
+            kind: Any = type(value)
+            like = kind.__new__(kind, values)
             like.__dict__.update(getattr(value, "__dict__", {}))
         else:
             like = copy.copy(value)

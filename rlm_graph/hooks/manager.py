@@ -251,7 +251,7 @@ class PluginHost:
             self.pm.unregister(
                 hooked
             )  # an entry point naming a hook function, a module without hooks
-            problem = (
+            hookless = (
                 f"its entry point ({entry.value}) names an object with no @hookimpl hooks: "
                 "point it at the module (or an instance) holding the hooks"
             )
@@ -259,9 +259,9 @@ class PluginHost:
                 "the installed rlm-graph plugin %r (%s) is skipped: %s",
                 entry.name,
                 entry.distribution,
-                problem,
+                hookless,
             )
-            self.broken.append(dataclasses.replace(entry, error=problem))
+            self.broken.append(dataclasses.replace(entry, error=hookless))
             return
         self._installed[id(hooked)] = entry
         problem = _async_hook(self.pm, hooked)
