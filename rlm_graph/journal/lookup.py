@@ -23,6 +23,10 @@ from .tools import MISSING, NOT_JOURNALED
 
 __all__ = ["JournalLookup"]
 
+_NO_MATCH = StoredNode("", "", NodeRecord(id="", kind=NodeKind.LLM_CALL), (), None, None, 0, False)
+"""What a batch slot is looked up as when no journaled slot of its batch is left that
+asked its request (it goes live, a divergence)."""
+
 _AFTER_ALL = chr(0x10FFFF)  # after every character a node id can hold: a prefix's range ends here
 
 logger = logging.getLogger("rlm_graph")
@@ -114,8 +118,11 @@ class JournalLookup:
         if stored is None:
             self.live += counted
             return None
+        moved = None
         if self.diverged_at is None and record.batch_size is not None:
-            stored = self._slot(record, request) or stored
+            found = self._slot(record, request)  # None: no journaled slot left asked it
+            moved = found if found is not None and found.id != record.id else None
+            stored = found if found is not None else _NO_MATCH
         if self.diverged_at is not None or stored.hash != request:
             if self.diverged_at is None:
                 self.diverged_at = record.id
@@ -129,6 +136,8 @@ class JournalLookup:
         was = stored.record
         record.adopt(was)
         self._replayed.append((record, stored))
+        if moved is not None:  # kept under this slot's id now: the journal is this order's
+            self.record(record, request, moved.value)
         self.replayed += counted
         if record.kind != NodeKind.RLM_CALL:  # a child's cost is counted on its nodes
             self._saved(was)

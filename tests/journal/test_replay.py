@@ -799,6 +799,37 @@ async def test_a_batch_asked_in_another_order_replays_each_slot_by_its_request(
     assert three.response == "sub:z sub:x sub:w sub:y"
     assert [r.prompt for r in scripted(three_rlm).requests] == ["w", "y"]
 
+    # The slots replayed from another place were journaled in this order's places: the
+    # same inputs again replay all (a mix of both orders diverged at slot 0).
+    four_rlm = RLM("scripted", {"respond": respond}, journal=str(path))
+    four = await four_rlm.acompletion("ctx")
+    assert four.response == three.response and scripted(four_rlm).requests == []
+
+
+async def test_a_journaled_slot_answers_one_slot_only(tmp_path: Path) -> None:
+    """Two slots asking what one journaled slot asked got the same journaled answer:
+    two samples became one. The second goes live."""
+    order = tmp_path / "order.txt"
+    asked: list[str] = []
+
+    def respond(request: ChatRequest) -> str:
+        if not is_root_turn(request):
+            asked.append(request.prompt)
+            return f"{request.prompt}#{len(asked)}"
+        return repl(
+            f"words = __import__('pathlib').Path({str(order)!r}).read_text().split()\n"
+            "FINAL(' '.join(llm_query_batched(words)))"
+        )
+
+    path = str(tmp_path / "run.sqlite")
+    order.write_text("y x")
+    one = await RLM("scripted", {"respond": respond}, journal=path).acompletion("ctx")
+    assert one.response == "y#1 x#2"
+    order.write_text("x x")
+    two = await RLM("scripted", {"respond": respond}, journal=path).acompletion("ctx")
+    first, second = two.response.split()
+    assert first == "x#2" and second.startswith("x#") and second != first
+
 
 async def test_a_compaction_setting_is_part_of_the_run_key(tmp_path: Path) -> None:
     """``compaction_kwargs={"target_pct": 0.1}`` on a journal written with 0.5 replayed
