@@ -49,8 +49,10 @@ class BudgetGate:
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self._parked = trio.lowlevel.ParkingLot()
-        self._input_scale: dict[str, float] = {}  # real input tokens per estimated one
-        self._per_token: dict[str, float] = {}  # reported dollars per estimated token
+        # Per model: [counted, estimated] input tokens of calls big enough to tell, and
+        # [reported dollars, estimated tokens] of calls that reported a cost.
+        self._inputs: dict[str, list[float]] = {}
+        self._costs: dict[str, list[float]] = {}
 
     def estimate(
         self, model: str, input_tokens: int, output_tokens: int, price: Callable[[Usage], Any]
@@ -63,11 +65,14 @@ class BudgetGate:
         table (``price``), else at the most a reported cost has come to per estimated
         token (a provider that reports its own costs: a call over a larger prompt is
         dearer); before the first such cost, None (the call then goes only alone)."""
-        scaled = math.ceil(input_tokens * self._input_scale.get(model, 1.0))
+        counted = self._inputs.get(model)
+        scale = min(max(counted[0] / counted[1], 1.0), MAX_INPUT_SCALE) if counted else 1.0
+        scaled = math.ceil(input_tokens * scale)
         tokens = scaled + output_tokens
         cost = price(Usage(input_tokens=scaled, output_tokens=output_tokens))
-        if cost is None and model in self._per_token:
-            cost = self._per_token[model] * tokens
+        reported = self._costs.get(model)
+        if cost is None and reported is not None:
+            cost = reported[0] / reported[1] * tokens
         return tokens, cost, input_tokens
 
     async def reserve(
@@ -98,19 +103,27 @@ class BudgetGate:
         return exceeded
 
     def _learn(self, reservation: Reservation, usage: Usage, cost: float | None) -> None:
-        """What the call's real usage says of the next estimates of its model."""
+        """What the call's real usage says of the next estimates of its model: the
+        run's totals so far, so that one odd call moves them little."""
         model = reservation.model
-        if reservation.estimated_input and usage.input_tokens:
-            ratio = min(usage.input_tokens / reservation.estimated_input, MAX_INPUT_SCALE)
-            self._input_scale[model] = max(self._input_scale.get(model, 1.0), ratio)
-        if cost is not None and reservation.tokens and math.isfinite(cost):
-            per_token = cost / reservation.tokens
-            self._per_token[model] = max(self._per_token.get(model, 0.0), per_token)
+        if reservation.estimated_input >= LEARN_FROM and usage.input_tokens:
+            counted = self._inputs.setdefault(model, [0.0, 0.0])
+            counted[0] += min(usage.input_tokens, MAX_INPUT_SCALE * reservation.estimated_input)
+            counted[1] += reservation.estimated_input
+        if cost is not None and reservation.tokens and math.isfinite(cost) and cost >= 0:
+            reported = self._costs.setdefault(model, [0.0, 0.0])
+            reported[0] += cost
+            reported[1] += reservation.tokens
 
 
 MAX_INPUT_SCALE = 8.0
 """The most a prompt's estimate is scaled by what servers counted (a character a token,
 as CJK text, is 4; a server's absurd count does not make every later call wait alone)."""
+
+LEARN_FROM = 256
+"""The smallest prompt estimate (tokens) whose count corrects the next estimates: a short
+prompt's count is mostly the chat template's own tokens (``"hi"`` is 1 estimated, 9
+counted), which says nothing of a long one's."""
 
 
 class LoopLimiters:

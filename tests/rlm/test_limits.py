@@ -219,3 +219,31 @@ async def test_a_prompt_of_one_token_a_character_is_reserved_as_such() -> None:
     result = await rlm.acompletion("ctx", root_prompt="q")
     assert result.stop_reason == "max_tokens"
     assert sum(sent) <= 30_000 + 10_010  # passed by at most about one call's worth
+
+
+async def test_a_short_prompts_count_does_not_make_later_calls_wait() -> None:
+    """A two-character prompt is estimated at 1 token and counted at 9 (the chat
+    template's own): taken as the model's ratio, every later prompt was reserved 8x over
+    and a batch that fits the limit went out in waves."""
+    flying: list[int] = [0, 0]  # in flight, most at once
+
+    def sending(request: ChatRequest) -> float:
+        if request.prompt.startswith("chunk"):
+            flying[0] += 1
+            flying[1] = max(flying)
+        return 0.05
+
+    def respond(request: ChatRequest) -> ChatResponse:
+        if request.prompt.startswith("chunk"):
+            flying[0] -= 1
+            return ChatResponse(content="ok", usage=Usage(input_tokens=2_000))
+        if request.prompt == "hi":
+            return ChatResponse(content="hello", usage=Usage(input_tokens=9))
+        batch = "llm_query_batched(['chunk ' + 'x' * 8000 + str(i) for i in range(8)])"
+        code = repl(f"llm_query('hi')\nr = {batch}\nFINAL('done')")
+        return ChatResponse(content=code, usage=Usage(input_tokens=600))
+
+    rlm = RLM("scripted", {"respond": respond, "latency": sending}, max_tokens=60_000)
+    result = await rlm.acompletion("ctx", root_prompt="q")
+    assert result.stop_reason is None
+    assert flying[1] == 8  # the whole batch at once: 8 x ~3,000 tokens reserved fit
