@@ -69,20 +69,32 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
     """Write ``text`` to ``path`` (created 0600) and return the path; a lone surrogate in
     it is written as U+FFFD (`utf8_text`).
 
-    Whole or not at all: the text goes to a file beside it that then takes its name, so
-    a write that fails (a full disk, a file-size limit, a kill) leaves the file that was
-    there as it was, never half a file. A path that is not a regular file (``/dev/stdout``,
-    a FIFO), or one in a folder this user may not write, is written in place.
+    Whole or not at all: the text goes to a file beside it that then takes its name
+    (and the mode and owner of the file that was there), so a write that fails (a full
+    disk, a file-size limit, a kill) leaves that file as it was, never half a file. A
+    path that is not a regular file (``/dev/stdout``, a FIFO), a file with other names
+    (hard links), one whose owner cannot be kept, or one in a folder this user may not
+    write, is written in place.
     """
     target = Path(path)
     real = Path(os.path.realpath(target))  # a link's file is replaced, not the link
-    if real.exists() and not real.is_file():
+    try:
+        was: os.stat_result | None = real.stat()
+    except OSError:
+        was = None
+    if os.fspath(target).startswith(_IN_PLACE) or (
+        was is not None and (not stat.S_ISREG(was.st_mode) or was.st_nlink > 1)
+    ):  # /dev/stdout (a file it is redirected to), a device, a file with other names
         return _write_in_place(target, text)
     try:
         handle, temporary = tempfile.mkstemp(
             dir=real.parent, prefix=f".{real.name}.", suffix=".tmp"
         )
     except OSError:  # a folder it may not write, beside a file it may
+        return _write_in_place(target, text)
+    if was is not None and not _keeps(handle, was):  # its owner cannot be kept
+        os.close(handle)
+        os.unlink(temporary)
         return _write_in_place(target, text)
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as out:
@@ -93,6 +105,21 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
             os.unlink(temporary)
         raise
     return target
+
+
+_IN_PLACE = ("/dev/", "/proc/")  # names of a stream, whatever file it is redirected to
+
+
+def _keeps(handle: int, was: os.stat_result) -> bool:
+    """Give the new file ``handle`` the mode and owner of the one it replaces; False when
+    the owner cannot be given (another user's file, written by one who is not root)."""
+    try:
+        os.fchmod(handle, stat.S_IMODE(was.st_mode))
+        if was.st_uid != os.geteuid() or was.st_gid != os.getegid():
+            os.fchown(handle, was.st_uid, was.st_gid)
+    except OSError:
+        return False
+    return True
 
 
 def _write_in_place(path: Path, text: str) -> Path:

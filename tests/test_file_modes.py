@@ -64,3 +64,34 @@ def test_the_demos_graph_export_is_0600(tmp_path: Path) -> None:
     out = tmp_path / "graph.json"
     assert main(["demo", "--latency", "0", "--out", str(out), "--quiet"]) == 0
     assert _mode(out) == 0o600
+
+
+def test_a_report_over_a_file_made_beforehand_keeps_its_mode_owner_and_links(
+    tmp_path: Path,
+) -> None:
+    """Written whole (a file beside, then renamed), a report over an existing file took
+    0600 and the writer's owner (a run under sudo left the user unable to read their own
+    report), and a hard link to it kept the old text."""
+    from rlm_graph._files import write_private
+
+    shared = tmp_path / "shared.html"
+    shared.write_text("old")
+    shared.chmod(0o644)
+    if os.geteuid() == 0:
+        os.chown(shared, 1000, 1000)
+    write_private(shared, "new")
+    info = shared.stat()
+    assert (stat.S_IMODE(info.st_mode), shared.read_text()) == (0o644, "new")
+    if os.geteuid() == 0:
+        assert (info.st_uid, info.st_gid) == (1000, 1000)
+
+    linked = tmp_path / "linked.json"
+    linked.write_text("old")
+    os.link(linked, tmp_path / "other-name.json")
+    write_private(linked, "new")
+    assert (tmp_path / "other-name.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "linked.json",
+        "other-name.json",
+        "shared.html",
+    ]
