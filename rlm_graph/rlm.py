@@ -8,6 +8,7 @@ and the finished graph on every result.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -526,11 +527,16 @@ _TIME_CUTS = frozenset({"timeout", "cpu_seconds", "start_timeout", "close_grace"
 
 
 def _strategy_knobs(strategy: object) -> dict[str, Any]:
-    """A compaction strategy's settings that are plain values (``target_pct``), by name:
-    part of the run key (what else it holds may differ in every process)."""
+    """A compaction strategy's settings: the plain values (``target_pct``) it keeps under
+    the names its constructor takes, part of the run key. Not the rest of what it holds
+    (a counter it keeps, what differs in every process)."""
     plain = (str, int, float, bool, type(None))
     held = getattr(strategy, "__dict__", None) or {}
-    return {k: v for k, v in sorted(held.items()) if isinstance(v, plain)}
+    try:
+        taken = inspect.signature(type(strategy)).parameters
+    except (TypeError, ValueError):
+        return {}
+    return {k: v for k, v in sorted(held.items()) if k in taken and isinstance(v, plain)}
 
 
 def _completion_journal(

@@ -849,3 +849,30 @@ async def test_a_compaction_setting_is_part_of_the_run_key(tmp_path: Path) -> No
     assert (await attempt(0.5)).replay.attempt == 1
     assert (await attempt(0.5)).replay.attempt == 2  # the same settings resume
     assert (await attempt(0.1)).replay.attempt == 1  # another history: another run
+
+
+class _Counting:
+    """A strategy that counts its compactions: what it holds beyond its settings."""
+
+    name = "counting"
+
+    def __init__(self, keep: int = 1) -> None:
+        self.keep = keep
+        self.compactions = 0
+
+    def should_compact(self, messages: list[object], **sizes: object) -> bool:
+        return len(messages) > 3
+
+    async def compact(self, messages: list[Any], ctx: object) -> list[Any]:
+        self.compactions += 1
+        return [*messages[:2], *messages[-self.keep :]]
+
+
+async def test_what_a_strategy_counts_is_not_part_of_the_run_key(tmp_path: Path) -> None:
+    """Every plain attribute of a strategy was in the run key: one that counts its
+    compactions made the same question asked again a new run."""
+    strategy = _Counting()
+    rlm = RLM("scripted", {"respond": _respond}, journal=str(tmp_path / "j"), compaction=strategy)
+    assert (await rlm.acompletion("ctx", root_prompt="q")).replay.attempt == 1
+    assert strategy.compactions > 0
+    assert (await rlm.acompletion("ctx", root_prompt="q")).replay.attempt == 2
