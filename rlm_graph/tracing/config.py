@@ -121,18 +121,15 @@ def configure_tracing(
         raise ConfigError(f"unknown trace mode {mode!r}; choose one of {', '.join(TRACE_MODES)}")
     if mode == "none":
         return NoOpTracerProvider()
-    _check_batch_settings(os.environ)
+    settings = _check_batch_settings(os.environ)
     provider = SDKTracerProvider(resource=_resource(service_name))
     exporter = exporter or _exporter(mode, directory, formats)
     try:
         if isinstance(exporter, TraceFileExporter):
             # A file keeps every span: the SDK's queue of 2,048 dropped spans of a run that
             # ended them faster than the file was written (half of a 20,000-node run's).
-            processor = BatchSpanProcessor(
-                exporter, max_queue_size=FILE_QUEUE_SPANS, max_export_batch_size=2048
-            )
-        else:
-            processor = BatchSpanProcessor(exporter)
+            settings.update(max_queue_size=FILE_QUEUE_SPANS, max_export_batch_size=2048)
+        processor = BatchSpanProcessor(exporter, **settings)
     except ValueError as exc:  # the SDK's check of the OTEL_BSP_* values' range
         raise _batch_settings_refused(str(exc)) from None
     if isinstance(exporter, TraceFileExporter):
@@ -143,25 +140,32 @@ def configure_tracing(
     return provider
 
 
-_BATCH_SETTINGS = (
-    "OTEL_BSP_SCHEDULE_DELAY",
-    "OTEL_BSP_EXPORT_TIMEOUT",
-    "OTEL_BSP_MAX_QUEUE_SIZE",
-    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
-)
+_BATCH_SETTINGS = {  # each variable, the SDK's keyword for it and the SDK's default
+    "OTEL_BSP_SCHEDULE_DELAY": ("schedule_delay_millis", 5000),
+    "OTEL_BSP_EXPORT_TIMEOUT": ("export_timeout_millis", 30000),
+    "OTEL_BSP_MAX_QUEUE_SIZE": ("max_queue_size", 2048),
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": ("max_export_batch_size", 512),
+}
 
 
-def _check_batch_settings(environ: Mapping[str, str]) -> None:
+def _check_batch_settings(environ: Mapping[str, str]) -> dict[str, int]:
     """Refuse an ``OTEL_BSP_*`` value that is not a whole number. The SDK reads them with
-    ``int()`` too, but logs its own traceback and goes on with its default."""
-    for name in _BATCH_SETTINGS:
+    ``int()`` too, but logs its own traceback and goes on with its default. An empty one
+    is unset, as OpenTelemetry's specification says: returned is its default, given to
+    the SDK by keyword (which then does not read the variable)."""
+    unset: dict[str, int] = {}
+    for name, (keyword, default) in _BATCH_SETTINGS.items():
         value = environ.get(name)
         if value is None:
+            continue
+        if not value.strip():
+            unset[keyword] = default
             continue
         try:
             int(value)
         except ValueError:
             raise _batch_settings_refused(f"{name} is not a whole number") from None
+    return unset
 
 
 def _batch_settings_refused(reason: str) -> ConfigError:

@@ -326,7 +326,6 @@ def test_a_password_in_a_url_is_never_printed_or_written(
         ("OTEL_BSP_SCHEDULE_DELAY", "abc", "file"),
         ("OTEL_BSP_EXPORT_TIMEOUT", "5s", "file"),
         ("OTEL_BSP_MAX_QUEUE_SIZE", "1.5", "otlp"),
-        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "", "otlp"),
     ],
 )
 def test_batch_settings_the_sdk_refuses_are_one_line_and_exit_2(
@@ -346,6 +345,23 @@ def test_batch_settings_the_sdk_refuses_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{variable}='{value}'" in err
     assert "the span batch settings are refused" in err
+
+
+@pytest.mark.parametrize("variable", ["OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "OTEL_BSP_SCHEDULE_DELAY"])
+def test_an_empty_batch_setting_is_unset(
+    variable: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``OTEL_BSP_SCHEDULE_DELAY=`` (a line of an env file) is unset, as OpenTelemetry's
+    specification says: the run goes on, with no traceback of the SDK's."""
+    monkeypatch.setenv(variable, "")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.txt").write_text("ctx")
+    args = ["run", "--backend", "scripted", "--context", "c.txt", "--query", "q", "--model", "m"]
+    assert main([*args, "--trace", "file", "-q"]) != 2
+    assert "Traceback" not in capsys.readouterr().err
 
 
 def test_a_trace_file_whose_parents_loop_is_read_without_hanging(
