@@ -29,7 +29,7 @@ import threading
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
@@ -148,12 +148,12 @@ _BATCH_SETTINGS = {  # each variable, the SDK's keyword for it and the SDK's def
 }
 
 
-def _check_batch_settings(environ: Mapping[str, str]) -> dict[str, int]:
+def _check_batch_settings(environ: Mapping[str, str]) -> dict[str, Any]:
     """Refuse an ``OTEL_BSP_*`` value that is not a whole number. The SDK reads them with
     ``int()`` too, but logs its own traceback and goes on with its default. An empty one
     is unset, as OpenTelemetry's specification says: returned is its default, given to
     the SDK by keyword (which then does not read the variable)."""
-    unset: dict[str, int] = {}
+    unset: dict[str, Any] = {}
     for name, (keyword, default) in _BATCH_SETTINGS.items():
         value = environ.get(name)
         if value is None:
