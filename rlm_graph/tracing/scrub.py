@@ -53,9 +53,13 @@ _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGN
 # A header holding a credential (``api-key``, ``x-api-key``, ``Authorization``, ``Cookie``),
 # and the scheme before the token in its value.
 _SECRET_HEADER = re.compile(r"key|token|auth|secret|passw", re.IGNORECASE)
-# The OTLP exporter's headers (OTEL_EXPORTER_OTLP_HEADERS, ..._TRACES_HEADERS): every
-# value is taken as a secret, since the credential's header is named by the vendor.
+# The OTLP exporter's headers (OTEL_EXPORTER_OTLP_HEADERS, ..._TRACES_HEADERS): a value
+# whose header looks secret, or is a vendor's name for its credential (Honeycomb's team,
+# a DSN, a licence key); not a dataset's or a tenant's name, which is ordinary text.
 _EXPORTER_HEADERS = re.compile(r"OTEL_EXPORTER_OTLP_(?:[A-Z]++_)?HEADERS", re.IGNORECASE)
+_EXPORTER_SECRET_HEADER = re.compile(
+    r"key|token|auth|secret|passw|cookie|honeycomb-team|dsn|licen[cs]e", re.IGNORECASE
+)
 _AUTH_SCHEME = re.compile(r"(?i:bearer|basic|token|digest|apikey)\s++")
 
 _SHAPE_PATTERNS = (
@@ -145,8 +149,8 @@ def _url_passwords(keywords: Mapping[str, object]) -> Iterator[str]:
     for value in keywords.values():
         if isinstance(value, str) and "@" in value:
             for found in URL_USERINFO.finditer(value):
-                if len(found.group(2)) >= MIN_SECRET_CHARS:
-                    yield found.group(2)
+                if len(found.group("secret")) >= MIN_SECRET_CHARS:
+                    yield found.group("secret")
 
 
 def _named_variables(keywords: Mapping[str, object]) -> Iterator[str]:
@@ -176,14 +180,17 @@ def _header_secrets(keywords: Mapping[str, object]) -> Iterator[str]:
 
 
 def _exporter_header_secrets(environ: Mapping[str, str]) -> Iterator[str]:
-    """The values of ``OTEL_EXPORTER_OTLP_HEADERS`` (and ``..._TRACES_HEADERS``...):
+    """The secret values of ``OTEL_EXPORTER_OTLP_HEADERS`` (and ``..._TRACES_HEADERS``...):
     comma-separated ``name=value`` pairs, URL-encoded, that carry the exporter's own
-    credential (``x-honeycomb-team=...``) under names that look like nothing secret."""
+    credential (``x-honeycomb-team=...``, ``api-key=...``, ``Authorization=Basic ...``);
+    a dataset's or a tenant's name is ordinary text, left alone."""
     for name, value in environ.items():
         if not (isinstance(value, str) and _EXPORTER_HEADERS.fullmatch(name)):
             continue
         for pair in value.split(","):
-            encoded = pair.partition("=")[2].strip()
+            header, _, encoded = (part.strip() for part in pair.partition("="))
+            if not _EXPORTER_SECRET_HEADER.search(unquote(header)):
+                continue
             if len(encoded) >= MIN_SECRET_CHARS:  # as code would print it, undecoded
                 yield encoded
             yield from _credential(unquote(encoded))

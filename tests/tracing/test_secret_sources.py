@@ -146,9 +146,26 @@ def test_a_url_s_user_is_redacted_in_one_pass_over_a_long_text() -> None:
     )
 
 
+def test_a_url_without_a_user_keeps_its_text() -> None:
+    """A query holding an address, a list of URLs and addresses, a short user: the text
+    after ``://`` up to an ``@`` was taken for a user and redacted with the host."""
+    for text in (
+        "Search: https://example.com?email=alice@example.org",
+        '["http://a.example.com","bob@b.example.com"]',
+        "see [docs](https://site.org)or mail team@site.org",
+        "git clone ssh://git@github.com/org/repo.git",
+    ):
+        assert without_url_passwords(text) == text
+
+
 def test_the_exporter_s_header_values_are_secrets_decoded_and_as_given() -> None:
+    """The values of secret-looking headers and of a vendor's credential header; not a
+    dataset's or a tenant's name (``production`` in every sentence was redacted)."""
     environ = {
-        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=abc%2Fdef123, x-team = plainvalue9,tiny=ab",
+        "OTEL_EXPORTER_OTLP_HEADERS": (
+            "api-key=abc%2Fdef123, x-honeycomb-team = plainvalue9,tiny=ab,"
+            "x-honeycomb-dataset=production,X-Scope-OrgID=research-team"
+        ),
         "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "Authorization=Basic%20dXNlcjpwYXNz",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://localhost:4318",
     }
