@@ -7,7 +7,7 @@ models and prompts written for it work; the text is rlm-graph's own.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..contracts import ExecResult, Image, Message
@@ -135,7 +135,7 @@ def context_summary(context: Any) -> str:
     if isinstance(context, str):
         return f"a str of {len(context):,} characters"
     if isinstance(context, list):
-        sizes = [_characters(item) for item in context]
+        sizes, about = _sizes(context)
         shown = ", ".join(f"{s:,}" for s in sizes[:20]) + (", ..." if len(sizes) > 20 else "")
         images = sum(1 for item in context if isinstance(item, Image))
         note = (
@@ -143,28 +143,55 @@ def context_summary(context: Any) -> str:
         )
         return (
             f"a list of {len(context):,} items (sizes in characters: {shown}; "
-            f"{sum(sizes):,} in all{note})"
+            f"{about}{sum(sizes):,} in all{note})"
         )
     if isinstance(context, dict):
-        keys = ", ".join(f"{k!r}: {_characters(v):,}" for k, v in list(context.items())[:20])
+        sizes, about = _sizes(context.values())
+        keys = ", ".join(f"{k!r}: {n:,}" for k, n in zip(list(context)[:20], sizes, strict=False))
         more = ", ..." if len(context) > 20 else ""
-        total = sum(_characters(v) for v in context.values())
         return (
             f"a dict with {len(context):,} keys (characters of each value: {keys}{more}; "
-            f"{total:,} in all)"
+            f"{about}{sum(sizes):,} in all)"
         )
     return f"a {type(context).__name__}"
 
 
-def _characters(item: Any) -> int:
-    """The size of one item of a context, in characters: a text's length, a chat
-    message's content's, else its JSON's (an image counts 1: it is noted apart)."""
+_MEASURED = 200
+"""Items of a context whose size is their JSON's, measured; the rest such items are
+counted at their mean (the total then says "about"): the first message is made on the
+engine's loop, and a million small dicts took seconds to encode."""
+
+
+def _sizes(items: Iterable[Any]) -> tuple[list[int], str]:
+    """The sizes of a context's items in characters (`_cheap_size`, `_json_size`), and
+    ``"about "`` when some were counted at the mean of those measured."""
+    sizes: list[int | None] = []
+    measured = 0
+    for item in items:
+        size = _cheap_size(item)
+        if size is None and measured < _MEASURED:
+            size, measured = _json_size(item), measured + 1
+        sizes.append(size)
+    if all(size is not None for size in sizes):
+        return sizes, ""  # type: ignore[return-value]
+    known = [size for size in sizes if size is not None]
+    mean = sum(known) // len(known) if known else 1
+    return [mean if size is None else size for size in sizes], "about "
+
+
+def _cheap_size(item: Any) -> int | None:
+    """A text's length, a chat message's content's; an image counts 1 (noted apart);
+    None for what only its JSON can size."""
     if isinstance(item, str):
         return len(item)
     if isinstance(item, dict) and isinstance(item.get("content"), str):
         return len(item["content"])
     if isinstance(item, Image):
         return 1
+    return None
+
+
+def _json_size(item: Any) -> int:
     try:
         return len(json.dumps(item, ensure_ascii=False, default=str))
     except Exception:  # a cycle, a key JSON has no word for, a __str__ that raises
