@@ -399,6 +399,11 @@ def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
             args = tuple(scrub(a) if isinstance(a, str) else a for a in error.args)
             if args != error.args:
                 error.args = args
+            if isinstance(error, OSError):  # its text is made of these, not of its args
+                for field in ("strerror", "filename", "filename2"):
+                    value = getattr(error, field, None)
+                    if isinstance(value, str):
+                        setattr(error, field, scrub(value))
             _keep_said(error, scrub)
         notes = getattr(error, "__notes__", None)
         if isinstance(notes, list):

@@ -87,6 +87,17 @@ def test_a_key_in_an_error_made_from_its_fields_never_reaches_a_slot(
     assert KEY not in to_json(result.graph)
 
 
+def test_an_os_errors_own_text_is_redacted_in_its_traceback() -> None:
+    """`OSError` prints its ``strerror`` and ``filename``, not its arguments: the slot
+    was redacted, but the error's own text (a traceback, a log) still quoted the key."""
+    from rlm_graph.errors import scrub_error
+
+    error = OSError(5, f"upstream said {KEY}", f"/tmp/{KEY}")
+    scrub_error(error, lambda text: text.replace(KEY, "[REDACTED]"))
+    printed = "".join(traceback.format_exception(error))
+    assert KEY not in printed and "upstream said [REDACTED]" in printed
+
+
 def test_a_key_inside_an_exception_group_is_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
     """A plugin's nursery raises an `ExceptionGroup`: the errors it holds were never
     redacted, so the key was in the traceback of ``result.exception(...)``."""
