@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from rlm_graph.http import (
     BadResponse,
@@ -80,6 +81,23 @@ BACKENDS: dict[str, KeyPolicy] = {
 }
 
 
+_MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def _max_tokens_field(backend: str, base_url: str, given: str | None) -> str:
+    """The body field a call's output limit goes in: OpenAI's own API takes
+    ``max_completion_tokens`` (its reasoning models refuse ``max_tokens`` with a 400);
+    other servers speaking its format take ``max_tokens``."""
+    if given is not None:
+        if given not in _MAX_TOKENS_FIELDS:
+            raise ConfigError(
+                f"max_tokens_field must be one of {', '.join(_MAX_TOKENS_FIELDS)}, not {given!r}"
+            )
+        return given
+    official = backend == "openai" and urlsplit(base_url).hostname == "api.openai.com"
+    return "max_completion_tokens" if official else "max_tokens"
+
+
 class OpenAIProvider(JSONProvider):
     """A client for one OpenAI-compatible server.
 
@@ -96,6 +114,9 @@ class OpenAIProvider(JSONProvider):
         prompt_cache_key: send a completion's ``prompt_cache_key`` with its turns (OpenAI
             routes requests with one key to the same cache); default: for ``openai``
             only, since other servers may refuse a field they do not know.
+        max_tokens_field: the body field a call's ``max_tokens`` goes in:
+            ``max_completion_tokens`` for OpenAI's own host (its reasoning models refuse
+            ``max_tokens``), ``max_tokens`` for any other server (the default).
         **kwargs: everything `JSONProvider` takes (``max_concurrent``, ``timeout``,
             ``max_attempts``, ``requests_per_minute``, ``extra_body``, ``stream``...).
     """
@@ -111,6 +132,7 @@ class OpenAIProvider(JSONProvider):
         api_key: str | None = None,
         api_key_env: str | None = None,
         prompt_cache_key: bool | None = None,
+        max_tokens_field: str | None = None,
         **kwargs: Any,
     ) -> None:
         policy = BACKENDS.get(backend)
@@ -130,6 +152,7 @@ class OpenAIProvider(JSONProvider):
         self.prompt_cache_key = (
             backend == "openai" if prompt_cache_key is None else prompt_cache_key
         )
+        self.max_tokens_field = _max_tokens_field(backend, resolved.base_url, max_tokens_field)
 
     def _build_body(self, request: ChatRequest) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -139,7 +162,7 @@ class OpenAIProvider(JSONProvider):
         sampling = {
             "temperature": request.temperature,
             "top_p": request.top_p,
-            "max_tokens": request.max_tokens,
+            self.max_tokens_field: request.max_tokens,
             "seed": request.seed,
             "stop": list(request.stop) if request.stop else None,
         }

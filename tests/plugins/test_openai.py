@@ -196,3 +196,39 @@ async def test_one_client_and_keep_alive_across_calls() -> None:
                 await engine.arun(wf)
     assert len(server.requests) == 3
     assert server.connections_opened == 1
+
+
+async def test_openais_own_host_gets_the_output_limit_as_max_completion_tokens() -> None:
+    """OpenAI's reasoning models (gpt-5*, o*) refuse ``max_tokens`` with a 400: every
+    call with an output cap failed at once. Its own host gets ``max_completion_tokens``;
+    another server under the ``openai`` backend keeps ``max_tokens``, unless told."""
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"choices": [{"message": {"content": "ok"}}]})
+
+    provider = OpenAIProvider(
+        backend="openai",
+        model_name="gpt-5-mini",
+        api_key=KEY,
+        transport=httpx.MockTransport(handler),
+    )
+    await provider.complete(_request(max_tokens=256))
+    await provider.aclose()
+    assert str(seen[0].url) == "https://api.openai.com/v1/chat/completions"
+    body = json.loads(seen[0].content)
+    assert body["max_completion_tokens"] == 256 and "max_tokens" not in body
+
+    with FakeOpenAIServer() as server:
+        for field in (None, "max_completion_tokens"):
+            kwargs = openai_kwargs(server, **({"max_tokens_field": field} if field else {}))
+            wf = Workflow()
+            wf.llm("q", max_tokens=32)
+            async with Engine("openai", kwargs) as engine:
+                assert (await engine.arun(wf)).ok
+        first, second = server.bodies
+    assert first["max_tokens"] == 32 and "max_completion_tokens" not in first
+    assert second["max_completion_tokens"] == 32 and "max_tokens" not in second
+    with pytest.raises(ConfigError, match="max_tokens_field must be one of"):
+        OpenAIProvider(backend="vllm", model_name="m", max_tokens_field="max_output_tokens")
