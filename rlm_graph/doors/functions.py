@@ -236,8 +236,9 @@ async def _unwinding(finished: threading.Event) -> None:
 
 def _goes_on(exc: BaseException) -> bool:
     """Whether a trio function's ``exc`` is the run's own business (its cancellation,
-    Ctrl-C), not the node's failure."""
-    stops = (trio.Cancelled, KeyboardInterrupt, GeneratorExit)
+    Ctrl-C), not the node's failure (a ``GeneratorExit`` it raised is its own: trio never
+    closes a running task's coroutine)."""
+    stops = (trio.Cancelled, KeyboardInterrupt)
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(lambda e: isinstance(e, stops)) is not None
     return isinstance(exc, stops)

@@ -121,6 +121,9 @@ async def test_a_function_raising_what_is_not_an_exception_fails_its_node_only()
     async def on_trio() -> None:
         raise _Halt("from trio")
 
+    async def closes() -> None:  # ended the run, every result lost
+        raise GeneratorExit("oops")
+
     async def awaits_a_cancelled_task() -> None:
         task = asyncio.ensure_future(asyncio.sleep(10))
         await asyncio.sleep(0)
@@ -131,6 +134,7 @@ async def test_a_function_raising_what_is_not_an_exception_fails_its_node_only()
     failing = [
         wf.function(plain, id="plain"),
         wf.function(on_trio, id="trio"),
+        wf.function(closes, id="closes"),
         wf.function(awaits_a_cancelled_task, id="asyncio", loop="asyncio"),
     ]
     answer = wf.llm("still asked", id="asked")
@@ -139,6 +143,7 @@ async def test_a_function_raising_what_is_not_an_exception_fails_its_node_only()
     assert result.stop_reason is None
     assert "raised _Halt(stop everything), which is not an Exception" in result.errors["plain"]
     assert "raised _Halt(from trio)" in result.errors["trio"]
+    assert "raised GeneratorExit(oops), which is not an Exception" in result.errors["closes"]
     assert "raised CancelledError (a task it awaited was cancelled?)" in result.errors["asyncio"]
     assert sorted(result.errors) == sorted(node.id for node in failing)
 
