@@ -90,6 +90,7 @@ __all__ = [
     "Usage",
     "content_text",
     "estimate_tokens",
+    "event_error",
     "event_object",
     "is_context_length_error",
     "note_rate_headers",
@@ -129,6 +130,34 @@ def event_object(data: str) -> dict[str, Any] | None:
     if end != len(data) and not data[end:].isspace():
         return None
     return value if type(value) is dict else None
+
+
+def event_error(provider: str, url: str, error: object) -> ProviderError:
+    """The error of a stream's error event, for a `StreamParser`'s ``feed`` to raise.
+
+    Args:
+        provider: the provider's name.
+        url: the URL the stream came from.
+        error: what the event says of the failure: its ``error`` object, the event's own
+            object (a gateway's ``event: error``), or its text.
+
+    Returns:
+        `ContextLengthExceeded` when the text says the request passed the model's window
+        (not retried); else a retried `BadResponse` (the attempt failed mid-stream).
+    """
+    said = error.get("message") or error if isinstance(error, dict) else error
+    text = str(said)[:4096]
+    if is_context_length_error(text):
+        return ContextLengthExceeded(
+            f"{provider}: {url} failed mid-stream: {text[:300]}. The request does not fit "
+            "the model's context window: turn on compaction, ask for fewer output tokens, "
+            "or give the server a larger window",
+            provider=provider,
+            server_message=text[:300],
+        )
+    return BadResponse(
+        f"{provider}: {url} failed mid-stream: {text[:300]}", provider=provider, retryable=True
+    )
 
 
 MAX_TOKEN_COUNT = 10**12

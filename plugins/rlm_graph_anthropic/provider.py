@@ -38,6 +38,7 @@ from rlm_graph.http import (
     StreamParser,
     Usage,
     estimate_tokens,
+    event_error,
     event_object,
     reason_text,
     resolve_key,
@@ -291,6 +292,10 @@ class _MessageStream:
         if not data or data.isspace():  # an event with no data: nothing to read, no fault
             return ""
         message = event_object(data)
+        if event == "error":  # `event: error` (whatever its data), or llama.cpp's `error:`
+            raise event_error(
+                "anthropic", self._url, (message or {}).get("error") or message or data
+            )
         if message is None:
             raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
         kind = message.get("type", event)
@@ -314,9 +319,7 @@ class _MessageStream:
         elif kind == "message_stop":
             self.finished = True
         elif kind == "error":
-            error = message.get("error")
-            said = error.get("message") if isinstance(error, Mapping) else error
-            raise self._bad(f"failed mid-stream: {str(said)[:300]}")
+            raise event_error("anthropic", self._url, message.get("error") or message)
         return ""
 
     def partial(self) -> ChatResponse:

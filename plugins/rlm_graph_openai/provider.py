@@ -35,6 +35,7 @@ from rlm_graph.http import (
     StreamParser,
     Usage,
     content_text,
+    event_error,
     event_object,
     reason_text,
     resolve_key,
@@ -238,17 +239,19 @@ class _ChunkStream:
 
     def feed(self, event: str, data: str) -> str:
         if data == "[DONE]" or data.strip() == "[DONE]":
+            if self._finish is None:  # an error, or a cut reply, the server closed as done
+                raise self._bad("ended the stream with [DONE] but no finish_reason: cut off")
             self.finished = True
             return ""
         if not data or data.isspace():  # an event with no data: nothing to read, no fault
             return ""
         chunk = event_object(data)
+        if event == "error":  # `event: error` (a gateway) or `error:` (llama.cpp)
+            raise event_error(self._name, self._url, (chunk or {}).get("error") or chunk or data)
         if chunk is None:
             raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
         if chunk.get("error"):
-            error = chunk["error"]
-            said = error.get("message") if type(error) is dict else error
-            raise self._bad(f"failed mid-stream: {str(said)[:300]}")
+            raise event_error(self._name, self._url, chunk["error"])
         usage = chunk.get("usage")
         if usage and type(usage) is dict:
             self._usage, self._cost = _usage(usage), _cost(usage)
@@ -278,8 +281,8 @@ class _ChunkStream:
         return ChatResponse(content=text, model=model, finish_reason="engine_stop")
 
     def result(self) -> ChatResponse:
-        if not self.finished and self._finish is None:
-            raise self._bad("ended the stream before its last chunk (no finish_reason, no [DONE])")
+        if self._finish is None:
+            raise self._bad("ended the stream before its last chunk (no finish_reason)")
         return ChatResponse(
             content="".join(self._parts),
             model=self._model,

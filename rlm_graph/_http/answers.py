@@ -298,6 +298,12 @@ def stream_failure(provider: Speaker, exc: Exception) -> Exception:
         return AttemptFailed(scrubbed(provider, exc), None, "cut stream")
     if isinstance(exc, Oversized):
         return AttemptFailed(oversized(provider, exc), None, "cut stream")
+    if isinstance(exc, ContextLengthExceeded):  # an error event's: it quotes the server
+        return ContextLengthExceeded(
+            provider._scrub(str(exc)),
+            provider=exc.provider,
+            server_message=provider._scrub(exc.server_message),
+        )
     if isinstance(exc, ProviderError):  # a plugin's own verdict on the reply
         return exc
     if isinstance(exc, httpx.TransportError):

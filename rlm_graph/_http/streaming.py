@@ -206,7 +206,7 @@ class SSEDecoder:
             if block.startswith("data: ") and "\n" not in block:  # the common one-liner
                 events.append(("message", block[6:]))
                 continue
-            name, lines = "message", []
+            name, lines, errors = "message", [], []
             for line in block.split("\n"):
                 field, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
@@ -214,7 +214,11 @@ class SSEDecoder:
                     lines.append(value)
                 elif field == "event":
                     name = value
-            if lines:
+                elif field == "error":  # llama.cpp's server: `error: {...}`, no data
+                    errors.append(value)
+            if errors:
+                events.append(("error", "\n".join(errors)))
+            elif lines:
                 events.append((name, "\n".join(lines)))
         return events
 

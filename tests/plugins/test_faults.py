@@ -187,7 +187,8 @@ async def test_a_streamed_event_that_is_not_utf8_is_read_with_replacement_charac
     format says: the reply is answered, not failed with a decoding error."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        body = _delta(b"caf\xe9 ") + _delta(b"ok") + b"data: [DONE]\n\n"
+        stop = b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\n'
+        body = _delta(b"caf\xe9 ") + _delta(b"ok") + stop + b"data: [DONE]\n\n"
         await stream.send_all(_sse_head() + _chunk(body) + b"0\r\n\r\n")
         return True
 
