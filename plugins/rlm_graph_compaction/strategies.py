@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from rlm_graph.contracts import CompactionContext, Message, estimate_tokens
 from rlm_graph.errors import ConfigError, ProviderError
+from rlm_graph.protocol.replies import is_whole
 
 __all__ = ["MIN_TURN_PAIRS", "SUMMARY_PROMPT", "SummarizeStrategy", "TruncateStrategy"]
 
@@ -54,10 +55,6 @@ def _over(tokens: int, context_window: int, threshold_pct: float) -> bool:
     return tokens >= threshold_pct * context_window
 
 
-# A summary that stopped for one of these is not a summary of the whole history.
-_NOT_WHOLE = frozenset({"length", "max_tokens", "content_filter", "refusal"})
-
-
 class _PastThreshold:
     """Compacts once the history passes ``threshold_pct`` of the window and holds at
     least `MIN_TURN_PAIRS` turns to rewrite."""
@@ -83,7 +80,7 @@ class SummarizeStrategy(_PastThreshold):
     async def compact(self, messages: Sequence[Message], ctx: CompactionContext) -> list[Message]:
         response = await ctx.complete([*messages, Message(role="user", content=SUMMARY_PROMPT)])
         summary, reason = response.content.strip(), response.finish_reason
-        if reason in _NOT_WHOLE or not summary or summary.startswith("[rlm-graph: "):
+        if not is_whole(reason) or not summary or summary.startswith("[rlm-graph: "):
             # Cut off, refused or empty: no summary of the history to replace it with.
             raise ProviderError(
                 f"the summary is not whole (finish_reason={reason!r}, {len(summary)} "

@@ -209,12 +209,17 @@ class OpenAIProvider(JSONProvider):
                 "OpenAI-compatible API root",
                 provider=self.name,
             )
+        content = content_text(message.get("content")) or ""
+        reason = reason_text(choice.get("finish_reason"))
+        refusal = message.get("refusal")
+        if refusal and type(refusal) is str:  # the model's refusal: its only text
+            content, reason = content or refusal, "refusal"
         return ChatResponse(
-            content=content_text(message.get("content")) or "",
+            content=content,
             model=str(data.get("model") or request.model),
             usage=_usage(data.get("usage")),
             cost=_cost(data.get("usage")),
-            finish_reason=reason_text(choice.get("finish_reason")),
+            finish_reason=reason,
         )
 
 
@@ -223,7 +228,17 @@ class _ChunkStream:
     the text, the last chunk before ``data: [DONE]`` carries the usage (asked for with
     ``stream_options.include_usage``; a server that sends none is estimated)."""
 
-    __slots__ = ("_cost", "finished", "_finish", "_model", "_name", "_parts", "_url", "_usage")
+    __slots__ = (
+        "_cost",
+        "finished",
+        "_finish",
+        "_model",
+        "_name",
+        "_parts",
+        "_refused",
+        "_url",
+        "_usage",
+    )
 
     def __init__(self, name: str, url: str, request: ChatRequest) -> None:
         self._name, self._url = name, url
@@ -232,6 +247,7 @@ class _ChunkStream:
         self._usage: Usage = Usage()
         self._cost: float | None = None
         self._finish: str | None = None
+        self._refused = False
         self.finished = False
 
     def _bad(self, what: str) -> BadResponse:
@@ -270,6 +286,10 @@ class _ChunkStream:
         text = delta.get("content")
         if type(text) is not str:
             text = content_text(text)
+        refusal = delta.get("refusal")
+        if refusal and type(refusal) is str:  # a refusal streams as text of its own
+            self._refused = True
+            text = (text or "") + refusal
         if text:
             self._parts.append(text)
             return text
@@ -288,7 +308,7 @@ class _ChunkStream:
             model=self._model,
             usage=self._usage,
             cost=self._cost,
-            finish_reason=self._finish,
+            finish_reason="refusal" if self._refused else self._finish,
         )
 
 

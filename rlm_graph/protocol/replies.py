@@ -7,18 +7,32 @@ from collections.abc import Sequence
 
 from ..contracts import ChatResponse, Message, Usage, estimate_tokens
 
-__all__ = ["estimated_usage", "reply_note", "with_note", "without_note"]
+__all__ = ["estimated_usage", "is_whole", "reply_note", "with_note", "without_note"]
 
 # finish_reason values that mean "cut off by the output-token limit" (OpenAI, Anthropic).
 _CUT_OFF = frozenset({"length", "max_tokens"})
+# Anthropic's: the reply filled what was left of the model's window.
+_WINDOW = "model_context_window_exceeded"
+# finish_reason values of a reply the model ended itself (``engine_stop``: the engine
+# stopped reading a stream it had what it wanted of). Any other (``content_filter``,
+# ``refusal``, vLLM's ``abort``...) is a reply that is not whole.
+_WHOLE = frozenset(
+    {"stop", "end_turn", "stop_sequence", "tool_calls", "tool_use", "function_call", "engine_stop"}
+)
+
+
+def is_whole(reason: str | None) -> bool:
+    """Whether a reply that stopped for ``reason`` is whole (None: the server gave none)."""
+    return reason is None or reason in _WHOLE
 
 
 def reply_note(response: ChatResponse) -> str | None:
     """What the model (and the node) should be told about a reply that is not whole.
 
-    A reply cut off by the output-token limit, or one with no text at all (OpenAI's
-    ``content: null``), is still a reply; passing it on as if it were complete (or as a
-    silent ``""``) hides the problem from the model's code and from the user.
+    A reply cut off by the output-token limit (or the model's window), refused,
+    filtered or aborted by the server, or one with no text at all (OpenAI's ``content:
+    null``), is still a reply; passing it on as if it were complete (or as a silent
+    ``""``) hides the problem from the model's code and from the user.
     """
     reason = response.finish_reason
     if reason in _CUT_OFF:
@@ -26,6 +40,15 @@ def reply_note(response: ChatResponse) -> str | None:
             f"the reply was cut off by the output-token limit (finish_reason={reason}); "
             "ask for less, or raise max_tokens"
         )
+    if reason == _WINDOW:
+        return (
+            f"the reply was cut off by the model's context window (finish_reason={reason}); "
+            "ask for less, or send a shorter history"
+        )
+    if not is_whole(reason):
+        if reason == "refusal":
+            return f"the model refused to answer (finish_reason={reason})"
+        return f"the reply is not whole: the server stopped it (finish_reason={reason})"
     if not response.content:
         return f"the model returned no text (finish_reason={reason or 'none'})"
     return None
