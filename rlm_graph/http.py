@@ -29,6 +29,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._http.answers import answer_head as answer_head
 from ._http.attempts import (
     note_rate_headers as note_rate_headers,
     note_retry as note_retry,
@@ -69,6 +70,7 @@ from .errors import (
 )
 
 __all__ = [
+    "answer_head",
     "BadResponse",
     "ChatRequest",
     "ChatResponse",

@@ -37,6 +37,7 @@ from rlm_graph.http import (
     Message,
     StreamParser,
     Usage,
+    answer_head,
     estimate_tokens,
     event_error,
     event_object,
@@ -148,7 +149,7 @@ class AnthropicProvider(JSONProvider):
     def _parse(self, data: Any, request: ChatRequest) -> ChatResponse:
         blocks = data.get("content") if isinstance(data, Mapping) else None
         if not isinstance(blocks, list):
-            said = self._quote(self._server_message(data) or str(data))
+            said = self._quote(self._server_message(data) or answer_head())
             raise BadResponse(
                 f"anthropic: {self.url} answered without a content list ({said}); check "
                 "that base_url is the Anthropic API root (without /v1)",

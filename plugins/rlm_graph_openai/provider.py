@@ -34,6 +34,7 @@ from rlm_graph.http import (
     Message,
     StreamParser,
     Usage,
+    answer_head,
     content_text,
     event_error,
     event_object,
@@ -196,7 +197,7 @@ class OpenAIProvider(JSONProvider):
             choice = data["choices"][0]
             message = choice["message"]
         except (KeyError, IndexError, TypeError):
-            said = self._quote(self._server_message(data) or str(data))
+            said = self._quote(self._server_message(data) or answer_head())
             raise BadResponse(
                 f"{self.name}: {self.url} answered without choices[0].message ({said}); "
                 "check that base_url is an OpenAI-compatible API root",

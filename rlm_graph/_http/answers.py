@@ -9,6 +9,9 @@ a plain reply and a streamed one fail the same way for the same status.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, Literal, NoReturn, Protocol
 
@@ -33,6 +36,8 @@ from .transport import RequestNotSent
 
 __all__ = [
     "AttemptFailed",
+    "answer_head",
+    "parsing",
     "Speaker",
     "failures",
     "gave_up",
@@ -82,10 +87,13 @@ class Speaker(Protocol):
 def read_json(provider: Speaker, response: httpx.Response) -> Any:
     """The JSON of a read ``response``; the error (or `AttemptFailed`) for a status of 300
     or more, an empty body or one that is not JSON."""
-    try:
-        data = response.json()
-    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
-        data = None
+    if response.status_code >= 300 and len(response.content) > ERROR_TEXT:
+        data = None  # an error's body is read as its head's text only (`ERROR_TEXT`)
+    else:
+        try:
+            data = response.json()
+        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
+            data = None
     if response.status_code >= 300:
         raise_for_status(provider, response, data)
     note_rate_headers(response.headers)
@@ -119,6 +127,27 @@ def _head_text(response: httpx.Response) -> str:
     if len(content) <= ERROR_TEXT:
         return response.text
     return content[:ERROR_TEXT].decode(response.encoding or "utf-8", errors="replace")
+
+
+_ANSWER: ContextVar[httpx.Response | None] = ContextVar("rlm_graph_answer", default=None)
+
+
+@contextmanager
+def parsing(response: httpx.Response) -> Iterator[None]:
+    """While a provider's ``_parse`` reads ``response``'s JSON: `answer_head` is its."""
+    token = _ANSWER.set(response)
+    try:
+        yield
+    finally:
+        _ANSWER.reset(token)
+
+
+def answer_head() -> str:
+    """The start (`ERROR_TEXT` bytes at most) of the answer a provider's ``_parse`` is
+    reading, as text: what its error quotes of a reply it cannot read (``str(data)`` of
+    the parsed whole would hold the event loop for a body of megabytes)."""
+    response = _ANSWER.get()
+    return "" if response is None else _head_text(response)
 
 
 def _server_said(provider: Speaker, data: Any) -> str | None:

@@ -63,6 +63,7 @@ from .answers import (
     AttemptFailed as _Retry,
     failures,
     gave_up,
+    parsing,
     read_json,
     scrubbed,
     stream_failure,
@@ -517,7 +518,8 @@ class JSONProvider:
         # one a plugin's parser indexed or called without checking): a proxy or an
         # overloaded server's stand-in answer more often than a wrong base_url (a 404).
         try:
-            return self._parse(data, request)
+            with parsing(response):  # what `answer_head` quotes of an answer it cannot read
+                return self._parse(data, request)
         except BadResponse as exc:
             error = scrubbed(self, exc)
         except ProviderError:  # a plugin's own verdict on the reply (a refusal, say)
