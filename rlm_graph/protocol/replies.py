@@ -13,17 +13,31 @@ __all__ = ["estimated_usage", "is_whole", "reply_note", "with_note", "without_no
 _CUT_OFF = frozenset({"length", "max_tokens"})
 # Anthropic's: the reply filled what was left of the model's window.
 _WINDOW = "model_context_window_exceeded"
-# finish_reason values of a reply the model ended itself (``engine_stop``: the engine
-# stopped reading a stream it had what it wanted of). Any other (``content_filter``,
-# ``refusal``, vLLM's ``abort``...) is a reply that is not whole.
-_WHOLE = frozenset(
-    {"stop", "end_turn", "stop_sequence", "tool_calls", "tool_use", "function_call", "engine_stop"}
+# finish_reason values of a reply the server stopped before the model ended it: filtered
+# (OpenAI's ``content_filter``, Gemini's ``safety``...), refused, or aborted (vLLM). Any
+# other (``stop``, ``end_turn``, ``tool_calls``, a plugin's own word such as ``complete``,
+# ``engine_stop``: the engine stopped reading a stream it had what it wanted of) is whole.
+_STOPPED = frozenset(
+    {
+        "content_filter",
+        "refusal",
+        "abort",
+        "safety",
+        "recitation",
+        "blocklist",
+        "prohibited_content",
+        "spii",
+        "error",
+    }
 )
 
 
 def is_whole(reason: str | None) -> bool:
     """Whether a reply that stopped for ``reason`` is whole (None: the server gave none)."""
-    return reason is None or reason in _WHOLE
+    if reason is None:
+        return True
+    reason = reason.lower()
+    return reason not in _CUT_OFF and reason != _WINDOW and reason not in _STOPPED
 
 
 def reply_note(response: ChatResponse) -> str | None:
@@ -35,7 +49,7 @@ def reply_note(response: ChatResponse) -> str | None:
     ``""``) hides the problem from the model's code and from the user.
     """
     reason = response.finish_reason
-    if reason in _CUT_OFF:
+    if reason is not None and reason.lower() in _CUT_OFF:
         return (
             f"the reply was cut off by the output-token limit (finish_reason={reason}); "
             "ask for less, or raise max_tokens"
@@ -46,7 +60,7 @@ def reply_note(response: ChatResponse) -> str | None:
             "ask for less, or send a shorter history"
         )
     if not is_whole(reason):
-        if reason == "refusal":
+        if reason is not None and reason.lower() == "refusal":
             return f"the model refused to answer (finish_reason={reason})"
         return f"the reply is not whole: the server stopped it (finish_reason={reason})"
     if not response.content:
