@@ -574,7 +574,7 @@ class JSONProvider:
 
                         try:
                             reply = await read_events(
-                                chunks, parser, tracker, heard, halt.cancel, ended
+                                chunks, parser, tracker, heard, halt.cancel, ended, timeout
                             )
                         except Exception as exc:
                             raise stream_failure(self, exc) from None

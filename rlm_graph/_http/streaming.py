@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -72,6 +73,11 @@ class StreamParser(Protocol):
         ...
 
 
+QUIET_FACTOR = 8.0
+"""How many attempt timeouts a stream may send keep-alive comments alone before they
+no longer count as the server being heard (`read_events`)."""
+
+
 async def read_events(
     chunks: AsyncIterator[bytes],
     parser: StreamParser,
@@ -79,9 +85,10 @@ async def read_events(
     heard: Callable[[], None],
     halt: Callable[[], None],
     ended: Callable[[], None] = lambda: None,
+    timeout: float | None = None,
 ) -> ChatResponse:
-    """A streamed body, chunk by chunk (``heard()`` after each: the provider's stall
-    deadline), through ``parser`` into ``tracker``; the reply. When the sink says it has
+    """A streamed body, chunk by chunk (``heard()`` after each, comments alone only for a
+    while: `_Hearing`), through ``parser`` into ``tracker``; the reply. When the sink says it has
     what it wants, ``halt()`` (the provider cancels the reading, then takes
     ``parser.partial()``). Once the API's end marker has come, ``ended()``, once, and no
     more ``heard()``: the provider gives the body's end a moment to come (the connection
@@ -100,20 +107,19 @@ async def read_events(
         Exception: any other error of ``parser.feed`` (a plugin's parser that met a shape
             it did not check): the provider makes it a retried `BadResponse`.
     """
-    decoder = SSEDecoder()
+    decoder, hearing = SSEDecoder(), _Hearing(heard, timeout)
     failed: Exception | None = None
     size = 0
     done = False
     try:
         while failed is None and (chunk := await _next(chunks, done)) is not None:
-            if not done:
-                heard()
             size += len(chunk)
             if size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
                 raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
             if not done:
                 try:  # one piece of text per read: the sink's work is per read, not per token
-                    text = "".join([parser.feed(e, d) for e, d in decoder.feed(chunk)])
+                    hearing(events := decoder.feed(chunk))
+                    text = "".join([parser.feed(e, d) for e, d in events])
                 except Oversized:
                     raise
                 except Exception as exc:  # the reading stops; raised below, once closed
@@ -132,6 +138,25 @@ async def read_events(
     if failed is not None:
         raise failed
     return parser.result()
+
+
+class _Hearing:
+    """``heard()`` for a chunk that brought events; for one of comments alone (a
+    keep-alive: ``: PROCESSING``), only until `QUIET_FACTOR` times ``timeout`` after the
+    last event: a gateway that only pings, wedged, held the call until the body's size
+    cap (weeks)."""
+
+    def __init__(self, heard: Callable[[], None], timeout: float | None) -> None:
+        self.heard = heard
+        self.quiet = QUIET_FACTOR * timeout if timeout is not None else math.inf
+        self.last = trio.current_time()  # of the last event
+
+    def __call__(self, events: list[tuple[str, str]]) -> None:
+        now = trio.current_time()
+        if events:
+            self.last = now
+        if events or now - self.last < self.quiet:
+            self.heard()
 
 
 async def _next(chunks: AsyncIterator[bytes], done: bool) -> bytes | None:

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from rlm_graph.contracts import ChatRequest, Message
-from rlm_graph.errors import BadResponse, ContextLengthExceeded
+from rlm_graph.errors import BadResponse, ContextLengthExceeded, ProviderTimeout
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 from tests.support.http import anthropic_kwargs, openai_kwargs
@@ -115,3 +115,31 @@ async def test_a_done_without_a_finish_reason_is_a_cut_stream_retried() -> None:
     error, stats = await _serve(_TEXT + b"data: [DONE]\n\n", always=True)
     assert isinstance(error, BadResponse) and "no finish_reason" in str(error)
     assert stats["requests"] == 3
+
+
+async def test_a_stream_of_keep_alive_comments_alone_is_a_stall() -> None:
+    """A gateway that only sends ``: ping`` (wedged, or thinking for ever) reset the
+    silence deadline with every comment: the call was held until the body's size cap.
+    Comments count as the server heard for 8 timeouts after the last event, no longer."""
+    pings = [0]
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD)
+        for _ in range(600):  # 30 s of pings, unless the client goes
+            await stream.send_all(_chunk(b": ping\n\n"))
+            pings[0] += 1
+            await trio.sleep(0.05)
+        await stream.send_all(_chunk(_WHOLE) + b"0\r\n\r\n")
+        return False
+
+    async with raw_server(handler) as (port, stats):
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+        kwargs = openai_kwargs(server, timeout=0.1, max_attempts=1, max_timeouts=1)
+        provider = OpenAIProvider(**kwargs)
+        try:
+            with pytest.raises(ProviderTimeout):
+                await provider.stream(REQUEST, lambda offset, text: None)
+        finally:
+            await provider.aclose()
+    assert stats["requests"] == 1
+    assert pings[0] < 100  # 8 x 0.1 s of pings and the timeout: about 18, not 600
