@@ -256,8 +256,8 @@ class _ChunkStream:
 
     def feed(self, event: str, data: str) -> str:
         if data == "[DONE]" or data.strip() == "[DONE]":
-            if self._finish is None:  # an error, or a cut reply, the server closed as done
-                raise self._bad("ended the stream with [DONE] but no finish_reason: cut off")
+            # Whole even with no finish_reason: some compatible servers never send one
+            # (an error reported before it is an error event, above).
             self.finished = True
             return ""
         if not data or data.isspace():  # an event with no data: nothing to read, no fault
@@ -302,8 +302,8 @@ class _ChunkStream:
         return ChatResponse(content=text, model=model, finish_reason="engine_stop")
 
     def result(self) -> ChatResponse:
-        if self._finish is None:
-            raise self._bad("ended the stream before its last chunk (no finish_reason)")
+        if not self.finished and self._finish is None:
+            raise self._bad("ended the stream before its last chunk (no finish_reason, no [DONE])")
         return ChatResponse(
             content="".join(self._parts),
             model=self._model,
