@@ -8,7 +8,6 @@ and the finished graph on every result.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -265,6 +264,7 @@ class RLM:
             else normalise_tools(custom_sub_tools, "custom_sub_tools")
         )
         strategy = compaction_strategy(self.engine.host, compaction, compaction_kwargs)
+        self._compaction_knobs = _strategy_knobs(strategy)  # its settings, as it was made
         self.settings = LoopSettings(
             environment=environment,
             environment_kwargs=dict(environment_kwargs or {}),
@@ -483,7 +483,9 @@ class RLM:
             inputs = {"context": prompt, "root_prompt": root_prompt, "completion": number}
             if journal_key is not None:  # absent otherwise: older journals' keys hold
                 inputs["journal_key"] = journal_key
-            journal = _completion_journal(self.journal, run, settings, self.environment, inputs)
+            journal = _completion_journal(
+                self.journal, run, settings, self.environment, inputs, self._compaction_knobs
+            )
         operation = CompletionRun(
             RLMRunner(run, settings, self.env_factory),
             prompt,
@@ -527,16 +529,12 @@ _TIME_CUTS = frozenset({"timeout", "cpu_seconds", "start_timeout", "close_grace"
 
 
 def _strategy_knobs(strategy: object) -> dict[str, Any]:
-    """A compaction strategy's settings: the plain values (``target_pct``) it keeps under
-    the names its constructor takes, part of the run key. Not the rest of what it holds
-    (a counter it keeps, what differs in every process)."""
+    """A compaction strategy's settings for the run key: the plain values (numbers,
+    strings, booleans: ``target_pct``) it holds when the `RLM` is made. Taken then, so
+    that what it counts as it works (its compactions) does not make each run another."""
     plain = (str, int, float, bool, type(None))
     held = getattr(strategy, "__dict__", None) or {}
-    try:
-        taken = inspect.signature(type(strategy)).parameters
-    except (TypeError, ValueError):
-        return {}
-    return {k: v for k, v in sorted(held.items()) if k in taken and isinstance(v, plain)}
+    return {k: v for k, v in sorted(held.items()) if isinstance(v, plain)}
 
 
 def _completion_journal(
@@ -545,9 +543,11 @@ def _completion_journal(
     settings: LoopSettings,
     environment: str,
     inputs: dict[str, Any],
+    knobs: dict[str, Any],
 ) -> JournalTarget:
     """Where a completion is journaled: its run key is its ``inputs`` (context, question,
-    its place in a persistent session, its ``journal_key``) and its configuration."""
+    its place in a persistent session, its ``journal_key``) and its configuration
+    (``knobs``: the compaction strategy's settings, `_strategy_knobs`)."""
     configuration = [
         [provider_identity(key, provider) for key, provider in run.router.providers],
         run.limits.max_depth,
@@ -571,7 +571,6 @@ def _completion_journal(
     shaping = {k: v for k, v in settings.environment_kwargs.items() if k not in _TIME_CUTS}
     if shaping:  # older journals' keys hold
         configuration.append(["environment_kwargs", stable_value(shaping)])
-    knobs = _strategy_knobs(settings.compaction)
     if knobs:  # TruncateStrategy(target_pct=0.1) is another history (older keys hold)
         configuration.append(["compaction", knobs])
     question = inputs["root_prompt"]
