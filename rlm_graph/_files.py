@@ -107,7 +107,8 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
     return target
 
 
-_IN_PLACE = ("/dev/", "/proc/")  # names of a stream, whatever file it is redirected to
+# Names of a stream, whatever file it is redirected to (a file under /dev/shm is a file).
+_IN_PLACE = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/", "/dev/tty")
 
 
 def _keeps(handle: int, was: os.stat_result) -> bool:

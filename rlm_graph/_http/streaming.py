@@ -74,8 +74,10 @@ class StreamParser(Protocol):
 
 
 QUIET_FACTOR = 8.0
-"""How many attempt timeouts a stream may send keep-alive comments alone before they
-no longer count as the server being heard (`read_events`)."""
+QUIET_FLOOR = 3600.0
+"""A stream may send keep-alive comments alone for `QUIET_FACTOR` attempt timeouts, and
+at least `QUIET_FLOOR` seconds (a hidden-reasoning model behind a gateway that pings may
+think for many minutes), before they no longer count as the server heard (`_Hearing`)."""
 
 
 async def read_events(
@@ -142,13 +144,12 @@ async def read_events(
 
 class _Hearing:
     """``heard()`` for a chunk that brought events; for one of comments alone (a
-    keep-alive: ``: PROCESSING``), only until `QUIET_FACTOR` times ``timeout`` after the
-    last event: a gateway that only pings, wedged, held the call until the body's size
-    cap (weeks)."""
+    keep-alive: ``: PROCESSING``), only for a while after the last event (`QUIET_FLOOR`):
+    a gateway that only pings, wedged, held the call until the body's size cap (weeks)."""
 
     def __init__(self, heard: Callable[[], None], timeout: float | None) -> None:
         self.heard = heard
-        self.quiet = QUIET_FACTOR * timeout if timeout is not None else math.inf
+        self.quiet = max(QUIET_FACTOR * timeout, QUIET_FLOOR) if timeout else math.inf
         self.last = trio.current_time()  # of the last event
 
     def __call__(self, events: list[tuple[str, str]]) -> None:

@@ -364,5 +364,6 @@ class TraceFileExporter(SpanExporter):
 
 
 def _replace(path: Path, text: str) -> None:
-    """Write ``path`` atomically: a reader never sees half a file."""
+    """Write ``path`` atomically: a reader never sees half a file (unless it is a file
+    with other names, hard links, which `write_private` writes in place)."""
     write_private(path, text)

@@ -114,10 +114,16 @@ async def test_a_done_without_a_finish_reason_is_a_whole_reply() -> None:
     assert reply.content == "The answer is 4" and stats["requests"] == 1
 
 
-async def test_a_stream_of_keep_alive_comments_alone_is_a_stall() -> None:
+async def test_a_stream_of_keep_alive_comments_alone_is_a_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A gateway that only sends ``: ping`` (wedged, or thinking for ever) reset the
     silence deadline with every comment: the call was held until the body's size cap.
-    Comments count as the server heard for 8 timeouts after the last event, no longer."""
+    Comments count as the server heard for a while after the last event (an hour, or 8
+    timeouts; here 8 x 0.1 s), no longer."""
+    from rlm_graph._http import streaming
+
+    monkeypatch.setattr(streaming, "QUIET_FLOOR", 0.0)
     pings = [0]
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
