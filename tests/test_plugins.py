@@ -654,36 +654,22 @@ def test_an_asyncio_cancellation_from_a_provider_fails_its_slot_not_the_completi
     assert answers[0].startswith("[ERROR] PluginError: provider 'p' answered with CancelledError")
 
 
-@pytest.mark.parametrize("error", [ValueError, SystemExit])
-def test_a_provider_factory_that_fails_is_named_as_the_plugins_failure(
-    error: type[BaseException],
+@pytest.mark.parametrize(
+    ("error", "said"),
+    [
+        (ValueError, "backend 'picky' failed to build: ValueError: cannot use key"),
+        (SystemExit, "backend 'picky' failed to build: SystemExit: cannot use key"),
+        (TypeError, "backend 'picky' failed to build: cannot use key"),  # a bug of its own
+        (ConfigError, "cannot use key"),  # its own verdict, as it is
+    ],
+)
+def test_a_provider_factory_that_fails_is_named_and_its_key_redacted(
+    error: type[BaseException], said: str
 ) -> None:
     """A factory raising anything but a TypeError reached the user as a raw traceback
-    (or, for ``sys.exit()``, ended the program); a key it quoted went along."""
-    key = "sk-factory-quoted-0123456789"
-
-    class Picky:
-        def __init__(self, **kwargs: Any) -> None:
-            raise error(f"cannot use key {kwargs['api_key']}")
-
-    class Registers:
-        @hookimpl
-        def rlm_register_providers(self) -> dict[str, object]:
-            return {"picky": Picky}
-
-    with pytest.raises(PluginError) as failed:
-        Engine("picky", {"api_key": key}, plugins=[Registers()])
-    said = str(failed.value)
-    assert said.startswith(f"backend 'picky' failed to build: {error.__name__}: cannot use key")
-    assert key not in said and "[REDACTED]" in said
-
-
-@pytest.mark.parametrize("error", [TypeError, ConfigError])
-def test_a_key_in_a_factorys_type_error_or_own_verdict_is_redacted(
-    error: type[Exception],
-) -> None:
-    """A factory's `TypeError` (its keywords fit: a bug of its own) and its own
-    `ConfigError` kept the key they quoted, in the message and the printed chain."""
+    (or, for ``sys.exit()``, ended the program); a key it quoted went along, and a
+    `TypeError` whose keywords fit and its own `ConfigError` kept it in the message and
+    the printed chain."""
     key = "sk-factory-quoted-0123456789"
 
     class Picky:
@@ -697,8 +683,9 @@ def test_a_key_in_a_factorys_type_error_or_own_verdict_is_redacted(
 
     with pytest.raises(ConfigError) as failed:
         Engine("picky", {"api_key": key}, plugins=[Registers()])
+    assert str(failed.value).startswith(f"{said} [REDACTED]")
     printed = "".join(traceback.format_exception(failed.value))
-    assert "cannot use key [REDACTED]" in printed and key not in printed
+    assert key not in printed
 
 
 class _Unclosable(ConstantProvider):

@@ -162,12 +162,19 @@ async def test_a_summary_that_is_not_whole_keeps_the_history(summary: ChatRespon
     def respond_with(request: ChatRequest) -> Any:
         return summary if request.messages[-1].content == SUMMARY_PROMPT else repl(STEP)
 
-    rlm = long_run(True, respond=respond_with, max_iterations=20)
+    await _never_compacted(respond_with, "the summary is not whole")
+
+
+async def _never_compacted(respond: Any, says: str) -> RLM:
+    """A long run whose every compaction failed, saying ``says``: the run answered from
+    its uncompacted history."""
+    rlm = long_run(True, respond=respond, max_iterations=20)
     result = await rlm.acompletion("ctx")
     assert result.response == f"{sum(range(STEPS))}|False|none"  # never compacted
     nodes = list(result.graph.records(NodeKind.COMPACTION))
     assert nodes and all(node.status == NodeStatus.ERROR for node in nodes)
-    assert all("the summary is not whole" in (node.error or "") for node in nodes)
+    assert all(says in (node.error or "") for node in nodes)
+    return rlm
 
 
 async def test_hidden_reasoning_does_not_count_as_history() -> None:
@@ -280,12 +287,7 @@ async def test_a_summary_longer_than_the_history_is_not_taken() -> None:
             return "Summary: " + "y" * 40_000  # ~10,000 tokens: more than the history
         return repl(STEP)
 
-    rlm = long_run(True, respond=verbose, max_iterations=20)
-    result = await rlm.acompletion("ctx")
-    assert result.response == f"{sum(range(STEPS))}|False|none"  # never compacted
-    nodes = list(result.graph.records(NodeKind.COMPACTION))
-    assert nodes and all(node.status == NodeStatus.ERROR for node in nodes)
-    assert all("no smaller, so the history is kept" in (node.error or "") for node in nodes)
+    rlm = await _never_compacted(verbose, "no smaller, so the history is kept")
     assert all("y" * 100 not in m.content for r in root_turns(rlm) for m in r.messages)
 
 
