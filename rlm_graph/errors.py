@@ -379,8 +379,9 @@ _SAID = "_rlm_graph_said"  # the redacted message of an error whose __str__ igno
 
 def scrub_error(exc: BaseException, scrub: Callable[[str], str] | None) -> None:
     """Redact ``exc``'s message in place (its text arguments and notes, and those of the
-    errors it was raised from and of those an exception group holds), so that a key a plugin quoted reaches neither the slot
-    the model reads nor ``result.errors``, a traceback or a log. An error whose
+    errors it was raised from and of those an exception group holds), so that a key a
+    plugin quoted reaches neither the slot the model reads nor ``result.errors``, a
+    traceback or a log. An error whose
     ``__str__`` ignores its arguments (``OSError(5, ...)``, pydantic's ``ValidationError``)
     keeps its redacted text beside it, for `message_of` to give. No ``scrub`` (no secret
     known): nothing to do."""
