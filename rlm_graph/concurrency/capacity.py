@@ -57,14 +57,15 @@ class BudgetGate:
     def estimate(
         self, model: str, input_tokens: int, output_tokens: int, price: Callable[[Usage], Any]
     ) -> tuple[int, float | None, int]:
-        """A call's tokens and dollars before it goes, and its prompt's chars/4 estimate.
+        """A call's tokens and dollars before it goes, and its prompt's estimate as given.
 
-        The prompt at four characters per token, corrected by the largest ratio of
-        counted to estimated input a call of ``model`` has had in this run (text of one
-        token a character, as CJK is, counts four times what it looks); priced from the
-        table (``price``), else at the most a reported cost has come to per estimated
-        token (a provider that reports its own costs: a call over a larger prompt is
-        dearer); before the first such cost, None (the call then goes only alone)."""
+        The prompt's estimate (`rlm_graph.limits.reserved_tokens`) scaled by the ratio
+        of counted to estimated input over this run's calls of ``model`` (`_learn`: a
+        tokenizer that counts more than the estimate, at most `MAX_INPUT_SCALE`); priced
+        from the table (``price``), else at what the run's reported costs have come to
+        per estimated token (a provider that reports its own costs: a call over a larger
+        prompt is dearer); before the first such cost, None (the call then goes only
+        alone)."""
         counted = self._inputs.get(model)
         scale = min(max(counted[0] / counted[1], 1.0), MAX_INPUT_SCALE) if counted else 1.0
         scaled = math.ceil(input_tokens * scale)

@@ -253,8 +253,8 @@ async def _reserve(run: Run, route: Route, request: ChatRequest) -> Reservation 
     character outside ASCII (`reserved_tokens`; corrected by what the servers counted
     so far), plus the request's ``max_tokens`` (else the provider's
     ``default_max_tokens``, else `DEFAULT_OUTPUT_ESTIMATE`) of output, priced from the
-    table (else per token at the most a reported cost has come to in this run; before
-    the first, unknown: the call then goes only alone).
+    table (else per token at what the run's reported costs have come to; before the
+    first, unknown: the call then goes only alone).
     """
     if not run.budget.limited:
         return None
