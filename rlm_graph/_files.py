@@ -82,7 +82,7 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
         was: os.stat_result | None = real.stat()
     except OSError:
         was = None
-    if os.fspath(target).startswith(_IN_PLACE) or (
+    if _IN_PLACE.match(os.fspath(target)) or (
         was is not None and (not stat.S_ISREG(was.st_mode) or was.st_nlink > 1)
     ):  # /dev/stdout (a file it is redirected to), a device, a file with other names
         return _write_in_place(target, text)
@@ -108,7 +108,7 @@ def write_private(path: str | os.PathLike[str], text: str) -> Path:
 
 
 # Names of a stream, whatever file it is redirected to (a file under /dev/shm is a file).
-_IN_PLACE = ("/dev/stdout", "/dev/stderr", "/dev/fd/", "/proc/self/fd/", "/dev/tty")
+_IN_PLACE = re.compile(r"/dev/(?:stdout|stderr|tty|fd/)|/proc/[^/]++/fd/")
 
 
 def _keeps(handle: int, was: os.stat_result) -> bool:

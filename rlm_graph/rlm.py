@@ -8,6 +8,7 @@ and the finished graph on every result.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -530,11 +531,18 @@ _TIME_CUTS = frozenset({"timeout", "cpu_seconds", "start_timeout", "close_grace"
 
 def _strategy_knobs(strategy: object) -> dict[str, Any]:
     """A compaction strategy's settings for the run key: the plain values (numbers,
-    strings, booleans: ``target_pct``) it holds when the `RLM` is made. Taken then, so
-    that what it counts as it works (its compactions) does not make each run another."""
+    strings, booleans) it holds, when the `RLM` is made, under the names its constructor
+    takes (``target_pct``, or ``_target_pct`` for one kept private). Not what it counts as
+    it works (a shared strategy's compactions), nor what differs in every process."""
     plain = (str, int, float, bool, type(None))
     held = getattr(strategy, "__dict__", None) or {}
-    return {k: v for k, v in sorted(held.items()) if isinstance(v, plain)}
+    try:
+        taken = set(inspect.signature(type(strategy)).parameters)
+    except (TypeError, ValueError):  # no signature to read
+        return {}
+    return {
+        k: v for k, v in sorted(held.items()) if k.lstrip("_") in taken and isinstance(v, plain)
+    }
 
 
 def _completion_journal(

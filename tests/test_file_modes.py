@@ -95,3 +95,15 @@ def test_a_report_over_a_file_made_beforehand_keeps_its_mode_owner_and_links(
         "other-name.json",
         "shared.html",
     ]
+
+
+def test_a_stream_named_by_its_process_fd_is_written_in_place(tmp_path: Path) -> None:
+    """``/proc/<pid>/fd/1`` when stdout is redirected to a file names that file: replaced
+    whole, the process went on printing into the old one, lost."""
+    from rlm_graph._files import write_private
+
+    out = tmp_path / "stdout.txt"
+    with out.open("w") as handle:
+        inode = out.stat().st_ino
+        write_private(f"/proc/{os.getpid()}/fd/{handle.fileno()}", "written\n")
+        assert out.stat().st_ino == inode and out.read_text() == "written\n"

@@ -54,7 +54,7 @@ def reply_note(response: ChatResponse) -> str | None:
             f"the reply was cut off by the output-token limit (finish_reason={reason}); "
             "ask for less, or raise max_tokens"
         )
-    if reason == _WINDOW:
+    if reason is not None and reason.lower() == _WINDOW:
         return (
             f"the reply was cut off by the model's context window (finish_reason={reason}); "
             "ask for less, or send a shorter history"

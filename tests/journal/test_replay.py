@@ -876,3 +876,26 @@ async def test_what_a_strategy_counts_is_not_part_of_the_run_key(tmp_path: Path)
     assert (await rlm.acompletion("ctx", root_prompt="q")).replay.attempt == 1
     assert strategy.compactions > 0
     assert (await rlm.acompletion("ctx", root_prompt="q")).replay.attempt == 2
+    # The same strategy object given to another RLM after it has counted: the same run.
+    other = RLM("scripted", {"respond": _respond}, journal=str(tmp_path / "j"), compaction=strategy)
+    assert (await other.acompletion("ctx", root_prompt="q")).replay.attempt == 3
+    # A setting kept private under its parameter's name is a setting: another value of
+    # it is another run.
+    for keep, attempt in ((1, 1), (1, 2), (2, 1)):
+        private = RLM(
+            "scripted",
+            {"respond": _respond},
+            journal=str(tmp_path / "p"),
+            compaction=_Private(keep),
+        )
+        assert (await private.acompletion("ctx", root_prompt="q")).replay.attempt == attempt
+
+
+class _Private(_Counting):
+    def __init__(self, keep: int = 1) -> None:  # noqa: D107 - not the parent's: keep is private
+        self._keep = keep
+        self.compactions = 0
+
+    @property  # type: ignore[override]
+    def keep(self) -> int:
+        return self._keep
