@@ -62,6 +62,7 @@ __all__ = [
     "TextSink",
     "Usage",
     "compacted_history",
+    "strategy_name",
     "estimate_tokens",
     "lacking",
     "image_json_default",
@@ -560,10 +561,16 @@ def messages_from_json(text: str) -> list[Message]:
     return [Message.model_validate(m) for m in json.loads(text, object_hook=image_json_hook)]
 
 
+def strategy_name(strategy: Any) -> str:
+    """A compaction strategy's name, as errors about it say it: its ``name``, else its
+    class's."""
+    return getattr(strategy, "name", None) or type(strategy).__name__
+
+
 def compacted_history(strategy: Any, got: object) -> list[Message]:
     """A strategy's new history, or a `PluginError` naming the strategy and the fault (not
     an error from deep inside the next turn)."""
-    name = getattr(strategy, "name", None) or type(strategy).__name__
+    name = strategy_name(strategy)
     if isinstance(got, str | bytes | Mapping) or not isinstance(got, Iterable):
         problem = f"returned {type(got).__name__}, not a list of rlm_graph.contracts.Message"
     else:

@@ -324,10 +324,15 @@ _STOPS = "_rlm_graph_stops_workflow"
 def mark_stops_workflow(exc: BaseException) -> None:
     """Mark ``exc``, raised by a workflow node's model call, if it stops the workflow."""
     if isinstance(exc, STOPS_WORKFLOW) and not isinstance(exc, PluginError):
-        try:
-            setattr(exc, _STOPS, True)
-        except (AttributeError, TypeError):  # an error that takes no attributes
-            pass
+        _mark(exc, _STOPS, True)
+
+
+def _mark(exc: BaseException, name: str, value: object) -> None:
+    """Keep ``value`` on ``exc`` as ``name``, for the engine's own reading of it later."""
+    try:
+        setattr(exc, name, value)
+    except (AttributeError, TypeError):  # an error that takes no attributes
+        pass
 
 
 def stops_workflow(exc: BaseException | None) -> bool:
@@ -418,10 +423,7 @@ def _keep_said(error: BaseException, scrub: Callable[[str], str]) -> None:
     said = message_of(error)
     redacted = scrub(said)
     if redacted != said:
-        try:
-            setattr(error, _SAID, redacted)
-        except (AttributeError, TypeError):  # an error that takes no attributes
-            pass
+        _mark(error, _SAID, redacted)
 
 
 def clipped(text: str, limit: int = 1_000) -> str:

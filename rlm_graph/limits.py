@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from .contracts import ModelInfo, Usage
+from .contracts import ModelInfo, Usage, estimate_tokens
 from .errors import ConfigError, config_error
 from .hedging import HedgePolicy
 
@@ -186,7 +186,7 @@ def reserved_tokens(text: str) -> int:
     characters a token, and about a token more for each character outside ASCII (CJK
     text is about a token a character, where four characters a token would reserve a
     quarter of it). An estimate that errs high, as a reservation should."""
-    estimate = max(1, (len(text) + 3) // 4)
+    estimate = estimate_tokens(text)
     if text.isascii():
         return estimate
     extra = len(text.encode("utf-8", "surrogatepass")) - len(text)  # 1-3 bytes a character

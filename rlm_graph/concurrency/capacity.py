@@ -56,8 +56,8 @@ class BudgetGate:
 
     def estimate(
         self, model: str, input_tokens: int, output_tokens: int, price: Callable[[Usage], Any]
-    ) -> tuple[int, float | None, int]:
-        """A call's tokens and dollars before it goes, and its prompt's estimate as given.
+    ) -> tuple[int, float | None]:
+        """A call's tokens and dollars before it goes.
 
         The prompt's estimate (`rlm_graph.limits.reserved_tokens`) scaled by the ratio
         of counted to estimated input over this run's calls of ``model`` (`_learn`: a
@@ -74,7 +74,7 @@ class BudgetGate:
         reported = self._costs.get(model)
         if cost is None and reported is not None:
             cost = reported[0] / reported[1] * tokens
-        return tokens, cost, input_tokens
+        return tokens, cost
 
     async def reserve(
         self, tokens: int, cost: float | None, model: str = "", estimated_input: int = 0

@@ -16,14 +16,10 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
-from ..contracts import Message, compacted_history, estimate_tokens
+from ..contracts import Message, compacted_history, estimate_tokens, strategy_name
 from ..errors import PluginError, ProviderError, RLMGraphError, message_of
 
 __all__ = ["asks_to_compact", "compact", "history_text"]
-
-
-def _name(strategy: Any) -> str:
-    return getattr(strategy, "name", None) or type(strategy).__name__
 
 
 def asks_to_compact(strategy: Any, messages: list[Message], **sizes: Any) -> bool:
@@ -34,7 +30,7 @@ def asks_to_compact(strategy: Any, messages: list[Message], **sizes: Any) -> boo
         raise
     except Exception as exc:
         raise PluginError(
-            f"compaction strategy {_name(strategy)!r}: should_compact() raised "
+            f"compaction strategy {strategy_name(strategy)!r}: should_compact() raised "
             f"{type(exc).__name__}: {message_of(exc)} (it takes the messages and the "
             "keywords tokens, context_window, threshold_pct: docs/compaction.md)"
         ) from exc
@@ -43,7 +39,7 @@ def asks_to_compact(strategy: Any, messages: list[Message], **sizes: Any) -> boo
 async def compact(strategy: Any, messages: list[Message], ctx: Any) -> list[Message]:
     """``await strategy.compact(messages, ctx)``, checked: a list of `Message` with the
     task kept (`compacted_history`), and smaller than ``messages``."""
-    name = _name(strategy)
+    name = strategy_name(strategy)
     try:
         pending = strategy.compact(messages, ctx)
         if not inspect.isawaitable(pending):

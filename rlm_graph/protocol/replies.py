@@ -49,18 +49,19 @@ def reply_note(response: ChatResponse) -> str | None:
     ``""``) hides the problem from the model's code and from the user.
     """
     reason = response.finish_reason
-    if reason is not None and reason.lower() in _CUT_OFF:
+    word = (reason or "").lower()
+    if word in _CUT_OFF:
         return (
             f"the reply was cut off by the output-token limit (finish_reason={reason}); "
             "ask for less, or raise max_tokens"
         )
-    if reason is not None and reason.lower() == _WINDOW:
+    if word == _WINDOW:
         return (
             f"the reply was cut off by the model's context window (finish_reason={reason}); "
             "ask for less, or send a shorter history"
         )
-    if not is_whole(reason):
-        if reason is not None and reason.lower() == "refusal":
+    if word in _STOPPED:
+        if word == "refusal":
             return f"the model refused to answer (finish_reason={reason})"
         return f"the reply is not whole: the server stopped it (finish_reason={reason})"
     if not response.content:

@@ -266,7 +266,7 @@ def _estimate(run: Run, route: Route, request: ChatRequest) -> tuple[int, float 
     output = request.max_tokens or route.capabilities.default_max_tokens or DEFAULT_OUTPUT_ESTIMATE
     prompt = sum(reserved_tokens(m.content) for m in request.messages)
     price = partial(run.router.price, route.model)
-    tokens, cost, prompt = run.spend.estimate(route.model, prompt, int(output), price)
+    tokens, cost = run.spend.estimate(route.model, prompt, int(output), price)
     return tokens, cost, route.model, prompt
 
 
