@@ -54,7 +54,9 @@ def on_terminal(stream: TextIO) -> bool:
 
 def for_stream(stream: TextIO, text: str) -> str:
     """``text`` as it may be written to ``stream``: stripped of control sequences when
-    that is a terminal."""
+    that is a terminal, each lone surrogate (half a character a reply may hold, which no
+    stream can write) as U+FFFD."""
+    text = utf8_text(text)
     return strip_control(text) if on_terminal(stream) else text
 
 
@@ -95,11 +97,9 @@ class Output:
         self.as_json = as_json
 
     def line(self, text: str, *, stream: TextIO | None = None) -> None:
-        """A line of text, stripped of control sequences on a terminal, each lone
-        surrogate (half a character a reply may hold, which no stream can write) as
-        U+FFFD."""
+        """A line of text, as `for_stream` makes it for its stream."""
         out = stream or sys.stdout
-        print(utf8_text(for_stream(out, text)), file=out)
+        print(for_stream(out, text), file=out)
 
     def note(self, text: str) -> None:
         """A line on stderr (text mode only: JSON mode keeps stderr for real trouble)."""
