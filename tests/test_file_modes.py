@@ -8,6 +8,7 @@ import os
 import stat
 from pathlib import Path
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
@@ -107,3 +108,23 @@ def test_a_stream_named_by_its_process_fd_is_written_in_place(tmp_path: Path) ->
         inode = out.stat().st_ino
         write_private(f"/proc/{os.getpid()}/fd/{handle.fileno()}", "written\n")
         assert out.stat().st_ino == inode and out.read_text() == "written\n"
+
+
+def test_a_write_cut_by_ctrl_c_leaves_the_old_file_and_no_stray_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C midway through a report's write: the old report is whole, and the file
+    beside it that the new one was being written to is gone."""
+    from rlm_graph import _files
+
+    report = tmp_path / "run.html"
+    report.write_text("the old report")
+
+    def interrupted(text: str) -> str:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_files, "utf8_text", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _files.write_private(report, "the new report")
+    assert report.read_text() == "the old report"
+    assert [p.name for p in tmp_path.iterdir()] == ["run.html"]

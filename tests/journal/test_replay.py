@@ -899,3 +899,28 @@ class _Private(_Counting):
     @property  # type: ignore[override]
     def keep(self) -> int:
         return self._keep
+
+
+async def test_children_asked_in_another_order_never_take_each_others_answers(
+    tmp_path: Path,
+) -> None:
+    """A child RLM's slot replays only in its own place (its nodes are journaled under
+    its id): reordered children run again rather than answer with a sibling's child."""
+    order = tmp_path / "order.txt"
+
+    def respond(request: ChatRequest) -> str:
+        if request.depth > 0:  # a child: its context is the word it was given
+            return repl("FINAL('child:' + context)")
+        return repl(
+            f"words = __import__('pathlib').Path({str(order)!r}).read_text().split()\n"
+            "FINAL(' '.join(rlm_query_batched(words)))"
+        )
+
+    path = str(tmp_path / "run.sqlite")
+    order.write_text("alpha beta")
+    one = await RLM("scripted", {"respond": respond}, journal=path, max_depth=2).acompletion("c")
+    order.write_text("beta alpha")
+    two = await RLM("scripted", {"respond": respond}, journal=path, max_depth=2).acompletion("c")
+    first, second = one.response.split(), two.response.split()
+    assert first == ["child:alpha", "child:beta"]
+    assert second == ["child:beta", "child:alpha"]  # each slot its own child's answer
