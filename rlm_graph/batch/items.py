@@ -43,7 +43,8 @@ class BatchItem(BaseModel):
         id: the item's id, unique in the batch; results carry it.
         query: the question (the completion's ``root_prompt``).
         context: the context, inline; or
-        context_file: a file whose text is the context (an absolute path once parsed).
+        context_file: a file whose text is the context (from an input line: the path as
+            written there, joined to the input file's folder when relative).
         limits: per-item overrides of completion limits (``{"max_iterations": 5}``).
     """
 
@@ -72,14 +73,20 @@ class BatchItem(BaseModel):
             ) from None
 
     _asked: str | None = PrivateAttr(default=None)  # kept by `loaded`, which drops the path
+    # The context file's path as its input line wrote it: what the item asks, wherever
+    # the input file is read from (the folder it is joined to depends on the caller's).
+    _file_as_written: str | None = PrivateAttr(default=None)
 
     def asked(self) -> str:
         """A short hash of what this item asks (its question, its context or its
-        context file's path, its limits): a result line keeps it, so that a rerun asks
-        again an item edited since its line was written. What JSON cannot hold (a context
-        given in code) is hashed as its ``repr``."""
+        context file's path as the input line writes it, its limits): a result line keeps
+        it, so that a rerun asks again an item edited since its line was written, and
+        only that (``--input items.jsonl`` and ``--input /data/items.jsonl`` are one
+        file's items). What JSON cannot hold (a context given in code) is hashed as its
+        ``repr``."""
         if self._asked is None:
-            where = {"context_file": self.context_file} if self.context_file else self.context
+            path = self._file_as_written or self.context_file
+            where = {"context_file": path} if path else self.context
             asks = [self.query, where, self.limits]
             try:
                 text = json.dumps(asks, sort_keys=True, ensure_ascii=False, default=repr)
@@ -136,7 +143,7 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
         except ConfigError as exc:
             raise ConfigError(f"{where}: {exc}") from None
     try:
-        return BatchItem(
+        item = BatchItem(
             id=identifier,
             query=raw["query"],
             context=raw.get("context"),
@@ -145,6 +152,8 @@ def _parse(raw: Mapping[str, Any], where: str, base: Path | None) -> BatchItem:
         )
     except ValidationError as exc:
         raise config_error(where, exc) from None
+    item._file_as_written = raw.get("context_file")
+    return item
 
 
 def _context_file_exists(item: BatchItem, where: str) -> None:

@@ -651,6 +651,31 @@ def test_a_rerun_does_not_need_the_context_files_of_items_already_done(
     assert ids == ["item-0", "item-1"]
 
 
+def test_a_rerun_that_names_the_input_another_way_skips_its_context_file_items(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What an item asks hashed its context file's path as joined to the folder the
+    input was named from: the same file given as ``in.jsonl`` after
+    ``/abs/in.jsonl`` asked (and paid for) every such item again."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    (tmp_path / "ctx0.txt").write_text("ctx0")
+    item = {"id": "item-0", "context_file": "ctx0.txt", "query": "question item-no-0."}
+    other = {**item, "id": "item-1", "query": "question item-no-1."}
+    write_items(tmp_path / "in.jsonl", [item, other])
+    with BatchServer() as server:
+        assert main(local_cli_args(server, tmp_path, "--quiet")) == 0
+        monkeypatch.chdir(tmp_path)
+        relative = local_cli_args(server, tmp_path, "--quiet")
+        relative[relative.index("--input") + 1] = "in.jsonl"
+        assert main(relative) == 0
+        monkeypatch.chdir(tmp_path.parent)
+        relative[relative.index("--input") + 1] = f"{tmp_path.name}/in.jsonl"
+        assert main(relative) == 0
+        assert server.root_turns == {"item-0": 1, "item-1": 1}
+    assert "asked again" not in capsys.readouterr().err
+    assert len(read_lines(tmp_path / "out.jsonl")) == 2
+
+
 def test_an_item_edited_to_a_missing_context_file_is_refused_before_it_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
