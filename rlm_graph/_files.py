@@ -17,6 +17,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -170,9 +171,13 @@ def regular_or_missing(path: Path, what: str) -> bool:
     return True
 
 
-def read_results(path: Path, what: str, starts: bytes, keys: frozenset[str]) -> tuple[bytes, int]:
-    """A results file's bytes and where its complete lines end, before appending to it
-    (a missing file is empty): what a resumed run reads first.
+def read_results(
+    path: Path, what: str, starts: bytes, keys: frozenset[str]
+) -> tuple[Iterator[bytes], int, int]:
+    """A results file's complete lines, where they end and its size, before appending to
+    it (a missing file is empty): what a resumed run reads first. The lines are read one
+    at a time as they are iterated, and only the end of the file is read to find them:
+    a file of gigabytes is never held in memory.
 
     Args:
         path: the file.
@@ -186,16 +191,19 @@ def read_results(path: Path, what: str, starts: bytes, keys: frozenset[str]) -> 
     Raises:
         ValueError: it is not a regular file (a FIFO or a device would hang or never end),
             cannot be read, or ends with something else than a cut-off result line (it
-            is not a results file: nothing of it may be cut).
+            is not a results file: nothing of it may be cut). Iterating the lines raises
+            it too, for a file that cannot be read.
     """
     if not regular_or_missing(path, what):
-        return b"", 0
+        return iter(()), 0, 0
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            end = _after_last_newline(handle, size)  # what follows was cut off by a kill
+            handle.seek(end)
+            tail = handle.read().strip()  # cut anywhere: even inside its first bytes
     except OSError as exc:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
-    end = data.rfind(b"\n") + 1  # what follows the last newline was cut off by a kill
-    tail = data[end:].strip()  # cut anywhere: even inside its first bytes
     if tail and not (
         (tail.startswith(starts) or starts.startswith(tail)) and _cut_or_result(tail, keys)
     ):
@@ -203,7 +211,34 @@ def read_results(path: Path, what: str, starts: bytes, keys: frozenset[str]) -> 
             f"{what} is not a results file (its last line is not a result); give a new "
             "path, or the results file of an earlier run to resume it"
         )
-    return data, end
+    return _lines_before(path, what, end), end, size
+
+
+def _after_last_newline(handle: IO[bytes], size: int) -> int:
+    """Where the bytes after the last newline of the open file start (0: none)."""
+    position = size
+    while position > 0:
+        step = min(position, 1 << 16)
+        position -= step
+        handle.seek(position)
+        found = handle.read(step).rfind(b"\n")
+        if found >= 0:
+            return position + found + 1
+    return 0
+
+
+def _lines_before(path: Path, what: str, end: int) -> Iterator[bytes]:
+    """The lines of ``path`` in its first ``end`` bytes, one at a time."""
+    try:
+        with open(path, "rb") as handle:
+            left = end
+            for line in handle:
+                if left <= 0:
+                    return
+                yield line[:left]
+                left -= len(line)
+    except OSError as exc:
+        raise ValueError(f"cannot read {what}: {exc.strerror}") from None
 
 
 def _cut_or_result(tail: bytes, keys: frozenset[str]) -> bool:

@@ -1,7 +1,8 @@
 """Batches: many completions with resume, on one machine or a cluster (docs/batch.md).
 
 - `run_batch` runs items through an executor plugin and yields results as they finish;
-- `BatchItem` (an input line), `BatchResult` (an output line), `BatchSummary`;
+- `BatchItem` (an input line), `BatchResult` (an output line), `BatchSummary` (and
+  `BatchTally`, which sums one as results come);
 - `ResultsFile` makes a batch resumable; `scan_items`/`read_items` read an input file.
 """
 
@@ -18,6 +19,7 @@ from .results import (
     BatchError as BatchError,
     BatchResult as BatchResult,
     BatchSummary as BatchSummary,
+    BatchTally as BatchTally,
     ItemUsage as ItemUsage,
     ResultsFile as ResultsFile,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "BatchItem",
     "BatchResult",
     "BatchSummary",
+    "BatchTally",
     "Executor",
     "ItemUsage",
     "ResultsFile",

@@ -122,22 +122,10 @@ class BatchSummary(BaseModel):
 
     @classmethod
     def of(cls, results: Iterable[BatchResult], skipped: int = 0) -> BatchSummary:
-        done = list(results)
-        costs = [r.cost for r in done if r.cost is not None]
-        latencies = [r.seconds for r in done]
-        return cls(
-            answered=sum(r.ok for r in done),
-            failed=sum(not r.ok for r in done),
-            skipped=skipped,
-            stopped_by_limit=sum(r.ok and r.stop_reason is not None for r in done),
-            input_tokens=sum(r.usage.input_tokens for r in done),
-            output_tokens=sum(r.usage.output_tokens for r in done),
-            cost=sum(costs) if costs else None,
-            tokens_saved=sum(r.usage.tokens_saved for r in done),
-            cost_saved=sum(r.usage.cost_saved for r in done),
-            p50_seconds=_percentile(latencies, 0.50),
-            p95_seconds=_percentile(latencies, 0.95),
-        )
+        tally = BatchTally()
+        for result in results:
+            tally.add(result)
+        return tally.summary(skipped)
 
     def text(self) -> str:
         """One human line: ``40 answered, 1 failed, ... p50 1.20 s, p95 2.31 s``."""
@@ -157,6 +145,49 @@ class BatchSummary(BaseModel):
         return ", ".join(parts)
 
 
+class BatchTally:
+    """A `BatchSummary` kept as results come (`rlm-graph batch`'s): it holds totals and
+    each result's seconds, never an answer, so a batch of any size sums in little memory.
+    ``finished``: how many results it has counted."""
+
+    def __init__(self) -> None:
+        self.finished = 0
+        self._answered = self._stopped = 0
+        self._input = self._output = self._saved = 0
+        self._cost: float | None = None
+        self._cost_saved = 0.0
+        self._seconds: list[float] = []
+
+    def add(self, result: BatchResult) -> None:
+        self.finished += 1
+        self._answered += result.ok
+        self._stopped += result.ok and result.stop_reason is not None
+        usage = result.usage
+        self._input += usage.input_tokens
+        self._output += usage.output_tokens
+        self._saved += usage.tokens_saved
+        self._cost_saved += usage.cost_saved
+        if result.cost is not None:
+            self._cost = (self._cost or 0.0) + result.cost
+        self._seconds.append(result.seconds)
+
+    def summary(self, skipped: int = 0) -> BatchSummary:
+        """The totals so far; ``skipped``: the items a rerun found done already."""
+        return BatchSummary(
+            answered=self._answered,
+            failed=self.finished - self._answered,
+            skipped=skipped,
+            stopped_by_limit=self._stopped,
+            input_tokens=self._input,
+            output_tokens=self._output,
+            cost=self._cost,
+            tokens_saved=self._saved,
+            cost_saved=self._cost_saved,
+            p50_seconds=_percentile(self._seconds, 0.50),
+            p95_seconds=_percentile(self._seconds, 0.95),
+        )
+
+
 _RESULT_KEYS = frozenset(("id", "answer", "started_at", "finished_at", "seconds"))
 """What every result line has (`BatchResult.to_line`)."""
 
@@ -167,10 +198,8 @@ def glance(path: Path) -> ResultsFile:
     will skip, and so whose context files it will not read."""
     results = ResultsFile(path)
     try:
-        data, end = read_results(path, str(path), b'{"id"', _RESULT_KEYS)
-        for number, line in enumerate(data[:end].splitlines(), start=1):
-            if line.strip():
-                results._note(line, number)
+        lines, _, _ = read_results(path, str(path), b'{"id"', _RESULT_KEYS)
+        results._note_all(lines)
     except (ValueError, ConfigError):
         return ResultsFile(path)
     return results
@@ -209,19 +238,22 @@ class ResultsFile:
             raise ConfigError(f"cannot write {what}: {exc.strerror}") from None
         try:
             try:
-                data, end = read_results(self.path, what, b'{"id"', _RESULT_KEYS)
+                lines, end, size = read_results(self.path, what, b'{"id"', _RESULT_KEYS)
+                self._note_all(lines)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-            for number, line in enumerate(data[:end].splitlines(), start=1):
-                if line.strip():
-                    self._note(line, number)
-            if end < len(data):
+            if end < size:
                 os.truncate(self.path, end)
         except BaseException:
             handle.close()
             raise
         self._handle = handle
         return self
+
+    def _note_all(self, lines: Iterable[bytes]) -> None:
+        for number, line in enumerate(lines, start=1):
+            if line.strip():
+                self._note(line, number)
 
     def _note(self, line: bytes, number: int) -> None:
         try:

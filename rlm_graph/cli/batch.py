@@ -23,7 +23,7 @@ from .._files import same_file
 from ..batch import (
     BatchItem,
     BatchResult,
-    BatchSummary,
+    BatchTally,
     ResultsFile,
     read_items,
     run_batch,
@@ -238,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{edited if changed else ''}; running the other {total}",
                 file=sys.stderr,
             )
-        finished: list[BatchResult] = []
+        tally = BatchTally()  # totals only: a batch's answers are not held in memory
         try:
             results = run_batch(
                 read_items(args.input),
@@ -254,13 +254,13 @@ def run(args: argparse.Namespace) -> int:
                         results_file.append(result)
                     except OSError as exc:  # a full disk, a quota: stop, say how to go on
                         getattr(results, "close", lambda: None)()  # cancels the rest
-                        return _cannot_write(args.output, exc, len(finished))
-                    finished.append(result)
+                        return _cannot_write(args.output, exc, tally.finished)
+                    tally.add(result)
                     progress.finished(result)
         except ConfigError as exc:
             return refuse("batch", exc)
         except KeyboardInterrupt:
-            return interrupted_after("batch", f"{len(finished)} items")
-    summary = BatchSummary.of(finished, skipped=len(done))
+            return interrupted_after("batch", f"{tally.finished} items")
+    summary = tally.summary(skipped=len(done))
     print(f"rlm-graph batch: {summary.text()}", file=sys.stderr)
     return EXIT_OK if summary.failed == 0 else EXIT_FAILED

@@ -97,15 +97,16 @@ class ResultsLog:
             ConfigError: the file cannot be read, or a complete line of it is not a
                 result row (then it is not an evaluation's results).
         """
+        self._rows.clear()
         try:
-            data, end = read_results(self.path, repr(str(self.path)), b'{"id"', _ROW_KEYS)
+            lines, end, self._size = read_results(
+                self.path, repr(str(self.path)), b'{"id"', _ROW_KEYS
+            )
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    self._note(line, number)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-        self._rows.clear()
-        for number, line in enumerate(data[:end].splitlines(), start=1):
-            if line.strip():
-                self._note(line, number)
-        self._size = len(data)
         return end
 
     def open(self) -> ResultsLog:

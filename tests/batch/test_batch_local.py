@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import tracemalloc
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -554,6 +555,61 @@ def test_a_rerun_asks_again_an_item_edited_since_its_line_was_written(
         assert sum(server.root_turns.values()) == 6
     ids = [line["id"] for line in read_lines(tmp_path / "out.jsonl")]
     assert sorted(ids) == ["item-0", "item-1", "item-1", "item-2", "item-3", "item-3"]
+
+
+def _peak_memory(work: Any) -> int:
+    tracemalloc.start()
+    try:
+        work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_resume_reads_its_results_file_a_line_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun read the whole results file into memory, twice over (400 MB of results
+    peaked at 857 MB with nothing left to run); it reads a line at a time, and still cuts
+    off a last line a kill left half written."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    batch = items(24)
+    write_items(tmp_path / "in.jsonl", batch)
+    answer = "x" * 2**20
+    lines = [
+        BatchResult(id=i["id"], answer=answer, started_at=1, finished_at=2, seconds=1).to_line()
+        for i in batch
+    ]
+    out = tmp_path / "out.jsonl"
+    with BatchServer() as server:
+        args = local_cli_args(server, tmp_path, "--quiet")
+        for _ in range(2):  # the first run of the process pays for its imports
+            out.write_text("".join(lines) + lines[0][: 2**19])  # 24 MiB, then a cut line
+            peak = _peak_memory(lambda: main(args))
+        assert server.requests == []  # every item was done
+    assert "24 of 24 items already in" in capsys.readouterr().err
+    assert out.read_text() == "".join(lines)  # the cut line is gone, nothing else
+    assert peak < 8 * 2**20
+
+
+def test_a_summary_keeps_totals_not_the_answers() -> None:
+    """`rlm-graph batch` kept every result, answers included, only to print its summary
+    line: memory grew with the answers (2,000 answers of 200 KB: 474 MB)."""
+
+    def results() -> Iterator[BatchResult]:
+        for n in range(200):
+            answer = "y" * 2**20  # made here, dropped once summed
+            cost = 0.5 if n % 2 else None
+            yield BatchResult(
+                id=str(n), answer=answer, cost=cost, started_at=0, finished_at=n, seconds=n
+            )
+
+    summaries: list[BatchSummary] = []
+    peak = _peak_memory(lambda: summaries.append(BatchSummary.of(results(), skipped=3)))
+    assert peak < 16 * 2**20  # 200 MiB of answers went through it
+    summary = summaries[0]
+    assert (summary.answered, summary.failed, summary.skipped) == (200, 0, 3)
+    assert summary.cost == 50.0 and (summary.p50_seconds, summary.p95_seconds) == (99, 189)
 
 
 def test_a_line_break_in_an_id_or_an_error_cannot_forge_a_progress_line(
