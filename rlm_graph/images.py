@@ -68,8 +68,8 @@ class Image(BaseModel):
             raise ValueError("the bytes are not a PNG, JPEG, GIF or WebP image")
         if len(data) > MAX_IMAGE_BYTES:
             raise ValueError(
-                f"the image is {len(data) / 1e6:.1f} MB; the most a call may carry is "
-                f"{MAX_IMAGE_BYTES / 1e6:.0f} MB"
+                f"the image is {len(data):,} bytes; the most a call may carry is "
+                f"{MAX_IMAGE_BYTES // 2**20} MiB ({MAX_IMAGE_BYTES:,} bytes)"
             )
         return cls(media_type=media_type, data=bytes(data))
 

@@ -210,8 +210,9 @@ class Workflow:
             if is_async(prompt):
                 raise ConfigError(
                     f"node {node_id!r}: the prompt function is async; a prompt function is a "
-                    "plain function that returns the prompt text (it runs in a worker "
-                    "thread): do async work in a wf.function node and pass its result"
+                    "plain function that returns the prompt text (it runs on the "
+                    "scheduler's thread when the node starts): do async work in a "
+                    "wf.function node and pass its result"
                 )
             _check_prompt_keywords(node_id, prompt, params)
         return self._spec(

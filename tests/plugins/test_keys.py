@@ -15,6 +15,7 @@ from rlm_graph.errors import ConfigError
 from rlm_graph.graph import to_json
 from rlm_graph.http import resolve_key
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, FakeServer, Reply
+from rlm_graph.tracing.scrub import Scrubber
 from rlm_graph_anthropic.provider import KEYS as ANTHROPIC_KEYS
 from rlm_graph_openai.provider import BACKENDS
 from tests.support.http import KEY
@@ -142,6 +143,26 @@ def test_missing_or_contradictory_key_configuration_is_a_config_error() -> None:
     assert (
         resolve_key(ANTHROPIC_KEYS, api_key=KEY, base_url="http://127.0.0.1:1", environ={}).key
         == KEY
+    )
+
+
+def test_the_variable_a_missing_key_is_read_from_is_named_not_redacted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scrubber took ``api_key_env='GATEWAY_TOKEN'`` for a key and value, so the
+    error said ``api_key_env='[REDACTED]' but $GATEWAY_TOKEN is not set`` and the
+    variable to set was hidden in the one place that names it (a value the user gave
+    as a key stays redacted)."""
+    monkeypatch.delenv("GATEWAY_TOKEN", raising=False)
+    kwargs = {"model_name": "gpt-test", "api_key_env": "GATEWAY_TOKEN"}
+    with pytest.raises(ConfigError) as raised:
+        RLM("openai", kwargs)
+    assert "api_key_env='GATEWAY_TOKEN' but $GATEWAY_TOKEN is not set" in str(raised.value)
+    scrub = Scrubber([KEY], environ={}).scrub
+    assert scrub("api_key_env='GATEWAY_TOKEN'") == "api_key_env='GATEWAY_TOKEN'"
+    assert scrub("OPENAI_API_KEY=abcd1234efgh") == "OPENAI_API_KEY=[REDACTED]"
+    assert scrub("password_env: 'PG_PASS', password: 'hunter22'") == (
+        "password_env: 'PG_PASS', password: '[REDACTED]'"
     )
 
 

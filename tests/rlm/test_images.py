@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlm_graph import RLM, NodeKind
-from rlm_graph.contracts import ChatRequest, Image
+from rlm_graph.contracts import MAX_IMAGE_BYTES, ChatRequest, Image
 from tests.support.scripts import is_root_turn, repl, scripted
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8
@@ -89,3 +89,15 @@ async def test_the_direct_path_sends_a_context_list_with_its_images() -> None:
     (node,) = result.graph.records()
     assert node.id == "direct" and "~1,605 tokens" in (node.reason or "")
     assert "<image 2 KB png>" in node.input_preview
+
+
+def test_an_image_past_the_limit_is_refused_with_the_limit_as_the_docs_give_it() -> None:
+    """One byte past 20 MiB was refused as "21.0 MB; the most a call may carry is 21 MB":
+    the limit read as larger than the image refused."""
+    png = b"\x89PNG\r\n\x1a\n" + bytes(MAX_IMAGE_BYTES - 8)
+    assert Image.from_bytes(png).data == png  # at the limit: taken
+    with pytest.raises(ValueError) as refused:
+        Image.from_bytes(png + b"\0")
+    assert str(refused.value) == (
+        "the image is 20,971,521 bytes; the most a call may carry is 20 MiB (20,971,520 bytes)"
+    )
