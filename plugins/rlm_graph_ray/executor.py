@@ -15,28 +15,27 @@ their completions are cancelled and clean up), then kills them. When a worker pr
 or its node dies, every completion it was running fails: the driver removes the folders
 the dead process left on this machine (`rlm_graph.scratch.sweep_stale`; a worker on
 another node leaves them to the next engine started there), releases each dead
-attempt's slots in the limits actor, replaces the worker, and submits those items again (up to ``max_retries`` times; the result says how many
-attempts it took). Ray's own retries are off so that this release always happens first.
+attempt's slots in the limits actor, replaces the worker, and runs those items again,
+each alone on the new worker, a death counting against an item only when it ran alone
+(up to ``max_retries`` such deaths; the result says how many attempts it took; see
+`Calls`). Ray's own retries are off so that this release always happens first.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
-import re
 import socket
 import threading
-import time
-import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rlm_graph import scratch
 from rlm_graph.errors import ConfigError
-from rlm_graph.executors import BatchError, BatchItem, BatchResult
+from rlm_graph.executors import BatchItem, BatchResult
 
+from .calls import Calls
 from .limits_actor import ClusterLimits
 from .pool import CompletionWorker
 
@@ -44,8 +43,6 @@ __all__ = ["RayExecutor"]
 
 _STOP_WAIT = 15.0  # seconds stopped workers get to clean up before they are killed
 _CONNECT_WAIT = 5.0  # seconds a cluster's address gets to answer before ray.init
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # the colours of Ray's error texts
 
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
 
@@ -88,7 +85,9 @@ class RayExecutor:
         task_cpus: CPUs Ray reserves per running completion (default 0.25: a completion
             mostly waits on its provider, so a node runs 4 per CPU), at most one CPU per
             completion worker.
-        max_retries: how many times an item is run again after its worker died.
+        max_retries: how many times an item is run again after its worker died while
+            it ran there alone (a death shared with other items counts for none of
+            them: each runs again alone).
         init_kwargs: more keywords for ``ray.init`` (``runtime_env``...).
         forward_keys: set the driver's ``*_API_KEY`` environment variables in the
             workers' environment (default on; off: the nodes' own environment holds them).
@@ -279,8 +278,11 @@ class RayExecutor:
     ) -> Iterator[BatchResult]:
         ray = self._ray
         job = ray.get_runtime_context().get_job_id()
+        keys = _driver_keys() if self.forward_keys else {}
         pool = self._pool(concurrency)
-        calls = _Calls(self, pool.workers, ray.put(rlm_kwargs), concurrency)
+        # Arguments in the object store, not the job's runtime_env (the dashboard shows it).
+        arguments = (ray.put(rlm_kwargs), ray.put(keys))
+        calls = Calls(self, pool.workers, pool.shape[1], concurrency, arguments)
         try:
             calls.fill(items)
             while calls.pending or calls.failed_early:
@@ -301,92 +303,6 @@ class RayExecutor:
                     worker.forget.remote(holder)
             self._drain(list(calls.pending))
             calls.actor.forget_batch.remote(calls.batch)
-
-    def _outcome(
-        self, ref: Any, item: BatchItem, attempt: int, actor: Any, holder: str
-    ) -> tuple[BatchResult | None, bool]:
-        """The result of a finished call (None: run its item again), and whether its
-        worker died (then every slot held as ``holder`` is released first)."""
-        ray = self._ray
-        exceptions = ray.exceptions
-        try:
-            return BatchResult(**ray.get(ref)), False
-        except (
-            exceptions.RayActorError,
-            exceptions.WorkerCrashedError,
-            exceptions.NodeDiedError,
-            exceptions.ObjectLostError,
-            exceptions.OwnerDiedError,
-        ) as exc:
-            # The worker died mid-completion: free its slots, then run the item again.
-            ray.get(actor.release_owner.remote(holder))
-            if attempt <= self.max_retries:
-                return None, True
-            return _failed(item, exc, attempt), True
-        except exceptions.RayError as exc:  # the call itself could not run (a bug, a bad pickle)
-            # The worker lives on (its limiter gave back what the call held): nothing to free.
-            return _failed(item, exc, attempt), False
-
-
-class _Calls:
-    """The calls of one batch in flight on the pool: at most ``concurrency``, each to
-    the worker with the fewest; a dead worker replaced and its items sent again."""
-
-    def __init__(
-        self, executor: RayExecutor, pool: list[Any], kwargs: Any, concurrency: int
-    ) -> None:
-        ray = executor._ray
-        self.executor = executor
-        self.pool = pool
-        self.kwargs = kwargs
-        self.concurrency = concurrency
-        self.actor = executor._limits_actor()
-        self.batch = uuid.uuid4().hex[:12]
-        # An argument in the object store, not the job's runtime_env (the dashboard shows it).
-        self.keys = ray.put(_driver_keys() if executor.forward_keys else {})
-        self.per_worker = math.ceil(concurrency / len(pool))
-        # ref -> item, attempt, the worker's place in the pool and the worker itself
-        self.pending: dict[Any, tuple[BatchItem, int, int, Any]] = {}
-        self.failed_early: list[BatchResult] = []
-        self.load = [0] * len(pool)
-        # Each worker's slots of this batch are held under a name of its own (a new one
-        # for a worker that replaces a dead one).
-        self._names = itertools.count()
-        self.holders = [f"{self.batch}/worker-{next(self._names)}" for _ in pool]
-
-    def submit(self, item: BatchItem, attempt: int) -> None:
-        index = min(range(len(self.pool)), key=self.load.__getitem__)
-        worker = self.pool[index]
-        ref = worker.complete.remote(
-            self.kwargs, item, self.actor, self.batch, attempt, self.keys, self.holders[index]
-        )
-        self.pending[ref] = (item, attempt, index, worker)
-        self.load[index] += 1
-
-    def fill(self, items: Iterator[BatchItem]) -> None:
-        """Submit items until ``concurrency`` calls are in flight or none is left."""
-        while len(self.pending) < self.concurrency:
-            item = next(items, None)
-            if item is None:
-                return
-            try:
-                self.submit(item.loaded(), 1)
-            except ConfigError as exc:  # its context file went missing: that item failed
-                self.failed_early.append(_failed(item, exc, 1))
-
-    def finished(self, ref: Any) -> BatchResult | None:
-        """The result of the call ``ref``, or None when its item was sent again."""
-        item, attempt, index, worker = self.pending.pop(ref)
-        self.load[index] -= 1
-        result, died = self.executor._outcome(ref, item, attempt, self.actor, self.holders[index])
-        if died and self.pool[index] is worker:  # the first of its calls to fail
-            self.executor._ray.kill(worker)
-            scratch.sweep_stale()  # what the dead process left on this machine
-            self.pool[index] = self.executor._new_worker(self.per_worker)
-            self.holders[index] = f"{self.batch}/worker-{next(self._names)}"
-        if result is None:
-            self.submit(item, attempt + 1)
-        return result
 
 
 def _check_reachable(address: str | None) -> None:
@@ -413,25 +329,3 @@ def _driver_keys() -> dict[str, str]:
     return {
         name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value
     }
-
-
-def _failed(item: BatchItem, exc: BaseException, attempt: int) -> BatchResult:
-    """A failed item's result. An error the call raised in its worker comes as Ray's
-    wrapper (``RayTaskError``, whose text is a coloured header and a traceback): the
-    row says the worker's own error, its type and message."""
-    now = time.time()
-    cause = getattr(exc, "cause", None)
-    if isinstance(cause, BaseException):
-        exc = cause
-    text = _ANSI.sub("", str(exc)).strip()
-    message = text.splitlines()[0] if text else type(exc).__name__
-    return BatchResult(
-        id=item.id,
-        started_at=now,
-        finished_at=now,
-        seconds=0.0,
-        attempts=attempt,
-        executor="ray",
-        error=BatchError(type=type(exc).__name__, message=message),
-        asked=item.asked(),
-    )
