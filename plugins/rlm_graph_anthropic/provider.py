@@ -103,6 +103,7 @@ class AnthropicProvider(JSONProvider):
             model_name=model_name, base_url=resolved.base_url, api_key=resolved.key, **kwargs
         )
         self.key_rule = resolved.rule
+        self.key_variables = resolved.variables
 
     def _auth_headers(self) -> dict[str, str]:
         headers = {"anthropic-version": self.anthropic_version}

@@ -151,6 +151,7 @@ class OpenAIProvider(JSONProvider):
             **kwargs,
         )
         self.key_rule = resolved.rule
+        self.key_variables = resolved.variables
         self.prompt_cache_key = (
             backend == "openai" if prompt_cache_key is None else prompt_cache_key
         )

@@ -98,11 +98,16 @@ class ResolvedKey:
         key: the key to send, or ``None``.
         rule: one sentence on which rule chose the key (never the key): for logs and
             for the hint a 401 carries.
+        variables: the environment variables the key and the base URL were taken from
+            (``api_key_env``'s, the backend's key variable, its base-URL variable): what
+            a process building the same provider elsewhere needs (the ray executor
+            sends these to its workers).
     """
 
     base_url: str
     key: str | None
     rule: str
+    variables: tuple[str, ...] = ()
 
 
 _VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -143,18 +148,20 @@ def resolve_key(
     name = policy.backend
     if api_key is not None and api_key_env is not None:
         raise ConfigError(f"{name}: pass api_key or api_key_env, not both")
+    url_variable = (policy.base_url_env,) if url_from_env and policy.base_url_env else ()
     if api_key:
         if not isinstance(api_key, str):
             raise ConfigError(f"{name}: api_key must be a string")
-        return ResolvedKey(url, api_key, "the key passed as api_key")
+        return ResolvedKey(url, api_key, "the key passed as api_key", url_variable)
     if api_key_env is not None:
-        return ResolvedKey(
-            url, _from_named_variable(name, api_key_env, env), f"${api_key_env} (api_key_env)"
-        )
+        key = _from_named_variable(name, api_key_env, env)
+        rule = f"${api_key_env} (api_key_env)"
+        return ResolvedKey(url, key, rule, (api_key_env, *url_variable))
     env_key = env.get(policy.key_env) if policy.key_env else None
-    if env_key and (url_from_env or policy.is_official(url)):
+    if env_key and policy.key_env and (url_from_env or policy.is_official(url)):
         where = f"${policy.base_url_env}" if url_from_env else "the official host"
-        return ResolvedKey(url, env_key, f"${policy.key_env}, sent to {where}")
+        rule = f"${policy.key_env}, sent to {where}"
+        return ResolvedKey(url, env_key, rule, (policy.key_env, *url_variable))
     if env_key:
         rule = _withheld_rule(policy, url)
         logger.warning("%s", rule)
@@ -165,7 +172,7 @@ def resolve_key(
             "another that holds it (rlm-graph: --api-key-env NAME; Python: "
             "backend_kwargs={'api_key_env': 'NAME'} or {'api_key': ...})"
         )
-    return ResolvedKey(url, None, _no_key_rule(policy))
+    return ResolvedKey(url, None, _no_key_rule(policy), url_variable)
 
 
 def _base_url(policy: KeyPolicy, base_url: str | None, env: Mapping[str, str]) -> tuple[str, bool]:

@@ -166,6 +166,29 @@ def test_the_variable_a_missing_key_is_read_from_is_named_not_redacted(
     )
 
 
+@pytest.mark.parametrize(
+    ("given", "environ", "variables"),
+    [
+        ({}, {"OPENAI_API_KEY": KEY}, ("OPENAI_API_KEY",)),  # the official host's key
+        (
+            {},
+            {"OPENAI_API_KEY": KEY, "OPENAI_BASE_URL": "http://127.0.0.1:8080/v1"},
+            ("OPENAI_API_KEY", "OPENAI_BASE_URL"),
+        ),
+        ({"api_key_env": "GATEWAY_TOKEN"}, {"GATEWAY_TOKEN": KEY}, ("GATEWAY_TOKEN",)),
+        ({"api_key": KEY}, {"OPENAI_API_KEY": KEY}, ()),  # the explicit key, not the variable
+        # Withheld from another host: nothing taken from the environment.
+        ({"base_url": "http://127.0.0.1:8080/v1"}, {"OPENAI_API_KEY": KEY}, ()),
+    ],
+    ids=["official", "base-url-variable", "api_key_env", "api_key", "withheld"],
+)
+def test_the_variables_a_key_and_base_url_came_from_are_named(
+    given: dict[str, str], environ: dict[str, str], variables: tuple[str, ...]
+) -> None:
+    # What an executor running the provider in another process sends it (the ray executor).
+    assert resolve_key(BACKENDS["openai"], **given, environ=environ).variables == variables
+
+
 async def test_a_server_echoing_part_of_the_key_leaks_none_of_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

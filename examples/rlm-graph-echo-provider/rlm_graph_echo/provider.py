@@ -72,6 +72,7 @@ class EchoProvider(JSONProvider):
         keys = resolve_key(KEYS, api_key=api_key, api_key_env=api_key_env, base_url=base_url)
         super().__init__(model_name=model_name, base_url=keys.base_url, api_key=keys.key, **kwargs)
         self.key_rule = keys.rule
+        self.key_variables = keys.variables
 
     def _auth_headers(self) -> dict[str, str]:
         return {"X-Echo-Key": self._api_key.reveal()} if self._api_key else {}
