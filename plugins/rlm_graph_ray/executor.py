@@ -89,8 +89,10 @@ class RayExecutor:
             it ran there alone (a death shared with other items counts for none of
             them: each runs again alone).
         init_kwargs: more keywords for ``ray.init`` (``runtime_env``...).
-        forward_keys: set the driver's ``*_API_KEY`` environment variables in the
-            workers' environment (default on; off: the nodes' own environment holds them).
+        forward_keys: send the workers the driver's environment variables the batch's
+            providers take their keys from (`forwarded_variables`), set for the moment
+            each completion's engine is built (default on; off: the nodes' own
+            environment holds them).
 
     Joins the cluster ``address`` names when made (``ray.init``, unless this process has
     joined one), so a batch's settings are checked, the address with them, before
@@ -278,7 +280,7 @@ class RayExecutor:
     ) -> Iterator[BatchResult]:
         ray = self._ray
         job = ray.get_runtime_context().get_job_id()
-        keys = _driver_keys() if self.forward_keys else {}
+        keys = forwarded_variables(rlm_kwargs) if self.forward_keys else {}
         pool = self._pool(concurrency)
         # Arguments in the object store, not the job's runtime_env (the dashboard shows it).
         arguments = (ray.put(rlm_kwargs), ray.put(keys))
@@ -325,7 +327,27 @@ def _check_reachable(address: str | None) -> None:
         ) from None
 
 
-def _driver_keys() -> dict[str, str]:
-    return {
-        name: value for name, value in os.environ.items() if name.endswith("_API_KEY") and value
+def forwarded_variables(rlm_kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """The driver's environment variables the batch's providers take their keys (and
+    base URLs) from, with their values: what a worker on a node without them needs.
+
+    Each provider of the batch (the backend's and ``other_backends``') is built here, as
+    the batch's check built it, and names its own (``key_variables``: ``api_key_env``'s,
+    the backend's key variable when its key is sent, its base-URL variable when the URL
+    came from it); an ``api_key_env`` in the keywords is sent too, for a provider that
+    names none. Nothing else of the environment: another service's key stays here.
+    """
+    from rlm_graph import RLM
+
+    names = {
+        name
+        for _, provider in RLM(**rlm_kwargs).engine.router.providers
+        for name in getattr(provider, "key_variables", ())
     }
+    configured = [rlm_kwargs.get("backend_kwargs"), *(rlm_kwargs.get("other_backend_kwargs") or ())]
+    names.update(
+        kwargs["api_key_env"]
+        for kwargs in configured
+        if isinstance(kwargs, Mapping) and isinstance(kwargs.get("api_key_env"), str)
+    )
+    return {name: os.environ[name] for name in sorted(names) if os.environ.get(name)}

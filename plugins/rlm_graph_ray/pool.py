@@ -24,13 +24,17 @@ Invariants:
       while another batch of the driver still uses the worker.
     - Every slot a worker holds is held under its ``holder`` name, so when the worker
       dies the driver releases all of them with one ``release_owner(holder)``.
+    - The variables the driver forwards (providers' keys) are in the process's
+      environment only while a completion's engine is built, never after: the worker
+      outlives the batch, and serves the driver's next one.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import trio
@@ -110,8 +114,9 @@ class CompletionWorker:
     ) -> dict[str, Any]:
         """Answer ``item`` in this worker's trio loop (called from one of Ray's threads).
 
-        ``keys`` are the driver's ``*_API_KEY`` variables: providers read their keys from
-        the environment, and a worker on another node has the environment of its node.
+        ``keys`` are the driver's variables the batch's providers take their keys from
+        (a worker on another node has the environment of its node): set while the
+        completion's engine is built (`_variables_set`), then as they were.
         ``holder`` names this worker's slots of this batch.
         """
         import ray
@@ -119,7 +124,6 @@ class CompletionWorker:
         from rlm_graph import RLM
         from rlm_graph.executors import complete_item, frozen_heap
 
-        os.environ.update(keys)
         limiter = self._limiters.get(holder)
         if limiter is None:
             keeper = ray.get_runtime_context().current_actor
@@ -133,7 +137,9 @@ class CompletionWorker:
             self._running[scope] = batch
             try:
                 with scope:
-                    async with RLM(**rlm_kwargs, limiter=limiter) as rlm:
+                    with _variables_set(keys):  # its providers read their keys now
+                        engine = RLM(**rlm_kwargs, limiter=limiter)
+                    async with engine as rlm:
                         return await complete_item(rlm, item, executor="ray", attempts=attempt)
                 raise RuntimeError("the worker was stopped")  # by `stop`, mid-completion
             finally:
@@ -145,3 +151,26 @@ class CompletionWorker:
         # A worker process holds Ray's heap too: no full collection walks it mid-batch.
         with frozen_heap():
             return trio.from_thread.run(answer, trio_token=self._token).model_dump(mode="json")
+
+
+@contextmanager
+def _variables_set(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` in this process's environment for the moment an engine is built
+    (its providers read their keys then), then back as they were: a later completion,
+    another batch's (``forward_keys=False``) or model code, finds none of them left.
+
+    Engines are built on the worker's one trio thread, one at a time, with no await in
+    between, so no two completions set them at once. Model code of the ``local``
+    environment running meanwhile in another thread could read them for that moment;
+    that environment hides nothing from model code anyway (docs/environments.md).
+    """
+    before = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
