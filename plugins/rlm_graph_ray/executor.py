@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,7 +134,8 @@ class RayExecutor:
             return
         _check_reachable(self.address)
         try:
-            ray.init(address=self.address, log_to_driver=False, **self.init_kwargs)
+            with _handlers_kept():
+                ray.init(address=self.address, log_to_driver=False, **self.init_kwargs)
         except ConnectionError as exc:  # "auto" with no cluster on this machine, say
             raise ConfigError(f"cannot join the Ray cluster at {self.address!r}: {exc}") from None
 
@@ -305,6 +308,31 @@ class RayExecutor:
                     worker.forget.remote(holder)
             self._drain(list(calls.pending))
             calls.actor.forget_batch.remote(calls.batch)
+
+
+# The signals whose handlers ``ray.init`` may replace (SIGTERM: a plain exit; starting a
+# local cluster, one that kills it and exits 1).
+_STOPS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP", "SIGINT") if hasattr(signal, name)
+)
+
+
+@contextmanager
+def _handlers_kept() -> Iterator[None]:
+    """The handlers of the stopping signals as they were before, put back after: the
+    caller's own (the CLI's turn SIGTERM and SIGHUP into a Ctrl-C, which stops a batch
+    cleanly: exit 143 and how to resume, docs/cli.md), not Ray's, which exits at once
+    mid-write with its crash dump. Only the main thread handles signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {stop: signal.getsignal(stop) for stop in _STOPS}
+    try:
+        yield
+    finally:
+        for stop, handler in before.items():
+            if handler is not None:  # None: set outside Python, nothing to put back
+                signal.signal(stop, handler)
 
 
 def _check_reachable(address: str | None) -> None:
