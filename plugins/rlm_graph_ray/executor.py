@@ -23,6 +23,7 @@ each alone on the new worker, a death counting against an item only when it ran 
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -177,26 +178,28 @@ class RayExecutor:
         self._connect()  # joined at construction; again if ray.shutdown() came between
         return self._run(items, dict(rlm_kwargs), concurrency)
 
-    def _pool(self, concurrency: int) -> _Pool:
-        """This driver's completion workers for ``concurrency`` completions at once,
-        counted as used by one more batch (`_leave` when it ends).
+    def _pool(self, completions: int) -> _Pool:
+        """This driver's completion workers for ``completions`` at once, counted as used
+        by one more batch (`_leave` when it ends).
 
-        One worker per CPU of the cluster (never more than ``concurrency``), each running
-        its share of the completions; each reserves ``task_cpus`` per completion it runs,
-        at most one CPU (a share of 64 completions on a 2-CPU node still fits it). A pool
-        of another shape (an earlier batch's) is stopped first; while another batch uses
-        it, this batch shares it whatever its shape (a second pool could not get the
-        CPUs the first holds: it would wait for them until that batch ends).
+        One worker per CPU of the cluster (never more than ``completions``), each running
+        its share of them; each reserves ``task_cpus`` per completion it runs, at most
+        one CPU (a share of 64 completions on a 2-CPU node still fits it), and has a
+        thread for each (Ray starts them with the worker). An idle pool as big or bigger
+        in each of these (an earlier batch's) serves; one smaller is stopped first. While
+        another batch uses it, this batch shares it whatever its shape (a second pool
+        could not get the CPUs the first holds: it would wait for them until that batch
+        ends).
         """
         ray = self._ray
         cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
-        workers = min(concurrency, cpus)
-        per_worker = math.ceil(concurrency / workers)
+        workers = min(completions, cpus)
+        per_worker = math.ceil(completions / workers)
         shape = (workers, per_worker, self._worker_cpus(per_worker))
         job = ray.get_runtime_context().get_job_id()
         with _POOLS_LOCK:
             cached = _POOLS.get(job)
-            if cached is not None and (cached.shape == shape or cached.users > 0):
+            if cached is not None and (_covers(cached.shape, shape) or cached.users > 0):
                 cached.users += 1
                 return cached
             _POOLS.pop(job, None)
@@ -283,11 +286,17 @@ class RayExecutor:
     ) -> Iterator[BatchResult]:
         ray = self._ray
         job = ray.get_runtime_context().get_job_id()
+        # Read ahead: a batch of fewer items than ``concurrency`` gets workers (and
+        # threads) for the completions it can run, not for ``concurrency``.
+        ahead = list(itertools.islice(items, concurrency))
+        if not ahead:
+            return
         keys = forwarded_variables(rlm_kwargs) if self.forward_keys else {}
-        pool = self._pool(concurrency)
+        pool = self._pool(len(ahead))
         # Arguments in the object store, not the job's runtime_env (the dashboard shows it).
         arguments = (ray.put(rlm_kwargs), ray.put(keys))
         calls = Calls(self, pool.workers, pool.shape[1], concurrency, arguments)
+        items = itertools.chain(ahead, items)
         try:
             calls.fill(items)
             while calls.pending or calls.failed_early:
@@ -308,6 +317,12 @@ class RayExecutor:
                     worker.forget.remote(holder)
             self._drain(list(calls.pending))
             calls.actor.forget_batch.remote(calls.batch)
+
+
+def _covers(have: tuple[int, int, float], want: tuple[int, int, float]) -> bool:
+    """A pool of shape ``have`` runs what one of shape ``want`` would: as many workers
+    or more, as many completions each or more, as many CPUs each or more."""
+    return all(mine >= wanted for mine, wanted in zip(have, want, strict=True))
 
 
 # The signals whose handlers ``ray.init`` may replace (SIGTERM: a plain exit; starting a

@@ -4,6 +4,7 @@ batch left early stopping its workers. A real local Ray cluster, a fake server o
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -66,3 +67,17 @@ def test_a_batch_left_early_stops_its_workers_and_the_next_batch_runs(ray_cluste
     assert (
         before and not _pids(server, since=seen) & before
     )  # new worker processes: the old ones were stopped
+
+
+def test_a_batch_of_fewer_items_than_its_concurrency_gets_threads_for_its_items(
+    ray_cluster: Any,
+) -> None:
+    # A worker has a thread for each completion it may run at once (Ray starts them
+    # with it): --concurrency 2000 for 3 items made workers of over 1,000 threads each.
+    with BatchServer() as server:
+        results = list(run_batch(items(3), rlm_kwargs(server), concurrency=2000, executor="ray"))
+        workers = _pids(server)
+    assert all(r.ok and r.answer == expected(r.id) for r in results)
+    # The workers serve the driver's next batch: alive, their threads still there.
+    threads = {pid: len(os.listdir(f"/proc/{pid}/task")) for pid in workers}
+    assert workers and all(count < 200 for count in threads.values()), threads
