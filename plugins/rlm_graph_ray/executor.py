@@ -24,6 +24,7 @@ each alone on the new worker, a death counting against an item only when it ran 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
 import signal
@@ -45,6 +46,7 @@ from .pool import CompletionWorker
 __all__ = ["RayExecutor"]
 
 _STOP_WAIT = 15.0  # seconds stopped workers get to clean up before they are killed
+logger = logging.getLogger(__name__)
 _CONNECT_WAIT = 5.0  # seconds a cluster's address gets to answer before ray.init
 
 INSTALL_HINT = "the ray executor needs Ray: pip install 'rlm-graph[ray]'"
@@ -133,10 +135,10 @@ class RayExecutor:
         ray = self._ray
         if ray.is_initialized():
             return
-        _check_reachable(self.address)
+        address = _address_to_join(self.address, self.init_kwargs.get("_temp_dir"))
         try:
             with _handlers_kept():
-                ray.init(address=self.address, log_to_driver=False, **self.init_kwargs)
+                ray.init(address=address, log_to_driver=False, **self.init_kwargs)
         except ConnectionError as exc:  # "auto" with no cluster on this machine, say
             raise ConfigError(f"cannot join the Ray cluster at {self.address!r}: {exc}") from None
 
@@ -350,13 +352,51 @@ def _handlers_kept() -> Iterator[None]:
                 signal.signal(stop, handler)
 
 
-def _check_reachable(address: str | None) -> None:
-    """Refuse a cluster address (``host:port``, ``ray://host:port``) that nothing answers
-    within `_CONNECT_WAIT` seconds: ``ray.init`` has no timeout of its own, and waits for
-    minutes on such an address, deaf to Ctrl-C. ``auto`` and no address are Ray's to
-    find."""
-    if address is None or address in ("auto", "local"):
-        return
+def _address_to_join(address: str | None, temp_dir: str | None) -> str | None:
+    """The address to give ``ray.init``, once what it names answers: a cluster address
+    (``host:port``, ``ray://host:port``) that nothing answers within `_CONNECT_WAIT`
+    seconds is refused, as ``ray.init`` has no timeout of its own and waits for minutes
+    on such an address, deaf to Ctrl-C. ``auto`` and no address are found as Ray finds
+    them (``$RAY_ADDRESS``, then the cluster the last ``ray start`` on this machine
+    recorded); a recorded cluster that is gone (killed, not stopped) is refused for
+    ``auto``, and with no address a local Ray starts in its place.
+
+    Raises:
+        ConfigError: the cluster the address names, or ``auto`` finds, does not answer.
+    """
+    if address not in (None, "auto"):
+        if address != "local":
+            _check_answers(address, repr(address))
+        return address
+    named = os.environ.get("RAY_ADDRESS") or None
+    if named not in (None, "auto", "local"):
+        _check_answers(named, f"$RAY_ADDRESS ({named!r})")
+        return address
+    recorded = _recorded_cluster(temp_dir)
+    if recorded is None:
+        return address  # none: a local Ray starts, or (auto) Ray says there is none
+    try:
+        _check_answers(recorded, f"{recorded!r}, recorded by an earlier `ray start`")
+    except ConfigError as exc:
+        if address == "auto":
+            raise ConfigError(f"{exc}; or leave out --ray-address for a local Ray") from None
+        logger.warning("%s: starting a local Ray instead", exc)
+        return "local"
+    return address
+
+
+def _recorded_cluster(temp_dir: str | None) -> str | None:
+    """The cluster the last ``ray start`` on this machine recorded (Ray's own lookup of
+    ``ray_current_cluster`` in its temp folder), if any."""
+    try:
+        from ray._private.utils import read_ray_address
+
+        return read_ray_address(temp_dir) or None
+    except (ImportError, AttributeError, OSError, TypeError):  # another Ray: its to find
+        return None
+
+
+def _check_answers(address: str, named: str) -> None:
     host, colon, port = address.removeprefix("ray://").rpartition(":")
     if not colon or not port.isdigit():
         return  # not an address this check understands: Ray says what is wrong with it
@@ -364,7 +404,7 @@ def _check_reachable(address: str | None) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_WAIT).close()
     except OSError as exc:
         raise ConfigError(
-            f"cannot reach the Ray cluster at {address!r}: {exc.strerror or exc} (nothing "
+            f"cannot reach the Ray cluster at {named}: {exc.strerror or exc} (nothing "
             f"answered a connection there within {_CONNECT_WAIT:g} s); start the cluster "
             "(ray start --head) or give its address"
         ) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from tests.support.batch import (
     items,
     kill_and_resume,
     local_cli_args,
+    read_lines,
     rlm_kwargs,
     wait_for_lines,
     write_items,
@@ -313,6 +315,47 @@ def test_an_error_raised_in_the_worker_is_its_own_in_the_row(
     assert result.error is not None and result.error.type == "ConfigError"
     assert "$ONLY_IN_THE_DRIVER_API_KEY is not set" in result.error.message
     assert "\x1b" not in result.error.message and "ray::" not in result.error.message
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("address", ["auto", None], ids=["auto", "no-address"])
+def test_a_cluster_recorded_by_a_ray_start_that_is_gone_does_not_hang_the_batch(
+    tmp_path: Path, address: str | None
+) -> None:
+    """A ``ray start --head`` killed, not stopped, leaves its address in Ray's
+    ``ray_current_cluster``: ``ray.init`` then joined it for ``auto`` and for no address
+    alike, and waited for ever, deaf to Ctrl-C. ``auto`` is refused (exit 2, nothing
+    written); with no address a local Ray starts in its place."""
+    write_items(tmp_path / "in.jsonl", items(2))
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's sockets: short paths
+    try:
+        (ray_tmp / "ray").mkdir()
+        with socket.socket() as closed:  # a port of this machine that nothing listens on
+            closed.bind(("127.0.0.1", 0))
+            gone = f"127.0.0.1:{closed.getsockname()[1]}"
+        (ray_tmp / "ray" / "ray_current_cluster").write_text(gone)
+        with BatchServer() as server:
+            args = local_cli_args(server, tmp_path, "--executor", "ray", "--quiet")
+            args += ["--ray-address", address] if address else []
+            done = subprocess.run(
+                [sys.executable, "-m", "rlm_graph.cli", *args],
+                env={**os.environ, "OPENAI_API_KEY": KEY, "RAY_TMPDIR": str(ray_tmp)},
+                capture_output=True,
+                text=True,
+                timeout=180,
+            )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    said = f"cannot reach the Ray cluster at '{gone}', recorded by an earlier `ray start`"
+    assert said in done.stderr, done.stderr
+    if address == "auto":
+        assert done.returncode == 2 and not (tmp_path / "out.jsonl").exists()
+        assert "leave out --ray-address for a local Ray" in done.stderr
+    else:
+        assert done.returncode == 0, done.stderr
+        assert "starting a local Ray instead" in done.stderr
+        answers = {line["id"]: line["answer"] for line in read_lines(tmp_path / "out.jsonl")}
+        assert answers == {f"item-{n}": expected(f"item-{n}") for n in range(2)}
 
 
 def test_a_ray_address_nothing_answers_is_refused_before_the_output_is_made(
