@@ -177,7 +177,7 @@ def read_results(
     """A results file's complete lines, where they end and its size, before appending to
     it (a missing file is empty): what a resumed run reads first. The lines are read one
     at a time as they are iterated, and only the end of the file is read to find them:
-    a file of gigabytes is never held in memory.
+    the most held in memory is one line (`_WHOLE_TAIL` for a last line without a newline).
 
     Args:
         path: the file.
@@ -201,7 +201,7 @@ def read_results(
             size = os.fstat(handle.fileno()).st_size
             end = _after_last_newline(handle, size)  # what follows was cut off by a kill
             handle.seek(end)
-            tail = handle.read().strip()  # cut anywhere: even inside its first bytes
+            tail = _tail(handle, starts, size - end)
     except OSError as exc:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
     if tail and not (
@@ -212,6 +212,24 @@ def read_results(
             "path, or the results file of an earlier run to resume it"
         )
     return _lines_before(path, what, end), end, size
+
+
+_WHOLE_TAIL = 64 * 2**20
+"""The longest last line without a newline read whole to tell a result cut by a kill from
+one whose newline alone is missing; a longer one is taken as cut (its item runs again)."""
+
+
+def _tail(handle: IO[bytes], starts: bytes, length: int) -> bytes:
+    """The stripped bytes after the last newline: its first bytes only when they do not
+    start as a result's (a file of another kind is refused without reading it), a mark
+    of a cut line when it is too long to read whole."""
+    head = handle.read(min(length, 64))
+    lead = head.strip()
+    if len(lead) >= len(starts) and not lead.startswith(starts):
+        return lead
+    if length > _WHOLE_TAIL:
+        return starts  # a result's start: cut by a kill
+    return (head + handle.read()).strip()
 
 
 def _after_last_newline(handle: IO[bytes], size: int) -> int:
@@ -232,11 +250,12 @@ def _lines_before(path: Path, what: str, end: int) -> Iterator[bytes]:
     try:
         with open(path, "rb") as handle:
             left = end
-            for line in handle:
-                if left <= 0:
+            while left > 0:  # never a byte past ``end``: the cut line may be huge
+                line = handle.readline(left)
+                if not line:
                     return
-                yield line[:left]
                 left -= len(line)
+                yield line
     except OSError as exc:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
 

@@ -17,7 +17,8 @@ Invariants:
     - Every call in flight is in ``pending``. An item waiting to run alone is not, but
       its place then has a call of the batch in flight (whose end starts the next).
     - A dead worker's provider slots are released in the limits actor, under the name
-      they were held by (its own, never its replacement's), before its items run again.
+      they were held by (its own, never its replacement's, whichever batch sharing the
+      pool replaced it), before its items run again.
 """
 
 from __future__ import annotations
@@ -82,10 +83,10 @@ class Calls:
         # Each place being cleared: the items of its dead worker waiting to run alone
         # there (item, attempt, deaths).
         self.clearing: dict[int, deque[tuple[BatchItem, int, int]]] = {}
-        # Each worker's slots of this batch are held under a name of its own (a new one
-        # for a worker that replaces a dead one).
+        # Each worker's slots of this batch are held under a name of its own, by worker
+        # (the pool is shared: another batch may have replaced a dead worker in it).
         self._names = itertools.count()
-        self.holders = [f"{self.batch}/worker-{next(self._names)}" for _ in pool]
+        self.holders: dict[Any, str] = {}
 
     def fill(self, items: Iterator[BatchItem]) -> None:
         """Submit items until ``concurrency`` calls are in flight, no worker takes one
@@ -126,7 +127,10 @@ class Calls:
         return min(free, key=lambda index: self.load[self.pool[index]], default=None)
 
     def _send(self, item: BatchItem, attempt: int, deaths: int, index: int) -> None:
-        worker, holder = self.pool[index], self.holders[index]
+        worker = self.pool[index]
+        holder = self.holders.get(worker)
+        if holder is None:
+            holder = self.holders[worker] = f"{self.batch}/worker-{next(self._names)}"
         ref = worker.complete.remote(
             self.kwargs, item, self.actor, self.batch, attempt, self.keys, holder
         )
@@ -175,7 +179,6 @@ class Calls:
         self.ray.kill(self.pool[index])
         scratch.sweep_stale()  # what the dead process left on this machine
         self.pool[index] = self.executor._new_worker(self.per_worker)
-        self.holders[index] = f"{self.batch}/worker-{next(self._names)}"
 
     def _next_alone(self, index: int) -> None:
         """Start the next item waiting to run alone at ``index`` if nothing else of the

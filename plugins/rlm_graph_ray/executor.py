@@ -315,8 +315,9 @@ class RayExecutor:
                 calls.fill(items)
         finally:
             if not self._leave(job, pool, calls.batch, early=bool(calls.pending)):
-                for worker, holder in zip(calls.pool, calls.holders, strict=True):
-                    worker.forget.remote(holder)
+                for worker, holder in calls.holders.items():
+                    if worker in calls.pool:  # a dead one forgets nothing
+                        worker.forget.remote(holder)
             self._drain(list(calls.pending))
             calls.actor.forget_batch.remote(calls.batch)
 
@@ -418,15 +419,19 @@ def forwarded_variables(rlm_kwargs: Mapping[str, Any]) -> dict[str, str]:
     the batch's check built it, and names its own (``key_variables``: ``api_key_env``'s,
     the backend's key variable when its key is sent, its base-URL variable when the URL
     came from it); an ``api_key_env`` in the keywords is sent too, for a provider that
-    names none. Nothing else of the environment: another service's key stays here.
+    names none. Nothing else of the environment, another service's key stays here; but
+    for a provider that does not say (a plugin's without ``key_variables``, or with it
+    ``None``), every ``*_API_KEY`` variable is sent, as it may read any of them.
     """
     from rlm_graph import RLM
 
-    names = {
-        name
+    said = [
+        getattr(provider, "key_variables", None)
         for _, provider in RLM(**rlm_kwargs).engine.router.providers
-        for name in getattr(provider, "key_variables", ())
-    }
+    ]
+    names = {name for variables in said if variables is not None for name in variables}
+    if any(variables is None for variables in said):
+        names.update(name for name in os.environ if name.endswith("_API_KEY"))
     configured = [rlm_kwargs.get("backend_kwargs"), *(rlm_kwargs.get("other_backend_kwargs") or ())]
     names.update(
         kwargs["api_key_env"]

@@ -150,8 +150,8 @@ class JSONProvider:
     path = "/"
     key_rule = ""
     """Which key rule applied (`rlm_graph._http.keys`), quoted by a 401's message."""
-    key_variables: tuple[str, ...] = ()
-    """The environment variables its key and base URL came from (`ResolvedKey.variables`)."""
+    key_variables: tuple[str, ...] | None = None
+    """The variables its key and base URL came from (`ResolvedKey.variables`); None: unsaid."""
     # The optional capabilities (`rlm_graph.contracts.ProviderCapabilities`) a subclass
     # may change: a server that prices its own replies sets ``reports_cost = True``.
     requests_per_minute: float | None = None

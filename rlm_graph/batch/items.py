@@ -87,6 +87,8 @@ class BatchItem(BaseModel):
         if self._asked is None:
             path = self._file_as_written or self.context_file
             where = {"context_file": path} if path else self.context
+            if not path and isinstance(where, dict) and set(where) == {"context_file"}:
+                where = ["context", where]  # not the hash of a file item naming that path
             asks = [self.query, where, self.limits]
             try:
                 text = json.dumps(asks, sort_keys=True, ensure_ascii=False, default=repr)

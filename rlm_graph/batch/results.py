@@ -26,7 +26,15 @@ from pydantic import BaseModel, ConfigDict
 from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..errors import ConfigError
 
-__all__ = ["BatchError", "BatchResult", "BatchSummary", "ItemUsage", "ResultsFile", "glance"]
+__all__ = [
+    "BatchError",
+    "BatchResult",
+    "BatchSummary",
+    "BatchTally",
+    "ItemUsage",
+    "ResultsFile",
+    "glance",
+]
 
 
 class ItemUsage(BaseModel):

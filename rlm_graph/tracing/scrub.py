@@ -84,24 +84,32 @@ def without_key_shapes(text: str) -> str:
 # ``api_key=...``, ``"password": "..."``, ``Authorization: ...``: keep the name (and an
 # authorization's scheme, ``Basic``), drop the value; but not a number after a key or
 # token name (``max_tokens=2000`` is a setting, not a secret), while a password of
-# digits is still a password. A name ending in ``_env`` (``api_key_env='TEAM_KEY'``)
-# names an environment variable: the name the user must set is not a secret.
+# digits is still a password. A name ending in ``_env`` whose value is a variable's name
+# (``api_key_env='TEAM_KEY'``: capitals, digits, underscores) names where the secret is:
+# the name the user must set is not one (any other value of such a name is redacted).
 # The text is the model's or a server's, so each part is tried once: a name is a whole
 # run of ``[\w-]`` (from where no such character comes before it, not from each word
 # boundary inside it), a lookahead checks the run holds the word, and every run after it
 # is possessive (``*+``). Read as ``\b[\w-]*token[\w-]*...``, 40,000 characters of
 # ``a-a-a-...`` took over a minute: each boundary rescanned the rest of the run.
 _PAIR = re.compile(
-    r"(?i)((?<![\w\-])(?=[\w\-]*?(?:api[_\-]?key|token|authorization))[\w\-]*+(?<![_\-]env)"
-    r"[\"']?\s*+[:=]\s*+[\"']?(?:(?:basic|bearer|token|digest|apikey)\s++)?)(?!\[REDACTED\])"
-    r"(?![\d.]+\b)([^\s\"'&,;}]{4,})"
-    r"|((?<![\w\-])(?=[\w\-]*?(?:secret|password|passwd))[\w\-]*+(?<![_\-]env)[\"']?\s*+[:=]"
-    r"\s*+[\"']?)(?!\[REDACTED\])([^\s\"'&,;}]{4,})"
+    r"(?i)((?<![\w\-])(?=[\w\-]*?(?:api[_\-]?key|token|authorization))[\w\-]*+[\"']?\s*+[:=]"
+    r"\s*+[\"']?(?:(?:basic|bearer|token|digest|apikey)\s++)?)(?!\[REDACTED\])(?![\d.]+\b)"
+    r"([^\s\"'&,;}]{4,})"
+    r"|((?<![\w\-])(?=[\w\-]*?(?:secret|password|passwd))[\w\-]*+[\"']?\s*+[:=]\s*+[\"']?)"
+    r"(?!\[REDACTED\])([^\s\"'&,;}]{4,})"
 )
 
 
 def _keep_name(found: re.Match[str]) -> str:
-    return (found.group(1) or found.group(3)) + REDACTED
+    name, value = (found.group(1), found.group(2)) if found.group(1) else found.group(3, 4)
+    if _NAMES_A_VARIABLE.search(name) and _VARIABLE.fullmatch(value):
+        return found.group(0)
+    return name + REDACTED
+
+
+_NAMES_A_VARIABLE = re.compile(r"[_\-]env[\"']?\s*+[:=]", re.IGNORECASE)
+_VARIABLE = re.compile(r"[A-Z_][A-Z0-9_]*+")
 
 
 def secret_values(

@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 
-from rlm_graph import ConfigError, PluginError, run_batch
+from rlm_graph import ConfigError, PluginError, _files, run_batch
 from rlm_graph.batch import BatchItem, BatchResult, BatchSummary, ResultsFile, scan_items
 from rlm_graph.batch.results import BatchError
 from rlm_graph.cli import main
+from rlm_graph.testing import FakeOpenAIServer
 from tests.support.batch import (
     FAIL,
     KEY,
@@ -592,6 +593,55 @@ def test_a_resume_reads_its_results_file_a_line_at_a_time(
     assert peak < 8 * 2**20
 
 
+def test_a_long_last_line_is_not_read_whole_to_resume_or_to_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lines were read as the file's iterator gave them, so the line cut by a kill
+    was read whole after the last complete one (8 MiB here, as much as an answer); a
+    last line past `_WHOLE_TAIL` is taken as cut unread, and a file whose last line
+    does not start as a result is refused from its first bytes."""
+    monkeypatch.setattr(_files, "_WHOLE_TAIL", 2**20)
+    done = BatchResult(id="a", answer="7", started_at=1, finished_at=2, seconds=1).to_line()
+    out = tmp_path / "out.jsonl"
+    out.write_text(done + '{"id": "b", "answer": "' + "y" * 8 * 2**20)
+    peak = _peak_memory(lambda: ResultsFile(out).open().close())
+    assert out.read_text() == done and peak < 2**20  # cut off, never read
+    out.write_text(done + "z" * 8 * 2**20)
+    refusals: list[str] = []
+
+    def refused() -> None:
+        with pytest.raises(ConfigError, match="not a results file") as raised:
+            ResultsFile(out).open()
+        refusals.append(str(raised.value))
+
+    assert _peak_memory(refused) < 2**20 and len(refusals) == 1
+    assert out.stat().st_size > 8 * 2**20  # refused: nothing of it cut
+
+
+def test_the_command_keeps_no_answer_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rlm-graph batch` kept every result, answers included, to print its summary line
+    (2,000 answers of 200 KB: 474 MB); 24 answers of 2 MB go through it here."""
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    code = "answer['content'] = context * 2_000_000\nanswer['ready'] = True"
+
+    def respond(body: dict[str, Any]) -> str:
+        return f"```repl\n{code}\n```"
+
+    write_items(
+        tmp_path / "in.jsonl", [{"id": f"i{n}", "context": "z", "query": "q"} for n in range(24)]
+    )
+    with FakeOpenAIServer(respond) as server:
+        args = local_cli_args(server, tmp_path, "--quiet", "--concurrency", "1")  # type: ignore[arg-type]
+        for output in ("warm.jsonl", "out.jsonl"):  # the first run pays for its imports
+            args[args.index("--output") + 1] = str(tmp_path / output)
+            peak = _peak_memory(lambda: main(args))
+    assert "24 answered, 0 failed" in capsys.readouterr().err
+    assert (tmp_path / "out.jsonl").stat().st_size > 48_000_000
+    assert peak < 16 * 2**20  # the 24 answers held: 50 MB
+
+
 def test_a_summary_keeps_totals_not_the_answers() -> None:
     """`rlm-graph batch` kept every result, answers included, only to print its summary
     line: memory grew with the answers (2,000 answers of 200 KB: 474 MB)."""
@@ -666,6 +716,15 @@ def test_what_an_item_asks_is_the_same_once_its_context_file_is_read(tmp_path: P
     assert loaded.context == "the document" and loaded.context_file is None
     assert loaded.asked() == item.asked()
     assert pickle.loads(pickle.dumps(loaded)).asked() == item.asked()  # as Ray ships it
+
+
+def test_a_context_file_item_does_not_ask_what_an_inline_context_of_its_shape_asks() -> None:
+    """``"context": {"context_file": "c.txt"}`` (a mistake a rerun corrects to
+    ``"context_file": "c.txt"``) hashed as the file item: the corrected item was skipped
+    and kept the answer about the dict."""
+    inline = BatchItem(id="q", query="q", context={"context_file": "c.txt"})
+    in_file = BatchItem(id="q", query="q", context_file="c.txt")
+    assert inline.asked() != in_file.asked()
 
 
 def test_a_context_json_cannot_hold_is_answered_in_python() -> None:

@@ -124,3 +124,27 @@ def test_a_base_url_from_the_environment_goes_with_its_key(
         assert result.ok, result.error
         assert len(server.requests) == 2  # the root turn and its sub-call, both here
     assert re.fullmatch(r"sub:hello\|pid=\d+", result.answer or "")
+
+
+def test_the_variables_sent_are_exactly_those_the_providers_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the driver sends, asserted where it is decided (the Ray tests above see only
+    what model code can read once a completion's engine is built). A provider that does
+    not say where its key comes from (a plugin's, without ``key_variables``) may read any
+    ``*_API_KEY`` variable: those are sent for it, as before providers said."""
+    from rlm_graph_ray.executor import forwarded_variables
+    from rlm_graph_scripted import ScriptedProvider
+
+    for name in WATCHED:
+        monkeypatch.setenv(name, KEY)
+    with BatchServer() as server:
+        kwargs = _keyless(server, api_key_env=GATEWAY)
+        kwargs["other_backends"] = ["openai"]
+        kwargs["other_backend_kwargs"] = [{**kwargs["backend_kwargs"], "api_key_env": SUB_GATEWAY}]
+        kwargs["other_backend_kwargs"][0]["model_name"] = "sub-model"
+        assert forwarded_variables(kwargs) == {GATEWAY: KEY, SUB_GATEWAY: KEY}
+        unsaid = {**kwargs, "other_backends": [ScriptedProvider(model_name="sub-model")]}
+        del unsaid["other_backend_kwargs"]
+        sent = forwarded_variables(unsaid)
+    assert sent.keys() >= {GATEWAY, OWN_VARIABLE, OTHER_SERVICE} and SUB_GATEWAY not in sent

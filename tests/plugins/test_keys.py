@@ -164,6 +164,10 @@ def test_the_variable_a_missing_key_is_read_from_is_named_not_redacted(
     assert scrub("password_env: 'PG_PASS', password: 'hunter22'") == (
         "password_env: 'PG_PASS', password: '[REDACTED]'"
     )
+    # A name ending in _env whose value is not a variable's name is still redacted.
+    assert scrub("DB_PASSWORD_ENV=hunter2hunter2") == "DB_PASSWORD_ENV=[REDACTED]"
+    assert scrub("client-secret-env: s3cr3tvalue99") == "client-secret-env: [REDACTED]"
+    assert scrub("token_env=abcd1234efgh5678") == "token_env=[REDACTED]"
 
 
 @pytest.mark.parametrize(
