@@ -9,11 +9,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE, refuse
 from .output import for_stream
+
+if TYPE_CHECKING:
+    from ..journal.store import RunRow
 
 __all__ = ["register", "run_ls"]
 
@@ -61,6 +64,7 @@ def run_ls(args: argparse.Namespace) -> int:
                         "key": run.key,
                         "kind": run.kind,
                         "status": run.status,
+                        "stop_reason": run.stop_reason if run.status == "stopped" else None,
                         "attempts": run.attempts,
                         "nodes": run.nodes,
                         "cost": _finite(run.cost),
@@ -74,18 +78,28 @@ def run_ls(args: argparse.Namespace) -> int:
     if not runs:
         print(f"{args.path}: no runs yet")
         return EXIT_OK
+    statuses = [_cell(_status(run)) for run in runs]
+    wide = max(8, *map(len, statuses))
     print(
-        f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<8}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION"
+        f"{'KEY':<12}  {'KIND':<8}  {'STATUS':<{wide}}  {'TRIES':>5}  {'NODES':>6}  {'COST':>9}  {'UPDATED':<16}  QUESTION"
     )
-    for run in runs:
+    for run, status in zip(runs, statuses, strict=True):
         updated = _when(run.updated)
         row = (
-            f"{_cell(run.key[:12]):<12}  {_cell(run.kind):<8}  {_cell(run.status):<8}  "
+            f"{_cell(run.key[:12]):<12}  {_cell(run.kind):<8}  {status:<{wide}}  "
             f"{run.attempts:>5}  {run.nodes:>6}  {'$' + format(run.cost, '.4f'):>9}  "
             f"{updated:<16}  {_cell(run.label)}"
         )
         print(for_stream(sys.stdout, row))  # the question is the user's (or a caller's) text
     return EXIT_OK
+
+
+def _status(run: RunRow) -> str:
+    """A run's status, with the limit that stopped it (``stopped:max_budget``: one word,
+    so that a script may still split the table's columns on spaces)."""
+    if run.status == "stopped" and run.stop_reason:
+        return f"stopped:{run.stop_reason}"
+    return run.status
 
 
 # Whatever ends a line or moves to the next column, on a terminal or in a file: a

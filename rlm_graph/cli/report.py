@@ -74,9 +74,10 @@ def add_report_argument(parser: argparse.ArgumentParser) -> None:
 
 
 # What a report says of a journal's run that did not finish: the journal keeps the
-# run's status, not which limit or error ended it, nor the nodes that failed.
+# run's status and the limit that stopped it (a journal older than that record: not
+# which), not which error ended it, nor the nodes that failed.
 _JOURNAL_ENDINGS = {
-    "stopped": "stopped by a limit (a journal keeps the run's status, not which limit)",
+    "stopped": "stopped by a limit (this journal does not say which: an older version made it)",
     "failed": "failed (an error or Ctrl-C ended it; the journal keeps neither which, nor "
     "the nodes that failed or were cancelled)",
     "running": "did not finish (it crashed, was killed, or is still running; the journal "
@@ -103,7 +104,9 @@ def load_run(path: Path, trace_id: str | None = None) -> LoadedRun:
     """
     text = read_run_file(path)
     if text is None:  # a journal: --trace-id names the run
-        graph, status = journal_graph(path, trace_id)
+        graph, status, stop_reason = journal_graph(path, trace_id)
+        if stop_reason is not None:  # the limit is known: said as a live run's report says it
+            return LoadedRun(graph, stop_reason=stop_reason)
         return LoadedRun(graph, ended=_JOURNAL_ENDINGS.get(status))
     if is_graph_json(text):
         return LoadedRun(graph_from_json(path, text))

@@ -329,16 +329,17 @@ def graph_from_json(path: Path, text: str) -> Graph:
         raise TraceFileError(f"{path}: not a readable graph export ({exc})") from None
 
 
-def journal_graph(path: Path, run: str | None) -> tuple[Graph, str]:
-    """The graph of a journal's run (``run``: the start of its key; None: the newest)
-    and the run's status (``finished``, ``stopped``, ``failed``, ``running``)."""
+def journal_graph(path: Path, run: str | None) -> tuple[Graph, str, str | None]:
+    """The graph of a journal's run (``run``: the start of its key; None: the newest),
+    the run's status (``finished``, ``stopped``, ``failed``, ``running``) and the limit
+    that stopped it (None: none did, or a journal older than the record of it)."""
     from ..journal import JournalStore
 
     try:
         store = JournalStore(path, read_only=True)
         try:
             found = store.find(run or "")
-            return store.graph(found.key), found.status
+            return store.graph(found.key), found.status, found.stop_reason
         finally:
             store.close()
     except ConfigError as exc:

@@ -3,7 +3,9 @@
 Layout (``PRAGMA user_version`` = `SCHEMA_VERSION`):
 
     runs    one row per run key (numbered): kind, label, status, attempts, times, the
-            first attempt's trace and span ids (a resumed run's span links to them), answer
+            first attempt's trace and span ids (a resumed run's span links to them), answer,
+            stop_reason (the limit that stopped its last attempt; a column added in place to
+            a journal made before it, which older versions read and write unchanged)
     chunks  finished nodes of a run, written together: ``(run, first, attempt, nodes)``
             with ``first`` the ``seq`` of its first node and ``nodes`` a pickle of plain
             values only (tuples, lists, dicts, str, int, float, bool, None): one row per
@@ -91,7 +93,8 @@ CREATE TABLE IF NOT EXISTS runs (
     updated REAL NOT NULL,
     trace_id TEXT,
     span_id TEXT,
-    answer TEXT
+    answer TEXT,
+    stop_reason TEXT
 );
 CREATE TABLE IF NOT EXISTS chunks (
     run INTEGER NOT NULL,
@@ -110,7 +113,7 @@ def _block(node_id: str) -> str:
 
 _RUN_COLUMNS = (
     "number", "key", "kind", "label", "status", "attempts", "created", "updated", "trace_id",
-    "span_id", "answer",
+    "span_id", "answer", "stop_reason",
 )  # fmt: skip
 
 
@@ -118,7 +121,7 @@ _RUN_COLUMNS = (
 # anything, NULL included): the type, or types, Python gets it as.
 _RUN_TYPES: tuple[tuple[type, ...], ...] = (
     (int,), (str,), (str,), (str,), (str,), (int,), (int, float), (int, float),
-    (str, type(None)), (str, type(None)), (str, type(None)),
+    (str, type(None)), (str, type(None)), (str, type(None)), (str, type(None)),
 )  # fmt: skip
 
 
@@ -137,6 +140,7 @@ class RunRow:
     trace_id: str | None
     span_id: str | None
     answer: str | None
+    stop_reason: str | None  # of the last attempt, when a limit stopped it
     nodes: int = 0
     cost: float = 0.0
 
@@ -232,6 +236,15 @@ class JournalStore:
                 f"journal {str(self.path)!r} has format {version}; this rlm-graph reads "
                 f"format {SCHEMA_VERSION}: start a new journal file"
             )
+        missing = self._missing_columns()  # read-only: not added, read as NULL
+        self._columns = ", ".join("NULL" if c in missing else c for c in _RUN_COLUMNS)
+
+    def _missing_columns(self) -> set[str]:
+        """The columns of `_RUN_COLUMNS` the runs table lacks (a journal made by an older
+        version: ``stop_reason``)."""
+        with self._reading():
+            have = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        return set(_RUN_COLUMNS) - have if have else set()
 
     def _use_wal(self) -> None:
         """Switch a new file to WAL. SQLite answers "locked" at once, without waiting on
@@ -279,10 +292,13 @@ class JournalStore:
                     if statement.strip():
                         db.execute(statement)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif "stop_reason" in self._missing_columns():  # an older version's: added
+                db.execute("ALTER TABLE runs ADD COLUMN stop_reason TEXT")
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
+        self._columns = ", ".join(_RUN_COLUMNS)
 
     # -- runs ---------------------------------------------------------------------------
 
@@ -321,14 +337,21 @@ class JournalStore:
         )
 
     def finish(
-        self, key: str, status: str, answer: str | None, keep: Iterable[str] | None = None
+        self,
+        key: str,
+        status: str,
+        answer: str | None,
+        keep: Iterable[str] | None = None,
+        stop_reason: str | None = None,
     ) -> None:
-        """End an attempt with ``status``; ``keep``: the only node ids still valid (a run
-        that went live after a divergence drops the records of the path it left)."""
+        """End an attempt with ``status`` (and the limit that stopped it); ``keep``: the
+        only node ids still valid (a run that went live after a divergence drops the
+        records of the path it left)."""
+        text = None if answer is None else utf8_text(answer)
         with self._transaction():
             self._db.execute(
-                "UPDATE runs SET status=?, updated=?, answer=? WHERE key=?",
-                (status, time.time(), None if answer is None else utf8_text(answer), key),
+                "UPDATE runs SET status=?, updated=?, answer=?, stop_reason=? WHERE key=?",
+                (status, time.time(), text, stop_reason, key),
             )
             if keep is not None:
                 # Rare (a finished run that diverged): rewrite the run's chunks with the
@@ -359,7 +382,7 @@ class JournalStore:
         """
         with self._reading():
             rows = self._db.execute(
-                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY updated DESC, number DESC"
+                f"SELECT {self._columns} FROM runs ORDER BY updated DESC, number DESC"
             ).fetchall()
         found = []
         cost_at = _RECORD_FIELDS.index("cost")
@@ -393,7 +416,7 @@ class JournalStore:
     def _run(self, key: str) -> RunRow | None:
         with self._reading():
             row = self._db.execute(
-                f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE key=?", (key,)
+                f"SELECT {self._columns} FROM runs WHERE key=?", (key,)
             ).fetchone()
         return self._run_row(row) if row else None
 

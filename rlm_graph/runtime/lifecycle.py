@@ -159,7 +159,10 @@ async def _journaled(run: Run, operation: Operation[R], flush: Callable[[], Awai
             failure, stop_reason, status = None, "interrupted", "stopped"
         run.finalize()
         if journal is not None:
-            replay = await journal.close(status, operation.answer(run.scope.cancelled_caught))
+            answer = operation.answer(run.scope.cancelled_caught)
+            replay = await journal.close(
+                status, answer, stop_reason if status == "stopped" else None
+            )
     if failure is not None:
         operation.failed(run, failure)
         with trio.CancelScope(shield=True):

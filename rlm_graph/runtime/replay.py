@@ -160,10 +160,13 @@ class Replayer(JournalLookup):
                 self.key, format(context.trace_id, "032x"), format(context.span_id, "016x")
             )
 
-    async def close(self, status: str, answer: str | None) -> ReplaySummary:
+    async def close(
+        self, status: str, answer: str | None, stop_reason: str | None = None
+    ) -> ReplaySummary:
         """Write what is left, put replayed nodes' recorded times back, end the attempt.
 
-        ``status``: ``"finished"``, ``"stopped"`` (a limit cut it) or ``"failed"``.
+        ``status``: ``"finished"``, ``"stopped"`` (a limit cut it: ``stop_reason``) or
+        ``"failed"``.
         """
         with trio.CancelScope(shield=True):
             self._stop.cancel()
@@ -177,7 +180,7 @@ class Replayer(JournalLookup):
                 keep = None
                 if self.diverged_at is not None and status == "finished":
                     keep = [r.id for r in self.graph.records()]
-                self.store.finish(self.key, status, answer, keep)
+                self.store.finish(self.key, status, answer, keep, stop_reason)
             except Exception as exc:  # the run itself is done: its answer stands
                 self._failed = self._failed or exc
                 logger.error(

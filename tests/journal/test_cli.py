@@ -313,7 +313,7 @@ def test_reading_a_journal_of_another_format_says_to_start_a_new_one(tmp_path: P
 @pytest.mark.parametrize(
     ("status", "says"),
     [
-        ("stopped", "stopped by a limit (a journal keeps the run's status, not which limit)"),
+        ("stopped", "stopped by max_iterations"),
         ("failed", "failed (an error or Ctrl-C ended it"),
         ("running", "did not finish (it crashed, was killed, or is still running"),
     ],
@@ -340,18 +340,52 @@ def test_a_report_from_a_journal_says_how_the_run_ended(
             db.execute("UPDATE runs SET status='running'")
             db.commit()
     ls = rlm_graph("journal", "ls", "--json", str(journal))
-    assert json.loads(ls.stdout)["status"] == status
+    row = json.loads(ls.stdout)
+    assert row["status"] == status
+    assert row["stop_reason"] == ("max_iterations" if status == "stopped" else None)
     page = tmp_path / "r.html"
     assert rlm_graph("report", str(journal), "-o", str(page)).returncode == 0
     import re
 
     found = re.search(r'id="run-data">(.*?)</script>', page.read_text(), re.S)
     assert found is not None
-    assert json.loads(found.group(1))["ended"].startswith(says)
+    data = json.loads(found.group(1))
+    if status == "stopped":  # the journal keeps which limit: said as a live run's report
+        assert data["stop_reason"] == "max_iterations" and data["ended"] is None
+    else:
+        assert data["ended"].startswith(says)
     if shutil.which("node") is not None:  # what the page shows
         shown = run_page_script(page)
         assert f", {says}" in shown["summary"] and "No failed node." not in shown["problems"]
-        assert shown["problems"][0].startswith(f"The run {says}")
+        assert "The run " in shown["problems"][0] and says in shown["problems"][0]
+
+
+def test_journal_ls_says_which_limit_stopped_a_run_and_an_older_journal_gets_the_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal kept a stopped run's status, not which limit stopped it. It keeps it now
+    (``stopped:max_iterations``); a journal made before that has no such column: it is
+    read as it is (the reason unknown), and a run that writes to it adds the column."""
+    import sqlite3
+
+    from rlm_graph import RLM
+
+    journal = tmp_path / "old.sqlite"
+    _asked(journal, "first")
+    with contextlib.closing(sqlite3.connect(journal)) as db:  # as an older version made it
+        db.execute("ALTER TABLE runs DROP COLUMN stop_reason")
+        db.commit()
+    assert main(["journal", "ls", str(journal), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stop_reason"] is None
+    loop = "```repl\nprint(llm_query('a'))\n```"
+    rlm = RLM("scripted", {"responses": [loop, "x"] * 5}, journal=str(journal), max_iterations=2)
+    assert rlm.completion("ctx", root_prompt="second").stop_reason == "max_iterations"
+    assert main(["journal", "ls", str(journal)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[1].split()[1:3] == ["rlm", "stopped:max_iterations"] and table[1].endswith(
+        "second"
+    )
+    assert table[2].split()[1:3] == ["rlm", "finished"] and table[2].endswith("first")
 
 
 def test_a_run_row_with_a_time_no_calendar_holds_is_listed_with_a_question_mark(
