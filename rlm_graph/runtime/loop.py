@@ -477,7 +477,8 @@ class RLMRunner:
 
         async def run_block(code: str, number: int, after: str) -> tuple[ExecResult, str]:
             result, ran = await self._block(c, state, iteration, code, after, turn_id, number)
-            state.answer_content = result.answer_content or state.answer_content
+            kept = result.final_answer or result.answer_content  # a limit's cut keeps it
+            state.answer_content = kept or state.answer_content
             return result, ran
 
         blocks = TurnBlocks(run_block, turn_id)
