@@ -384,7 +384,7 @@ def _account(
     A hedged call's duplicate is counted too: a request cancelled mid-flight is billed
     by most providers as if it had run, so it counts as the winner's usage and cost
     again (marked estimated), settled against its own reservation."""
-    cost = response.cost if response.cost is not None else run.router.price(call.route.model, usage)
+    cost = _cost(run, call.route, response, usage)
     note = reply_note(response)
     if note is not None:
         response = response.model_copy(update={"content": with_note(response.content, note)})
@@ -409,6 +409,20 @@ def _account(
     if exceeded is not None:
         run.stop(exceeded)
     return response
+
+
+def _cost(run: Run, route: Route, response: ChatResponse, usage: Usage) -> float | None:
+    """A call's cost: the server's figure where its provider says it reports costs, else
+    the larger of the server's and the table's price (a server that says its reply cost
+    $0 does not switch ``max_budget`` off; one that bills more than the table is counted
+    at what it bills), else whichever there is."""
+    reported = response.cost
+    if reported is not None and route.capabilities.reports_cost:
+        return reported
+    table = run.router.price(route.model, usage)
+    if reported is None or table is None:
+        return table if reported is None else reported
+    return max(reported, table)
 
 
 def _charge(

@@ -97,3 +97,21 @@ async def test_a_workflow_naming_an_unpriced_model_fails_that_node_before_any_re
     assert result.graph[unpriced.id].error_type == "ConfigError"
     assert "'homemade-model' has no price" in (result.graph[unpriced.id].error or "")
     assert models == ["gpt-5-mini"]
+
+
+@pytest.mark.parametrize("backend", ["openai", "openrouter"])
+@pytest.mark.parametrize("reported", [0.0, 0.01])
+async def test_a_cost_a_server_reports_never_counts_below_the_table(
+    backend: str, reported: float
+) -> None:
+    """A server's ``usage.cost`` overrode the price table: one that said $0 switched
+    ``max_budget`` off (9 calls of a run that 2 should have stopped). The larger counts:
+    the table's price, or what the server says it bills when that is more."""
+    with FakeOpenAIServer(lambda body: "x" * 400, cost_per_call=reported) as server:
+        kwargs = openai_kwargs(server, model_name="gpt-5-mini")
+        async with Engine(backend, kwargs, max_budget=1.0) as engine:
+            wf = Workflow()
+            ref = wf.llm("y" * 4000)
+            result = await engine.arun(wf)
+    table = (1000 * 0.25 + 100 * 2.00) / 1e6  # gpt-5-mini's price of the call
+    assert result.graph[ref.id].cost == pytest.approx(max(table, reported))
