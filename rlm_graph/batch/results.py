@@ -24,6 +24,7 @@ from typing import IO, Any
 from pydantic import BaseModel, ConfigDict
 
 from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
+from .._json import dumps as finite_dumps
 from ..errors import ConfigError
 
 __all__ = [
@@ -100,7 +101,8 @@ class BatchResult(BaseModel):
         return self.error is None
 
     def to_line(self) -> str:
-        return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
+        line = finite_dumps(self.model_dump(mode="json"), ensure_ascii=False)  # inf: null
+        return utf8_text(line) + "\n"
 
 
 def _percentile(values: list[float], share: float) -> float | None:

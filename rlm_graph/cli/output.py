@@ -15,7 +15,6 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -23,26 +22,30 @@ from collections.abc import Iterable
 from typing import Any, TextIO
 
 from .._files import same_file, utf8_text
+from .._json import dumps as finite_dumps
 from ..tracing.scrub import without_url_passwords
 
 __all__ = ["Output", "for_stream", "on_terminal", "overwrite_problem", "strip_control"]
 
 # ESC-introduced sequences: CSI (ESC [ ... final byte), OSC/DCS/SOS/PM/APC strings (ending
 # in BEL or ESC \), and two-byte escapes; then the 8-bit forms (CSI 0x9b, OSC 0x9d...);
-# then any other C0/C1 control character except tab and newline.
+# then any other C0/C1 control character except tab and newline; then the bidirectional
+# overrides and isolates (U+202A-202E, U+2066-2069), which reorder what follows them on
+# the line (a reply's "txt.exe" shown as "exe.txt"); the marks U+200E/200F stay.
 _CONTROL = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"
     r"|\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?"
     r"|\x1b[ -/]*[0-~]?"
     r"|\x9b[0-?]*[ -/]*[@-~]"
     r"|[\x90\x98\x9d\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c|\x1b\\)?"
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]"
 )
 
 
 def strip_control(text: str) -> str:
     """``text`` without terminal control sequences (newlines and tabs kept; a carriage
-    return is dropped, since it lets a line overwrite what the terminal showed)."""
+    return is dropped, since it lets a line overwrite what the terminal showed) nor
+    bidirectional overrides (which make a line show its text in another order)."""
     return _CONTROL.sub("", text)
 
 
@@ -146,7 +149,7 @@ class Output:
                     "exit_code": code,
                 },
             }
-            print(json.dumps(payload, indent=2))
+            print(finite_dumps(payload, indent=2))  # an overflowed cost: null, not Infinity
             return code
         if stop_reason is not None and answer is not None:
             what = "partial answer" if answer else "no partial answer"

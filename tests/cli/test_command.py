@@ -340,6 +340,7 @@ def test_a_non_utf8_text_file_names_encoding_and_reads_with_it(tmp_path: Path) -
 
 HOSTILE = (
     "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ done\x9b31m\rfake"
+    "\u202e\u2066\u2069"  # bidirectional overrides: the rest of the line shown reversed
 )
 
 
