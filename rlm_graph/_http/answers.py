@@ -8,6 +8,7 @@ a plain reply and a streamed one fail the same way for the same status.
 
 from __future__ import annotations
 
+import codecs
 import ssl
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -122,11 +123,34 @@ is at its start (a body of megabytes, searched whole, would hold the event loop)
 
 
 def _head_text(response: httpx.Response) -> str:
-    """The start of an answer's body as text (`ERROR_TEXT` bytes at most)."""
-    content = response.content
-    if len(content) <= ERROR_TEXT:
-        return response.text
-    return content[:ERROR_TEXT].decode(response.encoding or "utf-8", errors="replace")
+    """The start of an answer's body as text (`ERROR_TEXT` bytes at most), decoded as
+    its ``charset`` says where that is a text encoding, else as UTF-8: never an error
+    (``response.text`` took any codec a server named, and ``charset=zlib_codec`` failed
+    the call with an ``AssertionError``, ``rot13`` with a ``TypeError``)."""
+    head, charset = response.content[:ERROR_TEXT], response.charset_encoding
+    if charset and _is_text_encoding(charset):
+        try:
+            return head.decode(charset, errors="replace")
+        except UnicodeError:  # a codec that takes no "replace" (as `_NOT_CHARSETS`)
+            pass
+    return head.decode("utf-8", errors="replace")
+
+
+_NOT_CHARSETS = frozenset({"idna", "punycode", "undefined"})
+"""Codecs from bytes to text that are no body's charset: host names' (``punycode``
+takes most of a second over 64 KiB, ``idna`` takes no "replace") and one that always
+fails."""
+
+
+def _is_text_encoding(name: str) -> bool:
+    """Whether ``name``, a server's ``charset``, is a text encoding a body can be read
+    with: not a codec from bytes to bytes (``zlib_codec``, ``base64``, ``hex``) or from
+    text to text (``rot13``), nor one of `_NOT_CHARSETS`."""
+    try:
+        info = codecs.lookup(name)
+    except (LookupError, ValueError):  # unknown, or a name with a NUL in it
+        return False
+    return info._is_text_encoding and info.name not in _NOT_CHARSETS
 
 
 _ANSWER: ContextVar[httpx.Response | None] = ContextVar("rlm_graph_answer", default=None)

@@ -1,0 +1,98 @@
+"""More answers a careless or hostile server sends, over real HTTP: a ``charset`` that
+is no text encoding, JSON of millions of empty objects, keep-alive events that are not
+comments, and a stream whose finish reason came but whose end marker never does. Each is
+answered or fails its call with an error naming it; none crashes, eats the memory,
+holds the loop or holds the call."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from rlm_graph.contracts import ChatRequest, Message
+from rlm_graph.errors import BadResponse, ProviderError
+from rlm_graph_anthropic import AnthropicProvider
+from rlm_graph_openai import OpenAIProvider
+from tests.support.http import anthropic_kwargs, openai_kwargs
+from tests.support.rawhttp import raw_server
+
+REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(data: Any) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _provider(port: int, api: str = "openai", **overrides: Any) -> Any:
+    if api == "anthropic":
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}")
+        return AnthropicProvider(**anthropic_kwargs(server, **overrides))
+    server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
+    return OpenAIProvider(**openai_kwargs(server, **overrides))
+
+
+async def _call(provider: Any, streamed: bool) -> Any:
+    """The call's reply, or the error it raised (out of the server's nursery as it is)."""
+    try:
+        if streamed:
+            return await provider.stream(REQUEST, lambda offset, text: None)
+        return await provider.complete(REQUEST)
+    except Exception as exc:
+        return exc
+    finally:
+        await provider.aclose()
+
+
+CODECS = ["zlib_codec", "rot13", "idna", "base64", "hex", "punycode", "undefined"]
+
+
+@pytest.mark.parametrize("charset", CODECS)
+@pytest.mark.parametrize(
+    ("status", "streamed"), [(500, False), (200, False), (500, True)], ids=["500", "200", "stream"]
+)
+async def test_a_charset_that_is_no_text_encoding_is_read_as_utf8(
+    charset: str, status: int, streamed: bool
+) -> None:
+    """``Content-Type: text/plain; charset=zlib_codec`` on an error (or on a 2xx that is
+    not JSON) failed the call at once with an ``AssertionError`` out of the codec
+    (``rot13``: ``TypeError``; ``idna``: ``UnicodeError``), no retry, a traceback out of
+    the CLI: the body is read as UTF-8, and the answer is the retried error it is."""
+    head = b"HTTP/1.1 %d Oops\r\nContent-Type: text/plain; charset=%s\r\n" % (
+        status,
+        charset.encode("latin-1"),
+    )
+    body = "oops, not JSON \N{SNOWMAN}".encode()
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        error = await _call(_provider(port, max_attempts=2), streamed)
+    assert isinstance(error, BadResponse if status == 200 else ProviderError), error
+    assert "'oops, not JSON \N{SNOWMAN}'" in str(error) and "gave up after 2" in str(error)
+    assert stats["requests"] == 2
+
+
+async def test_a_charset_that_is_a_text_encoding_is_still_honoured() -> None:
+    body = "oops, not JSON \N{SNOWMAN}".encode("utf-16")
+    head = b"HTTP/1.1 500 Oops\r\nContent-Type: text/plain; charset=utf-16\r\n"
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        error = await _call(_provider(port, max_attempts=1), False)
+    assert "'oops, not JSON \N{SNOWMAN}'" in str(error)
