@@ -35,6 +35,7 @@ from ._http.attempts import (
     note_retry as note_retry,
     wait_before_retry as wait_before_retry,
 )
+from ._http.bodies import MAX_JSON_CONTAINERS, TooManyContainers, too_many_containers
 from ._http.keys import (
     KeyPolicy as KeyPolicy,
     ResolvedKey as ResolvedKey,
@@ -122,7 +123,17 @@ def event_object(data: str) -> dict[str, Any] | None:
 
     Returns:
         The object; None when ``data`` is not JSON, or is JSON but not an object.
+
+    Raises:
+        Exception: the engine's own (``feed`` lets it go by), when ``data`` holds more
+            JSON objects and arrays than the engine parses in one document (a million; a
+            reply's are tens): the call fails with a `BadResponse`, not retried.
     """
+    if count := too_many_containers(data):
+        raise TooManyContainers(
+            f"an event of JSON with {count:,} braces and brackets, past the "
+            f"{MAX_JSON_CONTAINERS:,} objects and arrays the engine parses"
+        )
     if data[:1].isspace():  # raw_decode takes no leading space; json.loads does
         data = data.lstrip()
     try:

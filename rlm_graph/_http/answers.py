@@ -31,6 +31,7 @@ from ..errors import (
     is_context_length_error,
 )
 from .attempts import note_rate_headers
+from .bodies import MAX_JSON_CONTAINERS, TooManyContainers, too_many_containers
 from .retry import RETRY_STATUSES, retry_delay_from_headers
 from .streaming import Oversized
 from .transport import RequestNotSent
@@ -91,10 +92,7 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
     if response.status_code >= 300 and len(response.content) > ERROR_TEXT:
         data = None  # an error's body is read as its head's text only (`ERROR_TEXT`)
     else:
-        try:
-            data = response.json()
-        except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
-            data = None
+        data = _parsed(provider, response)
     if response.status_code >= 300:
         raise_for_status(provider, response, data)
     note_rate_headers(response.headers)
@@ -115,6 +113,27 @@ def read_json(provider: Speaker, response: httpx.Response) -> Any:
             error, retry_delay_from_headers(response.headers, rate_limited=False), "bad response"
         )
     return data
+
+
+def _parsed(provider: Speaker, response: httpx.Response) -> Any:
+    """A read answer's JSON; None for a body that is not JSON.
+
+    Raises:
+        BadResponse: the body holds more than `bodies.MAX_JSON_CONTAINERS` objects and
+            arrays (not retried: the server would send it again).
+    """
+    if count := too_many_containers(response.content):
+        raise BadResponse(
+            f"{provider.name}: {provider.url} answered {response.status_code} with JSON of "
+            f"{count:,} braces and brackets, past the {MAX_JSON_CONTAINERS:,} objects and "
+            "arrays the engine parses: not a reply; check the server",
+            provider=provider.name,
+            status_code=response.status_code,
+        )
+    try:
+        return response.json()
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
+        return None
 
 
 ERROR_TEXT = 64 * 1024
@@ -351,6 +370,9 @@ def stream_failure(provider: Speaker, exc: Exception) -> Exception:
         return AttemptFailed(scrubbed(provider, exc), None, "cut stream")
     if isinstance(exc, Oversized):
         return AttemptFailed(oversized(provider, exc), None, "cut stream")
+    if isinstance(exc, TooManyContainers):  # not retried: the server would send it again
+        what = f"{provider.name}: {provider.url} streamed {exc}: not a reply"
+        return BadResponse(f"{what}; check the server", provider=provider.name)
     if isinstance(exc, ContextLengthExceeded):  # an error event's: it quotes the server
         return ContextLengthExceeded(
             provider._scrub(str(exc)),

@@ -21,6 +21,8 @@ from .pacing import next_tick, ticker
 
 __all__ = [
     "MAX_BODY",
+    "MAX_JSON_CONTAINERS",
+    "TooManyContainers",
     "Decoding",
     "ResponseStream",
     "as_read",
@@ -29,12 +31,42 @@ __all__ = [
     "decoding",
     "over",
     "read_whole",
+    "too_many_containers",
 ]
 
 MAX_BODY = 64 * 1024 * 1024
 """The most bytes of a body read whole (`LeanTransport.fetch`, `read_whole`), as it came
 or decoded: a reply is kilobytes, a server sending more is broken or hostile, and the
 engine's memory is not its to fill."""
+
+MAX_JSON_CONTAINERS = 1_000_000
+"""The most JSON objects and arrays the engine parses in one document from a server (a
+reply, an error's body, one streamed event). A reply's own are tens; the rest are the
+braces and brackets of its text (code, JSON the model wrote), which an output limit
+keeps far below a million (128k tokens are about half a million characters). A million
+empty objects parse in about 0.3 s and 70 MB; the 22 million of a 64 MiB body (64 KiB
+of gzip on the wire) held the loop 2 s and took 1.5 GB."""
+
+
+class TooManyContainers(Exception):
+    """A streamed event of JSON past `MAX_JSON_CONTAINERS` (`rlm_graph.http.event_object`):
+    not a reply, and not retried (the server would send it again)."""
+
+
+def too_many_containers(data: bytes | str) -> int:
+    """How many JSON objects and arrays ``data`` may hold, when that is past
+    `MAX_JSON_CONTAINERS`, else 0: its ``{`` and ``[``, those in strings too (a few
+    hundredths of a second for 64 MiB, where parsing it would hold the loop for seconds).
+    ``data`` too short to hold more (each takes two characters) is not counted: the
+    events of a streamed reply cost nothing."""
+    if len(data) <= 2 * MAX_JSON_CONTAINERS:
+        return 0
+    if isinstance(data, str):
+        count = data.count("{") + data.count("[")
+    else:
+        count = data.count(b"{") + data.count(b"[")
+    return count if count > MAX_JSON_CONTAINERS else 0
+
 
 FLOWING = 16 * 1024
 """A paced read (`ResponseStream`) that brought this many bytes or more is followed by

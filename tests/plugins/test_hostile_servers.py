@@ -6,6 +6,7 @@ holds the loop or holds the call."""
 
 from __future__ import annotations
 
+import gzip
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -96,3 +97,60 @@ async def test_a_charset_that_is_a_text_encoding_is_still_honoured() -> None:
     async with raw_server(handler) as (port, stats):
         error = await _call(_provider(port, max_attempts=1), False)
     assert "'oops, not JSON \N{SNOWMAN}'" in str(error)
+
+
+def _padded(head: dict[str, Any], containers: int) -> bytes:
+    """``head`` as JSON with a ``pad`` of ``containers`` empty objects: a few megabytes
+    that parse into as many dicts (`bodies.MAX_JSON_CONTAINERS` is a million)."""
+    opened = json.dumps(head)[:-1].encode()
+    return opened + b', "pad": [' + b"{}," * (containers - 1) + b"{}]}"
+
+
+@pytest.mark.parametrize("coding", ["identity", "gzip"])
+async def test_a_reply_of_millions_of_json_objects_is_refused_unparsed(coding: str) -> None:
+    """64 KiB of gzip that inflate to 64 MiB of ``{},{},...`` parsed into 22 million
+    dicts: 1.5 GB and the loop held 2 s a call (16 sub-calls at once: 24 s past a run's
+    ``max_timeout=5``). A reply of more than a million objects and arrays is refused
+    before it is parsed, a `BadResponse` not retried: the server would send it again."""
+    reply = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+    body = _padded(reply, 1_200_000)
+    if coding == "gzip":
+        body = gzip.compress(body)
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: %s\r\n"
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        length = b"Content-Length: %d\r\n\r\n" % len(body)
+        await stream.send_all(head % coding.encode() + length + body)
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        error = await _call(_provider(port, max_attempts=3), streamed=False)
+    assert isinstance(error, BadResponse) and not error.retryable, error
+    assert "past the 1,000,000 objects and arrays the engine parses" in str(error)
+    assert stats["requests"] == 1
+
+
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_streamed_event_of_millions_of_json_objects_is_refused_unparsed(
+    api: str,
+) -> None:
+    """The same in one event of a stream (under its 4 MiB): refused before it is parsed,
+    not retried."""
+    if api == "anthropic":
+        head = {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hi"}}
+        end = b'data: {"type": "message_stop"}\n\n'
+    else:
+        head = {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}
+        end = b"data: [DONE]\n\n"
+    event = b"data: " + _padded(head, 1_200_000) + b"\n\n"
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD + _chunk(event) + _chunk(end) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        error = await _call(_provider(port, api, max_attempts=3), streamed=True)
+    assert isinstance(error, BadResponse) and not error.retryable, error
+    assert "streamed an event of JSON with 1,200,0" in str(error)
+    assert "past the 1,000,000 objects and arrays the engine parses" in str(error)
+    assert stats["requests"] == 1
