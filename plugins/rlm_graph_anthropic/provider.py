@@ -266,13 +266,28 @@ def _usage(raw: Any) -> Usage:
     )
 
 
+_MESSAGE_EVENTS = frozenset(
+    (
+        "message_start",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    )
+)
+"""The events of a streamed message (`_MessageStream`'s progress); not ``ping``."""
+
+
 class _MessageStream:
     """One attempt's Messages events. Text comes in ``content_block_delta`` events of type
     ``text_delta``; ``message_delta`` brings the stop reason and the final output count;
     only ``message_stop`` says the reply is whole; an ``error`` event (``overloaded_error``
-    mid-stream) fails the attempt."""
+    mid-stream) fails the attempt. ``progress`` counts the events of the message (its
+    start, blocks, deltas, stop reason and end); ``ping``, the API's keep-alive, and any
+    event of a kind it does not know are not progress (`rlm_graph.http.StreamParser`)."""
 
-    __slots__ = ("finished", "_model", "_parts", "_stop", "_url", "_usage")
+    __slots__ = ("finished", "_model", "_parts", "progress", "_stop", "_url", "_usage")
 
     def __init__(self, url: str, request: ChatRequest) -> None:
         self._url = url
@@ -281,6 +296,7 @@ class _MessageStream:
         self._usage: dict[str, Any] = {}
         self._stop: str | None = None
         self.finished = False
+        self.progress = 0
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"anthropic: {self._url} {what}", provider="anthropic", retryable=True)
@@ -301,6 +317,8 @@ class _MessageStream:
         if message is None:
             raise self._bad(f"streamed an event that is not a JSON object ({data[:80]!r})")
         kind = message.get("type", event)
+        if type(kind) is str and kind in _MESSAGE_EVENTS:
+            self.progress += 1
         if kind == "content_block_delta":
             delta = message.get("delta")
             if type(delta) is dict and delta.get("type") == "text_delta":

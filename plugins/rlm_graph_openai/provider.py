@@ -225,10 +225,20 @@ class OpenAIProvider(JSONProvider):
         )
 
 
+_AT_WORK = ("reasoning_content", "reasoning", "reasoning_details", "tool_calls", "function_call")
+"""A delta's fields that show the model at work without text (vLLM's, DeepSeek's and
+OpenRouter's reasoning; tool calls): progress, not a keep-alive."""
+
+
 class _ChunkStream:
     """One attempt's ``chat.completion.chunk`` events: ``choices[0].delta.content`` is
     the text, the last chunk before ``data: [DONE]`` carries the usage (asked for with
-    ``stream_options.include_usage``; a server that sends none is estimated)."""
+    ``stream_options.include_usage``; a server that sends none is estimated).
+
+    ``progress`` counts the events that show the model at work: text, a delta of
+    reasoning or of a tool call, the usage, a finish reason. An empty event, a chunk of
+    no choices and no usage, an empty delta (or one of the role alone) are what gateways
+    send to keep the connection alive: not progress (`rlm_graph.http.StreamParser`)."""
 
     __slots__ = (
         "_cost",
@@ -237,6 +247,7 @@ class _ChunkStream:
         "_model",
         "_name",
         "_parts",
+        "progress",
         "_refused",
         "_url",
         "_usage",
@@ -251,6 +262,7 @@ class _ChunkStream:
         self._finish: str | None = None
         self._refused = False
         self.finished = False
+        self.progress = 0
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"{self._name}: {self._url} {what}", provider=self._name, retryable=True)
@@ -273,15 +285,21 @@ class _ChunkStream:
         usage = chunk.get("usage")
         if usage and type(usage) is dict:
             self._usage, self._cost = _usage(usage), _cost(usage)
+            self.progress += 1
         model = chunk.get("model")
         if model:
             self._model = model if type(model) is str else str(model)
         choices = chunk.get("choices")
         if not choices or type(choices) is not list or type(choices[0]) is not dict:
             return ""
-        choice = choices[0]
+        return self._choice(choices[0])
+
+    def _choice(self, choice: dict[str, Any]) -> str:
+        """The text a chunk's first choice adds (its finish reason, reasoning and tool
+        calls counted as progress)."""
         if choice.get("finish_reason"):
             self._finish = reason_text(choice["finish_reason"])
+            self.progress += 1
         delta = choice.get("delta")
         if type(delta) is not dict:
             return ""
@@ -295,6 +313,8 @@ class _ChunkStream:
         if text:
             self._parts.append(text)
             return text
+        if any(delta.get(field) for field in _AT_WORK):
+            self.progress += 1
         return ""
 
     def partial(self) -> ChatResponse:

@@ -44,6 +44,13 @@ class StreamParser(Protocol):
     """Reads one attempt's server-sent events into text and, at the end, the reply.
 
     A provider makes a fresh one per attempt (`JSONProvider._stream_parser`).
+
+    A parser may also keep ``progress``, an int it raises for each event that shows the
+    model at work without adding text (reasoning, a tool call, usage, a finish reason):
+    such an event starts the stall deadline again, as text and the end marker do. Any
+    other event (an empty one, ``{"choices": []}``, an empty delta, Anthropic's
+    ``ping``) counts as a keep-alive comment does (`QUIET_FLOOR`). Without it, only text
+    and the end marker are progress.
     """
 
     finished: bool
@@ -75,9 +82,10 @@ class StreamParser(Protocol):
 
 QUIET_FACTOR = 8.0
 QUIET_FLOOR = 3600.0
-"""A stream may send keep-alive comments alone for `QUIET_FACTOR` attempt timeouts, and
-at least `QUIET_FLOOR` seconds (a hidden-reasoning model behind a gateway that pings may
-think for many minutes), before they no longer count as the server heard (`_Hearing`)."""
+"""A stream may send keep-alives alone (comments, or events that are not progress:
+`StreamParser`) for `QUIET_FACTOR` attempt timeouts, and at least `QUIET_FLOOR` seconds
+(a hidden-reasoning model behind a gateway that pings may think for many minutes), before
+they no longer count as the server heard (`_Hearing`)."""
 
 
 async def read_events(
@@ -89,12 +97,13 @@ async def read_events(
     ended: Callable[[], None] = lambda: None,
     timeout: float | None = None,
 ) -> ChatResponse:
-    """A streamed body, chunk by chunk (``heard()`` after each, comments alone only for a
-    while: `_Hearing`), through ``parser`` into ``tracker``; the reply. When the sink says it has
-    what it wants, ``halt()`` (the provider cancels the reading, then takes
-    ``parser.partial()``). Once the API's end marker has come, ``ended()``, once, and no
-    more ``heard()``: the provider gives the body's end a moment to come (the connection
-    is then reused), then halts, whatever the server sends or holds back after it.
+    """A streamed body, chunk by chunk (``heard()`` after each that brought progress,
+    keep-alives alone only for a while: `_Hearing`), through ``parser`` into ``tracker``;
+    the reply. When the sink says it has what it wants, ``halt()`` (the provider cancels
+    the reading, then takes ``parser.partial()``). Once the API's end marker has come,
+    ``ended()``, once, and no more ``heard()``: the provider gives the body's end a
+    moment to come (the connection is then reused), then halts, whatever the server
+    sends or holds back after it.
 
     The reading stops at an event that fails the attempt (a server that then goes silent,
     or sends only comments, would hold the call). Once the end marker has come, the reply
@@ -109,54 +118,102 @@ async def read_events(
         Exception: any other error of ``parser.feed`` (a plugin's parser that met a shape
             it did not check): the provider makes it a retried `BadResponse`.
     """
-    decoder, hearing = SSEDecoder(), _Hearing(heard, timeout)
-    failed: Exception | None = None
-    size = 0
-    done = False
+    reading = _Reading(parser, tracker, _Hearing(heard, timeout), halt, ended)
     try:
-        while failed is None and (chunk := await _next(chunks, done)) is not None:
-            size += len(chunk)
-            if size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
-                raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
-            if not done:
-                try:  # one piece of text per read: the sink's work is per read, not per token
-                    hearing(events := decoder.feed(chunk))
-                    text = "".join([parser.feed(e, d) for e, d in events])
-                except Oversized:
-                    raise
-                except Exception as exc:  # the reading stops; raised below, once closed
-                    failed = exc
-                else:
-                    if tracker.feed(text):
-                        halt()
-                    if parser.finished:
-                        done = True
-                        ended()
+        while reading.failed is None and (chunk := await _next(chunks, reading.done)) is not None:
+            reading.feed(chunk)
     finally:
         close = getattr(chunks, "aclose", None)
         if close is not None:
             with trio.CancelScope(shield=True):
                 await close()
-    if failed is not None:
-        raise failed
+    if reading.failed is not None:
+        raise reading.failed
     return parser.result()
 
 
+class _Reading:
+    """One attempt's reading of a stream (`read_events`), chunk by chunk."""
+
+    __slots__ = (
+        "decoder",
+        "done",
+        "ended",
+        "failed",
+        "halt",
+        "hearing",
+        "parser",
+        "size",
+        "tracker",
+    )
+
+    def __init__(
+        self,
+        parser: StreamParser,
+        tracker: DeltaTracker,
+        hearing: _Hearing,
+        halt: Callable[[], None],
+        ended: Callable[[], None],
+    ) -> None:
+        self.parser, self.tracker, self.hearing = parser, tracker, hearing
+        self.halt, self.ended = halt, ended
+        self.decoder = SSEDecoder()
+        self.size = 0
+        self.done = False  # the end marker has come: the chunks after it are not read
+        self.failed: Exception | None = None  # raised once the body is closed
+
+    def feed(self, chunk: bytes) -> None:
+        """Read ``chunk``: its events' text to the tracker, ``heard()`` if they were
+        progress; an error of the parser's in ``failed``.
+
+        Raises:
+            Oversized: the body passed `bodies.MAX_BODY` bytes, or an event `MAX_EVENT`.
+        """
+        self.size += len(chunk)
+        if self.size > bodies.MAX_BODY:  # a reply is kilobytes: a server without end, cut off
+            raise Oversized(f"an answer over {bodies.MAX_BODY // (1024 * 1024)} MiB")
+        if self.done:
+            return
+        parser = self.parser
+        before = _progress(parser)
+        try:  # one piece of text per read: the sink's work is per read, not per token
+            text = "".join([parser.feed(e, d) for e, d in self.decoder.feed(chunk)])
+        except Oversized:
+            raise
+        except Exception as exc:  # the reading stops; raised once the body is closed
+            self.failed = exc
+            return
+        self.hearing(bool(text) or parser.finished or _progress(parser) != before)
+        if self.tracker.feed(text):
+            self.halt()
+        if parser.finished:
+            self.done = True
+            self.ended()
+
+
+def _progress(parser: StreamParser) -> int:
+    """The parser's count of events that were progress (`StreamParser`); 0 without one."""
+    count: int = getattr(parser, "progress", 0)
+    return count
+
+
 class _Hearing:
-    """``heard()`` for a chunk that brought events; for one of comments alone (a
-    keep-alive: ``: PROCESSING``), only for a while after the last event (`QUIET_FLOOR`):
-    a gateway that only pings, wedged, held the call until the body's size cap (weeks)."""
+    """``heard()`` for a chunk that brought progress (`StreamParser`); for one of
+    keep-alives alone (comments: ``: PROCESSING``; events that are not progress: an empty
+    delta, Anthropic's ``ping``), only for a while after the last progress
+    (`QUIET_FLOOR`): a gateway that only pings, wedged, held the call until the body's
+    size cap (weeks)."""
 
     def __init__(self, heard: Callable[[], None], timeout: float | None) -> None:
         self.heard = heard
         self.quiet = max(QUIET_FACTOR * timeout, QUIET_FLOOR) if timeout else math.inf
-        self.last = trio.current_time()  # of the last event
+        self.last = trio.current_time()  # of the last progress
 
-    def __call__(self, events: list[tuple[str, str]]) -> None:
+    def __call__(self, progressed: bool) -> None:
         now = trio.current_time()
-        if events:
+        if progressed:
             self.last = now
-        if events or now - self.last < self.quiet:
+        if progressed or now - self.last < self.quiet:
             self.heard()
 
 

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from rlm_graph.contracts import ChatRequest, Message
-from rlm_graph.errors import BadResponse, ProviderError
+from rlm_graph.errors import BadResponse, ProviderError, ProviderTimeout
 from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
 from tests.support.http import anthropic_kwargs, openai_kwargs
@@ -154,3 +154,95 @@ async def test_a_streamed_event_of_millions_of_json_objects_is_refused_unparsed(
     assert "streamed an event of JSON with 1,200,0" in str(error)
     assert "past the 1,000,000 objects and arrays the engine parses" in str(error)
     assert stats["requests"] == 1
+
+
+KEEP_ALIVES = {
+    "no data": ("openai", b"data:\n\n"),
+    "no choices": ("openai", b'data: {"choices": []}\n\n'),
+    "empty delta": ("openai", b'data: {"choices": [{"index": 0, "delta": {}}]}\n\n'),
+    "role alone": ("openai", b'data: {"choices": [{"delta": {"role": "assistant"}}]}\n\n'),
+    "anthropic ping": ("anthropic", b'event: ping\ndata: {"type": "ping"}\n\n'),
+}
+FIRST = {
+    "openai": _event({"choices": [{"delta": {"content": "thinking"}}]}),
+    "anthropic": b"event: message_start\n"
+    + _event({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 5}}}),
+}
+
+
+@pytest.mark.parametrize("keep_alive", sorted(KEEP_ALIVES))
+async def test_keep_alive_events_alone_are_a_stall_as_comments_are(
+    keep_alive: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that pings with events, not comments (``data:`` with nothing,
+    ``{"choices": []}``, an empty delta, Anthropic's ``ping``), started the silence
+    deadline again with each: a wedged one held the call until the body's 64 MiB (months
+    of pings). Only text, reasoning, a tool call, usage or a finish is progress; the rest
+    counts as comments do (here for 8 x 0.1 s after the last progress)."""
+    from rlm_graph._http import streaming
+
+    monkeypatch.setattr(streaming, "QUIET_FLOOR", 0.0)
+    api, ping = KEEP_ALIVES[keep_alive]
+    pings = [0]
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD + _chunk(FIRST[api]))
+        for _ in range(600):  # 30 s of pings, unless the client goes
+            await stream.send_all(_chunk(ping))
+            pings[0] += 1
+            await trio.sleep(0.05)
+        return False
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
+        error = await _call(provider, streamed=True)
+    assert isinstance(error, ProviderTimeout), error
+    assert stats["requests"] == 1
+    assert pings[0] < 100  # 8 x 0.1 s of pings and the timeout: about 18, not 600
+
+
+AT_WORK = {
+    "openai reasoning": ("openai", {"choices": [{"delta": {"reasoning_content": "hmm"}}]}),
+    "openai tool call": (
+        "openai",
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]},
+    ),
+    "anthropic thinking": (
+        "anthropic",
+        {"type": "content_block_delta", "delta": {"type": "thinking_delta", "thinking": "hmm"}},
+    ),
+}
+END = {
+    "openai": _event({"choices": [{"delta": {"content": "hello"}, "finish_reason": "stop"}]})
+    + b"data: [DONE]\n\n",
+    "anthropic": _event(
+        {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}}
+    )
+    + _event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
+    + _event({"type": "message_stop"}),
+}
+
+
+@pytest.mark.parametrize("work", sorted(AT_WORK))
+async def test_events_of_a_model_at_work_without_text_are_progress(
+    work: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reasoning, or a tool call's arguments, streams no text for minutes: each such
+    event is progress, and the stream is read to its end past the keep-alives' window."""
+    from rlm_graph._http import streaming
+
+    monkeypatch.setattr(streaming, "QUIET_FLOOR", 0.0)
+    api, event = AT_WORK[work]
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD + _chunk(FIRST[api]))
+        for _ in range(40):  # 2 s, past 8 x 0.1 s
+            await stream.send_all(_chunk(_event(event)))
+            await trio.sleep(0.05)
+        await stream.send_all(_chunk(END[api]) + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
+        reply = await _call(provider, streamed=True)
+    assert reply.content.endswith("hello") and stats["requests"] == 1
