@@ -282,12 +282,14 @@ _MESSAGE_EVENTS = frozenset(
 class _MessageStream:
     """One attempt's Messages events. Text comes in ``content_block_delta`` events of type
     ``text_delta``; ``message_delta`` brings the stop reason and the final output count;
-    only ``message_stop`` says the reply is whole; an ``error`` event (``overloaded_error``
+    ``message_stop`` ends the stream, and the reply is ``whole`` from ``message_delta``'s
+    stop reason (which brings the last of it), so a server that sends no
+    ``message_stop`` after it is not waited for; an ``error`` event (``overloaded_error``
     mid-stream) fails the attempt. ``progress`` counts the events of the message (its
     start, blocks, deltas, stop reason and end); ``ping``, the API's keep-alive, and any
     event of a kind it does not know are not progress (`rlm_graph.http.StreamParser`)."""
 
-    __slots__ = ("finished", "_model", "_parts", "progress", "_stop", "_url", "_usage")
+    __slots__ = ("finished", "_model", "_parts", "progress", "_stop", "_url", "_usage", "whole")
 
     def __init__(self, url: str, request: ChatRequest) -> None:
         self._url = url
@@ -297,6 +299,7 @@ class _MessageStream:
         self._stop: str | None = None
         self.finished = False
         self.progress = 0
+        self.whole = False
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"anthropic: {self._url} {what}", provider="anthropic", retryable=True)
@@ -324,6 +327,7 @@ class _MessageStream:
             if type(delta) is dict and delta.get("type") == "text_delta":
                 text = str(delta.get("text", ""))
                 self._parts.append(text)
+                self.whole = self.whole and not text
                 return text
         elif kind == "message_start" and isinstance(message.get("message"), Mapping):
             start = message["message"]
@@ -334,6 +338,7 @@ class _MessageStream:
             delta = message.get("delta")
             if isinstance(delta, Mapping) and delta.get("stop_reason"):
                 self._stop = reason_text(delta["stop_reason"])
+                self.whole = True
             if isinstance(message.get("usage"), Mapping):
                 self._count(message["usage"])
         elif kind == "message_stop":
@@ -353,8 +358,8 @@ class _MessageStream:
         )
 
     def result(self) -> ChatResponse:
-        if not self.finished:
-            raise self._bad("ended the stream before message_stop")
+        if not (self.finished or self.whole):
+            raise self._bad("ended the stream before message_stop (and its stop reason)")
         return ChatResponse(
             content="".join(self._parts),
             model=self._model,

@@ -238,7 +238,9 @@ class _ChunkStream:
     ``progress`` counts the events that show the model at work: text, a delta of
     reasoning or of a tool call, the usage, a finish reason. An empty event, a chunk of
     no choices and no usage, an empty delta (or one of the role alone) are what gateways
-    send to keep the connection alive: not progress (`rlm_graph.http.StreamParser`)."""
+    send to keep the connection alive: not progress (`rlm_graph.http.StreamParser`).
+    ``whole`` once a finish reason has come with no text after it: the usage chunk and
+    ``[DONE]`` that follow it are waited for a moment, not for ever."""
 
     __slots__ = (
         "_cost",
@@ -251,6 +253,7 @@ class _ChunkStream:
         "_refused",
         "_url",
         "_usage",
+        "whole",
     )
 
     def __init__(self, name: str, url: str, request: ChatRequest) -> None:
@@ -263,6 +266,7 @@ class _ChunkStream:
         self._refused = False
         self.finished = False
         self.progress = 0
+        self.whole = False
 
     def _bad(self, what: str) -> BadResponse:
         return BadResponse(f"{self._name}: {self._url} {what}", provider=self._name, retryable=True)
@@ -297,12 +301,20 @@ class _ChunkStream:
     def _choice(self, choice: dict[str, Any]) -> str:
         """The text a chunk's first choice adds (its finish reason, reasoning and tool
         calls counted as progress)."""
+        delta = choice.get("delta")
+        text = self._delta_text(delta) if type(delta) is dict else ""
+        if text:
+            self._parts.append(text)
+            self.whole = False  # a server that names a finish reason before the end
         if choice.get("finish_reason"):
             self._finish = reason_text(choice["finish_reason"])
             self.progress += 1
-        delta = choice.get("delta")
-        if type(delta) is not dict:
-            return ""
+            self.whole = True
+        return text
+
+    def _delta_text(self, delta: dict[str, Any]) -> str:
+        """A delta's text (its refusal's too); reasoning and tool calls counted as
+        progress."""
         text = delta.get("content")
         if type(text) is not str:
             text = content_text(text)
@@ -310,12 +322,9 @@ class _ChunkStream:
         if refusal and type(refusal) is str:  # a refusal streams as text of its own
             self._refused = True
             text = (text or "") + refusal
-        if text:
-            self._parts.append(text)
-            return text
-        if any(delta.get(field) for field in _AT_WORK):
+        if not text and any(delta.get(field) for field in _AT_WORK):
             self.progress += 1
-        return ""
+        return text or ""
 
     def partial(self) -> ChatResponse:
         # The usage comes in the last chunk: a stopped reply's is estimated by the engine.

@@ -76,7 +76,7 @@ from .bodies import decoding, read_whole
 from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
-from .streaming import DeltaTracker, StreamParser, read_events
+from .streaming import DeltaTracker, StreamParser, read_reply
 from .transport import (
     LeanTransport,
     LoopClient as _LoopClient,
@@ -97,11 +97,6 @@ logger = logging.getLogger("rlm_graph.providers")
 
 # Attempt deadlines grow after each timeout, up to this many times ``timeout``.
 TIMEOUT_GROWTH_CAP = 8.0
-
-# Seconds a streamed body's end may take after the API's end marker (the connection is
-# then reused): a server holding the stream open, or sending comments, is not waited for.
-END_GRACE = 0.25
-
 
 _DEFAULT_HEADERS = {
     "User-Agent": "rlm-graph",
@@ -567,21 +562,10 @@ class JSONProvider:
                     chunks = decoding(response, raw, loop.lean is not None)
 
                     parser = self._stream_parser(request)
-                    # Cancelled: the sink has what it wants, or the API's end marker came
-                    # and the body's own end did not follow it at once.
-                    with trio.CancelScope() as halt:
-
-                        def ended() -> None:
-                            halt.deadline = trio.current_time() + END_GRACE
-
-                        try:
-                            reply = await read_events(
-                                chunks, parser, tracker, heard, halt.cancel, ended, timeout
-                            )
-                        except Exception as exc:
-                            raise stream_failure(self, exc) from None
-                    if halt.cancelled_caught:
-                        reply = parser.result() if parser.finished else parser.partial()
+                    try:
+                        reply = await read_reply(chunks, parser, tracker, heard, timeout)
+                    except Exception as exc:
+                        raise stream_failure(self, exc) from None
             if stall.cancelled_caught:
                 raise trio.TooSlowError
         tracker.finish()

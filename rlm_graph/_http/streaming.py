@@ -14,7 +14,12 @@ Invariants:
       that completed; a cut attempt's partial usage counts nowhere (as a truncated 200).
     - A sink that answers True has what it wants: the reading stops (`read_events` calls
       ``halt``), and the reply is what came so far (`StreamParser.partial`).
-    - Pure parsing, no I/O: the attempt itself (deadlines, retries) is the provider's.
+    - A reply is whole at the API's end marker, or at a finish reason with no text after
+      it (``whole``): the reading then stops within `END_GRACE`, or `USAGE_GRACE` for
+      what follows a finish reason, whatever the server sends or holds back after it
+      (`read_reply`).
+    - Parsing and the reading's own bounds; the attempt itself (deadlines, retries) is
+      the provider's.
 """
 
 from __future__ import annotations
@@ -28,7 +33,17 @@ import trio
 from ..contracts import ChatResponse, TextSink
 from . import bodies
 
-__all__ = ["MAX_EVENT", "DeltaTracker", "Oversized", "SSEDecoder", "StreamParser", "read_events"]
+__all__ = [
+    "END_GRACE",
+    "MAX_EVENT",
+    "USAGE_GRACE",
+    "DeltaTracker",
+    "Oversized",
+    "SSEDecoder",
+    "StreamParser",
+    "read_events",
+    "read_reply",
+]
 
 MAX_EVENT = 4 * 1024 * 1024
 """The most bytes of one server-sent event (a token's chunk is a few hundred; a whole
@@ -51,6 +66,11 @@ class StreamParser(Protocol):
     other event (an empty one, ``{"choices": []}``, an empty delta, Anthropic's
     ``ping``) counts as a keep-alive comment does (`QUIET_FLOOR`). Without it, only text
     and the end marker are progress.
+
+    It may also keep ``whole``, True while a finish reason has come with no text after it
+    (OpenAI-compatible servers send the usage, then the end marker, after it): the reply
+    is then taken within `USAGE_GRACE`, and `result` gives it, whether the end marker
+    came or not. Without it, only the end marker makes a reply whole.
     """
 
     finished: bool
@@ -80,6 +100,16 @@ class StreamParser(Protocol):
         ...
 
 
+END_GRACE = 0.25
+"""Seconds a streamed body's end may take after the API's end marker (the connection is
+then reused): a server holding the stream open, or sending comments, is not waited for."""
+
+USAGE_GRACE = 2.0
+"""Seconds (the attempt's timeout, if shorter) a stream is read on after a finish reason
+with no text after it (`StreamParser`), for the usage and the end marker that
+OpenAI-compatible servers send after it: a server that then holds the stream open, or
+sends only comments, is not waited for, and the reply without its usage is estimated."""
+
 QUIET_FACTOR = 8.0
 QUIET_FLOOR = 3600.0
 """A stream may send keep-alives alone (comments, or events that are not progress:
@@ -94,20 +124,23 @@ async def read_events(
     tracker: DeltaTracker,
     heard: Callable[[], None],
     halt: Callable[[], None],
-    ended: Callable[[], None] = lambda: None,
+    ended: Callable[[float], None] = lambda grace: None,
     timeout: float | None = None,
 ) -> ChatResponse:
     """A streamed body, chunk by chunk (``heard()`` after each that brought progress,
     keep-alives alone only for a while: `_Hearing`), through ``parser`` into ``tracker``;
     the reply. When the sink says it has what it wants, ``halt()`` (the provider cancels
     the reading, then takes ``parser.partial()``). Once the API's end marker has come,
-    ``ended()``, once, and no more ``heard()``: the provider gives the body's end a
+    ``ended(END_GRACE)``, and no more ``heard()``: the provider gives the body's end a
     moment to come (the connection is then reused), then halts, whatever the server
-    sends or holds back after it.
+    sends or holds back after it. Once the reply is whole without it (``whole``: a
+    finish reason), ``ended(grace)``, `USAGE_GRACE` at most, and the reading goes on
+    until then for what follows (the usage); again at each finish reason that comes
+    with text, and ``ended(math.inf)`` if text comes after one without it.
 
     The reading stops at an event that fails the attempt (a server that then goes silent,
-    or sends only comments, would hold the call). Once the end marker has come, the reply
-    is whole however the connection ends (closed or reset before the body's own end).
+    or sends only comments, would hold the call). Once the reply is whole, it is whole
+    however the connection ends (closed or reset before the body's own end).
     However the reading stops, the iterator is closed here: collected after its trio run
     has ended, it could not be finalized.
 
@@ -118,9 +151,10 @@ async def read_events(
         Exception: any other error of ``parser.feed`` (a plugin's parser that met a shape
             it did not check): the provider makes it a retried `BadResponse`.
     """
-    reading = _Reading(parser, tracker, _Hearing(heard, timeout), halt, ended)
+    grace = USAGE_GRACE if timeout is None else min(USAGE_GRACE, timeout)
+    reading = _Reading(parser, tracker, _Hearing(heard, timeout), halt, ended, grace)
     try:
-        while reading.failed is None and (chunk := await _next(chunks, reading.done)) is not None:
+        while reading.failed is None and (chunk := await _next(chunks, reading.whole)) is not None:
             reading.feed(chunk)
     finally:
         close = getattr(chunks, "aclose", None)
@@ -130,6 +164,29 @@ async def read_events(
     if reading.failed is not None:
         raise reading.failed
     return parser.result()
+
+
+async def read_reply(
+    chunks: AsyncIterator[bytes],
+    parser: StreamParser,
+    tracker: DeltaTracker,
+    heard: Callable[[], None],
+    timeout: float | None,
+) -> ChatResponse:
+    """The reply of a streamed body (`read_events`): whole, or, when the sink had what it
+    wanted first, what came so far (``parser.partial()``). Once the reply is whole, the
+    reading stops within its grace (`END_GRACE`, `USAGE_GRACE`).
+
+    Raises:
+        Exception: as `read_events`; the provider makes it the attempt's failure.
+    """
+    with trio.CancelScope() as halt:  # cancelled: the sink is content, or the grace is over
+
+        def ended(grace: float) -> None:
+            halt.deadline = trio.current_time() + grace
+
+        return await read_events(chunks, parser, tracker, heard, halt.cancel, ended, timeout)
+    return parser.result() if _whole(parser) else parser.partial()
 
 
 class _Reading:
@@ -143,8 +200,10 @@ class _Reading:
         "halt",
         "hearing",
         "parser",
+        "grace",
         "size",
         "tracker",
+        "whole",
     )
 
     def __init__(
@@ -153,13 +212,15 @@ class _Reading:
         tracker: DeltaTracker,
         hearing: _Hearing,
         halt: Callable[[], None],
-        ended: Callable[[], None],
+        ended: Callable[[float], None],
+        grace: float,
     ) -> None:
         self.parser, self.tracker, self.hearing = parser, tracker, hearing
-        self.halt, self.ended = halt, ended
+        self.halt, self.ended, self.grace = halt, ended, grace
         self.decoder = SSEDecoder()
         self.size = 0
         self.done = False  # the end marker has come: the chunks after it are not read
+        self.whole = False  # the reply is whole (`_whole`): the connection may end
         self.failed: Exception | None = None  # raised once the body is closed
 
     def feed(self, chunk: bytes) -> None:
@@ -187,8 +248,19 @@ class _Reading:
         if self.tracker.feed(text):
             self.halt()
         if parser.finished:
-            self.done = True
-            self.ended()
+            self.done = self.whole = True
+            self.ended(END_GRACE)
+        elif _whole(parser) and (text or not self.whole):  # a finish reason, (again) last
+            self.whole = True
+            self.ended(self.grace)
+        elif self.whole and not _whole(parser):  # text after it: not the end after all
+            self.whole = False
+            self.ended(math.inf)
+
+
+def _whole(parser: StreamParser) -> bool:
+    """The reply is whole: the end marker came, or a finish reason (`StreamParser`)."""
+    return parser.finished or getattr(parser, "whole", False) is True
 
 
 def _progress(parser: StreamParser) -> int:
@@ -217,15 +289,15 @@ class _Hearing:
             self.heard()
 
 
-async def _next(chunks: AsyncIterator[bytes], done: bool) -> bytes | None:
-    """The body's next chunk; None at its end, and once the end marker has come (``done``:
-    the reply is whole) when the connection was closed or reset before it."""
+async def _next(chunks: AsyncIterator[bytes], whole: bool) -> bytes | None:
+    """The body's next chunk; None at its end, and once the reply is ``whole`` when the
+    connection was closed or reset before it."""
     try:
         return await anext(chunks)
     except StopAsyncIteration:
         return None
     except Exception:
-        if done:
+        if whole:
             return None
         raise
 

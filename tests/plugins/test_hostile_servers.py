@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import socket
+import struct
 from types import SimpleNamespace
 from typing import Any
 
@@ -246,3 +248,83 @@ async def test_events_of_a_model_at_work_without_text_are_progress(
         provider = _provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
         reply = await _call(provider, streamed=True)
     assert reply.content.endswith("hello") and stats["requests"] == 1
+
+
+def _openai_finish(usage: bool) -> bytes:
+    """A reply's text and finish reason (and usage), with no ``[DONE]`` after them."""
+    body = _event({"choices": [{"delta": {"content": "hello"}}]}) + _event(
+        {"choices": [{"delta": {}, "finish_reason": "stop"}]}
+    )
+    if usage:
+        body += _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    return body
+
+
+def _anthropic_finish(usage: bool) -> bytes:
+    """A message up to its stop reason, with no ``message_stop`` after it."""
+    delta: dict[str, Any] = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
+    if usage:
+        delta["usage"] = {"output_tokens": 1}
+    return (
+        _event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
+        + _event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}})
+        + _event(delta)
+    )
+
+
+@pytest.mark.parametrize("usage", [True, False], ids=["usage", "no usage"])
+@pytest.mark.parametrize("after", ["held open", "keep-alive comments", "reset"])
+@pytest.mark.parametrize("api", ["openai", "anthropic"])
+async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_after(
+    api: str, after: str, usage: bool
+) -> None:
+    """Text, a finish reason and the usage came, then no ``[DONE]`` (Anthropic: no
+    ``message_stop``) and the connection held open: the whole reply was thrown away as
+    a timeout and asked for again, three requests billed and the call failed (with ``:
+    ping`` comments, held for up to an hour); reset, retried as a stream cut short. The
+    usage is waited for a moment (`USAGE_GRACE`, or the attempt's timeout: here 1 s),
+    then the reply is taken from one request (with no usage, the engine estimates it)."""
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        finish = _openai_finish if api == "openai" else _anthropic_finish
+        await stream.send_all(SSE_HEAD + _chunk(finish(usage)))
+        if after == "reset":  # an RST, not a FIN
+            await trio.sleep(0.05)
+            linger = struct.pack("ii", 1, 0)
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)  # type: ignore[attr-defined]
+            return False
+        while True:  # never the end marker, nor the body's end
+            await trio.sleep(0.05)
+            if after == "keep-alive comments":
+                await stream.send_all(_chunk(b": ping\n\n"))
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, api, max_attempts=3, timeout=1.0)
+        with trio.fail_after(30):  # a guard against the hang this test is about
+            started = trio.current_time()
+            reply = await _call(provider, streamed=True)
+            took = trio.current_time() - started
+    assert reply.content == "hello" and stats["requests"] == 1, reply
+    assert reply.finish_reason in ("stop", "end_turn") and took < 2.5
+    assert reply.usage.input_tokens == (3 if usage or api == "anthropic" else 0)
+    assert reply.usage.output_tokens == (1 if usage else 0)
+
+
+async def test_text_after_a_finish_reason_is_read_on_to_the_end() -> None:
+    """A server that names a finish reason on chunks before its last: the text that
+    comes after one within its grace starts the grace again, and the reply is read on to
+    ``[DONE]``, past the grace."""
+    early = _event({"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]})
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD)
+        for _ in range(8):  # 0.8 s, past a grace of 0.3 s
+            await stream.send_all(_chunk(early))
+            await trio.sleep(0.1)
+        await stream.send_all(_chunk(_openai_finish(True) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=1, timeout=0.3)
+        reply = await _call(provider, streamed=True)
+    assert reply.content == "a" * 8 + "hello" and stats["requests"] == 1, reply
