@@ -12,6 +12,11 @@ Invariants:
       from parts of it; the environment calls it (off the trio thread for a non-empty
       folder) before its ``aclose`` returns, so a completion's folder is gone by the
       time ``completion()`` returns.
+    - Below the folder, `remove` reaches nothing by a path: each folder in it is opened
+      from the descriptor of the one above, never through a link, and emptied through
+      its own descriptor. A guest's process still running (no PID namespace ended it)
+      that swaps a folder for a link as it is emptied makes the removal leave things
+      behind (logged), never reach what the link names.
     - A folder still present when the interpreter exits normally (a session never
       closed, a stream abandoned) is removed by an ``atexit`` handler, after the
       handlers registered with `on_exit` (the ``subprocess`` plugin kills its guests
@@ -33,14 +38,14 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import errno
+import logging
 import os
 import re
-import shutil
 import stat
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Any
 
 __all__ = [
     "POOL_SIZE",
@@ -52,6 +57,8 @@ __all__ = [
     "sweep_stale",
     "take_folder",
 ]
+
+logger = logging.getLogger("rlm_graph")
 
 _NAME = re.compile(r"rlm-graph-(\d+)-[a-z0-9_-]+$")  # mkdtemp's random part has "_" too
 
@@ -214,47 +221,147 @@ def _exited(pid: int) -> bool:
     return state in (b"Z", b"X") or bool(flags & _PF_EXITING)
 
 
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # (os.open adds O_CLOEXEC)
+_PATH_ONLY = getattr(os, "O_PATH", 0)  # Linux; elsewhere a folder closed to us stays
+_LISTINGS = 3  # of one folder, at most: something may still be adding to it
+
+
+class _Folder:
+    """A folder being emptied: its descriptor, and its name in the folder above."""
+
+    __slots__ = ("fd", "listings", "name", "names", "parent")
+
+    def __init__(self, parent: int, name: str, fd: int) -> None:
+        self.parent, self.name, self.fd = parent, name, fd
+        self.names = _names(fd)
+        self.listings = 1
+
+
 def _remove_tree(path: str) -> None:
-    """``rmtree``, also where a guest took its own rights away from a folder in it."""
+    """Remove the folder ``path`` and everything in it, also where a guest took its own
+    rights away from parts of it; what cannot be removed is left, and logged.
 
-    def retry(function: Any, name: str, _: Any) -> None:
-        for folder in (os.path.dirname(name), name):
-            _open_up(folder)
-        try:
-            if os.path.isdir(name) and not os.path.islink(name):
-                shutil.rmtree(name, ignore_errors=True)
-            else:
-                function(name)
-        except OSError:
-            pass
-
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=retry)
-
-
-def _open_up(folder: str) -> None:
-    """Give this user back the rights to ``folder``, if it is a folder: never through a
-    link (a guest's link to any file of the engine's user would have it made 0700).
-
-    Opened as a path only (``O_PATH``: no right on the folder needed, as mode 000 leaves
-    none), without following a link, then changed through that descriptor."""
-    path_only = getattr(os, "O_PATH", 0)  # Linux; elsewhere a folder it may read
-    flags = (path_only or os.O_RDONLY | os.O_DIRECTORY) | os.O_NOFOLLOW
+    Below ``path`` nothing is reached by a path string: each folder is opened relative to
+    the descriptor of the folder above it, without following a link, and emptied and
+    removed through those descriptors. A process of the guest that outlived it and
+    renames a folder and puts a link to another folder in its place (while its contents
+    are removed) can only make the removal leave things behind: the folder linked to is
+    never reached, never opened up, never emptied.
+    """
+    parent, name = os.path.split(os.path.abspath(path))
     try:
-        fd = os.open(folder, flags)
-    except OSError:  # gone (or, without O_PATH, a link or a folder it may not read)
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
         return
     try:
-        if not stat.S_ISDIR(os.fstat(fd).st_mode):  # a link, or a file
-            pass
-        elif path_only:
-            os.chmod(f"/proc/self/fd/{fd}", 0o700)
-        else:
-            os.fchmod(fd, 0o700)
+        _remove_entry(parent_fd, name)
+        os.lstat(name, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return
     except OSError:
         pass
     finally:
-        os.close(fd)
+        os.close(parent_fd)
+    logger.warning("%s could not be removed whole: some of what it holds is left", path)
+
+
+def _remove_entry(parent_fd: int, name: str) -> None:
+    """Remove ``name`` of the folder ``parent_fd``: a file, a link, or a folder and what
+    it holds, folder by folder (no recursion, whatever its depth)."""
+    top = _open_folder(parent_fd, name)
+    if top is None:
+        _unlink(parent_fd, name)
+        return
+    stack = [_Folder(parent_fd, name, top)]
+    try:
+        while stack:
+            folder = stack[-1]
+            if folder.names:
+                child = folder.names.pop()
+                fd = _open_folder(folder.fd, child)
+                if fd is None:
+                    _unlink(folder.fd, child)
+                else:
+                    stack.append(_Folder(folder.fd, child, fd))
+            elif _removed_or_left(folder):
+                os.close(stack.pop().fd)
+    finally:
+        for folder in stack:
+            os.close(folder.fd)
+
+
+def _removed_or_left(folder: _Folder) -> bool:
+    """Remove the emptied ``folder``: True if it is gone or must be left, False if it
+    was filled again since it was listed (then it is listed again, at most `_LISTINGS`
+    times)."""
+    try:
+        os.rmdir(folder.name, dir_fd=folder.parent)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and folder.listings < _LISTINGS:
+            folder.names = _names(folder.fd)
+            folder.listings += 1
+            return False
+    return True
+
+
+def _open_folder(parent_fd: int, name: str) -> int | None:
+    """A descriptor of the folder ``name`` in ``parent_fd``, opened without following a
+    link, and writable by this user if it is this user's; ``None`` if it is not a folder
+    (a file, a link, gone). A folder its writer closed (mode 000) is opened up first,
+    through a descriptor of its own (``O_PATH``), never by a path."""
+    fd: int | None
+    try:
+        fd = os.open(name, _FOLDER, dir_fd=parent_fd)
+    except PermissionError:
+        fd = _opened_up(parent_fd, name)
+    except OSError:  # not a folder (ENOTDIR, ELOOP for a link), or gone
+        return None
+    if fd is None:
+        return None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) & 0o700 != 0o700:
+            os.fchmod(fd, 0o700)  # to remove what it holds (a guest made it 0500)
+    except OSError:
+        pass
+    return fd
+
+
+def _opened_up(parent_fd: int, name: str) -> int | None:
+    """The folder ``name`` of ``parent_fd``, which this user may not read, made 0700 and
+    opened (``None`` where that cannot be done: not Linux, another user's folder)."""
+    if not _PATH_ONLY:
+        return None
+    try:
+        held = os.open(name, _PATH_ONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent_fd)
+    except OSError:
+        return None
+    try:
+        # /proc/self/fd/<n> names the folder held, whatever happens to its name since
+        os.chmod(f"/proc/self/fd/{held}", 0o700)
+        return os.open(f"/proc/self/fd/{held}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    finally:
+        os.close(held)
+
+
+def _names(fd: int) -> list[str]:
+    try:
+        with os.scandir(fd) as entries:
+            return [entry.name for entry in entries]
+    except OSError:
+        return []
+
+
+def _unlink(parent_fd: int, name: str) -> None:
+    """Remove the file or link ``name`` of ``parent_fd``, if it can be."""
+    try:
+        os.unlink(name, dir_fd=parent_fd)
+    except OSError:  # gone, or left (a folder swapped in since, a folder closed again)
+        pass
 
 
 def _after_fork() -> None:

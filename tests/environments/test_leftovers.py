@@ -377,3 +377,48 @@ def test_a_persistent_session_whose_repl_fails_to_start_leaves_no_folder() -> No
     *failures, left = out.split()
     assert failures == ["EnvironmentCrashed"] * 3
     assert left == "0"  # gone before the exit, not only at it
+
+
+_SWAPPED_FOR_A_LINK = """
+import os, sys
+from rlm_graph import scratch
+base = sys.argv[1]
+victim = os.path.join(base, "victim")  # a folder of the engine's user the guest cannot write
+os.makedirs(os.path.join(victim, "ssl"))
+open(os.path.join(victim, "ssl", "roots.pem"), "w").write("the user's")
+folder = os.path.join(base, "rlm-folder")
+work = os.path.join(folder, "work")
+os.makedirs(os.path.join(work, "a", "ssl"))
+for n in range(50):
+    open(os.path.join(work, "a", "ssl", f"f{n}"), "w").close()
+unlink, swapped = os.unlink, []
+
+def unlink_then_swap(name, *args, **kwargs):
+    # A process the guest left running, once the removal of a/ssl is under way: a
+    # becomes a2, a link to the victim takes its name, and a2/ssl gets files again.
+    unlink(name, *args, **kwargs)
+    if name.startswith("f") and not swapped:
+        swapped.append(name)
+        os.rename(os.path.join(work, "a"), os.path.join(work, "a2"))
+        os.symlink(victim, os.path.join(work, "a"))
+        for n in range(3):
+            open(os.path.join(work, "a2", "ssl", f"late{n}"), "w").close()
+
+os.unlink = unlink_then_swap
+scratch.remove(folder)
+ssl = os.path.join(victim, "ssl")
+kept = os.listdir(ssl) if os.path.isdir(ssl) else "gone"
+print(bool(swapped), os.path.lexists(folder), kept, oct(os.stat(victim).st_mode & 0o777))
+"""
+
+
+def test_a_folder_swapped_for_a_link_as_it_is_emptied_never_leads_the_removal_out(
+    tmp_path: os.PathLike[str],
+) -> None:
+    """A process of the guest that outlived it (no PID namespace ended it) renamed a
+    folder being emptied and put a link to a folder of the engine's user in its place:
+    the removal, retried by path, went through the link, and emptied that folder (and
+    made it 0700). Now nothing below the scratch folder is reached by a path."""
+    command = [sys.executable, "-c", _SWAPPED_FOR_A_LINK, str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == ["True", "False", "['roots.pem']", "0o755"], done.stderr
