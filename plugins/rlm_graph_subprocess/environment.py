@@ -223,6 +223,7 @@ class SubprocessEnvironment:
             cwd=self.workdir,
             init=init,
             start_timeout=self.limits.start_timeout,
+            forks=plan.forks,
             max_message=self._max_message(),
             idle_cpu=self.limits.cpu_seconds,
         )

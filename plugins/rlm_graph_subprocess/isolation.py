@@ -178,6 +178,13 @@ class Isolation:
         self.landlock = landlock
         self.refused: list[str] = []
 
+    @property
+    def forks(self) -> bool:
+        """Whether the launcher forks the guest (``unshare --fork``: the guest is its
+        child); else it execs the guest in its own place (``setpriv``, ``unshare --net``,
+        no prefix at all) and the launcher's pid is the guest's."""
+        return "--fork" in self.prefix
+
     def command(
         self, folder: str, work: str, tmp_options: str, granted: Sequence[str] = ()
     ) -> list[str]:

@@ -135,11 +135,14 @@ class GuestProcess:
         cwd: str,
         init: Init,
         start_timeout: float,
+        forks: bool = False,
         max_message: int = 16 * 1024 * 1024,
         idle_cpu: float | None = None,
     ) -> GuestProcess:
         """Spawn the guest and wait until it has built its session; with ``idle_cpu``,
-        watch it between requests from then on (see `watch`).
+        watch it between requests from then on (see `watch`). ``forks``: the ``prefix``
+        forks the guest as its child (`isolation.Isolation.forks`); else it execs the
+        guest in its place, and the process spawned is the guest.
 
         Raises:
             EnvironmentCrashed: the guest did not start (the message quotes its log).
@@ -147,17 +150,7 @@ class GuestProcess:
         if _EXITING:
             raise EnvironmentCrashed("the engine's process is exiting: no new guest starts")
         command = [*prefix, sys.executable, "-P", GUEST_PROGRAM, json.dumps(rlimits)]
-        log = StderrTail()  # this guest's own: a crash report quotes this guest only
-        with log:
-            process = await trio.lowlevel.open_process(
-                command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log.write_end,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
+        process, log = await _spawn(command, cwd, env)
         reaper.watch(process.pid)
         guest = cls(process, log, max_message)
         try:
@@ -180,7 +173,7 @@ class GuestProcess:
             with trio.CancelScope(shield=True):
                 await guest.kill()
             raise EnvironmentCrashed(f"the subprocess REPL failed to start: {ready!r}")
-        guest._find_guest(forked=bool(prefix))
+        guest._find_guest(forked=forks)
         _LIVE.add(guest)
         if idle_cpu is not None and guest.guest_pid is not None:
             guest.idle_cpu = idle_cpu
@@ -188,7 +181,8 @@ class GuestProcess:
         return guest
 
     def _find_guest(self, forked: bool) -> None:
-        """Learn the guest interpreter's own pid (the launcher's child behind a prefix),
+        """Learn the guest interpreter's own pid (the launcher's child behind a launcher
+        that forks, else the launcher's own: ``setpriv`` execs the guest in its place),
         and note it to the engine's watcher."""
         pid: int | None = self.pid
         if forked:
@@ -350,6 +344,25 @@ class GuestProcess:
     def log_tail(self, limit: int = 2000) -> str:
         """The end of what the guest wrote to stderr."""
         return self.log.tail(limit)
+
+
+async def _spawn(
+    command: list[str], cwd: str, env: dict[str, str]
+) -> tuple[trio.Process, StderrTail]:
+    """Start ``command`` leading its own session, its stderr kept in a tail of its own
+    (a crash report quotes this guest only)."""
+    log = StderrTail()
+    with log:
+        process = await trio.lowlevel.open_process(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log.write_end,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+        )
+    return process, log
 
 
 class StderrTail:
