@@ -40,7 +40,6 @@ from pydantic import ValidationError
 from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
-from rlm_graph.repl.crossing import VALUE_BYTES
 
 from .boundaries import GuestLimits, guest_environ
 from .guest import (
@@ -60,6 +59,15 @@ from .guest import (
     ToolCall,
 )
 from .isolation import Isolation, choose_isolation
+from .notes import (
+    OUT_OF_STEP,
+    cpu_killed,
+    describe_exit,
+    idle_killed,
+    message_too_large,
+    restarted,
+    with_note,
+)
 from .process import MAX_UNREAD_BYTES, GuestDied, GuestProcess, MessageTooLarge, Room
 from .tools import error_reply, require_json, split_tools
 
@@ -71,10 +79,6 @@ _PRIVATE_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 # limit (whole seconds, signalled once a second) gets to stop the block politely first.
 _CPU_GRACE = 2.0
 _CPU_POLL = 0.2
-_LOST = (
-    "[the REPL process was restarted: variables your code made are lost, and files it "
-    "wrote may be; context, history and custom tools are loaded again]"
-)
 
 
 class SubprocessEnvironment:
@@ -194,7 +198,7 @@ class SubprocessEnvironment:
             raise EnvironmentCrashed("this subprocess environment is closed; make a new one")
         if self._guest is not None and self._guest.killed_idle:
             await self._replace_guest()
-            self._note = _idle_killed(self.limits.cpu_seconds or 0.0)
+            self._note = idle_killed(self.limits.cpu_seconds or 0.0)
         if self._guest is None:
             self._guest = await self._spawn()
             for message in list(self._replay.values()):
@@ -333,7 +337,7 @@ class SubprocessEnvironment:
             if not again:  # a fresh guest, which has run no model code: the engine's fault
                 raise EnvironmentCrashed(f"the subprocess REPL answered {answer!r} out of turn")
             await self._replace_guest()
-            self._note = _OUT_OF_STEP
+            self._note = OUT_OF_STEP
             fresh = await self._ensure_guest()  # the remembered data, sent again
             if not any(sent is message for sent in self._replay.values()):
                 await self._request(fresh, message, again=False)
@@ -365,12 +369,12 @@ class SubprocessEnvironment:
         if isinstance(finished, GuestDied):
             return await self._crashed(guest, finished)
         if finished is not None:
-            return _with_note(finished, note)
+            return with_note(finished, note)
         with trio.CancelScope(shield=True):
             await self._salvage(guest)
             await self._replace_guest()
         if watchdog.fired:
-            return _cpu_killed(self.limits.cpu_seconds or 0.0, self._answer)
+            return cpu_killed(self.limits.cpu_seconds or 0.0, self._answer)
         seconds = f"{self.limits.timeout:g}"
         return ExecResult(
             stderr=f"TimeoutError: the block ran longer than {seconds} s; its process was killed\n",
@@ -462,11 +466,11 @@ class SubprocessEnvironment:
     async def _crashed(self, guest: GuestProcess, died: GuestDied) -> ExecResult:
         if isinstance(died, MessageTooLarge):
             await self._replace_guest()
-            return _message_too_large(died.limit / (1024 * 1024), self._answer, died.heavy)
+            return message_too_large(died.limit / (1024 * 1024), self._answer, died.heavy)
         code = await guest.exit_code()
         log = guest.log_tail()
         await self._replace_guest()
-        how = _describe_exit(code)
+        how = describe_exit(code)
         if guest.left_unread:
             how = (
                 f"was killed: it left more than {MAX_UNREAD_BYTES // 2**20} MB of the "
@@ -475,7 +479,7 @@ class SubprocessEnvironment:
         said = f"EnvironmentCrashed: the REPL process {how} while running this block"
         if log:
             said += f"\n[its last words]\n{log}"
-        return _restarted(said, f"EnvironmentCrashed: the REPL process {how}", self._answer)
+        return restarted(said, f"EnvironmentCrashed: the REPL process {how}", self._answer)
 
 
 class _CpuWatchdog:
@@ -510,40 +514,6 @@ class _CpuWatchdog:
                 return
 
 
-def _restarted(said: str, error: str, answer: str) -> ExecResult:
-    """The result of a block whose guest was killed and replaced: what happened, then
-    what the fresh guest lost (`_LOST`)."""
-    return ExecResult(
-        stderr=said + "\n" + _LOST + "\n", error=error, restarted=True, answer_content=answer
-    )
-
-
-def _cpu_killed(cpu_seconds: float, answer: str) -> ExecResult:
-    said = (
-        f"CPULimitExceeded: the block kept running past its CPU limit ({cpu_seconds:g} s) "
-        "and its process was killed"
-    )
-    error = f"CPULimitExceeded: block exceeded {cpu_seconds:g} CPU seconds"
-    return _restarted(said, error, answer)
-
-
-def _message_too_large(limit_mb: float, answer: str, heavy: bool = False) -> ExecResult:
-    said = (
-        f"EnvironmentCrashed: the REPL process wrote more than {limit_mb:g} MB to the "
-        "engine's pipe without ending a message (max_message_mb); it was killed. Write "
-        "large results to a file in SCRATCH_DIR instead of printing them"
-    )
-    if heavy:  # the REPL's own calls are weighed before they are sent: this was forged
-        said = (
-            "EnvironmentCrashed: the REPL process wrote a line to the engine's pipe "
-            f"weighing more than {limit_mb:g} MB (max_message_mb: its bytes, and "
-            f"{VALUE_BYTES} for each JSON value in it), which the REPL's own calls never "
-            "send; it was not read, and the process was killed"
-        )
-    error = f"EnvironmentCrashed: a message from the REPL process passed {limit_mb:g} MB"
-    return _restarted(said, error, answer)
-
-
 def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:
     """Let an unprivileged guest use its folders: the working folder becomes its own;
     the folder of contexts and logs stays the engine's (the guest cannot plant a link
@@ -557,32 +527,3 @@ def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:
 def _readable_by_group(path: str, gid: int) -> None:
     os.chown(path, -1, gid)
     os.chmod(path, 0o640)
-
-
-_OUT_OF_STEP = (
-    "[the REPL process was restarted and its variables lost: code wrote to the engine's "
-    "pipe out of turn]"
-)
-
-
-def _with_note(result: ExecResult, note: str | None) -> ExecResult:
-    if note is None:
-        return result
-    text = note + "\n" + _LOST + "\n"
-    return result.model_copy(update={"stderr": text + result.stderr, "restarted": True})
-
-
-def _idle_killed(cpu_seconds: float) -> str:
-    return (
-        "[the REPL process was killed between blocks: a thread or process an earlier block "
-        f"left running kept using CPU with no block running (more than {cpu_seconds:g} CPU "
-        "seconds, cpu_seconds)]"
-    )
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "stopped answering"
-    if code < 0:
-        return f"was killed by signal {-code}"
-    return f"exited with code {code}"
