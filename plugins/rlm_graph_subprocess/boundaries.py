@@ -74,7 +74,8 @@ class GuestLimits(BaseModel):
             leaving the guest at least `GUEST_RESERVE_MB` of address space).
         max_files: files and folders the guest may have in its private ``/tmp``.
         env: extra variables for the guest (names holding a secret marker are refused).
-        start_timeout: seconds a new guest may take to start.
+        start_timeout: seconds a new guest may take to start; a data request (loading a
+            context...) may take the larger of it and ``timeout``.
         close_grace: seconds a guest gets to exit on its own at close before it is killed.
     """
 

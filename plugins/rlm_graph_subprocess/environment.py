@@ -23,7 +23,9 @@ Invariants:
       with a private ``/tmp``, the working folder lives on that tmpfs (capped with it,
       gone with the guest) and the engine's copy of it stays empty.
     - A block whose guest keeps using CPU past ``cpu_seconds`` (plus `_CPU_GRACE`) is
-      killed by the engine, whatever the block's code catches.
+      killed by the engine, whatever the block's code catches; so is a guest that uses
+      as much while the engine waits on a data request, or that does not answer one
+      within `_request_seconds`: every wait on the guest is bounded.
 """
 
 from __future__ import annotations
@@ -61,11 +63,15 @@ from .guest import (
 from .isolation import Isolation, choose_isolation
 from .notes import (
     OUT_OF_STEP,
+    REQUEST_CANCELLED,
     cpu_killed,
+    cpu_while_waiting,
     describe_exit,
+    died_on_request,
     idle_killed,
     message_too_large,
     restarted,
+    unanswered,
     with_note,
 )
 from .process import MAX_UNREAD_BYTES, GuestDied, GuestProcess, MessageTooLarge, Room
@@ -312,35 +318,60 @@ class SubprocessEnvironment:
         await self._request(await self._ensure_guest(), message)
 
     async def _request(self, guest: GuestProcess, message: Any, *, again: bool = True) -> None:
-        """Send one data request and check its answer. An answer out of step (a line
-        the guest's code wrote to the engine's pipe, a forged ``done`` and what followed
-        it, still there) is as bad as a dead guest: a fresh one gets the data again."""
-        try:
-            with guest.busy():
-                await guest.send(message)
-                answer = await guest.receive()
-        except ValidationError:  # a garbled line
-            answer = None
-        except (GuestDied, trio.BrokenResourceError, trio.ClosedResourceError):
-            log = guest.log_tail()
-            await self._replace_guest()
-            raise EnvironmentCrashed(
-                f"the subprocess REPL died while loading data ({type(message).__name__}); "
-                f"its log says: {log or '(nothing)'}. A large context may need a higher "
-                "memory_limit_mb"
-            ) from None
+        """Send one data request and check its answer. A guest that dies meanwhile, that
+        answers out of step (a line the guest's code wrote to the engine's pipe, a forged
+        ``done`` and what followed it, still there), or that does not answer within
+        `_request_seconds` or its CPU limit (a block's code stopped its reader, or left
+        processes burning CPU) is killed: a fresh one gets the data again, and the model
+        is told on its next block. A fresh guest that fails so is the engine's error."""
+        answer = await self._exchange(guest, message)
+        if isinstance(answer, Ok):
+            return
         if isinstance(answer, Failed):
             raise EnvironmentCrashed(
                 f"the subprocess REPL could not load {type(message).__name__}: {answer.error}"
             )
-        if not isinstance(answer, Ok):
-            if not again:  # a fresh guest, which has run no model code: the engine's fault
-                raise EnvironmentCrashed(f"the subprocess REPL answered {answer!r} out of turn")
-            await self._replace_guest()
-            self._note = OUT_OF_STEP
-            fresh = await self._ensure_guest()  # the remembered data, sent again
-            if not any(sent is message for sent in self._replay.values()):
-                await self._request(fresh, message, again=False)
+        log = guest.log_tail() if isinstance(answer, GuestDied) else ""
+        await self._replace_guest()
+        note = _missed(answer, type(message).__name__)
+        if not again:  # a fresh guest, which has run no model code
+            raise EnvironmentCrashed(
+                f"the subprocess REPL failed {type(message).__name__} as it started: {note}"
+                + (f"; its log says: {log}" if log else "")
+                + ". A large context may need a higher memory_limit_mb, start_timeout or "
+                "cpu_seconds"
+            )
+        self._note = note
+        fresh = await self._ensure_guest()  # the remembered data, sent again
+        if not any(sent is message for sent in self._replay.values()):
+            await self._request(fresh, message, again=False)
+
+    async def _exchange(self, guest: GuestProcess, message: Any) -> Any:
+        """``message`` sent and the guest's answer: a message (``None`` for a garbled
+        line), a `GuestDied`, or `_Unanswered` past `_request_seconds` or the CPU limit.
+        A request cancelled from outside leaves the guest out of step: it is killed."""
+        seconds = self._request_seconds()
+        watchdog = _CpuWatchdog(guest, self.limits.cpu_seconds)
+        answer: Any = _Unanswered(unanswered(type(message).__name__, seconds))
+        try:
+            with guest.busy(), trio.move_on_after(seconds):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watchdog.watch, nursery.cancel_scope)
+                    answer = await _send_and_receive(guest, message)
+                    nursery.cancel_scope.cancel()
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self._replace_guest()
+            self._note = REQUEST_CANCELLED
+            raise
+        if watchdog.fired:
+            return _Unanswered(cpu_while_waiting(self.limits.cpu_seconds or 0.0))
+        return answer
+
+    def _request_seconds(self) -> float:
+        """How long the guest may take to answer a data request: a block's ``timeout``,
+        and never less than ``start_timeout`` (a large context takes its time to load)."""
+        return max(self.limits.timeout or 0.0, self.limits.start_timeout)
 
     # -- blocks -------------------------------------------------------------------------
 
@@ -512,6 +543,38 @@ class _CpuWatchdog:
                 self.fired = True
                 block.cancel()
                 return
+
+
+class _Unanswered:
+    """No answer to a request in time (or within the CPU limit): what the model is told."""
+
+    __slots__ = ("note",)
+
+    def __init__(self, note: str) -> None:
+        self.note = note
+
+
+async def _send_and_receive(guest: GuestProcess, message: Any) -> Any:
+    """``message`` sent, and the guest's next message (``None`` for a garbled line, a
+    `GuestDied` if it is gone): returned, never raised through the request's nursery."""
+    try:
+        await guest.send(message)
+        return await guest.receive()
+    except ValidationError:
+        return None
+    except GuestDied as exc:
+        return exc
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        return GuestDied(type(exc).__name__)
+
+
+def _missed(answer: Any, request: str) -> str:
+    """What the model is told of a request its guest failed (``answer``: not ``ok``)."""
+    if isinstance(answer, _Unanswered):
+        return answer.note
+    if isinstance(answer, GuestDied):
+        return died_on_request(request)
+    return OUT_OF_STEP
 
 
 def _hand_over(root: str, workdir: str, io: str, uid: int) -> None:

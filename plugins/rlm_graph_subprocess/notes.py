@@ -13,11 +13,15 @@ from rlm_graph.repl.crossing import VALUE_BYTES
 __all__ = [
     "LOST",
     "OUT_OF_STEP",
+    "REQUEST_CANCELLED",
     "cpu_killed",
+    "cpu_while_waiting",
     "describe_exit",
+    "died_on_request",
     "idle_killed",
     "message_too_large",
     "restarted",
+    "unanswered",
     "with_note",
 ]
 
@@ -31,6 +35,33 @@ OUT_OF_STEP = (
     "[the REPL process was restarted and its variables lost: code wrote to the engine's "
     "pipe out of turn]"
 )
+
+REQUEST_CANCELLED = (
+    "[the REPL process was killed: a request of the engine's to it (loading data) was "
+    "cancelled before it answered]"
+)
+
+
+def unanswered(request: str, seconds: float) -> str:
+    """A guest that did not answer the engine's ``request`` within ``seconds``."""
+    return (
+        f"[the REPL process was killed: it did not answer the engine's request ({request}) "
+        f"within {seconds:g} s (code of an earlier block may have stopped or held its reader)]"
+    )
+
+
+def cpu_while_waiting(cpu_seconds: float) -> str:
+    """A guest that used more than ``cpu_seconds`` while the engine waited on a request."""
+    return (
+        "[the REPL process was killed: while the engine waited for it to answer a request, "
+        f"it used more than {cpu_seconds:g} CPU seconds (cpu_seconds): a thread or process "
+        "an earlier block left running?]"
+    )
+
+
+def died_on_request(request: str) -> str:
+    """A guest that died while the engine waited for its answer to ``request``."""
+    return f"[the REPL process died while the engine was loading data into it ({request})]"
 
 
 def restarted(said: str, error: str, answer: str) -> ExecResult:
