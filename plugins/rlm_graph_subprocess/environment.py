@@ -42,6 +42,7 @@ from pydantic import ValidationError
 from rlm_graph import scratch
 from rlm_graph.contracts import ExecResult, Message, SubcallBridge, image_json_default
 from rlm_graph.errors import ConfigError, EnvironmentCrashed
+from rlm_graph.repl.clip import clip_error, clipped_result
 
 from .boundaries import GuestLimits, guest_environ
 from .guest import (
@@ -329,7 +330,8 @@ class SubprocessEnvironment:
             return
         if isinstance(answer, Failed):
             raise EnvironmentCrashed(
-                f"the subprocess REPL could not load {type(message).__name__}: {answer.error}"
+                f"the subprocess REPL could not load {type(message).__name__}: "
+                + clip_error(answer.error)
             )
         log = guest.log_tail() if isinstance(answer, GuestDied) else ""
         await self._replace_guest()
@@ -440,8 +442,8 @@ class SubprocessEnvironment:
                     prompts = len(message.request.prompts) if isinstance(message, Subcall) else 1
                     await room.take(prompts, size)
                     nursery.start_soon(self._serve, guest, message, room, (prompts, size))
-                elif isinstance(message, Done):
-                    return ExecResult(**message.result)
+                elif isinstance(message, Done):  # as sent: a forged one too, clipped
+                    return clipped_result(ExecResult(**message.result), self.output_cap)
                 else:  # a guest out of step with the protocol is as good as dead
                     return GuestDied(f"the guest sent {type(message).__name__} mid-block")
         except GuestDied as exc:

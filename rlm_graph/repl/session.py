@@ -40,6 +40,7 @@ from ..errors import ConfigError, SchemaMismatch
 from ..protocol.schema import AnswerSchema, to_jsonable
 from . import compiled
 from .capture import CappedBuffer, capture_output
+from .clip import clip_error
 from .compiled import REPL_FILENAME, STOP_CHECK
 from .paths import scratch_import
 
@@ -556,13 +557,13 @@ class ReplSession:
 
 def _described(exc: BaseException) -> str:
     """``"Type: message"`` of an exception the model's code raised (whose ``__str__``
-    may itself raise: then it is named by its type)."""
+    may itself raise: then it is named by its type), clipped (`clip.clip_error`)."""
     try:
-        return f"{type(exc).__name__}: {exc}"
+        return clip_error(f"{type(exc).__name__}: {exc}")
     except (BlockInterrupted, LimitStop):
         raise
     except BaseException:  # the model's __str__
-        return f"{type(exc).__name__}: <its message could not be made text>"
+        return clip_error(f"{type(exc).__name__}: <its message could not be made text>")
 
 
 def _plain(value: Any, budget: list[int], depth: int) -> bool:
