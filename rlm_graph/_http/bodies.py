@@ -21,6 +21,7 @@ from .pacing import next_tick, ticker
 
 __all__ = [
     "MAX_BODY",
+    "CONTAINER_BYTES",
     "MAX_JSON_CONTAINERS",
     "TooManyContainers",
     "Decoding",
@@ -41,11 +42,16 @@ engine's memory is not its to fill."""
 
 MAX_JSON_CONTAINERS = 1_000_000
 """The most JSON objects and arrays the engine parses in one document from a server (a
-reply, an error's body, one streamed event). A reply's own are tens; the rest are the
-braces and brackets of its text (code, JSON the model wrote), which an output limit
-keeps far below a million (128k tokens are about half a million characters). A million
-empty objects parse in about 0.3 s and 70 MB; the 22 million of a 64 MiB body (64 KiB
-of gzip on the wire) held the loop 2 s and took 1.5 GB."""
+reply, an error's body, one streamed event) when they are also dense: more than one in
+`CONTAINER_BYTES` bytes. A reply's own are tens, or with ``logprobs`` about one in 22
+bytes (24,000 tokens at ``top_logprobs=20``: a million in 21.6 MiB), which is read; the
+rest are the braces and brackets of its text. A million empty objects parse in about
+0.3 s and 70 MB; the 22 million of a 64 MiB body of ``{},{},...`` (64 KiB of gzip on
+the wire) held the loop 2 s and took 1.5 GB."""
+
+CONTAINER_BYTES = 8
+"""Bytes per JSON object or array below which a body past `MAX_JSON_CONTAINERS` is
+refused (`too_many_containers`): ``{},{},...`` has one in 3 bytes, logprobs one in 22."""
 
 
 class TooManyContainers(Exception):
@@ -55,7 +61,7 @@ class TooManyContainers(Exception):
 
 def too_many_containers(data: bytes | str) -> int:
     """How many JSON objects and arrays ``data`` may hold, when that is past
-    `MAX_JSON_CONTAINERS`, else 0: its ``{`` and ``[``, those in strings too (a few
+    `MAX_JSON_CONTAINERS` and dense (`CONTAINER_BYTES`), else 0: its ``{`` and ``[``, those in strings too (a few
     hundredths of a second for 64 MiB, where parsing it would hold the loop for seconds).
     ``data`` too short to hold more (each takes two characters) is not counted: the
     events of a streamed reply cost nothing."""
@@ -65,7 +71,8 @@ def too_many_containers(data: bytes | str) -> int:
         count = data.count("{") + data.count("[")
     else:
         count = data.count(b"{") + data.count(b"[")
-    return count if count > MAX_JSON_CONTAINERS else 0
+    dense = count * CONTAINER_BYTES > len(data)
+    return count if count > MAX_JSON_CONTAINERS and dense else 0
 
 
 FLOWING = 16 * 1024

@@ -76,7 +76,7 @@ from .bodies import decoding, read_whole
 from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
-from .streaming import DeltaTracker, StreamParser, read_reply
+from .streaming import DeltaTracker, StreamParser, read_reply, whole_reply
 from .transport import (
     LeanTransport,
     LoopClient as _LoopClient,
@@ -535,6 +535,7 @@ class JSONProvider:
         failed) is retried like a truncated 200 (docs/providers.md)."""
         loop = self._get_client()
         tracker.begin()
+        parser: StreamParser | None = None
         with failures(self, timeout):
             with trio.CancelScope() as stall:
 
@@ -566,8 +567,11 @@ class JSONProvider:
                         reply = await read_reply(chunks, parser, tracker, heard, timeout)
                     except Exception as exc:
                         raise stream_failure(self, exc) from None
-            if stall.cancelled_caught:
-                raise trio.TooSlowError
+            if stall.cancelled_caught:  # silence: after a finish reason, the reply is whole
+                whole = whole_reply(parser)
+                if whole is None:
+                    raise trio.TooSlowError
+                reply = whole
         tracker.finish()
         return reply
 

@@ -15,9 +15,10 @@ Invariants:
     - A sink that answers True has what it wants: the reading stops (`read_events` calls
       ``halt``), and the reply is what came so far (`StreamParser.partial`).
     - A reply is whole at the API's end marker, or at a finish reason with no text after
-      it (``whole``): the reading then stops within `END_GRACE`, or `USAGE_GRACE` for
-      what follows a finish reason, whatever the server sends or holds back after it
-      (`read_reply`).
+      it (``whole``): the reading then stops within `END_GRACE` of the end marker,
+      whatever the server sends or holds back after it (`read_reply`); after a finish
+      reason, when the attempt's stall deadline passes with no more progress, the reply
+      is taken as it is (`whole_reply`), not retried.
     - Parsing and the reading's own bounds; the attempt itself (deadlines, retries) is
       the provider's.
 """
@@ -36,13 +37,13 @@ from . import bodies
 __all__ = [
     "END_GRACE",
     "MAX_EVENT",
-    "USAGE_GRACE",
     "DeltaTracker",
     "Oversized",
     "SSEDecoder",
     "StreamParser",
     "read_events",
     "read_reply",
+    "whole_reply",
 ]
 
 MAX_EVENT = 4 * 1024 * 1024
@@ -104,12 +105,6 @@ END_GRACE = 0.25
 """Seconds a streamed body's end may take after the API's end marker (the connection is
 then reused): a server holding the stream open, or sending comments, is not waited for."""
 
-USAGE_GRACE = 2.0
-"""Seconds (the attempt's timeout, if shorter) a stream is read on after a finish reason
-with no text after it (`StreamParser`), for the usage and the end marker that
-OpenAI-compatible servers send after it: a server that then holds the stream open, or
-sends only comments, is not waited for, and the reply without its usage is estimated."""
-
 QUIET_FACTOR = 8.0
 QUIET_FLOOR = 3600.0
 """A stream may send keep-alives alone (comments, or events that are not progress:
@@ -134,9 +129,10 @@ async def read_events(
     ``ended(END_GRACE)``, and no more ``heard()``: the provider gives the body's end a
     moment to come (the connection is then reused), then halts, whatever the server
     sends or holds back after it. Once the reply is whole without it (``whole``: a
-    finish reason), ``ended(grace)``, `USAGE_GRACE` at most, and the reading goes on
-    until then for what follows (the usage); again at each finish reason that comes
-    with text, and ``ended(math.inf)`` if text comes after one without it.
+    finish reason), the reading goes on for what follows (the usage, the end marker,
+    text of a server that names a finish reason early) under the attempt's stall
+    deadline, which only progress starts again (keep-alives do not, then): when it
+    passes, the provider takes the reply (`whole_reply`) instead of a timeout.
 
     The reading stops at an event that fails the attempt (a server that then goes silent,
     or sends only comments, would hold the call). Once the reply is whole, it is whole
@@ -151,8 +147,7 @@ async def read_events(
         Exception: any other error of ``parser.feed`` (a plugin's parser that met a shape
             it did not check): the provider makes it a retried `BadResponse`.
     """
-    grace = USAGE_GRACE if timeout is None else min(USAGE_GRACE, timeout)
-    reading = _Reading(parser, tracker, _Hearing(heard, timeout), halt, ended, grace)
+    reading = _Reading(parser, tracker, _Hearing(heard, timeout), halt, ended)
     try:
         while reading.failed is None and (chunk := await _next(chunks, reading.whole)) is not None:
             reading.feed(chunk)
@@ -174,8 +169,8 @@ async def read_reply(
     timeout: float | None,
 ) -> ChatResponse:
     """The reply of a streamed body (`read_events`): whole, or, when the sink had what it
-    wanted first, what came so far (``parser.partial()``). Once the reply is whole, the
-    reading stops within its grace (`END_GRACE`, `USAGE_GRACE`).
+    wanted first, what came so far (``parser.partial()``). Once the end marker has come,
+    the reading stops within `END_GRACE`.
 
     Raises:
         Exception: as `read_events`; the provider makes it the attempt's failure.
@@ -200,7 +195,6 @@ class _Reading:
         "halt",
         "hearing",
         "parser",
-        "grace",
         "size",
         "tracker",
         "whole",
@@ -213,10 +207,9 @@ class _Reading:
         hearing: _Hearing,
         halt: Callable[[], None],
         ended: Callable[[float], None],
-        grace: float,
     ) -> None:
         self.parser, self.tracker, self.hearing = parser, tracker, hearing
-        self.halt, self.ended, self.grace = halt, ended, grace
+        self.halt, self.ended = halt, ended
         self.decoder = SSEDecoder()
         self.size = 0
         self.done = False  # the end marker has come: the chunks after it are not read
@@ -244,23 +237,27 @@ class _Reading:
         except Exception as exc:  # the reading stops; raised once the body is closed
             self.failed = exc
             return
-        self.hearing(bool(text) or parser.finished or _progress(parser) != before)
+        progressed = bool(text) or parser.finished or _progress(parser) != before
+        if progressed or not self.whole:  # once whole, keep-alives do not hold it open
+            self.hearing(progressed)
         if self.tracker.feed(text):
             self.halt()
         if parser.finished:
-            self.done = self.whole = True
+            self.done = True
             self.ended(END_GRACE)
-        elif _whole(parser) and (text or not self.whole):  # a finish reason, (again) last
-            self.whole = True
-            self.ended(self.grace)
-        elif self.whole and not _whole(parser):  # text after it: not the end after all
-            self.whole = False
-            self.ended(math.inf)
+        self.whole = _whole(parser)  # a finish reason with no text after it, or the end
 
 
 def _whole(parser: StreamParser) -> bool:
     """The reply is whole: the end marker came, or a finish reason (`StreamParser`)."""
     return parser.finished or getattr(parser, "whole", False) is True
+
+
+def whole_reply(parser: StreamParser | None) -> ChatResponse | None:
+    """The reply of a stream whose stall deadline passed (the provider's), if it was
+    whole by then (a finish reason with no text after it): a server that holds the
+    stream open after its last words has given them. None: a timeout."""
+    return parser.result() if parser is not None and _whole(parser) else None
 
 
 def _progress(parser: StreamParser) -> int:

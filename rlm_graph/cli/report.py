@@ -77,7 +77,7 @@ def add_report_argument(parser: argparse.ArgumentParser) -> None:
 # run's status and the limit that stopped it (a journal older than that record: not
 # which), not which error ended it, nor the nodes that failed.
 _JOURNAL_ENDINGS = {
-    "stopped": "stopped by a limit (this journal does not say which: an older version made it)",
+    "stopped": "stopped by a limit (this journal does not say which: an older version wrote it)",
     "failed": "failed (an error or Ctrl-C ended it; the journal keeps neither which, nor "
     "the nodes that failed or were cancelled)",
     "running": "did not finish (it crashed, was killed, or is still running; the journal "
@@ -105,7 +105,7 @@ def load_run(path: Path, trace_id: str | None = None) -> LoadedRun:
     text = read_run_file(path)
     if text is None:  # a journal: --trace-id names the run
         graph, status, stop_reason = journal_graph(path, trace_id)
-        if stop_reason is not None:  # the limit is known: said as a live run's report says it
+        if status == "stopped" and stop_reason is not None:  # said as a live run's report
             return LoadedRun(graph, stop_reason=stop_reason)
         return LoadedRun(graph, ended=_JOURNAL_ENDINGS.get(status))
     if is_graph_json(text):

@@ -4,8 +4,9 @@ Layout (``PRAGMA user_version`` = `SCHEMA_VERSION`):
 
     runs    one row per run key (numbered): kind, label, status, attempts, times, the
             first attempt's trace and span ids (a resumed run's span links to them), answer,
-            stop_reason (the limit that stopped its last attempt; a column added in place to
-            a journal made before it, which older versions read and write unchanged)
+            stop_reason (the limit that stopped its last attempt, as ``<attempt>:<limit>``:
+            stale once another attempt began, by any version; a column added in place to a
+            journal made before it, which older versions read and write unchanged)
     chunks  finished nodes of a run, written together: ``(run, first, attempt, nodes)``
             with ``first`` the ``seq`` of its first node and ``nodes`` a pickle of plain
             values only (tuples, lists, dicts, str, int, float, bool, None): one row per
@@ -39,7 +40,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,13 @@ class RunRow:
     stop_reason: str | None  # of the last attempt, when a limit stopped it
     nodes: int = 0
     cost: float = 0.0
+
+
+def _stop_reason(run: RunRow) -> str | None:
+    """The limit that stopped the run's last attempt, from the column's
+    ``<attempt>:<limit>`` (None once another attempt began: of this version or another)."""
+    attempt, _, reason = (run.stop_reason or "").partition(":")
+    return reason or None if attempt == str(run.attempts) else None
 
 
 class JournalStore:
@@ -350,8 +358,10 @@ class JournalStore:
         text = None if answer is None else utf8_text(answer)
         with self._transaction():
             self._db.execute(
-                "UPDATE runs SET status=?, updated=?, answer=?, stop_reason=? WHERE key=?",
-                (status, time.time(), text, stop_reason, key),
+                "UPDATE runs SET status=?, updated=?, answer=?, "
+                "stop_reason=CASE WHEN ? IS NULL THEN NULL ELSE attempts || ':' || ? END "
+                "WHERE key=?",
+                (status, time.time(), text, stop_reason, stop_reason, key),
             )
             if keep is not None:
                 # Rare (a finished run that diverged): rewrite the run's chunks with the
@@ -390,9 +400,7 @@ class JournalStore:
             run = self._run_row(row)
             counted = [r for _, r in self._latest(run.number).values() if r[_COUNTED]]
             cost = sum(r[_FIELDS][cost_at] or 0.0 for r in counted)
-            found.append(
-                RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)), nodes=len(counted), cost=cost)
-            )
+            found.append(replace(run, nodes=len(counted), cost=cost))
         return found
 
     def find(self, prefix: str) -> RunRow:
@@ -432,7 +440,8 @@ class JournalStore:
                     f"journal {str(self.path)!r} has a damaged run row (its {column} is "
                     f"{'NULL' if value is None else type(value).__name__}); start a new journal file"
                 )
-        return RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)))
+        run = RunRow(**dict(zip(_RUN_COLUMNS, row, strict=True)))
+        return replace(run, stop_reason=_stop_reason(run))
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[None]:

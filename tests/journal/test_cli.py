@@ -388,6 +388,34 @@ def test_journal_ls_says_which_limit_stopped_a_run_and_an_older_journal_gets_the
     assert table[2].split()[1:3] == ["rlm", "finished"] and table[2].endswith("first")
 
 
+def test_a_stop_reason_is_not_told_of_a_later_attempt(tmp_path: Path) -> None:
+    """A resumed attempt that was killed (``running``), or a later one an older version
+    finished, still showed the first attempt's limit: the report called the run
+    "stopped by max_iterations"."""
+    import sqlite3
+
+    from rlm_graph import RLM
+    from rlm_graph.cli.report import load_run
+    from rlm_graph.journal import JournalStore
+
+    journal = tmp_path / "run.sqlite"
+    loop = "```repl\nprint(llm_query('a'))\n```"
+    rlm = RLM("scripted", {"responses": [loop, "x"] * 5}, journal=str(journal), max_iterations=2)
+    assert rlm.completion("ctx", root_prompt="q").stop_reason == "max_iterations"
+    assert load_run(journal).stop_reason == "max_iterations"
+    with contextlib.closing(sqlite3.connect(journal)) as db:  # a resumed attempt, killed
+        db.execute("UPDATE runs SET status='running', attempts=attempts+1")
+        db.commit()
+    (run,) = JournalStore(journal, read_only=True).runs()
+    assert (run.status, run.stop_reason) == ("running", None)
+    loaded = load_run(journal)
+    assert loaded.stop_reason is None and (loaded.ended or "").startswith("did not finish")
+    with contextlib.closing(sqlite3.connect(journal)) as db:  # an older version's stop
+        db.execute("UPDATE runs SET status='stopped'")
+        db.commit()
+    assert (load_run(journal).ended or "").startswith("stopped by a limit")
+
+
 def test_a_run_row_with_a_time_no_calendar_holds_is_listed_with_a_question_mark(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 
+from rlm_graph._http import bodies
 from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import BadResponse, ProviderError, ProviderTimeout
 from rlm_graph_anthropic import AnthropicProvider
@@ -281,9 +282,10 @@ async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_a
     """Text, a finish reason and the usage came, then no ``[DONE]`` (Anthropic: no
     ``message_stop``) and the connection held open: the whole reply was thrown away as
     a timeout and asked for again, three requests billed and the call failed (with ``:
-    ping`` comments, held for up to an hour); reset, retried as a stream cut short. The
-    usage is waited for a moment (`USAGE_GRACE`, or the attempt's timeout: here 1 s),
-    then the reply is taken from one request (with no usage, the engine estimates it)."""
+    ping`` comments, held for up to an hour); reset, retried as a stream cut short. What
+    follows is read until the attempt's stall deadline (its timeout: here 1 s; keep-alives
+    do not start it again once the reply is whole), then the reply is taken from one
+    request (with no usage, the engine estimates it)."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         finish = _openai_finish if api == "openai" else _anthropic_finish
@@ -312,8 +314,7 @@ async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_a
 
 async def test_text_after_a_finish_reason_is_read_on_to_the_end() -> None:
     """A server that names a finish reason on chunks before its last: the text that
-    comes after one within its grace starts the grace again, and the reply is read on to
-    ``[DONE]``, past the grace."""
+    comes after one within the stall deadline is read on, to ``[DONE]``."""
     early = _event({"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
@@ -328,3 +329,39 @@ async def test_text_after_a_finish_reason_is_read_on_to_the_end() -> None:
         provider = _provider(port, max_attempts=1, timeout=0.3)
         reply = await _call(provider, streamed=True)
     assert reply.content == "a" * 8 + "hello" and stats["requests"] == 1, reply
+
+
+async def test_a_finish_reason_on_every_chunk_does_not_cut_a_pause_in_the_reply() -> None:
+    """Gateways that put ``finish_reason: "stop"`` on every chunk, reasoning chunks
+    too: the reply was cut 2 s after the first (a fixed grace), its text lost, and taken
+    as whole. After a finish reason the reading goes on under the stall deadline (here
+    5 s): a pause of 2.5 s, reasoning, then the text, all read."""
+    thinking = _event(
+        {"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": "stop"}]}
+    )
+    text = _event({"choices": [{"delta": {"content": "the answer"}, "finish_reason": "stop"}]})
+
+    async def handler(stream: trio.abc.Stream, index: int) -> bool:
+        await stream.send_all(SSE_HEAD + _chunk(thinking))
+        await trio.sleep(2.5)
+        await stream.send_all(_chunk(thinking))
+        await trio.sleep(1.0)
+        await stream.send_all(_chunk(text + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
+    async with raw_server(handler) as (port, stats):
+        provider = _provider(port, max_attempts=1, timeout=5.0)
+        reply = await _call(provider, streamed=True)
+    assert reply.content == "the answer" and stats["requests"] == 1, reply
+
+
+def test_a_reply_with_logprobs_is_read_though_it_holds_a_million_objects() -> None:
+    """A reply asked for with ``logprobs`` (24,000 tokens at ``top_logprobs=20``) holds
+    about a million objects, one in 22 bytes: it was refused unread, unretried. Only
+    JSON that dense (more than one in `bodies.CONTAINER_BYTES` bytes) is refused."""
+    token = {"token": "ab", "logprob": -0.5, "bytes": [97, 98]}
+    logprobs = json.dumps([{**token, "top_logprobs": [token] * 20}] * 24_000).encode()
+    assert logprobs.count(b"{") + logprobs.count(b"[") > bodies.MAX_JSON_CONTAINERS
+    assert bodies.too_many_containers(logprobs) == 0
+    dense = b"[" + b"{}," * 1_100_000 + b"{}]"
+    assert bodies.too_many_containers(dense) > bodies.MAX_JSON_CONTAINERS
