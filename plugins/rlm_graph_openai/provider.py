@@ -225,9 +225,14 @@ class OpenAIProvider(JSONProvider):
         )
 
 
-_AT_WORK = ("reasoning_content", "reasoning", "reasoning_details", "tool_calls", "function_call")
-"""A delta's fields that show the model at work without text (vLLM's, DeepSeek's and
-OpenRouter's reasoning; tool calls): progress, not a keep-alive."""
+_AT_WORK = (
+    "reasoning_content", "reasoning", "reasoning_details", "thinking", "tool_calls",
+    "function_call",
+)  # fmt: skip
+"""A delta's fields that show the model at work without text (vLLM's, DeepSeek's,
+OpenRouter's and others' reasoning; tool calls): progress, not a keep-alive. A delta
+whose ``content`` is a list of parts (Mistral's ``{"type": "thinking", ...}``) is one
+too, text or not."""
 
 
 class _ChunkStream:
@@ -322,7 +327,9 @@ class _ChunkStream:
         if refusal and type(refusal) is str:  # a refusal streams as text of its own
             self._refused = True
             text = (text or "") + refusal
-        if not text and any(delta.get(field) for field in _AT_WORK):
+        if not text and (
+            any(delta.get(field) for field in _AT_WORK) or type(delta.get("content")) is list
+        ):
             self.progress += 1
         return text or ""
 

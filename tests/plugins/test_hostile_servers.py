@@ -210,6 +210,11 @@ AT_WORK = {
         "openai",
         {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]},
     ),
+    "openai delta.thinking": ("openai", {"choices": [{"delta": {"thinking": "hmm"}}]}),
+    "mistral thinking parts": (
+        "openai",
+        {"choices": [{"delta": {"content": [{"type": "thinking", "thinking": [{"text": "h"}]}]}}]},
+    ),
     "anthropic thinking": (
         "anthropic",
         {"type": "content_block_delta", "delta": {"type": "thinking_delta", "thinking": "hmm"}},
