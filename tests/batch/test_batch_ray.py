@@ -381,7 +381,17 @@ def test_a_ray_address_nothing_answers_is_refused_before_the_output_is_made(
 
 
 @pytest.mark.processes
-def test_ctrl_c_on_a_ray_batch_ends_on_its_own_message(ray_cluster: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("stop", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)],
+    ids=["Ctrl-C", "SIGTERM", "SIGHUP"],
+)
+def test_a_stop_of_a_ray_batch_ends_on_its_own_message(
+    ray_cluster: Any, tmp_path: Path, stop: signal.Signals, code: int
+) -> None:
+    """Ctrl-C (to the whole group, as on a terminal) or `kill` (the process alone) of a
+    Ray batch: the command's own stop (docs/cli.md), not Ray's. ``ray.init`` put in its
+    own SIGTERM handler, an exit on the spot (1, or 134 with its crash dump)."""
     write_items(tmp_path / "in.jsonl", items(30))
     out = tmp_path / "out.jsonl"
     address = ray_cluster.get_runtime_context().gcs_address
@@ -396,15 +406,22 @@ def test_ctrl_c_on_a_ray_batch_ends_on_its_own_message(ray_cluster: Any, tmp_pat
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,  # Ctrl-C goes to the whole group, as on a terminal
+            start_new_session=True,
             preexec_fn=as_from_a_terminal(),
         )
         try:
             wait_for_lines(out, 3, process)  # type: ignore[arg-type]
         finally:
-            os.killpg(process.pid, signal.SIGINT)
+            if stop == signal.SIGINT:
+                os.killpg(process.pid, stop)
+            else:
+                process.send_signal(stop)
             _, err = process.communicate(timeout=120)
-    assert process.returncode == 130, err
+    assert process.returncode == code, err
+    if stop != signal.SIGINT:
+        done = len(out.read_text().splitlines())
+        said = f"rlm-graph batch: interrupted ({stop.name}) after {done} items; rerun"
+        assert said in err, err
     after = err.split("rerun the same command to resume", 1)[1]
     # Not Ray's "Unhandled error" traceback of each call the stop ended, after that line.
     assert after.strip() == "", after

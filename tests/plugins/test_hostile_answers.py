@@ -19,34 +19,13 @@ import pydantic
 import pytest
 import trio
 
-from rlm_graph.contracts import ChatRequest, ChatResponse, Message
+from rlm_graph.contracts import ChatRequest, ChatResponse
 from rlm_graph.errors import BadResponse, ContextLengthExceeded, ProviderError
 from rlm_graph.testing import FakeOpenAIServer, Reply
-from rlm_graph_anthropic import AnthropicProvider
 from rlm_graph_openai import OpenAIProvider
-from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
+from tests.support.http import KEY, openai_kwargs
 from tests.support.rawhttp import raw_server
-
-REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
-SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def _event(data: Any) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def _provider(port: int, api: str = "openai", **overrides: Any) -> Any:
-    if api == "anthropic":
-        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}")
-        return AnthropicProvider(**anthropic_kwargs(server, **overrides))
-    server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
-    return OpenAIProvider(**openai_kwargs(server, **overrides))
+from tests.support.sse import REQUEST, SSE_HEAD, raw_provider, sse_chunk, sse_event
 
 
 @pytest.mark.parametrize("said", ["error event", "not JSON"])
@@ -59,17 +38,17 @@ async def test_a_key_a_stream_echoes_never_reaches_the_error_or_the_logs(
     if said == "not JSON":
         event = b"data: oops " + KEY.encode() + b"\n\n"
     elif api == "openai":
-        event = _event({"error": {"message": f"invalid api key {KEY}"}})
+        event = sse_event({"error": {"message": f"invalid api key {KEY}"}})
     else:
-        event = _event({"type": "error", "error": {"message": f"invalid x-api-key {KEY}"}})
+        event = sse_event({"type": "error", "error": {"message": f"invalid x-api-key {KEY}"}})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(event) + b"0\r\n\r\n")
+        await stream.send_all(SSE_HEAD + sse_chunk(event) + b"0\r\n\r\n")
         return True
 
     caplog.set_level(logging.DEBUG)
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, api, max_attempts=2)
+        provider = raw_provider(port, api, max_attempts=2)
         with pytest.raises(BadResponse) as caught:
             await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
@@ -86,21 +65,21 @@ async def test_a_stream_is_whole_at_its_end_marker_whatever_the_server_does_afte
     ping`` comments) had its whole reply thrown away as a timeout and sent again (paid
     twice), or waited for without end: the reply is the call's, from one request."""
     body = (
-        _event({"choices": [{"delta": {"content": "hello"}}]})
-        + _event({"choices": [{"delta": {}, "finish_reason": "stop"}]})
-        + _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+        sse_event({"choices": [{"delta": {"content": "hello"}}]})
+        + sse_event({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+        + sse_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
         + b"data: [DONE]\n\n"
     )
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(body))
+        await stream.send_all(SSE_HEAD + sse_chunk(body))
         while True:  # never the body's end
             await trio.sleep(0.05)
             if after == "keep-alive comments":
-                await stream.send_all(_chunk(b": ping\n\n"))
+                await stream.send_all(sse_chunk(b": ping\n\n"))
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=2, timeout=1.0)
+        provider = raw_provider(port, max_attempts=2, timeout=1.0)
         with trio.fail_after(30):  # a guard against the hang this test is about
             reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
@@ -111,16 +90,16 @@ async def test_a_stream_is_whole_at_its_end_marker_whatever_the_server_does_afte
 async def test_a_stream_that_ends_after_its_marker_keeps_its_connection() -> None:
     """The body's end that follows the end marker is still read: the connection carries
     the next call."""
-    body = _event({"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]})
+    body = sse_event({"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(body + b"data: [DONE]\n\n"))
+        await stream.send_all(SSE_HEAD + sse_chunk(body + b"data: [DONE]\n\n"))
         await trio.sleep(0.01)  # the terminating chunk in a write of its own
         await stream.send_all(b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port)
+        provider = raw_provider(port)
         for _ in range(3):
             assert (await provider.stream(REQUEST, lambda offset, text: None)).content == "hi"
         await provider.aclose()
@@ -143,7 +122,7 @@ async def test_a_server_cost_that_is_no_price_is_not_taken(cost: str) -> None:
         return True
 
     async with raw_server(handler) as (port, _):
-        provider = _provider(port)
+        provider = raw_provider(port)
         reply = await provider.complete(REQUEST)
         await provider.aclose()
     assert reply.content == "ok" and reply.cost is None
@@ -203,7 +182,7 @@ async def test_codings_stacked_past_reason_are_a_bad_response_naming_them() -> N
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=2)
+        provider = raw_provider(port, max_attempts=2)
         with pytest.raises(BadResponse, match="names 40 content codings, more than the 8"):
             await provider.complete(REQUEST)
         await provider.aclose()
@@ -265,7 +244,7 @@ async def test_a_reply_a_plugins_parser_did_not_expect_is_retried_as_a_bad_respo
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         if streamed:
-            await stream.send_all(SSE_HEAD + _chunk(_event({"other": 1})) + b"0\r\n\r\n")
+            await stream.send_all(SSE_HEAD + sse_chunk(sse_event({"other": 1})) + b"0\r\n\r\n")
         else:
             head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 6\r\n\r\n"
             await stream.send_all(head + b"[1, 2]")
@@ -331,22 +310,22 @@ async def test_a_plugins_error_reader_that_slips_on_a_proxys_page_loses_no_retry
 
 
 _WHOLE = (
-    _event({"choices": [{"delta": {"content": "hello"}}]})
-    + _event({"choices": [{"delta": {}, "finish_reason": "stop"}]})
-    + _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+    sse_event({"choices": [{"delta": {"content": "hello"}}]})
+    + sse_event({"choices": [{"delta": {}, "finish_reason": "stop"}]})
+    + sse_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
     + b"data: [DONE]\n\n"
 )
 _ANTHROPIC_WHOLE = (
-    _event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
-    + _event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}})
-    + _event(
+    sse_event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
+    + sse_event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}})
+    + sse_event(
         {
             "type": "message_delta",
             "delta": {"stop_reason": "end_turn"},
             "usage": {"output_tokens": 1},
         }
     )
-    + _event({"type": "message_stop"})
+    + sse_event({"type": "message_stop"})
 )
 
 
@@ -360,7 +339,7 @@ async def test_a_stream_is_whole_at_its_end_marker_however_the_connection_ends(
     for again, every time (such a server failed every streamed call)."""
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(_WHOLE if api == "openai" else _ANTHROPIC_WHOLE))
+        await stream.send_all(SSE_HEAD + sse_chunk(_WHOLE if api == "openai" else _ANTHROPIC_WHOLE))
         await trio.sleep(0.05)
         if how == "reset":  # an RST, not a FIN
             linger = struct.pack("ii", 1, 0)
@@ -368,7 +347,7 @@ async def test_a_stream_is_whole_at_its_end_marker_however_the_connection_ends(
         return False  # closed without the 0-length chunk
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, api, max_attempts=3)
+        provider = raw_provider(port, api, max_attempts=3)
         reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert reply.content == "hello" and reply.usage.output_tokens == 1
@@ -384,18 +363,18 @@ async def test_a_stream_reset_midway_is_a_cut_stream_retried(
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         if index == 1:
             await stream.send_all(
-                SSE_HEAD + _chunk(_event({"choices": [{"delta": {"content": "hel"}}]}))
+                SSE_HEAD + sse_chunk(sse_event({"choices": [{"delta": {"content": "hel"}}]}))
             )
             await trio.sleep(0.05)
             linger = struct.pack("ii", 1, 0)
             stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)  # type: ignore[attr-defined]
             return False
-        await stream.send_all(SSE_HEAD + _chunk(_WHOLE) + b"0\r\n\r\n")
+        await stream.send_all(SSE_HEAD + sse_chunk(_WHOLE) + b"0\r\n\r\n")
         return True
 
     caplog.set_level(logging.DEBUG, logger="rlm_graph")
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=3)
+        provider = raw_provider(port, max_attempts=3)
         reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert reply.content == "hello" and stats["requests"] == 2
@@ -410,23 +389,23 @@ async def test_an_error_event_mid_stream_ends_the_attempt_at_once(
     """After a mid-stream error event the engine read on: a server that then went silent
     made the failure a timeout (its deadline doubled after), one that sent keep-alive
     comments held the call as long as they came; the server's message was lost."""
-    error = _event({"error": {"message": "Overloaded", "type": "server_error"}})
+    error = sse_event({"error": {"message": "Overloaded", "type": "server_error"}})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         if index > 1:
-            await stream.send_all(SSE_HEAD + _chunk(_WHOLE) + b"0\r\n\r\n")
+            await stream.send_all(SSE_HEAD + sse_chunk(_WHOLE) + b"0\r\n\r\n")
             return True
         await stream.send_all(
-            SSE_HEAD + _chunk(_event({"choices": [{"delta": {"content": "hel"}}]}) + error)
+            SSE_HEAD + sse_chunk(sse_event({"choices": [{"delta": {"content": "hel"}}]}) + error)
         )
         while True:
             await trio.sleep(0.2)
             if after == "keep-alive comments":
-                await stream.send_all(_chunk(b": ping\n\n"))
+                await stream.send_all(sse_chunk(b": ping\n\n"))
 
     caplog.set_level(logging.DEBUG, logger="rlm_graph")
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=3, timeout=30.0)
+        provider = raw_provider(port, max_attempts=3, timeout=30.0)
         reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert reply.content == "hello" and stats["requests"] == 2
@@ -446,11 +425,11 @@ async def test_odd_but_valid_streams_are_read(odd: str) -> None:
         head = head.replace(b"text/event-stream", b"Text/Event-Stream")
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(head + _chunk(body) + b"0\r\n\r\n")
+        await stream.send_all(head + sse_chunk(body) + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=2)
+        provider = raw_provider(port, max_attempts=2)
         reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert reply.content == "hello" and stats["requests"] == 1
@@ -465,11 +444,11 @@ async def test_the_silence_deadline_starts_again_when_the_headers_come() -> None
         await trio.sleep(1.2)
         await stream.send_all(SSE_HEAD)
         await trio.sleep(1.6)
-        await stream.send_all(_chunk(_WHOLE) + b"0\r\n\r\n")
+        await stream.send_all(sse_chunk(_WHOLE) + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=2, timeout=2.0)
+        provider = raw_provider(port, max_attempts=2, timeout=2.0)
         reply = await provider.stream(REQUEST, lambda offset, text: None)
         await provider.aclose()
     assert reply.content == "hello" and stats["requests"] == 1

@@ -10,40 +10,15 @@ import gzip
 import json
 import socket
 import struct
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import trio
 
 from rlm_graph._http import bodies
-from rlm_graph.contracts import ChatRequest, Message
 from rlm_graph.errors import BadResponse, ProviderError, ProviderTimeout
-from rlm_graph_anthropic import AnthropicProvider
-from rlm_graph_openai import OpenAIProvider
-from tests.support.http import anthropic_kwargs, openai_kwargs
 from tests.support.rawhttp import raw_server
-
-REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
-SSE_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
-
-
-def _chunk(data: bytes) -> bytes:
-    return b"%x\r\n%s\r\n" % (len(data), data)
-
-
-def _event(data: Any) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def _provider(port: int, api: str = "openai", **overrides: Any) -> Any:
-    if api == "anthropic":
-        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}")
-        return AnthropicProvider(**anthropic_kwargs(server, **overrides))
-    server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}/v1")
-    return OpenAIProvider(**openai_kwargs(server, **overrides))
+from tests.support.sse import REQUEST, SSE_HEAD, raw_provider, sse_chunk, sse_event
 
 
 async def _call(provider: Any, streamed: bool) -> Any:
@@ -83,7 +58,7 @@ async def test_a_charset_that_is_no_text_encoding_is_read_as_utf8(
         return True
 
     async with raw_server(handler) as (port, stats):
-        error = await _call(_provider(port, max_attempts=2), streamed)
+        error = await _call(raw_provider(port, max_attempts=2), streamed)
     assert isinstance(error, BadResponse if status == 200 else ProviderError), error
     assert "'oops, not JSON \N{SNOWMAN}'" in str(error) and "gave up after 2" in str(error)
     assert stats["requests"] == 2
@@ -98,7 +73,7 @@ async def test_a_charset_that_is_a_text_encoding_is_still_honoured() -> None:
         return True
 
     async with raw_server(handler) as (port, stats):
-        error = await _call(_provider(port, max_attempts=1), False)
+        error = await _call(raw_provider(port, max_attempts=1), False)
     assert "'oops, not JSON \N{SNOWMAN}'" in str(error)
 
 
@@ -127,7 +102,7 @@ async def test_a_reply_of_millions_of_json_objects_is_refused_unparsed(coding: s
         return True
 
     async with raw_server(handler) as (port, stats):
-        error = await _call(_provider(port, max_attempts=3), streamed=False)
+        error = await _call(raw_provider(port, max_attempts=3), streamed=False)
     assert isinstance(error, BadResponse) and not error.retryable, error
     assert "past the 1,000,000 objects and arrays the engine parses" in str(error)
     assert stats["requests"] == 1
@@ -148,11 +123,11 @@ async def test_a_streamed_event_of_millions_of_json_objects_is_refused_unparsed(
     event = b"data: " + _padded(head, 1_200_000) + b"\n\n"
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(event) + _chunk(end) + b"0\r\n\r\n")
+        await stream.send_all(SSE_HEAD + sse_chunk(event) + sse_chunk(end) + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        error = await _call(_provider(port, api, max_attempts=3), streamed=True)
+        error = await _call(raw_provider(port, api, max_attempts=3), streamed=True)
     assert isinstance(error, BadResponse) and not error.retryable, error
     assert "streamed an event of JSON with 1,200,0" in str(error)
     assert "past the 1,000,000 objects and arrays the engine parses" in str(error)
@@ -167,9 +142,9 @@ KEEP_ALIVES = {
     "anthropic ping": ("anthropic", b'event: ping\ndata: {"type": "ping"}\n\n'),
 }
 FIRST = {
-    "openai": _event({"choices": [{"delta": {"content": "thinking"}}]}),
+    "openai": sse_event({"choices": [{"delta": {"content": "thinking"}}]}),
     "anthropic": b"event: message_start\n"
-    + _event({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 5}}}),
+    + sse_event({"type": "message_start", "message": {"model": "m", "usage": {"input_tokens": 5}}}),
 }
 
 
@@ -189,15 +164,15 @@ async def test_keep_alive_events_alone_are_a_stall_as_comments_are(
     pings = [0]
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(FIRST[api]))
+        await stream.send_all(SSE_HEAD + sse_chunk(FIRST[api]))
         for _ in range(600):  # 30 s of pings, unless the client goes
-            await stream.send_all(_chunk(ping))
+            await stream.send_all(sse_chunk(ping))
             pings[0] += 1
             await trio.sleep(0.05)
         return False
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
+        provider = raw_provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
         error = await _call(provider, streamed=True)
     assert isinstance(error, ProviderTimeout), error
     assert stats["requests"] == 1
@@ -221,13 +196,13 @@ AT_WORK = {
     ),
 }
 END = {
-    "openai": _event({"choices": [{"delta": {"content": "hello"}, "finish_reason": "stop"}]})
+    "openai": sse_event({"choices": [{"delta": {"content": "hello"}, "finish_reason": "stop"}]})
     + b"data: [DONE]\n\n",
-    "anthropic": _event(
+    "anthropic": sse_event(
         {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}}
     )
-    + _event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
-    + _event({"type": "message_stop"}),
+    + sse_event({"type": "message_delta", "delta": {"stop_reason": "end_turn"}})
+    + sse_event({"type": "message_stop"}),
 }
 
 
@@ -243,26 +218,26 @@ async def test_events_of_a_model_at_work_without_text_are_progress(
     api, event = AT_WORK[work]
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(FIRST[api]))
+        await stream.send_all(SSE_HEAD + sse_chunk(FIRST[api]))
         for _ in range(40):  # 2 s, past 8 x 0.1 s
-            await stream.send_all(_chunk(_event(event)))
+            await stream.send_all(sse_chunk(sse_event(event)))
             await trio.sleep(0.05)
-        await stream.send_all(_chunk(END[api]) + b"0\r\n\r\n")
+        await stream.send_all(sse_chunk(END[api]) + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
+        provider = raw_provider(port, api, timeout=0.1, max_attempts=1, max_timeouts=1)
         reply = await _call(provider, streamed=True)
     assert reply.content.endswith("hello") and stats["requests"] == 1
 
 
 def _openai_finish(usage: bool) -> bytes:
     """A reply's text and finish reason (and usage), with no ``[DONE]`` after them."""
-    body = _event({"choices": [{"delta": {"content": "hello"}}]}) + _event(
+    body = sse_event({"choices": [{"delta": {"content": "hello"}}]}) + sse_event(
         {"choices": [{"delta": {}, "finish_reason": "stop"}]}
     )
     if usage:
-        body += _event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+        body += sse_event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
     return body
 
 
@@ -272,9 +247,11 @@ def _anthropic_finish(usage: bool) -> bytes:
     if usage:
         delta["usage"] = {"output_tokens": 1}
     return (
-        _event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
-        + _event({"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}})
-        + _event(delta)
+        sse_event({"type": "message_start", "message": {"usage": {"input_tokens": 3}}})
+        + sse_event(
+            {"type": "content_block_delta", "delta": {"type": "text_delta", "text": "hello"}}
+        )
+        + sse_event(delta)
     )
 
 
@@ -294,7 +271,7 @@ async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_a
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         finish = _openai_finish if api == "openai" else _anthropic_finish
-        await stream.send_all(SSE_HEAD + _chunk(finish(usage)))
+        await stream.send_all(SSE_HEAD + sse_chunk(finish(usage)))
         if after == "reset":  # an RST, not a FIN
             await trio.sleep(0.05)
             linger = struct.pack("ii", 1, 0)
@@ -303,10 +280,10 @@ async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_a
         while True:  # never the end marker, nor the body's end
             await trio.sleep(0.05)
             if after == "keep-alive comments":
-                await stream.send_all(_chunk(b": ping\n\n"))
+                await stream.send_all(sse_chunk(b": ping\n\n"))
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, api, max_attempts=3, timeout=1.0)
+        provider = raw_provider(port, api, max_attempts=3, timeout=1.0)
         with trio.fail_after(30):  # a guard against the hang this test is about
             started = trio.current_time()
             reply = await _call(provider, streamed=True)
@@ -320,18 +297,18 @@ async def test_a_stream_is_whole_at_its_finish_reason_whatever_the_server_does_a
 async def test_text_after_a_finish_reason_is_read_on_to_the_end() -> None:
     """A server that names a finish reason on chunks before its last: the text that
     comes after one within the stall deadline is read on, to ``[DONE]``."""
-    early = _event({"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]})
+    early = sse_event({"choices": [{"delta": {"content": "a"}, "finish_reason": "stop"}]})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
         await stream.send_all(SSE_HEAD)
         for _ in range(8):  # 0.8 s, past a grace of 0.3 s
-            await stream.send_all(_chunk(early))
+            await stream.send_all(sse_chunk(early))
             await trio.sleep(0.1)
-        await stream.send_all(_chunk(_openai_finish(True) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await stream.send_all(sse_chunk(_openai_finish(True) + b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=1, timeout=0.3)
+        provider = raw_provider(port, max_attempts=1, timeout=0.3)
         reply = await _call(provider, streamed=True)
     assert reply.content == "a" * 8 + "hello" and stats["requests"] == 1, reply
 
@@ -341,21 +318,21 @@ async def test_a_finish_reason_on_every_chunk_does_not_cut_a_pause_in_the_reply(
     too: the reply was cut 2 s after the first (a fixed grace), its text lost, and taken
     as whole. After a finish reason the reading goes on under the stall deadline (here
     5 s): a pause of 2.5 s, reasoning, then the text, all read."""
-    thinking = _event(
+    thinking = sse_event(
         {"choices": [{"delta": {"reasoning_content": "hmm"}, "finish_reason": "stop"}]}
     )
-    text = _event({"choices": [{"delta": {"content": "the answer"}, "finish_reason": "stop"}]})
+    text = sse_event({"choices": [{"delta": {"content": "the answer"}, "finish_reason": "stop"}]})
 
     async def handler(stream: trio.abc.Stream, index: int) -> bool:
-        await stream.send_all(SSE_HEAD + _chunk(thinking))
+        await stream.send_all(SSE_HEAD + sse_chunk(thinking))
         await trio.sleep(2.5)
-        await stream.send_all(_chunk(thinking))
+        await stream.send_all(sse_chunk(thinking))
         await trio.sleep(1.0)
-        await stream.send_all(_chunk(text + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        await stream.send_all(sse_chunk(text + b"data: [DONE]\n\n") + b"0\r\n\r\n")
         return True
 
     async with raw_server(handler) as (port, stats):
-        provider = _provider(port, max_attempts=1, timeout=5.0)
+        provider = raw_provider(port, max_attempts=1, timeout=5.0)
         reply = await _call(provider, streamed=True)
     assert reply.content == "the answer" and stats["requests"] == 1, reply
 
