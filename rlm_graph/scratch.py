@@ -42,6 +42,7 @@ import errno
 import logging
 import os
 import re
+import resource
 import stat
 import tempfile
 import threading
@@ -224,17 +225,32 @@ def _exited(pid: int) -> bool:
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # (os.open adds O_CLOEXEC)
 _PATH_ONLY = getattr(os, "O_PATH", 0)  # Linux; elsewhere a folder closed to us stays
 _LISTINGS = 3  # of one folder, at most: something may still be adding to it
+_MAX_DEPTH = 256  # folders below the removed one, at most: what is deeper is left, logged
+_RELISTINGS = 1_000  # listings again, of all the folders of one removal together, at most
 
 
 class _Folder:
-    """A folder being emptied: its descriptor, and its name in the folder above."""
+    """A folder being emptied: its descriptor, its name in the folder above, and whether
+    something in it had to be left (then it is left too, never listed again)."""
 
-    __slots__ = ("fd", "listings", "name", "names", "parent")
+    __slots__ = ("fd", "left", "listings", "name", "names", "parent")
 
     def __init__(self, parent: int, name: str, fd: int) -> None:
         self.parent, self.name, self.fd = parent, name, fd
         self.names = _names(fd)
         self.listings = 1
+        self.left = False
+
+
+def _depth_cap() -> int:
+    """How deep a removal goes (it holds a descriptor a level): `_MAX_DEPTH`, or an
+    eighth of the open files this process may have, so that a guest's tree thousands of
+    levels deep never takes the descriptors the rest of the engine needs."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):
+        return _MAX_DEPTH
+    return _MAX_DEPTH if soft == resource.RLIM_INFINITY else max(8, min(_MAX_DEPTH, soft // 8))
 
 
 def _remove_tree(path: str) -> None:
@@ -272,37 +288,55 @@ def _remove_entry(parent_fd: int, name: str) -> None:
     if top is None:
         _unlink(parent_fd, name)
         return
-    stack = [_Folder(parent_fd, name, top)]
+    stack: list[_Folder] = []
+    _push(stack, parent_fd, name, top)
+    cap, relistings = _depth_cap(), [_RELISTINGS]
     try:
         while stack:
             folder = stack[-1]
             if folder.names:
                 child = folder.names.pop()
-                fd = _open_folder(folder.fd, child)
-                if fd is None:
-                    _unlink(folder.fd, child)
-                else:
-                    stack.append(_Folder(folder.fd, child, fd))
-            elif _removed_or_left(folder):
+                fd = _open_folder(folder.fd, child) if len(stack) < cap else None
+                if fd is not None:
+                    _push(stack, folder.fd, child, fd)
+                elif not _unlink(folder.fd, child):
+                    folder.left = True  # a file it may not remove, or a folder too deep
+            elif _removed_or_left(folder, relistings):
                 os.close(stack.pop().fd)
+                if folder.left and stack:
+                    stack[-1].left = True
     finally:
         for folder in stack:
             os.close(folder.fd)
 
 
-def _removed_or_left(folder: _Folder) -> bool:
-    """Remove the emptied ``folder``: True if it is gone or must be left, False if it
-    was filled again since it was listed (then it is listed again, at most `_LISTINGS`
-    times)."""
+def _push(stack: list[_Folder], parent_fd: int, name: str, fd: int) -> None:
+    """Start emptying the opened folder ``fd`` (closed again if it cannot be listed)."""
+    try:
+        stack.append(_Folder(parent_fd, name, fd))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _removed_or_left(folder: _Folder, relistings: list[int]) -> bool:
+    """Remove the emptied ``folder``: True if it is gone or must be left (``left`` then
+    says so when what is left is in it), False if it was filled again since it was
+    listed: then it is listed again, at most `_LISTINGS` times and `_RELISTINGS` in all,
+    and never one with something left in it (each level would list its whole subtree
+    again, three times the level below: 3^depth in all)."""
     try:
         os.rmdir(folder.name, dir_fd=folder.parent)
     except FileNotFoundError:
         pass
     except OSError as exc:
-        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST) and folder.listings < _LISTINGS:
+        refilled = exc.errno in (errno.ENOTEMPTY, errno.EEXIST)
+        if refilled and not folder.left and folder.listings < _LISTINGS and relistings[0] > 0:
             folder.names = _names(folder.fd)
             folder.listings += 1
+            relistings[0] -= 1
             return False
+        folder.left = folder.left or refilled  # not a folder swapped for another thing
     return True
 
 
@@ -356,12 +390,17 @@ def _names(fd: int) -> list[str]:
         return []
 
 
-def _unlink(parent_fd: int, name: str) -> None:
-    """Remove the file or link ``name`` of ``parent_fd``, if it can be."""
+def _unlink(parent_fd: int, name: str) -> bool:
+    """Remove the file or link ``name`` of ``parent_fd``, if it can be; False if it is
+    left (a folder too deep or swapped in since, a folder closed again, a file the user
+    may not remove)."""
     try:
         os.unlink(name, dir_fd=parent_fd)
-    except OSError:  # gone, or left (a folder swapped in since, a folder closed again)
-        pass
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _after_fork() -> None:

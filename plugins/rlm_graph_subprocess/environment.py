@@ -356,10 +356,10 @@ class SubprocessEnvironment:
         watchdog = _CpuWatchdog(guest, self.limits.cpu_seconds)
         answer: Any = _Unanswered(unanswered(type(message).__name__, seconds))
         try:
-            with guest.busy(), trio.move_on_after(seconds):
+            with guest.busy(), trio.move_on_after(seconds) as deadline:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watchdog.watch, nursery.cancel_scope)
-                    answer = await _send_and_receive(guest, message)
+                    answer = await _send_and_receive(guest, message, deadline)
                     nursery.cancel_scope.cancel()
         except BaseException:
             with trio.CancelScope(shield=True):
@@ -371,8 +371,8 @@ class SubprocessEnvironment:
         return answer
 
     def _request_seconds(self) -> float:
-        """How long the guest may take to answer a data request: a block's ``timeout``,
-        and never less than ``start_timeout`` (a large context takes its time to load)."""
+        """How long the guest may take to answer a data request (and more for a large
+        one: `GuestProcess.send`): ``timeout``, at least ``start_timeout``."""
         return max(self.limits.timeout or 0.0, self.limits.start_timeout)
 
     # -- blocks -------------------------------------------------------------------------
@@ -556,11 +556,13 @@ class _Unanswered:
         self.note = note
 
 
-async def _send_and_receive(guest: GuestProcess, message: Any) -> Any:
+async def _send_and_receive(
+    guest: GuestProcess, message: Any, deadline: trio.CancelScope | None = None
+) -> Any:
     """``message`` sent, and the guest's next message (``None`` for a garbled line, a
     `GuestDied` if it is gone): returned, never raised through the request's nursery."""
     try:
-        await guest.send(message)
+        await guest.send(message, deadline)
         return await guest.receive()
     except ValidationError:
         return None

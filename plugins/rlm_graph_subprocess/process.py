@@ -54,6 +54,7 @@ GUEST_PROGRAM = str(Path(__file__).with_name("guest.py"))
 
 _MESSAGES: TypeAdapter[Any] = TypeAdapter(GuestMessage)
 _CHUNK = 1 << 16
+LOAD_BYTES_PER_SECOND = 5e6  # of a data request the guest reads and loads, at worst
 _EXIT_WAIT = 2.0
 
 
@@ -198,15 +199,19 @@ class GuestProcess:
 
     # -- talking ------------------------------------------------------------------------
 
-    async def send(self, message: BaseModel) -> None:
-        """Send ``message``; a guest that leaves more than `MAX_UNREAD_BYTES` of the
-        engine's messages unread (its code stopped its own reader, and kept calling) is
-        killed, so that waiting replies cannot fill the engine's memory.
+    async def send(self, message: BaseModel, deadline: trio.CancelScope | None = None) -> None:
+        """Send ``message`` (a ``deadline`` for its answer is put off by a second for each
+        `LOAD_BYTES_PER_SECOND` of it: a large context takes its time to load); a guest
+        that leaves more than `MAX_UNREAD_BYTES` of the engine's messages unread (its code
+        stopped its own reader, and kept calling) is killed, so that waiting replies cannot
+        fill the engine's memory.
 
         Raises:
             trio.BrokenResourceError: the guest is gone, or was killed for that.
         """
         line = pipe_line(message)
+        if deadline is not None:
+            deadline.deadline += len(line) / LOAD_BYTES_PER_SECOND
         if self.unread and self.unread + len(line) > MAX_UNREAD_BYTES:
             self.left_unread = True
             with self._state:

@@ -15,6 +15,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -422,3 +423,51 @@ def test_a_folder_swapped_for_a_link_as_it_is_emptied_never_leads_the_removal_ou
     command = [sys.executable, "-c", _SWAPPED_FOR_A_LINK, str(tmp_path)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split() == ["True", "False", "['roots.pem']", "0o755"], done.stderr
+
+
+_DEEP = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # a depth cap of 8 folders
+from rlm_graph import scratch
+
+listings = 0
+names = scratch._names
+
+
+def counted(fd):
+    global listings
+    listings += 1
+    return names(fd)
+
+
+scratch._names = counted
+root = sys.argv[1]
+fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+for _ in range(80):  # deeper than the cap and than the open files, as a guest can make
+    os.mkdir("d", dir_fd=fd)
+    inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    fd = inner
+os.close(fd)
+scratch._remove_tree(os.path.join(root, "d"))
+print(listings, os.path.isdir(os.path.join(root, "d")))
+"""
+
+
+def test_a_tree_deeper_than_the_removal_goes_is_left_in_few_steps(tmp_path: Path) -> None:
+    """A guest's chain of folders deeper than the removal may hold descriptors for: the
+    part past the cap is left (logged), and each folder above is listed once, not again
+    and again (each level listed its whole subtree three times: 3^depth, a removal, and
+    so ``completion()``, that never ended), holding at most an eighth of the process's
+    open files (it held one a level, until the engine had none left)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _DEEP, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr
+    listings, left = done.stdout.split()
+    assert left == "True" and int(listings) <= 8 * 2, done.stdout  # once a level
+    assert "could not be removed whole" in done.stderr
