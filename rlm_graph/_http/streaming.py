@@ -70,8 +70,8 @@ class StreamParser(Protocol):
 
     It may also keep ``whole``, True while a finish reason has come with no text after it
     (OpenAI-compatible servers send the usage, then the end marker, after it): the reply
-    is then taken within `USAGE_GRACE`, and `result` gives it, whether the end marker
-    came or not. Without it, only the end marker makes a reply whole.
+    is then taken when the stall deadline passes with no more progress (`whole_reply`),
+    and `result` gives it, whether the end marker came or not. Without it, only the end marker makes a reply whole.
     """
 
     finished: bool
