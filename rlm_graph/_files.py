@@ -173,9 +173,10 @@ def regular_or_missing(path: Path, what: str) -> bool:
 
 def read_results(
     path: Path, what: str, starts: bytes, keys: frozenset[str]
-) -> tuple[Iterator[bytes], int, int]:
-    """A results file's complete lines, where they end and its size, before appending to
-    it (a missing file is empty): what a resumed run reads first. The lines are read one
+) -> tuple[Iterator[tuple[int, bytes]], int, int]:
+    """A results file's complete lines that are not blank, each with its number, where
+    they end and its size, before appending to it (a missing file is empty): what a
+    resumed run reads first. The lines are read one
     at a time as they are iterated, and only the end of the file is read to find them:
     the most held in memory is one line (`_WHOLE_TAIL` for a last line without a newline).
 
@@ -245,17 +246,19 @@ def _after_last_newline(handle: IO[bytes], size: int) -> int:
     return 0
 
 
-def _lines_before(path: Path, what: str, end: int) -> Iterator[bytes]:
-    """The lines of ``path`` in its first ``end`` bytes, one at a time."""
+def _lines_before(path: Path, what: str, end: int) -> Iterator[tuple[int, bytes]]:
+    """The lines of ``path`` in its first ``end`` bytes that are not blank, with their
+    numbers, one at a time."""
     try:
         with open(path, "rb") as handle:
-            left = end
+            left, number = end, 0
             while left > 0:  # never a byte past ``end``: the cut line may be huge
                 line = handle.readline(left)
                 if not line:
                     return
-                left -= len(line)
-                yield line
+                left, number = left - len(line), number + 1
+                if line.strip():
+                    yield number, line
     except OSError as exc:
         raise ValueError(f"cannot read {what}: {exc.strerror}") from None
 

@@ -260,10 +260,9 @@ class ResultsFile:
         self._handle = handle
         return self
 
-    def _note_all(self, lines: Iterable[bytes]) -> None:
-        for number, line in enumerate(lines, start=1):
-            if line.strip():
-                self._note(line, number)
+    def _note_all(self, lines: Iterable[tuple[int, bytes]]) -> None:
+        for number, line in lines:
+            self._note(line, number)
 
     def _note(self, line: bytes, number: int) -> None:
         try:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import re
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._json import dumps as finite_dumps
 from ..errors import ConfigError
 from . import EXIT_OK, EXIT_USAGE, refuse
 from .output import for_stream
@@ -59,18 +58,18 @@ def run_ls(args: argparse.Namespace) -> int:
     if args.json:
         for run in runs:
             print(
-                json.dumps(
+                finite_dumps(  # an infinite cost a damaged file holds: null, not Infinity
                     {
                         "key": run.key,
                         "kind": run.kind,
                         "status": run.status,
-                        "stop_reason": run.stop_reason if run.status == "stopped" else None,
+                        "stop_reason": run.stop_reason,
                         "attempts": run.attempts,
                         "nodes": run.nodes,
-                        "cost": _finite(run.cost),
+                        "cost": run.cost,
                         "label": run.label,
-                        "created": _finite(run.created),
-                        "updated": _finite(run.updated),
+                        "created": run.created,
+                        "updated": run.updated,
                     }
                 )
             )
@@ -97,7 +96,7 @@ def run_ls(args: argparse.Namespace) -> int:
 def _status(run: RunRow) -> str:
     """A run's status, with the limit that stopped it (``stopped:max_budget``: one word,
     so that a script may still split the table's columns on spaces)."""
-    if run.status == "stopped" and run.stop_reason:
+    if run.stop_reason:
         return f"stopped:{run.stop_reason}"
     return run.status
 
@@ -118,11 +117,3 @@ def _when(seconds: float) -> str:
         return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
     except (OverflowError, OSError, ValueError):
         return "?"
-
-
-def _finite(value: Any) -> Any:
-    """A number for JSON: ``null`` for one JSON has no word for (an infinite cost a
-    damaged or crafted file holds would print ``Infinity``, which no JSON reader takes)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value

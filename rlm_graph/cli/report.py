@@ -105,7 +105,7 @@ def load_run(path: Path, trace_id: str | None = None) -> LoadedRun:
     text = read_run_file(path)
     if text is None:  # a journal: --trace-id names the run
         graph, status, stop_reason = journal_graph(path, trace_id)
-        if status == "stopped" and stop_reason is not None:  # said as a live run's report
+        if stop_reason is not None:  # the limit is known: said as a live run's report says it
             return LoadedRun(graph, stop_reason=stop_reason)
         return LoadedRun(graph, ended=_JOURNAL_ENDINGS.get(status))
     if is_graph_json(text):

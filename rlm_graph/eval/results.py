@@ -102,9 +102,8 @@ class ResultsLog:
             lines, end, self._size = read_results(
                 self.path, repr(str(self.path)), b'{"id"', _ROW_KEYS
             )
-            for number, line in enumerate(lines, start=1):
-                if line.strip():
-                    self._note(line, number)
+            for number, line in lines:
+                self._note(line, number)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         return end

@@ -141,16 +141,18 @@ class RunRow:
     trace_id: str | None
     span_id: str | None
     answer: str | None
-    stop_reason: str | None  # of the last attempt, when a limit stopped it
+    stop_reason: str | None  # what stopped the last attempt, when the run is "stopped"
     nodes: int = 0
     cost: float = 0.0
 
 
 def _stop_reason(run: RunRow) -> str | None:
     """The limit that stopped the run's last attempt, from the column's
-    ``<attempt>:<limit>`` (None once another attempt began: of this version or another)."""
+    ``<attempt>:<limit>``: None unless the run is ``stopped`` by that attempt (another
+    attempt began since, of this version or another)."""
     attempt, _, reason = (run.stop_reason or "").partition(":")
-    return reason or None if attempt == str(run.attempts) else None
+    stopped = run.status == "stopped" and attempt == str(run.attempts)
+    return reason or None if stopped else None
 
 
 class JournalStore:

@@ -476,3 +476,45 @@ def test_trace_export_takes_a_journals_run_by_trace_id_as_report_does(
     capsys.readouterr()
     assert main(["trace", "export", str(graph), "--run", "abc"]) == 2
     assert "--run picks a run of a journal" in capsys.readouterr().err
+
+
+def test_writers_opening_an_older_journal_at_once_add_the_record_once(tmp_path: Path) -> None:
+    """Batch workers open one journal together: on a journal an older version made, each
+    would add the stop_reason column; one does, inside the same exclusive step that
+    checks the format, and every writer then records and reads it."""
+    import sqlite3
+    import threading
+
+    from rlm_graph.journal import JournalStore
+
+    journal = _asked(tmp_path / "old.sqlite", "first")
+    with contextlib.closing(sqlite3.connect(journal)) as db:  # as an older version made it
+        db.execute("ALTER TABLE runs DROP COLUMN stop_reason")
+        db.commit()
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def writer(n: int) -> None:
+        try:
+            start.wait()
+            store = JournalStore(journal, threads=True)
+            try:
+                store.begin(f"key-{n}", "rlm", f"question {n}")
+                store.finish(f"key-{n}", "stopped", None, stop_reason="max_budget")
+            finally:
+                store.close()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert errors == []
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        columns = [row[1] for row in db.execute("PRAGMA table_info(runs)")]
+    assert columns.count("stop_reason") == 1
+    runs = {run.key: run for run in JournalStore(journal, read_only=True).runs()}
+    assert all(runs[f"key-{n}"].stop_reason == "max_budget" for n in range(6))
+    assert runs[next(k for k in runs if not k.startswith("key-"))].stop_reason is None
