@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import trio
 
+from rlm_graph_subprocess.isolation import UNPRIVILEGED_ID
 from rlm_graph_subprocess.process import MAX_PENDING_PROMPTS
 from tests.support.guests import (
     Spy,
@@ -36,6 +37,7 @@ from tests.support.guests import (
     feedback,
     folder_the_guest_can_reach,
     processes_running,
+    tasks_of,
 )
 from tests.support.listening import listening
 from tests.support.readable import ReadableEngine, interpreters_for_others, probe
@@ -75,6 +77,7 @@ async def run_attacker(
             "OPENAI_API_KEY": key,
             "ATTACK_PLANTED": str(planted),
             "ATTACK_LISTENER": url,
+            "ATTACK_MAX_PROCESSES": str(40 + tasks_of(UNPRIVILEGED_ID)),
         }
         with trio.fail_after(240):  # a frozen engine (SIGSTOP) fails here instead of hanging
             done = await trio.run_process(
@@ -242,15 +245,20 @@ async def test_a_fork_bomb_stays_inside_max_processes(spy: Spy) -> None:
         "except OSError as exc:\n"
         "    print(f'stopped after {n} forks: {type(exc).__name__}')"
     )
+    # Without a user namespace of its own, every process of the guest's uid counts, the
+    # guests of tests running beside this one too: 48 forks on top of theirs.
+    limit = 48 + tasks_of(UNPRIVILEGED_ID)
     rlm = engine(
-        [repl_of(bomb), repl_of("FINAL(str(n))")], spy, environment_kwargs={"max_processes": 48}
+        [repl_of(bomb), repl_of("FINAL(str(n))")],
+        spy,
+        environment_kwargs={"max_processes": limit},
     )
     result = await rlm.acompletion("ctx")
     isolation = spy.envs[0].isolation
     if not isolation.user_namespace and isolation.drops_to is None:
         pytest.skip(f"the guest shares its uid with the engine here ({isolation.describe()})")
     assert "stopped after" in feedback(rlm, 1) and "BlockingIOError" in feedback(rlm, 1)
-    assert int(result.response) < 48
+    assert int(result.response) < limit
     # The guest and its forks name this engine's folder on their command line (another
     # engine's guests, of a test running beside this one, do not).
     ours = f"rlm-graph-{os.getpid()}-"

@@ -78,6 +78,22 @@ def processes_running(marker: str) -> list[int]:
     return found
 
 
+def tasks_of(uid: int) -> int:
+    """Processes and threads whose real uid is ``uid``: what ``RLIMIT_NPROC`` counts for a
+    guest of that uid without a user namespace of its own (other tests' guests too)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                for task in os.listdir(f"/proc/{entry}/task"):
+                    with open(f"/proc/{entry}/task/{task}/status") as handle:
+                        uids = next(line for line in handle if line.startswith("Uid:"))
+                    count += int(uids.split()[1]) == uid
+            except (OSError, StopIteration):
+                continue
+    return count
+
+
 HOST_TMP = ("/tmp", "/var/tmp", "/dev/shm")
 
 
