@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
 __all__ = [
+    "asyncio_on_trio",
     "checked_flag",
     "clipped",
     "message_of",
@@ -333,6 +334,18 @@ def _mark(exc: BaseException, name: str, value: object) -> None:
         setattr(exc, name, value)
     except (AttributeError, TypeError):  # an error that takes no attributes
         pass
+
+
+# What asyncio code says on trio's loop: asyncio.get_running_loop() (and all that calls
+# it), and trio's answer to the bare yield of asyncio.sleep(0) or an asyncio future.
+_ASYNCIO_SIGNS = ("no running event loop", "trio.run received unrecognized yield message")
+
+
+def asyncio_on_trio(exc: BaseException) -> bool:
+    """Whether ``exc`` is what code written for asyncio raises on trio's loop."""
+    return isinstance(exc, RuntimeError | TypeError) and any(
+        sign in str(exc) for sign in _ASYNCIO_SIGNS
+    )
 
 
 def stops_workflow(exc: BaseException | None) -> bool:

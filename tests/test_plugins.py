@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import traceback
@@ -374,12 +375,28 @@ def test_a_provider_answering_outside_the_contract_fails_its_node_with_the_fix()
         async def complete(self, request: object) -> str:  # type: ignore[override]
             return "just text"
 
+    class AsyncioTimer(ConstantProvider):  # an asyncio-only client, say aiohttp
+        async def complete(self, request: object) -> ChatResponse:
+            await asyncio.sleep(0.01)
+            return ChatResponse(content="never")
+
+    class AsyncioYield(ConstantProvider):
+        async def complete(self, request: object) -> ChatResponse:
+            await asyncio.sleep(0)
+            return ChatResponse(content="never")
+
     for provider, said in (
         (
             Sync(),
             "answered with ChatResponse, not an awaitable; define complete\\(\\) with async def",
         ),
         (Text(), "answered with str, not a ChatResponse; return rlm_graph.contracts.ChatResponse"),
+        (
+            AsyncioTimer(),
+            "answered with RuntimeError, asyncio's error \\(no running event loop\\); complete\\(\\) "
+            "runs on trio's loop, not asyncio's: use a client that runs under trio",
+        ),
+        (AsyncioYield(), "answered with TypeError, asyncio's error \\(trio.run received"),
     ):
         wf = Workflow()
         node = wf.llm("q")

@@ -37,7 +37,7 @@ from typing import Any, cast
 import trio
 
 from ..contracts import Message
-from ..errors import NodeFailed
+from ..errors import NodeFailed, asyncio_on_trio
 from ..graph import NodeRecord, preview
 from ..graph.spec import NodeSpec, is_async
 
@@ -49,10 +49,6 @@ __all__ = [
     "run_in_thread",
     "run_on_asyncio",
 ]
-
-# What asyncio code says on trio's loop: asyncio.get_running_loop() (and all that calls
-# it), and trio's answer to the bare yield of asyncio.sleep(0) or an asyncio future.
-_ASYNCIO_SIGNS = ("no running event loop", "trio.run received unrecognized yield message")
 
 
 async def call_function(
@@ -163,7 +159,7 @@ async def on_trio(fn: Callable[..., Any], awaitable: Awaitable[Any]) -> Any:
     try:
         return await awaitable
     except (RuntimeError, TypeError) as exc:
-        if not any(sign in str(exc) for sign in _ASYNCIO_SIGNS):
+        if not asyncio_on_trio(exc):
             raise
         name = getattr(fn, "__qualname__", type(fn).__name__)
         raise NodeFailed(

@@ -5,7 +5,8 @@ Arguments are any mix of node references, constants, keywords and nested lists,
 tuples, dicts and sets, as ``dask.delayed`` takes them: `refs_in` finds the references
 (the node's dependencies) when the node is added, `resolve` puts the dependencies'
 results in their place when it runs. A structure without a reference is passed as it
-is, never copied.
+is, never copied; one that holds a reference by run time that it did not hold when its
+node was added fails the node (`NodeSpec.arguments`).
 
 Invariants:
     - A spec is checked when its node is added (`Workflow.llm`, `Workflow.function`):
@@ -29,7 +30,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from ..contracts import ChatRequest, Message
-from ..errors import ConfigError, config_error
+from ..errors import ConfigError, GraphError, config_error
 from .nodes import NodeKind
 
 __all__ = [
@@ -122,10 +123,21 @@ class NodeSpec:
     loop: FunctionLoop = "trio"
 
     def arguments(self, lookup: Callable[[str], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The node's arguments with each reference replaced by ``lookup(id)``."""
-        if not self.deps:
-            return self.args, self.kwargs
-        return resolve(self.args, lookup), resolve(self.kwargs, lookup)
+        """The node's arguments with each reference replaced by ``lookup(id)``. A
+        container passed without a reference is not copied: one that gained a reference
+        after the node was added fails the node (it never waited for that node)."""
+
+        def dependency(ref_id: str) -> Any:
+            if ref_id not in self.deps:
+                raise GraphError(
+                    f"node {self.id!r} got a reference to {ref_id!r} in an argument after "
+                    f"it was added (a list or dict changed afterwards), so it never waited "
+                    f"for {ref_id!r}: add the node that gathers references after the nodes "
+                    "it gathers, with them in its arguments then"
+                )
+            return lookup(ref_id)
+
+        return resolve(self.args, dependency), resolve(self.kwargs, dependency)
 
     def messages(self, prompt: object) -> list[Message]:
         """A model node's messages: its system text, then ``prompt``: its prompt text, or

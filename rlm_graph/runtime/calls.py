@@ -40,7 +40,7 @@ from ..contracts import (
     Usage,
     estimate_tokens,
 )
-from ..errors import ConfigError, PluginError
+from ..errors import ConfigError, PluginError, asyncio_on_trio
 from ..graph import NodeKind, NodeRecord, preview
 from ..hedging import HedgeBudget
 from ..hedging.race import Duplicate, race
@@ -325,10 +325,12 @@ async def _request(
                         pending = cast(StreamingProvider, provider).stream(request, sink)
                     try:
                         response = await pending
-                    except TypeError:
-                        if inspect.isawaitable(pending):
+                    except (TypeError, RuntimeError) as exc:
+                        if not inspect.isawaitable(pending):
+                            raise _broken(provider, pending, "not an awaitable", sink) from None
+                        if not asyncio_on_trio(exc):
                             raise
-                        raise _broken(provider, pending, "not an awaitable", sink) from None
+                        raise _broken(provider, exc, "asyncio's error", sink) from exc
                     except BaseException as exc:  # asyncio's CancelledError, say: the slot's
                         if isinstance(exc, _PASSES):
                             raise
@@ -360,6 +362,12 @@ def _broken(provider: Provider, got: object, what: str, sink: object = None) -> 
     method = "complete" if sink is None else "stream"
     if what == "not an awaitable":
         fix = f"define {method}() with async def"
+    elif what == "asyncio's error":
+        what = f"asyncio's error ({str(got).split('. ')[0]})"
+        fix = (
+            f"{method}() runs on trio's loop, not asyncio's: use a client that runs under "
+            "trio (httpx does), or a blocking one in trio.to_thread.run_sync"
+        )
     elif isinstance(got, BaseException):
         fix = "raise a ProviderError (rlm_graph.errors) for a call that failed"
     else:

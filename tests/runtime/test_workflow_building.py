@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rlm_graph import ConfigError, Engine, Workflow
-from rlm_graph.errors import GraphError
+from rlm_graph.errors import GraphError, NodeFailed
 from rlm_graph.graph.spec import NodeRef
 
 
@@ -37,6 +37,27 @@ async def test_a_list_changed_after_its_node_was_added_does_not_change_what_the_
     assert result.ok
     assert result[joined] == ["<a>"]
     assert wf["join"].deps == ("llm-1",)
+
+
+async def test_a_reference_put_in_an_argument_after_its_node_was_added_fails_that_node() -> None:
+    # A container without a reference is passed as it is (not copied): one filled with
+    # handles afterwards would hand the node raw handles, which a prompt function turns
+    # into text the model reads. The node fails, naming the fix; the others run.
+    wf = Workflow()
+    notes: list[object] = ["intro"]
+    summary = wf.llm(lambda ns: "Summarize: " + " / ".join(map(str, ns)), notes, id="final")
+    notes.append(wf.llm("detail", id="detail"))
+    gathered: dict[str, object] = {}
+    gather = wf.function(lambda parts: parts, gathered, id="gather")
+    gathered["late"] = wf.llm("late", id="late")
+    settings = {"n": 1}
+    uses = wf.function(lambda c: dict(c), settings, id="uses")
+    settings["n"] = 2  # a constant changed before the run: the node sees it, as passed
+    result = await echo_engine().arun(wf)
+    for node, late in ((summary, "detail"), (gather, "late")):
+        with pytest.raises(NodeFailed, match=f"reference to '{late}' in an argument after"):
+            result[node]
+    assert result["detail"] == "<detail>" and result[uses] == {"n": 2}
 
 
 def test_an_iterator_argument_is_refused_with_what_to_pass_instead() -> None:
