@@ -69,6 +69,9 @@ MISSING_SDK = (
 )
 DEFAULT_MAX_READ_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_READ_FILES = 20_000
+DEFAULT_MAX_CALLS = 4
+"""Calls that run at once: an agent firing many holds at most this many reads of up to
+``--max-read-bytes`` (about five times that in memory, decoded) and guest processes."""
 
 
 class AnswerResult(BaseModel):
@@ -116,22 +119,7 @@ def register(subparsers: Any) -> None:
         "one (after resolving links and '..') are refused; relative paths are taken from "
         "the first folder",
     )
-    parser.add_argument(
-        "--max-read-bytes",
-        type=int,
-        default=DEFAULT_MAX_READ_BYTES,
-        metavar="N",
-        help=f"the most bytes one call may read (default {DEFAULT_MAX_READ_BYTES:,})",
-    )
-    parser.add_argument(
-        "--max-read-files",
-        type=int,
-        default=DEFAULT_MAX_READ_FILES,
-        metavar="N",
-        help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,}); a walk "
-        f"of a folder looks at no more than {ENTRIES_PER_FILE} files and folders per file, "
-        "skipped ones included",
-    )
+    _add_limit_arguments(parser)
     parser.add_argument(
         "--allow-local",
         action="store_true",
@@ -151,6 +139,34 @@ def register(subparsers: Any) -> None:
     add_engine_arguments(parser)
     add_trace_argument(parser)
     parser.set_defaults(func=run)
+
+
+def _add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """What one call may read, and how many calls run at once."""
+    parser.add_argument(
+        "--max-read-bytes",
+        type=int,
+        default=DEFAULT_MAX_READ_BYTES,
+        metavar="N",
+        help=f"the most bytes one call may read (default {DEFAULT_MAX_READ_BYTES:,})",
+    )
+    parser.add_argument(
+        "--max-read-files",
+        type=int,
+        default=DEFAULT_MAX_READ_FILES,
+        metavar="N",
+        help=f"the most files one call may read (default {DEFAULT_MAX_READ_FILES:,}); a walk "
+        f"of a folder looks at no more than {ENTRIES_PER_FILE} files and folders per file, "
+        "skipped ones included",
+    )
+    parser.add_argument(
+        "--max-calls",
+        type=int,
+        default=DEFAULT_MAX_CALLS,
+        metavar="N",
+        help=f"the most calls that run at once (default {DEFAULT_MAX_CALLS}); the others "
+        "wait their turn. Each holds what it read, a guest process and its model calls",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,6 +248,9 @@ class _Tools:
     folder and the tracer provider."""
 
     def __init__(self, args: argparse.Namespace, provider: TracerProvider | None) -> None:
+        if args.max_calls < 1:
+            raise ConfigError(f"--max-calls {args.max_calls}: give at least 1")
+        self.max_calls = args.max_calls
         self.roots = ReadRoots(
             args.read_path, max_bytes=args.max_read_bytes, max_files=args.max_read_files
         )
@@ -244,6 +263,7 @@ class _Tools:
         self.trace_content = bool(getattr(args, "trace_content", False))
         self._check_engine()
         self.report_dir = _report_dir(args.report_dir)
+        self._turns: anyio.Semaphore | None = None  # made on the server's loop
         self.calls = 0  # in flight: each until its run is closed
         self._idle: anyio.Event | None = None  # while `wait_idle` waits
 
@@ -267,9 +287,14 @@ class _Tools:
         self, question: str, paths: list[str] | None, text: str | None
     ) -> AnswerResult:
         """One call of the tool, counted in flight (`wait_idle`) from start to end."""
+        import anyio
+
         self.calls += 1
         try:
-            return await self._answer(question, paths, text)
+            if self._turns is None:
+                self._turns = anyio.Semaphore(self.max_calls)
+            async with self._turns:  # what one call holds times --max-calls: the bound
+                return await self._answer(question, paths, text)
         finally:
             self.calls -= 1
             if not self.calls and self._idle is not None:
@@ -329,6 +354,8 @@ class _Tools:
         a `ToolError` that says what happened."""
         from mcp.server.mcpserver.exceptions import ToolError
 
+        if not question.strip():  # a paid run with nothing to answer
+            raise ToolError("the question is empty: say what to find in the documents")
         room = self.roots.max_bytes - len(question.encode("utf-8", errors="replace"))
         if room < 0:
             raise ToolError(

@@ -97,9 +97,10 @@ class EvalItem(BaseModel):
             return text
         try:
             value = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
+            why = str(exc) if isinstance(exc, ValueError) else "nested past Python's stack"
             raise ConfigError(
-                f"item {self.id!r}: context_path {str(path)!r} is not JSON ({exc})"
+                f"item {self.id!r}: context_path {str(path)!r} is not JSON ({why})"
             ) from None
         if not isinstance(value, str | list | dict):
             raise ConfigError(

@@ -19,13 +19,14 @@ Invariants:
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .._files import hold_alone, open_private, read_results, regular_or_missing, utf8_text
 from ..batch import BatchError
@@ -52,23 +53,39 @@ class EvalRow(BaseModel):
             (`rlm_graph.eval.items.asked_hash`); ``None`` in rows of older versions.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     id: str
     method: str
     prediction: str | None = None
-    score: float = 0.0
-    cost: float | None = None
-    latency_s: float = 0.0
-    input_tokens: int = 0
-    output_tokens: int = 0
+    score: float = Field(0.0, ge=0.0, le=1.0)
+    cost: float | None = Field(None, ge=0.0)
+    latency_s: float = Field(0.0, ge=0.0)
+    input_tokens: int = Field(0, ge=0)
+    output_tokens: int = Field(0, ge=0)
     stop_reason: str | None = None
     error: BatchError | None = None
     asked: str | None = None
 
+    @field_validator("cost", mode="before")
+    @classmethod
+    def _countable(cls, cost: object) -> object:
+        """A cost past what a float holds (reported costs that overflowed: 1e308 + 1e308)
+        is unknown, not infinite: a row stays JSON and its sums stay numbers."""
+        return None if isinstance(cost, float) and math.isinf(cost) else cost
+
+    @model_validator(mode="after")
+    def _failed_scores_nothing(self) -> EvalRow:
+        if self.score and (self.error is not None or self.prediction is None):
+            raise ValueError("an item without a prediction (or with an error) scores 0")
+        return self
+
     def to_line(self) -> str:
         return utf8_text(json.dumps(self.model_dump(mode="json"), ensure_ascii=False)) + "\n"
 
+
+_FIELDS = frozenset(EvalRow.model_fields)
+"""A row's fields (a key of another version's row is left out, not refused)."""
 
 _ROW_KEYS = frozenset(("id", "method"))
 """What every row has (`ResultsLog._note` refuses a line without them)."""
@@ -142,7 +159,17 @@ class ResultsLog:
                 f"{self.path}:{number} is not a row of rlm-graph eval; --out must be an "
                 "evaluation's folder (or a new one)"
             ) from None
-        self._rows[key] = record
+        try:  # what the summary adds up and the page shows: checked, as the run wrote it
+            row = EvalRow.model_validate({k: v for k, v in record.items() if k in _FIELDS})
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"]) or "the row"
+            raise ConfigError(
+                f"{self.path}:{number}: {where}: {problem['msg'].removeprefix('Value error, ')}; "
+                "an evaluation writes "
+                "no such row: correct the line, or delete it to ask that item again"
+            ) from None
+        self._rows[key] = row.model_dump(mode="json")
 
     def done(
         self, method: str, *, retry_failed: bool = False, asked: Mapping[str, str] | None = None

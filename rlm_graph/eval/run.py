@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .. import _json
 from .._files import write_private
 from ..batch.run import check_executor
 from ..errors import ConfigError
@@ -368,7 +369,7 @@ class Evaluation:
         )
         data = summary.public()
         data["models"] = self._models()
-        write_private(self.out / "summary.json", json.dumps(data, indent=2) + "\n")
+        write_private(self.out / "summary.json", _json.dumps(data, indent=2) + "\n")
         descriptions = {m.name: m.description for m in self.methods}
         models = {"root_model": self.setup.root_model, "sub_model": self.setup.sub_model}
         write_private(

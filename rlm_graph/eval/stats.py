@@ -36,6 +36,7 @@ __all__ = [
     "LatencyStats",
     "MethodSummary",
     "bootstrap_ci",
+    "mean",
     "quantile",
     "summarize",
 ]
@@ -43,6 +44,15 @@ __all__ = [
 BOOTSTRAP_RESAMPLES = 2000
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def mean(values: Sequence[float]) -> float | None:
+    """The mean of ``values``, else None; finite for finite values however large (costs a
+    server reported near the largest float would overflow their sum)."""
+    if not values:
+        return None
+    total = sum(values)
+    return total / len(values) if math.isfinite(total) else sum(v / len(values) for v in values)
 
 
 def quantile(values: Sequence[float], share: float) -> float | None:
@@ -158,7 +168,7 @@ def _one(rows: Sequence[Mapping[str, Any]], seed: int, items: int | None) -> Met
         score=sum(scores) / len(scores) if scores else None,
         ci95=ci,
         cost=CostStats(
-            mean=sum(costs) / len(costs) if costs else None,
+            mean=mean(costs),
             median=statistics.median(costs) if costs else None,
             p95=quantile(costs, 0.95),
         ),

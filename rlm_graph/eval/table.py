@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping
 
-from .stats import EvalSummary, MethodSummary
+from .stats import EvalSummary, MethodSummary, mean
 
 __all__ = ["cost_cell", "render_table"]
 
@@ -43,7 +43,7 @@ def cost_cell(method: MethodSummary) -> str:
     if not costs:
         return "(N/A)"
     spread = statistics.stdev(costs) if len(costs) > 1 else 0.0
-    return f"({_usd(statistics.fmean(costs))} ± {_usd(spread)})"
+    return f"({_usd(mean(costs))} ± {_usd(spread)})"
 
 
 def _paper_cell(method: MethodSummary) -> str:

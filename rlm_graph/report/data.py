@@ -104,6 +104,7 @@ def _node_columns(
     starts = [r.start for r in records if r.start is not None]
     t0 = min(starts) if starts else 0.0
     columns, rows = _dag_layout(graph, records, index)
+    model_at = {model: place for place, model in enumerate(models)}  # not models.index: n*m
     return {
         "id": [r.id for r in records],
         "kind": [kinds.index(str(r.kind)) for r in records],
@@ -114,7 +115,7 @@ def _node_columns(
         "lane": _lanes(records, t0),
         "col": columns,
         "row": rows,
-        "model": [models.index(r.model) if r.model else -1 for r in records],
+        "model": [model_at[r.model] if r.model else -1 for r in records],
         "tokens": [r.usage.total_tokens if r.usage else 0 for r in records],
         "cost": [r.cost for r in records],
         "input": [r.input_preview for r in records],

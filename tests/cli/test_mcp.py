@@ -209,6 +209,7 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
                 "rlm_answer", {"question": "Read it.", "paths": ["nope.txt"]}
             )
             # The question counts in --max-read-bytes too: it goes to the model as well.
+            empty = await client.call_tool("rlm_answer", {"question": " \n", "text": "x"})
             huge = await client.call_tool("rlm_answer", {"question": "q" * 5000, "text": "x"})
             with_text = await client.call_tool(
                 "rlm_answer", {"question": "q" * 3000, "text": "x" * 1500}
@@ -221,12 +222,38 @@ async def test_paths_outside_the_read_roots_are_refused_before_any_model_call(
         )
         assert SECRET not in text_of(result)
     assert neither.is_error and "either paths" in text_of(neither)
+    assert empty.is_error and "the question is empty" in text_of(empty)
     assert huge.is_error and "the question is more than 4,000 bytes" in text_of(huge)
     assert with_text.is_error and "the text and the question come to more" in text_of(with_text)
     assert both.is_error and "not both" in text_of(both)
     assert missing.is_error and "does not exist" in text_of(missing)
     assert requests == 0  # nothing was ever sent to a model
     assert not list((tmp_path / "r").iterdir())  # and no report was left behind
+
+
+async def test_calls_past_max_calls_wait_their_turn_and_each_is_answered(
+    tree: Path, tmp_path: Path
+) -> None:
+    """An agent firing many calls at once held as many reads, guests and model calls as it
+    fired (memory without a bound); past --max-calls they wait."""
+    with FakeOpenAIServer(lambda body: ROOT_CODE, api_key=KEY, latency=0.3) as server:
+        async with session(
+            server, tree, tmp_path / "server.log", "--max-calls", "2", "--report-dir",
+            str(tmp_path / "r"),
+        ) as client:  # fmt: skip
+            answers: list[Any] = []
+
+            async def ask(n: int) -> None:
+                text = {"question": "Shout it.", "text": f"document {n}"}
+                answers.append(await client.call_tool("rlm_answer", text))
+
+            async with trio.open_nursery() as nursery:
+                for n in range(5):
+                    nursery.start_soon(ask, n)
+    assert sorted(a.structured_content["answer"] for a in answers) == [
+        f"text:document {n}" for n in range(5)
+    ]
+    assert len(server.requests) == 5 and server.peak_in_flight == 2
 
 
 # The model's code, told to read past its context: a file of the read root by its own
@@ -314,6 +341,8 @@ def test_a_bad_flag_is_a_usage_error_before_serving(
         ]
     )
     assert code == 2 and "nowhere" in capsys.readouterr().err
+    code = main(["mcp", "--read-path", str(tmp_path), "--model", "m", "--max-calls", "0"])
+    assert code == 2 and "--max-calls 0: give at least 1" in capsys.readouterr().err
 
 
 def test_a_report_dir_made_here_is_private(tmp_path: Path) -> None:

@@ -218,3 +218,40 @@ def test_a_download_with_a_byte_order_mark_converts(tmp_path: Path) -> None:
     assert _convert(tmp_path, "--from", "oolong", str(source)) == _convert(
         plain, "--from", "oolong", str(DATA / "oolong-synth.jsonl")
     )
+
+
+def _oolong_row(answer: str) -> str:
+    row = json.loads((DATA / "oolong-synth.jsonl").read_text().splitlines()[0])
+    return json.dumps({**row, "answer": answer}) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("answer", "says"),
+    [
+        ("[datetime.date(2023, 13, 5)]", "is no date (month must be in 1..12)"),
+        ("[datetime.date(" + "9" * 23 + ", 1, 5)]", "is no date"),
+        ("[" + "1+" * 200_000 + "1]", "is not the list literal OOLONG writes"),
+    ],
+)
+def test_an_oolong_answer_no_harness_writes_is_refused_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], answer: str, says: str
+) -> None:
+    """A month 13, a year past what a date holds and a sum nested past Python's stack ended
+    convert with a traceback."""
+    download = tmp_path / "oolong.jsonl"
+    download.write_text(_oolong_row(answer))
+    out = str(tmp_path / "items.jsonl")
+    assert main(["eval", "convert", "--from", "oolong", str(download), "-o", out]) == 2
+    assert says in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["oolong.jsonl"]
+
+
+def test_a_corpus_line_nested_past_pythons_stack_is_refused_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_bytes(b'{"docid": "c1", "text": "t", "url": "u"}\n' + b"[" * 200_000 + b"\n")
+    queries = DATA / "browsecomp-plus-decrypted.jsonl"
+    args = ["eval", "convert", "--from", "browsecomp-plus", str(queries), "--corpus", str(corpus)]
+    assert main([*args, "-o", str(tmp_path / "items.jsonl")]) == 2
+    assert "corpus.jsonl:2: a corpus row has a 'docid'" in capsys.readouterr().err

@@ -135,6 +135,17 @@ def test_contexts_in_text_and_json_files_are_read_when_used(tmp_path: Path) -> N
     assert docs.load_context() == ["first document", "second document"] and docs.text_file is None
 
 
+def test_a_json_context_nested_past_pythons_stack_is_a_config_error_naming_the_item(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "deep.json").write_text("[" * 200_000)
+    row = {"id": "q", "question": "q", "answer": "x", "answer_type": "exact"}
+    (tmp_path / "items.jsonl").write_text(json.dumps({**row, "context_path": "deep.json"}) + "\n")
+    (item,) = read_items(tmp_path / "items.jsonl")
+    with pytest.raises(ConfigError, match="item 'q': context_path .* is not JSON \\(nested past"):
+        item.load_context()
+
+
 def test_the_draw_is_seeded_and_keeps_the_file_order() -> None:
     ids = [f"q{i}" for i in range(50)]
     drawn = sample_items(ids, 10, seed=4)

@@ -397,3 +397,50 @@ def test_a_run_cut_before_its_summary_still_refuses_other_models(tmp_path: Path)
         other["backend_kwargs"] = {**other["backend_kwargs"], "model_name": "another-model"}
         with pytest.raises(ConfigError, match="holds the results of root model"):
             run_eval(items(), other, methods=["base"], out=tmp_path)
+
+
+def test_costs_past_the_largest_float_keep_the_files_json_and_a_rerun_asks_nothing(
+    tmp_path: Path,
+) -> None:
+    # A server reports usage.cost=1e308 per call: each is finite, two of them are not.
+    with EvalServer(cost_per_call=1e308, turns=2) as server:
+        first = run_eval(items(), rlm_kwargs(server), methods=["rlm", "base"], out=tmp_path)
+        asked = len(server.requests)
+        again = run_eval(items(), rlm_kwargs(server), methods=["rlm", "base"], out=tmp_path)
+        assert len(server.requests) == asked and again.written == 0
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda word: pytest.fail(f"{word} in JSON"))
+
+    rows = [strict(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert {row["cost"] for row in rows if row["method"] == "rlm"} == {None}  # two calls
+    assert {row["cost"] for row in rows if row["method"] == "base"} == {1e308}
+    summary = strict((tmp_path / "summary.json").read_text())
+    assert summary["methods"]["base"]["cost"]["mean"] == pytest.approx(1e308)
+    assert first.summary == again.summary
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ({"cost": float("nan")}, "cost: Input should be a finite number"),
+        ({"cost": "0.1 USD"}, "cost: Input should be a valid number"),
+        ({"error": "boom"}, "error: Input should be a valid dictionary"),
+        ({"score": 1.0, "prediction": None}, "the row: an item without a prediction (or with"),
+        ({"score": 7.0}, "score: Input should be less than or equal to 1"),
+    ],
+)
+def test_a_row_no_evaluation_writes_is_refused_naming_its_line_and_the_fix(
+    tmp_path: Path, change: dict[str, Any], said: str
+) -> None:
+    with EvalServer() as server:
+        run_eval(items()[:2], rlm_kwargs(server), methods=["base"], out=tmp_path)
+        results = tmp_path / "results.jsonl"
+        first, second = results.read_text().splitlines()
+        results.write_text(f"{first}\n{json.dumps({**json.loads(second), **change})}\n")
+        asked = len(server.requests)
+        with pytest.raises(ConfigError) as refused:
+            run_eval(items(), rlm_kwargs(server), methods=["base"], out=tmp_path)
+        assert len(server.requests) == asked
+    assert f"results.jsonl:2: {said}" in str(refused.value)
+    assert "correct the line, or delete it to ask that item again" in str(refused.value)

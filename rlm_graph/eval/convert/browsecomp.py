@@ -70,7 +70,7 @@ class CorpusIndex:
     def _docid(self, line: bytes, number: int) -> str:
         try:
             return str(json.loads(line)["docid"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ConfigError(
                 f"{self.path}:{number}: a corpus row has a 'docid' (and 'text', 'url')"
             ) from None

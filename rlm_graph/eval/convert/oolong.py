@@ -36,12 +36,15 @@ def _gold(answer: Any, where: str) -> Any:
     date = _DATE.search(text)
     if date:
         year, month, day = (int(g) for g in date.groups())
-        return datetime.date(year, month, day).strftime("%b %d, %Y")
+        try:
+            return datetime.date(year, month, day).strftime("%b %d, %Y")
+        except (ValueError, OverflowError) as exc:
+            raise ConfigError(f"{where}: answer {text[:60]!r} is no date ({exc})") from None
     if not text.startswith("["):
         return text
     try:
         value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, RecursionError, MemoryError):  # nested past the stack
         raise ConfigError(
             f"{where}: answer {text[:60]!r} is not the list literal OOLONG writes"
         ) from None
