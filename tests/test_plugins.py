@@ -101,6 +101,39 @@ def test_a_register_hook_that_forgot_its_return_is_said(caplog: pytest.LogCaptur
     assert "a forgotten return?" in caplog.text
 
 
+def test_a_register_hook_taking_arguments_is_refused_in_one_line_naming_the_rule() -> None:
+    class Configured:
+        @hookimpl
+        def rlm_register_providers(self, config: object) -> dict[str, object]:
+            return {}
+
+    with pytest.raises(PluginError) as refused:
+        PluginHost([Configured()], entry_points=False)
+    said = str(refused.value)
+    assert said.startswith("cannot register plugin Configured object (registered in code): ")
+    assert "rlm_register_providers(config" in said and "\n" not in said
+    assert "the rlm_register_* hooks none but self" in said
+
+
+def test_two_plugins_in_code_registering_one_name_warn_and_the_later_is_used(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def registering(reply: str) -> object:
+        class Registers:
+            @hookimpl
+            def rlm_register_providers(self) -> dict[str, object]:
+                return {"twice-named": lambda **_: ConstantProvider(text=reply)}
+
+        return Registers()
+
+    with caplog.at_level("WARNING", logger="rlm_graph"):
+        engine = Engine("twice-named", plugins=[registering("first"), registering("second")])
+    wf = Workflow()
+    node = wf.llm("q")
+    assert engine.run(wf)[node] == "second"
+    assert "backend 'twice-named' is registered by two plugins passed in code" in caplog.text
+
+
 def test_an_async_observer_hook_is_refused_as_it_would_never_run() -> None:
     """Hooks are called, not awaited: an async one only made a coroutine nobody awaited."""
 

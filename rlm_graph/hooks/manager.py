@@ -11,7 +11,9 @@ Invariants:
       (`PluginHost.broken`); a plugin passed in code fails the engine instead, with a
       `PluginError` naming it and the hook.
     - Two installed plugins registering one name: a name of rlm-graph's own plugins stays
-      theirs, else the later wins; either way a warning names both. Code wins silently.
+      theirs, else the later wins; either way a warning names both. Code wins silently
+      over installed plugins; of two plugins passed in code, the later wins, with a
+      warning.
     - Hooks are called through pluggy's hook callers (wrappers and ``pm.trace`` apply),
       one plugin at a time, so that each registration names the plugin it came from.
     - An unknown name fails when the engine is configured, never mid-run, with the list of
@@ -43,6 +45,9 @@ logger = logging.getLogger("rlm_graph")
 
 _OWN = "rlm-graph"
 """The distribution of the first-party plugins (plugins/)."""
+
+_IN_CODE = "registered in code"
+"""The origin of a plugin passed in code (`PluginHost(plugins=...)`, `register`)."""
 
 _SINGULAR = {
     "providers": "backend",
@@ -225,10 +230,18 @@ class PluginHost:
         plugin = _hook_object(plugin)
         if self.pm.is_registered(plugin):
             return
+        named = getattr(plugin, "__name__", None) or f"{type(plugin).__name__} object"
         try:
             self.pm.register(plugin, name=getattr(plugin, "__name__", None))
-        except (ValueError, pluggy.PluginValidationError) as exc:
-            raise PluginError(f"cannot register plugin {plugin!r} ({origin}): {exc}") from exc
+        except pluggy.PluginValidationError as exc:  # pluggy's lines name it by its id()
+            said = "; ".join(line.strip() for line in str(exc).splitlines()[1:])
+            raise PluginError(
+                f"cannot register plugin {named} ({origin}): {said}: a hook takes only the "
+                "arguments its spec names (the rlm_register_* hooks none but self; "
+                "docs/plugins.md lists them)"
+            ) from exc
+        except ValueError as exc:
+            raise PluginError(f"cannot register plugin {named} ({origin}): {exc}") from exc
         self._origins[id(plugin)] = origin
 
     def _register_installed(self, plugin: object, entry: BrokenPlugin) -> None:
@@ -276,7 +289,7 @@ class PluginHost:
         hooked = _hook_object(plugin)
         if self._installed.pop(id(hooked), None) is not None:
             self.pm.unregister(hooked)
-        self._register(plugin, "registered in code")
+        self._register(plugin, _IN_CODE)
         if self.pm.is_registered(hooked) and not self.pm.get_hookcallers(hooked):
             self.pm.unregister(hooked)
             raise PluginError(
@@ -392,8 +405,19 @@ class PluginHost:
     def _warn_clash(
         self, earlier: Registration | None, origin: str, category: str, name: str
     ) -> None:
-        """Two installed plugins registering one name: say which one stays."""
-        if earlier is None or not origin.startswith("entry point"):
+        """Two installed plugins registering one name: say which one stays. Two plugins
+        passed in code: the later one's (code chose the order), said once."""
+        if earlier is None:
+            return
+        if origin == earlier.origin == _IN_CODE:
+            _warn_once(
+                "%s %r is registered by two plugins passed in code; the later one's is used "
+                "(pass one of them to keep this quiet)",
+                _SINGULAR[category],
+                name,
+            )
+            return
+        if not origin.startswith("entry point"):
             return
         kept = earlier.origin if _keeps(earlier, origin) else origin
         _warn_once(
