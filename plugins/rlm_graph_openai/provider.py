@@ -19,11 +19,13 @@ through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from rlm_graph.contracts import TextSink
 from rlm_graph.http import (
     BadResponse,
     ChatRequest,
@@ -32,6 +34,7 @@ from rlm_graph.http import (
     JSONProvider,
     KeyPolicy,
     Message,
+    ProviderError,
     StreamParser,
     Usage,
     answer_head,
@@ -44,6 +47,8 @@ from rlm_graph.http import (
 )
 
 __all__ = ["BACKENDS", "OpenAIProvider", "factory"]
+
+logger = logging.getLogger("rlm_graph")
 
 
 def _policy(
@@ -184,6 +189,41 @@ class OpenAIProvider(JSONProvider):
             body["prompt_cache_key"] = request.cache_key
         body.update(request.extra)
         return body
+
+    async def complete(self, request: ChatRequest) -> ChatResponse:
+        try:
+            return await super().complete(request)
+        except ProviderError as exc:
+            if not self._cache_key_refused(exc, request):
+                raise
+        return await super().complete(request)
+
+    async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        try:
+            return await super().stream(request, sink)
+        except ProviderError as exc:
+            if not self._cache_key_refused(exc, request):
+                raise
+        return await super().stream(request, sink)
+
+    def _cache_key_refused(self, exc: ProviderError, request: ChatRequest) -> bool:
+        """Whether the server refused the ``prompt_cache_key`` field (a 400 naming it, as
+        a server that refuses fields it does not know answers): then it is sent no more
+        by this provider, said once, and the call is asked again without it."""
+        if not (
+            request.cache_key is not None
+            and exc.status_code == 400
+            and "prompt_cache_key" in str(exc)
+        ):
+            return False
+        if self.prompt_cache_key:  # calls refused together: said by the first
+            self.prompt_cache_key = False
+            logger.warning(
+                "%s refused the prompt_cache_key field; its calls go without it from now "
+                "on (backend_kwargs={'prompt_cache_key': False} says so from the start)",
+                self.url,
+            )
+        return True
 
     def _stream_fields(self, request: ChatRequest) -> dict[str, Any] | None:
         if request.response_schema is not None:

@@ -12,7 +12,7 @@ import pytest
 from rlm_graph import RLM
 from rlm_graph.contracts import ModelInfo, Usage
 from rlm_graph.events import RunFinished
-from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer
+from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from tests.support.http import anthropic_kwargs, openai_kwargs
 from tests.support.streams import FINISH, TurnScript, is_turn, repl
 
@@ -181,3 +181,26 @@ async def test_max_budget_counts_what_is_billed_with_the_cache() -> None:
     # ...and the same run priced at the plain input rate passes it.
     stopped = await _cost(plain_table, max_budget=budget)
     assert stopped.stop_reason == "max_budget"
+
+
+async def test_a_server_refusing_the_cache_key_is_asked_again_without_it_and_never_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A gateway that refuses fields it does not know (a 400 naming the field) failed
+    every root turn of the `openai` backend pointed at it."""
+    script = TurnScript(THREE_TURNS)
+
+    def strict(body: dict[str, Any]) -> Any:
+        if "prompt_cache_key" in body:
+            return Reply.error(400, "Unrecognized request argument supplied: prompt_cache_key")
+        return script(body)
+
+    with FakeOpenAIServer(strict) as server:
+        with caplog.at_level("WARNING", logger="rlm_graph"):
+            async with RLM("openai", openai_kwargs(server)) as rlm:
+                first = await rlm.acompletion("ctx", root_prompt="q")
+                second = await rlm.acompletion("ctx", root_prompt="q again")
+        refused = [status for status, _ in server.responses if status == 400]
+    assert first.response.startswith("done:") and second.response.startswith("done:")
+    assert len(refused) == 1  # the first turn's; no call sends the key after it
+    assert caplog.text.count("refused the prompt_cache_key field") == 1
