@@ -266,12 +266,21 @@ _SCRIPT = r"""
       var mid = (lo + hi) >> 1;
       if (N.start[list[mid]] <= t) { found = mid; lo = mid + 1; } else { hi = mid - 1; }
     }
-    for (var k = Math.max(0, found - 1); k <= Math.min(list.length - 1, found + 1); k++) {
-      if (k < 0) continue;
+    // Of the nodes drawn at x (within 2 px), the one x is inside, else the nearest; among
+    // those, the one whose centre is nearest: nodes shorter than a pixel are drawn a pixel
+    // wide, so several may cover x, and the search by start time lands on the last.
+    var best = -1, bestScore = Infinity;
+    function consider(k) {
       var r = tlRect(list[k]);
-      if (x >= r[0] - 2 && x <= r[0] + r[2] + 2) return list[k];
+      var outside = x < r[0] ? r[0] - x : x > r[0] + r[2] ? x - r[0] - r[2] : 0;
+      if (outside > 2) return false;
+      var score = outside * 1e6 + Math.abs(x - (r[0] + r[2] / 2));
+      if (score < bestScore) { best = list[k]; bestScore = score; }
+      return true;
     }
-    return -1;
+    for (var k = found; k >= 0 && found - k < 64; k--) if (!consider(k) && k < found) break;
+    for (var k2 = found + 1; k2 < list.length && k2 - found < 64; k2++) if (!consider(k2)) break;
+    return best;
   }
 
   // -- DAG -----------------------------------------------------------------------------
