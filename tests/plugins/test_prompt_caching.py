@@ -204,3 +204,16 @@ async def test_a_server_refusing_the_cache_key_is_asked_again_without_it_and_nev
     assert first.response.startswith("done:") and second.response.startswith("done:")
     assert len(refused) == 1  # the first turn's; no call sends the key after it
     assert caplog.text.count("refused the prompt_cache_key field") == 1
+
+
+async def test_a_price_given_for_a_known_model_replaces_its_cached_rate_too() -> None:
+    """Prices given for a model the plugins price kept the plugin's cached rate, set
+    against its own input rate: a model made free still billed its cached tokens."""
+    free = {"gpt-5-mini": {"input_usd_per_mtok": 0.0, "output_usd_per_mtok": 0.0}}
+    server = FakeOpenAIServer(TurnScript(THREE_TURNS), prompt_cache=True, cache_min_tokens=64)
+    with server:
+        kwargs = openai_kwargs(server, model_name="gpt-5-mini")
+        async with RLM("openai", kwargs, models=free, max_budget=1.0) as rlm:
+            result = await rlm.acompletion("ctx", root_prompt="q")
+    summary = result.usage_summary.model_usage_summaries["gpt-5-mini"]
+    assert summary.cached_tokens > 0 and summary.total_cost == 0.0
