@@ -27,6 +27,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from rlm_graph.errors import checked_flag
 from rlm_graph.http import (
     BadResponse,
     ChatRequest,
@@ -98,7 +99,7 @@ class AnthropicProvider(JSONProvider):
             raise ConfigError("anthropic: default_max_tokens must be at least 1")
         self.anthropic_version = anthropic_version
         self.default_max_tokens = default_max_tokens
-        self.prompt_caching = prompt_caching
+        self.prompt_caching = checked_flag("anthropic: prompt_caching", prompt_caching)
         super().__init__(
             model_name=model_name, base_url=resolved.base_url, api_key=resolved.key, **kwargs
         )

@@ -120,7 +120,10 @@ class OpenAIProvider(JSONProvider):
             sent only to the official host (or a base URL from the environment).
         prompt_cache_key: send a completion's ``prompt_cache_key`` with its turns (OpenAI
             routes requests with one key to the same cache); default: for ``openai``
-            only, since other servers may refuse a field they do not know.
+            only, since other servers may refuse a field they do not know. A string is
+            the key itself, sent with every root turn (one cache for all completions,
+            say one per tenant); ``extra_body={"prompt_cache_key": ...}`` is sent as
+            given too.
         max_tokens_field: the body field a call's ``max_tokens`` goes in:
             ``max_completion_tokens`` for OpenAI's own host (its reasoning models refuse
             ``max_tokens``), ``max_tokens`` for any other server (the default).
@@ -138,7 +141,7 @@ class OpenAIProvider(JSONProvider):
         base_url: str | None = None,
         api_key: str | None = None,
         api_key_env: str | None = None,
-        prompt_cache_key: bool | None = None,
+        prompt_cache_key: bool | str | None = None,
         max_tokens_field: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -157,6 +160,11 @@ class OpenAIProvider(JSONProvider):
         )
         self.key_rule = resolved.rule
         self.key_variables = resolved.variables
+        if not isinstance(prompt_cache_key, bool | str | None) or prompt_cache_key == "":
+            raise ConfigError(
+                f"{backend}: prompt_cache_key must be True, False or the key to send (a "
+                f"non-empty string), not {prompt_cache_key!r}"
+            )
         self.prompt_cache_key = (
             backend == "openai" if prompt_cache_key is None else prompt_cache_key
         )
@@ -185,8 +193,10 @@ class OpenAIProvider(JSONProvider):
                     "schema": request.response_schema.json_schema,
                 },
             }
-        if request.cache_key is not None and self.prompt_cache_key:
-            body["prompt_cache_key"] = request.cache_key
+        cached = request.cache_key is not None and self.prompt_cache_key
+        if cached and "prompt_cache_key" not in self.extra_body:  # the user's, as given
+            key = self.prompt_cache_key
+            body["prompt_cache_key"] = key if isinstance(key, str) else request.cache_key
         body.update(request.extra)
         return body
 

@@ -24,6 +24,8 @@ from tests.support.http import KEY, anthropic_kwargs, openai_kwargs
         ({"base_url": "http//localhost:8000/v1"}, "http:// or https://"),
         ({"base_url": "http://[::1/v1"}, "not a valid URL"),
         ({"base_url": "localhost:8000/v1"}, "http:// or https://"),
+        ({"prompt_cache_key": 1}, "prompt_cache_key must be True, False or the key to send"),
+        ({"prompt_cache_key": ""}, "prompt_cache_key must be True, False or the key to send"),
     ],
 )
 def test_bad_backend_kwargs_are_one_config_error(overrides: dict[str, Any], words: str) -> None:

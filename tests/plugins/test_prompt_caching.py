@@ -11,6 +11,7 @@ import pytest
 
 from rlm_graph import RLM
 from rlm_graph.contracts import ModelInfo, Usage
+from rlm_graph.errors import ConfigError
 from rlm_graph.events import RunFinished
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from tests.support.http import anthropic_kwargs, openai_kwargs
@@ -217,3 +218,24 @@ async def test_a_price_given_for_a_known_model_replaces_its_cached_rate_too() ->
             result = await rlm.acompletion("ctx", root_prompt="q")
     summary = result.usage_summary.model_usage_summaries["gpt-5-mini"]
     assert summary.cached_tokens > 0 and summary.total_cost == 0.0
+
+
+async def test_a_cache_key_given_as_text_or_in_extra_body_is_the_one_sent() -> None:
+    """``prompt_cache_key="tenant-42"`` (OpenAI's own field is text) was taken as on and
+    the derived key sent instead; one in ``extra_body`` was overwritten on root turns."""
+    sent: dict[str, set[str]] = {}
+    for name, overrides in (
+        ("text", {"prompt_cache_key": "tenant-42"}),
+        ("extra", {"extra_body": {"prompt_cache_key": "tenant-7"}}),
+    ):
+        with FakeOpenAIServer(TurnScript(THREE_TURNS)) as server:
+            async with RLM("openai", openai_kwargs(server, **overrides)) as rlm:
+                await rlm.acompletion("ctx", root_prompt="q")
+                await rlm.acompletion("other ctx", root_prompt="another q")
+            sent[name] = {b["prompt_cache_key"] for b in server.bodies if is_turn(b)}
+    assert sent == {"text": {"tenant-42"}, "extra": {"tenant-7"}}
+
+
+def test_prompt_caching_that_is_not_true_or_false_is_refused() -> None:
+    with pytest.raises(ConfigError, match="prompt_caching must be True or False, not 'false'"):
+        RLM("anthropic", {"model_name": "claude-test", "api_key": "k", "prompt_caching": "false"})
