@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import heapq
+
 import pytest
 
 from rlm_graph.concurrency import DEFAULT_INITIAL, AdaptiveLimit, LatencyTrend
+from rlm_graph.concurrency.adaptive import Ticket
 
 
 def _wave(limit: AdaptiveLimit, n: int, seconds: float = 1.0) -> None:
@@ -103,6 +106,40 @@ def test_a_rising_latency_backs_the_limit_off() -> None:
     assert limit.limit == 16
     _wave(limit, 16, seconds=1.0)  # ten times slower: a queue is building
     assert limit.limit < 16
+
+
+def _queueing_server(limit: AdaptiveLimit, answers: int, slots: int = 8) -> int:
+    """A server that serves ``slots`` requests at a time, 50 ms each, and queues the rest
+    first come first served, never refusing (a local vLLM or llama.cpp); the client keeps
+    the limit in flight. The peak in flight."""
+    now, free_at, peak = 0.0, [0.0] * slots, 0
+    flying: list[tuple[float, int, Ticket, float]] = []
+
+    def send() -> None:
+        nonlocal peak
+        ticket = limit.start()
+        finish = max(now, heapq.heappop(free_at)) + 0.05
+        heapq.heappush(free_at, finish)
+        heapq.heappush(flying, (finish, ticket.seq, ticket, now))
+        peak = max(peak, limit.in_flight)
+
+    for _ in range(answers):
+        while limit.admits():
+            send()
+        finish, _, ticket, sent = heapq.heappop(flying)
+        now = finish
+        limit.answered(ticket, finish - sent)
+    return peak
+
+
+def test_a_server_that_queues_instead_of_refusing_is_backed_off_from() -> None:
+    """Slow start raised the limit to its ceiling against a server holding 8 at a time:
+    its queue grew the latency 60-fold, but slowly enough that the long-run latency the
+    trend compares with rose with it, and nothing backed off (clients timed out)."""
+    limit = AdaptiveLimit()
+    peak = _queueing_server(limit, answers=3000)
+    assert limit.epoch > 0  # backed off on the latency alone: nothing was refused
+    assert peak < 256 and limit.limit < 256  # not the ceiling, 512
 
 
 def test_a_fixed_limit_never_moves() -> None:

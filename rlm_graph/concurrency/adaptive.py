@@ -50,6 +50,7 @@ DEFAULT_CEILING = 512
 """How far a provider's limit may rise when ``max_concurrent`` is not set."""
 
 _PROBE_SHARE = 0.1  # growth at the level of the last refusal, as a share of the normal
+_RISE_DAMPING = 8  # how much slower the long-run latency follows a rise than a fall
 
 
 class Ticket(NamedTuple):
@@ -70,6 +71,9 @@ class LatencyTrend:
     By sending order, not answering order: a batch's answers come back fastest first,
     so the last answers of any batch are its slowest, and a heavy tail would look like
     a queue building. The latest sent are what a queue at the server would slow down.
+    The long-run mean follows a rise `_RISE_DAMPING` times slower than a fall: a queue
+    that slow start builds grows the latency gradually, and a mean that kept up with it
+    never saw it rise.
     """
 
     __slots__ = ("_kept", "_long", "_seen", "horizon", "tolerance", "window")
@@ -86,6 +90,8 @@ class LatencyTrend:
         before ``2 * window`` answers)."""
         self._seen += 1
         weight = 1.0 / min(self._seen, self.horizon)
+        if seconds > self._long and self._seen > self.horizon:
+            weight /= _RISE_DAMPING
         self._long += weight * (seconds - self._long)
         self._kept.append((sent, seconds))
         # Looked at every eighth answer: a queue builds over many answers, and the look
