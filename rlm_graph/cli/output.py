@@ -181,13 +181,17 @@ def _said(message: str | None, error: BaseException | None) -> str | None:
     return without_url_passwords(text) if text is not None else None
 
 
+_ESTIMATED = "the server reported none, or a hedged duplicate was cancelled"
+"""Why a call's tokens are estimates (`rlm_graph.contracts.Usage.estimated`)."""
+
+
 def _usage_line(summary: Any, elapsed: float) -> str:
     cost = summary.total_cost
     estimated = sum(m.estimated_calls or 0 for m in summary.model_usage_summaries.values())
     return (
         f"[{summary.total_calls} call{'' if summary.total_calls == 1 else 's'}, {summary.total_input_tokens:,} input and "
         f"{summary.total_output_tokens:,} output tokens"
-        + (f" (estimated for {estimated}: the server reported none)" if estimated else "")
+        + (f" (estimated for {estimated}: {_ESTIMATED})" if estimated else "")
         + (f", ${cost:.4f}" if cost is not None else "")
         + f", {elapsed:.1f} s]"
     )

@@ -10,7 +10,8 @@ Lifecycle, per run:
     start comes before its finish; a spawned node starts after its parent started and
     finishes before it), limit_warning at most once per limit, run_finished last. A root
     turn whose reply streams has text_delta events between its start and its finish.
-    concurrency_limit whenever a provider's adaptive limit moves (between any two).
+    concurrency_limit when a provider's adaptive limit moves by an eighth either way, to
+    the run whose call moved it (other runs sharing the limit are not told).
 """
 
 from __future__ import annotations
