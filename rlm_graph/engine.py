@@ -121,15 +121,15 @@ def _model_table(table: dict[str, ModelInfo], models: object) -> dict[str, Model
     return table
 
 
-_PRICE = "_usd_per_mtok"
-"""How a `ModelInfo` price field's name ends."""
+_CACHE_RATES = ("cached_input_usd_per_mtok", "cache_write_usd_per_mtok")
+"""A `ModelInfo`'s rates that go with its input rate."""
 
 
 def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
     """A ``models=`` entry; a dict updates what the plugins know of that model (so giving a
-    ``context_window`` keeps its prices). A dict naming a price replaces every price: the
-    rates it leaves out are unset (cached input then at its input rate), not the
-    plugin's, which were set against the plugin's input rate."""
+    ``context_window`` keeps its prices). A dict naming the input price drops the
+    plugin's cached-input and cache-write rates it does not name: they were set against
+    the plugin's input rate (unset, those tokens are priced at the new input rate)."""
     if isinstance(info, ModelInfo):
         return info
     if not isinstance(info, Mapping):
@@ -138,8 +138,8 @@ def _model_info(name: str, info: object, known: ModelInfo | None) -> ModelInfo:
         )
     try:
         base = known.model_dump(exclude_unset=True) if known is not None else {}
-        if any(str(key).endswith(_PRICE) for key in info):
-            base = {key: value for key, value in base.items() if not key.endswith(_PRICE)}
+        if "input_usd_per_mtok" in info:
+            base = {key: value for key, value in base.items() if key not in _CACHE_RATES}
         return ModelInfo(**{**base, **info})
     except ValidationError as exc:
         raise config_error(f"models[{name!r}]", exc) from None

@@ -160,10 +160,14 @@ class OpenAIProvider(JSONProvider):
         )
         self.key_rule = resolved.rule
         self.key_variables = resolved.variables
-        if not isinstance(prompt_cache_key, bool | str | None) or prompt_cache_key == "":
+        if (
+            not isinstance(prompt_cache_key, bool | str | None)
+            or isinstance(prompt_cache_key, str)
+            and prompt_cache_key.strip().lower() in ("", "true", "false", "yes", "no", "0", "1")
+        ):
             raise ConfigError(
-                f"{backend}: prompt_cache_key must be True, False or the key to send (a "
-                f"non-empty string), not {prompt_cache_key!r}"
+                f"{backend}: prompt_cache_key must be True, False or the key to send (text "
+                f"that is not a yes or a no), not {prompt_cache_key!r}"
             )
         self.prompt_cache_key = (
             backend == "openai" if prompt_cache_key is None else prompt_cache_key
@@ -193,38 +197,48 @@ class OpenAIProvider(JSONProvider):
                     "schema": request.response_schema.json_schema,
                 },
             }
-        cached = request.cache_key is not None and self.prompt_cache_key
-        if cached and "prompt_cache_key" not in self.extra_body:  # the user's, as given
+        if self._sends_cache_key(request):  # not over one the user gave, as given
             key = self.prompt_cache_key
             body["prompt_cache_key"] = key if isinstance(key, str) else request.cache_key
         body.update(request.extra)
         return body
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
+        sent = self._sends_cache_key(request)
         try:
             return await super().complete(request)
         except ProviderError as exc:
-            if not self._cache_key_refused(exc, request):
+            if not (sent and self._cache_key_refused(exc)):
                 raise
         return await super().complete(request)
 
     async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        if not (self.streams and self._stream_fields(request) is not None):
+            return await super().stream(request, sink)  # answered whole: by complete()
+        sent = self._sends_cache_key(request)
         try:
             return await super().stream(request, sink)
         except ProviderError as exc:
-            if not self._cache_key_refused(exc, request):
+            if not (sent and self._cache_key_refused(exc)):
                 raise
         return await super().stream(request, sink)
 
-    def _cache_key_refused(self, exc: ProviderError, request: ChatRequest) -> bool:
-        """Whether the server refused the ``prompt_cache_key`` field (a 400 naming it, as
-        a server that refuses fields it does not know answers): then it is sent no more
-        by this provider, said once, and the call is asked again without it."""
-        if not (
+    def _sends_cache_key(self, request: ChatRequest) -> bool:
+        """Whether this provider puts its own ``prompt_cache_key`` in ``request``'s body
+        (not one the user put in ``extra_body`` or the call's ``extra``)."""
+        return (
             request.cache_key is not None
-            and exc.status_code == 400
-            and "prompt_cache_key" in str(exc)
-        ):
+            and bool(self.prompt_cache_key)
+            and "prompt_cache_key" not in self.extra_body
+            and "prompt_cache_key" not in request.extra
+        )
+
+    def _cache_key_refused(self, exc: ProviderError) -> bool:
+        """Whether the server refused the ``prompt_cache_key`` field this provider sent
+        (a 400 naming it, as a server that refuses fields it does not know answers):
+        then it is sent no more by this provider, said once, and the call is asked again
+        without it."""
+        if exc.status_code != 400 or "prompt_cache_key" not in str(exc):
             return False
         if self.prompt_cache_key:  # calls refused together: said by the first
             self.prompt_cache_key = False

@@ -71,26 +71,30 @@ class LatencyTrend:
     By sending order, not answering order: a batch's answers come back fastest first,
     so the last answers of any batch are its slowest, and a heavy tail would look like
     a queue building. The latest sent are what a queue at the server would slow down.
-    The long-run mean follows a rise `_RISE_DAMPING` times slower than a fall: a queue
-    that slow start builds grows the latency gradually, and a mean that kept up with it
-    never saw it rise.
+    The long-run mean follows a rise of answers sent while the limit was in use
+    `_RISE_DAMPING` times slower than a fall: a queue that slow start builds grows the
+    latency gradually, and a mean that kept up with it never saw it rise. (Damped
+    always, the mean would sit well below a heavy tail's median, which then looked
+    risen by itself.)
     """
 
-    __slots__ = ("_kept", "_long", "_seen", "horizon", "tolerance", "window")
+    __slots__ = ("_kept", "_long", "_rising", "_seen", "horizon", "tolerance", "window")
 
     def __init__(self, tolerance: float = 2.0, window: int = 16, horizon: int = 64) -> None:
         self.tolerance, self.window, self.horizon = tolerance, window, horizon
         self._kept: deque[tuple[int, float]] = deque(maxlen=horizon)
         self._long = 0.0
         self._seen = 0
+        self._rising = 0  # looks in a row that found the latency risen
 
-    def add(self, seconds: float, sent: int) -> bool:
-        """Record one answer's latency and its request's sending order; True when the
-        recent median has risen past ``tolerance`` times the long-run mean (never
-        before ``2 * window`` answers)."""
+    def add(self, seconds: float, sent: int, busy: bool = True) -> bool:
+        """Record one answer's latency and its request's sending order (``busy``: it went
+        while the limit was in use, as a queue that the limit's growth builds is); True
+        when the recent median has risen past ``tolerance`` times the long-run mean at
+        two looks in a row (never before ``2 * window`` answers)."""
         self._seen += 1
         weight = 1.0 / min(self._seen, self.horizon)
-        if seconds > self._long and self._seen > self.horizon:
+        if busy and seconds > self._long and self._seen > self.horizon:
             weight /= _RISE_DAMPING
         self._long += weight * (seconds - self._long)
         self._kept.append((sent, seconds))
@@ -100,7 +104,9 @@ class LatencyTrend:
         if self._seen < 2 * self.window or self._seen % 8:
             return False
         recent = sorted(latency for _, latency in sorted(self._kept)[-self.window :])
-        return recent[len(recent) // 2] > self.tolerance * self._long
+        risen = recent[len(recent) // 2] > self.tolerance * self._long
+        self._rising = self._rising + 1 if risen else 0
+        return self._rising >= 2  # one look is a heavy tail's luck as often as a queue
 
 
 class AdaptiveLimit:
@@ -186,7 +192,7 @@ class AdaptiveLimit:
         trend = self._trends.get(model)
         if trend is None:
             trend = self._trends[model] = LatencyTrend(self.tolerance)
-        if trend.add(seconds, ticket.seq):
+        if trend.add(seconds, ticket.seq, busy=2 * ticket.level >= self.limit):
             self._decrease(ticket, bound=math.inf)
             return
         if ticket.level >= self._refused_at:

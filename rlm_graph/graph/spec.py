@@ -22,6 +22,7 @@ import difflib
 import functools
 import inspect
 import io
+import itertools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -125,19 +126,29 @@ class NodeSpec:
     def arguments(self, lookup: Callable[[str], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The node's arguments with each reference replaced by ``lookup(id)``. A
         container passed without a reference is not copied: one that gained a reference
-        after the node was added fails the node (it never waited for that node)."""
+        after the node was added fails the node (it never waited for that node); looked
+        for in the first `_LATE_LOOK` items only when the node has no dependency (its
+        arguments are then passed as they are, unwalked: data, not handles)."""
 
         def dependency(ref_id: str) -> Any:
             if ref_id not in self.deps:
-                raise GraphError(
-                    f"node {self.id!r} got a reference to {ref_id!r} in an argument after "
-                    f"it was added (a list or dict changed afterwards), so it never waited "
-                    f"for {ref_id!r}: add the node that gathers references after the nodes "
-                    "it gathers, with them in its arguments then"
-                )
+                raise self._late(ref_id)
             return lookup(ref_id)
 
+        if not self.deps:
+            late = _late_reference((self.args, self.kwargs))
+            if late is not None:
+                raise self._late(late)
+            return self.args, self.kwargs
         return resolve(self.args, dependency), resolve(self.kwargs, dependency)
+
+    def _late(self, ref_id: str) -> GraphError:
+        return GraphError(
+            f"node {self.id!r} got a reference to {ref_id!r} in an argument after it was "
+            f"added (a list or dict changed afterwards), so it never waited for {ref_id!r}: "
+            "add the node that gathers references after the nodes it gathers, with them "
+            "in its arguments then"
+        )
 
     def messages(self, prompt: object) -> list[Message]:
         """A model node's messages: its system text, then ``prompt``: its prompt text, or
@@ -158,6 +169,32 @@ class NodeSpec:
         if self.system:
             messages.insert(0, Message(role="system", content=self.system))
         return messages
+
+
+_LATE_LOOK = 10_000
+"""Items of a node's arguments looked at for a reference put in after it was added,
+when it has no dependency (a constant of millions of items is not walked at each run)."""
+
+
+def _late_reference(value: Any) -> str | None:
+    """The id of a `NodeRef` in the first `_LATE_LOOK` items of ``value`` (each container
+    once, `_MAX_NESTING` levels deep at most), else None. Never raises: what it cannot
+    look at is passed on as it is."""
+    stack, seen, left = [(value, 0)], set(), _LATE_LOOK
+    while stack and left > 0:
+        item, depth = stack.pop()
+        left -= 1
+        if isinstance(item, NodeRef):
+            return item.id
+        if depth >= _MAX_NESTING or id(item) in seen:
+            continue
+        if isinstance(item, Mapping):
+            seen.add(id(item))
+            stack.extend((v, depth + 1) for v in itertools.islice(item.values(), left))
+        elif isinstance(item, list | tuple | set | frozenset):
+            seen.add(id(item))
+            stack.extend((v, depth + 1) for v in itertools.islice(item, left))
+    return None
 
 
 def refs_in(value: Any) -> list[str]:

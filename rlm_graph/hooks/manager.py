@@ -26,6 +26,7 @@ import dataclasses
 import importlib.metadata
 import inspect
 import logging
+import re
 import types
 import weakref
 from collections.abc import Iterable, Mapping
@@ -234,12 +235,15 @@ class PluginHost:
         try:
             self.pm.register(plugin, name=getattr(plugin, "__name__", None))
         except pluggy.PluginValidationError as exc:  # pluggy's lines name it by its id()
-            said = "; ".join(line.strip() for line in str(exc).splitlines()[1:])
-            raise PluginError(
-                f"cannot register plugin {named} ({origin}): {said}: a hook takes only the "
-                "arguments its spec names (the rlm_register_* hooks none but self; "
-                "docs/plugins.md lists them)"
-            ) from exc
+            lines = str(exc).splitlines() or [""]
+            lines[0] = re.sub(r"^Plugin '[^']*' ", "", lines[0])  # "for hook 'name'"
+            said = "; ".join(line.strip() for line in lines if line.strip())
+            if "can not be found in the hookspec" in said:
+                said += (
+                    ": a hook takes only the arguments its spec names (the rlm_register_* "
+                    "hooks none but self; docs/plugins.md lists them)"
+                )
+            raise PluginError(f"cannot register plugin {named} ({origin}): {said}") from exc
         except ValueError as exc:
             raise PluginError(f"cannot register plugin {named} ({origin}): {exc}") from exc
         self._origins[id(plugin)] = origin

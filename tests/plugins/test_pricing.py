@@ -115,3 +115,23 @@ async def test_a_cost_a_server_reports_never_counts_below_the_table(
             result = await engine.arun(wf)
     table = (1000 * 0.25 + 100 * 2.00) / 1e6  # gpt-5-mini's price of the call
     assert result.graph[ref.id].cost == pytest.approx(max(table, reported))
+
+
+@pytest.mark.parametrize(
+    ("given", "per_million"),
+    [
+        ({"output_usd_per_mtok": 1.0}, (0.25, 1.0)),  # the plugin's input price stays
+        ({"input_usd_per_mtok": 0.2}, (0.2, 2.0)),  # and its output price
+    ],
+)
+async def test_one_price_given_for_a_known_model_keeps_the_others(
+    given: dict[str, float], per_million: tuple[float, float]
+) -> None:
+    with FakeOpenAIServer(lambda body: "x" * 400) as server:
+        kwargs = openai_kwargs(server, model_name="gpt-5-mini")
+        async with Engine("openai", kwargs, models={"gpt-5-mini": given}) as engine:
+            wf = Workflow()
+            ref = wf.llm("y" * 4000)
+            result = await engine.arun(wf)
+    plain, output = per_million
+    assert result.graph[ref.id].cost == pytest.approx((1000 * plain + 100 * output) / 1e6)

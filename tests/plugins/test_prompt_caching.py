@@ -11,7 +11,7 @@ import pytest
 
 from rlm_graph import RLM
 from rlm_graph.contracts import ModelInfo, Usage
-from rlm_graph.errors import ConfigError
+from rlm_graph.errors import ConfigError, ProviderError
 from rlm_graph.events import RunFinished
 from rlm_graph.testing import FakeAnthropicServer, FakeOpenAIServer, Reply
 from tests.support.http import anthropic_kwargs, openai_kwargs
@@ -239,3 +239,22 @@ async def test_a_cache_key_given_as_text_or_in_extra_body_is_the_one_sent() -> N
 def test_prompt_caching_that_is_not_true_or_false_is_refused() -> None:
     with pytest.raises(ConfigError, match="prompt_caching must be True or False, not 'false'"):
         RLM("anthropic", {"model_name": "claude-test", "api_key": "k", "prompt_caching": "false"})
+
+
+@pytest.mark.parametrize(
+    "overrides", [{"extra_body": {"prompt_cache_key": "mine"}}, {"prompt_cache_key": False}]
+)
+async def test_a_refusal_naming_a_key_the_provider_did_not_add_is_not_asked_again(
+    overrides: dict[str, Any],
+) -> None:
+    """A key of the user's own (``extra_body``) is theirs to drop; a 400 that only
+    mentions the field, for a provider that sent none, is the call's failure."""
+
+    def refuse(body: dict[str, Any]) -> Any:
+        return Reply.error(400, "Unrecognized request argument supplied: prompt_cache_key")
+
+    with FakeOpenAIServer(refuse) as server:
+        async with RLM("openai", openai_kwargs(server, **overrides)) as rlm:
+            with pytest.raises(ProviderError, match="answered 400"):
+                await rlm.acompletion("ctx", root_prompt="q")
+        assert len(server.requests) == 1

@@ -53,7 +53,11 @@ async def test_a_reference_put_in_an_argument_after_its_node_was_added_fails_tha
     settings = {"n": 1}
     uses = wf.function(lambda c: dict(c), settings, id="uses")
     settings["n"] = 2  # a constant changed before the run: the node sees it, as passed
+    tree: dict[str, object] = {"name": "root", "children": []}
+    named = wf.function(lambda t: t["name"], tree, id="named")
+    tree["children"] = [{"name": "leaf", "parent": tree}]  # a link back, added after
     result = await echo_engine().arun(wf)
+    assert result[named] == "root"
     for node, late in ((summary, "detail"), (gather, "late")):
         with pytest.raises(NodeFailed, match=f"reference to '{late}' in an argument after"):
             result[node]
