@@ -18,10 +18,10 @@ install: $(STAMP)
 
 # The HTML report's tests open it in a real headless Chromium (Debian's package; a
 # browser download of Playwright's own is not possible on CI). Installed when missing;
-# needs root, as on CI. Without it those tests are skipped, saying why. apt's downloads
-# run as root (APT::Sandbox::User): its _apt user cannot write a /tmp of mode 0700, as
-# on CI, and every index then fails its signature check.
-APT := apt-get -q -o APT::Sandbox::User=root
+# needs root, as on CI. Without it those tests are skipped, saying why. Where /tmp is
+# not writable by all (mode 0700, as on CI), apt's downloads run as root: its sandbox
+# user (_apt) cannot write its files there, and every index fails its signature check.
+APT := apt-get -q $(if $(filter 1777,$(shell stat -c %a /tmp 2>/dev/null)),,-o APT::Sandbox::User=root)
 browser:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 	  { echo "installing chromium (Debian package) for the report's browser tests"; \

@@ -366,7 +366,8 @@ def _broken(provider: Provider, got: object, what: str, sink: object = None) -> 
         what = f"asyncio's error ({str(got).split('. ')[0]})"
         fix = (
             f"{method}() runs on trio's loop, not asyncio's: use a client that runs under "
-            "trio (httpx does), or a blocking one in trio.to_thread.run_sync"
+            "trio (httpx does), or a blocking one in trio.to_thread.run_sync (asyncio "
+            "code in that thread needs a loop of its own: asyncio.run)"
         )
     elif isinstance(got, BaseException):
         fix = "raise a ProviderError (rlm_graph.errors) for a call that failed"
