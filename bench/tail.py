@@ -16,6 +16,10 @@ the ``openai`` backend; every answer is checked. Parts (``--part``, comma-separa
                an ``llm_query_batched`` of 8, against a server with no limit (root and
                child turns 0.1 s, sub-calls 0.2 s): defaults against the old fixed 16;
                and the fan-out shapes (64 in one batch; 16 x 3 rounds) likewise.
+    queue      6 rounds of 8 sub-calls, then one batch of 1,200 (as wide as it goes),
+               against a server that serves 8 at a time, 50 ms each, and queues the rest
+               without refusing (a local vLLM or llama.cpp with fixed slots), under a 3 s
+               request timeout: the adaptive limit against fixed ones.
 
 Prints one JSON line per run and a table per part. Run by hand, never by the tests.
 """
@@ -27,6 +31,7 @@ import json
 import multiprocessing
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,11 +68,29 @@ class Script:
         return Reply(body="echo: " + last_user_message(body), delay=self.sub)
 
 
+class Slots(Script):
+    """A server with ``slots`` places: a sub-call holds one for ``sub`` seconds, the rest
+    wait their turn (no refusal)."""
+
+    def __init__(self, root: str, slots: int, sub: float) -> None:
+        super().__init__(root)
+        self.places, self.hold = threading.Semaphore(slots), sub
+
+    def __call__(self, body: dict[str, Any]) -> Any:
+        if _is_root(body):
+            return super().__call__(body)
+        with self.places:
+            time.sleep(self.hold)
+        return "echo: " + last_user_message(body)
+
+
 def _serve(config: dict[str, Any], port: Any, counts: Any, stop: Any) -> None:
     latency: Any = config.get("latency", 0.0)
     if isinstance(latency, dict):
         latency = Lognormal(**latency)
-    script = Script(config["root"], config.get("child", ""), config["turn"], config["sub"])
+    script: Script = Script(config["root"], config.get("child", ""), config["turn"], config["sub"])
+    if config.get("slots"):
+        script = Slots(config["root"], config["slots"], config["sub"])
     with FakeOpenAIServer(
         script, latency=latency, max_in_flight=config.get("max_in_flight")
     ) as server:
@@ -316,6 +339,47 @@ def part_roomy(reps: int) -> list[str]:
     return table
 
 
+def part_queue(reps: int) -> list[str]:
+    wide = 1200
+    root = (
+        "got = []\nfor r in range(6):\n"
+        "    got += llm_query_batched([f'w{r}-{i}' for i in range(8)])\n"
+        f"got += llm_query_batched([f'b-{{i}}' for i in range({wide})])\n"
+        "answer['content'] = str(sum(a.startswith('echo: ') for a in got))\n"
+        "answer['ready'] = True"
+    )
+    config = {"root": root, "turn": 0.0, "sub": 0.05, "slots": 8}
+    calls = 48 + wide
+    table = [
+        "| provider limit | makespan (median) | sub-calls answered | requests sent | timed out (hung up) | peak in flight at the server |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for label, backend in (
+        ("adaptive (default)", {}),
+        ("max_concurrent=8", {"max_concurrent": 8}),
+        ("max_concurrent=64", {"max_concurrent": 64}),
+    ):
+        rows = []
+        for rep in range(reps):
+            row = run_once(
+                config,
+                {"batch_max_concurrent": wide},
+                {"timeout": 3.0, "max_timeouts": 2, **backend},
+            )
+            row.update(part="queue", limit=label, rep=rep)
+            _print_row(row)
+            rows.append(row)
+        answered = statistics.median(
+            int(r["response"]) if r["response"].isdigit() else 0 for r in rows
+        )
+        table.append(
+            f"| {label} | {_median(rows, 'wall'):.2f} s | {answered:g} of {calls} | "
+            f"{_median(rows, 'requests'):g} | {_median(rows, 'cancelled'):g} | "
+            f"{max(r['peak_in_flight'] for r in rows)} |"
+        )
+    return table
+
+
 def _print_row(row: dict[str, Any]) -> None:
     shown = {k: v for k, v in row.items() if k != "prompts"}
     print(json.dumps(shown), flush=True)
@@ -325,13 +389,14 @@ PARTS: dict[str, Callable[[argparse.Namespace], list[str]]] = {
     "hedge": lambda a: part_hedge(a.reps, a.seed),
     "tight": lambda a: part_tight(a.reps),
     "roomy": lambda a: part_roomy(a.reps),
+    "queue": lambda a: part_queue(a.reps),
 }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--part", default="all", help="hedge, tight, roomy (comma-separated) or all"
+        "--part", default="all", help="hedge, tight, roomy, queue (comma-separated) or all"
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7, help="the lognormal latencies' first seed")
