@@ -45,6 +45,7 @@ from rlm_graph.http import (
     resolve_key,
     token_count,
 )
+from rlm_graph.tracing.scrub import without_url_passwords
 
 __all__ = ["BACKENDS", "OpenAIProvider", "factory"]
 
@@ -245,7 +246,7 @@ class OpenAIProvider(JSONProvider):
             logger.warning(
                 "%s refused the prompt_cache_key field; its calls go without it from now "
                 "on (backend_kwargs={'prompt_cache_key': False} says so from the start)",
-                self.url,
+                without_url_passwords(self.url),
             )
         return True
 

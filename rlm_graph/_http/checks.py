@@ -3,6 +3,7 @@ say what to pass instead (never pydantic's dump or httpx's traceback)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from typing import Any
 
@@ -132,7 +133,9 @@ def wire_headers(
     provider: str, url: httpx.URL, headers: dict[str, str]
 ) -> dict[bytes, tuple[bytes, bytes]]:
     """``Host`` (from ``url``) and ``headers`` as they go on the wire, by lower-case name;
-    a `ConfigError` for a header the wire cannot carry (not ASCII, or a line break)."""
+    a `ConfigError` for a header the wire cannot carry (not ASCII, or a line break). A
+    ``user:password@`` in ``url`` is Basic auth where ``headers`` name none (as httpx
+    sends it)."""
     found = {b"host": (b"Host", url.netloc)}
     for name, value in headers.items():
         try:
@@ -147,4 +150,7 @@ def wire_headers(
                 "digits and !#$%&'*+-.^_`|~; a value without line breaks)"
             )
         found[encoded[0].lower()] = encoded
+    if url.userinfo and b"authorization" not in found:
+        pair = f"{url.username}:{url.password}".encode()
+        found[b"authorization"] = (b"Authorization", b"Basic " + base64.b64encode(pair))
     return found

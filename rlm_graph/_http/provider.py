@@ -58,7 +58,7 @@ from opentelemetry.propagate import inject
 from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError
-from ..tracing.scrub import Scrubber, without_url_passwords
+from ..tracing.scrub import Scrubber, secret_values, without_url_passwords
 from .answers import (
     AttemptFailed as _Retry,
     failures,
@@ -201,8 +201,11 @@ class JSONProvider:
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
-        # Redacts the key and any 8+ character run of it from quoted server text.
-        self._redact = Scrubber([api_key] if api_key else (), environ={}).scrub_literals
+        # Redacts the key (any 8+ character run of it too), a secret header's value, the
+        # base URL's password and a secret-named body field from quoted server text.
+        given = {"api_key": api_key, "base_url": self.base_url, "headers": headers or {}}
+        secrets = secret_values({**dict(extra_body or {}), **given}, environ={})
+        self._redact = Scrubber(secrets, environ={}).scrub_literals
         self._headers = dict(headers or {})
         self._transport = transport
         self.http_transport = http_transport

@@ -161,3 +161,38 @@ def test_a_base_urls_password_is_in_no_error_and_no_repr() -> None:
     with pytest.raises(ConfigError) as bad:
         OpenAIProvider(model_name="m", base_url="ftp://alice:URLPASSWORD@host/v1", api_key="k")
     assert "URLPASSWORD" not in str(bad.value) and "alice:[REDACTED]@" in str(bad.value)
+
+
+@pytest.mark.parametrize("transport", ["lean", "httpx"])
+def test_a_base_urls_user_and_password_are_sent_as_basic_auth_on_either_transport(
+    transport: str,
+) -> None:
+    """The default transport dropped them: only httpx's sent the Basic auth the docs say."""
+    with FakeOpenAIServer(lambda body: "```repl\nFINAL('ok')\n```") as server:
+        url = server.base_url.replace("http://", "http://alice:S3cretPass@")
+        kwargs = {"model_name": "m", "base_url": url, "http_transport": transport}
+        assert RLM("openai", kwargs).completion("c", root_prompt="q").response == "ok"
+        sent = {k.lower(): v for k, v in server.requests[-1].headers.items()}
+    assert sent["authorization"] == "Basic YWxpY2U6UzNjcmV0UGFzcw=="  # alice:S3cretPass
+
+
+def test_a_secret_header_or_body_field_echoed_by_a_server_is_in_no_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The retry line quoted a 5xx body: a key given as a header (Azure's ``api-key``, an
+    ``Authorization``) or a body field echoed in it was logged as it was."""
+    secrets = ["Qz7pW3xLm9Rt2Vb8Nc4Kd6Hf", "Hd8Wq2Lp5Zx7Mn3Rv9Tb", "Ut4Yk8Pq2Ws6Nv3Jx7Lc"]
+    with FakeOpenAIServer(lambda body: Reply.error(500, "echo: " + " ".join(secrets))) as server:
+        kwargs = {
+            "model_name": "m",
+            "base_url": server.base_url,
+            "headers": {"Authorization": f"Bearer {secrets[0]}", "api-key": secrets[1]},
+            "extra_body": {"user_token": secrets[2]},
+            "backoff_base": 0.001,
+            "max_attempts": 2,
+        }
+        with caplog.at_level(logging.DEBUG, logger="rlm_graph"):
+            with pytest.raises(Exception) as failed:
+                RLM("openai", kwargs, max_iterations=1).completion("c", root_prompt="q")
+    assert "echo:" in caplog.text  # the body was quoted, redacted
+    assert not any(s in caplog.text or s in str(failed.value) for s in secrets)

@@ -197,14 +197,16 @@ async def test_a_server_refusing_the_cache_key_is_asked_again_without_it_and_nev
         return script(body)
 
     with FakeOpenAIServer(strict) as server:
+        url = server.base_url.replace("http://", "http://gate:GatewayPassw0rd@")
         with caplog.at_level("WARNING", logger="rlm_graph"):
-            async with RLM("openai", openai_kwargs(server)) as rlm:
+            async with RLM("openai", openai_kwargs(server, base_url=url)) as rlm:
                 first = await rlm.acompletion("ctx", root_prompt="q")
                 second = await rlm.acompletion("ctx", root_prompt="q again")
         refused = [status for status, _ in server.responses if status == 400]
     assert first.response.startswith("done:") and second.response.startswith("done:")
     assert len(refused) == 1  # the first turn's; no call sends the key after it
     assert caplog.text.count("refused the prompt_cache_key field") == 1
+    assert "GatewayPassw0rd" not in caplog.text
 
 
 async def test_a_price_given_for_a_known_model_replaces_its_cached_rate_too() -> None:

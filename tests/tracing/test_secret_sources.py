@@ -146,6 +146,17 @@ def test_a_url_s_user_is_redacted_in_one_pass_over_a_long_text() -> None:
     )
 
 
+def test_a_password_holding_an_at_sign_is_redacted_whole() -> None:
+    """A URL parser reads ``alice:Sup3r@Secr3tTail99@host`` as the password
+    ``Sup3r@Secr3tTail99``: only ``Sup3r`` was redacted, the rest of it shown."""
+    assert without_url_passwords("http://alice:Sup3r@Secr3tTail99@host/v1?x=a@b") == (
+        "http://alice:[REDACTED]@host/v1?x=a@b"
+    )
+    assert without_url_passwords("http://u:p@host?email=a@b.org") == (
+        "http://u:[REDACTED]@host?email=a@b.org"
+    )
+
+
 def test_a_url_without_a_user_keeps_its_text() -> None:
     """A query holding an address, a list of URLs and addresses, a short user: the text
     after ``://`` up to an ``@`` was taken for a user and redacted with the host."""
