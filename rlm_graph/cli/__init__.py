@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
+import json
 import os
 import signal
 import sys
@@ -127,11 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code (see the module docstring).
     """
-    from .output import Output
-
     words = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in words
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
+    try:  # the first import takes a quarter of a second: a Ctrl-C then is no traceback
+        from .output import Output
+    except KeyboardInterrupt:
+        return _interrupted_at_start(command, as_json)
     out = Output(command, as_json=as_json)
     _replace_what_cannot_be_printed()
     with _stops_as_interrupts() as received, _messages_never_fail():
@@ -141,6 +144,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(out, received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
             return _reader_left()
+
+
+def _interrupted_at_start(command: str, as_json: bool) -> int:
+    """Ctrl-C before the command's output is set up: its line (its JSON object), 130."""
+    if as_json:
+        error = {"type": "Interrupted", "message": "interrupted (Ctrl-C)", "exit_code": 130}
+        fields = ("answer", "stop_reason", "usage", "execution_time")
+        print(json.dumps({**dict.fromkeys(fields), "exit_code": 130, "error": error}, indent=2))
+    else:
+        print(f"rlm-graph {command}".rstrip() + ": interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _replace_what_cannot_be_printed() -> None:

@@ -63,8 +63,9 @@ def _is_cancellation(exc: BaseException) -> bool:
 def _mark_failed(
     record: NodeRecord, exc: BaseException, redact: Callable[[str], str] | None
 ) -> None:
-    """Record how a node's body ended: cancelled, or failed with ``exc`` (redacted first)."""
-    if _is_cancellation(exc):
+    """Record how a node's body ended: cancelled (Ctrl-C too), or failed with ``exc``
+    (redacted first)."""
+    if _is_cancellation(exc) or isinstance(exc, KeyboardInterrupt):
         record.status = NodeStatus.CANCELLED
     elif isinstance(exc, Exception):
         scrub_error(exc, redact)

@@ -753,3 +753,28 @@ def test_a_resumed_run_says_what_came_from_the_journal(text_file: Path, tmp_path
     assert "replayed from the journal" not in first.stderr
     assert "calls replayed from the journal" in second.stderr
     assert empty.returncode == 2 and "--journal needs a file path" in empty.stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool
+) -> None:
+    """Its first import takes a quarter of a second; a Ctrl-C then ended in a traceback,
+    and with --json in no JSON."""
+    import types
+
+    from rlm_graph.cli import main
+
+    class Interrupted(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "rlm_graph.cli.output", Interrupted("output"))
+    words = ["run", "--model", "m", *(["--json"] if as_json else [])]
+    assert main(words) == 130
+    printed = capsys.readouterr()
+    if as_json:
+        said = json.loads(printed.out)
+        assert said["exit_code"] == 130 and said["error"]["type"] == "Interrupted"
+    else:
+        assert printed.err == "rlm-graph run: interrupted\n"

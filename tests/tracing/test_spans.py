@@ -9,7 +9,7 @@ import trio
 import trio.testing
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
-from rlm_graph import Engine, Workflow
+from rlm_graph import RLM, Engine, Workflow
 from rlm_graph.errors import ProviderError
 from rlm_graph.graph import NodeKind, NodeRecord, NodeStatus
 from rlm_graph.runtime.workflow import WorkflowRun, run_workflow
@@ -343,3 +343,20 @@ def test_a_workflow_stopped_by_ctrl_c_says_so_on_its_span(memory: Memory) -> Non
     (run,) = memory.run_spans()
     assert run.status.status_code == StatusCode.UNSET
     assert attrs(run)["rlm.stop_reason"] == "interrupted"
+
+
+def test_a_node_cut_by_ctrl_c_is_cancelled_on_its_span_not_an_error(memory: Memory) -> None:
+    """Its span said ERROR, ``error.type=KeyboardInterrupt`` and ``rlm.node.status=
+    running`` (which ``trace show`` counted as an error), where docs/tracing.md says it
+    keeps UNSET and says ``cancelled``."""
+
+    def interrupted(request: object) -> str:
+        raise KeyboardInterrupt
+
+    rlm = RLM("scripted", {"respond": interrupted}, tracer_provider=memory.provider)
+    with pytest.raises(KeyboardInterrupt):
+        rlm.completion("ctx", root_prompt="q")
+    (turn,) = [s for s in memory.spans if attrs(s).get("rlm.node.kind") == "root_turn"]
+    assert turn.status.status_code == StatusCode.UNSET
+    assert attrs(turn)["rlm.node.status"] == "cancelled"
+    assert attrs(turn)["error.type"] == "cancelled"
