@@ -11,7 +11,9 @@ Example (``rlm-graph trace show``)::
        ├─ chat m2 [llm-1]           1.000s  m2      10/5     ok           ██████████
        └─ chat m2 [llm-2]           0.500s  m2      10/5     error        ▒▒▒▒▒
 
-Invariants: pure text, no terminal control codes; the width is the caller's choice.
+Invariants: pure text, no terminal control codes; the width is the caller's choice. Each
+column is at most `COLUMN_MAX` characters (a longer value is cut, ending in an ellipsis),
+so a line is bounded whatever a file holds: at most the columns' total plus the bar.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from .reader import TraceSpan, split_traces
 __all__ = ["render_trace", "render_traces"]
 
 LABEL_MAX = 56
+# The widest each column is: span, duration, model, tokens, status (a file's model name
+# of 200,000 characters padded every row to it: 400 MB printed for a 1 MB file).
+COLUMN_MAX = (LABEL_MAX, 20, 32, 24, 32)
 
 
 @dataclass(frozen=True)
@@ -34,10 +39,11 @@ class _Glyphs:
     last: str
     pipe: str
     rule: str
+    more: str  # ends a value that was cut
 
 
-UNICODE = _Glyphs("█", "▒", "├─ ", "└─ ", "│  ", "─")
-ASCII = _Glyphs("#", "x", "|- ", "`- ", "|  ", "-")
+UNICODE = _Glyphs("█", "▒", "├─ ", "└─ ", "│  ", "─", "…")
+ASCII = _Glyphs("#", "x", "|- ", "`- ", "|  ", "-", "~")
 
 
 def render_traces(
@@ -67,18 +73,28 @@ def render_trace(
         return "(no spans)\n"
     origin = min(span.start_us for span in spans)
     total = max(span.end_us for span in spans) - origin
-    cells = [_cells(label, span) for label, span in rows]
+    cells = [_cut(_cells(label, span), glyphs.more) for label, span in rows]
     header = ("span", "duration", "model", "tokens", "status")
     sizes = [max(len(row[i]) for row in [header, *cells]) for i in range(len(header))]
     used = sum(sizes) + 2 * len(sizes)
     bar_width = max(10, width - used) if timeline else 0
-    lines = [_summary(spans, total)]
+    lines = [_summary(spans, total, glyphs.more)]
     axis = _axis(total, bar_width, glyphs) if timeline else ""
     lines.append(_join(header, sizes, axis))
     for (_, span), row in zip(rows, cells, strict=True):
         bar = _bar(span, origin, total, bar_width, glyphs) if timeline else ""
         lines.append(_join(row, sizes, bar))
     return "\n".join(lines) + "\n"
+
+
+def _cut(cells: Sequence[str], more: str) -> tuple[str, ...]:
+    """``cells`` each at most its column's `COLUMN_MAX` characters."""
+    return tuple(_short(cell, size, more) for cell, size in zip(cells, COLUMN_MAX, strict=True))
+
+
+def _short(text: str, size: int, more: str) -> str:
+    """``text``, or its start ending in ``more`` if it is longer than ``size``."""
+    return text if len(text) <= size else text[: size - len(more)] + more
 
 
 def _join(cells: Sequence[str], sizes: Sequence[int], tail: str) -> str:
@@ -118,8 +134,6 @@ def _name(span: TraceSpan) -> str:
 
 def _cells(label: str, span: TraceSpan) -> tuple[str, str, str, str, str]:
     attrs = span.attributes
-    if len(label) > LABEL_MAX:
-        label = label[: LABEL_MAX - 1] + "…"
     model = str(attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model") or "")
     tokens = ""
     if "gen_ai.usage.input_tokens" in attrs or "gen_ai.usage.output_tokens" in attrs:
@@ -137,7 +151,7 @@ def _status(span: TraceSpan) -> str:
     return str(span.attributes.get("rlm.node.status") or "ok")
 
 
-def _summary(spans: Sequence[TraceSpan], total_us: int) -> str:
+def _summary(spans: Sequence[TraceSpan], total_us: int, more: str) -> str:
     tokens = sum(
         int(s.attributes.get("gen_ai.usage.input_tokens", 0))
         + int(s.attributes.get("gen_ai.usage.output_tokens", 0))
@@ -145,10 +159,10 @@ def _summary(spans: Sequence[TraceSpan], total_us: int) -> str:
     )
     errors = sum(span.status == "error" for span in spans)
     parts = [
-        f"trace {spans[0].trace_id}",
+        f"trace {_short(spans[0].trace_id, 32, more)}",  # base64 ids decode to any length
         f"{len(spans)} spans",
         f"{total_us / 1e6:.3f} s",
-        f"{tokens} tokens",
+        f"{_short(str(tokens), COLUMN_MAX[3], more)} tokens",
     ]
     if errors:
         parts.append(f"{errors} error{'s' if errors > 1 else ''}")

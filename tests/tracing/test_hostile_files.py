@@ -1,0 +1,68 @@
+"""Trace files no run writes, handed to ``trace show``, ``trace export`` and ``report``:
+values of any size, times past any clock, devices and pipes. Each command prints lines
+of bounded length, or refuses the file in one line (exit 2); never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm_graph.cli import main
+
+
+def otlp(*spans: dict[str, Any]) -> str:
+    """One OTLP JSON line holding ``spans``."""
+    return json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": list(spans)}]}]}) + "\n"
+
+
+def otlp_span(
+    number: int,
+    name: str = "chat m",
+    start: Any = "1000000000000000000",
+    end: Any = "1000000001000000000",
+    trace: int = 1,
+    **attributes: Any,
+) -> dict[str, Any]:
+    """An OTLP span of a node (``n<number>``), string attributes (an int: intValue)."""
+    values = {"rlm.node.id": f"n{number}", "rlm.node.kind": "llm_call", **attributes}
+    return {
+        "traceId": f"{trace:032x}",
+        "spanId": f"{number:016x}",
+        "name": name,
+        "kind": 3,
+        "startTimeUnixNano": start,
+        "endTimeUnixNano": end,
+        "attributes": [
+            {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+            for k, v in values.items()
+        ],
+    }
+
+
+def test_show_cuts_every_column_so_a_line_stays_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One span's 20,000-character model, token count and status among 200 spans: each
+    line is cut, not padded to the widest value (400 MB printed for a 1 MB file)."""
+    spans = [otlp_span(i + 1, **{"gen_ai.request.model": "m"}) for i in range(200)]
+    spans[0] = otlp_span(
+        1,
+        **{
+            "gen_ai.request.model": "M" * 20_000,
+            "gen_ai.usage.input_tokens": int("9" * 4000),
+            "rlm.node.status": "S" * 20_000,
+        },
+    )
+    path = tmp_path / "wide.otlp.jsonl"
+    path.write_text(otlp(*spans))
+    assert main(["trace", "show", str(path), "--width", "80"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 202
+    assert max(len(line) for line in lines) <= 200
+    assert "M" * 31 + "…" in lines[2] and "9" * 23 + "…" in lines[2]
+    assert main(["trace", "show", str(path), "--width", "80", "--ascii"]) == 0
+    shown = capsys.readouterr().out
+    assert "M" * 31 + "~" in shown and "…" not in shown
