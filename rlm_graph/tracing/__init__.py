@@ -8,8 +8,9 @@ Layout (bottom to top):
 - ``files``: `TraceFileExporter`, writing OTLP JSON Lines and Jaeger JSON trace files.
 - ``config``: `configure_tracing` (``otlp``, ``file``, ``console``, ``none``),
   `tracer_provider_from_env` (the standard ``OTEL_*`` variables) and `flush_tracing`.
-- ``reader`` and ``view``: `load_trace`, `to_graph` and `render_trace`, behind
-  ``rlm-graph trace show|export``.
+- ``fields``, ``reader`` and ``view``: `load_trace`, `to_graph` and `render_trace`,
+  behind ``rlm-graph trace show|export`` (``fields`` checks a file's counts, amounts
+  and times).
 
 Only this package imports opentelemetry; the graph layer below it stays pure.
 """

@@ -11,8 +11,13 @@ Invariants:
     - What a file holds that cannot be read (a text where a count goes, a node kind or
       status of another version, a repeated node id, a Jaeger id that is not hex) is a
       `TraceFileError` naming the span and the field, never another exception. A NaN or
-      infinite cost or queueing time (``"inf"`` in a Jaeger file) is unknown: read as
-      absent. A count past int64 is written as its digits, and read back as the number.
+      infinite cost or queueing time (``"inf"`` in a Jaeger file), or one past a float's
+      range, is unknown: read as absent. A count past int64 is written as its digits,
+      and read back as the number.
+    - A time is a whole number from 0 to 2^64 - 1 nanoseconds since the epoch (OTLP's
+      fixed64; the year 2554): another (negative, of hundreds of digits, a text) is a
+      `TraceFileError` naming the span and the field, so any time or duration converts
+      to a float.
     - Spans appear once each, in start order, whatever order the file holds them in.
 """
 
@@ -21,9 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import os
-import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -31,8 +34,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..contracts import Usage
-from ..errors import GraphError, RLMGraphError
+from ..errors import GraphError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
+from .fields import TraceFileError, checked, jaeger_times, shown, time_ns
 
 __all__ = [
     "TraceFileError",
@@ -50,22 +54,6 @@ _STATUS = {0: "unset", 1: "ok", 2: "error"}
 # Jaeger has no array tags: arrays travel as JSON text, which a reader cannot tell from a
 # string attribute holding JSON (gen_ai.input.messages); decode only the known arrays.
 _ARRAY_ATTRIBUTES = frozenset({"gen_ai.response.finish_reasons"})
-# Attributes that are counts, and amounts, as the graph and `trace show` read them.
-_COUNTS = frozenset(
-    {
-        "rlm.depth",
-        "rlm.iteration",
-        "rlm.batch.index",
-        "rlm.batch.size",
-        "gen_ai.usage.input_tokens",
-        "gen_ai.usage.output_tokens",
-    }
-)
-_AMOUNTS = frozenset({"rlm.cost_usd", "rlm.queue_seconds"})
-# A count past int64 is written as its digits (at most 4,300: int()'s own limit), an
-# infinite or NaN amount in a Jaeger file as text (strict JSON has no Infinity).
-_DIGITS = re.compile(r"-?[0-9]{1,4300}")
-_NOT_FINITE = frozenset({"inf", "-inf", "nan"})
 _HEX = frozenset("0123456789abcdef")
 _JAEGER_SPECIAL = frozenset(
     {
@@ -77,10 +65,6 @@ _JAEGER_SPECIAL = frozenset(
         "otel.scope.version",
     }
 )
-
-
-class TraceFileError(RLMGraphError, ValueError):
-    """A file that is not a trace rlm-graph can read."""
 
 
 class TraceSpan(BaseModel):
@@ -151,7 +135,14 @@ def parse_trace(text: str) -> list[TraceSpan]:
             "malformed trace: its JSON is nested too deep to read; expected OTLP JSON Lines "
             "or Jaeger JSON as written by rlm-graph --trace file"
         ) from None
-    except (KeyError, TypeError, ValueError, AttributeError, binascii.Error) as exc:
+    except (
+        KeyError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        OverflowError,
+        binascii.Error,
+    ) as exc:
         if isinstance(exc, TraceFileError):
             raise
         raise TraceFileError(
@@ -233,8 +224,8 @@ def _otlp(document: Mapping[str, Any]) -> Iterator[TraceSpan]:
 
 
 def _otlp_span(span: Mapping[str, Any], service: str) -> TraceSpan:
-    start = int(span["startTimeUnixNano"])
-    end = int(span.get("endTimeUnixNano") or start)
+    start = time_ns(span, "startTimeUnixNano", span["startTimeUnixNano"], 1)
+    end = time_ns(span, "endTimeUnixNano", span.get("endTimeUnixNano") or start, 1)
     status = span.get("status", {})
     parent = span.get("parentSpanId") or None
     return TraceSpan(
@@ -245,7 +236,7 @@ def _otlp_span(span: Mapping[str, Any], service: str) -> TraceSpan:
         kind=_enum(span.get("kind", 0), _KINDS, "SPAN_KIND_"),
         start_us=start // 1000,
         duration_us=max(0, end - start) // 1000,
-        attributes=_checked(_attributes(span.get("attributes", [])), span),
+        attributes=checked(_attributes(span.get("attributes", [])), span),
         status=_enum(status.get("code", 0), _STATUS, "STATUS_CODE_"),  # type: ignore[arg-type]
         status_message=status.get("message", ""),
         links=tuple(_hex_id(link["spanId"], 16) for link in span.get("links", [])),
@@ -291,15 +282,16 @@ def _jaeger_span(span: Mapping[str, Any], processes: Mapping[str, Any]) -> Trace
     if tags.get("error") is True:
         status = "error"
     process = processes.get(span.get("processID", ""), {})
+    start, duration = jaeger_times(span)
     return TraceSpan(
         trace_id=_jaeger_id(span["traceID"], 32, "traceID"),
         span_id=_jaeger_id(span["spanID"], 16, "spanID"),
         parent_id=_jaeger_id(parents[0], 16, "parent spanID") if parents else None,
         name=span["operationName"],
         kind=str(tags.get("span.kind", "internal")),
-        start_us=int(span["startTime"]),
-        duration_us=int(span.get("duration", 0)),
-        attributes=_checked({k: v for k, v in tags.items() if k not in _JAEGER_SPECIAL}, span),
+        start_us=start,
+        duration_us=duration,
+        attributes=checked({k: v for k, v in tags.items() if k not in _JAEGER_SPECIAL}, span),
         status=status if status in ("unset", "ok", "error") else "unset",  # type: ignore[arg-type]
         status_message=str(tags.get("otel.status_description", "")),
         links=tuple(
@@ -316,50 +308,9 @@ def _jaeger_id(value: Any, length: int, field: str) -> str:
     text = value.lower() if isinstance(value, str) else ""
     if not 0 < len(text) <= length or not set(text) <= _HEX:
         raise TraceFileError(
-            f"a Jaeger {field} is {_shown(value)}, not hex of at most {length} digits"
+            f"a Jaeger {field} is {shown(value)}, not hex of at most {length} digits"
         )
     return text.rjust(length, "0")
-
-
-def _shown(value: Any) -> str:
-    """A value of the file, for a message: short, in repr's quotes and escapes."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:59] + "…"
-
-
-def _checked(attributes: dict[str, Any], span: Mapping[str, Any]) -> dict[str, Any]:
-    """``attributes`` with each count a whole number and each amount a finite number
-    (a NaN or infinite one is unknown, so left out).
-
-    Raises:
-        TraceFileError: a count or an amount that is no number (naming span and field).
-    """
-    for key in _COUNTS.intersection(attributes):
-        value = attributes[key]
-        if isinstance(value, float) and value.is_integer():
-            value = attributes[key] = int(value)
-        elif isinstance(value, str) and _DIGITS.fullmatch(value):  # past int64: its digits
-            value = attributes[key] = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _bad_field(span, key, value, "a whole number")
-    for key in _AMOUNTS.intersection(attributes):
-        value = attributes[key]
-        if isinstance(value, str) and value in _NOT_FINITE:  # how a Jaeger file writes one
-            del attributes[key]
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _bad_field(span, key, value, "a number")
-        if not math.isfinite(value):
-            del attributes[key]
-    return attributes
-
-
-def _bad_field(span: Mapping[str, Any], key: str, value: Any, what: str) -> TraceFileError:
-    ident = span.get("spanId") or span.get("spanID")
-    name = span.get("name") or span.get("operationName")
-    return TraceFileError(
-        f"span {str(ident)[:40]} ({_shown(name)}): {key} is {_shown(value)}, not {what}"
-    )
 
 
 # -- the graph ---------------------------------------------------------------------------
@@ -446,7 +397,7 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
     for span in nodes:
         try:
             record = _record(span, origin)
-        except (TypeError, ValueError) as exc:  # pydantic's refusal; ours pass through
+        except (TypeError, ValueError, OverflowError) as exc:  # pydantic's; ours pass through
             if isinstance(exc, TraceFileError):
                 raise
             raise TraceFileError(f"span {span.span_id} ({span.name!r}): {exc}") from None
@@ -530,7 +481,7 @@ def _known(span: TraceSpan, key: str, kind: type[Any], default: str) -> Any:
     except ValueError:
         names = ", ".join(member.value for member in kind)
         raise TraceFileError(
-            f"span {span.span_id} ({span.name!r}): {key} is {_shown(value)}, which this "
+            f"span {span.span_id} ({span.name!r}): {key} is {shown(value)}, which this "
             f"version does not know (it knows {names}); a trace of a newer rlm-graph?"
         ) from None
 

@@ -66,3 +66,59 @@ def test_show_cuts_every_column_so_a_line_stays_short(
     assert main(["trace", "show", str(path), "--width", "80", "--ascii"]) == 0
     shown = capsys.readouterr().out
     assert "M" * 31 + "~" in shown and "…" not in shown
+
+
+def refusals(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The one line each of `trace show`, `trace export` and `report` refuses ``path``
+    with (exit 2)."""
+    lines = []
+    for command in (
+        ["trace", "show", str(path)],
+        ["trace", "export", str(path)],
+        ["report", str(path), "-o", str(tmp_path / "r.html")],
+    ):
+        assert main(command) == 2, command
+        captured = capsys.readouterr()
+        (line,) = captured.err.splitlines()
+        lines.append(line)
+    return lines
+
+
+JAEGER_SPAN = {"traceID": "a" * 32, "spanID": "b" * 16, "operationName": "chat m"}
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (otlp(otlp_span(1, end="9" * 400)), "endTimeUnixNano is '99999"),
+        (otlp(otlp_span(1, start="-" + "9" * 300, end="5")), "startTimeUnixNano is '-9999"),
+        (otlp(otlp_span(1, start=1e300)), "startTimeUnixNano is 1e+300"),
+        (json.dumps({"data": [{"spans": [{**JAEGER_SPAN, "startTime": 10**30}]}]}), "startTime"),
+        (
+            json.dumps({"data": [{"spans": [{**JAEGER_SPAN, "startTime": 1, "duration": 1e300}]}]}),
+            "duration is 1e+300",
+        ),
+    ],
+    ids=["otlp-end", "otlp-negative-start", "otlp-float-start", "jaeger-start", "jaeger-duration"],
+)
+def test_a_time_past_any_clock_is_one_line_naming_it(
+    text: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A time of hundreds of digits overflowed a float: a traceback and exit 1."""
+    path = tmp_path / "t.json"
+    path.write_text(text)
+    for line in refusals(path, tmp_path, capsys):
+        assert str(path) in line and says in line, line
+        assert "not a time" in line or "ending before the year 2554" in line, line
+
+
+def test_a_cost_or_queueing_time_past_a_float_is_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "t.otlp.jsonl"
+    huge = int("9" * 400)
+    path.write_text(otlp(otlp_span(1, **{"rlm.cost_usd": huge, "rlm.queue_seconds": huge})))
+    assert main(["trace", "show", str(path)]) == 0
+    assert main(["trace", "export", str(path)]) == 0
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
+    assert '"n1"' in capsys.readouterr().out
