@@ -23,10 +23,12 @@ from typing import IO
 
 __all__ = [
     "PRIVATE",
+    "UnreadableFile",
     "destination_problem",
     "has_surrogate",
     "hold_alone",
     "open_private",
+    "read_once",
     "read_results",
     "regular_or_missing",
     "same_file",
@@ -169,6 +171,51 @@ def regular_or_missing(path: Path, what: str) -> bool:
             "on resume: give a file's path"
         )
     return True
+
+
+class UnreadableFile(ValueError):
+    """A file `read_once` refuses; the message names it, why, and what to give."""
+
+
+def read_once(path: str | os.PathLike[str], *, wanted: str, stop: bytes = b"") -> bytes | None:
+    """The bytes of ``path``, a regular file or a pipe, read once (so that a pipe works:
+    ``<(zcat run.otlp.jsonl.gz)``, ``/dev/stdin``). A pipe is opened without waiting for
+    a writer (a FIFO nobody writes to would hold the caller for ever), then read to its
+    end; a device (``/dev/zero``, read for ever) or a folder is refused.
+
+    Args:
+        wanted: what to give instead, the end of the refusal (``give a trace file``).
+        stop: a regular file beginning with these bytes is not read: None (a journal,
+            which SQLite opens by its path).
+
+    Raises:
+        UnreadableFile: it cannot be read, is a folder or a device, or is a pipe nothing
+            was written to (the message says which, and ``wanted``).
+    """
+    shown = os.fspath(path)
+    try:
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
+            raise UnreadableFile(f"{shown} is a folder; {wanted}")
+        pipe = stat.S_ISFIFO(info.st_mode)
+        if not (pipe or stat.S_ISREG(info.st_mode)):
+            raise UnreadableFile(f"{shown} is neither a file nor a pipe; {wanted}")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if pipe else 0))
+        if pipe:
+            os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as handle:
+            head = handle.read(len(stop))
+            if stop and head == stop and not pipe:
+                return None
+            data = head + handle.read()
+    except OSError as exc:
+        raise UnreadableFile(f"cannot read {shown}: {exc.strerror or exc}") from None
+    if pipe and not data:
+        raise UnreadableFile(
+            f"nothing was written to {shown}, a pipe (a FIFO with no writer yet is read as "
+            "empty); start the program that writes it first, or give a file"
+        )
+    return data
 
 
 def read_results(

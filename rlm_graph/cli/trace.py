@@ -15,14 +15,13 @@ import argparse
 import logging
 import os
 import shutil
-import stat
 import sys
 from pathlib import Path
 from typing import Any, TextIO
 
 from opentelemetry.trace import TracerProvider
 
-from .._files import destination_problem, write_private
+from .._files import UnreadableFile, destination_problem, read_once, write_private
 from ..errors import ConfigError, GraphError
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
@@ -259,54 +258,29 @@ _NOT_A_RUN = "give a trace file, a graph JSON or a journal"
 
 
 def read_run_file(path: Path) -> str | None:
-    """The text of a file a run left (a trace file, a graph JSON), read once, so that a
-    pipe works (``<(zcat run.otlp.jsonl.gz)``, ``/dev/stdin``); None for a journal (an
-    SQLite file, which SQLite opens by its path).
+    """The text of a file a run left (a trace file, a graph JSON), read once
+    (`rlm_graph._files.read_once`: a pipe works, a device or a FIFO nobody writes to is
+    refused); None for a journal (an SQLite file, which SQLite opens by its path).
 
     Raises:
         TraceFileError: it cannot be read, is a folder or a device, is not UTF-8 text,
             or is a journal given through a pipe.
     """
     try:
-        info = os.stat(path)
-        if stat.S_ISDIR(info.st_mode):
-            raise TraceFileError(f"{path} is a folder; {_NOT_A_RUN}")
-        if not (stat.S_ISREG(info.st_mode) or stat.S_ISFIFO(info.st_mode)):
-            raise TraceFileError(f"{path} is neither a file nor a pipe; {_NOT_A_RUN}")
-        data = _read_once(path, stat.S_ISFIFO(info.st_mode))
-    except OSError as exc:
-        raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+        data = read_once(path, wanted=_NOT_A_RUN, stop=SQLITE_MAGIC)
+    except UnreadableFile as exc:
+        raise TraceFileError(str(exc)) from None
     if data is None:
         return None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TraceFileError(f"{path} is not a text file: {_NOT_A_RUN}") from None
-
-
-def _read_once(path: Path, pipe: bool) -> bytes | None:
-    """The bytes of ``path``, or None for a regular file that is a journal. A pipe is
-    opened without waiting for a writer (a FIFO nobody writes to would hold the command
-    for ever), then read to its end."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | (os.O_NONBLOCK if pipe else 0))
-    if pipe:
-        os.set_blocking(fd, True)
-    with os.fdopen(fd, "rb") as handle:
-        head = handle.read(len(SQLITE_MAGIC))
-        if head == SQLITE_MAGIC and not pipe:
-            return None
-        data = head + handle.read()
-    if pipe and head == SQLITE_MAGIC:
+    if data.startswith(SQLITE_MAGIC):  # a regular file that is one was not read: a pipe
         raise TraceFileError(
             f"{path} is a journal given through a pipe; SQLite reads a journal from a "
             "file: give the journal's path"
         )
-    if pipe and not data:
-        raise TraceFileError(
-            f"nothing was written to {path}, a pipe (a FIFO with no writer yet is read as "
-            "empty); start the program that writes it first, or give a file"
-        )
-    return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TraceFileError(f"{path} is not a text file: {_NOT_A_RUN}") from None
 
 
 def is_graph_json(text: str) -> bool:

@@ -28,11 +28,11 @@ import binascii
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .._files import UnreadableFile, read_once
 from ..contracts import Usage
 from ..errors import GraphError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
@@ -101,18 +101,24 @@ class TraceSpan(BaseModel):
         return str(value) if value is not None else None
 
 
+_A_TRACE = "give a trace file (OTLP JSON Lines or Jaeger JSON)"
+
+
 def load_trace(path: str | os.PathLike[str]) -> list[TraceSpan]:
-    """Every span of a trace file, in start order.
+    """Every span of a trace file, in start order. The file is read once
+    (`rlm_graph._files.read_once`): a pipe works, a device or a named pipe nobody writes
+    to is refused.
 
     Raises:
-        TraceFileError: the file is missing, or neither OTLP JSON (Lines) nor Jaeger JSON.
+        TraceFileError: the file is missing, a folder, a device, or neither OTLP JSON
+            (Lines) nor Jaeger JSON.
     """
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TraceFileError(
-            f"cannot read trace file {os.fspath(path)!r}: {exc.strerror}"
-        ) from None
+        data = read_once(path, wanted=_A_TRACE) or b""  # no ``stop``: never None
+    except UnreadableFile as exc:
+        raise TraceFileError(str(exc)) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise TraceFileError(
             f"{os.fspath(path)}: not a trace file (not UTF-8 text); a trace file is OTLP JSON "

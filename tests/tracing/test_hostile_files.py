@@ -5,12 +5,16 @@ of bounded length, or refuses the file in one line (exit 2); never a traceback."
 from __future__ import annotations
 
 import json
+import os
+import resource
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rlm_graph.cli import main
+from tests.cli.test_command import COMMAND, _env
 
 
 def otlp(*spans: dict[str, Any]) -> str:
@@ -122,3 +126,44 @@ def test_a_cost_or_queueing_time_past_a_float_is_unknown(
     assert main(["trace", "export", str(path)]) == 0
     assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
     assert '"n1"' in capsys.readouterr().out
+
+
+def _in_a_gigabyte(*args: str) -> subprocess.CompletedProcess[str]:
+    """``rlm-graph *args`` as a process that may take neither more than 1 GiB nor 20 s."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30))
+
+    return subprocess.run(
+        [str(COMMAND), *args], capture_output=True, text=True, env=_env(), preexec_fn=limit,
+        timeout=20, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="no /dev/zero")
+def test_show_refuses_a_device_and_a_fifo_nobody_writes_to_as_export_does(
+    tmp_path: Path,
+) -> None:
+    """``trace show /dev/zero`` read until memory ran out; a FIFO with no writer held it
+    for ever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, says in (
+        ("/dev/zero", "/dev/zero is neither a file nor a pipe; give a trace file"),
+        (str(fifo), "nothing was written to"),
+        (str(tmp_path), "is a folder; give a trace file"),
+    ):
+        done = _in_a_gigabyte("trace", "show", path)
+        assert done.returncode == 2 and not done.stdout, done.stderr
+        (line,) = done.stderr.splitlines()
+        assert line.startswith("rlm-graph trace show: ") and says in line, line
+
+
+def test_show_reads_a_pipe_with_a_writer(tmp_path: Path) -> None:
+    """``trace show <(zcat run.otlp.jsonl.gz)``: what the writer wrote is read once."""
+    done = subprocess.run(
+        [str(COMMAND), "trace", "show", "/dev/stdin", "--no-timeline"],
+        input=otlp(otlp_span(1, name="from-a-pipe")),
+        capture_output=True, text=True, env=_env(), timeout=20, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "from-a-pipe [n1]" in done.stdout, done.stderr
