@@ -200,10 +200,11 @@ def run_show(args: argparse.Namespace) -> int:
             spans = load_trace(path)
         except TraceFileError as exc:
             return refuse("trace show", exc)
+        # A file's name, span names and models come from others (a shell glob, servers,
+        # configurations): a terminal gets them without control sequences, taken out of
+        # the spans before the columns are padded.
         if len(args.files) > 1:
-            sys.stdout.write(("\n" if number else "") + f"== {path}\n")
-        # Span names and models come from servers and configurations: a terminal gets
-        # them without control sequences, taken out before the columns are padded.
+            sys.stdout.write(for_stream(sys.stdout, ("\n" if number else "") + f"== {path}\n"))
         if on_terminal(sys.stdout):
             spans = [_printable(span) for span in spans]
         shown = render_traces(spans, width=width, timeline=not args.no_timeline, ascii=args.ascii)
@@ -224,10 +225,8 @@ def _newest(paths: list[Path]) -> Path:
     existing = [p for p in paths if p.exists()]
     if len(paths) > 1 and existing:
         newest = max(existing, key=lambda p: p.stat().st_mtime)
-        print(
-            f"rlm-graph trace export: {len(paths)} files given; using the newest, {newest}",
-            file=sys.stderr,
-        )
+        said = f"rlm-graph trace export: {len(paths)} files given; using the newest, {newest}"
+        print(strip_control(said), file=sys.stderr)  # as `refuse` says a file's name
         return newest
     return paths[0]
 
@@ -334,8 +333,8 @@ def run_export(args: argparse.Namespace) -> int:
     except TraceFileError as exc:
         return refuse("trace export", exc)
     text = to_dot(graph) if args.format == "dot" else to_graphml(graph)
-    if args.output is None:
-        sys.stdout.write(text)
+    if args.output is None:  # a terminal gets the labels without control sequences
+        sys.stdout.write(for_stream(sys.stdout, text))
         return EXIT_OK
     try:
         write_private(args.output, text)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from rlm_graph.cli import main
-from tests.cli.test_command import COMMAND, _env
+from tests.cli.test_command import COMMAND, _env, _run_on_a_terminal, rlm_graph
 
 
 def otlp(*spans: dict[str, Any]) -> str:
@@ -167,3 +167,40 @@ def test_show_reads_a_pipe_with_a_writer(tmp_path: Path) -> None:
         capture_output=True, text=True, env=_env(), timeout=20, check=False,
     )  # fmt: skip
     assert done.returncode == 0 and "from-a-pipe [n1]" in done.stdout, done.stderr
+
+
+SEQUENCES = "\x1b]0;owned\x07\x1b[2J\x1b[31mred\x1b[0m\r\u202e"
+CONTROL = (b"\x1b", b"\x07", b"\r\xe2\x80\xae", "\u202e".encode())
+
+
+def test_names_and_labels_reach_a_terminal_without_control_sequences(tmp_path: Path) -> None:
+    """A file named (by a glob) with a window title and a screen clear, a model label
+    with more: ``== <path>`` of trace show, trace export's note and its DOT on a terminal
+    carried them raw."""
+    good = tmp_path / "ok.otlp.jsonl"
+    good.write_text(otlp(otlp_span(1)))
+    evil = tmp_path / f"evil{SEQUENCES}.otlp.jsonl"
+    evil.write_text(otlp(otlp_span(1, **{"gen_ai.request.model": f"m{SEQUENCES}"})))
+    os.utime(good, (1, 1))  # `evil` is the newest
+    shows = [
+        ["trace", "show", str(good), str(evil), "--no-timeline"],
+        ["trace", "export", str(good), str(evil)],
+        ["trace", "export", str(evil), "--format", "graphml"],
+    ]
+    for command in shows:
+        status, shown = _run_on_a_terminal(command, stderr=True)
+        assert status == 0, shown
+        assert all(sequence not in shown for sequence in CONTROL), (command, shown)
+        assert b"evil" in shown or b"mred" in shown, shown
+    status, shown = _run_on_a_terminal(["trace", "export", str(evil)])
+    assert b'[ok]\\n1.000s\\nmred"' in shown, shown
+
+
+def test_export_to_a_pipe_or_a_file_keeps_the_labels_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "t.otlp.jsonl"
+    path.write_text(otlp(otlp_span(1, **{"gen_ai.request.model": f"m{SEQUENCES}"})))
+    piped = rlm_graph("trace", "export", str(path))
+    assert piped.returncode == 0 and SEQUENCES in piped.stdout
+    out = tmp_path / "g.dot"
+    assert rlm_graph("trace", "export", str(path), "-o", str(out)).returncode == 0
+    assert out.read_bytes().decode() == piped.stdout  # byte for byte (read_text: \r as \n)
