@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from pydantic import ValidationError
 
 from ..errors import RLMGraphError
 
@@ -17,7 +19,10 @@ __all__ = [
     "bad_field",
     "checked",
     "jaeger_times",
+    "listed",
+    "one_line",
     "shown",
+    "span_named",
     "time_ns",
     "whole",
 ]
@@ -131,6 +136,29 @@ def _finite(value: float) -> bool:
 def bad_field(span: Mapping[str, Any], key: str, value: Any, what: str) -> TraceFileError:
     ident = span.get("spanId") or span.get("spanID")
     name = span.get("name") or span.get("operationName")
-    return TraceFileError(
-        f"span {str(ident)[:40]} ({shown(name)}): {key} is {shown(value)}, not {what}"
-    )
+    return TraceFileError(f"{span_named(ident, name)}: {key} is {shown(value)}, not {what}")
+
+
+def span_named(ident: Any, name: Any) -> str:
+    """A span, for a message: its id and its name, each cut short (a file's name may
+    be a megabyte, its base64 id decode to any length)."""
+    return f"span {str(ident)[:40]} ({shown(name)})"
+
+
+def listed(keys: Iterable[str], most: int = 5) -> str:
+    """The first ``most`` of ``keys`` (each cut short), for a message, and how many more
+    (a file of 20,000 traces listed each: a line of 680 KB)."""
+    keys = list(keys)
+    said = ", ".join(key if len(key) <= 60 else key[:59] + "…" for key in keys[:most])
+    return said + (f" and {len(keys) - most} more" if len(keys) > most else "")
+
+
+def one_line(exc: Exception) -> str:
+    """``exc``'s message in one short line: of a pydantic refusal (a paragraph per
+    field), the first field's, with the value cut short."""
+    if isinstance(exc, ValidationError) and exc.errors():
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "a value"
+        return f"{field} is {shown(first.get('input'))}: {first['msg']}"
+    text = str(exc).strip().split("\n", 1)[0]
+    return text if len(text) <= 200 else text[:199] + "…"

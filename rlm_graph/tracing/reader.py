@@ -36,7 +36,16 @@ from .._files import UnreadableFile, read_once
 from ..contracts import Usage
 from ..errors import GraphError
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
-from .fields import TraceFileError, checked, jaeger_times, shown, time_ns
+from .fields import (
+    TraceFileError,
+    checked,
+    jaeger_times,
+    listed,
+    one_line,
+    shown,
+    span_named,
+    time_ns,
+)
 
 __all__ = [
     "TraceFileError",
@@ -152,7 +161,7 @@ def parse_trace(text: str) -> list[TraceSpan]:
         if isinstance(exc, TraceFileError):
             raise
         raise TraceFileError(
-            f"malformed trace ({type(exc).__name__}: {exc}); expected OTLP JSON Lines or "
+            f"malformed trace ({type(exc).__name__}: {one_line(exc)}); expected OTLP JSON Lines or "
             "Jaeger JSON as written by rlm-graph --trace file"
         ) from None
     unique = {(span.trace_id, span.span_id): span for span in spans}
@@ -366,17 +375,17 @@ def choose_run(spans: Sequence[TraceSpan], trace_id: str | None = None) -> list[
     runs = split_runs(spans)
     if trace_id is None and len(runs) > 1:
         raise TraceFileError(
-            f"the file holds {len(runs)} runs ({', '.join(runs)}); choose one with --trace-id"
+            f"the file holds {len(runs)} runs ({listed(runs)}); choose one with --trace-id"
         )
     chosen = runs.get(trace_id) if trace_id else next(iter(runs.values()), [])
     if chosen is None:
         several = [key for key in runs if key.startswith(f"{trace_id}/")]
         if several:
             raise TraceFileError(
-                f"trace {trace_id} holds {len(several)} runs ({', '.join(several)}); choose "
+                f"trace {trace_id} holds {len(several)} runs ({listed(several)}); choose "
                 "one with --trace-id"
             )
-        raise TraceFileError(f"no trace {trace_id!r} in the file; it holds {', '.join(runs)}")
+        raise TraceFileError(f"no trace {shown(trace_id)} in the file; it holds {listed(runs)}")
     return chosen
 
 
@@ -406,11 +415,11 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
         except (TypeError, ValueError, OverflowError) as exc:  # pydantic's; ours pass through
             if isinstance(exc, TraceFileError):
                 raise
-            raise TraceFileError(f"span {span.span_id} ({span.name!r}): {exc}") from None
+            raise TraceFileError(f"{_named(span)}: {one_line(exc)}") from None
         if record.id in graph:
             raise TraceFileError(
-                f"span {span.span_id} ({span.name!r}): rlm.node.id {record.id!r} is another "
-                "span's too; a node has one span"
+                f"{_named(span)}: rlm.node.id {shown(record.id)} is another span's too; a "
+                "node has one span"
             )
         graph.add(record)
     try:
@@ -418,7 +427,7 @@ def to_graph(spans: Sequence[TraceSpan], trace_id: str | None = None) -> Graph:
             for source, kind in _edges(span, node_of, graph):
                 graph.add_edge(source, str(span.node_id), kind)
     except GraphError as exc:
-        raise TraceFileError(f"the trace does not describe a graph: {exc}") from None
+        raise TraceFileError(f"the trace does not describe a graph: {one_line(exc)}") from None
     return graph
 
 
@@ -487,9 +496,13 @@ def _known(span: TraceSpan, key: str, kind: type[Any], default: str) -> Any:
     except ValueError:
         names = ", ".join(member.value for member in kind)
         raise TraceFileError(
-            f"span {span.span_id} ({span.name!r}): {key} is {shown(value)}, which this "
+            f"{_named(span)}: {key} is {shown(value)}, which this "
             f"version does not know (it knows {names}); a trace of a newer rlm-graph?"
         ) from None
+
+
+def _named(span: TraceSpan) -> str:
+    return span_named(span.span_id, span.name)
 
 
 def _text(value: Any) -> str | None:

@@ -204,3 +204,47 @@ def test_export_to_a_pipe_or_a_file_keeps_the_labels_bytes(tmp_path: Path) -> No
     out = tmp_path / "g.dot"
     assert rlm_graph("trace", "export", str(path), "-o", str(out)).returncode == 0
     assert out.read_bytes().decode() == piped.stdout  # byte for byte (read_text: \r as \n)
+
+
+def _export_refusal(path: Path, capsys: pytest.CaptureFixture[str], *words: str) -> str:
+    assert main(["trace", "export", str(path), *words]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    return line
+
+
+def test_an_error_quoting_a_huge_name_or_listing_many_runs_stays_short(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A span name of a megabyte was quoted whole; each of 20,000 runs was listed."""
+    path = tmp_path / "dup.otlp.jsonl"
+    path.write_text(otlp(otlp_span(1, name="X" * 1_000_000), otlp_span(2, name="Y" * 1_000_000)))
+    path.write_text(path.read_text().replace('"n2"', '"n1"'))
+    line = _export_refusal(path, capsys)
+    assert "rlm.node.id 'n1' is another span's too" in line and len(line) < 400, line[:400]
+    path = tmp_path / "many.otlp.jsonl"
+    path.write_text(
+        otlp(*(otlp_span(1, name="invoke_agent rlm", trace=t + 1) for t in range(2000)))
+    )
+    line = _export_refusal(path, capsys)
+    assert "the file holds 2000 runs (" in line and "and 1995 more); choose one" in line
+    assert len(line) < 400, line[:400]
+    line = _export_refusal(path, capsys, "--trace-id", "f" * 32)
+    assert "and 1995 more" in line and len(line) < 400, line[:400]
+
+
+@pytest.mark.parametrize(
+    ("span", "says"),
+    [
+        (otlp_span(1, **{"gen_ai.usage.input_tokens": -5}), "input_tokens is -5: Input should"),
+        ({**otlp_span(1), "name": 5}, "malformed trace (ValidationError: name is 5: Input"),
+    ],
+    ids=["negative-tokens", "name-a-number"],
+)
+def test_a_value_the_model_refuses_is_one_line(
+    span: dict[str, Any], says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pydantic's refusal was a paragraph: four lines and a link."""
+    path = tmp_path / "t.otlp.jsonl"
+    path.write_text(otlp(span))
+    line = _export_refusal(path, capsys)
+    assert says in line and str(path) in line, line
