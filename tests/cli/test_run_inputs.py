@@ -174,3 +174,17 @@ def test_an_answer_with_half_a_character_is_printed_not_lost(context: str) -> No
     )  # fmt: skip
     assert done.returncode == 3, done.stderr  # stopped by max_iterations: a partial answer
     assert done.stdout.strip() == "I could not find it \ufffd"
+
+
+def test_json_gives_half_a_character_as_the_replacement_character(context: str) -> None:
+    """``--json`` printed a lone surrogate as its escape (``"a\\ud800b"``), which a strict
+    parser (serde_json, Go's) refuses; text mode printed U+FFFD. (The subprocess
+    environment sends the answer as UTF-8, the local one hands it over as it is.)"""
+    code = "FINAL('a' + chr(0xd800) + 'b')"
+    done = rlm_graph(
+        "run", "--context", context, "--query", "q", *_scripted(code), "--json",
+        "--environment", "local",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\\ud800" not in done.stdout.lower()
+    assert json.loads(done.stdout)["answer"] == "a\ufffdb"
