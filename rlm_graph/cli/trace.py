@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -104,13 +105,19 @@ def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None
             variable = "OTEL_EXPORTER_OTLP_ENDPOINT"
         endpoint = os.environ.get(variable) or "http://localhost:4318"
         print(
-            f"rlm-graph: the trace could not be sent to {Scrubber().scrub(endpoint)} (the "
+            f"rlm-graph: the trace could not be sent to {_endpoint_shown(endpoint)} (the "
             f"collector refused it, or did not answer within 1 s); check that the collector "
             f"runs and the endpoint ({variable})",
             file=out,
         )
     for path in trace_files(provider):
         print(f"trace written to {path}", file=out)
+
+
+def _endpoint_shown(endpoint: str) -> str:
+    """An OTLP endpoint for a message: its password redacted, and without its query and
+    fragment (a collector's credential may ride there: ``?key=...``, ``?sig=...``)."""
+    return re.split(r"[?#]", Scrubber().scrub(endpoint), maxsplit=1)[0]
 
 
 def _quiet_exporters() -> None:

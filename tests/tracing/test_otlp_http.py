@@ -195,6 +195,28 @@ def test_spans_a_collector_refuses_are_said_lost(
     assert "(OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)" in said.getvalue()
 
 
+def test_the_endpoint_said_unreachable_is_said_without_its_query(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A collector's credential in the endpoint's query (``?key=...``, a signed URL's
+    ``?sig=...``) was printed on stderr with the endpoint."""
+    import io
+
+    from rlm_graph.cli.trace import finish_tracing
+
+    receiver.refuse = 404
+    endpoint = f"{receiver.url}?key=Qu3ryK3yValue&sig=S1gnatureValue#T0kenFragment"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", endpoint)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_PROTOCOL", raising=False)
+    provider = configure_tracing("otlp")
+    Engine("scripted", {"respond": lambda r: "ok"}, tracer_provider=provider).run(fan_out(1))
+    said = io.StringIO()
+    finish_tracing(provider, said)
+    assert said.getvalue().startswith(f"rlm-graph: the trace could not be sent to {receiver.url} ")
+    for secret in ("Qu3ryK3yValue", "S1gnatureValue", "T0kenFragment", "?"):
+        assert secret not in said.getvalue()
+
+
 def half_a_character(tmp_path_factory: pytest.TempPathFactory) -> Workflow:
     """A workflow whose function fails naming a file that is not UTF-8: ``os.listdir``
     gives its name with a lone surrogate (PEP 383), and so does the error message."""
