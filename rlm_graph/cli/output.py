@@ -150,7 +150,7 @@ class Output:
                     "exit_code": code,
                 },
             }
-            print(finite_dumps(_whole(payload), indent=2))  # not Infinity, nor "\ud800"
+            print(finite_dumps(payload, indent=2))  # not Infinity, nor "\ud800"
             return code
         if stop_reason is not None and answer is not None:
             what = "partial answer" if answer else "no partial answer"
@@ -174,18 +174,6 @@ class Output:
     def error(self, code: int, text: str, *, kind: str, error: BaseException | None = None) -> int:
         """An error before or instead of any answer: one line (or one JSON object)."""
         return self.result(code, answer=None, error=error, message=text, kind=kind)
-
-
-def _whole(data: Any) -> Any:
-    """``data`` with each text (and key) in it whole UTF-8 (`utf8_text`), in copies: a
-    lone surrogate as U+FFFD, not the escape ``"\\ud800"`` strict parsers refuse."""
-    if isinstance(data, str):
-        return utf8_text(data)
-    if isinstance(data, dict):
-        return {_whole(key): _whole(value) for key, value in data.items()}
-    if isinstance(data, list | tuple):
-        return [_whole(value) for value in data]
-    return data
 
 
 def _said(message: str | None, error: BaseException | None) -> str | None:

@@ -49,3 +49,13 @@ def test_run_json_and_batch_lines_hold_no_infinity(
         assert main([*batch, *common, "--quiet"]) == 0
     (line,) = [_strict(text) for text in out.read_text().splitlines()]
     assert line["answer"] == "ok:sub done" and line["cost"] is None
+
+
+def test_the_one_json_writer_gives_half_a_character_as_the_replacement_character() -> None:
+    """``journal ls --json``, the report's data and ``run --json`` share it: a lone
+    surrogate (in a value or a key) was written as the escape strict parsers refuse."""
+    from rlm_graph._json import dumps
+
+    written = dumps({"half \ud800": ["x\udc00y", "😀", float("nan")]})
+    assert "\\ud800" not in written and "\\udc00" not in written
+    assert json.loads(written) == {"half \ufffd": ["x\ufffdy", "😀", None]}
