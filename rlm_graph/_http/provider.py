@@ -201,11 +201,10 @@ class JSONProvider:
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
-        # Redacts the key (any 8+ character run of it too), a secret header's value, the
-        # base URL's password and a secret-named body field from quoted server text.
+        # The key (8+ character runs too), a secret header, the URL's password, a body field.
         given = {"api_key": api_key, "base_url": self.base_url, "headers": headers or {}}
         secrets = secret_values({**dict(extra_body or {}), **given}, environ={})
-        self._redact = Scrubber(secrets, environ={}).scrub_literals
+        self._redact = Scrubber(secrets, environ={}).scrub_literals  # for quoted server text
         self._headers = dict(headers or {})
         self._transport = transport
         self.http_transport = http_transport
