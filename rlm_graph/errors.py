@@ -91,14 +91,16 @@ __all__ = [
 # ``a.a.a...`` took a second. After ``://`` there are two tries, each one linear scan:
 # ``user:`` then the password, else the whole userinfo.
 # A password runs to the authority's last ``@``, as a URL parser reads it: one with an
-# ``@`` in it, unencoded, is redacted whole (one backtrack within a run without ``/``).
+# ``@`` in it, unencoded, is redacted whole; so is one with a ``#`` or ``?`` (a parser
+# reads no password there, but it is one). The parts after an ``@`` hold no quote,
+# comma or bracket (``["http://u:p@a.com","bob@b.com"]`` keeps its hosts).
 # A user with no password is a token of 8 characters or more (``ssh://git@`` is a user,
 # not a secret), read as RFC 3986 reads one: no ``?``, ``#``, quote, comma or bracket
 # (``https://example.com?email=a@b.org`` holds no user).
 URL_USERINFO = re.compile(
     r"((?<![A-Za-z0-9+.\-])(?>[A-Za-z0-9+.\-]*?\b[A-Za-z])[A-Za-z0-9+.\-]*+://"
     r"(?:(?P<user>[^\s/@:]*+):)?+)(?!\[REDACTED\])"
-    r"(?P<secret>(?(user)[^\s/?#]*|[^\s/@?#\"',()\[\]<>]{8,}+))@"
+    r"(?P<secret>(?(user)[^\s/@]*+(?:@[^\s/?#@\"',()\[\]<>]*+)*|[^\s/@?#\"',()\[\]<>]{8,}+))@"
 )
 
 

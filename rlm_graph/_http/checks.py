@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from ..errors import ConfigError, config_error
 from ..limits import is_rate
-from ..tracing.scrub import without_url_passwords
+from ..tracing.scrub import secret_values, without_url_passwords
 from . import wire
 from .retry import RetryPolicy
 
@@ -134,8 +134,8 @@ def wire_headers(
 ) -> dict[bytes, tuple[bytes, bytes]]:
     """``Host`` (from ``url``) and ``headers`` as they go on the wire, by lower-case name;
     a `ConfigError` for a header the wire cannot carry (not ASCII, or a line break). A
-    ``user:password@`` in ``url`` is Basic auth where ``headers`` name none (as httpx
-    sends it)."""
+    ``user:password@`` in ``url`` is Basic auth, over any ``Authorization`` (httpx's
+    rule: the httpx transport sends the same)."""
     found = {b"host": (b"Host", url.netloc)}
     for name, value in headers.items():
         try:
@@ -150,7 +150,36 @@ def wire_headers(
                 "digits and !#$%&'*+-.^_`|~; a value without line breaks)"
             )
         found[encoded[0].lower()] = encoded
-    if url.userinfo and b"authorization" not in found:
-        pair = f"{url.username}:{url.password}".encode()
-        found[b"authorization"] = (b"Authorization", b"Basic " + base64.b64encode(pair))
+    basic = url_credentials(url)
+    if basic is not None:
+        found[b"authorization"] = (b"Authorization", b"Basic " + basic.encode())
     return found
+
+
+def url_credentials(url: httpx.URL) -> str | None:
+    """The Basic auth credentials (base64) of ``url``'s ``user:password@``, as httpx
+    sends them: where it has a user or a password."""
+    if not (url.username or url.password):
+        return None
+    return base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
+
+
+def quoted_secrets(
+    api_key: str | None,
+    base_url: str,
+    headers: Mapping[str, str] | None,
+    extra_body: Mapping[str, Any] | None,
+) -> list[str]:
+    """What a server's text quoted in errors and logs is redacted of: the key, a secret
+    header's value, the base URL's password and its Basic credentials, a secret-named
+    body field (not ``prompt_cache_key``, which names a cache)."""
+    fields = {
+        name: value
+        for name, value in (extra_body or {}).items()
+        if isinstance(name, str) and name != "prompt_cache_key"
+    }
+    given = {**fields, "api_key": api_key, "base_url": base_url, "headers": dict(headers or {})}
+    found = secret_values(given, environ={})
+    url = httpx.URL(base_url)
+    basic = url_credentials(url)
+    return found if basic is None else [*found, basic, url.password]

@@ -58,7 +58,7 @@ from opentelemetry.propagate import inject
 from ..concurrency import DEFAULT_CEILING, DEFAULT_INITIAL
 from ..contracts import ChatRequest, ChatResponse, TextSink
 from ..errors import BadResponse, ProviderError
-from ..tracing.scrub import Scrubber, secret_values, without_url_passwords
+from ..tracing.scrub import Scrubber, without_url_passwords
 from .answers import (
     AttemptFailed as _Retry,
     failures,
@@ -73,7 +73,15 @@ from .answers import (
 )
 from .attempts import first_warning, note_held, note_rate_headers, note_retry, wait_before_retry
 from .bodies import decoding, read_whole
-from .checks import check_settings, check_shapes, checked_base_url, checked_policy, wire_headers
+from .checks import (
+    check_settings,
+    check_shapes,
+    checked_base_url,
+    checked_policy,
+    quoted_secrets,
+    url_credentials,
+    wire_headers,
+)
 from .keys import Secret
 from .retry import RetryPolicy, parse_duration, parse_retry_after, retry_delay_from_headers
 from .streaming import DeltaTracker, StreamParser, read_reply, whole_reply
@@ -201,9 +209,7 @@ class JSONProvider:
         )
         self.extra_body = dict(extra_body or {})
         self._api_key = Secret(api_key) if api_key else None
-        # The key (8+ character runs too), a secret header, the URL's password, a body field.
-        given = {"api_key": api_key, "base_url": self.base_url, "headers": headers or {}}
-        secrets = secret_values({**dict(extra_body or {}), **given}, environ={})
+        secrets = quoted_secrets(api_key, self.base_url, headers, extra_body)
         self._redact = Scrubber(secrets, environ={}).scrub_literals  # for quoted server text
         self._headers = dict(headers or {})
         self._transport = transport
@@ -451,10 +457,14 @@ class JSONProvider:
 
     def _lean_headers(self, headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
         """The default headers with ``headers`` over them (by name, in any case), as
-        they go on the wire: the lean transport takes them as they are."""
+        they go on the wire: the lean transport takes them as they are. The base URL's
+        ``user:password@`` is the ``Authorization``, over the key's (httpx's rule)."""
         merged = dict(self._wire_headers)
+        url_auth = bool(self._url.userinfo) and url_credentials(self._url) is not None
         for name, value in headers.items():
             encoded = name.encode("ascii")
+            if url_auth and encoded.lower() == b"authorization":
+                continue
             merged[encoded.lower()] = (encoded, value.encode("ascii"))
         return list(merged.values())
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from opentelemetry.trace import TracerProvider
 
 from .._files import UnreadableFile, destination_problem, read_once, write_private
-from ..errors import ConfigError, GraphError
+from ..errors import ConfigError, GraphError, without_url_passwords
 from ..graph import Graph, from_json, to_dot, to_graphml
 from ..tracing import (
     Scrubber,
@@ -117,7 +117,7 @@ def finish_tracing(provider: TracerProvider | None, stream: TextIO | None = None
 def _endpoint_shown(endpoint: str) -> str:
     """An OTLP endpoint for a message: its password redacted, and without its query and
     fragment (a collector's credential may ride there: ``?key=...``, ``?sig=...``)."""
-    return re.split(r"[?#]", Scrubber().scrub(endpoint), maxsplit=1)[0]
+    return Scrubber().scrub(re.split(r"[?#]", without_url_passwords(endpoint), maxsplit=1)[0])
 
 
 def _quiet_exporters() -> None:

@@ -52,8 +52,8 @@ T = TypeVar("T")
 
 
 def _is_cancellation(exc: BaseException) -> bool:
-    """A ``trio.Cancelled``, or a group (from a nursery) holding nothing else."""
-    if isinstance(exc, trio.Cancelled):
+    """A ``trio.Cancelled`` or a Ctrl-C, or a group (from a nursery) of nothing else."""
+    if isinstance(exc, trio.Cancelled | KeyboardInterrupt):
         return True
     if isinstance(exc, BaseExceptionGroup):
         return all(_is_cancellation(inner) for inner in exc.exceptions)
@@ -65,7 +65,7 @@ def _mark_failed(
 ) -> None:
     """Record how a node's body ended: cancelled (Ctrl-C too), or failed with ``exc``
     (redacted first)."""
-    if _is_cancellation(exc) or isinstance(exc, KeyboardInterrupt):
+    if _is_cancellation(exc):
         record.status = NodeStatus.CANCELLED
     elif isinstance(exc, Exception):
         scrub_error(exc, redact)

@@ -18,6 +18,7 @@ so a line is bounded whatever a file holds: at most the columns' total plus the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -151,6 +152,15 @@ def _status(span: TraceSpan) -> str:
     return str(span.attributes.get("rlm.node.status") or "ok")
 
 
+def _digits(count: int) -> str:
+    """``count`` written out, or its size where it has more digits than Python writes (a
+    hostile file's counts of 4,300 digits each, added up)."""
+    try:
+        return str(count)
+    except ValueError:
+        return f"~10^{int(count.bit_length() * math.log10(2))}"
+
+
 def _summary(spans: Sequence[TraceSpan], total_us: int, more: str) -> str:
     tokens = sum(
         int(s.attributes.get("gen_ai.usage.input_tokens", 0))
@@ -162,7 +172,7 @@ def _summary(spans: Sequence[TraceSpan], total_us: int, more: str) -> str:
         f"trace {_short(spans[0].trace_id, 32, more)}",  # base64 ids decode to any length
         f"{len(spans)} spans",
         f"{total_us / 1e6:.3f} s",
-        f"{_short(str(tokens), COLUMN_MAX[3], more)} tokens",
+        f"{_short(_digits(tokens), COLUMN_MAX[3], more)} tokens",
     ]
     if errors:
         parts.append(f"{errors} error{'s' if errors > 1 else ''}")

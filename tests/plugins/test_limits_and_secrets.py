@@ -172,8 +172,11 @@ def test_a_base_urls_user_and_password_are_sent_as_basic_auth_on_either_transpor
         url = server.base_url.replace("http://", "http://alice:S3cretPass@")
         kwargs = {"model_name": "m", "base_url": url, "http_transport": transport}
         assert RLM("openai", kwargs).completion("c", root_prompt="q").response == "ok"
-        sent = {k.lower(): v for k, v in server.requests[-1].headers.items()}
-    assert sent["authorization"] == "Basic YWxpY2U6UzNjcmV0UGFzcw=="  # alice:S3cretPass
+        alone = {k.lower(): v for k, v in server.requests[-1].headers.items()}
+        with_key = {**kwargs, "api_key": "sk-also-given-1234"}  # httpx's rule: the URL's wins
+        assert RLM("openai", with_key).completion("c", root_prompt="q").response == "ok"
+        both = {k.lower(): v for k, v in server.requests[-1].headers.items()}
+    assert alone["authorization"] == both["authorization"] == "Basic YWxpY2U6UzNjcmV0UGFzcw=="
 
 
 def test_a_secret_header_or_body_field_echoed_by_a_server_is_in_no_log_line(
@@ -182,10 +185,11 @@ def test_a_secret_header_or_body_field_echoed_by_a_server_is_in_no_log_line(
     """The retry line quoted a 5xx body: a key given as a header (Azure's ``api-key``, an
     ``Authorization``) or a body field echoed in it was logged as it was."""
     secrets = ["Qz7pW3xLm9Rt2Vb8Nc4Kd6Hf", "Hd8Wq2Lp5Zx7Mn3Rv9Tb", "Ut4Yk8Pq2Ws6Nv3Jx7Lc"]
+    secrets += ["Gw5Tr8Yu2Io4Pa6Sd", "Basic YWxpY2U6R3c1VHI4WXUySW80UGE2U2Q="]  # alice:its password
     with FakeOpenAIServer(lambda body: Reply.error(500, "echo: " + " ".join(secrets))) as server:
         kwargs = {
             "model_name": "m",
-            "base_url": server.base_url,
+            "base_url": server.base_url.replace("http://", f"http://alice:{secrets[3]}@"),
             "headers": {"Authorization": f"Bearer {secrets[0]}", "api-key": secrets[1]},
             "extra_body": {"user_token": secrets[2]},
             "backoff_base": 0.001,

@@ -248,3 +248,12 @@ def test_a_value_the_model_refuses_is_one_line(
     path.write_text(otlp(span))
     line = _export_refusal(path, capsys)
     assert says in line and str(path) in line, line
+
+
+def test_counts_of_thousands_of_digits_added_up_are_shown_by_their_size() -> None:
+    """Two counts of 4,300 digits sum to one of 4,301, which Python will not write out:
+    ``trace show`` ended in a traceback."""
+    from rlm_graph.tracing.view import _digits
+
+    huge = int("9" * 4300)
+    assert _digits(2 * huge) == "~10^4300" and _digits(330) == "330"

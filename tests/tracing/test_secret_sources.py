@@ -155,6 +155,13 @@ def test_a_password_holding_an_at_sign_is_redacted_whole() -> None:
     assert without_url_passwords("http://u:p@host?email=a@b.org") == (
         "http://u:[REDACTED]@host?email=a@b.org"
     )
+    for odd in ("Pa#ss99", "Pa?ss99"):  # unencoded too: redacted as before, whole
+        assert without_url_passwords(f"https://alice:{odd}@host/v1") == (
+            "https://alice:[REDACTED]@host/v1"
+        )
+    assert without_url_passwords('["http://u:p@a.com","bob@b.com"]') == (
+        '["http://u:[REDACTED]@a.com","bob@b.com"]'
+    )
 
 
 def test_a_url_without_a_user_keeps_its_text() -> None:

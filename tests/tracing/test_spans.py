@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import trio
@@ -356,7 +357,23 @@ def test_a_node_cut_by_ctrl_c_is_cancelled_on_its_span_not_an_error(memory: Memo
     rlm = RLM("scripted", {"respond": interrupted}, tracer_provider=memory.provider)
     with pytest.raises(KeyboardInterrupt):
         rlm.completion("ctx", root_prompt="q")
-    (turn,) = [s for s in memory.spans if attrs(s).get("rlm.node.kind") == "root_turn"]
-    assert turn.status.status_code == StatusCode.UNSET
-    assert attrs(turn)["rlm.node.status"] == "cancelled"
-    assert attrs(turn)["error.type"] == "cancelled"
+
+    def in_a_batch(request: Any) -> str:  # the block's node meets it in a nursery's group
+        if any(m.role == "system" for m in request.messages):
+            return "```repl\nr = llm_query_batched(['a', 'b', 'c'])\nFINAL(str(r))\n```"
+        raise KeyboardInterrupt
+
+    rlm = RLM("scripted", {"respond": in_a_batch}, tracer_provider=memory.provider)
+    with pytest.raises(KeyboardInterrupt):
+        rlm.completion("ctx", root_prompt="q")
+    kinds = [(attrs(s).get("rlm.node.kind"), attrs(s).get("rlm.node.status")) for s in memory.spans]
+    assert kinds.count(("root_turn", "cancelled")) == 1  # the first run's; the second answered
+    assert kinds.count(("repl_block", "cancelled")) == 1
+    for span in memory.spans:
+        if attrs(span).get("rlm.node.kind") not in ("repl_block", "llm_call") and (
+            attrs(span).get("rlm.node.status") != "cancelled"
+        ):
+            continue  # the runs' own spans, the second run's turn
+        assert span.status.status_code == StatusCode.UNSET, span.name
+        assert attrs(span)["rlm.node.status"] == "cancelled"
+        assert attrs(span)["error.type"] == "cancelled"
