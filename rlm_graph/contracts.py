@@ -582,6 +582,11 @@ def compacted_history(strategy: Any, got: object) -> list[Message]:
             )
         elif not any(m.role == "user" for m in rewritten):
             problem = "returned a history with no user message; keep at least the task"
+        elif rewritten[-1].role != "user":  # the next turn would answer the model itself
+            problem = (
+                f"returned a history ending with {rewritten[-1].role!r}; end it with a "
+                "user message, which the next turn answers"
+            )
         else:
             return rewritten
     raise PluginError(f"compaction strategy {name!r}: compact() {problem} (docs/compaction.md)")

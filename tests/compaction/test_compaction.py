@@ -259,6 +259,7 @@ def test_an_unknown_strategy_fails_at_configuration() -> None:
         (lambda messages: ["hello"], "holding str; every item must be a Message"),
         (lambda messages: [m.model_dump() for m in messages], "holding dict"),
         (lambda messages: [], "no user message"),
+        (lambda m: [*m[:2], Message(role="assistant", content="ok")], "ending with 'assistant'"),
     ],
 )
 def test_a_strategy_returning_a_bad_history_is_named(result: Any, says: str) -> None:
