@@ -38,6 +38,7 @@ from .images import (
 
 __all__ = [
     "MAX_IMAGE_BYTES",
+    "MAX_TOKEN_COUNT",
     "ChatRequest",
     "ChatResponse",
     "CompactionContext",
@@ -123,6 +124,11 @@ class Message(BaseModel):
     @property
     def images(self) -> list[Image]:
         return [part for part in self.parts if isinstance(part, Image)]
+
+
+MAX_TOKEN_COUNT = 10**12
+"""The largest token count a usage field is read as (a trillion: no call's); a journal's
+row past it is damaged."""
 
 
 class Usage(BaseModel):

@@ -51,6 +51,7 @@ from ._http.provider import (
 )
 from ._http.streaming import StreamParser as StreamParser
 from .contracts import (
+    MAX_TOKEN_COUNT as MAX_TOKEN_COUNT,
     ChatRequest as ChatRequest,
     ChatResponse as ChatResponse,
     Message as Message,
@@ -173,8 +174,6 @@ def event_error(provider: str, url: str, error: object) -> ProviderError:
     )
 
 
-MAX_TOKEN_COUNT = 10**12
-"""The largest token count a usage field is read as (a trillion: no call's)."""
 
 
 def token_count(value: object) -> int:

@@ -11,13 +11,14 @@ time), `load_chunk` reads a chunk back refusing anything that is not plain value
 from __future__ import annotations
 
 import io
+import math
 import operator
 import pickle
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..contracts import Usage
+from ..contracts import MAX_TOKEN_COUNT, Usage
 from ..graph import Graph, NodeKind, NodeRecord, NodeStatus
 
 __all__ = [
@@ -237,6 +238,7 @@ _USAGE_TYPES = {
     "estimated": (bool,),
 }
 _TYPE_NAMES = {str: "text", int: "an int", float: "a number", bool: "a bool", _NONE: "None"}
+_COST = _RECORD_FIELDS.index("cost")
 
 
 def _shape_problem(row: object) -> str | None:
@@ -251,6 +253,9 @@ def _shape_problem(row: object) -> str | None:
     for name, value in zip(_RECORD_FIELDS, fields, strict=True):
         if type(value) not in _FIELD_TYPES[name]:
             return _wrong_type(f"its {name}", value, _FIELD_TYPES[name])
+    cost = fields[_COST]
+    if cost is not None and not 0 <= cost < math.inf:  # NaN too: the engine writes none
+        return "its cost is not a finite amount of 0 or more"
     if not all(type(row[i]) is str for i in (_KIND, _STATUS, _HASH)) or type(row[_SEQ]) is not int:
         return "its kind, status, hash or seq has the wrong type"
     if not all(type(row[i]) in (str, type(None)) for i in (_OUTPUT, _PARENT, _VALUE)):
@@ -266,6 +271,8 @@ def _shape_problem(row: object) -> str | None:
             if name not in _USAGE_TYPES:
                 return f"its usage has an unknown field {name[:40]!r}"
             return _wrong_type(f"its usage's {name}", value, _USAGE_TYPES[name])
+        if type(value) is int and not 0 <= value <= MAX_TOKEN_COUNT:
+            return f"its usage's {name} is out of range (0 to a trillion)"
     if after is not None and (type(after) is not list or not all(type(a) is str for a in after)):
         return "its edges are not a list of node ids"
     if type(row[_COUNTED]) is not bool:

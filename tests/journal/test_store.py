@@ -184,11 +184,35 @@ def _tokens_as_text(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (*row[:3], {**(row[3] or {}), "input_tokens": "5"}, *row[4:])
 
 
+def _cost_of(value: float) -> Any:
+    def change(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        from rlm_graph.journal.rows import _RECORD_FIELDS
+
+        fields = list(row[0])
+        fields[_RECORD_FIELDS.index("cost")] = value
+        return (tuple(fields), *row[1:])
+
+    return change
+
+
+def _tokens_of(value: int) -> Any:
+    def change(row: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (*row[:3], {**(row[3] or {}), "input_tokens": value}, *row[4:])
+
+    return change
+
+
 @pytest.mark.parametrize(
     ("change", "told"),
     [
         (_cost_as_text, "its cost is text, not a number or None"),
         (_tokens_as_text, "its usage's input_tokens is text, not an int"),
+        # Values the engine never writes: a replay summed them into cost_saved (NaN) and
+        # tokens_saved (10^400); a negative count was pydantic's paragraph.
+        (_cost_of(float("nan")), "its cost is not a finite amount of 0 or more"),
+        (_cost_of(-1.0), "its cost is not a finite amount of 0 or more"),
+        (_tokens_of(10**400), "its usage's input_tokens is out of range (0 to a trillion)"),
+        (_tokens_of(-5), "its usage's input_tokens is out of range (0 to a trillion)"),
     ],
 )
 def test_a_field_of_the_wrong_type_is_refused_naming_the_node_on_resume_and_in_ls(
