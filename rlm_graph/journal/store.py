@@ -305,7 +305,8 @@ class JournalStore:
             elif "stop_reason" in self._missing_columns():  # an older version's: added
                 db.execute("ALTER TABLE runs ADD COLUMN stop_reason TEXT")
         except BaseException:
-            db.execute("ROLLBACK")
+            if db.in_transaction:
+                db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
         self._columns = ", ".join(_RUN_COLUMNS)
@@ -547,7 +548,8 @@ class _Transaction:
         self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, kind: object, *rest: object) -> None:
-        self.db.execute("COMMIT" if kind is None else "ROLLBACK")
+        # A full disk has rolled back already: its error stands, not "no transaction".
+        self.db.execute("COMMIT" if kind is None else "ROLLBACK" if self.db.in_transaction else ";")
 
 
 def check_journal(path: str | os.PathLike[str]) -> None:

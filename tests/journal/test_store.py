@@ -301,3 +301,17 @@ def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(tmp_path
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("refused:") for line in lines), lines
     assert "damaged row for row 0 (a record field that is not a plain value)" in lines[0]
+
+
+def test_a_write_sqlite_rolled_back_itself_says_its_own_error(tmp_path: Path) -> None:
+    """On a full disk SQLite rolls the transaction back by itself: the ROLLBACK after it
+    raised "cannot rollback - no transaction is active", which the run's warning then
+    named instead of "database or disk is full"."""
+    import sqlite3
+
+    store = JournalStore(tmp_path / "run.sqlite")
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full"):
+        with store._transaction():
+            store._db.execute("ROLLBACK")  # what SQLite does itself on SQLITE_FULL
+            raise sqlite3.OperationalError("database or disk is full")
+    store.close()
