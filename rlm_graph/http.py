@@ -174,8 +174,6 @@ def event_error(provider: str, url: str, error: object) -> ProviderError:
     )
 
 
-
-
 def token_count(value: object) -> int:
     """A usage field read as a token count, whatever the server put there.
 
