@@ -15,11 +15,15 @@ import math
 import re
 from typing import Any
 
-from ._files import utf8_text
+from ._files import has_surrogate, utf8_text
 
 __all__ = ["dumps", "finite"]
 
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # half or whole: then looked at closer
+# The escape of half a character: a high one not followed by a low one, a low one not
+# after a high one (a pair, an astral character as ``ensure_ascii`` writes it, is whole).
+_LONE_ESCAPE = re.compile(
+    r"\\ud[89ab][0-9a-f]{2}(?!\\ud[c-f])|(?<!\\ud[89ab][0-9a-f]{2})\\ud[c-f][0-9a-f]{2}"
+)
 
 
 def dumps(data: Any, **kwargs: Any) -> str:
@@ -29,7 +33,8 @@ def dumps(data: Any, **kwargs: Any) -> str:
         text = json.dumps(data, allow_nan=False, **kwargs)
     except ValueError:  # rare: walk the data only then
         return json.dumps(finite(data), allow_nan=False, **kwargs)
-    if _SURROGATE_ESCAPE.search(text) is None and utf8_text(text) == text:
+    escaped = kwargs.get("ensure_ascii", True)
+    if not (_LONE_ESCAPE.search(text) if escaped else has_surrogate(text)):
         return text
     return json.dumps(finite(data), allow_nan=False, **kwargs)
 

@@ -19,9 +19,10 @@ through ``api_key`` or ``api_key_env`` (see `rlm_graph.http.resolve_key`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -205,24 +206,25 @@ class OpenAIProvider(JSONProvider):
         return body
 
     async def complete(self, request: ChatRequest) -> ChatResponse:
-        sent = self._sends_cache_key(request)
-        try:
-            return await super().complete(request)
-        except ProviderError as exc:
-            if not (sent and self._cache_key_refused(exc)):
-                raise
-        return await super().complete(request)
+        return await self._asked(request, functools.partial(super().complete, request))
 
     async def stream(self, request: ChatRequest, sink: TextSink) -> ChatResponse:
+        send = functools.partial(super().stream, request, sink)
         if not (self.streams and self._stream_fields(request) is not None):
-            return await super().stream(request, sink)  # answered whole: by complete()
+            return await send()  # answered whole: by complete(), which asks again itself
+        return await self._asked(request, send)
+
+    async def _asked(
+        self, request: ChatRequest, send: Callable[[], Awaitable[ChatResponse]]
+    ) -> ChatResponse:
+        """``send()``, and once more without the cache key if the server refused it."""
         sent = self._sends_cache_key(request)
         try:
-            return await super().stream(request, sink)
+            return await send()
         except ProviderError as exc:
             if not (sent and self._cache_key_refused(exc)):
                 raise
-        return await super().stream(request, sink)
+        return await send()
 
     def _sends_cache_key(self, request: ChatRequest) -> bool:
         """Whether this provider puts its own ``prompt_cache_key`` in ``request``'s body

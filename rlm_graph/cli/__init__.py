@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import io
-import json
 import os
 import signal
 import sys
@@ -133,8 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
     try:  # the first import takes a quarter of a second: a Ctrl-C then is no traceback
         from .output import Output
-    except KeyboardInterrupt:
-        return _interrupted_at_start(command, as_json)
+    except KeyboardInterrupt:  # the import is undone: done again, for the command's line
+        from .output import Output
+
+        return _interrupted(Output(command, as_json=as_json), signal.SIGINT)
     out = Output(command, as_json=as_json)
     _replace_what_cannot_be_printed()
     with _stops_as_interrupts() as received, _messages_never_fail():
@@ -144,17 +145,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _interrupted(out, received[-1] if received else signal.SIGINT)
         except BrokenPipeError:
             return _reader_left()
-
-
-def _interrupted_at_start(command: str, as_json: bool) -> int:
-    """Ctrl-C before the command's output is set up: its line (its JSON object), 130."""
-    if as_json:
-        error = {"type": "Interrupted", "message": "interrupted (Ctrl-C)", "exit_code": 130}
-        fields = ("answer", "stop_reason", "usage", "execution_time")
-        print(json.dumps({**dict.fromkeys(fields), "exit_code": 130, "error": error}, indent=2))
-    else:
-        print(f"rlm-graph {command}".rstrip() + ": interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
 
 
 def _replace_what_cannot_be_printed() -> None:

@@ -763,10 +763,11 @@ def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(
     and with --json in no JSON."""
     import types
 
-    from rlm_graph.cli import main
+    from rlm_graph.cli import main, output as real
 
-    class Interrupted(types.ModuleType):
+    class Interrupted(types.ModuleType):  # a Ctrl-C in its first import, which Python undoes
         def __getattr__(self, name: str) -> object:
+            sys.modules["rlm_graph.cli.output"] = real
             raise KeyboardInterrupt
 
     monkeypatch.setitem(sys.modules, "rlm_graph.cli.output", Interrupted("output"))

@@ -31,6 +31,11 @@ def _blocks(result: RLMChatCompletion) -> list[NodeRecord]:
     return [node for node in result.graph if node.kind == NodeKind.REPL_BLOCK]
 
 
+def _assert_error_clipped(record: NodeRecord) -> None:
+    assert record.error is not None and len(record.error) < ERROR_CHARS + 100
+    assert record.error_type is not None and len(record.error_type) < ERROR_TYPE_CHARS + 100
+
+
 @pytest.mark.parametrize("environment", ["local", "subprocess"])
 async def test_an_error_of_megabytes_is_kept_clipped(environment: str) -> None:
     """An exception whose type is named with 3 MB and whose message is 9 MB was kept whole
@@ -44,9 +49,8 @@ async def test_an_error_of_megabytes_is_kept_clipped(environment: str) -> None:
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     failed = _blocks(result)[0]
-    assert failed.error is not None and len(failed.error) < ERROR_CHARS + 100
-    assert failed.error_type is not None and len(failed.error_type) < ERROR_TYPE_CHARS + 100
-    assert failed.error_type.startswith("E" * 100)
+    _assert_error_clipped(failed)
+    assert failed.error_type is not None and failed.error_type.startswith("E" * 100)
     assert failed.error_type.endswith("more characters not kept]")
 
 
@@ -64,8 +68,7 @@ async def test_a_forged_result_is_clipped_as_the_guests_own_would_be() -> None:
     result = await rlm.acompletion("ctx")
     assert result.response == "after"
     forged = _blocks(result)[0]
-    assert forged.error is not None and len(forged.error) < ERROR_CHARS + 100
-    assert forged.error_type is not None and len(forged.error_type) < ERROR_TYPE_CHARS + 100
+    _assert_error_clipped(forged)
     output = forged.content_out
     assert output is not None and len(output) < 2 * (cap + NOTE_ROOM + 100)
     assert "more characters not kept" in output

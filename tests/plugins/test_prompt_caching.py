@@ -5,6 +5,7 @@ and cached input is priced at the model's cached rate, in the cost and in ``max_
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -260,3 +261,38 @@ async def test_a_refusal_naming_a_key_the_provider_did_not_add_is_not_asked_agai
             with pytest.raises(ProviderError, match="answered 400"):
                 await rlm.acompletion("ctx", root_prompt="q")
         assert len(server.requests) == 1
+
+
+async def test_completions_refused_the_cache_key_at_once_are_each_asked_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two completions' first turns refused together: the second's refusal came after the
+    first had switched the key off, and was to be asked again all the same."""
+    import trio
+
+    script = TurnScript(THREE_TURNS)
+    arrived: list[int] = []
+
+    def strict(body: dict[str, Any]) -> Any:
+        if "prompt_cache_key" in body:
+            arrived.append(1)
+            while len(arrived) < 2:  # both in flight before either is refused
+                time.sleep(0.01)
+            return Reply.error(400, "Unrecognized request argument supplied: prompt_cache_key")
+        return script(body)
+
+    answers: list[str] = []
+    with FakeOpenAIServer(strict) as server:
+        with caplog.at_level("WARNING", logger="rlm_graph"):
+            async with RLM("openai", openai_kwargs(server)) as rlm:
+
+                async def one(prompt: str) -> None:
+                    answers.append((await rlm.acompletion("ctx", root_prompt=prompt)).response)
+
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(one, "q")
+                    nursery.start_soon(one, "another q")
+        refused = [status for status, _ in server.responses if status == 400]
+    assert len(answers) == 2 and all(a.startswith("done:") for a in answers)
+    assert len(refused) == 2  # each first turn once; nothing sends the key after
+    assert caplog.text.count("refused the prompt_cache_key field") == 1
