@@ -41,6 +41,16 @@ def autojump_clock() -> trio.testing.MockClock:
     return trio.testing.MockClock(autojump_threshold=0)
 
 
+@pytest.fixture
+def patient_clock() -> trio.testing.MockClock:
+    """Mock time that jumps only after 0.2 s of real idleness: model code running in a
+    worker thread (a ``local`` block) finishes before the clock moves on. With
+    ``autojump_clock`` the clock jumps the moment every task waits for that thread, so a
+    deadline could fall before a block that takes microseconds had run (on a loaded
+    machine, now and then)."""
+    return trio.testing.MockClock(autojump_threshold=0.2)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """One real local Ray cluster (2 CPUs) for the whole test session (batches, evaluations)."""

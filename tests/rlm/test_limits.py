@@ -14,13 +14,6 @@ from rlm_graph.errors import BudgetExceeded, TokenLimitExceeded
 from tests.support.scripts import is_root_turn, repl, root_and_sub, scripted, turn_number
 
 
-@pytest.fixture
-def patient_clock() -> trio.testing.MockClock:
-    """Mock time that jumps only after 0.2 s of real idleness: a worker thread gets to
-    run model code before the deadline arrives."""
-    return trio.testing.MockClock(autojump_threshold=0.2)
-
-
 async def test_max_timeout_stops_a_block_that_never_ends(
     patient_clock: trio.testing.MockClock,
 ) -> None:

@@ -119,14 +119,16 @@ async def test_after_the_answer_the_reply_streams_to_its_end_and_nothing_else_ru
 
 
 async def test_a_limit_that_cuts_the_reply_after_the_answer_keeps_the_answer(
-    autojump_clock: trio.testing.MockClock,
+    patient_clock: trio.testing.MockClock,
 ) -> None:
     """The reply streams to its end after a block gave FINAL; a ``max_timeout`` that
     fell meanwhile (a server trickling prose) returned an empty answer, the FINAL lost."""
+    # The block runs in a thread: the clock waits 0.2 s of real idleness before each of
+    # its two jumps (to the second piece at 8 s, to the deadline at 10 s).
     script = ["```repl\nFINAL('the answer')\n```\n" + "and then some more prose " * 200]
-    kwargs = {"respond": _respond(script), "stream_chunk": 8, "stream_delay": 0.05}
+    kwargs = {"respond": _respond(script), "stream_chunk": 1000, "stream_delay": 8}
     result = await RLM("scripted", kwargs, max_timeout=10).acompletion("ctx", root_prompt="q")
-    assert result.stop_reason == "max_timeout"  # the reply took 31 s to stream
+    assert result.stop_reason == "max_timeout"  # the reply takes 40 s to stream
     assert result.response == "the answer"
     assert result.graph["turn-1/block-1"].status == NodeStatus.OK
 

@@ -85,14 +85,6 @@ def peak_children(result: object) -> int:
     return peak_concurrency(result.graph, NodeKind.RLM_CALL)  # type: ignore[attr-defined]
 
 
-@pytest.fixture
-def patient_clock() -> trio.testing.MockClock:
-    """Virtual time that jumps only after 0.2 s of real idleness: the blocks run in
-    threads, and a jump while a tree's block thread was starting (a loaded machine) let
-    the other tree's children finish before its own began (peaks of 4, not 8)."""
-    return trio.testing.MockClock(autojump_threshold=0.2)
-
-
 async def test_max_concurrent_subcalls_holds_per_completion_and_may_be_overridden(
     patient_clock: trio.testing.MockClock,
 ) -> None:
