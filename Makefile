@@ -36,7 +36,7 @@ demo: $(STAMP)
 # (other processes, servers, sleeps by design), so two cores take it in about two thirds
 # of the time one does.
 test: $(STAMP) browser
-	cd $(ROOT) && .venv/bin/python -m pytest -q -n 2 --dist loadgroup
+	cd $(ROOT) && .venv/bin/python -m pytest -q -n 2 --dist loadfile
 
 # The inner loop: everything but the slow tiers (Ray, the browser, mypy, tests that start
 # another process, tests slow by design); `make test` runs them all.

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import functools
 import os
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,16 +25,32 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``): a test file runs whole on
-    one worker, and every test on a Ray cluster on the same one, so that there is one
-    cluster for the session, not one per worker on the same two cores."""
-    for item in items:
-        on_ray = item.get_closest_marker("ray") is not None or "ray_cluster" in getattr(
-            item, "fixturenames", ()
-        )
-        item.add_marker(pytest.mark.xdist_group("ray" if on_ray else item.nodeid.split("::")[0]))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``make test`` (pytest-xdist, ``--dist loadfile``): a test file runs whole on
+    one worker, and every file with a test on a Ray cluster on the same one, so that there
+    is one cluster for the session, not one per worker on the same two cores. (xdist's
+    ``xdist_group`` marks group nothing under pytest 9.2, whose node ids xdist can no
+    longer rename: every worker started a cluster of its own.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FilesAndRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ray" if _on_ray(config.rootpath / path) else path
+
+    return FilesAndRay(config, log)
+
+
+@functools.cache
+def _on_ray(path: Path) -> bool:
+    """Whether the test file at ``path`` has a test on the session's Ray cluster."""
+    try:
+        return "ray_cluster" in path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 @pytest.fixture
