@@ -5,7 +5,6 @@ never answers. Real guest processes."""
 from __future__ import annotations
 
 import textwrap
-import time
 
 import pytest
 import trio
@@ -104,16 +103,22 @@ async def test_a_guest_that_never_answers_a_request_is_replaced_at_its_deadline(
 async def test_cpu_burnt_while_the_engine_waits_on_a_request_is_held_to_cpu_seconds() -> None:
     """A request was a busy spell with no watch: neither the block's CPU watchdog nor
     the idle charge applied, and processes the guest forked burnt CPU without limit."""
+    # The watch ends the guest once the two children have had cpu_seconds + _CPU_GRACE
+    # (3 s) of CPU; how long that takes on the wall clock is the machine's to say. The
+    # guest's session is one scheduling group (autogroup), so on a loaded machine the
+    # two share a small slice of it: with the request's deadline at its default of 30 s
+    # they got under 3 s of CPU by then and the deadline, not the watch, ended the guest.
+    # The deadline is moved out of reach; the feedback says which of the two fired.
     rlm = engine(
         [repl(_held_reset(_SPIN_TWO)), repl("print('after')"), repl("FINAL({'n': 1})")],
-        environment_kwargs={"cpu_seconds": 1},  # no timeout: the request's deadline is 30 s
+        environment_kwargs={"cpu_seconds": 1, "start_timeout": 300},  # no timeout
     )
-    start = time.monotonic()
-    with trio.fail_after(60):
+    with trio.fail_after(600):
         result = await rlm.acompletion("ctx", schema=_SCHEMA)
     assert result.parsed == {"n": 1}
-    assert "it used more than 1 CPU seconds (cpu_seconds)" in feedback(rlm, 2)
-    assert time.monotonic() - start < 25  # the CPU watch, not the request's deadline
+    told = feedback(rlm, 2)
+    assert "it used more than 1 CPU seconds (cpu_seconds)" in told
+    assert "did not answer the engine's request" not in told
 
 
 async def test_a_guest_whose_code_ends_it_on_a_request_is_replaced_and_the_run_goes_on() -> None:
