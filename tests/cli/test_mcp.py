@@ -236,7 +236,8 @@ async def test_calls_past_max_calls_wait_their_turn_and_each_is_answered(
 ) -> None:
     """An agent firing many calls at once held as many reads, guests and model calls as it
     fired (memory without a bound); past --max-calls they wait."""
-    with FakeOpenAIServer(lambda body: ROOT_CODE, api_key=KEY, latency=0.3) as server:
+    # Calls of 1.5 s: two guests started together reach the model well within that.
+    with FakeOpenAIServer(lambda body: ROOT_CODE, api_key=KEY, latency=1.5) as server:
         async with session(
             server, tree, tmp_path / "server.log", "--max-calls", "2", "--report-dir",
             str(tmp_path / "r"),

@@ -303,7 +303,9 @@ async def test_threads_in_a_block_call_the_engine_concurrently() -> None:
         "[t.join() for t in threads]\n"
         "FINAL('|'.join(out))"
     )
-    rlm = engine([repl(code)], backend_kwargs={"latency": 0.3})
+    # Each call takes 2 s: a loaded machine may start the guest's four threads up to a
+    # few tenths of a second apart, and all four are still in flight together.
+    rlm = engine([repl(code)], backend_kwargs={"latency": 2.0})
     result = await rlm.acompletion("ctx")
     assert result.response == "sub:q0|sub:q1|sub:q2|sub:q3"
     assert scripted(rlm).peak_in_flight == 4

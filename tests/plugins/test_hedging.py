@@ -85,7 +85,9 @@ def test_a_straggler_gets_a_duplicate_that_wins_and_its_first_request_is_cancell
         prompt = last_user_message(request.body)
         if prompt in duplicates:
             sent.setdefault(prompt, []).append(request.start)
-    assert all(later - first >= 0.9 * LAG for first, later in sent.values())
+    # (Server-side times: a loaded machine may start the first request's server thread
+    # late, within a burst of 16, and the idle server the duplicate's at once.)
+    assert all(later - first >= 0.5 * LAG for first, later in sent.values())
     # Their first requests were cancelled: the server saw the client hang up.
     assert cancelled >= 2
     hedged = {r.input_preview: r for r in _llm_calls(result) if r.hedge is not None}

@@ -82,8 +82,10 @@ async def test_dropped_connection_then_success() -> None:
 
 
 async def test_slow_answer_times_out_and_is_retried() -> None:
-    with FakeOpenAIServer(replies=[Reply(body="late", delay=1.0), "ok"]) as server:
-        provider = OpenAIProvider(**openai_kwargs(server, timeout=0.2))
+    # Deadlines of 0.5 s, then 1 s: the late answer misses the first, "ok" (its server
+    # thread answering at once) has a second to reach the second.
+    with FakeOpenAIServer(replies=[Reply(body="late", delay=2.0), "ok"]) as server:
+        provider = OpenAIProvider(**openai_kwargs(server, timeout=0.5))
         assert await _complete(provider) == "ok"
 
 

@@ -196,7 +196,9 @@ async def test_a_stalled_stream_times_out_and_is_retried(api: str) -> None:
     stall = Reply.stalled(FIRST, seconds=30, keep=BLOCK_END + 10)
     script = TurnScript([[stall, FIRST], repl(FINISH)])
     with SERVERS[api](script, stream_rate=2000) as server:
-        async with RLM(api, KWARGS[api](server, timeout=0.5)) as rlm:
+        # A 2 s silence deadline for every call: the stall (30 s) passes it, a loaded
+        # machine's pause between two pieces of the other replies does not.
+        async with RLM(api, KWARGS[api](server, timeout=2.0)) as rlm:
             result = await rlm.acompletion("ctx", root_prompt="q")
     assert result.response == "done:sub:first"
     assert result.graph["turn-1"].attempts == 2

@@ -123,7 +123,7 @@ async def test_a_limit_that_cuts_the_reply_after_the_answer_keeps_the_answer(
 ) -> None:
     """The reply streams to its end after a block gave FINAL; a ``max_timeout`` that
     fell meanwhile (a server trickling prose) returned an empty answer, the FINAL lost."""
-    # The block runs in a thread: the clock waits 0.2 s of real idleness before each of
+    # The block runs in a thread: the clock waits 0.5 s of real idleness before each of
     # its two jumps (to the second piece at 8 s, to the deadline at 10 s).
     script = ["```repl\nFINAL('the answer')\n```\n" + "and then some more prose " * 200]
     kwargs = {"respond": _respond(script), "stream_chunk": 1000, "stream_delay": 8}

@@ -319,11 +319,13 @@ async def test_a_timed_out_asyncio_function_is_stopped_and_not_counted_as_leaked
         return "never"
 
     wf = Workflow()
-    node = wf.function(slow, timeout=0.1, loop="asyncio")
+    # One second: the worker thread's asyncio loop has started the function by then
+    # (a timeout before that stops a function that never ran, nothing to cancel).
+    node = wf.function(slow, timeout=1.0, loop="asyncio")
     for _ in range(3):  # the unwinding raced the count before
         stopped.clear()
         result = await echo_engine().arun(wf)
-        assert "did not finish within timeout=0.1 s" in result.errors[node.id]
+        assert "did not finish within timeout=1 s" in result.errors[node.id]
         assert stopped == ["cancelled in its loop"]
         assert result.leaked_threads == 0
 
