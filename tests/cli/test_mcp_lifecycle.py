@@ -3,7 +3,9 @@ cancelled in the middle of reading its files, and the stop signals.
 
 The installed command is spoken to over the raw protocol (one JSON-RPC message a line on
 its stdin and stdout), not through the SDK's client: leaving, that client closes stdin and
-then kills the server, which would hide a server that does not end by itself."""
+then kills the server, which would hide a server that does not end by itself. It starts
+with the stop signals as a terminal gives them (`as_from_a_terminal`): a signal it
+inherits ignored stays ignored, as docs/cli.md says (``nohup`` ignores SIGHUP)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import pytest
 
 from rlm_graph.testing import FakeOpenAIServer
 from tests.cli.test_mcp import COMMAND, KEY, model_server, tree_path
+from tests.support.terminal import as_from_a_terminal
 
 pytestmark = pytest.mark.processes  # the installed command, as an MCP server
 
@@ -36,7 +39,9 @@ def model_flags(server: FakeOpenAIServer) -> list[str]:
 class RawClient:
     """The installed ``rlm-graph mcp``, and the JSON-RPC lines of an MCP client."""
 
-    def __init__(self, root: Path, log: IO[bytes], *extra: str, tmp: Path | None = None) -> None:
+    def __init__(
+        self, root: Path, log: IO[bytes], *extra: str, tmp: Path | None, then: Any
+    ) -> None:
         assert COMMAND.exists(), f"{COMMAND} is missing: run `make install`"
         env = {"OPENAI_API_KEY": KEY, "PYTHONPATH": tree_path(), "PATH": os.environ["PATH"]}
         self.process = subprocess.Popen(
@@ -45,6 +50,9 @@ class RawClient:
             stdout=subprocess.PIPE,
             stderr=log,
             env={**env, "TMPDIR": str(tmp)} if tmp is not None else env,
+            # Under `nohup make test` the server inherited SIGHUP ignored and kept it so
+            # (as it should): the SIGHUP test waited out its guard.
+            preexec_fn=as_from_a_terminal(then),
         )
 
     def send(self, message: dict[str, Any]) -> None:
@@ -98,9 +106,12 @@ class RawClient:
 
 
 @contextmanager
-def raw_server(root: Path, log: Path, *extra: str, tmp: Path | None = None) -> Iterator[RawClient]:
+def raw_server(
+    root: Path, log: Path, *extra: str, tmp: Path | None = None, then: Any = None
+) -> Iterator[RawClient]:
+    """The server, initialized; ``then``: a ``preexec_fn`` after `as_from_a_terminal`'s."""
     with log.open("wb") as errlog:
-        client = RawClient(root, errlog, *extra, tmp=tmp)
+        client = RawClient(root, errlog, *extra, tmp=tmp, then=then)
         try:
             client.initialize()
             yield client
@@ -179,6 +190,56 @@ def test_a_stop_signal_ends_the_server_while_the_client_holds_stdin_open(
         client.process.send_signal(stop)
         assert client.process.wait(GUARD) == code  # stdin still open
     assert (tmp_path / "server.log").read_text().splitlines()[-1] == line
+
+
+@contextmanager
+def suite_under_nohup() -> Iterator[None]:
+    """The test's own process ignores SIGHUP, as the suite's does under ``nohup``."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def test_a_hang_up_ends_the_server_however_the_suite_was_started(tmp_path: Path) -> None:
+    """Under ``nohup make test`` the server inherited SIGHUP ignored, kept it ignored (a
+    stop it was started ignoring stays ignored), and the SIGHUP test above waited out its
+    guard: the servers here start with the signals a terminal gives."""
+    with (
+        suite_under_nohup(),
+        model_server() as server,
+        raw_server(tmp_path, tmp_path / "server.log", *model_flags(server)) as client,
+    ):
+        client.process.send_signal(signal.SIGHUP)
+        assert client.process.wait(GUARD) == 129  # stdin still open
+    assert (tmp_path / "server.log").read_text().splitlines()[-1] == (
+        "rlm-graph mcp: interrupted (SIGHUP)"
+    )
+
+
+def test_a_server_started_under_nohup_serves_on_after_a_hang_up_and_stops_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """docs/cli.md: a signal the command was started ignoring stays ignored."""
+    with (
+        model_server() as server,
+        raw_server(
+            tmp_path,
+            tmp_path / "server.log",
+            *model_flags(server),
+            then=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+        ) as client,
+    ):
+        client.process.send_signal(signal.SIGHUP)
+        client.send({"id": 1, "method": "ping"})
+        assert client.receive() == {"jsonrpc": "2.0", "id": 1, "result": {}}
+        assert client.process.poll() is None
+        client.process.send_signal(signal.SIGTERM)
+        assert client.process.wait(GUARD) == 143  # stdin still open
+    assert (tmp_path / "server.log").read_text().splitlines()[-1] == (
+        "rlm-graph mcp: interrupted (SIGTERM)"
+    )
 
 
 GUEST_BLOCK = "```repl\nimport time\ntime.sleep(600)\n```"
