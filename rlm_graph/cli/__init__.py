@@ -70,7 +70,7 @@ def on_the_command_line(text: str) -> str:
 def interrupted_after(command: str, done: str) -> int:
     """Ctrl-C (or SIGTERM, SIGHUP) in a command that resumes: what it had finished, and
     how to go on; 130, or 128 + the signal's number."""
-    signum = _STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT
+    signum = _last(_STOPPED_BY)
     how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     print(
         f"\nrlm-graph {command}: interrupted{how} after {done}; rerun the same command to resume",
@@ -83,7 +83,7 @@ def interrupted(out: Output) -> int:
     """A command stopped by Ctrl-C, SIGTERM or SIGHUP (the last one received), which
     caught the stop itself: its one line on stderr, and its exit code (130, or 128 + the
     signal's number)."""
-    return _interrupted(out, _STOPPED_BY[-1] if _STOPPED_BY else signal.SIGINT)
+    return _interrupted(out, _last(_STOPPED_BY))
 
 
 _STOPPED_BY: list[int] = []
@@ -130,21 +130,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     as_json = "--json" in words
     command = words[0] if words and words[0] in SUBCOMMANDS else ""
-    try:  # the first import takes a quarter of a second: a Ctrl-C then is no traceback
-        from .output import Output
-    except KeyboardInterrupt:  # the import is undone: done again, for the command's line
-        from .output import Output
+    # SIGTERM and SIGHUP are taken before the first import, which takes from a quarter
+    # of a second to seconds on a loaded machine: a stop then killed the command (no line,
+    # no exit code of its own) where a Ctrl-C got both.
+    try:
+        with _stops_as_interrupts():
+            return _command(words, command, as_json)
+    except KeyboardInterrupt:  # a stop before the command could take it: no traceback
+        from .output import Output  # an import a stop cut short is undone: done again
 
-        return _interrupted(Output(command, as_json=as_json), signal.SIGINT)
+        return _interrupted(Output(command, as_json=as_json), _last(_STOPPED_BY))
+
+
+def _command(words: list[str], command: str, as_json: bool) -> int:
+    """The command, its stops (Ctrl-C, SIGTERM, SIGHUP) taken, as the module says."""
+    from .output import Output
+
     out = Output(command, as_json=as_json)
     _replace_what_cannot_be_printed()
-    with _stops_as_interrupts() as received, _messages_never_fail():
+    with _messages_never_fail():
         try:
             return _main(words, out, as_json)
         except KeyboardInterrupt:
-            return _interrupted(out, received[-1] if received else signal.SIGINT)
+            return _interrupted(out, _last(_STOPPED_BY))
         except BrokenPipeError:
             return _reader_left()
+
+
+def _last(received: list[int]) -> int:
+    """The stop that ended the command: the last SIGTERM or SIGHUP received, else Ctrl-C."""
+    return received[-1] if received else signal.SIGINT
 
 
 def _replace_what_cannot_be_printed() -> None:
@@ -256,10 +271,12 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
         signal.raise_signal(signal.SIGINT)
 
     stops = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
-    before = {stop: signal.signal(stop, interrupt) for stop in stops}
-    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-        before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    before: dict[signal.Signals, Any] = {}
+    try:  # a stop as soon as the first is installed ends here too, each one put back
+        for stop in stops:
+            before[stop] = signal.signal(stop, interrupt)
+        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+            before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
         yield received
     finally:
         for stop, handler in before.items():

@@ -779,3 +779,49 @@ def test_ctrl_c_while_the_command_starts_is_one_line_not_a_traceback(
         assert said["exit_code"] == 130 and said["error"]["type"] == "Interrupted"
     else:
         assert printed.err == "rlm-graph run: interrupted\n"
+
+
+# The command as its script starts it, with a stop sent to itself while its first import
+# runs (a finder the import asks first; the import is then done again without it).
+STOPPED_IN_ITS_FIRST_IMPORT = """
+import os, signal, sys
+
+class StopHere:
+    def find_spec(self, name, path=None, target=None):
+        if name == "rlm_graph.cli.output":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), int(os.environ["STOP"]))
+        return None
+
+sys.meta_path.insert(0, StopHere())
+from rlm_graph.cli import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize(
+    ("stop", "line"),
+    [
+        (signal.SIGTERM, "rlm-graph run: interrupted (SIGTERM)"),
+        (signal.SIGHUP, "rlm-graph run: interrupted (SIGHUP)"),
+        (signal.SIGINT, "rlm-graph run: interrupted"),
+    ],
+    ids=["SIGTERM", "SIGHUP", "Ctrl-C"],
+)
+def test_a_stop_while_the_command_starts_ends_it_with_its_code_and_line(
+    stop: signal.Signals, line: str
+) -> None:
+    """SIGTERM and SIGHUP were taken once the first import (a quarter of a second, seconds
+    on a loaded machine) was done: a supervisor's stop then killed the command by the
+    signal, with no line, where a Ctrl-C got its line and 130."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_IN_ITS_FIRST_IMPORT, "run", "--model", "m"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "STOP": str(int(stop))},
+        preexec_fn=as_from_a_terminal(),
+        check=False,
+    )
+    assert (done.returncode, done.stderr) == (128 + stop, line + "\n")
