@@ -70,24 +70,38 @@ def on_the_command_line(text: str) -> str:
 def interrupted_after(command: str, done: str) -> int:
     """Ctrl-C (or SIGTERM, SIGHUP) in a command that resumes: what it had finished, and
     how to go on; 130, or 128 + the signal's number."""
-    signum = _last(_STOPPED_BY)
+    signum = _said_stopped()
     how = "" if signum == signal.SIGINT else f" ({signal.Signals(signum).name})"
     print(
         f"\nrlm-graph {command}: interrupted{how} after {done}; rerun the same command to resume",
         file=sys.stderr,
     )
-    return EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
+    return _exit_code(signum)
 
 
 def interrupted(out: Output) -> int:
     """A command stopped by Ctrl-C, SIGTERM or SIGHUP (the last one received), which
     caught the stop itself: its one line on stderr, and its exit code (130, or 128 + the
     signal's number)."""
-    return _interrupted(out, _last(_STOPPED_BY))
+    return _interrupted(out, _said_stopped())
 
 
-_STOPPED_BY: list[int] = []
-"""The stopping signals (SIGTERM, SIGHUP) the running command received, in order."""
+class _Stops:
+    """The stops of the running command: the stopping signals (SIGTERM, SIGHUP) it
+    received, in order; whether it has said it was stopped; whether a stop is now only
+    listed, not raised (said, or its handlers being put back): never a second line, or a
+    second JSON object."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.said = self.quiet = False
+
+    def reset(self) -> None:
+        self.received.clear()
+        self.said = self.quiet = False
+
+
+_STOPS = _Stops()
 
 
 class UsageError(Exception):
@@ -133,13 +147,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     # SIGTERM and SIGHUP are taken before the first import, which takes from a quarter
     # of a second to seconds on a loaded machine: a stop then killed the command (no line,
     # no exit code of its own) where a Ctrl-C got both.
+    _replace_what_cannot_be_printed()  # on the streams themselves, before the stand-in
     try:
-        with _stops_as_interrupts():
+        with _messages_never_fail(), _stops_as_interrupts():
             return _command(words, command, as_json)
     except KeyboardInterrupt:  # a stop before the command could take it: no traceback
+        if _STOPS.said:  # a Ctrl-C after the command said it was stopped: said once
+            return _exit_code(_last(_STOPS.received))
         from .output import Output  # an import a stop cut short is undone: done again
 
-        return _interrupted(Output(command, as_json=as_json), _last(_STOPPED_BY))
+        with _messages_never_fail():
+            return _interrupted(Output(command, as_json=as_json), _said_stopped())
 
 
 def _command(words: list[str], command: str, as_json: bool) -> int:
@@ -147,19 +165,28 @@ def _command(words: list[str], command: str, as_json: bool) -> int:
     from .output import Output
 
     out = Output(command, as_json=as_json)
-    _replace_what_cannot_be_printed()
-    with _messages_never_fail():
-        try:
-            return _main(words, out, as_json)
-        except KeyboardInterrupt:
-            return _interrupted(out, _last(_STOPPED_BY))
-        except BrokenPipeError:
-            return _reader_left()
+    try:
+        return _main(words, out, as_json)
+    except KeyboardInterrupt:
+        return _interrupted(out, _said_stopped())
+    except BrokenPipeError:
+        return _reader_left()
 
 
 def _last(received: list[int]) -> int:
     """The stop that ended the command: the last SIGTERM or SIGHUP received, else Ctrl-C."""
     return received[-1] if received else signal.SIGINT
+
+
+def _said_stopped() -> int:
+    """The stop that ended the command, about to be said: later stops are only listed."""
+    _STOPS.said = _STOPS.quiet = True
+    return _last(_STOPS.received)
+
+
+def _exit_code(signum: int) -> int:
+    """130 for Ctrl-C, else 128 + the signal's number (143 SIGTERM, 129 SIGHUP)."""
+    return EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
 
 
 def _replace_what_cannot_be_printed() -> None:
@@ -259,8 +286,8 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
     it runs, since a SIGTERM goes that way (trio's own handler delivers it safely):
     ignored, it took the SIGTERM with it, and only SIGKILL stopped the job.
     """
-    received = _STOPPED_BY
-    received.clear()
+    _STOPS.reset()
+    received = _STOPS.received
     if threading.current_thread() is not threading.main_thread():
         yield received
         return
@@ -268,19 +295,27 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
     def interrupt(signum: int, frame: Any) -> None:
         if not received or received[-1] != signum:
             received.append(signum)
-        signal.raise_signal(signal.SIGINT)
+        if not _STOPS.quiet:
+            signal.raise_signal(signal.SIGINT)
 
-    stops = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    # Ctrl-C first (a SIGTERM turned into an ignored SIGINT was lost), and each handler
+    # noted before it is set: a stop as soon as it is set ends here, and it is put back.
+    handlers: dict[signal.Signals, Any] = {}
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        handlers[signal.SIGINT] = signal.default_int_handler
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(stop) != signal.SIG_IGN:
+            handlers[stop] = interrupt
     before: dict[signal.Signals, Any] = {}
-    try:  # a stop as soon as the first is installed ends here too, each one put back
-        for stop in stops:
-            before[stop] = signal.signal(stop, interrupt)
-        if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
-            before[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        for number, handler in handlers.items():
+            before[number] = signal.getsignal(number)
+            signal.signal(number, handler)
         yield received
     finally:
-        for stop, handler in before.items():
-            signal.signal(stop, handler)
+        _STOPS.quiet = True  # a stop while they are put back is listed, not raised
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def _main(words: list[str], out: Output, as_json: bool) -> int:
@@ -340,7 +375,7 @@ def _unrecognized_names(message: str) -> str:
 
 
 def _interrupted(out: Output, signum: int) -> int:
-    status = EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
+    status = _exit_code(signum)
     how = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     if out.as_json:
         return out.error(status, f"interrupted ({how})", kind="Interrupted")

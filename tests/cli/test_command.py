@@ -825,3 +825,77 @@ def test_a_stop_while_the_command_starts_ends_it_with_its_code_and_line(
         check=False,
     )
     assert (done.returncode, done.stderr) == (128 + stop, line + "\n")
+
+
+# The command with a stop sent to itself the moment a signal handler of its own has been
+# set (WHEN=set: the first, SIGTERM's or SIGHUP's) or put back (WHEN=back: the first
+# one put back), seen by a profiler on the C function that sets it. Afterwards: the code,
+# whether each stop has its default handler again.
+STOPPED_WHILE_HANDLERS_CHANGE = """
+import json, os, signal, sys
+from rlm_graph import cli
+
+if os.environ.get("IGNORE_CTRL_C"):
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+stop, when, seen = int(os.environ["STOP"]), os.environ["WHEN"], []
+
+def watch(frame, event, arg):
+    if event != "c_return" or getattr(arg, "__name__", "") != "signal" or len(seen) > 1:
+        return
+    name = getattr(signal.getsignal(signal.SIGTERM), "__name__", "")
+    if name == "interrupt" and not seen:
+        seen.append("set")
+    elif seen == ["set"] and name != "interrupt":
+        seen.append("back")
+    else:
+        return
+    if seen[-1] == when:
+        os.kill(os.getpid(), stop)
+
+sys.setprofile(watch)
+code = cli.main(sys.argv[1:])
+sys.setprofile(None)
+after = {s.name: signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP)}
+print(json.dumps({"code": code, "after": after}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "stop", "ignore_ctrl_c", "code"),
+    [
+        ("set", signal.SIGTERM, False, 143),
+        ("set", signal.SIGTERM, True, 143),  # a background job: Ctrl-C given back first
+        ("back", signal.SIGHUP, False, 0),  # the command had done its work
+    ],
+    ids=["set", "set, Ctrl-C ignored", "put back"],
+)
+def test_a_stop_while_the_handlers_change_is_taken_once_and_they_are_put_back(
+    when: str, stop: signal.Signals, ignore_ctrl_c: bool, code: int
+) -> None:
+    """A stop the moment its handler was set left that handler in place after the
+    command (it was noted only once set); with Ctrl-C ignored, the SIGTERM it became was
+    lost; a stop while they were put back skipped the others and said 'interrupted'
+    after the command's own JSON."""
+    env = {**_env(), "STOP": str(int(stop)), "WHEN": when}
+    if ignore_ctrl_c:
+        env["IGNORE_CTRL_C"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_HANDLERS_CHANGE, "plugins", "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        preexec_fn=as_from_a_terminal(),
+        check=False,
+    )
+    said = json.loads(done.stderr.strip().splitlines()[-1])
+    assert said == {
+        "code": code,
+        "after": {"SIGTERM": True, "SIGHUP": True},  # their defaults again
+    }
+    printed = json.loads(done.stdout)  # one JSON object, or one list: never two
+    if code:
+        assert printed["exit_code"] == code and printed["error"]["type"] == "Interrupted"
+    else:
+        assert isinstance(printed, list)
