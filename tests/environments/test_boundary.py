@@ -5,7 +5,6 @@ guest process (the ``subprocess`` environment) sends what it likes through
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 from typing import Any
@@ -58,7 +57,7 @@ def test_a_users_schema_is_never_fetched_either() -> None:
 #    that a regression fails by the timeout instead of hanging the suite) ------------------
 
 ANSWER_SCRIPT = """
-import json, sys
+import json, resource, sys
 from rlm_graph import RLM
 schema, reply, limit = sys.argv[1], eval(sys.argv[2]), float(sys.argv[3])
 options = json.loads(sys.argv[4])
@@ -69,7 +68,9 @@ def respond(request):
 rlm = RLM('scripted', {'respond': respond}, environment='subprocess', max_timeout=limit,
           environment_kwargs=options)
 result = rlm.completion('ctx')
-print(json.dumps([result.response, result.stop_reason]))
+used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+cpu = sum(u.ru_utime + u.ru_stime for u in used)
+print(json.dumps([result.response, result.stop_reason, cpu]))
 """
 
 
@@ -77,10 +78,9 @@ def answer_alone(schema: str, reply: str, **options: Any) -> tuple[str, str | No
     """In an engine process of its own, with a real guest (the environment's ``options``):
     the answer of ``FINAL(llm_query("x", schema=<schema>))`` (a Python expression the
     guest evaluates) when the model replies ``<reply>`` (an expression), the run's stop
-    reason, and the CPU seconds the engine process (and what it reaped) used. The CPU
+    reason, and the CPU seconds the engine process (and the guests it reaped) used. The CPU
     time, not the wall time, says whether the engine stalled: a loaded machine stretches
     the second, not the first."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     done = subprocess.run(
         [sys.executable, "-c", ANSWER_SCRIPT, schema, reply, "60", json.dumps(options)],
         capture_output=True,
@@ -88,10 +88,8 @@ def answer_alone(schema: str, reply: str, **options: Any) -> tuple[str, str | No
         timeout=120,
         check=False,
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert done.returncode == 0, done.stderr[-2000:]
-    response, stop_reason = json.loads(done.stdout.strip().splitlines()[-1])
+    response, stop_reason, cpu = json.loads(done.stdout.strip().splitlines()[-1])
     return response, stop_reason, cpu
 
 

@@ -111,7 +111,7 @@ async def test_cpu_burnt_while_the_engine_waits_on_a_request_is_held_to_cpu_seco
     # The deadline is moved out of reach; the feedback says which of the two fired.
     rlm = engine(
         [repl(_held_reset(_SPIN_TWO)), repl("print('after')"), repl("FINAL({'n': 1})")],
-        environment_kwargs={"cpu_seconds": 1, "start_timeout": 300},  # no timeout
+        environment_kwargs={"cpu_seconds": 1, "start_timeout": 120},  # no timeout
     )
     with trio.fail_after(600):
         result = await rlm.acompletion("ctx", schema=_SCHEMA)

@@ -254,7 +254,10 @@ def test_a_journal_of_another_format_is_refused_with_what_to_do(tmp_path: Path) 
 
 
 @pytest.mark.processes
-def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["id", "usage"])
+def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(
+    tmp_path: Path, where: str
+) -> None:
     """A few hundred bytes on disk, 2**60 steps to walk, hash or print: the loader
     refuses it at the first value that is not plain, and never follows it (run in a
     process of its own, so that a regression fails by the timeout, not by a hang)."""
@@ -271,11 +274,14 @@ def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(tmp_path
     bomb: tuple[object, ...] = ()
     for _ in range(60):
         bomb = (bomb, bomb)
-    # The first node (the root turn) in the first chunk, its id and its usage: the
+    # The first node (the root turn) in the first chunk, its id or its usage: the
     # journal flushes a chunk by time too, so on a loaded machine the first may hold it
     # alone.
     first = rows[0]
-    rows[0] = ((bomb, *first[0][1:]), *first[1:3], {"input_tokens": [bomb, bomb]}, *first[4:])
+    if where == "id":
+        rows[0] = ((bomb, *first[0][1:]), *first[1:])
+    else:
+        rows[0] = (*first[:3], {"input_tokens": [bomb, bomb]}, *first[4:])
     crafted = pickle.dumps(rows)
     assert len(crafted) < len(data) + 2_000
     db.execute("UPDATE chunks SET nodes=?", (crafted,))
@@ -302,7 +308,11 @@ def test_a_chunk_of_shared_nested_references_is_refused_in_bounded_time(tmp_path
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("refused:") for line in lines), lines
-    assert "damaged row for row 0 (a record field that is not a plain value)" in lines[0]
+    said = {
+        "id": "damaged row for row 0 (a record field that is not a plain value)",
+        "usage": "damaged row for node 'turn-1' (its usage is not a dict of plain values)",
+    }
+    assert said[where] in lines[0]
 
 
 def test_a_write_sqlite_rolled_back_itself_says_its_own_error(tmp_path: Path) -> None:

@@ -26,15 +26,6 @@ pytestmark = pytest.mark.slow  # deadlines that must pass: seconds by design
 REQUEST = ChatRequest(messages=(Message(role="user", content="hello"),), model="gpt-test")
 
 
-@pytest.fixture
-def patient_clock() -> trio.testing.MockClock:
-    """Mock time that jumps only after 0.5 s of real idleness: each request is written
-    to the server (its own thread), and its answer read, before the attempt's deadline
-    arrives (at 0.1 s a loaded machine's server thread was late now and then, and the
-    clock jumped to the deadline)."""
-    return trio.testing.MockClock(autojump_threshold=0.5)
-
-
 class _MockTimeRecords(logging.Handler):
     """Every record at WARNING or above, with the trio (mock) time it was logged at."""
 
