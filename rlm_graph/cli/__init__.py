@@ -94,7 +94,7 @@ class _Stops:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self.said = self.quiet = False
+        self.reset()
 
     def reset(self) -> None:
         self.received.clear()
@@ -276,9 +276,9 @@ def _reader_left() -> int:
 
 
 @contextmanager
-def _stops_as_interrupts() -> Iterator[list[int]]:
+def _stops_as_interrupts() -> Iterator[None]:
     """SIGTERM and SIGHUP, while the command runs, become a Ctrl-C (the signals that
-    arrived are listed), so they stop a run the way Ctrl-C does: cleanly.
+    arrived are listed in `_STOPS`), so they stop a run the way Ctrl-C does: cleanly.
 
     A stopping signal the command was started ignoring stays ignored (``nohup`` ignores
     SIGHUP). A command started with SIGINT ignored (a background job of a script,
@@ -289,7 +289,7 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
     _STOPS.reset()
     received = _STOPS.received
     if threading.current_thread() is not threading.main_thread():
-        yield received
+        yield
         return
 
     def interrupt(signum: int, frame: Any) -> None:
@@ -311,7 +311,7 @@ def _stops_as_interrupts() -> Iterator[list[int]]:
         for number, handler in handlers.items():
             before[number] = signal.getsignal(number)
             signal.signal(number, handler)
-        yield received
+        yield
     finally:
         _STOPS.quiet = True  # a stop while they are put back is listed, not raised
         for number, handler in before.items():

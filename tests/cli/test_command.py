@@ -899,3 +899,47 @@ def test_a_stop_while_the_handlers_change_is_taken_once_and_they_are_put_back(
         assert printed["exit_code"] == code and printed["error"]["type"] == "Interrupted"
     else:
         assert isinstance(printed, list)
+
+
+# The command stopped as it starts its work (SIGHUP), then stopped again (STOP) the
+# moment it has said so: the two functions wrapped to send them.
+STOPPED_AGAIN_ONCE_SAID = """
+import json, os, signal, sys
+from rlm_graph import cli
+
+work, say = cli._main, cli._interrupted
+said = []
+
+def stopped_at_once(*args):
+    os.kill(os.getpid(), signal.SIGHUP)
+    return work(*args)
+
+def saying(*args):
+    said.append(say(*args))
+    os.kill(os.getpid(), int(os.environ["STOP"]))
+    return said[-1]
+
+cli._main, cli._interrupted = stopped_at_once, saying
+print(json.dumps({"code": cli.main(sys.argv[1:]), "said": said}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_stop_after_the_command_said_it_was_stopped_is_not_said_again(
+    stop: signal.Signals,
+) -> None:
+    """A second stop as the first one's line was said reached the command's last resort,
+    which said 'interrupted' again: two lines, two JSON objects."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOPPED_AGAIN_ONCE_SAID, "plugins", "--json"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "STOP": str(int(stop))},
+        preexec_fn=as_from_a_terminal(),
+        check=False,
+    )
+    assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 129, "said": [129]}
+    printed = json.loads(done.stdout)  # one object: a second would fail to parse
+    assert printed["exit_code"] == 129 and printed["error"]["type"] == "Interrupted"
