@@ -814,17 +814,23 @@ def test_a_stop_while_the_command_starts_ends_it_with_its_code_and_line(
     """SIGTERM and SIGHUP were taken once the first import (a quarter of a second, seconds
     on a loaded machine) was done: a supervisor's stop then killed the command by the
     signal, with no line, where a Ctrl-C got its line and 130."""
-    done = subprocess.run(
-        [sys.executable, "-c", STOPPED_IN_ITS_FIRST_IMPORT, "run", "--model", "m"],
+    done = _stopping(STOPPED_IN_ITS_FIRST_IMPORT, ["run", "--model", "m"], STOP=str(int(stop)))
+    assert (done.returncode, done.stderr) == (128 + stop, line + "\n")
+
+
+def _stopping(script: str, words: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run as the command with ``words``, the signals a terminal gives and
+    ``env``: a script that stops the command at a moment of its own choosing."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *words],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
-        env={**_env(), "STOP": str(int(stop))},
+        env={**_env(), **env},
         preexec_fn=as_from_a_terminal(),
         check=False,
     )
-    assert (done.returncode, done.stderr) == (128 + stop, line + "\n")
 
 
 # The command with a stop sent to itself the moment a signal handler of its own has been
@@ -876,19 +882,10 @@ def test_a_stop_while_the_handlers_change_is_taken_once_and_they_are_put_back(
     command (it was noted only once set); with Ctrl-C ignored, the SIGTERM it became was
     lost; a stop while they were put back skipped the others and said 'interrupted'
     after the command's own JSON."""
-    env = {**_env(), "STOP": str(int(stop)), "WHEN": when}
+    env = {"STOP": str(int(stop)), "WHEN": when}
     if ignore_ctrl_c:
         env["IGNORE_CTRL_C"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-c", STOPPED_WHILE_HANDLERS_CHANGE, "plugins", "--json"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        preexec_fn=as_from_a_terminal(),
-        check=False,
-    )
+    done = _stopping(STOPPED_WHILE_HANDLERS_CHANGE, ["plugins", "--json"], **env)
     said = json.loads(done.stderr.strip().splitlines()[-1])
     assert said == {
         "code": code,
@@ -930,16 +927,7 @@ def test_a_stop_after_the_command_said_it_was_stopped_is_not_said_again(
 ) -> None:
     """A second stop as the first one's line was said reached the command's last resort,
     which said 'interrupted' again: two lines, two JSON objects."""
-    done = subprocess.run(
-        [sys.executable, "-c", STOPPED_AGAIN_ONCE_SAID, "plugins", "--json"],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**_env(), "STOP": str(int(stop))},
-        preexec_fn=as_from_a_terminal(),
-        check=False,
-    )
+    done = _stopping(STOPPED_AGAIN_ONCE_SAID, ["plugins", "--json"], STOP=str(int(stop)))
     assert json.loads(done.stderr.strip().splitlines()[-1]) == {"code": 129, "said": [129]}
     printed = json.loads(done.stdout)  # one object: a second would fail to parse
     assert printed["exit_code"] == 129 and printed["error"]["type"] == "Interrupted"
